@@ -1,0 +1,97 @@
+// The seam between op front-ends (core/) and kernels (kernels/cpu, kernels/cuda). A Backend
+// implements every op family for one device type; front-ends validate, allocate the outputs and
+// call backend(device).<kernel>. Adding an op family adds its kernels here, in one file per
+// backend, and a parity test. A build without CUDA has no CUDA backend: backend(CUDA) throws.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+
+namespace minidl {
+
+enum class UnaryOp { Neg, Exp, Log, Log1p, Sqrt, Abs, Relu, Sigmoid, Tanh, Square, Pow };
+// ReluGrad: out = b > 0 ? a : 0 (a: incoming gradient, b: the ReLU output).
+enum class BinaryOp { Add, Sub, Mul, Div, Maximum, Minimum, ReluGrad, Eq, Ne, Lt, Le, Gt, Ge };
+enum class ReduceOp { Sum, Mean, Max, Min, ArgMax, ArgMin };
+// Uniform(a, b), Normal(mean a, std b), Bernoulli(probability a of a one).
+enum class RandomKind { Uniform, Normal, Bernoulli };
+
+const char* unary_name(UnaryOp op);
+const char* binary_name(BinaryOp op);
+
+// Kernel contracts. Unless noted, outputs are contiguous, preallocated on the backend's device
+// with the right shape and dtype, and inputs are on the same device. Inputs may be strided views.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual Allocator& allocator(int device_index) = 0;
+
+  // dst (any strides) = src (same shape, possibly expanded), converting dtype.
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill(const Tensor& dst, double value) = 0;   // dst any strides
+  // out = op(x); `scalar` is the exponent of Pow. x has out's shape.
+  virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) = 0;
+  // out = a op b. a and b are views expanded to out's shape; out may be a itself (in place, any
+  // strides) . For Add and Sub, b is scaled by alpha first. Comparisons write bool.
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha) = 0;
+  // out has x's shape with every reduced dim set to 1. ArgMax/ArgMin: one dim, out i64.
+  virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, const Tensor& out) = 0;
+  // a [B,M,K], b [B,K,N] (any strides, batch stride may be 0), out [B,M,N].
+  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // Counter-based (Philox4x32-10): element i of out (row-major) depends only on (seed, offset, i).
+  virtual void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a, double b) = 0;
+
+  // Convolution, NCHW. bias may be undefined. Backward kernels overwrite their outputs.
+  virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
+                              const Tensor& y) = 0;
+  virtual void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o,
+                                     const Tensor& gx) = 0;
+  virtual void conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o,
+                                      const Tensor& gw) = 0;
+
+  // Pooling, NCHW, options already resolved (stride != 0). indices: i64 flat offsets into H*W.
+  virtual void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y,
+                                  const Tensor& indices) = 0;
+  virtual void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) = 0;
+  virtual void avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) = 0;
+  virtual void avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) = 0;
+
+  // Batch norm over x [N,C,*] (contiguous). weight/bias may be undefined (1 and 0).
+  // Training forward writes y and the batch mean and 1/sqrt(var_biased + eps) per channel, and,
+  // when running_mean/running_var are defined, updates them in place:
+  // running = (1 - momentum) * running + momentum * batch (unbiased variance), as cuDNN does.
+  virtual void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                        const Tensor& running_mean, const Tensor& running_var, double momentum,
+                                        double eps, const Tensor& y, const Tensor& save_mean,
+                                        const Tensor& save_invstd) = 0;
+  // Evaluation forward with the given per-channel mean and variance.
+  virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                       const Tensor& mean, const Tensor& var, double eps, const Tensor& y) = 0;
+  // Training backward; gweight/gbias may be undefined (not wanted).
+  virtual void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                                   const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,
+                                   const Tensor& gbias) = 0;
+
+  // Softmax over the middle dim of x viewed as [outer, C, inner] (contiguous); log: log-softmax.
+  virtual void softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) = 0;
+  // gx from gy and the forward output y (same layout as the forward).
+  virtual void softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) = 0;
+  // losses[n] = -log_probs[n, target[n]]; target i64 in [0, C) (validated by the kernel: throws).
+  virtual void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) = 0;
+  // glogp[n, c] = (c == target[n]) ? -g[n] : 0.
+  virtual void nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) = 0;
+};
+
+// The backend of a device type. CUDA throws a clear minidl::Error in a build without CUDA.
+Backend& backend(DeviceType t);
+inline Backend& backend(Device d) { return backend(d.type); }
+// Whether this build has the CUDA backend, and how many devices it sees (0 on any error).
+bool cuda_built();
+int cuda_device_count();
+bool cuda_available();
+
+}  // namespace minidl

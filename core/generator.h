@@ -1,0 +1,31 @@
+// Seeded random numbers that do not depend on thread count or device: a Generator hands out
+// (seed, offset) ranges of a counter-based Philox stream; kernels compute element i from
+// (seed, offset, i) alone. Saving (seed, offset) replays the same draws (checkpoint recompute).
+#pragma once
+#include <cstdint>
+#include <mutex>
+
+#include "core/philox.h"
+
+namespace minidl {
+
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  void manual_seed(uint64_t seed);
+  uint64_t seed() const;
+  uint64_t offset() const;
+  void set_offset(uint64_t offset);
+  // Reserves enough Philox counters for n elements; returns the offset to start from.
+  uint64_t reserve(uint64_t num_elements);
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+}  // namespace minidl

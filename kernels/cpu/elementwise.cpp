@@ -1,0 +1,187 @@
+// CPU elementwise kernels: copy with dtype conversion, fill, unary and binary ops over strided,
+// broadcast operands. The inner loops are plain typed loops the compiler vectorises when strides
+// are 1.
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/strided.h"
+
+namespace minidl::cpu {
+namespace {
+
+template <typename T>
+inline T apply_unary(UnaryOp op, T x, double s) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return std::exp(x);
+    case UnaryOp::Log: return std::log(x);
+    case UnaryOp::Log1p: return std::log1p(x);
+    case UnaryOp::Sqrt: return std::sqrt(x);
+    case UnaryOp::Abs: return std::abs(x);
+    case UnaryOp::Relu: return x > T(0) ? x : T(0);
+    case UnaryOp::Sigmoid: return T(1) / (T(1) + std::exp(-x));
+    case UnaryOp::Tanh: return std::tanh(x);
+    case UnaryOp::Square: return x * x;
+    case UnaryOp::Pow: return std::pow(x, static_cast<T>(s));
+  }
+  return x;
+}
+
+template <typename T>
+inline T apply_arith(BinaryOp op, T a, T b, T alpha) {
+  switch (op) {
+    case BinaryOp::Add: return a + alpha * b;
+    case BinaryOp::Sub: return a - alpha * b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+    case BinaryOp::Maximum:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) return a + b;  // NaN propagates, as PyTorch
+      }
+      return a > b ? a : b;
+    case BinaryOp::Minimum:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) return a + b;
+      }
+      return a < b ? a : b;
+    case BinaryOp::ReluGrad: return b > T(0) ? a : T(0);
+    default: return T(0);
+  }
+}
+
+template <typename T>
+inline bool apply_compare(BinaryOp op, T a, T b) {
+  switch (op) {
+    case BinaryOp::Eq: return a == b;
+    case BinaryOp::Ne: return a != b;
+    case BinaryOp::Lt: return a < b;
+    case BinaryOp::Le: return a <= b;
+    case BinaryOp::Gt: return a > b;
+    case BinaryOp::Ge: return a >= b;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
+  MINIDL_CHECK(src.device().is_cpu() && dst.device().is_cpu(), "copy: the CPU backend copies host tensors only (",
+               src.meta(), " -> ", dst.meta(), ")");
+  MINIDL_CHECK(src.shape() == dst.shape(), "copy: shape mismatch ", shape_str(src.shape()), " vs ",
+               shape_str(dst.shape()));
+  const auto plan = make_plan<2>(dst.shape(), {&dst.strides(), &src.strides()});
+  dispatch_all(dst.dtype(), "copy", [&](auto dtag) {
+    using D = decltype(dtag);
+    dispatch_all(src.dtype(), "copy", [&](auto stag) {
+      using S = decltype(stag);
+      for_each_run<2>(plan, {static_cast<char*>(dst.data_ptr()), static_cast<char*>(src.data_ptr())},
+                      {sizeof(D), sizeof(S)}, [](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>& st) {
+                        char* d = p[0];
+                        const char* s = p[1];
+                        for (int64_t i = 0; i < n; ++i, d += st[0], s += st[1]) {
+                          *reinterpret_cast<D*>(d) = convert<D>(*reinterpret_cast<const S*>(s));
+                        }
+                      });
+    });
+  });
+}
+
+void CpuBackend::fill(const Tensor& dst, double value) {
+  const auto plan = make_plan<1>(dst.shape(), {&dst.strides()});
+  dispatch_all(dst.dtype(), "fill", [&](auto tag) {
+    using T = decltype(tag);
+    const T v = convert<T>(value);
+    for_each_run<1>(plan, {static_cast<char*>(dst.data_ptr())}, {sizeof(T)},
+                    [v](const std::array<char*, 1>& p, int64_t n, const std::array<int64_t, 1>& st) {
+                      if (st[0] == static_cast<int64_t>(sizeof(T))) {
+                        T* d = reinterpret_cast<T*>(p[0]);
+                        for (int64_t i = 0; i < n; ++i) d[i] = v;
+                      } else {
+                        char* d = p[0];
+                        for (int64_t i = 0; i < n; ++i, d += st[0]) *reinterpret_cast<T*>(d) = v;
+                      }
+                    });
+  });
+}
+
+void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) {
+  const auto plan = make_plan<2>(out.shape(), {&out.strides(), &x.strides()});
+  dispatch_floating(x.dtype(), unary_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    for_each_run<2>(plan, {static_cast<char*>(out.data_ptr()), static_cast<char*>(x.data_ptr())}, {sizeof(T), sizeof(T)},
+                    [op, scalar](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>& st) {
+                      if (st[0] == static_cast<int64_t>(sizeof(T)) && st[1] == static_cast<int64_t>(sizeof(T))) {
+                        T* o = reinterpret_cast<T*>(p[0]);
+                        const T* a = reinterpret_cast<const T*>(p[1]);
+                        switch (op) {  // hot ops get their own loop so they vectorise
+                          case UnaryOp::Relu:
+                            for (int64_t i = 0; i < n; ++i) o[i] = a[i] > T(0) ? a[i] : T(0);
+                            return;
+                          default:
+                            for (int64_t i = 0; i < n; ++i) o[i] = apply_unary<T>(op, a[i], scalar);
+                            return;
+                        }
+                      }
+                      char* o = p[0];
+                      const char* a = p[1];
+                      for (int64_t i = 0; i < n; ++i, o += st[0], a += st[1]) {
+                        *reinterpret_cast<T*>(o) = apply_unary<T>(op, *reinterpret_cast<const T*>(a), scalar);
+                      }
+                    });
+  });
+}
+
+void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+  const auto plan = make_plan<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()});
+  std::array<char*, 3> base{static_cast<char*>(out.data_ptr()), static_cast<char*>(a.data_ptr()),
+                            static_cast<char*>(b.data_ptr())};
+  if (op >= BinaryOp::Eq) {
+    dispatch_all(a.dtype(), binary_name(op), [&](auto tag) {
+      using T = decltype(tag);
+      for_each_run<3>(plan, base, {sizeof(bool), sizeof(T), sizeof(T)},
+                      [op](const std::array<char*, 3>& p, int64_t n, const std::array<int64_t, 3>& st) {
+                        char* o = p[0];
+                        const char* x = p[1];
+                        const char* y = p[2];
+                        for (int64_t i = 0; i < n; ++i, o += st[0], x += st[1], y += st[2]) {
+                          using C = std::conditional_t<std::is_same_v<T, Half>, float, T>;  // compare halves as float
+                          *reinterpret_cast<bool*>(o) = apply_compare<C>(op, static_cast<C>(*reinterpret_cast<const T*>(x)),
+                                                                         static_cast<C>(*reinterpret_cast<const T*>(y)));
+                        }
+                      });
+    });
+    return;
+  }
+  dispatch_arith(a.dtype(), binary_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    const T al = static_cast<T>(alpha);
+    for_each_run<3>(plan, base, {sizeof(T), sizeof(T), sizeof(T)},
+                    [op, al](const std::array<char*, 3>& p, int64_t n, const std::array<int64_t, 3>& st) {
+                      constexpr int64_t E = sizeof(T);
+                      T* o = reinterpret_cast<T*>(p[0]);
+                      const T* x = reinterpret_cast<const T*>(p[1]);
+                      const T* y = reinterpret_cast<const T*>(p[2]);
+                      if (st[0] == E && st[1] == E && st[2] == E) {
+                        switch (op) {  // the common contiguous cases get vectorisable loops
+                          case BinaryOp::Add: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + al * y[i]; return;
+                          case BinaryOp::Mul: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; return;
+                          default: for (int64_t i = 0; i < n; ++i) o[i] = apply_arith<T>(op, x[i], y[i], al); return;
+                        }
+                      }
+                      if (st[0] == E && st[1] == E && st[2] == 0) {  // tensor op scalar / broadcast row
+                        const T yv = *y;
+                        for (int64_t i = 0; i < n; ++i) o[i] = apply_arith<T>(op, x[i], yv, al);
+                        return;
+                      }
+                      char* po = p[0];
+                      const char* px = p[1];
+                      const char* py = p[2];
+                      for (int64_t i = 0; i < n; ++i, po += st[0], px += st[1], py += st[2]) {
+                        *reinterpret_cast<T*>(po) =
+                            apply_arith<T>(op, *reinterpret_cast<const T*>(px), *reinterpret_cast<const T*>(py), al);
+                      }
+                    });
+  });
+}
+
+}  // namespace minidl::cpu
