@@ -45,15 +45,23 @@ MINIDL_HD double uniform_at(uint64_t seed, uint64_t offset, uint64_t i) {
   return uniform01(word(draw(seed, offset + i / 4), static_cast<int>(i % 4)));
 }
 
+// The four normals of one counter (elements 4c .. 4c+3 of a normal stream).
+MINIDL_HD void normals4(const U4& u, double out[4]) {
+  for (int pair = 0; pair < 2; ++pair) {
+    const double u1 = (static_cast<double>(word(u, 2 * pair) >> 8) + 1.0) * (1.0 / 16777216.0);
+    const double u2 = uniform01(word(u, 2 * pair + 1));
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    const double theta = 6.283185307179586 * u2;
+    out[2 * pair] = r * std::cos(theta);
+    out[2 * pair + 1] = r * std::sin(theta);
+  }
+}
+
 // Element i of a standard-normal stream (Box-Muller over word pairs; 4 normals per counter).
 MINIDL_HD double normal_at(uint64_t seed, uint64_t offset, uint64_t i) {
-  const U4 u = draw(seed, offset + i / 4);
-  const int pair = static_cast<int>((i % 4) / 2);
-  const double u1 = (static_cast<double>(word(u, 2 * pair) >> 8) + 1.0) * (1.0 / 16777216.0);  // (0, 1]
-  const double u2 = uniform01(word(u, 2 * pair + 1));
-  const double r = std::sqrt(-2.0 * std::log(u1));
-  const double theta = 6.283185307179586 * u2;
-  return (i % 2 == 0) ? r * std::cos(theta) : r * std::sin(theta);
+  double v[4];
+  normals4(draw(seed, offset + i / 4), v);
+  return v[i % 4];
 }
 
 // Counters consumed by n elements of either stream.

@@ -160,3 +160,24 @@ TEST(Device, ParseAndPrint) {
 
 }  // namespace
 }  // namespace minidl
+
+namespace minidl {
+namespace {
+
+TEST(Generator, KernelMatchesPerElementDefinition) {
+  // The CPU kernel draws four elements per Philox counter; element i must still equal the
+  // per-element definition that the CUDA kernels use.
+  Generator g(11);
+  g.set_offset(5);
+  Tensor u = rand({37}, {.dtype = DType::f64}, &g);
+  g.set_offset(5);
+  Tensor n = randn({37}, {.dtype = DType::f64}, &g);
+  const auto vu = u.to_vector(), vn = n.to_vector();
+  for (uint64_t i = 0; i < 37; ++i) {
+    ASSERT_EQ(vu[i], philox::uniform_at(11, 5, i)) << i;
+    ASSERT_EQ(vn[i], philox::normal_at(11, 5, i)) << i;
+  }
+}
+
+}  // namespace
+}  // namespace minidl

@@ -1,0 +1,281 @@
+// CPU batch norm: the reference the cuDNN path is checked against, and what the CPU experiments
+// train with. Statistics accumulate in double so f32 results match PyTorch's to rounding, and the
+// running-stat update follows PyTorch exactly (biased variance to normalise, unbiased to track).
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+
+namespace minidl::cpu {
+namespace {
+
+// Per-channel tensors ([C], any stride) are read into and written from double, so their dtype
+// need not match x's (mixed precision keeps them f32 under f16 activations).
+std::vector<double> load_channels(const Tensor& t, int64_t C, double fallback) {
+  std::vector<double> v(static_cast<size_t>(C), fallback);
+  if (!t.defined()) return v;
+  MINIDL_CHECK(t.numel() == C, "batch_norm (cpu): per-channel tensor ", t.meta(), " should have ", C,
+               " elements");
+  const int64_t st = t.dim() == 0 ? 0 : t.stride(0);
+  for (int64_t c = 0; c < C; ++c) {
+    switch (t.dtype()) {
+      case DType::f32: v[c] = t.data<float>()[c * st]; break;
+      case DType::f64: v[c] = t.data<double>()[c * st]; break;
+      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32 or f64");
+    }
+  }
+  return v;
+}
+
+void store_channels(const Tensor& t, const std::vector<double>& v) {
+  if (!t.defined()) return;
+  const int64_t C = static_cast<int64_t>(v.size());
+  MINIDL_CHECK(t.numel() == C, "batch_norm (cpu): per-channel output ", t.meta(), " should have ", C,
+               " elements");
+  const int64_t st = t.dim() == 0 ? 0 : t.stride(0);
+  for (int64_t c = 0; c < C; ++c) {
+    switch (t.dtype()) {
+      case DType::f32: t.data<float>()[c * st] = static_cast<float>(v[c]); break;
+      case DType::f64: t.data<double>()[c * st] = v[c]; break;
+      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32 or f64");
+    }
+  }
+}
+
+struct Layout {
+  int64_t N, C, S;  // x viewed as [N, C, S]
+};
+
+Layout layout_of(const Tensor& x, const char* what) {
+  MINIDL_CHECK(x.dim() >= 2, "batch_norm (cpu): ", what, " must be [N, C, ...], got ", x.meta());
+  MINIDL_CHECK(x.is_contiguous(), "batch_norm (cpu): ", what, " must be contiguous, got strides ",
+               x.strides());
+  int64_t S = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) S *= x.size(d);
+  return {x.size(0), x.size(1), S};
+}
+
+// y = (x - mean[c]) * alpha[c] + bias[c], parallel over (n, c) planes. Subtracting the mean
+// first keeps f32 outputs accurate when |mean| is much larger than the spread.
+template <typename T>
+void apply_affine(const T* x, T* y, const Layout& L, const std::vector<double>& mean, const std::vector<double>& alpha,
+                  const std::vector<double>& bias) {
+  const int64_t planes = L.N * L.C;
+#pragma omp parallel for schedule(static) if (planes * L.S > 32768)
+  for (int64_t p = 0; p < planes; ++p) {
+    const int64_t c = p % L.C;
+    const T m = static_cast<T>(mean[c]);
+    const T a = static_cast<T>(alpha[c]);
+    const T b = static_cast<T>(bias[c]);
+    const T* xp = x + p * L.S;
+    T* yp = y + p * L.S;
+    for (int64_t s = 0; s < L.S; ++s) yp[s] = (xp[s] - m) * a + b;
+  }
+}
+
+// Per-plane sums with four independent accumulators: the compiler may not reorder floating-point
+// adds, so a single accumulator would make these loops add-latency bound.
+template <typename T>
+double plane_sum(const T* p, int64_t n) {
+  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    a0 += static_cast<double>(p[k]);
+    a1 += static_cast<double>(p[k + 1]);
+    a2 += static_cast<double>(p[k + 2]);
+    a3 += static_cast<double>(p[k + 3]);
+  }
+  for (; k < n; ++k) a0 += static_cast<double>(p[k]);
+  return (a0 + a1) + (a2 + a3);
+}
+
+template <typename T>
+double plane_sq_dev(const T* p, int64_t n, double m) {
+  double a[4] = {0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    for (int j = 0; j < 4; ++j) {
+      const double d = static_cast<double>(p[k + j]) - m;
+      a[j] += d * d;
+    }
+  }
+  for (; k < n; ++k) {
+    const double d = static_cast<double>(p[k]) - m;
+    a[0] += d * d;
+  }
+  return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+// Adds sum(g) and sum(g * (x - m)) over one plane.
+template <typename T>
+void plane_grad_sums(const T* g, const T* x, int64_t n, double m, double& sg, double& sd) {
+  double a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    for (int j = 0; j < 4; ++j) {
+      const double gv = static_cast<double>(g[k + j]);
+      a[j] += gv;
+      b[j] += gv * (static_cast<double>(x[k + j]) - m);
+    }
+  }
+  for (; k < n; ++k) {
+    const double gv = static_cast<double>(g[k]);
+    a[0] += gv;
+    b[0] += gv * (static_cast<double>(x[k]) - m);
+  }
+  sg += (a[0] + a[1]) + (a[2] + a[3]);
+  sd += (b[0] + b[1]) + (b[2] + b[3]);
+}
+
+template <typename T>
+void forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                   const Tensor& running_var, double momentum, double eps, const Tensor& y,
+                   const Tensor& save_mean, const Tensor& save_invstd) {
+  const Layout L = layout_of(x, "x");
+  const std::vector<double> w = load_channels(weight, L.C, 1.0);
+  const std::vector<double> b = load_channels(bias, L.C, 0.0);
+  std::vector<double> mean(static_cast<size_t>(L.C)), var(static_cast<size_t>(L.C)),
+      invstd(static_cast<size_t>(L.C));
+  const T* xd = x.data<T>();
+  const int64_t n = L.N * L.S;
+  // Two passes (mean, then squared deviations) in double: no cancellation for large means.
+#pragma omp parallel for schedule(dynamic, 1) if (L.C > 1 && L.N * L.C * L.S > 32768)
+  for (int64_t c = 0; c < L.C; ++c) {
+    double s = 0.0;
+    for (int64_t i = 0; i < L.N; ++i) s += plane_sum(xd + (i * L.C + c) * L.S, L.S);
+    const double m = n > 0 ? s / static_cast<double>(n) : 0.0;
+    double sq = 0.0;
+    for (int64_t i = 0; i < L.N; ++i) sq += plane_sq_dev(xd + (i * L.C + c) * L.S, L.S, m);
+    mean[c] = m;
+    var[c] = n > 0 ? sq / static_cast<double>(n) : 0.0;
+    invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+  }
+  std::vector<double> alpha(static_cast<size_t>(L.C));
+  for (int64_t c = 0; c < L.C; ++c) alpha[c] = invstd[c] * w[c];
+  apply_affine<T>(xd, y.data<T>(), L, mean, alpha, b);
+  store_channels(save_mean, mean);
+  store_channels(save_invstd, invstd);
+
+  if (running_mean.defined() || running_var.defined()) {
+    // PyTorch tracks the unbiased variance; with one value per channel it would divide by zero,
+    // so the front-end refuses that case before we get here.
+    const double unbias = n > 1 ? static_cast<double>(n) / static_cast<double>(n - 1) : 1.0;
+    if (running_mean.defined()) {
+      std::vector<double> rm = load_channels(running_mean, L.C, 0.0);
+      for (int64_t c = 0; c < L.C; ++c) rm[c] = (1.0 - momentum) * rm[c] + momentum * mean[c];
+      store_channels(running_mean, rm);
+    }
+    if (running_var.defined()) {
+      std::vector<double> rv = load_channels(running_var, L.C, 1.0);
+      for (int64_t c = 0; c < L.C; ++c) rv[c] = (1.0 - momentum) * rv[c] + momentum * var[c] * unbias;
+      store_channels(running_var, rv);
+    }
+  }
+}
+
+template <typename T>
+void forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean_t,
+                  const Tensor& var_t, double eps, const Tensor& y) {
+  const Layout L = layout_of(x, "x");
+  const std::vector<double> w = load_channels(weight, L.C, 1.0);
+  const std::vector<double> b = load_channels(bias, L.C, 0.0);
+  const std::vector<double> mean = load_channels(mean_t, L.C, 0.0);
+  const std::vector<double> var = load_channels(var_t, L.C, 1.0);
+  std::vector<double> alpha(static_cast<size_t>(L.C));
+  for (int64_t c = 0; c < L.C; ++c) alpha[c] = w[c] / std::sqrt(var[c] + eps);
+  apply_affine<T>(x.data<T>(), y.data<T>(), L, mean, alpha, b);
+}
+
+template <typename T>
+void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+              const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight, const Tensor& gbias) {
+  const Layout L = layout_of(x, "x");
+  const Layout G = layout_of(gy, "gy");
+  MINIDL_CHECK(G.N == L.N && G.C == L.C && G.S == L.S, "batch_norm_backward (cpu): gy ", gy.meta(),
+               " does not match x ", x.meta());
+  const std::vector<double> w = load_channels(weight, L.C, 1.0);
+  const std::vector<double> mean = load_channels(save_mean, L.C, 0.0);
+  const std::vector<double> invstd = load_channels(save_invstd, L.C, 1.0);
+  std::vector<double> sum_gy(static_cast<size_t>(L.C)), dot(static_cast<size_t>(L.C));
+  const T* xd = x.data<T>();
+  const T* gd = gy.data<T>();
+  T* gxd = gx.defined() ? gx.data<T>() : nullptr;
+  const int64_t n = L.N * L.S;
+  const double inv_n = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
+#pragma omp parallel for schedule(dynamic, 1) if (L.C > 1 && L.N * L.C * L.S > 32768)
+  for (int64_t c = 0; c < L.C; ++c) {
+    const double m = mean[c];
+    double sg = 0.0, sd = 0.0;
+    for (int64_t i = 0; i < L.N; ++i) {
+      const int64_t base = (i * L.C + c) * L.S;
+      plane_grad_sums(gd + base, xd + base, L.S, m, sg, sd);
+    }
+    sum_gy[c] = sg;
+    dot[c] = sd;
+    if (gxd != nullptr) {
+      // gx = (gy - mean(gy) - xhat * mean(gy * xhat)) * invstd * w, with xhat = (x - m) * invstd.
+      const double is = invstd[c];
+      const double grad_mean = sg * inv_n;
+      const double proj = sd * is * is * inv_n;
+      const double scale = is * w[c];
+      for (int64_t i = 0; i < L.N; ++i) {
+        const int64_t base = (i * L.C + c) * L.S;
+        for (int64_t k = 0; k < L.S; ++k) {
+          const double xm = static_cast<double>(xd[base + k]) - m;
+          gxd[base + k] = static_cast<T>((static_cast<double>(gd[base + k]) - grad_mean - xm * proj) * scale);
+        }
+      }
+    }
+  }
+  if (gweight.defined()) {
+    std::vector<double> gw(static_cast<size_t>(L.C));
+    for (int64_t c = 0; c < L.C; ++c) gw[c] = dot[c] * invstd[c];
+    store_channels(gweight, gw);
+  }
+  store_channels(gbias, sum_gy);
+}
+
+void check_float(const Tensor& x, const char* op) {
+  MINIDL_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64, op, " (cpu): x ", x.meta(),
+               " must be f32 or f64; convert with .to(DType::f32)");
+}
+
+}  // namespace
+
+void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                          const Tensor& running_mean, const Tensor& running_var, double momentum,
+                                          double eps, const Tensor& y, const Tensor& save_mean,
+                                          const Tensor& save_invstd) {
+  check_float(x, "batch_norm");
+  if (x.dtype() == DType::f32) {
+    forward_train<float>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd);
+  } else {
+    forward_train<double>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd);
+  }
+}
+
+void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         const Tensor& mean, const Tensor& var, double eps, const Tensor& y) {
+  check_float(x, "batch_norm");
+  if (x.dtype() == DType::f32) {
+    forward_eval<float>(x, weight, bias, mean, var, eps, y);
+  } else {
+    forward_eval<double>(x, weight, bias, mean, var, eps, y);
+  }
+}
+
+void CpuBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight,
+                                     const Tensor& save_mean, const Tensor& save_invstd, const Tensor& gx,
+                                     const Tensor& gweight, const Tensor& gbias) {
+  check_float(x, "batch_norm_backward");
+  MINIDL_CHECK(gy.dtype() == x.dtype(), "batch_norm_backward (cpu): gy ", gy.meta(), " and x ", x.meta(),
+               " must have the same dtype");
+  if (x.dtype() == DType::f32) {
+    backward<float>(gy, x, weight, save_mean, save_invstd, gx, gweight, gbias);
+  } else {
+    backward<double>(gy, x, weight, save_mean, save_invstd, gx, gweight, gbias);
+  }
+}
+
+}  // namespace minidl::cpu

@@ -1,0 +1,230 @@
+// CPU softmax / log-softmax over any dim and the NLL gather: the reference for the CUDA kernels
+// and the loss path of every CPU experiment. Softmax subtracts the max and sums in double, so
+// large logits neither overflow nor lose the small probabilities.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/cpu/cpu_backend.h"
+
+namespace minidl::cpu {
+namespace {
+
+// x viewed as [outer, C, inner]: the softmax runs along C for every (outer, inner) pair.
+struct Layout {
+  int64_t outer, C, inner;
+};
+
+Layout layout_of(const Tensor& x, int64_t dim, const char* op) {
+  MINIDL_CHECK(x.is_contiguous(), op, " (cpu): input must be contiguous, got ", x.meta(), " strides ",
+               x.strides());
+  const int64_t nd = x.dim();
+  if (nd == 0) {
+    MINIDL_CHECK(dim == 0 || dim == -1, op, " (cpu): dim ", dim, " out of range for a 0-d tensor");
+    return {1, 1, 1};
+  }
+  const int64_t d = dim < 0 ? dim + nd : dim;
+  MINIDL_CHECK(d >= 0 && d < nd, op, " (cpu): dim ", dim, " out of range for ", x.meta());
+  Layout L{1, x.size(d), 1};
+  for (int64_t i = 0; i < d; ++i) L.outer *= x.size(i);
+  for (int64_t i = d + 1; i < nd; ++i) L.inner *= x.size(i);
+  return L;
+}
+
+// Inner positions handled together: strided access along C then touches whole cache lines.
+constexpr int64_t kLanes = 64;
+
+template <typename T>
+void forward(const T* x, T* y, const Layout& L, bool log) {
+  const int64_t blocks = (L.inner + kLanes - 1) / kLanes;
+  const int64_t tasks = L.outer * blocks;
+#pragma omp parallel for schedule(static) if (L.outer * L.C * L.inner > 16384)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t o = t / blocks;
+    const int64_t i0 = (t % blocks) * kLanes;
+    const int64_t lanes = std::min(kLanes, L.inner - i0);
+    const T* xb = x + o * L.C * L.inner + i0;
+    T* yb = y + o * L.C * L.inner + i0;
+    T mx[kLanes];
+    double sum[kLanes];
+    for (int64_t j = 0; j < lanes; ++j) {
+      mx[j] = -std::numeric_limits<T>::infinity();
+      sum[j] = 0.0;
+    }
+    for (int64_t c = 0; c < L.C; ++c) {
+      for (int64_t j = 0; j < lanes; ++j) mx[j] = std::max(mx[j], xb[c * L.inner + j]);
+    }
+    // exp in T (its arguments are <= 0, so it cannot overflow), sums in double. A slice that is
+    // all -inf gives exp(-inf - -inf) = NaN, as in PyTorch.
+    for (int64_t c = 0; c < L.C; ++c) {
+      for (int64_t j = 0; j < lanes; ++j) {
+        const T e = std::exp(xb[c * L.inner + j] - mx[j]);
+        sum[j] += static_cast<double>(e);
+        if (!log) yb[c * L.inner + j] = e;
+      }
+    }
+    if (log) {
+      double lse[kLanes];  // logsumexp
+      for (int64_t j = 0; j < lanes; ++j) lse[j] = static_cast<double>(mx[j]) + std::log(sum[j]);
+      for (int64_t c = 0; c < L.C; ++c) {
+        for (int64_t j = 0; j < lanes; ++j) {
+          yb[c * L.inner + j] = static_cast<T>(static_cast<double>(xb[c * L.inner + j]) - lse[j]);
+        }
+      }
+    } else {
+      T inv[kLanes];
+      for (int64_t j = 0; j < lanes; ++j) inv[j] = static_cast<T>(1.0 / sum[j]);
+      for (int64_t c = 0; c < L.C; ++c) {
+        for (int64_t j = 0; j < lanes; ++j) yb[c * L.inner + j] *= inv[j];
+      }
+    }
+  }
+}
+
+// softmax: gx = y * (gy - sum_c gy * y);  log_softmax: gx = gy - exp(y) * sum_c gy.
+template <typename T>
+void backward(const T* gy, const T* y, T* gx, const Layout& L, bool log) {
+  const int64_t blocks = (L.inner + kLanes - 1) / kLanes;
+  const int64_t tasks = L.outer * blocks;
+#pragma omp parallel for schedule(static) if (L.outer * L.C * L.inner > 16384)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t o = t / blocks;
+    const int64_t i0 = (t % blocks) * kLanes;
+    const int64_t lanes = std::min(kLanes, L.inner - i0);
+    const int64_t base = o * L.C * L.inner + i0;
+    double acc[kLanes];
+    for (int64_t j = 0; j < lanes; ++j) acc[j] = 0.0;
+    for (int64_t c = 0; c < L.C; ++c) {
+      const int64_t at = base + c * L.inner;
+      for (int64_t j = 0; j < lanes; ++j) {
+        const double g = static_cast<double>(gy[at + j]);
+        acc[j] += log ? g : g * static_cast<double>(y[at + j]);
+      }
+    }
+    for (int64_t c = 0; c < L.C; ++c) {
+      const int64_t at = base + c * L.inner;
+      for (int64_t j = 0; j < lanes; ++j) {
+        const double g = static_cast<double>(gy[at + j]);
+        if (log) {
+          gx[at + j] = static_cast<T>(g - static_cast<double>(std::exp(y[at + j])) * acc[j]);
+        } else {
+          gx[at + j] = static_cast<T>(static_cast<double>(y[at + j]) * (g - acc[j]));
+        }
+      }
+    }
+  }
+}
+
+void check_float(const Tensor& t, const char* op, const char* what) {
+  MINIDL_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, " (cpu): ", what, " ", t.meta(),
+               " must be f32 or f64; convert with .to(DType::f32)");
+}
+
+void check_target(const Tensor& target, int64_t N, const char* op) {
+  MINIDL_CHECK(target.dtype() == DType::i64 && target.dim() == 1 && target.size(0) == N, op,
+               " (cpu): target must be i64 of shape [", N, "], got ", target.meta());
+}
+
+}  // namespace
+
+void CpuBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) {
+  const char* op = log ? "log_softmax" : "softmax";
+  check_float(x, op, "x");
+  MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.is_contiguous(), op, " (cpu): output ",
+               y.meta(), " must be contiguous with x's shape and dtype ", x.meta());
+  const Layout L = layout_of(x, dim, op);
+  if (x.dtype() == DType::f32) {
+    forward<float>(x.data<float>(), y.data<float>(), L, log);
+  } else {
+    forward<double>(x.data<double>(), y.data<double>(), L, log);
+  }
+}
+
+void CpuBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  check_float(y, op, "y");
+  MINIDL_CHECK(gy.dtype() == y.dtype() && gy.shape() == y.shape() && gx.dtype() == y.dtype() &&
+                   gx.shape() == y.shape() && gx.is_contiguous(),
+               op, " (cpu): gy ", gy.meta(), ", y ", y.meta(), " and gx ", gx.meta(),
+               " must share shape and dtype");
+  const Layout L = layout_of(y, dim, op);
+  layout_of(gy, dim, op);  // contiguity
+  if (y.dtype() == DType::f32) {
+    backward<float>(gy.data<float>(), y.data<float>(), gx.data<float>(), L, log);
+  } else {
+    backward<double>(gy.data<double>(), y.data<double>(), gx.data<double>(), L, log);
+  }
+}
+
+namespace {
+
+template <typename T>
+void nll_fwd(const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
+  const int64_t N = log_probs.size(0), C = log_probs.size(1);
+  const int64_t* tg = target.data<int64_t>();
+  const int64_t ts = target.stride(0);
+  // Validate every target before writing anything, so a bad batch leaves no partial result and the
+  // error (not a wild read) is what the user sees.
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t t = tg[n * ts];
+    MINIDL_CHECK(t >= 0 && t < C, "cross_entropy/nll_loss: target[", n, "] = ", t,
+                 " is out of range for C = ", C, " classes; targets must be class indices in [0, ", C,
+                 ") (check the label encoding or the number of classes of the model's output layer)");
+  }
+  const T* lp = log_probs.data<T>();
+  T* out = losses.data<T>();
+  const int64_t os = losses.stride(0);
+  for (int64_t n = 0; n < N; ++n) out[n * os] = -lp[n * C + tg[n * ts]];
+}
+
+template <typename T>
+void nll_bwd(const Tensor& g, const Tensor& target, const Tensor& glogp) {
+  const int64_t N = glogp.size(0), C = glogp.size(1);
+  const int64_t* tg = target.data<int64_t>();
+  const int64_t ts = target.stride(0);
+  const T* gd = g.data<T>();
+  const int64_t gs = g.dim() == 0 ? 0 : g.stride(0);
+  T* out = glogp.data<T>();
+  std::fill(out, out + N * C, T(0));
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t t = tg[n * ts];
+    MINIDL_CHECK(t >= 0 && t < C, "nll_loss backward: target[", n, "] = ", t, " is out of range for C = ", C);
+    out[n * C + t] = -gd[n * gs];
+  }
+}
+
+}  // namespace
+
+void CpuBackend::nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
+  check_float(log_probs, "nll_loss", "log_probs");
+  MINIDL_CHECK(log_probs.dim() == 2 && log_probs.is_contiguous(), "nll_loss (cpu): log_probs must be a contiguous [N, C], got ",
+               log_probs.meta());
+  const int64_t N = log_probs.size(0);
+  check_target(target, N, "nll_loss");
+  MINIDL_CHECK(losses.dtype() == log_probs.dtype() && losses.dim() == 1 && losses.size(0) == N,
+               "nll_loss (cpu): losses must be [", N, "] of the input's dtype, got ", losses.meta());
+  if (log_probs.dtype() == DType::f32) {
+    nll_fwd<float>(log_probs, target, losses);
+  } else {
+    nll_fwd<double>(log_probs, target, losses);
+  }
+}
+
+void CpuBackend::nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) {
+  check_float(glogp, "nll_loss_backward", "glogp");
+  MINIDL_CHECK(glogp.dim() == 2 && glogp.is_contiguous(), "nll_loss_backward (cpu): glogp must be a contiguous [N, C], got ",
+               glogp.meta());
+  const int64_t N = glogp.size(0);
+  check_target(target, N, "nll_loss_backward");
+  MINIDL_CHECK(g.dtype() == glogp.dtype() && g.numel() == N && g.dim() <= 1,
+               "nll_loss_backward (cpu): g must be [", N, "] of dtype ", dtype_name(glogp.dtype()), ", got ",
+               g.meta());
+  if (glogp.dtype() == DType::f32) {
+    nll_bwd<float>(g, target, glogp);
+  } else {
+    nll_bwd<double>(g, target, glogp);
+  }
+}
+
+}  // namespace minidl::cpu
