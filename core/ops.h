@@ -14,7 +14,7 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
-Tensor maximum(const Tensor& a, const Tensor& b);   // gradient to a where a >= b
+Tensor maximum(const Tensor& a, const Tensor& b);   // ties split the gradient evenly (as PyTorch)
 Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, double exponent);
 Tensor neg(const Tensor& a);

@@ -220,7 +220,8 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   if (dim() == 0) return reshape({1});
   start_dim = wrap(start_dim, dim(), "flatten", shape());
   end_dim = wrap(end_dim, dim(), "flatten", shape());
-  MINIDL_CHECK(start_dim <= end_dim, "flatten: start_dim ", start_dim, " > end_dim ", end_dim);
+  MINIDL_CHECK(start_dim <= end_dim, "flatten: start_dim ", start_dim, " > end_dim ", end_dim, " for shape ",
+               shape_str(shape()));
   Shape ns(shape().begin(), shape().begin() + start_dim);
   int64_t m = 1;
   for (int64_t i = start_dim; i <= end_dim; ++i) m *= shape()[i];

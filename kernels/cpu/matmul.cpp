@@ -69,7 +69,8 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& ou
     if (B == 1) {
       one(0);  // Eigen parallelises a single large product itself
     } else {
-#pragma omp parallel for schedule(static)
+      // Tiny products are not worth waking the thread team.
+#pragma omp parallel for schedule(static) if (B * M * N * std::max<int64_t>(K, 1) > 32768)
       for (int64_t i = 0; i < B; ++i) one(i);
     }
   });
