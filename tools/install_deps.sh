@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Installs the Debian packages minidl needs, and only the missing ones. It holds THE package list:
+# tools/test.sh and tools/demo.sh both call it, so a new dependency is added here and nowhere else.
+# Quiet when nothing is missing; as non-root it prints the exact sudo command and fails.
+set -euo pipefail
+
+# Build and test dependencies (compiler, CMake, Eigen, GoogleTest, Google Benchmark, JSON).
+MINIDL_PACKAGES=(
+  cmake
+  g++
+  make
+  libeigen3-dev
+  googletest
+  libgtest-dev
+  libbenchmark-dev
+  nlohmann-json3-dev
+)
+# Only for regenerating the golden files (tools/make_golden.py); never for building or testing.
+MINIDL_GOLDEN_PACKAGES=(
+  python3
+  python3-numpy
+  python3-torch
+  python3-torchvision
+)
+
+usage() {
+  cat <<USAGE
+usage: bash tools/install_deps.sh [--golden] [--list]
+  (no option)  install the missing build and test packages
+  --golden     also the PyTorch packages that tools/make_golden.py needs
+  --list       print the package list (with --golden: including those) and exit
+MINIDL_EXTRA_PACKAGES="a b" adds packages to the list for one run.
+USAGE
+}
+
+packages=("${MINIDL_PACKAGES[@]}")
+list_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --golden) packages+=("${MINIDL_GOLDEN_PACKAGES[@]}") ;;
+    --list) list_only=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "install_deps: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+# Word splitting is wanted here: the variable is a space-separated list of package names.
+# shellcheck disable=SC2206
+packages+=(${MINIDL_EXTRA_PACKAGES:-})
+
+if [[ $list_only -eq 1 ]]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "install_deps: not a Debian-based system (no dpkg-query); install the equivalents of:" >&2
+  echo "  ${packages[*]}" >&2
+  echo "install_deps: going on; CMake will name anything still missing." >&2
+  exit 0
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null || true)
+  [[ $status == ii* ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install_deps: missing Debian packages: ${missing[*]}" >&2
+  echo "install_deps: run this, then the command again:" >&2
+  echo "  sudo apt-get update && sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "install_deps: installing missing Debian packages: ${missing[*]}" >&2
+apt-get update
+DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"

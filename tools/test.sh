@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The README's test command (and CI's, via .ci/run): installs what is missing, configures the
+# `build` folder once (Release, MINIDL_CUDA=AUTO), builds incrementally and runs ctest.
+# Extra arguments go to ctest, e.g. `bash tools/test.sh -L cpu`. Exits with ctest's status.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash tools/install_deps.sh
+
+build=${MINIDL_BUILD_DIR:-build}
+jobs=$(nproc)
+# Configure only when the build folder has no build system yet, or when the caller asks for a
+# setting (MINIDL_CUDA=AUTO|ON|OFF, MINIDL_CMAKE_ARGS="-D..."); later runs just rebuild, and CMake
+# re-runs itself when a CMakeLists.txt or a globbed folder changes.
+if [[ ! -f $build/CMakeCache.txt || ! ( -f $build/Makefile || -f $build/build.ninja ) ||
+      -n ${MINIDL_CUDA:-} || -n ${MINIDL_CMAKE_ARGS:-} ]]; then
+  # shellcheck disable=SC2086  # MINIDL_CMAKE_ARGS is a space-separated list of arguments
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMINIDL_CUDA="${MINIDL_CUDA:-AUTO}" ${MINIDL_CMAKE_ARGS:-}
+fi
+cmake --build "$build" -j "$jobs"
+
+status=0
+ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@" || status=$?
+exit "$status"
