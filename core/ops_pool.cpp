@@ -1,0 +1,116 @@
+// Pooling front-ends (max, average, global average): PyTorch's argument rules and output sizes,
+// dispatch to the device kernels, and backward nodes. Max pooling saves only its i64 argmax
+// indices, average pooling nothing but the options, so neither keeps the input alive.
+#include <array>
+#include <string>
+
+#include "core/autograd.h"
+#include "core/backend.h"
+#include "core/ops.h"
+
+namespace minidl {
+
+namespace {
+
+std::string pair_str(const std::array<int64_t, 2>& a) {
+  return "[" + std::to_string(a[0]) + ", " + std::to_string(a[1]) + "]";
+}
+
+// Checks x and the options and returns them resolved (stride 0 -> kernel) with the output shape.
+Pool2dOptions resolve_pool(const char* op, const Tensor& x, const Pool2dOptions& opts, Shape& out_shape) {
+  MINIDL_CHECK(x.defined(), op, ": input must be a defined tensor");
+  MINIDL_CHECK(x.dim() == 4, op, ": expected a 4-D input [N, C, H, W] but got ", shape_str(x.shape()),
+               (x.dim() == 3 ? "; add the batch dim with x.unsqueeze(0)" : ""));
+  const DType dt = x.dtype();
+  const bool ok = dt == DType::f32 || dt == DType::f64 || (dt == DType::f16 && x.device().is_cuda());
+  MINIDL_CHECK(ok, op, ": input has dtype ", dtype_name(dt), " on ", x.device().str(),
+               ", but only f32 and f64 are supported there (f16 on CUDA); convert it with .to(DType::f32)");
+  Pool2dOptions o = opts;
+  for (int i = 0; i < 2; ++i) {
+    MINIDL_CHECK(o.kernel[i] > 0, op, ": kernel size ", pair_str(opts.kernel), " must be positive");
+    MINIDL_CHECK(o.stride[i] >= 0, op, ": stride ", pair_str(opts.stride),
+                 " must be positive (or 0, meaning equal to the kernel size)");
+    MINIDL_CHECK(o.padding[i] >= 0, op, ": padding ", pair_str(opts.padding), " must be non-negative");
+    MINIDL_CHECK(o.padding[i] <= o.kernel[i] / 2, op, ": padding ", pair_str(opts.padding),
+                 " must be at most half the kernel size ", pair_str(opts.kernel),
+                 " (as in PyTorch); reduce the padding or enlarge the kernel");
+    if (o.stride[i] == 0) o.stride[i] = o.kernel[i];
+  }
+  const int64_t oh = conv_output_size(x.size(2), o.kernel[0], o.stride[0], o.padding[0], 1, o.ceil_mode,
+                                      (std::string(op) + " (height)").c_str());
+  const int64_t ow = conv_output_size(x.size(3), o.kernel[1], o.stride[1], o.padding[1], 1, o.ceil_mode,
+                                      (std::string(op) + " (width)").c_str());
+  out_shape = {x.size(0), x.size(1), oh, ow};
+  return o;
+}
+
+Tensor prepare_grad(const std::vector<Tensor>& grads, DType dt) {
+  if (grads.empty() || !grads[0].defined()) return Tensor();
+  Tensor gy = grads[0];
+  if (gy.dtype() != dt) gy = gy.to(dt);
+  return gy.contiguous();
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opts) {
+  Shape out_shape;
+  const Pool2dOptions o = resolve_pool("max_pool2d", x, opts, out_shape);
+  const Tensor xc = x.detach().contiguous();
+  Tensor y = empty(out_shape, x.options());
+  Tensor indices = empty(out_shape, {.dtype = DType::i64, .device = x.device()});
+  backend(x.device()).max_pool2d_forward(xc, o, y, indices);
+  if (grad_enabled() && x.requires_grad()) {
+    const Shape x_shape = x.shape();
+    const DType dt = x.dtype();
+    record("max_pool2d", {x}, {y}, [indices, x_shape, dt](const std::vector<Tensor>& grads) {
+      std::vector<Tensor> out(1);
+      const Tensor gy = prepare_grad(grads, dt);
+      if (!gy.defined()) return out;
+      out[0] = empty(x_shape, gy.options());
+      backend(gy.device()).max_pool2d_backward(gy, indices, out[0]);
+      return out;
+    });
+  }
+  return y;
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opts) {
+  Shape out_shape;
+  const Pool2dOptions o = resolve_pool("avg_pool2d", x, opts, out_shape);
+  const Tensor xc = x.detach().contiguous();
+  Tensor y = empty(out_shape, x.options());
+  backend(x.device()).avg_pool2d_forward(xc, o, y);
+  if (grad_enabled() && x.requires_grad()) {
+    const Shape x_shape = x.shape();
+    const DType dt = x.dtype();
+    record("avg_pool2d", {x}, {y}, [o, x_shape, dt](const std::vector<Tensor>& grads) {
+      std::vector<Tensor> out(1);
+      const Tensor gy = prepare_grad(grads, dt);
+      if (!gy.defined()) return out;
+      out[0] = empty(x_shape, gy.options());
+      backend(gy.device()).avg_pool2d_backward(gy, o, out[0]);
+      return out;
+    });
+  }
+  return y;
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) {
+  MINIDL_CHECK(x.defined(), "adaptive_avg_pool2d: input must be a defined tensor");
+  MINIDL_CHECK(x.dim() == 4, "adaptive_avg_pool2d: expected a 4-D input [N, C, H, W] but got ",
+               shape_str(x.shape()), (x.dim() == 3 ? "; add the batch dim with x.unsqueeze(0)" : ""));
+  MINIDL_CHECK(output_size[0] == 1 && output_size[1] == 1, "adaptive_avg_pool2d: output size ",
+               pair_str(output_size), " is not supported yet (only [1, 1], global average pooling); use avg_pool2d",
+               " with an explicit kernel for other sizes");
+  MINIDL_CHECK(x.size(2) > 0 && x.size(3) > 0, "adaptive_avg_pool2d: input ", shape_str(x.shape()),
+               " has an empty spatial dimension");
+  const DType dt = x.dtype();
+  const bool ok = dt == DType::f32 || dt == DType::f64 || (dt == DType::f16 && x.device().is_cuda());
+  MINIDL_CHECK(ok, "adaptive_avg_pool2d: input has dtype ", dtype_name(dt), " on ", x.device().str(),
+               ", but only f32 and f64 are supported there (f16 on CUDA); convert it with .to(DType::f32)");
+  // mean is differentiable, so it also provides the backward.
+  return mean(x, {2, 3}, /*keepdim=*/true);
+}
+
+}  // namespace minidl

@@ -1,0 +1,258 @@
+// CPU max and average pooling (NCHW) with PyTorch's exact window, tie and divisor rules, so the
+// CPU results can serve as the reference for the cuDNN path. Planes (n, c) are independent, which
+// makes them the unit of OpenMP work in both directions without any atomics.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/tensor.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace minidl::cpu {
+
+namespace {
+
+struct PoolGeom {
+  int64_t planes, h, w, oh, ow;
+  int64_t kh, kw, sh, sw, ph, pw;
+};
+
+PoolGeom make_geom(const Shape& in, const Shape& out, const Pool2dOptions& o, const char* op) {
+  MINIDL_CHECK(in.size() == 4 && out.size() == 4 && in[0] == out[0] && in[1] == out[1], op,
+               " (cpu): inconsistent shapes: input ", shape_str(in), ", output ", shape_str(out));
+  MINIDL_CHECK(o.stride[0] > 0 && o.stride[1] > 0, op, " (cpu): stride must be resolved (non-zero) by the caller");
+  return {in[0] * in[1], in[2], in[3], out[2], out[3], o.kernel[0], o.kernel[1],
+          o.stride[0], o.stride[1], o.padding[0], o.padding[1]};
+}
+
+void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    MINIDL_CHECK(t->is_contiguous(), op, " (cpu): kernel expects contiguous tensors, got ", t->meta(),
+                 " with strides ", shape_str(t->strides()));
+  }
+}
+
+[[noreturn]] void unsupported_dtype(const char* op, const Tensor& t) {
+  MINIDL_FAIL(op, " (cpu): dtype ", dtype_name(t.dtype()),
+              " is not supported (f32 and f64 only); convert with .to(DType::f32)");
+}
+
+// Below this many element visits a parallel region costs more than it saves.
+constexpr int64_t kParallelWork = 32768;
+
+// Output columns [lo, hi) within [c0, c1) whose window column kj lands inside the input
+// (input column = c * sw + off).
+inline void valid_cols(const PoolGeom& g, int64_t kj, int64_t c0, int64_t c1, int64_t& lo, int64_t& hi,
+                       int64_t& off) {
+  off = kj - g.pw;
+  lo = off >= 0 ? 0 : (-off + g.sw - 1) / g.sw;
+  hi = g.w - off <= 0 ? 0 : (g.w - off + g.sw - 1) / g.sw;
+  lo = std::max(lo, c0);
+  hi = std::clamp(hi, lo, c1);
+  lo = std::min(lo, hi);
+}
+
+// The kernels sweep one output row at a time in chunks of kChunk columns, window element by window
+// element, with the output column innermost: independent, branch-free lanes the compiler
+// vectorises, kept in small local arrays so nothing aliases them. Each output still visits its
+// window in PyTorch's row-major order, so ties and NaNs resolve as in PyTorch.
+constexpr int64_t kChunk = 256;
+
+// PyTorch's divisor is separable: (window rows) x (window cols), each clipped to the padded input,
+// or to the real input when padding is not counted.
+inline int64_t window_count(int64_t o, int64_t s, int64_t p, int64_t k, int64_t in, bool include_pad) {
+  const int64_t start = o * s - p;
+  const int64_t end = std::min(start + k, in + p);
+  return include_pad ? end - start : std::min(end, in) - std::max<int64_t>(start, 0);
+}
+
+// SW: the column stride when known at compile time (1, 2: the common cases), 0 for g.sw.
+template <typename T, int SW>
+void max_forward(const T* x, const PoolGeom& g, T* y, int64_t* idx) {
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+  const int64_t stride = SW > 0 ? SW : g.sw;
+#pragma omp parallel for schedule(static) if (g.planes > 1 && g.planes * out_plane * g.kh * g.kw > kParallelWork)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    alignas(64) T best[kChunk];
+    alignas(64) int32_t arg[kChunk];
+    const T* xp = x + pl * in_plane;
+    for (int64_t r = 0; r < g.oh; ++r) {
+      const int64_t h0 = std::max<int64_t>(r * g.sh - g.ph, 0);
+      const int64_t h1 = std::min(r * g.sh - g.ph + g.kh, g.h);
+      for (int64_t c0 = 0; c0 < g.ow; c0 += kChunk) {
+        const int64_t c1 = std::min(g.ow, c0 + kChunk);
+        // Padding acts as -inf; an all -inf window reports its first real element, as PyTorch does.
+        for (int64_t c = c0; c < c1; ++c) {
+          best[c - c0] = -std::numeric_limits<T>::infinity();
+          arg[c - c0] = static_cast<int32_t>(h0 * g.w + std::max<int64_t>(c * g.sw - g.pw, 0));
+        }
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          const T* row = xp + ih * g.w;
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            int64_t lo, hi, off;
+            valid_cols(g, kj, c0, c1, lo, hi, off);
+            const T* src = row + off;  // src[c * sw] for c in [lo, hi) is inside the row
+            const int32_t base = static_cast<int32_t>(ih * g.w + off + c0 * stride);
+            const int32_t sw = static_cast<int32_t>(stride);
+            const T* s0 = src + c0 * stride;
+            for (int32_t c = static_cast<int32_t>(lo - c0); c < static_cast<int32_t>(hi - c0); ++c) {
+              const T v = s0[c * stride];
+              const bool take = (v > best[c]) | (v != v);  // first maximum wins; NaN propagates
+              best[c] = take ? v : best[c];
+              arg[c] = take ? base + c * sw : arg[c];
+            }
+          }
+        }
+        T* yo = y + pl * out_plane + r * g.ow;
+        int64_t* io = idx + pl * out_plane + r * g.ow;
+        for (int64_t c = c0; c < c1; ++c) {
+          yo[c] = best[c - c0];
+          io[c] = arg[c - c0];
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void max_forward(const T* x, const PoolGeom& g, T* y, int64_t* idx) {
+  // Offsets inside one plane are tracked in 32 bits, which vectorise alongside f32 values.
+  MINIDL_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(), "max_pool2d_forward (cpu): input plane of ",
+               g.h * g.w, " elements is too large (at most 2^31 - 1)");
+  if (g.sw == 1) return max_forward<T, 1>(x, g, y, idx);
+  if (g.sw == 2) return max_forward<T, 2>(x, g, y, idx);
+  max_forward<T, 0>(x, g, y, idx);
+}
+
+template <typename T>
+void max_backward(const T* gy, const int64_t* idx, int64_t planes, int64_t out_plane, int64_t in_plane, T* gx) {
+#pragma omp parallel for schedule(static) if (planes > 1 && planes * (in_plane + out_plane) > kParallelWork)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    T* gp = gx + pl * in_plane;
+    std::fill(gp, gp + in_plane, T(0));
+    const T* gyp = gy + pl * out_plane;
+    const int64_t* ip = idx + pl * out_plane;
+    for (int64_t i = 0; i < out_plane; ++i) gp[ip[i]] += gyp[i];
+  }
+}
+
+template <typename T>
+void avg_forward(const T* x, const PoolGeom& g, bool include_pad, T* y) {
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+#pragma omp parallel for schedule(static) if (g.planes > 1 && g.planes * out_plane * g.kh * g.kw > kParallelWork)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    alignas(64) T acc[kChunk];
+    const T* xp = x + pl * in_plane;
+    for (int64_t r = 0; r < g.oh; ++r) {
+      const int64_t h0 = std::max<int64_t>(r * g.sh - g.ph, 0);
+      const int64_t h1 = std::min(r * g.sh - g.ph + g.kh, g.h);
+      const int64_t hc = window_count(r, g.sh, g.ph, g.kh, g.h, include_pad);
+      for (int64_t c0 = 0; c0 < g.ow; c0 += kChunk) {
+        const int64_t c1 = std::min(g.ow, c0 + kChunk);
+        std::fill(acc, acc + (c1 - c0), T(0));
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          const T* row = xp + ih * g.w;
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            int64_t lo, hi, off;
+            valid_cols(g, kj, c0, c1, lo, hi, off);
+            const T* src = row + off;
+            for (int64_t c = lo; c < hi; ++c) acc[c - c0] += src[c * g.sw];
+          }
+        }
+        T* yo = y + pl * out_plane + r * g.ow;
+        for (int64_t c = c0; c < c1; ++c) {
+          yo[c] = acc[c - c0] / static_cast<T>(hc * window_count(c, g.sw, g.pw, g.kw, g.w, include_pad));
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void avg_backward(const T* gy, const PoolGeom& g, bool include_pad, T* gx) {
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+#pragma omp parallel for schedule(static) \
+    if (g.planes > 1 && g.planes * (in_plane + out_plane * g.kh * g.kw) > kParallelWork)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    alignas(64) T scaled[kChunk];
+    T* gp = gx + pl * in_plane;
+    std::fill(gp, gp + in_plane, T(0));
+    for (int64_t r = 0; r < g.oh; ++r) {
+      const T* grow = gy + pl * out_plane + r * g.ow;
+      const int64_t hc = window_count(r, g.sh, g.ph, g.kh, g.h, include_pad);
+      const int64_t h0 = std::max<int64_t>(r * g.sh - g.ph, 0);
+      const int64_t h1 = std::min(r * g.sh - g.ph + g.kh, g.h);
+      for (int64_t c0 = 0; c0 < g.ow; c0 += kChunk) {
+        const int64_t c1 = std::min(g.ow, c0 + kChunk);
+        for (int64_t c = c0; c < c1; ++c) {
+          scaled[c - c0] = grow[c] / static_cast<T>(hc * window_count(c, g.sw, g.pw, g.kw, g.w, include_pad));
+        }
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          T* dst = gp + ih * g.w;
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            int64_t lo, hi, off;
+            valid_cols(g, kj, c0, c1, lo, hi, off);
+            T* d = dst + off;
+            for (int64_t c = lo; c < hi; ++c) d[c * g.sw] += scaled[c - c0];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
+  check_contiguous("max_pool2d_forward", {&x, &y, &indices});
+  MINIDL_CHECK(indices.dtype() == DType::i64 && indices.shape() == y.shape(),
+               "max_pool2d_forward (cpu): indices must be i64 with the output's shape ", shape_str(y.shape()),
+               ", got ", indices.meta());
+  const PoolGeom g = make_geom(x.shape(), y.shape(), o, "max_pool2d_forward");
+  switch (x.dtype()) {
+    case DType::f32: return max_forward(x.data<float>(), g, y.data<float>(), indices.data<int64_t>());
+    case DType::f64: return max_forward(x.data<double>(), g, y.data<double>(), indices.data<int64_t>());
+    default: unsupported_dtype("max_pool2d_forward", x);
+  }
+}
+
+void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) {
+  check_contiguous("max_pool2d_backward", {&gy, &indices, &gx});
+  MINIDL_CHECK(gy.dim() == 4 && gx.dim() == 4 && indices.shape() == gy.shape() && indices.dtype() == DType::i64 &&
+                   gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1),
+               "max_pool2d_backward (cpu): inconsistent tensors: grad ", gy.meta(), ", indices ", indices.meta(),
+               ", input grad ", gx.meta());
+  const int64_t planes = gy.size(0) * gy.size(1);
+  const int64_t out_plane = gy.size(2) * gy.size(3), in_plane = gx.size(2) * gx.size(3);
+  switch (gy.dtype()) {
+    case DType::f32:
+      return max_backward(gy.data<float>(), indices.data<int64_t>(), planes, out_plane, in_plane, gx.data<float>());
+    case DType::f64:
+      return max_backward(gy.data<double>(), indices.data<int64_t>(), planes, out_plane, in_plane,
+                          gx.data<double>());
+    default: unsupported_dtype("max_pool2d_backward", gy);
+  }
+}
+
+void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
+  check_contiguous("avg_pool2d_forward", {&x, &y});
+  const PoolGeom g = make_geom(x.shape(), y.shape(), o, "avg_pool2d_forward");
+  switch (x.dtype()) {
+    case DType::f32: return avg_forward(x.data<float>(), g, o.count_include_pad, y.data<float>());
+    case DType::f64: return avg_forward(x.data<double>(), g, o.count_include_pad, y.data<double>());
+    default: unsupported_dtype("avg_pool2d_forward", x);
+  }
+}
+
+void CpuBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
+  check_contiguous("avg_pool2d_backward", {&gy, &gx});
+  const PoolGeom g = make_geom(gx.shape(), gy.shape(), o, "avg_pool2d_backward");
+  switch (gy.dtype()) {
+    case DType::f32: return avg_backward(gy.data<float>(), g, o.count_include_pad, gx.data<float>());
+    case DType::f64: return avg_backward(gy.data<double>(), g, o.count_include_pad, gx.data<double>());
+    default: unsupported_dtype("avg_pool2d_backward", gy);
+  }
+}
+
+}  // namespace minidl::cpu
