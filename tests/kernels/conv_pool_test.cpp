@@ -67,6 +67,12 @@ struct ConvCase {
   Conv2dOptions opts() const { return {.stride = {sh, sw}, .padding = {ph, pw}, .dilation = {dh, dw}}; }
 };
 
+// Short, readable names for the parameterised cases in gtest and ctest output.
+void PrintTo(const ConvCase& k, std::ostream* os) {
+  *os << "x" << k.n << "x" << k.c << "x" << k.h << "x" << k.w << "_o" << k.o << "_k" << k.kh << "x" << k.kw << "_s"
+      << k.sh << "x" << k.sw << "_p" << k.ph << "x" << k.pw << "_d" << k.dh << "x" << k.dw << (k.bias ? "_bias" : "");
+}
+
 struct ConvRef {
   Vec y, gx, gw, gb;
 };
@@ -375,6 +381,11 @@ struct PoolCase {
             .count_include_pad = include_pad};
   }
 };
+
+void PrintTo(const PoolCase& k, std::ostream* os) {
+  *os << "x" << k.n << "x" << k.c << "x" << k.h << "x" << k.w << "_k" << k.kh << "x" << k.kw << "_s" << k.sh << "x"
+      << k.sw << "_p" << k.ph << "x" << k.pw << (k.ceil_mode ? "_ceil" : "") << (k.include_pad ? "" : "_nopad");
+}
 
 int64_t ref_out(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode) {
   const int64_t num = in + 2 * p - k;
