@@ -1,7 +1,7 @@
 // CPU convolution (NCHW): im2col + Eigen GEMM, the reference every other backend is checked against
-// and the engine of CPU training. The column matrix is built in tiles that stay in L2 right before
-// the GEMM reads them, and small output planes (deep ResNet stages) are batched into one GEMM so
-// the weights are streamed once per group of samples instead of once per sample.
+// and the engine of CPU training. Column matrices are built in tiles (row bands, channel chunks) that
+// stay in L2 until the GEMM reads them; small planes (deep ResNet stages) are batched across samples
+// so weights are streamed once per group, and threads split channels when groups are too few.
 #include <omp.h>
 
 #include <Eigen/Core>
@@ -9,11 +9,14 @@
 #include <cstring>
 
 #include "core/tensor.h"
+#include "kernels/cpu/conv_im2col.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace minidl::cpu {
 
 namespace {
+
+using namespace conv_detail;  // the im2col helpers of this file, kept in conv_im2col.h
 
 template <typename T>
 using MatR = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -33,19 +36,6 @@ constexpr int64_t kMinCols = 256;
 constexpr int64_t kMinColsWeight = 1024;
 // Below this many multiply-adds a parallel region costs more than it saves.
 constexpr int64_t kParallelWork = int64_t{1} << 21;
-
-struct ConvGeom {
-  int64_t n, c, h, w;     // input
-  int64_t o, kh, kw;      // weight
-  int64_t oh, ow;         // output
-  int64_t sh, sw, ph, pw, dh, dw;
-
-  int64_t k() const { return c * kh * kw; }  // GEMM inner dimension (rows of the column matrix)
-  int64_t p() const { return oh * ow; }      // output pixels per sample
-  int64_t in_size() const { return c * h * w; }
-  // Input and output pixels coincide: the input plane is the column matrix itself.
-  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
-};
 
 ConvGeom make_geom(const Shape& x, const Shape& wt, const Shape& y, const Conv2dOptions& o, const char* op) {
   MINIDL_CHECK(x.size() == 4 && wt.size() == 4 && y.size() == 4, op, " (cpu): expected 4-D tensors, got input ",
@@ -152,94 +142,43 @@ void for_each_plane(const Plan& pl, int64_t gn, int64_t rows, F&& f) {
   }
 }
 
-// Valid output columns [lo, hi) for kernel column offset `off` (input column = j * s + off).
-inline void valid_range(int64_t off, int64_t s, int64_t in, int64_t out, int64_t& lo, int64_t& hi) {
-  lo = off >= 0 ? 0 : (-off + s - 1) / s;
-  hi = in - off <= 0 ? 0 : (in - off + s - 1) / s;
-  lo = std::min(lo, out);
-  hi = std::clamp(hi, lo, out);
-}
-
-// Output rows [r0, r1) of channel c of one sample's input [C, H, W] -> the column rows of that
-// channel (kH*kW of them, starting at col) x [(r1-r0)*oW], row stride ld.
-template <typename T>
-void im2col(const T* x, const ConvGeom& g, int64_t c, int64_t r0, int64_t r1, T* col, int64_t ld) {
-  const T* xc = x + c * g.h * g.w;
-  if (g.pointwise()) {
-    std::memcpy(col, xc + r0 * g.ow, sizeof(T) * (r1 - r0) * g.ow);
-    return;
-  }
-  for (int64_t ki = 0; ki < g.kh; ++ki) {
-    for (int64_t kj = 0; kj < g.kw; ++kj) {
-      T* dst = col + (ki * g.kw + kj) * ld;
-      const int64_t off_w = kj * g.dw - g.pw;
-      int64_t lo, hi;
-      valid_range(off_w, g.sw, g.w, g.ow, lo, hi);
-      for (int64_t r = r0; r < r1; ++r) {
-        T* d = dst + (r - r0) * g.ow;
-        const int64_t ih = r * g.sh - g.ph + ki * g.dh;
-        if (ih < 0 || ih >= g.h) {
-          std::fill(d, d + g.ow, T(0));
-          continue;
-        }
-        std::fill(d, d + lo, T(0));
-        const T* src = xc + ih * g.w;
-        if (g.sw == 1) {
-          if (hi > lo) std::memcpy(d + lo, src + lo + off_w, sizeof(T) * (hi - lo));
-        } else {
-          for (int64_t j = lo; j < hi; ++j) d[j] = src[j * g.sw + off_w];
-        }
-        std::fill(d + hi, d + g.ow, T(0));
-      }
-    }
-  }
-}
-
-// The adjoint of im2col: adds the column rows of channel c for output rows [r0, r1) into that
-// channel's plane of one sample's gradient [C, H, W].
-template <typename T>
-void col2im(const T* col, int64_t ld, const ConvGeom& g, int64_t c, int64_t r0, int64_t r1, T* gx) {
-  T* gc = gx + c * g.h * g.w;
-  if (g.pointwise()) {
-    T* d = gc + r0 * g.ow;
-    const int64_t n = (r1 - r0) * g.ow;
-    for (int64_t j = 0; j < n; ++j) d[j] += col[j];
-    return;
-  }
-  for (int64_t ki = 0; ki < g.kh; ++ki) {
-    for (int64_t kj = 0; kj < g.kw; ++kj) {
-      const T* src = col + (ki * g.kw + kj) * ld;
-      const int64_t off_w = kj * g.dw - g.pw;
-      int64_t lo, hi;
-      valid_range(off_w, g.sw, g.w, g.ow, lo, hi);
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t ih = r * g.sh - g.ph + ki * g.dh;
-        if (ih < 0 || ih >= g.h) continue;
-        const T* s = src + (r - r0) * g.ow;
-        T* d = gc + ih * g.w;
-        if (g.sw == 1) {
-          for (int64_t j = lo; j < hi; ++j) d[j + off_w] += s[j];
-        } else {
-          for (int64_t j = lo; j < hi; ++j) d[j * g.sw + off_w] += s[j];
-        }
-      }
-    }
-  }
-}
-
 // The column matrix of an item: a strided view of the input when it is one (1x1 stride-1 conv of
 // one sample), otherwise built by im2col into buf as [K, gn * rows * oW].
 template <typename T>
-CMapR<T> item_columns(const T* x, const ConvGeom& g, const Plan& pl, const Item& it, T* buf) {
+CMapR<T> item_columns(const T* x, const ConvGeom& g, const Plan& pl, const Item& it, int64_t c0, int64_t c1,
+                      T* buf) {
   const int64_t rows_cols = (it.r1 - it.r0) * g.ow, cols = it.gn * rows_cols;
-  if (g.pointwise() && it.gn == 1) {
-    return CMapR<T>(x + it.n0 * g.in_size() + it.r0 * g.ow, g.k(), cols, Eigen::OuterStride<>(g.p()));
-  }
   const int64_t kk = g.kh * g.kw;
-  for_each_plane(pl, it.gn, g.c, [&](int64_t j, int64_t c) {
-    im2col(x + (it.n0 + j) * g.in_size(), g, c, it.r0, it.r1, buf + c * kk * cols + j * rows_cols, cols);
+  if (g.pointwise() && it.gn == 1) {
+    return CMapR<T>(x + it.n0 * g.in_size() + c0 * g.h * g.w + it.r0 * g.ow, (c1 - c0) * kk, cols,
+                    Eigen::OuterStride<>(g.p()));
+  }
+  const bool padded = pad_band_ok(g, it.r1 - it.r0);
+  for_each_plane(pl, it.gn, c1 - c0, [&](int64_t j, int64_t cr) {
+    const int64_t c = c0 + cr;
+    T* col = buf + cr * kk * cols + j * rows_cols;
+    if (padded) {
+      im2col_band(x + (it.n0 + j) * g.in_size(), g, c, it.r0, it.r1, col, cols);
+    } else {
+      im2col(x + (it.n0 + j) * g.in_size(), g, c, it.r0, it.r1, col, cols);
+    }
   });
-  return CMapR<T>(buf, g.k(), cols, Eigen::OuterStride<>(cols));
+  return CMapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols));
+}
+
+// Input channels per column chunk. A column matrix bigger than L2 is written to memory by im2col
+// and read back by the GEMM, so items are processed in chunks of channels whose columns fit in
+// kTileBytes (the GEMM's depth is split; Eigen blocks its depth anyway), but not so thin that a
+// GEMM's depth drops below kMinDepth. Chunks are evened out. A column view (no copy) is not split.
+constexpr int64_t kMinDepth = 256;
+template <typename T>
+int64_t chunk_channels(const ConvGeom& g, const Plan& pl) {
+  if (g.pointwise() && pl.group == 1) return g.c;
+  const int64_t kk = g.kh * g.kw;
+  const int64_t by_tile = kTileBytes / (kk * pl.max_cols(g.ow) * static_cast<int64_t>(sizeof(T)));
+  const int64_t cc = std::clamp<int64_t>(std::max(by_tile, (kMinDepth + kk - 1) / kk), 1, g.c);
+  const int64_t chunks = (g.c + cc - 1) / cc;
+  return (g.c + chunks - 1) / chunks;
 }
 
 // An item's slice of a [N, O, P] tensor (output gradient) as [O, cols]: a strided view for one
@@ -273,24 +212,30 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Co
   const int64_t k = g.k(), p = g.p(), o = g.o;
   const CMapR<T> wm(w.data<T>(), o, k, Eigen::OuterStride<>(k));
   const Plan pl = plan_batch<T>(g, Pass::Forward);
-  const int64_t max_cols = pl.max_cols(g.ow);
-  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : k * max_cols;
+  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl), kk = g.kh * g.kw;
+  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
   const int64_t out_sz = pl.group > 1 ? o * max_cols : 0;
   const Scratch<T> scratch(col_sz + out_sz, pl.threads, x);
 
   for_each_item(pl, g, [&](const Item& it, int tid) {
     T* buf = scratch.at(tid);
-    const CMapR<T> cm = item_columns(xp, g, pl, it, buf);
-    const int64_t cols = cm.cols();
+    const int64_t cols = it.gn * (it.r1 - it.r0) * g.ow;
     // A single sample writes its output tile in place; a group goes through a buffer.
     T* dst = it.gn == 1 ? yp + it.n0 * o * p + it.r0 * g.ow : buf + col_sz;
     const int64_t ld = it.gn == 1 ? p : cols;
     MapR<T> om(dst, o, cols, Eigen::OuterStride<>(ld));
     if (bp) {
       for (int64_t r = 0; r < o; ++r) std::fill(dst + r * ld, dst + r * ld + cols, bp[r]);
-      om.noalias() += wm * cm;
-    } else {
-      om.noalias() = wm * cm;
+    }
+    for (int64_t c0 = 0; c0 < g.c; c0 += cc) {
+      const int64_t c1 = std::min(g.c, c0 + cc);
+      const CMapR<T> cm = item_columns(xp, g, pl, it, c0, c1, buf);
+      const auto wc = wm.middleCols(c0 * kk, (c1 - c0) * kk);
+      if (bp || c0 > 0) {
+        om.noalias() += wc * cm;
+      } else {
+        om.noalias() = wc * cm;
+      }
     }
     if (it.gn > 1) {
       for_each_plane(pl, it.gn, o, [&](int64_t j, int64_t r) {
@@ -300,16 +245,137 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Co
   });
 }
 
+// Channels per chunk when threads split the channels: chunks that fit the tile budget, as many as
+// a multiple of the thread count so that static scheduling balances them.
+template <typename T>
+int64_t thread_chunk_channels(const ConvGeom& g, const Plan& pl, int nt) {
+  const int64_t cc = chunk_channels<T>(g, pl);
+  const int64_t chunks = std::min(g.c, ((g.c + cc - 1) / cc + nt - 1) / nt * nt);
+  return (g.c + chunks - 1) / chunks;
+}
+
+// The input gradient of small planes with a big weight (deep stages): per-thread groups of samples
+// would each stream the whole weight for few columns, so all samples form one GEMM and threads
+// split the input channels, each multiplying its rows of the weight and scattering into its own
+// channels of the gradient.
+template <typename T>
+void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const ConvGeom& g, const Plan& pl, T* gxp,
+                                    const Tensor& like) {
+  const int nt = std::max(1, omp_get_max_threads());
+  const int64_t o = g.o, kk = g.kh * g.kw, max_cols = pl.max_cols(g.ow);
+  const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
+  const Scratch<T> gcol_scratch(cc * kk * max_cols, nt, like);
+  const Scratch<T> gy_scratch(pl.group > 1 ? o * max_cols : 0, 1, like);
+  Plan seq = pl;
+  seq.inner = false;
+  for (int64_t i = 0; i < pl.num_items(); ++i) {
+    const Item it = pl.item(i, g.n, g.oh);
+    const CMapR<T> gym = item_rows(gyp, g, pl, it, gy_scratch.at(0));
+    const int64_t cols = gym.cols(), rows_cols = (it.r1 - it.r0) * g.ow;
+    const bool whole = it.r0 == 0 && it.r1 == g.oh && pad_band_ok(g, g.oh);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      const int64_t c0 = ci * cc, c1 = std::min(g.c, c0 + cc);
+      T* buf = gcol_scratch.at(omp_get_thread_num());
+      MapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols)).noalias() =
+          wm.middleCols(c0 * kk, (c1 - c0) * kk).transpose() * gym;
+      for_each_plane(seq, it.gn, c1 - c0, [&](int64_t j, int64_t cr) {
+        const int64_t c = c0 + cr;
+        const T* gcol = buf + cr * kk * cols + j * rows_cols;
+        T* gxn = gxp + (it.n0 + j) * g.in_size();
+        if (whole) return col2im_plane(gcol, cols, g, c, gxn);
+        if (it.r0 == 0) std::fill(gxn + c * g.h * g.w, gxn + (c + 1) * g.h * g.w, T(0));  // first tile
+        col2im(gcol, cols, g, c, it.r0, it.r1, gxn);
+      });
+    }
+  }
+}
+
+// The weight gradient when there are too few items to give each thread its own (big [O, K] results
+// want many columns per GEMM, so few groups): threads split the input channels instead, each
+// building the columns of its channels and writing its own columns of the gradient. Unlike
+// threading each GEMM, no thread waits for another between im2col and GEMM, and each streams only
+// its share of the result.
+template <typename T>
+void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& g, const Plan& pl, T* gwp,
+                                     const Tensor& like) {
+  const int nt = std::max(1, omp_get_max_threads());
+  const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw, max_cols = pl.max_cols(g.ow);
+  const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
+  const int64_t col_sz = cc * kk * max_cols;
+  const Scratch<T> cols_scratch(col_sz, nt, like);
+  const Scratch<T> gy_scratch(pl.group > 1 ? o * max_cols : 0, 1, like);
+  Plan seq = pl;  // copies inside a thread's chunk run on that thread
+  seq.inner = false;
+  MapR<T> acc(gwp, o, k, Eigen::OuterStride<>(k));
+  for (int64_t i = 0; i < pl.num_items(); ++i) {
+    const Item it = pl.item(i, g.n, g.oh);
+    const CMapR<T> gym = item_rows(gyp, g, pl, it, gy_scratch.at(0));
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      const int64_t c0 = ci * cc, c1 = std::min(g.c, c0 + cc);
+      const CMapR<T> cm = item_columns(xp, g, seq, it, c0, c1, cols_scratch.at(omp_get_thread_num()));
+      auto dst = acc.middleCols(c0 * kk, (c1 - c0) * kk);
+      if (i == 0) {
+        dst.noalias() = gym * cm.transpose();
+      } else {
+        dst.noalias() += gym * cm.transpose();
+      }
+    }
+  }
+}
+
+// With stride 1 the input gradient is itself a convolution: of gy with the weight transposed
+// ([C, O]) and flipped, padded by (kH-1)*dH - pH. Its GEMM is O*kH*kW deep instead of O deep, which
+// is what Eigen's kernel wants when O is small (ResNet stage 1: 64), and its im2col of gy replaces
+// col2im's scattered adds. Not for wide O (the GEMM is deep enough already) or few input channels
+// (the transposed GEMM would have only C rows).
+constexpr int64_t kTransposedMaxOut = 128;
+constexpr int64_t kTransposedMinIn = 16;
+
+inline bool transposed_ok(const ConvGeom& g) {
+  const int64_t ph = (g.kh - 1) * g.dh - g.ph, pw = (g.kw - 1) * g.dw - g.pw;
+  return g.sh == 1 && g.sw == 1 && !g.pointwise() && g.o < kTransposedMaxOut && g.c >= kTransposedMinIn &&
+         ph >= 0 && pw >= 0 && g.h == g.oh + 2 * ph - (g.kh - 1) * g.dh &&
+         g.w == g.ow + 2 * pw - (g.kw - 1) * g.dw;
+}
+
+template <typename T>
+void conv_backward_input_transposed(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
+  const ConvGeom t{g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, g.h, g.w,
+                   1, 1, (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+  const Tensor wt = empty({g.c, g.o, g.kh, g.kw}, w.options());
+  const T* src = w.data<T>();
+  T* dst = wt.data<T>();
+  const int64_t kk = g.kh * g.kw;
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t o = 0; o < g.o; ++o) {
+      const T* s = src + (o * g.c + c) * kk;
+      T* d = dst + (c * g.o + o) * kk;
+      for (int64_t i = 0; i < kk; ++i) d[i] = s[kk - 1 - i];  // (ki, kj) -> (kH-1-ki, kW-1-kj)
+    }
+  }
+  conv_forward<T>(gy, wt, Tensor(), t, gx);
+}
+
 template <typename T>
 void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
   const T* gyp = gy.data<T>();
   T* gxp = gx.data<T>();
   const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw;
   const CMapR<T> wm(w.data<T>(), o, k, Eigen::OuterStride<>(k));
+  if (transposed_ok(g)) return conv_backward_input_transposed<T>(gy, w, g, gx);
   const Plan pl = plan_batch<T>(g, Pass::BackwardInput);
-  const int64_t max_cols = pl.max_cols(g.ow);
+  // Small planes and a big weight: the weight-gradient plan (one group of all samples) with threads
+  // splitting channels.
+  const bool big_weight = o * k * static_cast<int64_t>(sizeof(T)) > 2 * kTileBytes;
+  if (pl.group > 1 && big_weight && g.c >= 2 * omp_get_max_threads()) {
+    const Plan wpl = plan_batch<T>(g, Pass::BackwardWeight);
+    if (wpl.inner && wpl.group > pl.group) return conv_backward_input_by_channel<T>(gyp, wm, g, wpl, gxp, gy);
+  }
+  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl);
   const bool direct = g.pointwise() && pl.group == 1;  // GEMM straight into gx
-  const int64_t gcol_sz = direct ? 0 : k * max_cols;
+  const int64_t gcol_sz = direct ? 0 : cc * kk * max_cols;
   const int64_t gy_sz = pl.group > 1 ? o * max_cols : 0;
   const Scratch<T> scratch(gcol_sz + gy_sz, pl.threads, gy);
 
@@ -322,13 +388,21 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, c
           wm.transpose() * gym;
       return;
     }
-    MapR<T>(buf, k, cols, Eigen::OuterStride<>(cols)).noalias() = wm.transpose() * gym;
     const int64_t rows_cols = (it.r1 - it.r0) * g.ow;
-    for_each_plane(pl, it.gn, g.c, [&](int64_t j, int64_t c) {
-      T* gxn = gxp + (it.n0 + j) * g.in_size();
-      if (it.r0 == 0) std::fill(gxn + c * g.h * g.w, gxn + (c + 1) * g.h * g.w, T(0));  // first tile
-      col2im(buf + c * kk * cols + j * rows_cols, cols, g, c, it.r0, it.r1, gxn);
-    });
+    const bool whole = it.r0 == 0 && it.r1 == g.oh && pad_band_ok(g, g.oh);
+    for (int64_t c0 = 0; c0 < g.c; c0 += cc) {
+      const int64_t c1 = std::min(g.c, c0 + cc);
+      MapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols)).noalias() =
+          wm.middleCols(c0 * kk, (c1 - c0) * kk).transpose() * gym;
+      for_each_plane(pl, it.gn, c1 - c0, [&](int64_t j, int64_t cr) {
+        const int64_t c = c0 + cr;
+        const T* gcol = buf + cr * kk * cols + j * rows_cols;
+        T* gxn = gxp + (it.n0 + j) * g.in_size();
+        if (whole) return col2im_plane(gcol, cols, g, c, gxn);
+        if (it.r0 == 0) std::fill(gxn + c * g.h * g.w, gxn + (c + 1) * g.h * g.w, T(0));  // first tile
+        col2im(gcol, cols, g, c, it.r0, it.r1, gxn);
+      });
+    }
   });
 }
 
@@ -338,8 +412,11 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
   const T* xp = x.data<T>();
   const int64_t k = g.k(), o = g.o;
   const Plan pl = plan_batch<T>(g, Pass::BackwardWeight);
-  const int64_t max_cols = pl.max_cols(g.ow);
-  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : k * max_cols;
+  if (pl.inner && g.c >= 2 * omp_get_max_threads()) {
+    return conv_backward_weight_by_channel<T>(gyp, xp, g, pl, gw.data<T>(), x);
+  }
+  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl), kk = g.kh * g.kw;
+  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
   const int64_t gy_sz = pl.group > 1 ? o * max_cols : 0;
   // Thread 0 accumulates straight into gw, the others into private partial sums that are added in
   // thread order afterwards: with static scheduling the result does not depend on timing.
@@ -350,9 +427,13 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
 
   for_each_item(pl, g, [&](const Item& it, int tid) {
     T* buf = scratch.at(tid);
-    const CMapR<T> cm = item_columns(xp, g, pl, it, buf);
     const CMapR<T> gym = item_rows(gyp, g, pl, it, buf ? buf + col_sz : nullptr);
-    MapR<T>(partial(tid), o, k, Eigen::OuterStride<>(k)).noalias() += gym * cm.transpose();
+    MapR<T> acc(partial(tid), o, k, Eigen::OuterStride<>(k));
+    for (int64_t c0 = 0; c0 < g.c; c0 += cc) {
+      const int64_t c1 = std::min(g.c, c0 + cc);
+      const CMapR<T> cm = item_columns(xp, g, pl, it, c0, c1, buf);
+      acc.middleCols(c0 * kk, (c1 - c0) * kk).noalias() += gym * cm.transpose();
+    }
   });
 
   if (pl.threads > 1) {
