@@ -47,8 +47,12 @@ class AccumulateGrad final : public Node {
     const Tensor& g = grads[0];
     MINIDL_CHECK(g.shape() == l.shape(), "backward: gradient ", g.meta(), " does not match leaf ", l.meta());
     if (!leaf->grad) {
-      // Own a fresh contiguous copy: the incoming gradient may be shared with other leaves.
-      leaf->grad = g.detach().to(l.dtype()).clone().impl_ptr();
+      // Take the incoming gradient as it is when nothing else can see it (only the engine's inbox
+      // holds it, its storage is its own, plain layout): that saves a parameter-sized copy per
+      // leaf per step. Otherwise own a fresh contiguous copy, since it may be shared.
+      const bool unshared = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
+                            g.offset() == 0 && g.dtype() == l.dtype() && g.is_leaf() && !g.requires_grad();
+      leaf->grad = unshared ? g.impl_ptr() : g.detach().to(l.dtype()).clone().impl_ptr();
     } else {
       Tensor(leaf->grad).add_(g.to(l.dtype()));
     }
