@@ -1,0 +1,109 @@
+// Adam/AdamW's update, written as PyTorch 1.13's _single_tensor_adam(w) (non-capturable) with
+// minidl's ops so it runs on any device and rounds like PyTorch: bias corrections are computed in
+// double on the host from the per-parameter step, as PyTorch does with step.item().
+#include "optim/adam.h"
+
+#include <cmath>
+
+#include "core/ops.h"
+
+namespace minidl::optim {
+
+namespace {
+
+std::map<std::string, double> adam_defaults(const AdamOptions& o) {
+  return {{"lr", o.lr},
+          {"weight_decay", o.weight_decay},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"amsgrad", o.amsgrad ? 1.0 : 0.0},
+          {"maximize", o.maximize ? 1.0 : 0.0}};
+}
+
+std::vector<ParamGroup> single_group(std::vector<Tensor> params) {
+  std::vector<ParamGroup> groups;
+  if (!params.empty()) groups.push_back(ParamGroup{.params = std::move(params)});
+  return groups;
+}
+
+}  // namespace
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
+    : Adam("Adam", false, single_group(std::move(params)), options) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults)
+    : Adam("Adam", false, std::move(groups), defaults) {}
+
+Adam::Adam(const char* name, bool decoupled, std::vector<ParamGroup> groups, const AdamOptions& defaults)
+    : Optimizer(name, adam_defaults(defaults)), decoupled_(decoupled) {
+  init_groups(std::move(groups));
+}
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamOptions& options)
+    : Adam("AdamW", true, single_group(std::move(params)), options) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamOptions& defaults)
+    : Adam("AdamW", true, std::move(groups), defaults) {}
+
+void Adam::validate_hyper_parameters(const ParamGroup& group) const {
+  Optimizer::validate_hyper_parameters(group);
+  for (const char* b : {"beta1", "beta2"}) {
+    const double v = group.option(b);
+    MINIDL_CHECK(v >= 0 && v < 1, name(), ": invalid ", b, " ", v, "; betas must be in [0, 1) (PyTorch's defaults are ",
+                 "0.9 and 0.999)");
+  }
+  const double eps = group.option("eps");
+  MINIDL_CHECK(std::isfinite(eps) && eps > 0, name(), ": invalid eps ", eps,
+               "; eps must be > 0 (it keeps the denominator away from zero; the default is 1e-8)");
+}
+
+std::vector<std::string> Adam::buffer_names(const ParamGroup& group) const {
+  if (group.option("amsgrad") != 0.0) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+void Adam::update(const ParamGroup& group, Tensor& param, const Tensor& grad, ParamState& state) {
+  const double lr = group.lr;
+  const double wd = group.weight_decay;
+  const double beta1 = group.option("beta1");
+  const double beta2 = group.option("beta2");
+  const double eps = group.option("eps");
+  const bool amsgrad = group.option("amsgrad") != 0.0;
+
+  if (state.empty()) {
+    for (const auto& k : buffer_names(group)) state.buffers[k] = zeros_like(param);
+  }
+  Tensor& exp_avg = state.buffers.at("exp_avg");
+  Tensor& exp_avg_sq = state.buffers.at("exp_avg_sq");
+
+  Tensor g = group.option("maximize") != 0.0 ? neg(grad) : grad;
+  state.step += 1;
+  if (decoupled_) {
+    param.mul_(1.0 - lr * wd);
+  } else if (wd != 0.0) {
+    g = g.clone();  // never modify the caller's gradient
+    g.add_(param, wd);
+  }
+  exp_avg.mul_(beta1).add_(g, 1.0 - beta1);
+  exp_avg_sq.mul_(beta2).add_(mul(g, g), 1.0 - beta2);
+
+  const auto step = static_cast<double>(state.step);
+  const double bias_correction1 = 1.0 - std::pow(beta1, step);
+  const double bias_correction2 = 1.0 - std::pow(beta2, step);
+  const double step_size = lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+
+  Tensor denom;
+  if (amsgrad) {
+    Tensor& max_sq = state.buffers.at("max_exp_avg_sq");
+    max_sq.copy_(maximum(max_sq, exp_avg_sq));
+    denom = sqrt(max_sq) / bias_correction2_sqrt;
+  } else {
+    denom = sqrt(exp_avg_sq) / bias_correction2_sqrt;
+  }
+  denom = denom + eps;
+  param.add_(exp_avg / denom, -step_size);
+}
+
+}  // namespace minidl::optim

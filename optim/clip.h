@@ -1,0 +1,22 @@
+// Gradient clipping by the global norm of all gradients, exactly as torch.nn.utils.clip_grad_norm_:
+// large-batch and warmup runs rely on it to survive early loss spikes. Call it once per optimizer
+// step, after the gradient scaler has unscaled the gradients (clipping scaled gradients is wrong).
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace minidl::optim {
+
+// Computes the norm of all gradients together (as if concatenated into one vector): the p-norm
+// for finite norm_type > 0, the largest |g| for norm_type = +infinity. When the total norm exceeds
+// max_norm, every gradient is multiplied in place by max_norm / (total_norm + 1e-6); otherwise they
+// are left untouched. Parameters without a gradient are skipped (0 is returned when none has one).
+// Returns the total norm before clipping. A non-finite total norm (inf/NaN gradients) throws only
+// when error_if_nonfinite is set (PyTorch's default is false: the gradients are then scaled by a
+// NaN/0 coefficient just as PyTorch does, and the caller is expected to skip the step).
+// Runs without recording autograd, with minidl ops on the gradients' device (one host sync).
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
+                      bool error_if_nonfinite = false);
+
+}  // namespace minidl::optim

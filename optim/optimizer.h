@@ -1,0 +1,108 @@
+// The optimizer base: parameter groups, zero_grad, step and a flat state_dict of tensors. It owns
+// everything optimizers share so SGD/Adam/AdamW only write their update formula, and so schedules,
+// clipping and checkpointing talk to one interface whatever the optimizer.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace minidl::optim {
+
+// NaN marks "not set: take the optimizer's default" in a ParamGroup (a real lr is never NaN).
+inline constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
+
+// A set of parameters sharing hyper-parameters, as PyTorch's param_groups entries.
+// `options` holds the optimizer-specific ones by PyTorch's names (SGD: momentum, dampening,
+// nesterov, maximize; Adam/AdamW: beta1, beta2, eps, amsgrad, maximize; booleans as 0/1); any that
+// is missing, and lr/weight_decay left at kUnset, are filled from the optimizer's defaults when the
+// group is added. Unknown option names are an error, so a typo cannot be silently ignored.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  double lr = kUnset;
+  double weight_decay = kUnset;
+  std::map<std::string, double> options = {};
+
+  double option(const std::string& name) const;  // throws naming the option when absent
+};
+
+// Per-parameter state: named buffers (same shape, dtype and device as the parameter) and, for
+// optimizers that keep one (Adam, AdamW), the number of steps this parameter has taken. Empty
+// (no buffers, step 0) until the parameter first receives a gradient in step(), as in PyTorch.
+struct ParamState {
+  std::map<std::string, Tensor> buffers;
+  int64_t step = 0;
+  bool empty() const { return buffers.empty() && step == 0; }
+};
+
+// state_dict() keys (all tensors; hyper-parameters 0-dim f64, counts 0-dim i64):
+//   "state.step"                  i64: number of step() calls on this optimizer
+//   "group.<g>.num_params"        i64: parameters in group g (checked on load)
+//   "group.<g>.lr", "group.<g>.weight_decay", "group.<g>.<option>"   f64, for every option
+//   "state.<g>.<i>.<buffer>"      the buffer of parameter i of group g, e.g. momentum_buffer (SGD);
+//                                 exp_avg, exp_avg_sq, max_exp_avg_sq (Adam/AdamW, the last with
+//                                 amsgrad): same shape/dtype/device as the parameter
+//   "state.<g>.<i>.step"          i64: that parameter's step count (Adam/AdamW)
+// Parameters without state (never had a gradient; SGD without momentum) have no "state.<g>.<i>.*"
+// keys. Tensors are copies: later steps do not change a dict already taken.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  const std::string& name() const { return name_; }
+  void add_param_group(ParamGroup group);
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  size_t num_groups() const { return groups_.size(); }
+
+  // Sets every parameter's grad to undefined (PyTorch's set_to_none=True): the next backward
+  // writes fresh gradients instead of adding to stale ones, and step() skips untouched params.
+  void zero_grad();
+  // One update of every parameter that has a gradient, under NoGradGuard.
+  virtual void step();
+  int64_t step_count() const { return step_count_; }
+
+  double lr(size_t group) const;
+  void set_lr(size_t group, double lr);
+
+  // The state of parameter i of group g (empty before its first update).
+  const ParamState& state(size_t group, size_t index) const;
+
+  std::map<std::string, Tensor> state_dict() const;
+  // Restores hyper-parameters, step counts and buffers saved by state_dict() of an optimizer of the
+  // same kind over parameters of the same shapes and dtypes. All or nothing: on any error
+  // (missing/unknown key, wrong shape/dtype, invalid hyper-parameter) nothing is changed.
+  void load_state_dict(const std::map<std::string, Tensor>& dict);
+
+ protected:
+  // defaults: "lr", "weight_decay" and every option with its default value.
+  Optimizer(std::string name, std::map<std::string, double> defaults);
+
+  // Adds the groups after the subclass is fully constructed (virtual checks need it).
+  void init_groups(std::vector<ParamGroup> groups);
+
+  // Throws (naming the optimizer and the fix) for hyper-parameters this optimizer rejects.
+  virtual void validate_hyper_parameters(const ParamGroup& group) const;
+  // Buffer names a non-empty state of a parameter of `group` holds.
+  virtual std::vector<std::string> buffer_names(const ParamGroup& group) const = 0;
+  // Whether ParamState::step is kept (and saved) per parameter.
+  virtual bool keeps_param_step() const = 0;
+  // The update of one parameter with its (defined) gradient; runs under NoGradGuard.
+  virtual void update(const ParamGroup& group, Tensor& param, const Tensor& grad, ParamState& state) = 0;
+
+  std::vector<ParamGroup> groups_;
+  std::vector<std::vector<ParamState>> state_;  // [group][index]
+
+ private:
+  void check_group(const ParamGroup& group, size_t group_index) const;
+
+  std::string name_;
+  std::map<std::string, double> defaults_;
+  int64_t step_count_ = 0;
+};
+
+}  // namespace minidl::optim
