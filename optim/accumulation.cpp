@@ -1,0 +1,71 @@
+// Window planning and the once-per-window bookkeeping of gradient accumulation.
+#include "optim/accumulation.h"
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "optim/clip.h"
+
+namespace minidl::optim {
+
+std::vector<MicroBatch> plan_accumulation(const std::vector<int64_t>& sizes, int64_t k) {
+  MINIDL_CHECK(k >= 1, "gradient accumulation: accumulation_steps must be >= 1, got ", k,
+               " (1 means no accumulation)");
+  std::vector<MicroBatch> plan(sizes.size());
+  for (size_t start = 0; start < sizes.size(); start += static_cast<size_t>(k)) {
+    const size_t end = std::min(sizes.size(), start + static_cast<size_t>(k));
+    int64_t window = 0;
+    for (size_t i = start; i < end; ++i) {
+      MINIDL_CHECK(sizes[i] >= 1, "gradient accumulation: micro-batch ", i, " has ", sizes[i],
+                   " samples; every micro-batch needs at least one");
+      window += sizes[i];
+    }
+    for (size_t i = start; i < end; ++i) {
+      plan[i] = {static_cast<double>(sizes[i]) / static_cast<double>(window), i + 1 == end, sizes[i]};
+    }
+  }
+  return plan;
+}
+
+AccumulatingTrainer::AccumulatingTrainer(Optimizer& optimizer, AccumulationOptions options)
+    : opt_(optimizer), o_(std::move(options)) {
+  MINIDL_CHECK(o_.max_grad_norm >= 0.0, "gradient accumulation: max_grad_norm must be >= 0 (0 disables clipping), got ",
+               o_.max_grad_norm);
+  for (size_t g = 0; g < opt_.num_groups(); ++g) base_lrs_.push_back(opt_.lr(g));
+  if (o_.schedule) {
+    apply_schedule(*o_.schedule, 0, base_lrs_, [this](size_t g, double lr) { opt_.set_lr(g, lr); });
+  }
+  opt_.zero_grad();
+}
+
+bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) {
+  MINIDL_CHECK(loss.defined() && loss.numel() == 1, "gradient accumulation: the loss must be a scalar (the mean over ",
+               "the micro-batch), got ", loss.defined() ? loss.meta() : std::string("an undefined tensor"));
+  MINIDL_CHECK(mb.loss_weight > 0.0 && mb.loss_weight <= 1.0, "gradient accumulation: loss weight ", mb.loss_weight,
+               " is outside (0, 1]; take MicroBatch values from plan_accumulation()");
+  window_open_ = true;
+  (mb.loss_weight == 1.0 ? loss : loss * mb.loss_weight).backward();
+  if (!mb.steps) return false;
+
+  window_open_ = false;
+  const bool proceed = o_.before_step ? o_.before_step() : true;
+  if (!proceed) {
+    ++skipped_steps_;
+    opt_.zero_grad();
+    return false;
+  }
+  if (o_.max_grad_norm > 0.0) {
+    std::vector<Tensor> params;
+    for (const ParamGroup& g : opt_.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
+    last_grad_norm_ = clip_grad_norm(params, o_.max_grad_norm);
+  }
+  opt_.step();
+  ++optimizer_steps_;
+  if (o_.schedule) {
+    apply_schedule(*o_.schedule, optimizer_steps_, base_lrs_, [this](size_t g, double lr) { opt_.set_lr(g, lr); });
+  }
+  if (o_.ema != nullptr) o_.ema->update();
+  opt_.zero_grad();
+  return true;
+}
+
+}  // namespace minidl::optim

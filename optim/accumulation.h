@@ -1,0 +1,68 @@
+// The accumulation-aware training step: k micro-batches make one effective batch. Each micro-batch
+// loss is weighted so the window's gradient equals that of one batch of all its samples, and the
+// optimizer step, clipping, the LR schedule and the EMA advance once per window, never per
+// micro-batch. The experiments' maximum-batch results rest on this equivalence.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "optim/ema.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace minidl::optim {
+
+// One micro-batch's place in its window.
+struct MicroBatch {
+  double loss_weight = 1.0;  // multiplies the micro-batch's mean loss before backward
+  bool steps = false;        // the optimizer steps after this micro-batch (it closes its window)
+  int64_t samples = 0;
+};
+
+// Splits an epoch's micro-batches (their sample counts, in order) into windows of k. A micro-batch
+// of n samples in a window of N samples gets weight n / N, so the window's summed gradient is the
+// gradient of the mean loss over its N samples: 1/k for equal micro-batches, the sample share for
+// an uneven last micro-batch. A trailing partial window (fewer than k micro-batches at the end of
+// the epoch) still makes one optimizer step, weighted over its own samples: every sample is used,
+// and the choice does not depend on the device. Throws for k < 1 or a size < 1.
+std::vector<MicroBatch> plan_accumulation(const std::vector<int64_t>& micro_batch_sizes, int64_t k);
+
+struct AccumulationOptions {
+  double max_grad_norm = 0.0;                    // > 0: clip_grad_norm before each step
+  std::shared_ptr<const LrSchedule> schedule = {};  // optional: lr = base_lr[g] * factor(optimizer step)
+  Ema* ema = nullptr;                            // optional: updated after each optimizer step
+  // Optional, run before clipping; returning false skips the optimizer step (the gradient scaler
+  // of the mixed-precision work unscales here and reports non-finite gradients).
+  std::function<bool()> before_step = {};
+};
+
+class AccumulatingTrainer {
+ public:
+  // Zeroes the gradients and, with a schedule, sets the step-0 learning rates from the groups'
+  // current ones (taken as the base learning rates).
+  AccumulatingTrainer(Optimizer& optimizer, AccumulationOptions options = {});
+
+  // Backpropagates loss * mb.loss_weight (loss: the micro-batch's mean, a scalar); when mb.steps,
+  // finishes the window: before_step, clipping, optimizer step, schedule, EMA, zero_grad.
+  // Returns true when the optimizer stepped.
+  bool micro_batch(const Tensor& loss, const MicroBatch& mb);
+
+  int64_t optimizer_steps() const { return optimizer_steps_; }    // windows closed with a step
+  int64_t skipped_steps() const { return skipped_steps_; }        // windows before_step refused
+  double last_grad_norm() const { return last_grad_norm_; }       // 0 when not clipping
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+
+ private:
+  Optimizer& opt_;
+  AccumulationOptions o_;
+  std::vector<double> base_lrs_;
+  int64_t optimizer_steps_ = 0;
+  int64_t skipped_steps_ = 0;
+  double last_grad_norm_ = 0.0;
+  bool window_open_ = false;
+};
+
+}  // namespace minidl::optim
