@@ -1,6 +1,6 @@
-// A minimal safetensors reader for the golden files tools/make_golden.py writes, so the C++ tests
-// compare against PyTorch without Python. Deliberately independent of nn/'s safetensors I/O: a bug
-// there must not be able to hide a bug in the ops the golden tests check.
+// The golden tests' view of safetensors files: thin wrappers over nn::load_safetensors, so the
+// files tools/make_golden.py writes are read by the same code users' checkpoints go through (and
+// golden_test.cpp exercises that loader on every run), plus where the committed files live.
 #pragma once
 #include <map>
 #include <string>
@@ -11,9 +11,8 @@ namespace minidl::testing {
 
 // Every tensor in the file, by name, as contiguous CPU tensors (requires_grad false). When
 // `metadata` is given it receives the "__metadata__" map (empty when the file has none).
-// Throws minidl::Error naming the file and the problem for anything malformed: a header length
-// outside the file, JSON that does not parse, an unknown dtype, offsets outside the data section
-// or a byte count that does not match the shape.
+// Throws minidl::Error naming the file and the problem for anything malformed (see
+// nn/safetensors.h).
 std::map<std::string, Tensor> read_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata = nullptr);
 
