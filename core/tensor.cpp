@@ -49,6 +49,7 @@ int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size"
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to be out of place (as PyTorch)
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (shape()[i] == 1) continue;

@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 # torch.optim is the reference minidl's optimizers must match update for update: this script runs
 # SGD, Adam and AdamW (PyTorch 1.13) for 20 steps on fixed gradients and writes everything to
-# tests/golden/optim.safetensors, read by tests/optim/optimizer_golden_test.cpp without Python.
+# tests/golden/optim/optim.safetensors, read by tests/optim/optimizer_golden_test.cpp without Python.
 #
 # Re-run (Debian's python3-torch 1.13 and python3-numpy; no pip packages needed):
-#     /usr/bin/python3 tools/make_golden_optim.py            # writes tests/golden/optim.safetensors
+#     /usr/bin/python3 tools/make_golden_optim.py            # writes tests/golden/optim/optim.safetensors
 #     /usr/bin/python3 tools/make_golden_optim.py --out DIR  # somewhere else, e.g. to diff
 # Deterministic (fixed seed, one thread): a rerun rewrites identical bytes.
 #
@@ -80,7 +80,7 @@ def group_meta(opt, groups_spec):
 
 def main():
     ap = argparse.ArgumentParser(description="Write the torch.optim golden file minidl's optimizers test against.")
-    ap.add_argument("--out", type=Path, default=ROOT / "tests" / "golden")
+    ap.add_argument("--out", type=Path, default=ROOT / "tests" / "golden" / "optim")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)

@@ -56,6 +56,12 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(a.view({-1, 4}).shape(), (Shape{6, 4}));
 }
 
+TEST(Tensor, EmptyTensorsAreContiguous) {
+  EXPECT_TRUE(zeros({3, 0, 2}).is_contiguous());
+  EXPECT_TRUE(zeros({0}).is_contiguous());
+  EXPECT_TRUE(zeros({2, 0}).t().is_contiguous());
+}
+
 TEST(Tensor, ReshapeCopiesOnlyWhenNeeded) {
   Tensor a = arange(0.0, 12.0, 1.0).reshape({3, 4});
   EXPECT_EQ(a.reshape({2, 6}).storage(), a.storage());

@@ -1,5 +1,5 @@
 // Checks SGD, Adam and AdamW update for update against torch.optim (PyTorch 1.13): 20 steps on the
-// fixed gradients of tests/golden/optim.safetensors (tools/make_golden_optim.py), in f32 against
+// fixed gradients of tests/golden/optim/optim.safetensors (tools/make_golden_optim.py), in f32 against
 // PyTorch's f32 run and in f64 against its f64 run, plus the final state buffers.
 #include <gtest/gtest.h>
 
@@ -25,7 +25,7 @@ struct Golden {
 const Golden& golden() {
   static const Golden g = [] {
     Golden out;
-    out.tensors = minidl::testing::read_safetensors(minidl::testing::golden_path("optim.safetensors"), &out.metadata);
+    out.tensors = minidl::testing::read_safetensors(minidl::testing::golden_path("optim/optim.safetensors"), &out.metadata);
     return out;
   }();
   return g;
