@@ -1,6 +1,6 @@
 // The optimizer behaviour the golden file cannot show: bad-input errors (their texts name the
 // optimizer and the fix), zero_grad, skipped parameters, parameter groups and learning-rate
-// changes, and a state_dict round trip that must resume bit-exactly.
+// changes, and a state_dict round trip through a safetensors file that must resume bit-exactly.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -8,6 +8,7 @@
 
 #include "core/generator.h"
 #include "core/ops.h"
+#include "nn/safetensors.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 
@@ -244,10 +245,19 @@ void check_resume(const MakeOpt& make, DType dtype) {
 
   auto first = make(b);
   run_steps(*first, b, 0, 7);
-  const auto saved = first->state_dict();
+  // The interrupted run leaves only a file: its parameters and optimizer state, as safetensors.
+  const std::string path = ::testing::TempDir() + "minidl_optimizer_resume.safetensors";
+  std::map<std::string, Tensor> file = first->state_dict();
+  for (size_t k = 0; k < b.size(); ++k) file["param." + std::to_string(k)] = b[k];
+  nn::save_safetensors(path, file);
   first.reset();
+  auto loaded = nn::load_safetensors(path).tensors;
   std::vector<Tensor> c;
-  for (const auto& p : b) c.push_back(p.detach().clone().set_requires_grad(true));
+  for (size_t k = 0; k < b.size(); ++k) {
+    c.push_back(loaded.at("param." + std::to_string(k)).set_requires_grad(true));
+    loaded.erase("param." + std::to_string(k));
+  }
+  const std::map<std::string, Tensor> saved = loaded;
   auto resumed = make(c);
   resumed->set_lr(0, 123.0);  // overwritten by the load
   resumed->load_state_dict(saved);
