@@ -1,0 +1,112 @@
+// Layer constructors and forwards of nn/layers.h. Shape checks here name the layer and its
+// configuration, which the op-level errors cannot (they do not know which module called them).
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "nn/init.h"
+
+namespace minidl::nn {
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride, int64_t padding,
+               int64_t dilation, bool bias, Generator* gen)
+    : Module("Conv2d"), in_channels_(in_channels) {
+  MINIDL_CHECK(in_channels > 0 && out_channels > 0 && kernel_size > 0 && stride > 0 && padding >= 0 && dilation > 0,
+               "Conv2d(", in_channels, ", ", out_channels, ", kernel ", kernel_size, ", stride ", stride, ", padding ",
+               padding, ", dilation ", dilation, "): channels, kernel, stride and dilation must be positive and padding >= 0");
+  opts_.stride = {stride, stride};
+  opts_.padding = {padding, padding};
+  opts_.dilation = {dilation, dilation};
+  weight_ = register_parameter("weight", empty({out_channels, in_channels, kernel_size, kernel_size}));
+  if (bias) bias_ = register_parameter("bias", empty({out_channels}));
+  init::pytorch_default_(weight_, bias_, gen);
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  MINIDL_CHECK(x.dim() == 4 && x.size(1) == in_channels_, "Conv2d(", in_channels_, " -> ", weight_.size(0),
+               ", kernel ", weight_.size(2), "): expected input [N, ", in_channels_, ", H, W], got ", x.meta());
+  return conv2d(x, weight_, bias_, opts_);
+}
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum)
+    : Module("BatchNorm2d"), num_features_(num_features), eps_(eps), momentum_(momentum) {
+  MINIDL_CHECK(num_features > 0 && eps > 0 && momentum >= 0 && momentum <= 1, "BatchNorm2d(", num_features, ", eps ",
+               eps, ", momentum ", momentum, "): need num_features > 0, eps > 0 and momentum in [0, 1]");
+  weight_ = register_parameter("weight", ones({num_features}));
+  bias_ = register_parameter("bias", zeros({num_features}));
+  running_mean_ = register_buffer("running_mean", zeros({num_features}));
+  running_var_ = register_buffer("running_var", ones({num_features}));
+  num_batches_tracked_ = register_buffer("num_batches_tracked", zeros({}, {.dtype = DType::i64}));
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  MINIDL_CHECK(x.dim() == 4 && x.size(1) == num_features_, "BatchNorm2d(", num_features_, "): expected input [N, ",
+               num_features_, ", H, W], got ", x.meta());
+  Tensor out = batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_);
+  if (is_training()) {
+    NoGradGuard no_grad;
+    num_batches_tracked_.add_(scalar_tensor(1.0, num_batches_tracked_.options()));
+  }
+  return out;
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator* gen)
+    : Module("Linear"), in_features_(in_features) {
+  MINIDL_CHECK(in_features > 0 && out_features > 0, "Linear(", in_features, ", ", out_features,
+               "): feature counts must be positive");
+  weight_ = register_parameter("weight", empty({out_features, in_features}));
+  if (bias) bias_ = register_parameter("bias", empty({out_features}));
+  init::pytorch_default_(weight_, bias_, gen);
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  MINIDL_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, "Linear(", in_features_, " -> ", weight_.size(0),
+               "): expected input [..., ", in_features_, "], got ", x.meta(),
+               "; flatten convolutional features first (nn::Flatten)");
+  return linear(x, weight_, bias_);
+}
+
+MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding, bool ceil_mode) : Module("MaxPool2d") {
+  opts_.kernel = {kernel_size, kernel_size};
+  opts_.stride = {stride, stride};
+  opts_.padding = {padding, padding};
+  opts_.ceil_mode = ceil_mode;
+}
+
+AvgPool2d::AvgPool2d(int64_t kernel_size, int64_t stride, int64_t padding, bool ceil_mode, bool count_include_pad)
+    : Module("AvgPool2d") {
+  opts_.kernel = {kernel_size, kernel_size};
+  opts_.stride = {stride, stride};
+  opts_.padding = {padding, padding};
+  opts_.ceil_mode = ceil_mode;
+  opts_.count_include_pad = count_include_pad;
+}
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(int64_t output_size) : Module("AdaptiveAvgPool2d") {
+  MINIDL_CHECK(output_size == 1, "AdaptiveAvgPool2d(", output_size,
+               "): only output size 1 (global average pooling) is supported");
+}
+
+Dropout::Dropout(double p, Generator* gen) : Module("Dropout"), p_(p), gen_(gen) {
+  MINIDL_CHECK(p >= 0 && p < 1, "Dropout(", p, "): p must be in [0, 1)");
+}
+
+Sequential::Sequential(const std::vector<std::shared_ptr<Module>>& modules) : Module("Sequential") {
+  for (const auto& m : modules) push_back(m);
+}
+
+void Sequential::push_back(std::shared_ptr<Module> m) { add_child(std::to_string(size()), std::move(m)); }
+
+std::shared_ptr<Module> Sequential::operator[](size_t i) const {
+  MINIDL_CHECK(i < size(), "Sequential: index ", i, " out of range for ", size(), " modules");
+  return named_children()[i].second;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (const auto& [name, m] : named_children()) h = (*m)(h);
+  return h;
+}
+
+}  // namespace minidl::nn

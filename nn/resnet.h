@@ -1,0 +1,104 @@
+// ResNet-18/34/50 with torchvision's exact module tree, names, shapes and initialisation, so
+// state_dicts interchange with torchvision.models.resnet*. The stages are exposed as a chain of
+// callables so recomputation (checkpointing) can wrap any stage or run of blocks.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/generator.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+
+namespace minidl::nn {
+
+// conv3x3 -> bn -> relu -> conv3x3 -> bn, plus the identity or `downsample`, then relu.
+class BasicBlock : public Module {
+ public:
+  static constexpr int64_t kExpansion = 1;
+  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample, Generator* gen);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<BatchNorm2d> last_bn() const { return bn2_; }
+
+ private:
+  std::shared_ptr<Conv2d> conv1_, conv2_;
+  std::shared_ptr<BatchNorm2d> bn1_, bn2_;
+  std::shared_ptr<ReLU> relu_;
+  std::shared_ptr<Module> downsample_;
+};
+
+// v1.5 (torchvision): 1x1 reduce -> 3x3 carrying the stride -> 1x1 expand (x4).
+class Bottleneck : public Module {
+ public:
+  static constexpr int64_t kExpansion = 4;
+  Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample, Generator* gen);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<BatchNorm2d> last_bn() const { return bn3_; }
+
+ private:
+  std::shared_ptr<Conv2d> conv1_, conv2_, conv3_;
+  std::shared_ptr<BatchNorm2d> bn1_, bn2_, bn3_;
+  std::shared_ptr<ReLU> relu_;
+  std::shared_ptr<Module> downsample_;
+};
+
+enum class BlockKind { Basic, Bottleneck };
+
+struct ResNetOptions {
+  BlockKind block = BlockKind::Basic;
+  std::vector<int64_t> layers{2, 2, 2, 2};
+  int64_t num_classes = 1000;
+  // Zero the last BN weight of every block so each residual branch starts as the identity.
+  bool zero_init_residual = false;
+  // 3x3 stride-1 stem and no max-pool, for 32-96 px inputs. The state_dict keys stay the same
+  // (conv1.weight becomes [64, 3, 3, 3]; maxpool has no state and is simply not registered).
+  bool small_input = false;
+};
+
+// One link of ResNet::chain(): composing the links in order is forward().
+struct ChainLink {
+  std::string name;                                  // "stem", "layer1", "layer1.0", "head"
+  std::function<Tensor(const Tensor&)> run;          // calls the modules through operator()
+  std::vector<std::shared_ptr<Module>> modules;      // the modules it runs (for profiling, train/eval)
+};
+
+class ResNet : public Module {
+ public:
+  ResNet(const ResNetOptions& opts, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+  // Recomputation hooks. The links capture `this`: use them only while the ResNet is alive.
+  // stages(): stem (conv1, bn1, relu, maxpool), layer1..layer4, head (avgpool, flatten, fc): 6 links.
+  std::vector<ChainLink> stages();
+  // chain(): stem, every block ("layer1.0", ...), head: the finest split a planner can use.
+  std::vector<ChainLink> chain();
+  ChainLink stem();
+  std::shared_ptr<Sequential> stage(int i) const;   // layer1..layer4 for i = 1..4
+  ChainLink head();
+  const ResNetOptions& options() const { return opts_; }
+
+ private:
+  std::shared_ptr<Sequential> make_layer(int64_t planes, int64_t blocks, int64_t stride, Generator* gen);
+
+  ResNetOptions opts_;
+  int64_t inplanes_ = 64;
+  std::shared_ptr<Conv2d> conv1_;
+  std::shared_ptr<BatchNorm2d> bn1_;
+  std::shared_ptr<ReLU> relu_;
+  std::shared_ptr<MaxPool2d> maxpool_;   // null with small_input
+  std::vector<std::shared_ptr<Sequential>> layers_;
+  std::shared_ptr<AdaptiveAvgPool2d> avgpool_;
+  std::shared_ptr<Linear> fc_;
+};
+
+// torchvision.models.resnet18/34/50 (weights=None) with `num_classes` outputs.
+std::shared_ptr<ResNet> resnet18(int64_t num_classes = 1000, Generator* gen = nullptr, bool zero_init_residual = false,
+                                 bool small_input = false);
+std::shared_ptr<ResNet> resnet34(int64_t num_classes = 1000, Generator* gen = nullptr, bool zero_init_residual = false,
+                                 bool small_input = false);
+std::shared_ptr<ResNet> resnet50(int64_t num_classes = 1000, Generator* gen = nullptr, bool zero_init_residual = false,
+                                 bool small_input = false);
+
+}  // namespace minidl::nn
