@@ -1,0 +1,44 @@
+// Construction and initialisation of the Keras study's small CNN (see keras_cnn.h).
+#include "nn/keras_cnn.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "nn/init.h"
+
+namespace minidl::nn {
+
+KerasSmallCnn::KerasSmallCnn(int64_t image_size, Generator* gen) : Module("KerasSmallCnn"), image_size_(image_size) {
+  MINIDL_CHECK(image_size >= 2 && image_size % 2 == 0, "KerasSmallCnn: image_size must be even and >= 2 (the ",
+               "2x2 max-pool halves it), got ", image_size);
+  const int64_t pooled = image_size / 2;
+  // Activations are modules too, so summary() shows the bytes each keeps for backward.
+  conv_ = register_module("conv", std::make_shared<Conv2d>(3, 32, 3, 1, 1, 1, true, gen));
+  relu1_ = register_module("relu1", std::make_shared<ReLU>());
+  pool_ = register_module("pool", std::make_shared<MaxPool2d>(2));
+  flatten_ = register_module("flatten", std::make_shared<Flatten>());
+  fc1_ = register_module("fc1", std::make_shared<Linear>(32 * pooled * pooled, 128, true, gen));
+  relu2_ = register_module("relu2", std::make_shared<ReLU>());
+  fc2_ = register_module("fc2", std::make_shared<Linear>(128, 1, true, gen));
+  // Keras: he_uniform = uniform(+-sqrt(6 / fan_in)) = kaiming_uniform with ReLU gain; the output
+  // layer keeps Keras' default glorot_uniform = uniform(+-sqrt(6 / (fan_in + fan_out))); zero biases.
+  init::kaiming_uniform_(conv_->weight(), 0.0, init::FanMode::FanIn, gen);
+  init::kaiming_uniform_(fc1_->weight(), 0.0, init::FanMode::FanIn, gen);
+  const auto [fan_in, fan_out] = init::fans(fc2_->weight());
+  const double bound = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+  init::uniform_(fc2_->weight(), -bound, bound, gen);
+  for (const Tensor& b : {conv_->bias(), fc1_->bias(), fc2_->bias()}) init::constant_(b, 0.0);
+}
+
+Tensor KerasSmallCnn::forward(const Tensor& x) {
+  MINIDL_CHECK(x.dim() == 4 && x.size(1) == 3 && x.size(2) == image_size_ && x.size(3) == image_size_,
+               "KerasSmallCnn: expects images [N, 3, ", image_size_, ", ", image_size_, "] but got ",
+               shape_str(x.shape()), "; build the model with image_size=", (x.dim() == 4 ? x.size(2) : 0),
+               " or resize the images");
+  return (*fc2_)((*relu2_)((*fc1_)((*flatten_)((*pool_)((*relu1_)((*conv_)(x)))))));
+}
+
+Tensor KerasSmallCnn::predict(const Tensor& x) { return sigmoid(forward(x)); }
+
+}  // namespace minidl::nn

@@ -1,0 +1,38 @@
+// The small CNN of the Keras batch-size study ("How to maximize GPU utilization by finding the
+// right batch size"): one VGG-style block and a dense head, trained on 200x200 cats vs dogs. The
+// accuracy-vs-batch-size experiments reproduce that study with exactly this model.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "core/generator.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+
+namespace minidl::nn {
+
+// conv 32 3x3 'same' + ReLU -> max-pool 2 -> flatten -> dense 128 + ReLU -> dense 1.
+// Initialisation as the Keras model: He-uniform kernels for the convolution and the 128-unit
+// dense layer, Glorot-uniform for the output layer, zero biases. The final sigmoid of the Keras
+// model is folded into the loss: forward() returns the logit [N, 1], to be trained with
+// binary_cross_entropy_with_logits (the same function, numerically stable); predict() applies it.
+// Parameter names: conv.weight/bias, fc1.weight/bias, fc2.weight/bias. At 200x200 it has 40,961,153
+// parameters like the Keras model (whose flatten order is channels-last, so fc1's columns are
+// ordered differently when importing Keras weights).
+class KerasSmallCnn : public Module {
+ public:
+  explicit KerasSmallCnn(int64_t image_size = 200, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;  // x [N, 3, S, S] -> logits [N, 1]
+  Tensor predict(const Tensor& x);           // probabilities of class 1, [N, 1]
+  int64_t image_size() const { return image_size_; }
+
+ private:
+  int64_t image_size_;
+  std::shared_ptr<Conv2d> conv_;
+  std::shared_ptr<ReLU> relu1_, relu2_;
+  std::shared_ptr<MaxPool2d> pool_;
+  std::shared_ptr<Flatten> flatten_;
+  std::shared_ptr<Linear> fc1_, fc2_;
+};
+
+}  // namespace minidl::nn
