@@ -21,12 +21,6 @@ std::map<std::string, double> adam_defaults(const AdamOptions& o) {
           {"maximize", o.maximize ? 1.0 : 0.0}};
 }
 
-std::vector<ParamGroup> single_group(std::vector<Tensor> params) {
-  std::vector<ParamGroup> groups;
-  if (!params.empty()) groups.push_back(ParamGroup{.params = std::move(params)});
-  return groups;
-}
-
 }  // namespace
 
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)

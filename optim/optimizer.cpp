@@ -11,6 +11,12 @@
 
 namespace minidl::optim {
 
+std::vector<ParamGroup> Optimizer::single_group(std::vector<Tensor> params) {
+  std::vector<ParamGroup> groups;
+  if (!params.empty()) groups.push_back(ParamGroup{.params = std::move(params)});
+  return groups;
+}
+
 double ParamGroup::option(const std::string& name) const {
   const auto it = options.find(name);
   MINIDL_CHECK(it != options.end(), "ParamGroup: no option '", name, "'; add it to ParamGroup::options");

@@ -82,6 +82,9 @@ class Optimizer {
   // defaults: "lr", "weight_decay" and every option with its default value.
   Optimizer(std::string name, std::map<std::string, double> defaults);
 
+  // One group holding `params` with every hyper-parameter at the optimizer's default (none when
+  // params is empty, so the base class reports the empty list).
+  static std::vector<ParamGroup> single_group(std::vector<Tensor> params);
   // Adds the groups after the subclass is fully constructed (virtual checks need it).
   void init_groups(std::vector<ParamGroup> groups);
 

@@ -19,12 +19,6 @@ std::map<std::string, double> sgd_defaults(const SgdOptions& o) {
           {"maximize", o.maximize ? 1.0 : 0.0}};
 }
 
-std::vector<ParamGroup> single_group(std::vector<Tensor> params) {
-  std::vector<ParamGroup> groups;
-  if (!params.empty()) groups.push_back(ParamGroup{.params = std::move(params)});
-  return groups;
-}
-
 }  // namespace
 
 SGD::SGD(std::vector<Tensor> params, const SgdOptions& options) : SGD(single_group(std::move(params)), options) {}
