@@ -1,6 +1,7 @@
-// Module bookkeeping: registration, recursive traversal in PyTorch's order, device moves that keep
-// parameter identity, strict state_dict loading with one complete error, and the per-layer summary
-// that the memory estimator and recomputation planner read their activation sizes from.
+// Module bookkeeping: registration, recursive traversal in PyTorch's order, device moves and dtype
+// conversions that keep parameter identity, strict state_dict loading with one complete error, and
+// the per-layer summary that the memory estimator and recomputation planner read their activation
+// sizes from.
 #include "nn/module.h"
 
 #include <cstdio>
@@ -21,19 +22,22 @@ struct SummaryRecorder {
 };
 thread_local SummaryRecorder* g_recorder = nullptr;
 
-// Replaces t's storage with a copy on `device`, keeping the TensorImpl (and so every handle to it,
-// its requires_grad and its leaf status).
-void move_in_place(const Tensor& t, Device device) {
+// Replaces t's storage with a copy on `device` in `dtype`, keeping the TensorImpl (and so every
+// handle to it, its requires_grad and its leaf status). The gradient follows, so an optimizer step
+// right after the conversion sees a gradient like its parameter rather than a stale one to drop.
+// Both Module::to overloads go through here: a device move passes each tensor's own dtype.
+void convert_in_place(const Tensor& t, Device device, DType dtype) {
   TensorImpl& im = t.impl();
   if (im.grad) {
     Tensor g(im.grad);
-    if (g.device() != device) im.grad = g.detach().to(device).impl_ptr();
+    if (g.device() != device || g.dtype() != dtype) im.grad = g.detach().to(dtype).to(device).impl_ptr();
   }
-  if (t.device() == device) return;
-  Tensor moved = t.detach().contiguous().to(device);
-  im.storage = moved.storage();
-  im.strides = moved.strides();
-  im.offset = moved.offset();
+  if (t.device() == device && t.dtype() == dtype) return;
+  Tensor converted = t.detach().contiguous().to(dtype).to(device);
+  im.storage = converted.storage();
+  im.strides = converted.strides();
+  im.offset = converted.offset();
+  im.dtype = dtype;
 }
 
 std::string join_name(const std::string& prefix, const std::string& name) {
@@ -173,8 +177,21 @@ void Module::train(bool on) {
 
 void Module::to(Device device) {
   NoGradGuard no_grad;
-  for (auto& [n, t] : named_parameters()) move_in_place(t, device);
-  for (auto& [n, t] : named_buffers()) move_in_place(t, device);
+  for (auto& [n, t] : named_parameters()) convert_in_place(t, device, t.dtype());
+  for (auto& [n, t] : named_buffers()) convert_in_place(t, device, t.dtype());
+}
+
+Module& Module::to(DType dtype) {
+  MINIDL_CHECK(is_floating(dtype), type_name_, ".to(", dtype_name(dtype),
+               "): only floating dtypes (f32, f64, f16) can hold parameters and batch statistics; integer "
+               "buffers such as num_batches_tracked keep their dtype anyway");
+  NoGradGuard no_grad;
+  // Parameters are floating by construction (they require grad); buffers may be counters.
+  for (auto& [n, t] : named_parameters()) convert_in_place(t, t.device(), dtype);
+  for (auto& [n, t] : named_buffers()) {
+    if (is_floating(t.dtype())) convert_in_place(t, t.device(), dtype);
+  }
+  return *this;
 }
 
 void Module::zero_grad() {

@@ -82,6 +82,11 @@ class Module {
   // Moves every parameter, buffer and gradient to `device` in place: existing handles (an
   // optimizer's parameter list) see the new storage, and parameters stay leaves requiring grad.
   void to(Device device);
+  // Converts every floating parameter, buffer and gradient to `dtype` in place, the same way
+  // (handles stay valid, parameters stay leaves requiring grad); integer buffers such as
+  // num_batches_tracked keep their dtype. Throws for a non-floating dtype. Used to compare against
+  // float64 references where float32 rounding alone would flip a ReLU.
+  Module& to(DType dtype);
   void zero_grad();  // drops .grad of every parameter (PyTorch's set_to_none=True)
 
   // Parameters then buffers per module, detached (sharing storage, no grad).

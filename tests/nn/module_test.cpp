@@ -153,6 +153,52 @@ TEST(ModuleTest, ToCudaKeepsParameterIdentity) {
   EXPECT_TRUE(allclose(w, before, 0, 0));
 }
 
+// to(DType) converts in place like to(Device): an optimizer holding parameters() before the
+// conversion must update the tensors the model computes with, so the handles must stay valid.
+TEST(ModuleTest, ToDTypeKeepsParameterIdentity) {
+  Generator gen(4);
+  auto net = small_net(gen);
+  const Tensor x = randn({2, 3, 8, 8}, {}, &gen);
+  sum((*net)(x)).backward();
+  const auto params = net->parameters();
+  const Tensor w = params[0];
+  const Tensor before = w.detach().clone();
+  const Tensor running_var = net->named_buffers()[1].second;
+  const Tensor counter = net->named_buffers()[2].second;
+  EXPECT_EQ(&net->to(DType::f64), net.get());
+  for (const Tensor& p : params) {
+    EXPECT_EQ(p.dtype(), DType::f64);
+    EXPECT_TRUE(p.is_leaf() && p.requires_grad());
+    EXPECT_EQ(p.grad().dtype(), DType::f64);  // gradients are converted, not dropped
+  }
+  EXPECT_EQ(net->parameters()[0].impl_ptr(), w.impl_ptr());
+  EXPECT_EQ(running_var.dtype(), DType::f64);
+  EXPECT_EQ(counter.dtype(), DType::i64);  // a counter, not a statistic
+  EXPECT_EQ(counter.item<int64_t>(), 1);
+  EXPECT_TRUE(allclose(w, before.to(DType::f64), 0, 0));  // f32 -> f64 is exact
+
+  // Forward and backward in f64 reach the same handles.
+  net->zero_grad();
+  const Tensor y = (*net)(x.to(DType::f64));
+  EXPECT_EQ(y.dtype(), DType::f64);
+  EXPECT_EQ(y.shape(), (Shape{2, 5}));
+  sum(y).backward();
+  EXPECT_EQ(w.grad().dtype(), DType::f64);
+  EXPECT_EQ(counter.item<int64_t>(), 2);
+
+  net->to(DType::f32);
+  EXPECT_EQ(w.dtype(), DType::f32);
+  EXPECT_EQ(w.grad().dtype(), DType::f32);
+  EXPECT_EQ(running_var.dtype(), DType::f32);
+  EXPECT_EQ(counter.dtype(), DType::i64);
+  EXPECT_TRUE(allclose(w, before, 0, 0));  // no optimizer step ran: the round trip is exact
+  EXPECT_EQ((*net)(x).dtype(), DType::f32);
+
+  const std::string err = error_of([&] { net->to(DType::i64); });
+  EXPECT_NE(err.find("only floating dtypes"), std::string::npos) << err;
+  EXPECT_EQ(w.dtype(), DType::f32);  // the refused request changed nothing
+}
+
 TEST(ModuleTest, SummaryRowsPerLeaf) {
   Generator gen(5);
   auto net = small_net(gen);
