@@ -3,6 +3,9 @@
 // changes, and a state_dict round trip through a safetensors file that must resume bit-exactly.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <functional>
 #include <memory>
 
@@ -246,12 +249,16 @@ void check_resume(const MakeOpt& make, DType dtype) {
   auto first = make(b);
   run_steps(*first, b, 0, 7);
   // The interrupted run leaves only a file: its parameters and optimizer state, as safetensors.
-  const std::string path = ::testing::TempDir() + "minidl_optimizer_resume.safetensors";
+  // Unique per test and process: ctest runs the resume tests in parallel.
+  const std::string path = ::testing::TempDir() + "minidl_resume_" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+                           std::to_string(::getpid()) + ".safetensors";
   std::map<std::string, Tensor> file = first->state_dict();
   for (size_t k = 0; k < b.size(); ++k) file["param." + std::to_string(k)] = b[k];
   nn::save_safetensors(path, file);
   first.reset();
   auto loaded = nn::load_safetensors(path).tensors;
+  std::remove(path.c_str());
   std::vector<Tensor> c;
   for (size_t k = 0; k < b.size(); ++k) {
     c.push_back(loaded.at("param." + std::to_string(k)).set_requires_grad(true));
