@@ -14,6 +14,7 @@ namespace minidl {
 namespace {
 
 thread_local bool g_grad_enabled = true;
+thread_local bool g_recomputing = false;
 std::atomic<uint64_t> g_sequence{0};
 
 // A node whose backward is a closure; releasing it destroys the closure and its saved tensors.
@@ -98,6 +99,12 @@ Node::~Node() {
 bool grad_enabled() { return g_grad_enabled; }
 NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+EnableGradGuard::EnableGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { g_grad_enabled = prev_; }
+
+bool recomputing() { return g_recomputing; }
+RecomputeGuard::RecomputeGuard() : prev_(g_recomputing) { g_recomputing = true; }
+RecomputeGuard::~RecomputeGuard() { g_recomputing = prev_; }
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;

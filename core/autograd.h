@@ -46,6 +46,34 @@ class NoGradGuard {
   bool prev_;
 };
 
+// Re-enables grad mode inside a backward (which runs under NoGradGuard): checkpoint's backward
+// reruns its function with recording on, the way PyTorch's reentrant checkpoint does.
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// True while checkpoint's backward reruns a forward (thread-local). Ops with side effects that
+// must happen once per real forward (batch-norm running statistics, num_batches_tracked) skip
+// them while it is set, so recomputation leaves the model's buffers exactly as without it.
+bool recomputing();
+class RecomputeGuard {
+ public:
+  RecomputeGuard();
+  ~RecomputeGuard();
+  RecomputeGuard(const RecomputeGuard&) = delete;
+  RecomputeGuard& operator=(const RecomputeGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // The backward of one op. Capture saved tensors *detached* (t.detach()) so a node never owns the
 // tensor that owns it; the closure is destroyed when the graph is released.
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;

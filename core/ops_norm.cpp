@@ -89,11 +89,13 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                  "; use a batch larger than 1 or evaluation mode (training=false)");
     Tensor save_mean = empty({C}, popts);
     Tensor save_invstd = empty({C}, popts);
-    // The kernel updates the running statistics in place; they are buffers, never recorded.
+    // The kernel updates the running statistics in place; they are buffers, never recorded. A
+    // checkpoint rerun (recomputing()) already updated them in the real forward: pass none then.
+    const bool track = running_mean.defined() && !recomputing();
     be.batch_norm_forward_train(xc, weight.defined() ? weight.detach() : Tensor(),
                                 bias.defined() ? bias.detach() : Tensor(),
-                                running_mean.defined() ? running_mean.detach() : Tensor(),
-                                running_var.defined() ? running_var.detach() : Tensor(), momentum, eps, y,
+                                track ? running_mean.detach() : Tensor(),
+                                track ? running_var.detach() : Tensor(), momentum, eps, y,
                                 save_mean, save_invstd);
     if (recording) {
       const Tensor ws = weight.defined() ? weight.detach() : Tensor();

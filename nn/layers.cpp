@@ -44,7 +44,7 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   MINIDL_CHECK(x.dim() == 4 && x.size(1) == num_features_, "BatchNorm2d(", num_features_, "): expected input [N, ",
                num_features_, ", H, W], got ", x.meta());
   Tensor out = batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_);
-  if (is_training()) {
+  if (is_training() && !recomputing()) {  // a checkpoint rerun is not a new batch
     NoGradGuard no_grad;
     num_batches_tracked_.add_(scalar_tensor(1.0, num_batches_tracked_.options()));
   }
