@@ -245,6 +245,26 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Co
   });
 }
 
+// One channel chunk [c0, c1) of an item's input gradient: the column gradient W[:, chunk]^T x gy
+// into buf, scattered back into gx (whole padded planes when the item covers every output row,
+// else row bands, zeroing each plane at its first band).
+template <typename T>
+void input_grad_chunk(const CMapR<T>& wm, const CMapR<T>& gym, const ConvGeom& g, const Plan& pl, const Item& it,
+                      int64_t c0, int64_t c1, T* buf, T* gxp) {
+  const int64_t kk = g.kh * g.kw, cols = gym.cols(), rows_cols = (it.r1 - it.r0) * g.ow;
+  const bool whole = it.r0 == 0 && it.r1 == g.oh && pad_band_ok(g, g.oh);
+  MapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols)).noalias() =
+      wm.middleCols(c0 * kk, (c1 - c0) * kk).transpose() * gym;
+  for_each_plane(pl, it.gn, c1 - c0, [&](int64_t j, int64_t cr) {
+    const int64_t c = c0 + cr;
+    const T* gcol = buf + cr * kk * cols + j * rows_cols;
+    T* gxn = gxp + (it.n0 + j) * g.in_size();
+    if (whole) return col2im_plane(gcol, cols, g, c, gxn);
+    if (it.r0 == 0) std::fill(gxn + c * g.h * g.w, gxn + (c + 1) * g.h * g.w, T(0));  // first tile
+    col2im(gcol, cols, g, c, it.r0, it.r1, gxn);
+  });
+}
+
 // Channels per chunk when threads split the channels: chunks that fit the tile budget, as many as
 // a multiple of the thread count so that static scheduling balances them.
 template <typename T>
@@ -271,22 +291,10 @@ void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const Conv
   for (int64_t i = 0; i < pl.num_items(); ++i) {
     const Item it = pl.item(i, g.n, g.oh);
     const CMapR<T> gym = item_rows(gyp, g, pl, it, gy_scratch.at(0));
-    const int64_t cols = gym.cols(), rows_cols = (it.r1 - it.r0) * g.ow;
-    const bool whole = it.r0 == 0 && it.r1 == g.oh && pad_band_ok(g, g.oh);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t ci = 0; ci < chunks; ++ci) {
       const int64_t c0 = ci * cc, c1 = std::min(g.c, c0 + cc);
-      T* buf = gcol_scratch.at(omp_get_thread_num());
-      MapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols)).noalias() =
-          wm.middleCols(c0 * kk, (c1 - c0) * kk).transpose() * gym;
-      for_each_plane(seq, it.gn, c1 - c0, [&](int64_t j, int64_t cr) {
-        const int64_t c = c0 + cr;
-        const T* gcol = buf + cr * kk * cols + j * rows_cols;
-        T* gxn = gxp + (it.n0 + j) * g.in_size();
-        if (whole) return col2im_plane(gcol, cols, g, c, gxn);
-        if (it.r0 == 0) std::fill(gxn + c * g.h * g.w, gxn + (c + 1) * g.h * g.w, T(0));  // first tile
-        col2im(gcol, cols, g, c, it.r0, it.r1, gxn);
-      });
+      input_grad_chunk<T>(wm, gym, g, seq, it, c0, c1, gcol_scratch.at(omp_get_thread_num()), gxp);
     }
   }
 }
@@ -388,21 +396,7 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, c
           wm.transpose() * gym;
       return;
     }
-    const int64_t rows_cols = (it.r1 - it.r0) * g.ow;
-    const bool whole = it.r0 == 0 && it.r1 == g.oh && pad_band_ok(g, g.oh);
-    for (int64_t c0 = 0; c0 < g.c; c0 += cc) {
-      const int64_t c1 = std::min(g.c, c0 + cc);
-      MapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols)).noalias() =
-          wm.middleCols(c0 * kk, (c1 - c0) * kk).transpose() * gym;
-      for_each_plane(pl, it.gn, c1 - c0, [&](int64_t j, int64_t cr) {
-        const int64_t c = c0 + cr;
-        const T* gcol = buf + cr * kk * cols + j * rows_cols;
-        T* gxn = gxp + (it.n0 + j) * g.in_size();
-        if (whole) return col2im_plane(gcol, cols, g, c, gxn);
-        if (it.r0 == 0) std::fill(gxn + c * g.h * g.w, gxn + (c + 1) * g.h * g.w, T(0));  // first tile
-        col2im(gcol, cols, g, c, it.r0, it.r1, gxn);
-      });
-    }
+    for (int64_t c0 = 0; c0 < g.c; c0 += cc) input_grad_chunk<T>(wm, gym, g, pl, it, c0, std::min(g.c, c0 + cc), buf, gxp);
   });
 }
 
