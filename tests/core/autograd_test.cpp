@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/error_of.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/ops.h"
@@ -29,14 +30,7 @@ void expect_values(const Tensor& t, const std::vector<double>& expected, double 
   for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(v[i], expected[i], tol) << "element " << i;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using ::minidl::testing::error_of;
 
 TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
   Tensor x = leaf({1, 2, 3}, {3});

@@ -19,7 +19,7 @@ namespace minidl {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::conv_pool::error_of;
+using ::minidl::testing::error_of;
 using testing::conv_pool::expect_near_vec;
 using testing::conv_pool::gradcheck;
 using testing::conv_pool::make;

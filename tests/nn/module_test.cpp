@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/error_of.h"
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
@@ -31,14 +32,7 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tenso
   return out;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using ::minidl::testing::error_of;
 
 TEST(ModuleTest, NamesFollowPyTorchOrder) {
   Generator gen(1);

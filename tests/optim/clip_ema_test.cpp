@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/error_of.h"
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -19,14 +20,7 @@
 namespace minidl::optim {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using ::minidl::testing::error_of;
 
 void expect_values(const Tensor& t, const std::vector<double>& expected, double tol) {
   ASSERT_TRUE(t.defined());

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 
+#include "tests/support/error_of.h"
 #include "core/generator.h"
 #include "core/ops.h"
 #include "nn/safetensors.h"
@@ -25,15 +26,7 @@ Tensor param(const Shape& shape, uint64_t seed, DType dtype = DType::f32) {
   return p;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using ::minidl::testing::error_of;
 
 #define EXPECT_ERROR(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
 

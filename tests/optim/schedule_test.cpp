@@ -10,20 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/error_of.h"
 #include "core/error.h"
 #include "optim/schedule.h"
 
 namespace minidl::optim {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using ::minidl::testing::error_of;
 
 void expect_factors(const LrSchedule& s, const std::vector<double>& expected, double tol = 1e-12) {
   for (size_t i = 0; i < expected.size(); ++i) {

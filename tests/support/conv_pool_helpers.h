@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/error_of.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/tensor.h"
@@ -43,15 +44,7 @@ inline void expect_near_vec(const Vec& got, const Vec& want, double tol, const s
   }
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error thrown>";
-}
+using ::minidl::testing::error_of;
 
 // Central finite differences of sum(f(inputs) * r) against backward, in f64.
 inline void gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Shape>& shapes,
