@@ -4,7 +4,8 @@
 # Quiet when nothing is missing; as non-root it prints the exact sudo command and fails.
 set -euo pipefail
 
-# Build and test dependencies (compiler, CMake, Eigen, GoogleTest, Google Benchmark, JSON).
+# Build and test dependencies (compiler, CMake, Eigen, GoogleTest, Google Benchmark, JSON,
+# libjpeg-turbo and stb for image decoding, CLI11 for the experiment programs' flags).
 MINIDL_PACKAGES=(
   cmake
   g++
@@ -14,6 +15,9 @@ MINIDL_PACKAGES=(
   libgtest-dev
   libbenchmark-dev
   nlohmann-json3-dev
+  libturbojpeg0-dev
+  libstb-dev
+  libcli11-dev
 )
 # Only for regenerating the golden files (tools/make_golden.py); never for building or testing.
 MINIDL_GOLDEN_PACKAGES=(

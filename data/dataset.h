@@ -1,0 +1,62 @@
+// The dataset and loader API shared by the data layer (issue 6) and the experiment harness
+// (issue 9): a Dataset maps an index to a decoded 8-bit image and a label; a Loader turns a
+// Dataset into shuffled, transformed, batched tensors on worker threads. Declared first so both
+// sides can be built against the same contract; data/*.cpp implement it.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace minidl::data {
+
+// An 8-bit RGB image, rows of interleaved channels (HWC). pixels.size() == height * width * 3.
+struct Image {
+  int64_t height = 0;
+  int64_t width = 0;
+  std::vector<uint8_t> pixels;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t label(int64_t i) const = 0;                  // in [0, class_names().size())
+  virtual const std::vector<std::string>& class_names() const = 0;
+  // The decoded sample i, or nullopt when it cannot be read or decoded (the dataset reports each
+  // bad file once, by path). Thread-safe: loader workers call it concurrently.
+  virtual std::optional<Image> load(int64_t i) const = 0;
+  virtual std::string describe(int64_t i) const = 0;           // a path, or "synthetic #i"
+};
+
+// A folder in any supported layout (one folder per class; Kaggle flat train/ with cat.N.jpg and
+// dog.N.jpg; Microsoft PetImages/Cat|Dog), detected automatically. Throws minidl::Error naming
+// the folder and the layouts tried when none matches or it holds no images.
+std::shared_ptr<Dataset> open_image_folder(const std::filesystem::path& root);
+
+// The built-in two-class synthetic set (data/synthetic.h) as 8-bit images, generated in memory.
+std::shared_ptr<Dataset> synthetic_dataset(int64_t n, int64_t image_size, uint64_t seed,
+                                           double difficulty = 0.6);
+
+// A view of `base` restricted to `indices` (in that order).
+std::shared_ptr<Dataset> subset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices);
+
+// Stratified, seeded splits: indices into the dataset for each part.
+struct Split {
+  std::vector<int64_t> train, val, test;
+};
+// Counts per class (the Keras study: 600 / 200 / 200). Throws when a class has too few samples.
+Split split_by_counts(const Dataset& d, int64_t train_per_class, int64_t val_per_class, int64_t test_per_class,
+                      uint64_t seed);
+// Fractions of each class (train + val + test <= 1).
+Split split_by_fractions(const Dataset& d, double train, double val, double test, uint64_t seed);
+// The manifest: one line per sample with its part, label and describe() string, so a run can be
+// reproduced exactly. read_manifest checks it against the dataset and throws on a mismatch.
+void write_manifest(const std::filesystem::path& file, const Dataset& d, const Split& s);
+Split read_manifest(const std::filesystem::path& file, const Dataset& d);
+
+}  // namespace minidl::data

@@ -1,0 +1,83 @@
+// The threaded prefetching loader: worker threads decode and transform samples into a bounded
+// queue of batches, in an order fixed by (seed, epoch) whatever the thread count, and report how
+// long the training loop waited for data ("data wait %" in the experiment programs).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "data/dataset.h"
+
+namespace minidl::data {
+
+enum class Augment {
+  None,               // resize the shorter side to `resize`, center crop `size` (evaluation)
+  RandomResizedCrop,  // torchvision defaults: scale (0.08, 1), ratio (3/4, 4/3), then flip
+  Keras,              // the Keras study: resize to 250, random crop 200 (`size`), flip
+};
+
+struct TransformOptions {
+  int64_t size = 224;              // output height and width
+  int64_t resize = 0;              // shorter side before the crop; 0: size * 256 / 224 (rounded)
+  Augment augment = Augment::None;
+  bool hflip = true;               // random horizontal flip (only with an augmenting mode)
+  bool normalize = true;           // ImageNet mean / std; otherwise scale to [0, 1]
+  std::vector<float> mean{0.485f, 0.456f, 0.406f};
+  std::vector<float> std{0.229f, 0.224f, 0.225f};
+};
+
+struct LoaderOptions {
+  int64_t batch_size = 32;
+  int workers = 2;                 // 0: decode on the calling thread
+  int prefetch_batches = 4;        // bounded queue length
+  bool shuffle = true;
+  bool drop_last = false;
+  uint64_t seed = 0;               // shuffle and augmentation draws depend on (seed, epoch, index)
+  DType dtype = DType::f32;        // f32 or f16
+  bool channels_last = false;      // [N, H, W, C] contiguous instead of [N, C, H, W]
+  Device device = Device::cpu();   // batches are copied here
+  bool cache = false;              // keep decoded, resized u8 images in RAM after the first epoch
+  TransformOptions transform;
+};
+
+struct Batch {
+  Tensor images;                   // [N, 3, H, W] (or [N, H, W, 3] with channels_last)
+  Tensor labels;                   // [N] i64
+};
+
+struct LoaderStats {
+  int64_t images = 0;              // images delivered since the last reset
+  int64_t skipped = 0;             // samples skipped as unreadable since the start
+  double wall_seconds = 0;         // time since the last reset
+  double wait_seconds = 0;         // time next() spent blocked waiting for a batch
+  double images_per_second() const { return wall_seconds > 0 ? images / wall_seconds : 0; }
+  double wait_fraction() const { return wall_seconds > 0 ? wait_seconds / wall_seconds : 0; }
+};
+
+class Loader {
+ public:
+  Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  int64_t batches_per_epoch() const;
+  // Starts (or restarts) epoch `epoch`: the order is a function of (seed, epoch) only.
+  void start_epoch(int64_t epoch);
+  // The next batch of the current epoch, or nullopt at its end. Unreadable samples are skipped,
+  // so a batch can be smaller than batch_size only at the end of an epoch (without drop_last).
+  std::optional<Batch> next();
+  LoaderStats stats() const;
+  void reset_stats();
+  const LoaderOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace minidl::data
