@@ -227,20 +227,27 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
       tried += " algo " + std::to_string(c.algo) + " (workspace " + format_bytes(wsz) + ")";
       continue;   // a leaner algorithm may fit
     }
+    cudnnStatus_t st;
     if (dir == Dir::Fwd) {
-      MINIDL_CUDNN_CHECK(cudnnConvolutionForward(h, alpha, d.x, a, d.w, b, d.conv,
-                                                 static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws->get(), wsz, beta, d.y, out));
+      st = cudnnConvolutionForward(h, alpha, d.x, a, d.w, b, d.conv, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
+                                   ws->get(), wsz, beta, d.y, out);
     } else if (dir == Dir::BwdData) {
-      MINIDL_CUDNN_CHECK(cudnnConvolutionBackwardData(h, alpha, d.w, b, d.y, a, d.conv,
-                                                      static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws->get(), wsz, beta, d.x, out));
+      st = cudnnConvolutionBackwardData(h, alpha, d.w, b, d.y, a, d.conv,
+                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws->get(), wsz, beta, d.x, out);
     } else {
-      MINIDL_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, alpha, d.x, a, d.y, b, d.conv,
-                                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws->get(), wsz, beta, d.w, out));
+      st = cudnnConvolutionBackwardFilter(h, alpha, d.x, a, d.y, b, d.conv,
+                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws->get(), wsz, beta, d.w,
+                                          out);
     }
-    return;
+    if (st == CUDNN_STATUS_SUCCESS) return;
+    // An algorithm the heuristics ranked may still refuse this configuration (e.g. f64): next.
+    MINIDL_CHECK(st == CUDNN_STATUS_NOT_SUPPORTED || st == CUDNN_STATUS_BAD_PARAM, "conv2d (cuda): cuDNN algorithm ",
+                 c.algo, " failed: ", cudnnGetErrorString(st));
+    tried += " algo " + std::to_string(c.algo) + " (" + cudnnGetErrorString(st) + ")";
   }
   const MemoryStats s = ctx.allocator().stats();
-  ctx.allocator().empty_cache();
+  MINIDL_CHECK(tried.find("workspace") != std::string::npos, "conv2d (cuda): no cuDNN algorithm ran (tried", tried,
+               ") for ", cache_key(cs, dir));
   throw OutOfMemoryError("out of memory on cuda:" + std::to_string(ctx.index()) +
                              ": no cuDNN convolution algorithm's workspace fits (tried" + tried +
                              "). Use a smaller batch, or raise the memory budget.",
