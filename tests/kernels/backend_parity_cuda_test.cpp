@@ -203,6 +203,21 @@ TEST_F(Parity, BinaryOpsWithBroadcastingForwardBackward) {
   }
 }
 
+// f16 elementwise kernels (mixed precision: casts, ReLU, residual adds) against the f32 CPU result.
+TEST_F(Parity, HalfElementwiseAgainstF32) {
+  if (self_test()) GTEST_SKIP() << "the CPU has no f16 arithmetic to compare with";
+  for (const Shape& s : {Shape{7}, Shape{33, 65}, Shape{4, 8, 9, 11}}) {
+    const Tensor a = rnd(s, DType::f32, 31), b = rnd(s, DType::f32, 32);
+    const Tensor ah = a.to(DType::f16).to(kGpu), bh = b.to(DType::f16).to(kGpu);
+    // The reference sees the same f16-rounded inputs.
+    const Tensor ar = a.to(DType::f16).to(DType::f32), br = b.to(DType::f16).to(DType::f32);
+    EXPECT_TRUE(close(relu(ar + br), relu(ah + bh).to(DType::f32), 1e-3, "f16 relu(a + b)"));
+    EXPECT_TRUE(close(ar * br - br, (ah * bh - bh).to(DType::f32), 1e-3, "f16 a * b - b"));
+    EXPECT_TRUE(close(sigmoid(ar), sigmoid(ah).to(DType::f32), 1e-3, "f16 sigmoid"));
+    EXPECT_TRUE(close(ar.transpose(0, -1), ah.transpose(0, -1).contiguous().to(DType::f32), 0, "f16 strided copy"));
+  }
+}
+
 TEST_F(Parity, ComparisonsAndIntegerArithmetic) {
   for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
     Tensor a = rnd({6, 9}, DType::f32, 5).mul_(3.0).to(dt);
