@@ -1,6 +1,6 @@
 // CUDA reductions over any set of dims of a strided tensor: one block per output, threads stride
 // over the reduced elements, and warp shuffles combine them. Sums accumulate in double (floating)
-// or int64 as on the CPU; max/min keep the first extreme index and let NaN win, as PyTorch does.
+// (f32, f64, f16) or int64 as on the CPU; max/min keep the first extreme index and let NaN win, as PyTorch does.
 #include <algorithm>
 #include <limits>
 
@@ -17,17 +17,20 @@ struct ReduceGeom {
   int64_t O, R;
 };
 
-template <typename T>
-__device__ __forceinline__ bool is_nan(T v) {
-  if constexpr (std::is_floating_point_v<T>) return ::isnan(v);
+template <typename C>
+__device__ __forceinline__ bool is_nan(C v) {
+  if constexpr (std::is_floating_point_v<C>) return ::isnan(v);
   else return false;
 }
 
 // (best, idx) candidates: NaN beats numbers (first NaN wins), then the extreme, then the lower index.
+// Values compare in T's compute type (f16 as f32).
 template <typename T>
-__device__ __forceinline__ bool better(bool is_max, T v, int64_t i, T best, int64_t bi) {
+__device__ __forceinline__ bool better(bool is_max, T vt, int64_t i, T bt, int64_t bi) {
+  using C = typename Compute<T>::type;
   if (bi < 0) return i >= 0;
   if (i < 0) return false;
+  const C v = cvt<C>(vt), best = cvt<C>(bt);
   const bool vn = is_nan(v), bn = is_nan(best);
   if (vn || bn) return vn && (!bn || i < bi);
   if (v == best) return i < bi;
@@ -36,7 +39,7 @@ __device__ __forceinline__ bool better(bool is_max, T v, int64_t i, T best, int6
 
 template <typename T, typename Out>
 __global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out) {
-  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;   // f16 sums in double too
   __shared__ Acc s_sum[32];
   __shared__ T s_best[32];
   __shared__ int64_t s_idx[32];
@@ -52,22 +55,22 @@ __global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out) {
       for (int64_t r = threadIdx.x; r < g.R; r += blockDim.x) {
         int64_t off[1];
         g.red.get(r, off);
-        s += static_cast<Acc>(xo[off[0]]);
+        s += cvt<Acc>(xo[off[0]]);
       }
       s = block_sum<Acc>(s, s_sum);
       if (threadIdx.x == 0) {
         if (op == ReduceOp::Mean) {
           const double m = g.R > 0 ? static_cast<double>(s) / static_cast<double>(g.R)
                                    : __longlong_as_double(0x7ff8000000000000LL);
-          out[o] = static_cast<Out>(m);
+          out[o] = cvt<Out>(m);
         } else {
-          out[o] = static_cast<Out>(s);
+          out[o] = cvt<Out>(s);
         }
       }
       __syncthreads();
       continue;
     }
-    T best{};
+    T best = cvt<T>(0.0f);
     int64_t bi = -1;
     for (int64_t r = threadIdx.x; r < g.R; r += blockDim.x) {
       int64_t off[1];
@@ -100,8 +103,8 @@ __global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out) {
           bi = s_idx[w];
         }
       }
-      if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) out[o] = static_cast<Out>(bi);
-      else out[o] = static_cast<Out>(best);
+      if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) out[o] = cvt<Out>(bi);
+      else out[o] = cvt<Out>(best);
     }
     __syncthreads();
   }
@@ -137,9 +140,7 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
   DeviceContext& ctx = context_of(x);
   dispatch_arith(x.dtype(), name, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, __half>) {
-      MINIDL_FAIL(name, " (cuda): f16 reductions are not supported; reduce in f32 (.to(DType::f32))");
-    } else {
+    {
       switch (op) {
         case ReduceOp::Sum:
         case ReduceOp::Mean:
@@ -148,6 +149,7 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
             case DType::f64: return launch<T, double>(op, x, g, out, ctx.stream());
             case DType::i32: return launch<T, int32_t>(op, x, g, out, ctx.stream());
             case DType::i64: return launch<T, int64_t>(op, x, g, out, ctx.stream());
+            case DType::f16: return launch<T, __half>(op, x, g, out, ctx.stream());
             default: MINIDL_FAIL(name, " (cuda): unsupported output dtype ", out.meta());
           }
         case ReduceOp::Max:

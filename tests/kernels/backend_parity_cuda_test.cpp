@@ -203,7 +203,7 @@ TEST_F(Parity, BinaryOpsWithBroadcastingForwardBackward) {
   }
 }
 
-// f16 elementwise kernels (mixed precision: casts, ReLU, residual adds) against the f32 CPU result.
+// f16 kernels (mixed precision: casts, ReLU, residual adds, reductions) against the f32 CPU result.
 TEST_F(Parity, HalfElementwiseAgainstF32) {
   if (self_test()) GTEST_SKIP() << "the CPU has no f16 arithmetic to compare with";
   for (const Shape& s : {Shape{7}, Shape{33, 65}, Shape{4, 8, 9, 11}}) {
@@ -215,6 +215,10 @@ TEST_F(Parity, HalfElementwiseAgainstF32) {
     EXPECT_TRUE(close(ar * br - br, (ah * bh - bh).to(DType::f32), 1e-3, "f16 a * b - b"));
     EXPECT_TRUE(close(sigmoid(ar), sigmoid(ah).to(DType::f32), 1e-3, "f16 sigmoid"));
     EXPECT_TRUE(close(ar.transpose(0, -1), ah.transpose(0, -1).contiguous().to(DType::f32), 0, "f16 strided copy"));
+    // f16 reductions (bias gradients under autocast): sums in double, one f16 rounding at the end.
+    EXPECT_TRUE(close(sum(ar, {0}), sum(ah, {0}).to(DType::f32), 1e-3, "f16 sum over dim 0"));
+    EXPECT_TRUE(close(max(ar), max(ah).to(DType::f32), 0, "f16 max"));
+    EXPECT_TRUE(close(argmin(ar, 0).to(DType::f32), argmin(ah, 0).to(DType::f32), 0, "f16 argmin"));
   }
 }
 
