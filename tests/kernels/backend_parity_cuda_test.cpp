@@ -395,6 +395,10 @@ std::vector<ConvCase> conv_cases() {
   return cs;
 }
 
+// cuDNN may pick Winograd or FFT algorithms even in FMA math: their f32 error is larger than a
+// direct sum's (still 1e-6..1e-5), and any real bug gives O(1).
+constexpr double kConvF32Tol = 1e-4;
+
 void run_conv_cases(DType dt, double tol) {
   for (const ConvCase& c : conv_cases()) {
     std::vector<Shape> shapes{c.x, c.w};
@@ -408,7 +412,7 @@ void run_conv_cases(DType dt, double tol) {
 }
 
 TEST_F(Parity, Conv2dHeuristicAlgorithms) {
-  run_conv_cases(DType::f32, 1e-5);
+  run_conv_cases(DType::f32, kConvF32Tol);
   run_conv_cases(DType::f64, 1e-12);
 }
 
@@ -417,14 +421,14 @@ TEST_F(Parity, Conv2dAutotuneNhwcAndTf32) {
   if (self_test()) GTEST_SKIP() << "needs the GPU";
   cuda::clear_conv_algo_cache();
   cuda::set_cudnn_benchmark(true);
-  run_conv_cases(DType::f32, 1e-5);
+  run_conv_cases(DType::f32, kConvF32Tol);
   EXPECT_GT(cuda::conv_algo_cache_size(), 0u) << "benchmark mode caches one algorithm per shape and direction";
   const size_t cached = cuda::conv_algo_cache_size();
-  run_conv_cases(DType::f32, 1e-5);
+  run_conv_cases(DType::f32, kConvF32Tol);
   EXPECT_EQ(cuda::conv_algo_cache_size(), cached) << "the second pass must hit the cache";
   cuda::set_cudnn_benchmark(false);
   cuda::set_conv_nhwc(true);
-  run_conv_cases(DType::f32, 1e-5);
+  run_conv_cases(DType::f32, kConvF32Tol);
   cuda::set_conv_nhwc(false);
   cuda::set_allow_tf32_cudnn(true);
   run_conv_cases(DType::f32, 5e-3);
