@@ -86,6 +86,10 @@ class FolderDataset final : public Dataset {
   std::string key(int64_t i) const override {
     return files_.at(static_cast<size_t>(i)).lexically_relative(root_).generic_string();
   }
+  SampleCheck check(int64_t i) const override {
+    const DecodeResult r = decode_file(files_.at(static_cast<size_t>(i)));
+    return SampleCheck{r.ok(), r.error, r.note};
+  }
   std::optional<Image> load(int64_t i) const override {
     DecodeResult r = decode_file(files_.at(static_cast<size_t>(i)));
     if (r.ok()) return std::move(r.image);
@@ -199,6 +203,7 @@ class SubsetDataset final : public Dataset {
   std::optional<Image> load(int64_t i) const override { return base_->load(at(i)); }
   std::string describe(int64_t i) const override { return base_->describe(at(i)); }
   std::string key(int64_t i) const override { return base_->key(at(i)); }
+  SampleCheck check(int64_t i) const override { return base_->check(at(i)); }
   const Dataset& base() const { return *base_; }
 
  private:
@@ -211,6 +216,10 @@ class SubsetDataset final : public Dataset {
 };
 
 }  // namespace
+
+SampleCheck Dataset::check(int64_t i) const {
+  return load(i) ? SampleCheck{true, "", ""} : SampleCheck{false, "unreadable", ""};
+}
 
 std::shared_ptr<Dataset> open_image_folder(const fs::path& root) {
   MINIDL_CHECK(fs::is_directory(root), "open_image_folder: ", root.string(), " is not a folder");
