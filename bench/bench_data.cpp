@@ -6,18 +6,24 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 
 #include "data/dataset.h"
 #include "data/decode.h"
 #include "data/loader.h"
 #include "data/transform.h"
-#include "tests/data/fixtures.h"
 
 namespace minidl::data {
 namespace {
 
 namespace fs = std::filesystem;
+
+std::vector<uint8_t> read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 // MINIDL_BENCH_PHOTOS, else ../shared/data/catsdogs beside the source tree.
 fs::path photos_dir() {
@@ -90,7 +96,7 @@ void BM_decode(benchmark::State& state) {
     return;
   }
   std::vector<std::vector<uint8_t>> files;
-  for (int64_t i = 0; i < std::min<int64_t>(ds->size(), 64); ++i) files.push_back(fixtures::read_bytes(ds->describe(i)));
+  for (int64_t i = 0; i < std::min<int64_t>(ds->size(), 64); ++i) files.push_back(read_bytes(ds->describe(i)));
   size_t k = 0;
   for (auto _ : state) {
     const auto& f = files[k++ % files.size()];
