@@ -290,6 +290,46 @@ TEST(Loader, StatsWaitAndRestartMidEpoch) {
   EXPECT_EQ(l.stats().images, 0);
 }
 
+TEST(Loader, SyntheticImagesPassThroughUnresampledAtTheirSize) {
+  const auto ds = synthetic_dataset(10, 16, 4);
+  LoaderOptions o = plain(10, 2);
+  o.shuffle = false;
+  o.transform.size = 16;
+  o.transform.resize = 16;
+  Loader l(ds, o);
+  const Batch b = *l.next();
+  ASSERT_EQ(b.images.shape(), (Shape{10, 3, 16, 16}));
+  const float* p = b.images.data<float>();
+  for (int64_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(b.labels.data<int64_t>()[i], ds->label(i));
+    const Image img = *ds->load(i);
+    for (int64_t c = 0; c < 3; ++c) {
+      for (int64_t q = 0; q < 256; ++q) {
+        ASSERT_EQ(p[(i * 3 + c) * 256 + q], static_cast<float>(img.pixels[static_cast<size_t>(q * 3 + c)]) / 255.0f);
+      }
+    }
+  }
+}
+
+TEST(Loader, DefaultResizesFollowTorchvisionAndKeras) {
+  TransformOptions t;
+  t.size = 224;
+  EXPECT_EQ(resolved_resize(t), 256);
+  t.augment = Augment::Keras;
+  t.size = 200;
+  EXPECT_EQ(resolved_resize(t), 250);
+  // None: the shorter side becomes resize, the longer one int(resize * long / short).
+  t.augment = Augment::None;
+  t.resize = 100;
+  const Image tall = make_base(Image{300, 200, std::vector<uint8_t>(300 * 200 * 3, 9)}, t);
+  EXPECT_EQ(tall.width, 100);
+  EXPECT_EQ(tall.height, 150);
+  t.augment = Augment::Keras;
+  const Image sq = make_base(Image{300, 200, std::vector<uint8_t>(300 * 200 * 3, 9)}, t);
+  EXPECT_EQ(sq.width, 100);
+  EXPECT_EQ(sq.height, 100);
+}
+
 TEST(Loader, OptionErrorsAndCudaDeviceWithoutCuda) {
   const auto ds = std::make_shared<IndexedDataset>(4, 8, 8);
   LoaderOptions o = plain(0, 1);
