@@ -35,7 +35,9 @@ void discard_decompressor() {
   t_handle.h = nullptr;
 }
 
-bool is_jpeg(const uint8_t* d, size_t n) { return n >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF; }
+// The SOI marker alone: anything that starts like a JPEG goes to libjpeg-turbo, which rejects it
+// cleanly if the rest is not one (stb_image is built without its JPEG decoder).
+bool is_jpeg(const uint8_t* d, size_t n) { return n >= 2 && d[0] == 0xFF && d[1] == 0xD8; }
 
 std::string too_large(int64_t w, int64_t h, int64_t max_pixels) {
   return detail::concat("image of ", w, " x ", h, " pixels exceeds the limit of ", max_pixels, " pixels");
@@ -121,7 +123,7 @@ DecodeResult decode_other(const uint8_t* data, size_t size, int64_t max_pixels) 
   }
   int w = 0, h = 0, comp = 0;
   if (!stb::info(data, static_cast<int>(size), &w, &h, &comp)) {
-    r.error = "not an image in a supported format (JPEG, PNG, BMP, GIF, PNM, TGA, PSD, HDR)";
+    r.error = "not an image in a supported format (JPEG, PNG, BMP, GIF, PNM, TGA)";
     return r;
   }
   if (w <= 0 || h <= 0) {
