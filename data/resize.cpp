@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -65,39 +66,51 @@ inline uint8_t clip8(int32_t v) {
 void resize_rgb(const uint8_t* src, int64_t w, int64_t h, int64_t stride, uint8_t* dst, int64_t out_w, int64_t out_h) {
   MINIDL_CHECK(w > 0 && h > 0 && out_w > 0 && out_h > 0, "resize_rgb: empty image ", w, "x", h, " -> ", out_w, "x", out_h);
   const Coeffs cx = coefficients(w, out_w), cy = coefficients(h, out_h);
-  // Only the source rows some output row reads.
+  const int32_t half = 1 << (kPrecision - 1);
+  const int64_t row_bytes = out_w * 3;
+  // Only the source rows some output row reads. A pass whose size does not change is skipped,
+  // as PIL does (its weights would be exactly 1 anyway).
   const int64_t row0 = cy.first.front();
   const int64_t row1 = cy.first.back() + cy.count.back();
-  std::vector<uint8_t> mid(static_cast<size_t>((row1 - row0) * out_w * 3));
-  const int32_t half = 1 << (kPrecision - 1);
-  // Horizontal: the three channels of a pixel as one 4-lane vector, one multiply-add per tap.
-  using V4 = int32_t __attribute__((vector_size(16)));
-  for (int64_t y = row0; y < row1; ++y) {
-    const uint8_t* in = src + y * stride;
-    uint8_t* o = mid.data() + (y - row0) * out_w * 3;
-    for (int64_t x = 0; x < out_w; ++x) {
-      const int32_t* k = cx.weights.data() + x * cx.taps;
-      const uint8_t* p = in + cx.first[static_cast<size_t>(x)] * 3;
-      V4 acc = {half, half, half, 0};
-      for (int64_t j = 0, n = cx.count[static_cast<size_t>(x)]; j < n; ++j, p += 3) {
-        const V4 px = {p[0], p[1], p[2], 0};
-        acc += px * k[j];
+  const uint8_t* mid = src + row0 * stride;
+  int64_t mid_stride = stride;
+  std::vector<uint8_t> mid_buf;
+  if (out_w != w) {
+    // Horizontal: the three channels of a pixel as one 4-lane vector, one multiply-add per tap.
+    using V4 = int32_t __attribute__((vector_size(16)));
+    mid_buf.resize(static_cast<size_t>((row1 - row0) * row_bytes));
+    for (int64_t y = row0; y < row1; ++y) {
+      const uint8_t* in = src + y * stride;
+      uint8_t* o = mid_buf.data() + (y - row0) * row_bytes;
+      for (int64_t x = 0; x < out_w; ++x) {
+        const int32_t* k = cx.weights.data() + x * cx.taps;
+        const uint8_t* p = in + cx.first[static_cast<size_t>(x)] * 3;
+        V4 acc = {half, half, half, 0};
+        for (int64_t j = 0, n = cx.count[static_cast<size_t>(x)]; j < n; ++j, p += 3) {
+          const V4 px = {p[0], p[1], p[2], 0};
+          acc += px * k[j];
+        }
+        o[3 * x] = clip8(acc[0]);
+        o[3 * x + 1] = clip8(acc[1]);
+        o[3 * x + 2] = clip8(acc[2]);
       }
-      o[3 * x] = clip8(acc[0]);
-      o[3 * x + 1] = clip8(acc[1]);
-      o[3 * x + 2] = clip8(acc[2]);
     }
+    mid = mid_buf.data();
+    mid_stride = row_bytes;
+  }
+  if (out_h == h) {
+    for (int64_t y = 0; y < out_h; ++y) std::memcpy(dst + y * row_bytes, mid + y * mid_stride, static_cast<size_t>(row_bytes));
+    return;
   }
   // Vertical: whole rows at a time into an int32 accumulator row (vectorises).
-  const int64_t row_bytes = out_w * 3;
   std::vector<int32_t> acc(static_cast<size_t>(row_bytes));
   for (int64_t y = 0; y < out_h; ++y) {
     const int32_t* k = cy.weights.data() + y * cy.taps;
-    const uint8_t* col = mid.data() + (cy.first[static_cast<size_t>(y)] - row0) * row_bytes;
+    const uint8_t* col = mid + (cy.first[static_cast<size_t>(y)] - row0) * mid_stride;
     const int64_t n = cy.count[static_cast<size_t>(y)];
     std::fill(acc.begin(), acc.end(), half);
     for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* r = col + j * row_bytes;
+      const uint8_t* r = col + j * mid_stride;
       const int32_t kj = k[j];
       for (int64_t x = 0; x < row_bytes; ++x) acc[static_cast<size_t>(x)] += r[x] * kj;
     }
