@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "core/backend.h"
 #include "data/loader.h"
@@ -328,6 +330,40 @@ TEST(Loader, DefaultResizesFollowTorchvisionAndKeras) {
   const Image sq = make_base(Image{300, 200, std::vector<uint8_t>(300 * 200 * 3, 9)}, t);
   EXPECT_EQ(sq.width, 100);
   EXPECT_EQ(sq.height, 100);
+}
+
+// A dataset whose load() takes `ms` milliseconds, like a slow disk.
+class SlowDataset final : public Dataset {
+ public:
+  SlowDataset(int64_t n, int ms) : n_(n), ms_(ms) {}
+  int64_t size() const override { return n_; }
+  int64_t label(int64_t) const override { return 0; }
+  const std::vector<std::string>& class_names() const override { return names_; }
+  std::optional<Image> load(int64_t) const override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
+    return Image{8, 8, std::vector<uint8_t>(8 * 8 * 3, 1)};
+  }
+  std::string describe(int64_t i) const override { return "slow #" + std::to_string(i); }
+
+ private:
+  int64_t n_;
+  int ms_;
+  std::vector<std::string> names_{"only"};
+};
+
+TEST(Loader, WaitFractionSeparatesPrefetchingFromDecodingInline) {
+  const auto ds = std::make_shared<SlowDataset>(32, 2);
+  // Inline decoding: the training loop does nothing else, so it waits nearly all the time.
+  Loader inline_loader(ds, plain(4, 0));
+  while (inline_loader.next()) {
+  }
+  EXPECT_GT(inline_loader.stats().wait_fraction(), 0.8);
+  // Two workers (8 ms of loading per batch, 4 ms each) behind a 30 ms training step: after the
+  // first batch the next one is always ready (generous bounds: the machine may be loaded).
+  Loader prefetching(ds, plain(4, 2));
+  while (prefetching.next()) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_LT(prefetching.stats().wait_fraction(), 0.5);
+  EXPECT_EQ(prefetching.stats().images, 32);
 }
 
 TEST(Loader, OptionErrorsAndCudaDeviceWithoutCuda) {
