@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 
 namespace minidl::optim {
@@ -96,6 +97,7 @@ void Optimizer::step() {
     }
   }
   ++step_count_;
+  autocast_clear_cache();  // the f16 weight copies of autocast are stale now (core/autocast.h)
 }
 
 double Optimizer::lr(size_t group) const {
