@@ -73,6 +73,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     found = found || flag.item() != 0.0;
   }
   st.found_inf = found;
+  st.checked = !by_device.empty();
   st.stage = Stage::Unscaled;
 }
 
@@ -89,6 +90,8 @@ bool GradScaler::step(Optimizer& optimizer) {
   PerOptimizer& st = it->second;
   MINIDL_CHECK(st.stage != Stage::Stepped, "GradScaler::step: step() has already been called since the last "
                "update(); call update() once per step");
+  MINIDL_CHECK(st.checked, "GradScaler::step: no inf checks were recorded for this optimizer: none of its ",
+               "parameters has a gradient (call backward on the scaled loss first)");
   st.stage = Stage::Stepped;
   if (st.found_inf) return false;
   optimizer.step();
@@ -99,7 +102,7 @@ void GradScaler::update() {
   if (!o_.enabled) return;
   bool any = false, found = false;
   for (const auto& [opt, st] : per_opt_) {
-    if (st.stage == Stage::Ready) continue;
+    if (st.stage == Stage::Ready || !st.checked) continue;
     any = true;
     found = found || st.found_inf;
   }

@@ -69,6 +69,7 @@ class GradScaler {
   struct PerOptimizer {
     Stage stage = Stage::Ready;
     bool found_inf = false;
+    bool checked = false;  // some gradient was unscaled (PyTorch: found_inf_per_device not empty)
   };
   GradScalerOptions o_;
   float scale_;                  // f32, as PyTorch's _scale tensor

@@ -203,6 +203,19 @@ TEST(CpuF16, SoftmaxAndLossesComputeInF32) {
             kF16Rtol);
 }
 
+TEST(CpuF16, Dropout) {
+  Generator gen(16);
+  const Tensor x = ones({4000}, {.dtype = DType::f16});
+  const Tensor y = dropout(x, 0.25, true, &gen);
+  EXPECT_EQ(y.dtype(), DType::f16);
+  int64_t kept = 0;
+  for (double v : y.to_vector()) {
+    ASSERT_TRUE(v == 0.0 || v == Half::to_float(Half::from_float(1.0f / 0.75f))) << v;
+    kept += v != 0.0 ? 1 : 0;
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / 4000.0, 0.75, 0.03);
+}
+
 TEST(CpuF16, FusedUnscaleMatchesTheComposedDefault) {
   Backend& be = backend(Device::cpu());
   // f32 contiguous, f16 (pure-f16 gradients), f64 transposed (strided).

@@ -124,6 +124,11 @@ TEST(GradScaler, UnscaleAtMostOncePerStepAndOrderErrors) {
   s.update();
   EXPECT_NE(error_of([&] { s.update(); }).find("no inf checks were recorded"), std::string::npos);
   EXPECT_NE(error_of([] { GradScaler({.backoff_factor = 1.5}); }).find("backoff_factor"), std::string::npos);
+  // No gradient at all: nothing was checked, as PyTorch's "No inf checks were recorded".
+  t.sgd.zero_grad();
+  EXPECT_NE(error_of([&] { s.step(t.sgd); }).find("no inf checks were recorded for this optimizer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { s.update(); }).find("no inf checks were recorded prior to update"), std::string::npos);
 }
 
 TEST(GradScaler, DisabledIsAPassThrough) {
