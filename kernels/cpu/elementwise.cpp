@@ -77,6 +77,17 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
       using S = decltype(stag);
       for_each_run<2>(plan, {static_cast<char*>(dst.data_ptr()), static_cast<char*>(src.data_ptr())},
                       {sizeof(D), sizeof(S)}, [](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>& st) {
+                        constexpr int64_t ED = sizeof(D), ES = sizeof(S);
+                        if constexpr (std::is_same_v<D, float> && std::is_same_v<S, Half>) {
+                          if (st[0] == ED && st[1] == ES) {
+                            return half_to_float(reinterpret_cast<const Half*>(p[1]), reinterpret_cast<float*>(p[0]), n);
+                          }
+                        }
+                        if constexpr (std::is_same_v<D, Half> && std::is_same_v<S, float>) {
+                          if (st[0] == ED && st[1] == ES) {
+                            return float_to_half(reinterpret_cast<const float*>(p[1]), reinterpret_cast<Half*>(p[0]), n);
+                          }
+                        }
                         char* d = p[0];
                         const char* s = p[1];
                         for (int64_t i = 0; i < n; ++i, d += st[0], s += st[1]) {

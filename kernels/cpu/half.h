@@ -3,7 +3,11 @@
 // families (GEMM, convolution, pooling, batch norm, softmax) widen their f16 operands to f32
 // temporaries, run the f32 kernel unchanged and narrow the result: slow but exact to one rounding.
 #pragma once
+#include <cstdint>
 #include <type_traits>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -26,6 +30,30 @@ void dispatch_float_half(DType t, const char* op, F&& f) {
       MINIDL_FAIL(op, ": needs a floating tensor (f32, f64 or f16) on the CPU, got ", dtype_name(t),
                   "; convert with .to(DType::f32)");
   }
+}
+
+// Contiguous f16 <-> f32 conversion, the inner loop of every f16 staging copy: the F16C
+// instructions when the build has them (IEEE round-to-nearest-even, subnormals and inf exactly as
+// Half; a NaN stays a quiet NaN), Half's scalar code otherwise.
+inline void half_to_float(const Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+inline void float_to_half(const float* src, Half* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = Half(src[i]);
 }
 
 inline bool is_half(const Tensor& t) { return t.defined() && t.dtype() == DType::f16; }

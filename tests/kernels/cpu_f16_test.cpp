@@ -40,6 +40,37 @@ Tensor randn_f16(const Shape& s, uint64_t seed, double scale = 1.0) {
   return h(randn(s, {}, &gen) * scale);
 }
 
+// The vectorised f16 <-> f32 conversion of contiguous copies (F16C when built with it) against
+// Half's scalar IEEE code: every f16 bit pattern, and f32 values around every rounding boundary.
+TEST(CpuF16, ContiguousConversionMatchesHalfExactly) {
+  std::vector<double> all;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = Half::to_float(static_cast<uint16_t>(b));
+    if (!std::isnan(f)) all.push_back(f);
+  }
+  const Tensor h16 = from_vector(all, {static_cast<int64_t>(all.size())}, {.dtype = DType::f16});
+  EXPECT_EQ(h16.to(DType::f32).to_vector(), all);  // f16 -> f32 is exact
+  // Midpoints and near-midpoints between neighbouring f16 values, past 65504 and in the subnormals.
+  std::vector<float> probes;
+  for (uint32_t b = 0; b < 0x7c00; b += 7) {
+    const float lo = Half::to_float(static_cast<uint16_t>(b)), hi = Half::to_float(static_cast<uint16_t>(b + 1));
+    const float mid = 0.5f * (lo + hi);
+    for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f), 65519.0f, 65520.0f, 1e6f}) {
+      probes.push_back(v);
+      probes.push_back(-v);
+    }
+  }
+  const Tensor f32 = from_vector(std::vector<double>(probes.begin(), probes.end()),
+                                 {static_cast<int64_t>(probes.size())});
+  const Tensor got = f32.to(DType::f16);
+  const Half* g = got.data<Half>();
+  for (size_t i = 0; i < probes.size(); ++i) {
+    ASSERT_EQ(g[i].bits, Half::from_float(probes[i])) << "value " << probes[i];
+  }
+  const Tensor nan16 = full({9}, std::nan(""), {}).to(DType::f16);
+  for (double v : nan16.to_vector()) EXPECT_TRUE(std::isnan(v));
+}
+
 TEST(CpuF16, ElementwiseWithinOneRounding) {
   const Tensor a = randn_f16({7, 33}, 1), b = randn_f16({7, 33}, 2);
   const Tensor pos = h(abs(randn(Shape{7, 33})) + 0.1);
