@@ -39,8 +39,8 @@ void autocast_promote(Tensor& a, Tensor& b);
 // The weight cache. Under autocast with grad mode on, the f16 copy of an f32 leaf that requires
 // grad (a parameter) is made once and reused by every later cast of that leaf, in any autocast
 // scope, until the cache is cleared: optim::Optimizer::step() clears it after updating the
-// weights, so with gradient accumulation the k micro-batches of a window share one copy per
-// weight. Each use gets its own autograd node over the shared f16 bytes, so releasing one
+// weights and Optimizer::zero_grad() when a step or window starts (also after a skipped step), so
+// with gradient accumulation the k micro-batches of a window share one copy per weight. Each use gets its own autograd node over the shared f16 bytes, so releasing one
 // micro-batch's graph never frees the copy. Whoever changes weights outside an optimizer step
 // (loading a checkpoint, editing parameters by hand) calls autocast_clear_cache().
 void autocast_clear_cache();

@@ -84,6 +84,9 @@ void Optimizer::add_param_group(ParamGroup group) {
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& p : g.params) p.zero_grad();
+  // A new step (or window) starts: autocast's f16 weight copies live only between zero_grad() and
+  // step(), so weights changed in between steps (a loaded checkpoint) are never served stale.
+  autocast_clear_cache();
 }
 
 void Optimizer::step() {

@@ -153,8 +153,11 @@ TEST(Autocast, OneWeightCopyPerOptimizerStep) {
     want = linear(adaptive_avg_pool2d(h).flatten(1), net.fw.to(DType::f16), net.fb.to(DType::f16));
   }
   EXPECT_EQ(y.to_vector(), want.to_vector());
+  // zero_grad() starts a new step: the copies go (weights may change before the next forward).
+  EXPECT_EQ(autocast_cache_stats().entries, kCast);
+  sgd.zero_grad();
+  EXPECT_EQ(autocast_cache_stats().entries, 0);
   // Without grad mode nothing is cached (evaluation does not pin copies).
-  autocast_clear_cache();
   {
     NoGradGuard ng;
     net.forward(x);
