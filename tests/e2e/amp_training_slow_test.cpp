@@ -48,6 +48,7 @@ struct Result {
   double accuracy = 0.0;
   int64_t skipped = 0;
   double final_scale = 0.0;
+  double last_loss = 0.0;
 };
 
 Result train(Mode mode, int64_t n_train, int64_t epochs) {
@@ -74,10 +75,15 @@ Result train(Mode mode, int64_t n_train, int64_t epochs) {
       {
         AutocastGuard amp(DType::f16, mode == Mode::Amp);
         // Pure f16: the logits are widened for the loss (a loss in f16 would round the gradient).
-        loss = cross_entropy((*model)(x).to(DType::f32), y);
+        const Tensor logits = (*model)(x);
+        if (e == 0 && b == 0) {
+          EXPECT_EQ(logits.dtype(), mode == Mode::Fp32 ? DType::f32 : DType::f16);
+        }
+        loss = cross_entropy(logits.to(DType::f32), y);
       }
       scaler.scale(loss).backward();
       if (!scaler.step(sgd)) ++r.skipped;
+      r.last_loss = loss.item();
       scaler.update();
     }
   }
@@ -99,8 +105,9 @@ Result train(Mode mode, int64_t n_train, int64_t epochs) {
 TEST(AmpTraining, ReachesFp32AccuracyWithinOnePoint) {
   const Result fp32 = train(Mode::Fp32, 768, 3);
   const Result amp = train(Mode::Amp, 768, 3);
-  std::printf("[amp] fp32 accuracy %.4f, amp accuracy %.4f (skipped %lld steps, final scale %.0f)\n", fp32.accuracy,
-              amp.accuracy, static_cast<long long>(amp.skipped), amp.final_scale);
+  std::printf("[amp] fp32 accuracy %.4f (last loss %.6f), amp accuracy %.4f (last loss %.6f, skipped %lld steps, "
+              "final scale %.0f)\n", fp32.accuracy, fp32.last_loss, amp.accuracy, amp.last_loss,
+              static_cast<long long>(amp.skipped), amp.final_scale);
   EXPECT_GE(fp32.accuracy, 0.9);
   EXPECT_GE(amp.accuracy, fp32.accuracy - 0.01);
   EXPECT_LT(amp.skipped, 5);  // a few at the start at most, while the scale finds its level
