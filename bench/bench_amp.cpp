@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
       if (mode == Mode::Fp32) base = m;
       std::printf("| %lld | %s | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %.0f | %s | %.2f |\n",
                   static_cast<long long>(b), mode_name(mode), mib(m.before_forward), mib(m.activations),
-                  mib(m.weight_copies), mib(m.peak), static_cast<double>(m.activations) / static_cast<double>(base.activations),
+                  mib(m.weight_copies), mib(m.peak),
+                  static_cast<double>(m.activations) / static_cast<double>(base.activations),
                   static_cast<double>(m.peak) / static_cast<double>(base.peak), m.scale,
                   m.stepped ? "stepped" : "skipped", m.seconds);
       std::fflush(stdout);

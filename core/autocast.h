@@ -40,9 +40,10 @@ void autocast_promote(Tensor& a, Tensor& b);
 // grad (a parameter) is made once and reused by every later cast of that leaf, in any autocast
 // scope, until the cache is cleared: optim::Optimizer::step() clears it after updating the
 // weights and Optimizer::zero_grad() when a step or window starts (also after a skipped step), so
-// with gradient accumulation the k micro-batches of a window share one copy per weight. Each use gets its own autograd node over the shared f16 bytes, so releasing one
-// micro-batch's graph never frees the copy. Whoever changes weights outside an optimizer step
-// (loading a checkpoint, editing parameters by hand) calls autocast_clear_cache().
+// with gradient accumulation the k micro-batches of a window share one copy per weight. Each use
+// gets its own autograd node over the shared f16 bytes, so releasing one micro-batch's graph never
+// frees the copy. Whoever changes weights between zero_grad() and step() (editing parameters by
+// hand mid-window) calls autocast_clear_cache().
 void autocast_clear_cache();
 struct AutocastCacheStats {
   int64_t hits = 0;      // casts served from the cache since the last reset

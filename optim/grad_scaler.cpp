@@ -57,7 +57,8 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     for (const Tensor& p : g.params) {
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& e) { return e.first == grad.device(); });
+      auto it = std::find_if(by_device.begin(), by_device.end(),
+                             [&](const auto& e) { return e.first == grad.device(); });
       if (it == by_device.end()) {
         by_device.push_back({grad.device(), {}});
         it = by_device.end() - 1;

@@ -80,12 +80,14 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
                         constexpr int64_t ED = sizeof(D), ES = sizeof(S);
                         if constexpr (std::is_same_v<D, float> && std::is_same_v<S, Half>) {
                           if (st[0] == ED && st[1] == ES) {
-                            return half_to_float(reinterpret_cast<const Half*>(p[1]), reinterpret_cast<float*>(p[0]), n);
+                            const auto* from = reinterpret_cast<const Half*>(p[1]);
+                            return half_to_float(from, reinterpret_cast<float*>(p[0]), n);
                           }
                         }
                         if constexpr (std::is_same_v<D, Half> && std::is_same_v<S, float>) {
                           if (st[0] == ED && st[1] == ES) {
-                            return float_to_half(reinterpret_cast<const float*>(p[1]), reinterpret_cast<Half*>(p[0]), n);
+                            const auto* from = reinterpret_cast<const float*>(p[1]);
+                            return float_to_half(from, reinterpret_cast<Half*>(p[0]), n);
                           }
                         }
                         char* d = p[0];

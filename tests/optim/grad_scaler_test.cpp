@@ -258,7 +258,9 @@ TEST(GradScalerAccumulation, AmpWithAccumulationMatchesAmpWithout) {
   for (int step = 0; step < 3; ++step) {
     AutocastGuard amp;
     EXPECT_TRUE(t1.micro_batch(full.loss(x, y), one[0]));
-    for (int i = 0; i < 3; ++i) t2.micro_batch(acc.loss(x.slice(0, 2 * i, 2 * i + 2), y.slice(0, 2 * i, 2 * i + 2)), three[i]);
+    for (int i = 0; i < 3; ++i) {
+      t2.micro_batch(acc.loss(x.slice(0, 2 * i, 2 * i + 2), y.slice(0, 2 * i, 2 * i + 2)), three[i]);
+    }
   }
   EXPECT_EQ(t2.optimizer_steps(), 3);
   EXPECT_EQ(s1.get_scale(), s2.get_scale());
