@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/ops.h"
@@ -42,6 +43,8 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 
   const uint64_t seed = default_generator().seed();
   const uint64_t offset = default_generator().offset();
+  const bool amp = autocast_enabled();  // the rerun uses the forward's precision, as PyTorch's
+  const DType amp_dtype = autocast_dtype();
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -60,7 +63,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
   if (!input_requires_grad) anchor = zeros({0}).set_requires_grad(true);
   std::function<Tensor(const Tensor&)> fn_copy = fn;
   record("checkpoint", {input_requires_grad ? input : anchor}, {out},
-         [fn_copy, saved, input_requires_grad, seed, offset](const std::vector<Tensor>& g) {
+         [fn_copy, saved, input_requires_grad, seed, offset, amp, amp_dtype](const std::vector<Tensor>& g) {
            if (!g[0].defined()) return std::vector<Tensor>(1);
            Tensor leaf;
            if (saved.defined()) {
@@ -70,6 +73,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
            Tensor rerun;
            {
              GeneratorReplay replay(seed, offset);
+             AutocastGuard autocast(amp_dtype, amp);
              RecomputeGuard recompute;
              EnableGradGuard grad_on;
              rerun = fn_copy(leaf);
