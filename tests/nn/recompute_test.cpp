@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,15 @@ const std::vector<std::string> kModes = {"none", "stages", "sequential:2", "sequ
 struct Net {
   std::unique_ptr<Generator> drop_gen;  // the private dropout generator (outlives the backward)
   std::shared_ptr<ResNet> model;
+  std::map<std::string, Tensor> initial;  // a copy of the initial state, for reset()
+  uint64_t seed = 0;
+  // Back to the freshly built state (parameters, running statistics, no gradients, private
+  // generator): cheaper than building ResNet-18 again (its initialisation dominates these tests).
+  void reset() {
+    model->load_state_dict(initial);
+    model->zero_grad();
+    drop_gen->manual_seed(seed + 100);
+  }
 };
 
 Net make_net(uint64_t seed) {
@@ -45,6 +55,8 @@ Net make_net(uint64_t seed) {
   n.model = resnet18(10, &init, false, true);
   n.model->stage(2)->push_back(std::make_shared<Dropout>(0.3, n.drop_gen.get()));
   n.model->stage(3)->push_back(std::make_shared<Dropout>(0.2));
+  n.seed = seed;
+  for (const auto& [k, t] : n.model->state_dict()) n.initial[k] = t.clone();
   return n;
 }
 
@@ -186,12 +198,13 @@ std::string step(Net& n, const Batch& b, const std::string& mode, int64_t limit 
 }
 
 TEST(RecomputeTest, EveryModeGivesBitIdenticalGradientsAndRunningStats) {
-  const Batch b = make_batch(4, 16);
+  const Batch b = make_batch(2, 16);
   Net ref = make_net(42);
   step(ref, b, "none");
   const uint64_t off_default = default_generator().offset(), off_private = ref.drop_gen->offset();
+  Net n = make_net(42);
   for (const std::string& mode : kModes) {
-    Net n = make_net(42);
+    n.reset();
     const int64_t limit = mode == "optimal" ? limit_at(*n.model, b.x, 0.5) : 0;
     const std::string plan = step(n, b, mode, limit);
     expect_same_grads(*ref.model, *n.model, mode);
@@ -215,8 +228,8 @@ struct StepPeak {
   int64_t predicted = 0;
 };
 
-StepPeak measure_step(const std::string& mode, int64_t batch, int64_t hw, double fraction) {
-  Net n = make_net(7);
+StepPeak measure_step(Net& n, const std::string& mode, int64_t batch, int64_t hw, double fraction) {
+  n.reset();
   const Batch b = make_batch(batch, hw);
   Recomputer rc(*n.model, RecomputeMode::parse(mode));
   if (mode == "optimal") {
@@ -238,10 +251,11 @@ StepPeak measure_step(const std::string& mode, int64_t batch, int64_t hw, double
 }
 
 TEST(RecomputeTest, EveryModeLowersThePeakAndOptimalMatchesItsPrediction) {
-  const StepPeak none = measure_step("none", 8, 32, 0);
+  Net n = make_net(7);
+  const StepPeak none = measure_step(n, "none", 8, 32, 0);
   for (const std::string& mode : kModes) {
     if (mode == "none") continue;
-    const StepPeak m = measure_step(mode, 8, 32, 0.5);
+    const StepPeak m = measure_step(n, mode, 8, 32, 0.5);
     std::printf("[recompute] ResNet-18 small-input + dropout, batch 8, 32x32: activation peak %s %lld bytes "
                 "(none %lld)\n",
                 mode.c_str(), static_cast<long long>(m.activation_peak), static_cast<long long>(none.activation_peak));
@@ -260,7 +274,7 @@ TEST(RecomputeTest, EveryModeLowersThePeakAndOptimalMatchesItsPrediction) {
 
 TEST(RecomputeTest, OptimalNeverSlowerThanSequentialAtTheSameMemory) {
   Net n = make_net(8);
-  const Batch b = make_batch(4, 16);
+  const Batch b = make_batch(2, 16);
   const ChainProfile p = profile_chain(n.model->chain(), b.x);
   const size_t L = p.stages.size();
   for (int N = 1; N <= static_cast<int>(L); ++N) {
@@ -281,7 +295,7 @@ TEST(RecomputeTest, OptimalNeverSlowerThanSequentialAtTheSameMemory) {
 
 TEST(RecomputeTest, LimitFromTheBudgetAndBelowTheLeastPeak) {
   Net n = make_net(9);
-  const Batch b = make_batch(4, 16);
+  const Batch b = make_batch(2, 8);
   {  // no budget, no limit: keep everything
     Recomputer rc(*n.model, RecomputeMode::parse("optimal"));
     EXPECT_NE(rc.describe().find("first forward"), std::string::npos);
@@ -317,28 +331,29 @@ TEST(RecomputeTest, LimitFromTheBudgetAndBelowTheLeastPeak) {
 TEST(RecomputeTest, ReplansWhenTheBatchShapeChangesAndSkipsWithoutGrad) {
   Net n = make_net(10);
   Recomputer rc(*n.model, RecomputeMode::parse("optimal"), 1);
-  loss_of(rc.forward(make_batch(4, 16).x), make_batch(4, 16).w).backward();
-  EXPECT_EQ(rc.profile()->input_shape, (Shape{4, 3, 16, 16}));
-  loss_of(rc.forward(make_batch(2, 16).x), make_batch(2, 16).w).backward();
-  EXPECT_EQ(rc.profile()->input_shape, (Shape{2, 3, 16, 16}));
+  loss_of(rc.forward(make_batch(2, 8).x), make_batch(2, 8).w).backward();
+  EXPECT_EQ(rc.profile()->input_shape, (Shape{2, 3, 8, 8}));
+  loss_of(rc.forward(make_batch(3, 8).x), make_batch(3, 8).w).backward();
+  EXPECT_EQ(rc.profile()->input_shape, (Shape{3, 3, 8, 8}));
   NoGradGuard no_grad;
-  const Tensor y = rc.forward(make_batch(3, 16).x);
-  EXPECT_EQ(y.shape(), (Shape{3, 10}));
-  EXPECT_EQ(rc.profile()->input_shape, (Shape{2, 3, 16, 16}));  // no profile without grad
+  const Tensor y = rc.forward(make_batch(4, 8).x);
+  EXPECT_EQ(y.shape(), (Shape{4, 10}));
+  EXPECT_EQ(rc.profile()->input_shape, (Shape{3, 3, 8, 8}));  // no profile without grad
 }
 
 // k micro-batches through AccumulatingTrainer: the parameters after the optimizer step are the
 // same with recomputation as without.
 TEST(RecomputeTest, GradientAccumulationMatchesWithoutRecompute) {
-  const Batch b = make_batch(6, 16);
+  const Batch b = make_batch(4, 8);
+  Net n = make_net(11);
   auto train = [&](const std::string& mode) {
-    Net n = make_net(11);
+    n.reset();
     manual_seed(5);
     optim::SGD opt(n.model->parameters(), {.lr = 0.1, .momentum = 0.9});
     optim::AccumulatingTrainer trainer(opt);
     Recomputer rc(*n.model, RecomputeMode::parse(mode), mode == "optimal" ? limit_at(*n.model, b.x.slice(0, 0, 2), 0.5) : 0);
-    const auto plan = optim::plan_accumulation({2, 2, 2}, 3);
-    for (int64_t i = 0; i < 3; ++i) {
+    const auto plan = optim::plan_accumulation({2, 2}, 2);
+    for (int64_t i = 0; i < 2; ++i) {
       const Tensor x = b.x.slice(0, 2 * i, 2 * i + 2), w = b.w.slice(0, 2 * i, 2 * i + 2);
       trainer.micro_batch(loss_of(rc.forward(x), w), plan[static_cast<size_t>(i)]);
     }
@@ -348,7 +363,7 @@ TEST(RecomputeTest, GradientAccumulationMatchesWithoutRecompute) {
     return state;
   };
   const auto ref = train("none");
-  for (const std::string mode : {"stages", "sequential:4", "optimal"}) EXPECT_EQ(train(mode), ref) << mode;
+  for (const std::string mode : {"stages", "optimal"}) EXPECT_EQ(train(mode), ref) << mode;
 }
 
 }  // namespace
