@@ -3,6 +3,7 @@
 // fixed allocator budget, and the time per image there and at the baseline's largest batch.
 // A bisection over batch sizes, not a Google Benchmark: one number per mode, with OOMs caught.
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,16 +31,29 @@ struct Setup {
   std::string device = "cpu";
   int64_t image_size = 16;
   bool small_input = true;
-  std::string budget = "176MiB";
+  std::string budget = "152MiB";
   std::vector<std::string> modes{"none", "stages", "sequential:2", "sequential:4", "sequential:8", "optimal"};
   int64_t max_batch = 1024;
-  int repeats = 2;
+  int repeats = 1;
 };
 
 struct Trainer {
   Device dev;
   std::shared_ptr<nn::ResNet> model;
   std::unique_ptr<optim::SGD> opt;
+};
+
+// Seconds of CPU used by the whole process (all threads): on a CPU shared with other jobs it
+// moves much less than wall time, so CPU-device slowdowns are compared with it.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + 1e-6 * static_cast<double>(tv.tv_usec); };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
+struct StepTime {
+  double wall = -1.0, cpu = -1.0;  // seconds per image; -1: the batch does not fit
 };
 
 void sync(const Tensor& t) {
@@ -72,26 +86,36 @@ bool step(Trainer& t, const nn::RecomputeMode& mode, int64_t batch, int64_t hw, 
   }
 }
 
-// Seconds of one step, the median of `repeats` after one warm-up (which also makes the plan).
-double time_step(Trainer& t, const nn::RecomputeMode& mode, int64_t batch, int64_t hw, int repeats) {
+// Seconds per image of one step (wall and process CPU), the median of `repeats` after one
+// warm-up (which also makes the plan); -1 when the batch does not fit (a mode may reach less
+// than the baseline's batch).
+StepTime time_step(Trainer& t, const nn::RecomputeMode& mode, int64_t batch, int64_t hw, int repeats) try {
   Generator data(7);
   const Tensor x = randn({batch, 3, hw, hw}, {}, &data).to(t.dev);
   std::vector<double> labels(static_cast<size_t>(batch));
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<double>(i % 2);
   const Tensor y = from_vector(labels, {batch}, {.dtype = DType::i64}).to(t.dev);
   nn::Recomputer rc(*t.model, mode);
-  std::vector<double> times;
+  std::vector<double> walls, cpus;
   for (int r = 0; r <= repeats; ++r) {
     t.model->zero_grad();
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_seconds();
     Tensor loss = cross_entropy(rc.forward(x), y);
     loss.backward();
     t.opt->step();
     sync(loss);
-    if (r > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (r == 0) continue;
+    walls.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    cpus.push_back(cpu_seconds() - c0);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::sort(walls.begin(), walls.end());
+  std::sort(cpus.begin(), cpus.end());
+  const double n = static_cast<double>(batch);
+  return {walls[walls.size() / 2] / n, cpus[cpus.size() / 2] / n};
+} catch (const OutOfMemoryError&) {
+  t.model->zero_grad();
+  return {};
 }
 
 int64_t largest_batch(Trainer& t, const nn::RecomputeMode& mode, int64_t hw, int64_t max_batch, int* trials) {
@@ -134,17 +158,19 @@ int run(const Setup& s) {
   MINIDL_CHECK(step(t, modes.front(), 2, s.image_size), "bench_recompute: batch 2 fails without a budget");
   const size_t budget = parse_bytes(s.budget);
   set_memory_budget(dev, budget);
-  const MemoryStats base = memory_stats(dev);
+  const MemoryStats before_steps = memory_stats(dev);
   std::printf("# %s%s at %lldx%lld on %s, budget %s (%zu bytes); parameters + momentum + other state "
               "reserved before the steps: %lld bytes\n",
               s.model.c_str(), s.small_input ? " (small-input stem)" : "", static_cast<long long>(s.image_size),
               static_cast<long long>(s.image_size), dev.str().c_str(), s.budget.c_str(), budget,
-              static_cast<long long>(base.reserved_bytes));
-  std::printf("| mode | largest batch | x none | peak allocated (bytes) | s/image at own max | s/image at none's max "
-              "| slowdown at none's max | trials |\n|---|---|---|---|---|---|---|---|\n");
+              static_cast<long long>(before_steps.reserved_bytes));
+  std::printf("| mode | largest batch | x none | peak allocated (bytes) | wall s/img at own max | CPU s/img at own max "
+              "| wall s/img at none's max | CPU s/img at none's max | slowdown at none's max (%s) | trials |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n",
+              dev.is_cuda() ? "wall" : "CPU time");
   std::fflush(stdout);
   int64_t none_batch = 0;
-  double none_time = 0.0;
+  double none_cost = 0.0;
   std::string optimal_plan;
   for (size_t i = 0; i < modes.size(); ++i) {
     int trials = 0;
@@ -158,15 +184,25 @@ int run(const Setup& s) {
     step(t, modes[i], b, s.image_size, nullptr, &plan);
     const int64_t peak = memory_stats(dev).peak_allocated_bytes;
     if (modes[i].kind == nn::RecomputeMode::Kind::Optimal) optimal_plan = plan;
-    const double t_own = time_step(t, modes[i], b, s.image_size, s.repeats) / static_cast<double>(b);
+    const StepTime own = time_step(t, modes[i], b, s.image_size, s.repeats);
     if (i == 0) none_batch = b;
     const int64_t at = none_batch > 0 ? none_batch : b;
-    const double t_base = time_step(t, modes[i], at, s.image_size, s.repeats) / static_cast<double>(at);
-    if (i == 0) none_time = t_base;
-    std::printf("| %s | %lld | %.2f | %lld | %.4f | %.4f | %+.1f%% | %d |\n", s.modes[i].c_str(),
-                static_cast<long long>(b), none_batch > 0 ? static_cast<double>(b) / static_cast<double>(none_batch) : 1.0,
-                static_cast<long long>(peak), t_own, t_base, none_time > 0 ? 100.0 * (t_base / none_time - 1.0) : 0.0,
-                trials);
+    const StepTime base = time_step(t, modes[i], at, s.image_size, s.repeats);
+    // The slowdown compares CPU time on the CPU (robust to other jobs), wall time on a GPU.
+    const double cost = dev.is_cuda() ? base.wall : base.cpu;
+    if (i == 0) none_cost = cost;
+    auto cell = [](double v) {
+      char buf[32] = "does not fit";
+      if (v >= 0) std::snprintf(buf, sizeof buf, "%.4f", v);
+      return std::string(buf);
+    };
+    char slow[32] = "";
+    if (cost >= 0 && none_cost > 0) std::snprintf(slow, sizeof slow, "%+.1f%%", 100.0 * (cost / none_cost - 1.0));
+    std::printf("| %s | %lld | %.2f | %lld | %s | %s | %s | %s | %s | %d |\n", s.modes[i].c_str(),
+                static_cast<long long>(b),
+                none_batch > 0 ? static_cast<double>(b) / static_cast<double>(none_batch) : 1.0,
+                static_cast<long long>(peak), cell(own.wall).c_str(), cell(own.cpu).c_str(), cell(base.wall).c_str(),
+                cell(base.cpu).c_str(), slow, trials);
     std::fflush(stdout);
   }
   set_memory_budget(dev, 0);
@@ -183,7 +219,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", s.model, "resnet18 or resnet50")->capture_default_str();
   app.add_option("--device", s.device, "cpu or cuda[:i]")->capture_default_str();
   app.add_option("--image-size", s.image_size, "square input side in pixels")->capture_default_str();
-  app.add_option("--budget", s.budget, "allocator budget, e.g. 176MiB or 11GiB")->capture_default_str();
+  app.add_option("--budget", s.budget, "allocator budget, e.g. 152MiB or 11GiB")->capture_default_str();
   app.add_option("--small-input", s.small_input, "3x3 stem without max-pool (for small images)")->capture_default_str();
   app.add_option("--modes", s.modes, "recompute modes, the first is the baseline")->capture_default_str();
   app.add_option("--max-batch", s.max_batch, "upper end of the search")->capture_default_str();
