@@ -5,7 +5,8 @@
 // THE MODEL (used identically by solve_optimal and evaluate)
 // ---------------------------------------------------------
 // Chain of L stages; stage i (1-based) maps x_{i-1} -> x_i. a_0 = input_bytes, a_i = output_bytes
-// of stage i, s_i = saved_bytes, f_i / b_i = forward / backward time. Each stage gets a mode:
+// of stage i, s_i = saved_bytes, g_i = param_grad_bytes, e_i = backward_extra_bytes, f_i / b_i =
+// forward / backward time (nn/recompute_profile.h measures them). Each stage gets a mode:
 //   KeepAll     (A): forward runs with grad; s_i stays allocated until stage i's backward.
 //   KeepInput   (C): forward runs without grad; its input x_{i-1} is kept (a checkpoint) and
 //                    starts a segment [i..e] made of this stage and the KeepNothing stages after it.
