@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -34,7 +35,7 @@ struct Setup {
   std::string budget = "152MiB";
   std::vector<std::string> modes{"none", "stages", "sequential:2", "sequential:4", "sequential:8", "optimal"};
   int64_t max_batch = 1024;
-  int repeats = 1;
+  int repeats = 3;
 };
 
 struct Trainer {
@@ -86,36 +87,79 @@ bool step(Trainer& t, const nn::RecomputeMode& mode, int64_t batch, int64_t hw, 
   }
 }
 
-// Seconds per image of one step (wall and process CPU), the median of `repeats` after one
-// warm-up (which also makes the plan); -1 when the batch does not fit (a mode may reach less
-// than the baseline's batch).
-StepTime time_step(Trainer& t, const nn::RecomputeMode& mode, int64_t batch, int64_t hw, int repeats) try {
-  Generator data(7);
-  const Tensor x = randn({batch, 3, hw, hw}, {}, &data).to(t.dev);
-  std::vector<double> labels(static_cast<size_t>(batch));
-  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<double>(i % 2);
-  const Tensor y = from_vector(labels, {batch}, {.dtype = DType::i64}).to(t.dev);
-  nn::Recomputer rc(*t.model, mode);
-  std::vector<double> walls, cpus;
-  for (int r = 0; r <= repeats; ++r) {
-    t.model->zero_grad();
+// One mode at one batch, ready to time: its data and its Recomputer (for optimal, the first step
+// profiles and plans, so it is the warm-up).
+class Runner {
+ public:
+  Runner(Trainer& t, const nn::RecomputeMode& mode, int64_t batch, int64_t hw) : t_(t), rc_(*t.model, mode), batch_(batch) {
+    Generator data(7);
+    x_ = randn({batch, 3, hw, hw}, {}, &data).to(t.dev);
+    std::vector<double> labels(static_cast<size_t>(batch));
+    for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<double>(i % 2);
+    y_ = from_vector(labels, {batch}, {.dtype = DType::i64}).to(t.dev);
+  }
+  // Seconds per image of one step, wall and process CPU. Throws OutOfMemoryError.
+  StepTime once() {
+    t_.model->zero_grad();
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = cpu_seconds();
-    Tensor loss = cross_entropy(rc.forward(x), y);
+    Tensor loss = cross_entropy(rc_.forward(x_), y_);
     loss.backward();
-    t.opt->step();
+    t_.opt->step();
     sync(loss);
-    if (r == 0) continue;
-    walls.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    cpus.push_back(cpu_seconds() - c0);
+    const double n = static_cast<double>(batch_);
+    return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / n,
+            (cpu_seconds() - c0) / n};
   }
-  std::sort(walls.begin(), walls.end());
-  std::sort(cpus.begin(), cpus.end());
-  const double n = static_cast<double>(batch);
-  return {walls[walls.size() / 2] / n, cpus[cpus.size() / 2] / n};
+
+ private:
+  Trainer& t_;
+  nn::Recomputer rc_;
+  int64_t batch_;
+  Tensor x_, y_;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? -1.0 : v[v.size() / 2];
+}
+
+// Median seconds per image after one warm-up step; -1 when the batch does not fit.
+StepTime time_step(Trainer& t, const nn::RecomputeMode& mode, int64_t batch, int64_t hw, int repeats) try {
+  Runner r(t, mode, batch, hw);
+  (void)r.once();
+  std::vector<double> walls, cpus;
+  for (int i = 0; i < repeats; ++i) {
+    const StepTime st = r.once();
+    walls.push_back(st.wall);
+    cpus.push_back(st.cpu);
+  }
+  return {median(walls), median(cpus)};
 } catch (const OutOfMemoryError&) {
   t.model->zero_grad();
   return {};
+}
+
+// The mode's cost relative to the baseline at the same batch: steps of the two alternate, so a
+// change in the machine's load hits both; the median of the per-round ratios (CPU time on the
+// CPU, wall time on a GPU). Also the mode's median seconds per image. -1 when it does not fit.
+std::pair<double, StepTime> paired_slowdown(Trainer& t, const nn::RecomputeMode& baseline,
+                                            const nn::RecomputeMode& mode, int64_t batch, int64_t hw,
+                                            int repeats) try {
+  Runner rb(t, baseline, batch, hw), rm(t, mode, batch, hw);
+  (void)rb.once();
+  (void)rm.once();
+  std::vector<double> ratios, walls, cpus;
+  for (int i = 0; i < repeats; ++i) {
+    const StepTime b = rb.once(), m = rm.once();
+    ratios.push_back(t.dev.is_cuda() ? m.wall / b.wall : m.cpu / b.cpu);
+    walls.push_back(m.wall);
+    cpus.push_back(m.cpu);
+  }
+  return {median(ratios), StepTime{median(walls), median(cpus)}};
+} catch (const OutOfMemoryError&) {
+  t.model->zero_grad();
+  return {-1.0, StepTime{}};
 }
 
 int64_t largest_batch(Trainer& t, const nn::RecomputeMode& mode, int64_t hw, int64_t max_batch, int* trials) {
@@ -165,12 +209,11 @@ int run(const Setup& s) {
               static_cast<long long>(s.image_size), dev.str().c_str(), s.budget.c_str(), budget,
               static_cast<long long>(before_steps.reserved_bytes));
   std::printf("| mode | largest batch | x none | peak allocated (bytes) | wall s/img at own max | CPU s/img at own max "
-              "| wall s/img at none's max | CPU s/img at none's max | slowdown at none's max (%s) | trials |\n"
+              "| wall s/img at none's max | CPU s/img at none's max | slowdown at none's max (%s, paired) | trials |\n"
               "|---|---|---|---|---|---|---|---|---|---|\n",
               dev.is_cuda() ? "wall" : "CPU time");
   std::fflush(stdout);
   int64_t none_batch = 0;
-  double none_cost = 0.0;
   std::string optimal_plan;
   for (size_t i = 0; i < modes.size(); ++i) {
     int trials = 0;
@@ -187,17 +230,15 @@ int run(const Setup& s) {
     const StepTime own = time_step(t, modes[i], b, s.image_size, s.repeats);
     if (i == 0) none_batch = b;
     const int64_t at = none_batch > 0 ? none_batch : b;
-    const StepTime base = time_step(t, modes[i], at, s.image_size, s.repeats);
-    // The slowdown compares CPU time on the CPU (robust to other jobs), wall time on a GPU.
-    const double cost = dev.is_cuda() ? base.wall : base.cpu;
-    if (i == 0) none_cost = cost;
+    const auto [ratio, base] = i == 0 ? std::pair<double, StepTime>{1.0, own}
+                                      : paired_slowdown(t, modes[0], modes[i], at, s.image_size, s.repeats);
     auto cell = [](double v) {
       char buf[32] = "does not fit";
       if (v >= 0) std::snprintf(buf, sizeof buf, "%.4f", v);
       return std::string(buf);
     };
     char slow[32] = "";
-    if (cost >= 0 && none_cost > 0) std::snprintf(slow, sizeof slow, "%+.1f%%", 100.0 * (cost / none_cost - 1.0));
+    if (ratio >= 0) std::snprintf(slow, sizeof slow, "%+.1f%%", 100.0 * (ratio - 1.0));
     std::printf("| %s | %lld | %.2f | %lld | %s | %s | %s | %s | %s | %d |\n", s.modes[i].c_str(),
                 static_cast<long long>(b),
                 none_batch > 0 ? static_cast<double>(b) / static_cast<double>(none_batch) : 1.0,
@@ -223,7 +264,7 @@ int main(int argc, char** argv) {
   app.add_option("--small-input", s.small_input, "3x3 stem without max-pool (for small images)")->capture_default_str();
   app.add_option("--modes", s.modes, "recompute modes, the first is the baseline")->capture_default_str();
   app.add_option("--max-batch", s.max_batch, "upper end of the search")->capture_default_str();
-  app.add_option("--repeats", s.repeats, "timed steps (median) after one warm-up")->capture_default_str();
+  app.add_option("--repeats", s.repeats, "timed steps (median; alternating with the baseline for the slowdown) after one warm-up")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return minidl::run(s);
