@@ -8,27 +8,14 @@
 #include "core/ops.h"
 #include "nn/autocast.h"
 #include "nn/layers.h"
+#include "tests/support/small_cnn.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 
 namespace minidl {
 namespace {
 
-std::shared_ptr<nn::Sequential> make_model(uint64_t seed) {
-  Generator gen(seed);
-  auto m = std::make_shared<nn::Sequential>();
-  m->push_back(std::make_shared<nn::Conv2d>(3, 16, 3, 1, 1, 1, false, &gen));
-  m->push_back(std::make_shared<nn::BatchNorm2d>(16));
-  m->push_back(std::make_shared<nn::ReLU>());
-  m->push_back(std::make_shared<nn::MaxPool2d>(2));
-  m->push_back(std::make_shared<nn::Conv2d>(16, 32, 3, 1, 1, 1, false, &gen));
-  m->push_back(std::make_shared<nn::BatchNorm2d>(32));
-  m->push_back(std::make_shared<nn::ReLU>());
-  m->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(1));
-  m->push_back(std::make_shared<nn::Flatten>(1));
-  m->push_back(std::make_shared<nn::Linear>(32, 2, true, &gen));
-  return m;
-}
+std::shared_ptr<nn::Sequential> make_model(uint64_t seed) { return testing::make_small_bn_cnn(seed); }
 
 TEST(PureF16, KeepsBatchNormInF32) {
   auto model = make_model(1);

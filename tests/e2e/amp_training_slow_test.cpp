@@ -19,6 +19,7 @@
 #include "nn/autocast.h"
 #include "nn/functional_cnn.h"
 #include "nn/layers.h"
+#include "tests/support/small_cnn.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 
@@ -27,22 +28,7 @@ namespace {
 
 enum class Mode { Fp32, Amp, PureF16 };
 
-// conv3x3(16) -> bn -> relu -> maxpool 2 -> conv3x3(32) -> bn -> relu -> global pool -> linear(2).
-std::shared_ptr<nn::Sequential> make_model(uint64_t seed) {
-  Generator gen(seed);
-  auto m = std::make_shared<nn::Sequential>();
-  m->push_back(std::make_shared<nn::Conv2d>(3, 16, 3, 1, 1, 1, false, &gen));
-  m->push_back(std::make_shared<nn::BatchNorm2d>(16));
-  m->push_back(std::make_shared<nn::ReLU>());
-  m->push_back(std::make_shared<nn::MaxPool2d>(2));
-  m->push_back(std::make_shared<nn::Conv2d>(16, 32, 3, 1, 1, 1, false, &gen));
-  m->push_back(std::make_shared<nn::BatchNorm2d>(32));
-  m->push_back(std::make_shared<nn::ReLU>());
-  m->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(1));
-  m->push_back(std::make_shared<nn::Flatten>(1));
-  m->push_back(std::make_shared<nn::Linear>(32, 2, true, &gen));
-  return m;
-}
+std::shared_ptr<nn::Sequential> make_model(uint64_t seed) { return testing::make_small_bn_cnn(seed); }
 
 struct Result {
   double accuracy = 0.0;
