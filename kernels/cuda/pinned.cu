@@ -1,6 +1,8 @@
 // Page-locked host memory and asynchronous batch copies for the data loader: a copy from pinned
 // memory is a real DMA, queued on a dedicated copy stream, so the next batch's transfer overlaps
 // the current step's compute. cudaHostAlloc is slow (it maps pages): callers allocate once.
+#include <cstdio>
+#include <exception>
 #include <map>
 #include <mutex>
 
@@ -80,15 +82,23 @@ void AsyncCopy::make_compute_wait() {
   compute_waits_ = true;
 }
 
-void AsyncCopy::host_wait() { MINIDL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(done_))); }
+// Called from the loader's assembler thread too, whose current device may be another one.
+void AsyncCopy::host_wait() {
+  MINIDL_CUDA_CHECK(cudaSetDevice(device_));
+  MINIDL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(done_)));
+}
 
 AsyncCopy::~AsyncCopy() {
   if (done_ == nullptr) return;
+  MINIDL_CUDA_LOG(cudaSetDevice(device_));
   if (!compute_waits_) {
     // The destinations may go back to the caching allocator, which reuses memory in compute-stream
     // order: that stream must not run ahead of the copies into it.
-    context(device_).activate();
-    MINIDL_CUDA_LOG(cudaStreamWaitEvent(context(device_).stream(), static_cast<cudaEvent_t>(done_), 0));
+    try {
+      MINIDL_CUDA_LOG(cudaStreamWaitEvent(context(device_).stream(), static_cast<cudaEvent_t>(done_), 0));
+    } catch (const std::exception& e) {   // context() cannot fail for a device already in use
+      std::fprintf(stderr, "minidl: AsyncCopy: %s\n", e.what());
+    }
   }
   MINIDL_CUDA_LOG(cudaEventDestroy(static_cast<cudaEvent_t>(done_)));
 }
