@@ -232,11 +232,13 @@ struct Loader::Impl {
     return t;
   }
 
-  void release_pinned(int index) {
+  void release_pinned([[maybe_unused]] int index) {
+#ifdef MINIDL_WITH_CUDA
     if (index < 0) return;
     std::lock_guard<std::mutex> lock(mu);
     pinned_free.push_back(index);
     cv_queue.notify_all();
+#endif
   }
 
   // Assembles one batch from positions [*pos, ...) using get(pos, &px) -> ok; nullopt at the end.
