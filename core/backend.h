@@ -91,6 +91,42 @@ class Backend {
   // default is composed from the kernels above (core/ops_amp.cpp); backends override it with one
   // fused pass.
   virtual void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf);
+
+  // Fused multi-tensor optimizer updates (optim::SGD, optim::Adam/AdamW): one pass updates every
+  // parameter of a group in place with the formulas documented in optim/sgd.h and optim/adam.h.
+  // Vectors are parallel (one entry per parameter); state buffers have their parameter's shape.
+  // Return false, touching nothing, when this backend has no fused kernel for these tensors: the
+  // caller then runs its per-tensor path. That is the default, so the CPU backend keeps exactly
+  // the per-tensor arithmetic; the CUDA backend fuses contiguous f32 groups.
+  struct SgdHyper {
+    double lr, weight_decay, momentum, dampening;
+    bool nesterov, maximize;
+  };
+  // momentum_bufs is empty when momentum == 0; fresh[i] != 0: buffer i is new and is set to the
+  // gradient (PyTorch's first step) instead of being updated.
+  virtual bool fused_sgd_step(const std::vector<Tensor>& /*params*/, const std::vector<Tensor>& /*grads*/,
+                              const std::vector<Tensor>& /*momentum_bufs*/, const std::vector<uint8_t>& /*fresh*/,
+                              const SgdHyper& /*h*/) {
+    return false;
+  }
+  struct AdamHyper {
+    double lr, weight_decay, beta1, beta2, eps;
+    bool amsgrad, maximize, decoupled;   // decoupled: AdamW
+  };
+  // steps[i]: parameter i's step count including this step (>= 1); max_exp_avg_sq is empty
+  // unless amsgrad.
+  virtual bool fused_adam_step(const std::vector<Tensor>& /*params*/, const std::vector<Tensor>& /*grads*/,
+                               const std::vector<Tensor>& /*exp_avg*/, const std::vector<Tensor>& /*exp_avg_sq*/,
+                               const std::vector<Tensor>& /*max_exp_avg_sq*/, const std::vector<int64_t>& /*steps*/,
+                               const AdamHyper& /*h*/) {
+    return false;
+  }
+
+  // Page-locked host memory for batches that go to this backend's device (data::Loader), so the
+  // host->device copy can run asynchronously. nullptr by default: no pinned memory here, and the
+  // caller uses ordinary memory. Memory from pinned_alloc goes back through pinned_free.
+  virtual void* pinned_alloc(size_t /*bytes*/) { return nullptr; }
+  virtual void pinned_free(void* /*p*/) {}
 };
 
 // The backend of a device type. CUDA throws a clear minidl::Error in a build without CUDA.

@@ -2,19 +2,25 @@
 // into a ring of slots; one assembler thread walks the positions in order, skips unreadable
 // samples and writes batches into a bounded queue. Because only the assembler decides batch
 // boundaries, and every random draw is keyed by (seed, epoch, sample index), the batches are the
-// same for any worker count, bad files included.
+// same for any worker count, bad files included. For a CUDA device the batches are assembled in
+// page-locked memory and copied on a copy stream while the previous batch is being used.
 #include "data/loader.h"
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <exception>
 #include <mutex>
 #include <thread>
 
+#include "core/backend.h"
 #include "core/philox.h"
 #include "data/transform.h"
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
 
 namespace minidl::data {
 
@@ -69,12 +75,44 @@ struct Loader::Impl {
   bool stop = false;
   int64_t next_claim = 0, assembled_pos = 0;
   std::vector<Slot> ring;
-  std::deque<Batch> queue;
+  // A finished batch: the batch itself, or (pinned path) the pinned buffer holding `count` samples.
+  struct Queued {
+    Batch batch;
+    int pinned = -1;
+    int64_t count = 0;
+  };
+  std::deque<Queued> queue;
   bool epoch_done = false;
   std::exception_ptr error;
   std::vector<std::thread> workers;
   std::thread assembler;
   int64_t sync_pos = 0;  // workers == 0: the next position next() reads
+
+#ifdef MINIDL_WITH_CUDA
+  // The pinned path (CUDA device): a pool of page-locked buffers, each [labels i64 | images],
+  // allocated on the first epoch and reused; a buffer is free again once the copy reading it is
+  // done (last_copy). `prefetched` is the next batch, its copy already queued on the copy stream.
+  struct Pinned {
+    void* ptr = nullptr;
+    std::shared_ptr<cuda::AsyncCopy> last_copy;
+  };
+  struct InFlight {
+    Batch batch;
+    std::shared_ptr<cuda::AsyncCopy> copy;
+  };
+  bool pinned_tried = false;
+  std::vector<Pinned> pinned;
+  std::vector<int> pinned_free;   // guarded by mu
+  std::optional<InFlight> prefetched;
+  size_t images_offset = 0;
+#endif
+  bool pinned_on() const {
+#ifdef MINIDL_WITH_CUDA
+    return !pinned.empty();
+#else
+    return false;
+#endif
+  }
 
   // Statistics.
   Clock::time_point stats_start = Clock::now();
@@ -98,7 +136,21 @@ struct Loader::Impl {
     if (opt.cache) cache.resize(n);
   }
 
-  ~Impl() { stop_pipeline(); }
+  ~Impl() {
+    stop_pipeline();
+#ifdef MINIDL_WITH_CUDA
+    try {
+      drop_prefetched();
+      for (Pinned& b : pinned) {
+        if (b.last_copy) b.last_copy->host_wait();   // no DMA may still read the buffer
+        b.last_copy.reset();
+        backend(opt.device).pinned_free(b.ptr);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "minidl: Loader: releasing pinned batches failed: %s\n", e.what());
+    }
+#endif
+  }
 
   // The base image of dataset sample idx (through the cache), or null when unreadable.
   std::shared_ptr<const Image> base_of(int64_t idx) {
@@ -149,23 +201,68 @@ struct Loader::Impl {
     return Batch{b.images.slice(0, 0, count), b.labels.slice(0, 0, count)};
   }
 
+  // Where assemble() writes: a fresh CPU batch, or a free pinned buffer.
+  struct Target {
+    Queued q;
+    void* images = nullptr;
+    int64_t* labels = nullptr;
+  };
+  Target begin_batch() {
+    Target t;
+#ifdef MINIDL_WITH_CUDA
+    if (pinned_on()) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv_queue.wait(lock, [&] { return stop || !pinned_free.empty(); });
+        if (stop) throw std::runtime_error("stopped");
+        t.q.pinned = pinned_free.back();
+        pinned_free.pop_back();
+      }
+      Pinned& b = pinned[static_cast<size_t>(t.q.pinned)];
+      if (b.last_copy) b.last_copy->host_wait();   // the previous batch's DMA may still read it
+      b.last_copy.reset();
+      t.labels = static_cast<int64_t*>(b.ptr);
+      t.images = static_cast<char*>(b.ptr) + images_offset;
+      return t;
+    }
+#endif
+    t.q.batch = new_batch();
+    t.images = t.q.batch.images.data_ptr();
+    t.labels = t.q.batch.labels.data<int64_t>();
+    return t;
+  }
+
+  void release_pinned([[maybe_unused]] int index) {
+#ifdef MINIDL_WITH_CUDA
+    if (index < 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    pinned_free.push_back(index);
+    cv_queue.notify_all();
+#endif
+  }
+
   // Assembles one batch from positions [*pos, ...) using get(pos, &px) -> ok; nullopt at the end.
   template <typename Get>
-  std::optional<Batch> assemble(int64_t* pos, Get&& get) {
+  std::optional<Queued> assemble(int64_t* pos, Get&& get) {
     const auto n = static_cast<int64_t>(order.size());
-    std::optional<Batch> batch;
+    std::optional<Target> t;
     int64_t count = 0;
     while (*pos < n && count < opt.batch_size) {
       const uint8_t* px = nullptr;
       const int64_t p = (*pos)++;
       if (!get(p, &px)) continue;
-      if (!batch) batch = new_batch();
-      writer.write(px, batch->images.data_ptr(), count);
-      batch->labels.data<int64_t>()[count] = ds->label(order[static_cast<size_t>(p)]);
+      if (!t) t = begin_batch();
+      writer.write(px, t->images, count);
+      t->labels[count] = ds->label(order[static_cast<size_t>(p)]);
       ++count;
     }
-    if (count == 0 || (count < opt.batch_size && opt.drop_last)) return std::nullopt;
-    return trimmed(std::move(*batch), count);
+    if (count == 0 || (count < opt.batch_size && opt.drop_last)) {
+      if (t) release_pinned(t->q.pinned);
+      return std::nullopt;
+    }
+    t->q.count = count;
+    if (t->q.pinned < 0) t->q.batch = trimmed(std::move(t->q.batch), count);
+    return std::move(t->q);
   }
 
   void worker_loop() {
@@ -218,7 +315,7 @@ struct Loader::Impl {
         return slot.ok;
       };
       for (;;) {
-        std::optional<Batch> b = assemble(&pos, get);
+        std::optional<Queued> b = assemble(&pos, get);
         std::unique_lock<std::mutex> lock(mu);
         if (held >= 0) {
           assembled_pos = held + 1;
@@ -259,6 +356,16 @@ struct Loader::Impl {
 
   void start(int64_t epoch) {
     stop_pipeline();
+#ifdef MINIDL_WITH_CUDA
+    drop_prefetched();
+    if (opt.device.is_cuda() && !pinned_tried) {
+      pinned_tried = true;
+      allocate_pinned();   // throws, like the copy would, when no CUDA device is usable
+    }
+    // No thread runs now: every buffer is free (a copy still reading one is waited for on reuse).
+    pinned_free.clear();
+    for (size_t i = pinned.size(); i-- > 0;) pinned_free.push_back(static_cast<int>(i));
+#endif
     order = epoch_order(ds->size(), opt.shuffle, opt.seed, epoch);
     aug_key = epoch_key(opt.seed, epoch, kAugmentStream);
     stop = false;
@@ -276,7 +383,7 @@ struct Loader::Impl {
     for (int w = 0; w < opt.workers; ++w) workers.emplace_back([this] { worker_loop(); });
   }
 
-  std::optional<Batch> take() {
+  std::optional<Queued> take() {
     if (opt.workers == 0) {
       std::vector<uint8_t> px(static_cast<size_t>(sample_bytes));
       return assemble(&sync_pos, [&](int64_t p, const uint8_t** out) {
@@ -288,11 +395,81 @@ struct Loader::Impl {
     cv_queue.wait(lock, [&] { return !queue.empty() || epoch_done || error; });
     if (error) std::rethrow_exception(error);
     if (queue.empty()) return std::nullopt;
-    Batch b = std::move(queue.front());
+    Queued b = std::move(queue.front());
     queue.pop_front();
     cv_queue.notify_all();
     return b;
   }
+
+#ifdef MINIDL_WITH_CUDA
+  // A batch already assembled, without waiting (nullopt when none is ready, or without workers).
+  std::optional<Queued> try_take() {
+    if (opt.workers == 0) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mu);
+    if (queue.empty()) return std::nullopt;
+    Queued b = std::move(queue.front());
+    queue.pop_front();
+    cv_queue.notify_all();
+    return b;
+  }
+
+  void allocate_pinned() {
+    const int64_t s = opt.transform.size;
+    const size_t labels_bytes = static_cast<size_t>(opt.batch_size) * sizeof(int64_t);
+    images_offset = (labels_bytes + 63) / 64 * 64;
+    const size_t bytes = images_offset + static_cast<size_t>(opt.batch_size * s * s * 3) * dtype_size(opt.dtype);
+    // Enough that neither the assembler nor next() ever waits for a buffer: the queue, the one
+    // being assembled, the prefetched one and one spare.
+    const auto count = static_cast<size_t>(opt.prefetch_batches) + 3;
+    Backend& be = backend(opt.device);
+    for (size_t i = 0; i < count; ++i) {
+      void* p = be.pinned_alloc(bytes);
+      if (p == nullptr) break;   // a backend without pinned memory: the plain path
+      pinned.push_back(Pinned{p, nullptr});
+    }
+    if (pinned.size() < count) {
+      for (Pinned& b : pinned) be.pinned_free(b.ptr);
+      pinned.clear();
+    }
+  }
+
+  // Device tensors for a pinned batch and its copy, queued now on the copy stream; the buffer
+  // goes back to the pool (its next user waits for this copy first).
+  InFlight start_copy(Queued q) {
+    const int64_t s = opt.transform.size, c = q.count;
+    InFlight f;
+    const TensorOptions to{.dtype = opt.dtype, .device = opt.device};
+    f.batch.images = opt.channels_last ? empty({c, s, s, 3}, to) : empty({c, 3, s, s}, to);
+    f.batch.labels = empty({c}, {.dtype = DType::i64, .device = opt.device});
+    Pinned& b = pinned[static_cast<size_t>(q.pinned)];
+    f.copy = cuda::AsyncCopy::start({{static_cast<char*>(b.ptr) + images_offset, f.batch.images},
+                                     {b.ptr, f.batch.labels}});
+    b.last_copy = f.copy;
+    release_pinned(q.pinned);
+    return f;
+  }
+
+  // Before device tensors whose copy may be in flight are freed, the compute stream waits for it.
+  void drop_prefetched() {
+    if (prefetched && prefetched->copy) prefetched->copy->make_compute_wait();
+    prefetched.reset();
+  }
+
+  // next() on the pinned path: the batch whose copy was queued last time (or now), after queueing
+  // the copy of the one after it, so that transfer overlaps the caller's work on this one.
+  std::optional<Batch> next_pinned() {
+    if (!prefetched) {
+      std::optional<Queued> q = take();
+      if (!q) return std::nullopt;
+      prefetched = start_copy(std::move(*q));
+    }
+    InFlight cur = std::move(*prefetched);
+    prefetched.reset();
+    if (std::optional<Queued> q = try_take()) prefetched = start_copy(std::move(*q));
+    cur.copy->make_compute_wait();
+    return std::move(cur.batch);
+  }
+#endif
 };
 
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
@@ -310,9 +487,18 @@ void Loader::start_epoch(int64_t epoch) { impl_->start(epoch); }
 std::optional<Batch> Loader::next() {
   if (!impl_->started) impl_->start(0);
   const auto t0 = Clock::now();
-  std::optional<Batch> b = impl_->take();
+#ifdef MINIDL_WITH_CUDA
+  if (impl_->pinned_on()) {
+    std::optional<Batch> pb = impl_->next_pinned();
+    impl_->wait += seconds_since(t0);
+    if (pb) impl_->delivered += pb->labels.size(0);
+    return pb;
+  }
+#endif
+  std::optional<Impl::Queued> q = impl_->take();
   impl_->wait += seconds_since(t0);
-  if (!b) return std::nullopt;
+  if (!q) return std::nullopt;
+  std::optional<Batch> b = std::move(q->batch);
   impl_->delivered += b->labels.size(0);
   if (!impl_->opt.device.is_cpu()) {
     // Without CUDA this throws minidl::Error naming the build; the CUDA backend stages the copy.

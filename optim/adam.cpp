@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/backend.h"
 #include "core/ops.h"
 
 namespace minidl::optim {
@@ -98,6 +99,49 @@ void Adam::update(const ParamGroup& group, Tensor& param, const Tensor& grad, Pa
   }
   denom = denom + eps;
   param.add_(exp_avg / denom, -step_size);
+}
+
+// All parameters of the group on one CUDA device: one Backend::fused_adam_step call. New state
+// and the incremented step counts are committed only when the backend took the group, so a
+// declined group goes through update() exactly as before.
+bool Adam::fused_group_step(size_t g) {
+  std::vector<size_t> idx;
+  if (!group_on_one_cuda_device(g, idx)) return false;
+  if (idx.empty()) return true;
+  const ParamGroup& group = groups_[g];
+  const bool amsgrad = group.option("amsgrad") != 0.0;
+  std::vector<Tensor> params, grads, m, v, vmax;
+  std::vector<int64_t> steps;
+  std::vector<std::map<std::string, Tensor>> fresh(idx.size());
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const size_t i = idx[k];
+    const ParamState& st = state_[g][i];
+    params.push_back(group.params[i]);
+    grads.push_back(group.params[i].grad());
+    std::map<std::string, Tensor> bufs = st.buffers;
+    if (st.empty()) {
+      for (const auto& name : buffer_names(group)) fresh[k][name] = bufs[name] = zeros_like(params.back());
+    }
+    m.push_back(bufs.at("exp_avg"));
+    v.push_back(bufs.at("exp_avg_sq"));
+    if (amsgrad) vmax.push_back(bufs.at("max_exp_avg_sq"));
+    steps.push_back(st.step + 1);
+  }
+  const Backend::AdamHyper h{group.lr,
+                             group.weight_decay,
+                             group.option("beta1"),
+                             group.option("beta2"),
+                             group.option("eps"),
+                             amsgrad,
+                             group.option("maximize") != 0.0,
+                             decoupled_};
+  if (!backend(params.front().device()).fused_adam_step(params, grads, m, v, vmax, steps, h)) return false;
+  for (size_t k = 0; k < idx.size(); ++k) {
+    ParamState& st = state_[g][idx[k]];
+    for (auto& [name, t] : fresh[k]) st.buffers[name] = t;
+    st.step = steps[k];
+  }
+  return true;
 }
 
 }  // namespace minidl::optim

@@ -35,6 +35,7 @@ class Adam : public Optimizer {
   std::vector<std::string> buffer_names(const ParamGroup& group) const override;
   bool keeps_param_step() const override { return true; }
   void update(const ParamGroup& group, Tensor& param, const Tensor& grad, ParamState& state) override;
+  bool fused_group_step(size_t g) override;
 
  private:
   bool decoupled_;

@@ -92,6 +92,7 @@ void Optimizer::zero_grad() {
 void Optimizer::step() {
   NoGradGuard no_grad;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    if (fused_group_step(g)) continue;
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       Tensor& p = groups_[g].params[i];
       const Tensor grad = p.grad();
@@ -101,6 +102,21 @@ void Optimizer::step() {
   }
   ++step_count_;
   autocast_clear_cache();  // the f16 weight copies of autocast are stale now (core/autocast.h)
+}
+
+bool Optimizer::group_on_one_cuda_device(size_t g, std::vector<size_t>& with_grad) const {
+  with_grad.clear();
+  const std::vector<Tensor>& ps = groups_[g].params;
+  const Device dev = ps.front().device();
+  if (!dev.is_cuda()) return false;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (ps[i].device() != dev) return false;
+    const Tensor grad = ps[i].grad();
+    if (!grad.defined()) continue;
+    if (grad.device() != dev) return false;
+    with_grad.push_back(i);
+  }
+  return true;
 }
 
 double Optimizer::lr(size_t group) const {

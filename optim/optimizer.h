@@ -96,6 +96,14 @@ class Optimizer {
   virtual bool keeps_param_step() const = 0;
   // The update of one parameter with its (defined) gradient; runs under NoGradGuard.
   virtual void update(const ParamGroup& group, Tensor& param, const Tensor& grad, ParamState& state) = 0;
+  // The update of every parameter of group g that has a gradient in one fused backend call
+  // (Backend::fused_*_step), tried first by step(); returns false, changing nothing, when the
+  // group cannot take the fused path (not all on one CUDA device, or the backend declines), and
+  // step() then calls update() per parameter. The default never fuses.
+  virtual bool fused_group_step(size_t /*g*/) { return false; }
+  // For fused_group_step: whether every parameter of group g, and every gradient it has, is on
+  // one CUDA device; `with_grad` gets the indices of the parameters that have a gradient.
+  bool group_on_one_cuda_device(size_t g, std::vector<size_t>& with_grad) const;
 
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][index]

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/backend.h"
 #include "core/ops.h"
 
 namespace minidl::optim {
@@ -72,6 +73,34 @@ void SGD::update(const ParamGroup& group, Tensor& param, const Tensor& grad, Par
     }
   }
   param.add_(d_p, -group.lr);
+}
+
+// All parameters of the group on one CUDA device: one Backend::fused_sgd_step call. Fresh
+// momentum buffers are made here but kept only when the backend took the group, so a declined
+// group goes through update() exactly as before.
+bool SGD::fused_group_step(size_t g) {
+  std::vector<size_t> idx;
+  if (!group_on_one_cuda_device(g, idx)) return false;
+  if (idx.empty()) return true;
+  const ParamGroup& group = groups_[g];
+  const bool use_momentum = group.option("momentum") != 0.0;
+  std::vector<Tensor> params, grads, bufs;
+  std::vector<uint8_t> fresh;
+  for (size_t i : idx) {
+    params.push_back(group.params[i]);
+    grads.push_back(group.params[i].grad());
+    if (!use_momentum) continue;
+    const auto it = state_[g][i].buffers.find("momentum_buffer");
+    fresh.push_back(it == state_[g][i].buffers.end() ? 1 : 0);
+    bufs.push_back(fresh.back() ? empty(params.back().shape(), params.back().options()) : it->second);
+  }
+  const Backend::SgdHyper h{group.lr, group.weight_decay, group.option("momentum"), group.option("dampening"),
+                            group.option("nesterov") != 0.0, group.option("maximize") != 0.0};
+  if (!backend(params.front().device()).fused_sgd_step(params, grads, bufs, fresh, h)) return false;
+  for (size_t k = 0; k < fresh.size(); ++k) {
+    if (fresh[k]) state_[g][idx[k]].buffers["momentum_buffer"] = bufs[k];
+  }
+  return true;
 }
 
 }  // namespace minidl::optim

@@ -34,6 +34,7 @@ class SGD : public Optimizer {
   std::vector<std::string> buffer_names(const ParamGroup& group) const override;
   bool keeps_param_step() const override { return false; }
   void update(const ParamGroup& group, Tensor& param, const Tensor& grad, ParamState& state) override;
+  bool fused_group_step(size_t g) override;
 };
 
 }  // namespace minidl::optim

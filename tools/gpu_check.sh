@@ -34,8 +34,8 @@ if [[ "${1:-}" == "--stage" ]]; then
   say "configuring a portable CUDA build in $BUILD"
   cmake -S . -B "$BUILD" -DMINIDL_CUDA=ON -DMINIDL_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release >"$BUILD/gpu_check.configure.log" 2>&1 \
     || die 3 "configure failed; see $BUILD/gpu_check.configure.log"
-  say "building kernels_cuda and minidl_bench_cuda (slow on few cores)"
-  cmake --build "$BUILD" -j"${GPU_CHECK_JOBS:-2}" --target kernels_cuda minidl_bench_cuda >"$BUILD/gpu_check.build.log" 2>&1 \
+  say "building kernels_cuda, optim_cuda and minidl_bench_cuda (slow on few cores)"
+  cmake --build "$BUILD" -j"${GPU_CHECK_JOBS:-2}" --target kernels_cuda optim_cuda minidl_bench_cuda >"$BUILD/gpu_check.build.log" 2>&1 \
     || die 3 "build failed; see $BUILD/gpu_check.build.log"
   rm -rf "$STAGE" && mkdir -p "$STAGE/bin" "$STAGE/lib" || die 3 "cannot create $STAGE"
   for f in "$BUILD"/bin/*_cuda "$BUILD"/bin/minidl_bench_cuda; do [[ -x "$f" ]] && cp "$f" "$STAGE/bin/"; done
@@ -79,7 +79,7 @@ if [[ -z "$DIR" ]]; then
   say "no staged or built CUDA executables found; trying to build build-gpu here"
   mkdir -p build-gpu
   if command -v cmake >/dev/null && cmake -S . -B build-gpu -DMINIDL_CUDA=ON -DMINIDL_NATIVE=OFF >build-gpu/gpu_check.configure.log 2>&1 \
-     && cmake --build build-gpu -j"$(nproc)" --target kernels_cuda minidl_bench_cuda >build-gpu/gpu_check.build.log 2>&1; then
+     && cmake --build build-gpu -j"$(nproc)" --target kernels_cuda optim_cuda minidl_bench_cuda >build-gpu/gpu_check.build.log 2>&1; then
     DIR=build-gpu
   else
     die 3 "could not build here (see build-gpu/gpu_check.configure.log and gpu_check.build.log: the GPU machine may lack Eigen, GoogleTest or Google Benchmark). Stage a build on the build machine with 'tools/gpu_check.sh --stage' and carry build-gpu-stage."

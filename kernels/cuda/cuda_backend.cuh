@@ -42,6 +42,20 @@ class CudaBackend final : public Backend {
   void softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) override;
   void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) override;
   void nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) override;
+
+  // amp.cu: one launch over all gradients.
+  void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf) override;
+  // optim_fused.cu: one launch per group for contiguous f32 parameters; false otherwise.
+  bool fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                      const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
+                      const SgdHyper& h) override;
+  bool fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                       const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                       const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
+                       const AdamHyper& h) override;
+  // pinned.cu: page-locked host memory (cudaHostAlloc) for the loader's batches.
+  void* pinned_alloc(size_t bytes) override;
+  void pinned_free(void* p) override;
 };
 
 // Checks shared by the families: on this backend's device, and (for kernels that need it) contiguous.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/amp.cuh"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
@@ -226,6 +227,7 @@ void device_copy(const Tensor& src, const Tensor& dst) {
                                       cudaMemcpyDeviceToDevice, ctx.stream()));
     return;
   }
+  if (cast_f32_f16_vectorized(src, dst)) return;   // the autocast weight/activation casts
   dispatch_all(dst.dtype(), "copy", [&](auto dtag) {
     using D = decltype(dtag);
     dispatch_all(src.dtype(), "copy", [&](auto stag) {

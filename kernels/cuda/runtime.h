@@ -3,7 +3,10 @@
 // device) and the global switches. Only CUDA builds link these (guard with MINIDL_WITH_CUDA).
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/backend.h"
 #include "kernels/caching_allocator.h"
@@ -40,5 +43,29 @@ size_t conv_algo_cache_size();
 void clear_conv_algo_cache();
 // "NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, driver 13000, runtime 13000"
 std::string device_description(int device = 0);
+
+// Host->device copies of the data loader's batches from page-locked memory (Backend::pinned_alloc)
+// on a dedicated copy stream per device, so the transfer of the next batch overlaps the compute
+// stream's work (kernels/cuda/pinned.cu). One object is one set of copies in flight.
+class AsyncCopy {
+ public:
+  // Queues dst[i] = bytes of src[i] (pinned host memory; dst contiguous, all on one CUDA device) on
+  // the copy stream, ordered after the compute stream's work queued so far (the destination's
+  // memory, fresh from the caching allocator, may have been in use there). Returns at once.
+  static std::unique_ptr<AsyncCopy> start(const std::vector<std::pair<const void*, Tensor>>& copies);
+  ~AsyncCopy();   // makes the compute stream wait first, so dropping a copy in flight is safe
+  AsyncCopy(const AsyncCopy&) = delete;
+  AsyncCopy& operator=(const AsyncCopy&) = delete;
+  // Work queued on the compute stream after this call sees the copied data (no host wait).
+  void make_compute_wait();
+  // Blocks the calling thread until the copies are done: their pinned sources may be reused.
+  void host_wait();
+
+ private:
+  AsyncCopy() = default;
+  int device_ = 0;
+  void* done_ = nullptr;   // cudaEvent_t recorded on the copy stream after the copies
+  bool compute_waits_ = false;
+};
 
 }  // namespace minidl::cuda

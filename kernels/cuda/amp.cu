@@ -1,0 +1,156 @@
+// The CUDA side of dynamic loss scaling: ONE launch over every gradient tensor multiplies by
+// 1/scale and raises a found-non-finite flag on the device, so GradScaler never synchronises per
+// tensor (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Also the vectorised f32<->f16 casts.
+#include <vector>
+
+#include "kernels/cuda/amp.cuh"
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/device/common.cuh"
+
+namespace minidl::cuda {
+namespace {
+
+// A slice of one gradient tensor (multi-tensor-apply style): each block takes one chunk, so a
+// group of many small tensors and one of few big ones both fill the GPU in a single launch.
+enum class GradType : int32_t { F32 = 0, F16 = 1, F64 = 2 };
+struct GradChunk {
+  void* ptr;        // first element of the slice
+  int64_t numel;    // elements in the slice (<= kChunkElems)
+  GradType type;
+};
+constexpr int64_t kChunkElems = int64_t{1} << 16;
+
+template <typename T, typename C>
+__device__ __forceinline__ bool unscale_range(T* p, int64_t n, C inv) {
+  bool bad = false;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const C c = cvt<C>(p[i]);
+    bad = bad || !::isfinite(c);   // checked before scaling, as PyTorch and the CPU backend
+    p[i] = cvt<T>(c * inv);
+  }
+  return bad;
+}
+
+__global__ void unscale_kernel(const GradChunk* __restrict__ chunks, int64_t nchunks, float inv_f, double inv_d,
+                               float* __restrict__ found_inf) {
+  for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    const GradChunk ch = chunks[c];
+    bool bad = false;
+    switch (ch.type) {
+      case GradType::F32: bad = unscale_range(static_cast<float*>(ch.ptr), ch.numel, inv_f); break;
+      case GradType::F16: bad = unscale_range(static_cast<__half*>(ch.ptr), ch.numel, inv_f); break;
+      case GradType::F64: bad = unscale_range(static_cast<double*>(ch.ptr), ch.numel, inv_d); break;
+    }
+    // Every writer stores the same value, so the race is benign; the flag is never cleared here.
+    if (bad) *found_inf = 1.0f;
+  }
+}
+
+// Contiguous casts, 8 elements per thread per iteration (one 16-byte f16 load or store, two
+// 16-byte f32 ones), with a scalar tail. __float2half_rn rounds to nearest even, as the CPU.
+__global__ void f32_to_f16_kernel(__half* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  const int64_t nv = n / 8;
+  MINIDL_GRID_STRIDE(i, nv) {
+    const float4 a = reinterpret_cast<const float4*>(src)[2 * i];
+    const float4 b = reinterpret_cast<const float4*>(src)[2 * i + 1];
+    union {
+      uint4 u;
+      __half2 h[4];
+    } r;
+    r.h[0] = __floats2half2_rn(a.x, a.y);
+    r.h[1] = __floats2half2_rn(a.z, a.w);
+    r.h[2] = __floats2half2_rn(b.x, b.y);
+    r.h[3] = __floats2half2_rn(b.z, b.w);
+    reinterpret_cast<uint4*>(dst)[i] = r.u;
+  }
+  MINIDL_GRID_STRIDE(j, n - nv * 8) { dst[nv * 8 + j] = __float2half_rn(src[nv * 8 + j]); }
+}
+
+__global__ void f16_to_f32_kernel(float* __restrict__ dst, const __half* __restrict__ src, int64_t n) {
+  const int64_t nv = n / 8;
+  MINIDL_GRID_STRIDE(i, nv) {
+    union {
+      uint4 u;
+      __half2 h[4];
+    } r;
+    r.u = reinterpret_cast<const uint4*>(src)[i];
+    const float2 a = __half22float2(r.h[0]), b = __half22float2(r.h[1]);
+    const float2 c = __half22float2(r.h[2]), d = __half22float2(r.h[3]);
+    reinterpret_cast<float4*>(dst)[2 * i] = make_float4(a.x, a.y, b.x, b.y);
+    reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(c.x, c.y, d.x, d.y);
+  }
+  MINIDL_GRID_STRIDE(j, n - nv * 8) { dst[nv * 8 + j] = __half2float(src[nv * 8 + j]); }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+bool cast_f32_f16_vectorized(const Tensor& src, const Tensor& dst) {
+  const bool f32_to_f16 = src.dtype() == DType::f32 && dst.dtype() == DType::f16;
+  const bool f16_to_f32 = src.dtype() == DType::f16 && dst.dtype() == DType::f32;
+  if (!(f32_to_f16 || f16_to_f32) || !src.is_contiguous() || !dst.is_contiguous() || !aligned16(src.data_ptr()) ||
+      !aligned16(dst.data_ptr())) {
+    return false;
+  }
+  const int64_t n = dst.numel();
+  if (n == 0) return true;
+  DeviceContext& ctx = context_of(dst);
+  if (f32_to_f16) {
+    f32_to_f16_kernel<<<grid_for(n / 8 + 1), kThreads, 0, ctx.stream()>>>(
+        static_cast<__half*>(dst.data_ptr()), static_cast<const float*>(src.data_ptr()), n);
+    MINIDL_CUDA_LAUNCH_CHECK("copy f32->f16");
+  } else {
+    f16_to_f32_kernel<<<grid_for(n / 8 + 1), kThreads, 0, ctx.stream()>>>(
+        static_cast<float*>(dst.data_ptr()), static_cast<const __half*>(src.data_ptr()), n);
+    MINIDL_CUDA_LAUNCH_CHECK("copy f16->f32");
+  }
+  return true;
+}
+
+void CudaBackend::unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf) {
+  MINIDL_CHECK(found_inf.defined() && found_inf.numel() == 1 && found_inf.dtype() == DType::f32,
+               "unscale_grads (cuda): found_inf must be a one-element f32 tensor, got ",
+               found_inf.defined() ? found_inf.meta() : std::string("an undefined tensor"));
+  check_cuda("unscale_grads", {&found_inf});
+  // Strided gradients (rare: autograd writes contiguous ones) are unscaled in a contiguous copy
+  // that is written back after the launch.
+  std::vector<std::pair<Tensor, Tensor>> write_back;   // {original, contiguous copy}
+  std::vector<GradChunk> chunks;
+  for (const Tensor& g0 : grads) {
+    if (!g0.defined() || g0.numel() == 0) continue;
+    check_cuda("unscale_grads", {&found_inf, &g0});
+    GradType type;
+    switch (g0.dtype()) {
+      case DType::f32: type = GradType::F32; break;
+      case DType::f16: type = GradType::F16; break;
+      case DType::f64: type = GradType::F64; break;
+      default:
+        MINIDL_FAIL("unscale_grads (cuda): gradient ", g0.meta(), " is not floating (f32, f16 or f64)");
+    }
+    Tensor g = g0.detach();
+    if (!g.is_contiguous()) {
+      g = g.contiguous();
+      write_back.emplace_back(g0.detach(), g);
+    }
+    char* base = static_cast<char*>(g.data_ptr());
+    const size_t esize = dtype_size(g.dtype());
+    for (int64_t off = 0; off < g.numel(); off += kChunkElems) {
+      chunks.push_back({base + static_cast<size_t>(off) * esize, std::min(kChunkElems, g.numel() - off), type});
+    }
+  }
+  if (chunks.empty()) return;
+  DeviceContext& ctx = context_of(found_inf);
+  const size_t bytes = chunks.size() * sizeof(GradChunk);
+  DeviceBuffer meta(ctx, bytes);   // stream-ordered: freed after the launch is queued, reused only after it
+  ctx.staging().to_device(meta.get(), chunks.data(), bytes, ctx.stream());
+  const auto n = static_cast<int64_t>(chunks.size());
+  unscale_kernel<<<grid_for(n * kThreads), kThreads, 0, ctx.stream()>>>(
+      static_cast<const GradChunk*>(meta.get()), n, static_cast<float>(inv_scale), inv_scale,
+      static_cast<float*>(found_inf.data_ptr()));
+  MINIDL_CUDA_LAUNCH_CHECK("unscale_grads");
+  for (auto& [orig, tmp] : write_back) copy(tmp, orig);
+}
+
+}  // namespace minidl::cuda
