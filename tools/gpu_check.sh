@@ -180,6 +180,13 @@ if [[ "${GPU_CHECK_SKIP_SANITIZER:-0}" != 1 ]]; then
     timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" "$SAN" --tool memcheck --leak-check no --error-exitcode 99 \
       "$DIR/bin/kernels_cuda" --gtest_color=no --gtest_filter="$FILTER" >"$LOGDIR/sanitizer.log" 2>&1
     rc=$?
+    # The fused optimizer kernels live in optim_cuda; check them too (a failure there wins if the first was clean).
+    if [[ $rc -eq 0 && -x "$DIR/bin/optim_cuda" ]]; then
+      say "compute-sanitizer memcheck on optim_cuda"
+      timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" "$SAN" --tool memcheck --leak-check no --error-exitcode 99 \
+        "$DIR/bin/optim_cuda" --gtest_color=no >>"$LOGDIR/sanitizer.log" 2>&1
+      rc=$?
+    fi
     errs="$(grep -oE 'ERROR SUMMARY: [0-9]+' "$LOGDIR/sanitizer.log" | tail -1)"
     case $rc in
       0) SAN_MD="clean (${errs:-no summary}), filter \`$FILTER\`" ;;
