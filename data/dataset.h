@@ -31,12 +31,18 @@ class Dataset {
   // bad file once, by path). Thread-safe: loader workers call it concurrently.
   virtual std::optional<Image> load(int64_t i) const = 0;
   virtual std::string describe(int64_t i) const = 0;           // a path, or "synthetic #i"
+  // A stable name for manifests: the path relative to the dataset's root (so a manifest works on
+  // another machine), or describe(i) where there is no root.
+  virtual std::string key(int64_t i) const { return describe(i); }
 };
 
 // A folder in any supported layout (one folder per class; Kaggle flat train/ with cat.N.jpg and
 // dog.N.jpg; Microsoft PetImages/Cat|Dog), detected automatically. Throws minidl::Error naming
 // the folder and the layouts tried when none matches or it holds no images.
 std::shared_ptr<Dataset> open_image_folder(const std::filesystem::path& root);
+// The layout open_image_folder detected ("class folders", "Kaggle flat", "PetImages"), or "" for
+// another kind of dataset.
+std::string layout_of(const Dataset& d);
 
 // The built-in two-class synthetic set (data/synthetic.h) as 8-bit images, generated in memory.
 std::shared_ptr<Dataset> synthetic_dataset(int64_t n, int64_t image_size, uint64_t seed,

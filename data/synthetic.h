@@ -3,6 +3,7 @@
 // place, so a linear model on pixels or colour statistics stays at chance but a small CNN learns it.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -22,5 +23,27 @@ struct SyntheticImages {
 // 32x32 in five epochs of 2048 images. The same (n, size, seed, difficulty) gives the same images on
 // any thread count.
 SyntheticImages make_synthetic_images(int64_t n, int64_t size, uint64_t seed, double difficulty = 0.6);
+
+// The same set one image at a time, for datasets that generate lazily (data::synthetic_dataset):
+// render(i) gives exactly the values make_synthetic_images puts at images[i], because every draw
+// is addressed by its position in the same Philox streams. Holds only the labels and 16 numbers
+// per image.
+class SyntheticRenderer {
+ public:
+  SyntheticRenderer(int64_t n, int64_t size, uint64_t seed, double difficulty = 0.6);
+  int64_t count() const { return n_; }
+  int64_t image_size() const { return size_; }
+  int64_t label(int64_t i) const { return labels_[static_cast<size_t>(i)]; }
+  // Writes image i as [3, size, size] f32 into out.
+  void render(int64_t i, float* out) const;
+
+ private:
+  int64_t n_, size_;
+  uint64_t seed_;
+  double difficulty_;
+  uint64_t noise_offset_;
+  std::vector<float> params_;
+  std::vector<int64_t> labels_;
+};
 
 }  // namespace minidl::data

@@ -1,0 +1,156 @@
+// The decode wrapper: format sniffing, size limits before allocation, libjpeg-turbo for JPEG (one
+// decompressor per thread, so loader workers never share one) and stb_image for the rest.
+#include "data/decode.h"
+
+#include <turbojpeg.h>
+
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <vector>
+
+#include "data/stb_wrap.h"
+
+namespace minidl::data {
+
+namespace {
+
+// One TurboJPEG decompressor per thread, created on first use and destroyed at thread exit.
+struct TjHandle {
+  tjhandle h = tjInitDecompress();
+  ~TjHandle() {
+    if (h != nullptr) tjDestroy(h);
+  }
+};
+tjhandle thread_decompressor() {
+  thread_local TjHandle handle;
+  return handle.h;
+}
+
+bool is_jpeg(const uint8_t* d, size_t n) { return n >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF; }
+
+std::string too_large(int64_t w, int64_t h, int64_t max_pixels) {
+  return detail::concat("image of ", w, " x ", h, " pixels exceeds the limit of ", max_pixels, " pixels");
+}
+
+DecodeResult decode_jpeg(const uint8_t* data, size_t size, int64_t max_pixels) {
+  DecodeResult r;
+  tjhandle tj = thread_decompressor();
+  if (tj == nullptr) {
+    r.error = "cannot create a TurboJPEG decompressor";
+    return r;
+  }
+  if (size > static_cast<size_t>(std::numeric_limits<unsigned long>::max())) {
+    r.error = "file too large";
+    return r;
+  }
+  int w = 0, h = 0, subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), &w, &h, &subsamp, &colorspace) != 0) {
+    r.error = std::string("corrupt JPEG header: ") + tjGetErrorStr2(tj);
+    return r;
+  }
+  if (w <= 0 || h <= 0) {
+    r.error = detail::concat("JPEG with invalid dimensions ", w, " x ", h);
+    return r;
+  }
+  if (static_cast<int64_t>(w) * h > max_pixels) {
+    r.error = too_large(w, h, max_pixels);
+    return r;
+  }
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  const int channels = cmyk ? 4 : 3;
+  std::vector<uint8_t> buf(static_cast<size_t>(w) * static_cast<size_t>(h) * static_cast<size_t>(channels));
+  // LIMITSCANS refuses progressive files with absurd scan counts (a decode-time bomb).
+  const int rc = tjDecompress2(tj, data, static_cast<unsigned long>(size), buf.data(), w, 0, h,
+                               cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_LIMITSCANS);
+  if (rc != 0) {
+    const std::string msg = tjGetErrorStr2(tj);
+    // Warnings leave a complete image (libjpeg tolerates e.g. stray bytes before a marker, as
+    // every viewer does), except a premature end: the bottom of the image would be grey.
+    if (tjGetErrorCode(tj) != TJERR_WARNING) {
+      r.error = "corrupt JPEG: " + msg;
+      return r;
+    }
+    if (msg.find("Premature end") != std::string::npos) {
+      r.error = "truncated JPEG (" + msg + ")";
+      return r;
+    }
+    r.note = "JPEG decoded with a warning: " + msg;
+  }
+  Image img;
+  img.height = h;
+  img.width = w;
+  if (cmyk) {
+    // Adobe (inverted) CMYK: stored c = 255 - C etc., so R = 255 (1 - C)(1 - K) = c k / 255.
+    const size_t n = static_cast<size_t>(w) * static_cast<size_t>(h);
+    img.pixels.resize(n * 3);
+    for (size_t i = 0; i < n; ++i) {
+      const unsigned k = buf[4 * i + 3];
+      for (size_t c = 0; c < 3; ++c) {
+        img.pixels[3 * i + c] = static_cast<uint8_t>((buf[4 * i + c] * k + 127u) / 255u);
+      }
+    }
+    r.note = r.note.empty() ? "CMYK JPEG converted to RGB" : r.note + "; CMYK JPEG converted to RGB";
+  } else {
+    img.pixels = std::move(buf);
+    if (colorspace == TJCS_GRAY) r.note = r.note.empty() ? "grayscale JPEG converted to RGB" : r.note;
+  }
+  r.image = std::move(img);
+  return r;
+}
+
+DecodeResult decode_other(const uint8_t* data, size_t size, int64_t max_pixels) {
+  DecodeResult r;
+  if (size > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    r.error = "file too large";
+    return r;
+  }
+  int w = 0, h = 0, comp = 0;
+  if (!stb::info(data, static_cast<int>(size), &w, &h, &comp)) {
+    r.error = "not an image in a supported format (JPEG, PNG, BMP, GIF, PNM, TGA, PSD, HDR)";
+    return r;
+  }
+  if (w <= 0 || h <= 0) {
+    r.error = detail::concat("image with invalid dimensions ", w, " x ", h);
+    return r;
+  }
+  if (static_cast<int64_t>(w) * h > max_pixels) {
+    r.error = too_large(w, h, max_pixels);
+    return r;
+  }
+  std::string why;
+  std::optional<Image> img = stb::load_rgb(data, static_cast<int>(size), &why);
+  if (!img) {
+    r.error = "corrupt image: " + why;
+    return r;
+  }
+  if (comp != 3) r.note = detail::concat(comp, "-channel image converted to RGB");
+  r.image = std::move(img);
+  return r;
+}
+
+}  // namespace
+
+DecodeResult decode_image(const uint8_t* data, size_t size, int64_t max_pixels) {
+  if (data == nullptr || size == 0) return DecodeResult{std::nullopt, "empty file", ""};
+  if (is_jpeg(data, size)) return decode_jpeg(data, size, max_pixels);
+  return decode_other(data, size, max_pixels);
+}
+
+DecodeResult decode_file(const std::filesystem::path& path, int64_t max_pixels) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return DecodeResult{std::nullopt, "cannot read the file: " + ec.message(), ""};
+  if (size == 0) return DecodeResult{std::nullopt, "empty file", ""};
+  if (size > static_cast<uintmax_t>(kMaxFileBytes)) {
+    return DecodeResult{std::nullopt, detail::concat("file of ", size, " bytes exceeds the limit of ", kMaxFileBytes), ""};
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size))) {
+    return DecodeResult{std::nullopt, "cannot read the file", ""};
+  }
+  return decode_image(bytes.data(), bytes.size(), max_pixels);
+}
+
+}  // namespace minidl::data

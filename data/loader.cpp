@@ -1,0 +1,345 @@
+// The loader pipeline: N workers decode and transform samples (positions of the epoch's order)
+// into a ring of slots; one assembler thread walks the positions in order, skips unreadable
+// samples and writes batches into a bounded queue. Because only the assembler decides batch
+// boundaries, and every random draw is keyed by (seed, epoch, sample index), the batches are the
+// same for any worker count, bad files included.
+#include "data/loader.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/philox.h"
+#include "data/transform.h"
+
+namespace minidl::data {
+
+namespace {
+
+constexpr uint64_t kShuffleStream = 0x5348554646ull;  // "SHUFF"
+constexpr uint64_t kAugmentStream = 0x4155474dull;    // "AUGM"
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  if (!shuffle) return v;
+  const uint64_t key = epoch_key(seed, epoch, kShuffleStream);
+  for (size_t i = v.size(); i > 1; --i) {
+    const philox::U4 u = philox::draw(key, i);
+    const uint64_t r = (static_cast<uint64_t>(u.x) << 32) | u.y;
+    std::swap(v[i - 1], v[static_cast<size_t>(r % i)]);
+  }
+  return v;
+}
+
+}  // namespace
+
+struct Loader::Impl {
+  struct Slot {
+    int64_t ready_pos = -1;   // the position whose result this slot holds
+    bool ok = false;
+    std::vector<uint8_t> px;  // size x size x 3
+  };
+
+  std::shared_ptr<const Dataset> ds;
+  LoaderOptions opt;
+  BatchWriter writer;
+  int64_t sample_bytes;
+
+  // Shared across epochs: the RAM cache and the samples known to be unreadable.
+  mutable std::mutex cache_mu;
+  std::vector<std::shared_ptr<const Image>> cache;
+  int64_t cache_bytes = 0, cache_images = 0;
+  std::unique_ptr<std::atomic<uint8_t>[]> bad;
+  std::atomic<int64_t> skipped{0};
+
+  // The current epoch.
+  bool started = false;
+  std::vector<int64_t> order;
+  uint64_t aug_key = 0;
+  std::mutex mu;
+  std::condition_variable cv_work, cv_sample, cv_queue;
+  bool stop = false;
+  int64_t next_claim = 0, assembled_pos = 0;
+  std::vector<Slot> ring;
+  std::deque<Batch> queue;
+  bool epoch_done = false;
+  std::exception_ptr error;
+  std::vector<std::thread> workers;
+  std::thread assembler;
+  int64_t sync_pos = 0;  // workers == 0: the next position next() reads
+
+  // Statistics.
+  Clock::time_point stats_start = Clock::now();
+  int64_t delivered = 0;
+  double wait = 0;
+
+  Impl(std::shared_ptr<const Dataset> d, LoaderOptions o)
+      : ds(std::move(d)), opt(std::move(o)), writer(opt.transform, opt.dtype, opt.channels_last),
+        sample_bytes(opt.transform.size * opt.transform.size * 3) {
+    MINIDL_CHECK(ds != nullptr, "Loader: the dataset is null");
+    MINIDL_CHECK(opt.batch_size > 0, "Loader: batch_size must be positive, got ", opt.batch_size);
+    MINIDL_CHECK(opt.workers >= 0, "Loader: workers must be >= 0, got ", opt.workers);
+    MINIDL_CHECK(opt.prefetch_batches >= 1, "Loader: prefetch_batches must be >= 1, got ", opt.prefetch_batches);
+    MINIDL_CHECK(opt.transform.size > 0, "Loader: transform.size must be positive, got ", opt.transform.size);
+    MINIDL_CHECK(opt.transform.augment == Augment::RandomResizedCrop || resolved_resize(opt.transform) >= opt.transform.size,
+                 "Loader: transform.resize (", resolved_resize(opt.transform), ") is smaller than the crop size (",
+                 opt.transform.size, "); use resize >= size or 0 for the default");
+    const auto n = static_cast<size_t>(ds->size());
+    bad = std::make_unique<std::atomic<uint8_t>[]>(n);
+    for (size_t i = 0; i < n; ++i) bad[i].store(0);
+    if (opt.cache) cache.resize(n);
+  }
+
+  ~Impl() { stop_pipeline(); }
+
+  // The base image of dataset sample idx (through the cache), or null when unreadable.
+  std::shared_ptr<const Image> base_of(int64_t idx) {
+    const auto i = static_cast<size_t>(idx);
+    if (bad[i].load(std::memory_order_relaxed) != 0) return nullptr;
+    if (opt.cache) {
+      std::lock_guard<std::mutex> lock(cache_mu);
+      if (cache[i]) return cache[i];
+    }
+    std::optional<Image> img = ds->load(idx);
+    if (!img) {
+      if (bad[i].exchange(1) == 0) skipped.fetch_add(1);
+      return nullptr;
+    }
+    auto base = std::make_shared<const Image>(make_base(std::move(*img), opt.transform));
+    if (opt.cache) {
+      std::lock_guard<std::mutex> lock(cache_mu);
+      const auto bytes = static_cast<int64_t>(base->pixels.size());
+      if (!cache[i] && cache_bytes + bytes <= opt.cache_limit_bytes) {
+        cache[i] = base;
+        cache_bytes += bytes;
+        ++cache_images;
+      }
+    }
+    return base;
+  }
+
+  bool produce(int64_t pos, uint8_t* out) {
+    const int64_t idx = order[static_cast<size_t>(pos)];
+    const auto base = base_of(idx);
+    if (!base) return false;
+    apply_transform(*base, opt.transform, aug_key, idx, out);
+    return true;
+  }
+
+  int64_t window() const { return std::max<int64_t>(2, 4 * static_cast<int64_t>(opt.workers)); }
+
+  Batch new_batch() const {
+    const int64_t b = opt.batch_size, s = opt.transform.size;
+    Batch batch;
+    batch.images = opt.channels_last ? empty({b, s, s, 3}, {.dtype = opt.dtype}) : empty({b, 3, s, s}, {.dtype = opt.dtype});
+    batch.labels = empty({b}, {.dtype = DType::i64});
+    return batch;
+  }
+
+  static Batch trimmed(Batch b, int64_t count) {
+    if (count == b.labels.size(0)) return b;
+    return Batch{b.images.slice(0, 0, count), b.labels.slice(0, 0, count)};
+  }
+
+  // Assembles one batch from positions [*pos, ...) using get(pos, &px) -> ok; nullopt at the end.
+  template <typename Get>
+  std::optional<Batch> assemble(int64_t* pos, Get&& get) {
+    const auto n = static_cast<int64_t>(order.size());
+    std::optional<Batch> batch;
+    int64_t count = 0;
+    while (*pos < n && count < opt.batch_size) {
+      const uint8_t* px = nullptr;
+      const int64_t p = (*pos)++;
+      if (!get(p, &px)) continue;
+      if (!batch) batch = new_batch();
+      writer.write(px, batch->images.data_ptr(), count);
+      batch->labels.data<int64_t>()[count] = ds->label(order[static_cast<size_t>(p)]);
+      ++count;
+    }
+    if (count == 0 || (count < opt.batch_size && opt.drop_last)) return std::nullopt;
+    return trimmed(std::move(*batch), count);
+  }
+
+  void worker_loop() {
+    try {
+      for (;;) {
+        int64_t pos;
+        Slot* slot;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv_work.wait(lock, [&] {
+            return stop || next_claim >= static_cast<int64_t>(order.size()) || next_claim < assembled_pos + window();
+          });
+          if (stop || next_claim >= static_cast<int64_t>(order.size())) return;
+          pos = next_claim++;
+          slot = &ring[static_cast<size_t>(pos % window())];
+        }
+        const bool ok = produce(pos, slot->px.data());
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          slot->ok = ok;
+          slot->ready_pos = pos;
+        }
+        cv_sample.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      stop = true;
+      cv_work.notify_all();
+      cv_sample.notify_all();
+      cv_queue.notify_all();
+    }
+  }
+
+  void assembler_loop() {
+    try {
+      int64_t pos = 0;
+      int64_t held = -1;  // the position whose slot the assembler is reading
+      const auto get = [&](int64_t p, const uint8_t** px) {
+        std::unique_lock<std::mutex> lock(mu);
+        if (held >= 0) {  // release the previous slot to the workers
+          assembled_pos = held + 1;
+          cv_work.notify_all();
+        }
+        Slot& slot = ring[static_cast<size_t>(p % window())];
+        cv_sample.wait(lock, [&] { return stop || slot.ready_pos == p; });
+        if (stop) throw std::runtime_error("stopped");
+        held = p;
+        *px = slot.px.data();
+        return slot.ok;
+      };
+      for (;;) {
+        std::optional<Batch> b = assemble(&pos, get);
+        std::unique_lock<std::mutex> lock(mu);
+        if (held >= 0) {
+          assembled_pos = held + 1;
+          cv_work.notify_all();
+        }
+        if (!b) {
+          epoch_done = true;
+          cv_queue.notify_all();
+          return;
+        }
+        cv_queue.wait(lock, [&] { return stop || static_cast<int64_t>(queue.size()) < opt.prefetch_batches; });
+        if (stop) return;
+        queue.push_back(std::move(*b));
+        cv_queue.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!stop && !error) error = std::current_exception();
+      stop = true;
+      epoch_done = true;
+      cv_work.notify_all();
+      cv_queue.notify_all();
+    }
+  }
+
+  void stop_pipeline() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv_work.notify_all();
+    cv_sample.notify_all();
+    cv_queue.notify_all();
+    for (auto& t : workers) t.join();
+    workers.clear();
+    if (assembler.joinable()) assembler.join();
+  }
+
+  void start(int64_t epoch) {
+    stop_pipeline();
+    order = epoch_order(ds->size(), opt.shuffle, opt.seed, epoch);
+    aug_key = epoch_key(opt.seed, epoch, kAugmentStream);
+    stop = false;
+    epoch_done = false;
+    error = nullptr;
+    queue.clear();
+    next_claim = 0;
+    assembled_pos = 0;
+    sync_pos = 0;
+    started = true;
+    if (opt.workers == 0) return;
+    ring.assign(static_cast<size_t>(window()), Slot{});
+    for (auto& s : ring) s.px.resize(static_cast<size_t>(sample_bytes));
+    assembler = std::thread([this] { assembler_loop(); });
+    for (int w = 0; w < opt.workers; ++w) workers.emplace_back([this] { worker_loop(); });
+  }
+
+  std::optional<Batch> take() {
+    if (opt.workers == 0) {
+      std::vector<uint8_t> px(static_cast<size_t>(sample_bytes));
+      return assemble(&sync_pos, [&](int64_t p, const uint8_t** out) {
+        *out = px.data();
+        return produce(p, px.data());
+      });
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv_queue.wait(lock, [&] { return !queue.empty() || epoch_done || error; });
+    if (error) std::rethrow_exception(error);
+    if (queue.empty()) return std::nullopt;
+    Batch b = std::move(queue.front());
+    queue.pop_front();
+    cv_queue.notify_all();
+    return b;
+  }
+};
+
+Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
+    : impl_(std::make_unique<Impl>(std::move(dataset), std::move(options))) {}
+
+Loader::~Loader() = default;
+
+int64_t Loader::batches_per_epoch() const {
+  const int64_t n = impl_->ds->size(), b = impl_->opt.batch_size;
+  return impl_->opt.drop_last ? n / b : (n + b - 1) / b;
+}
+
+void Loader::start_epoch(int64_t epoch) { impl_->start(epoch); }
+
+std::optional<Batch> Loader::next() {
+  if (!impl_->started) impl_->start(0);
+  const auto t0 = Clock::now();
+  std::optional<Batch> b = impl_->take();
+  impl_->wait += seconds_since(t0);
+  if (!b) return std::nullopt;
+  impl_->delivered += b->labels.size(0);
+  if (!impl_->opt.device.is_cpu()) {
+    // Without CUDA this throws minidl::Error naming the build; the CUDA backend stages the copy.
+    b->images = b->images.to(impl_->opt.device);
+    b->labels = b->labels.to(impl_->opt.device);
+  }
+  return b;
+}
+
+LoaderStats Loader::stats() const {
+  LoaderStats s;
+  s.images = impl_->delivered;
+  s.skipped = impl_->skipped.load();
+  s.wall_seconds = seconds_since(impl_->stats_start);
+  s.wait_seconds = impl_->wait;
+  std::lock_guard<std::mutex> lock(impl_->cache_mu);
+  s.cached_images = impl_->cache_images;
+  s.cached_bytes = impl_->cache_bytes;
+  return s;
+}
+
+void Loader::reset_stats() {
+  impl_->stats_start = Clock::now();
+  impl_->delivered = 0;
+  impl_->wait = 0;
+}
+
+const LoaderOptions& Loader::options() const { return impl_->opt; }
+
+}  // namespace minidl::data

@@ -1,0 +1,54 @@
+// The per-sample image transforms of the loader, split in two so the RAM cache can sit between
+// them: make_base (deterministic resize, what the cache keeps) and apply_transform (the random
+// crop and flip, drawn from a counter-based stream keyed by (seed, epoch) and the sample index).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+
+namespace minidl::data {
+
+// The shorter side (None) or square side (Keras) before cropping; 0 in the options means
+// size * 256 / 224 for None (torchvision's 256 -> 224) and size * 250 / 200 for Keras.
+int64_t resolved_resize(const TransformOptions& t);
+
+// The image the random part starts from: None resizes the shorter side to resolved_resize (as
+// torchvision's Resize, the longer side truncated), Keras squashes to resize x resize (as Keras'
+// target_size), RandomResizedCrop keeps the decoded image.
+Image make_base(Image decoded, const TransformOptions& t);
+
+// The Philox key of one epoch's draws: shuffle and augmentation depend on (seed, epoch) only.
+uint64_t epoch_key(uint64_t seed, int64_t epoch, uint64_t stream);
+
+// Crops (centre or random), resizes and flips `base` into out (size x size x 3, HWC). The draws
+// are a function of (key, index) alone, so any worker produces the same pixels.
+void apply_transform(const Image& base, const TransformOptions& t, uint64_t key, int64_t index, uint8_t* out);
+
+// The crop box torchvision's RandomResizedCrop.get_params would choose (scale (0.08, 1), ratio
+// (3/4, 4/3), 10 attempts then a centre crop), from the sample's uniform draws.
+struct CropBox {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+CropBox random_resized_crop_box(int64_t height, int64_t width, uint64_t key, int64_t index);
+
+// Converts HWC u8 samples into one slot of a batch: per-channel lookup tables (256 entries) make
+// normalisation and the f16 conversion a table read per element.
+class BatchWriter {
+ public:
+  BatchWriter(const TransformOptions& t, DType dtype, bool channels_last);
+  // batch points at the batch tensor's data ([N,3,S,S] or [N,S,S,3] of dtype).
+  void write(const uint8_t* hwc, void* batch, int64_t slot) const;
+
+ private:
+  int64_t size_;
+  DType dtype_;
+  bool channels_last_;
+  std::array<std::array<float, 256>, 3> lut32_{};
+  std::array<std::array<uint16_t, 256>, 3> lut16_{};
+};
+
+}  // namespace minidl::data
