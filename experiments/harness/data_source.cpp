@@ -1,5 +1,5 @@
 // The batch sources of data_source.h: in-memory synthetic tensors, and the threaded data::Loader
-// for folders and augmentation (compiled in when data/loader.cpp is part of the build).
+// for folders and augmentation.
 #include "experiments/harness/data_source.h"
 
 #include <algorithm>
@@ -12,10 +12,8 @@
 #include <vector>
 
 #include "data/synthetic.h"
-#if MINIDL_HARNESS_HAS_LOADER
 #include "data/dataset.h"
 #include "data/loader.h"
-#endif
 
 namespace minidl::harness {
 namespace {
@@ -90,7 +88,6 @@ std::array<int64_t, 3> synthetic_counts(const TrainConfig& c) {
   return n;
 }
 
-#if MINIDL_HARNESS_HAS_LOADER
 class LoaderSource final : public BatchSource {
  public:
   LoaderSource(std::shared_ptr<const data::Dataset> d, data::LoaderOptions o) : loader_(std::move(d), std::move(o)) {}
@@ -132,11 +129,8 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   src->size_ = n;
   return src;
 }
-#endif
 
 }  // namespace
-
-bool loader_available() { return MINIDL_HARNESS_HAS_LOADER != 0; }
 
 std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
                                            uint64_t seed, Device device) {
@@ -161,7 +155,6 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
                     std::to_string(2 * n[2]) + " test images";
     return r;
   }
-#if MINIDL_HARNESS_HAS_LOADER
   std::shared_ptr<data::Dataset> d;
   std::string what;
   if (c.data == "synthetic") {
@@ -198,11 +191,6 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
   r.test = loader_source(d, split.test, c, device, image_size, false, c.seed);
   if (!r.train) throw UsageError("--split " + c.split + " leaves no training images in " + what);
   return r;
-#else
-  throw UsageError("--data " + c.data + " --augment " + c.augment +
-                   ": folder data and augmentation need the data loader (data/loader.cpp), not in this build; "
-                   "use --data synthetic --augment none");
-#endif
 }
 
 }  // namespace minidl::harness

@@ -44,7 +44,4 @@ struct RunData {
 // c.batch_size (evaluation uses the same size). Throws UsageError for a missing or empty folder.
 RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size);
 
-// Whether folder data and augmentation (the threaded data::Loader) are in this build.
-bool loader_available();
-
 }  // namespace minidl::harness

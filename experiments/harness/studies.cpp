@@ -2,7 +2,6 @@
 // (sized for minutes on 2 CPU cores with the synthetic set), and generic grids.
 #include <set>
 
-#include "experiments/harness/data_source.h"
 #include "experiments/harness/sweep.h"
 
 namespace minidl::harness {
@@ -42,8 +41,6 @@ Study keras_batch(bool quick, const TrainConfig& base) {
         if (quick && c.data == "synthetic") c.synthetic_difficulty = 0.3;
         r.id = b_id(b) + "-" + opt + "-" + aug;
         r.group = opt + ", augment " + aug;
-        if (aug != "none" && !loader_available())
-          r.unavailable = "augmentation needs the data loader (data/loader.cpp), not in this build";
         s.runs.push_back(r);
       }
     }
