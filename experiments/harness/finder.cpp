@@ -34,6 +34,7 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
                ", limit ", o.limit);
   FinderResult r;
   std::optional<int64_t> hi;  // smallest batch known to fail
+  bool step_down = false;     // the (refined) prediction itself failed
   int64_t lo = 0;             // largest batch known to survive
   auto run = [&](int64_t b) {
     MINIDL_CHECK(static_cast<int>(r.trials.size()) < o.max_trials, "maxbatch: no answer after ", o.max_trials,
@@ -54,7 +55,7 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
   if (t1.ok) {
     const Trial t2 = run(o.probe_large);
     if (t2.ok) {
-      r.model = fit_memory_model(o.probe_small, t1.peak_reserved, o.probe_large, t2.peak_reserved);
+      r.model = fit_memory_model(o.probe_small, t1.fit_bytes(), o.probe_large, t2.fit_bytes());
       r.predicted = std::max(r.model.max_batch(o.budget_bytes, o.limit), o.probe_large);
       r.refined = r.predicted;
       // Small probes under-weight what grows with the batch (kernel workspaces sized per chunk of
@@ -64,14 +65,14 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
         const int64_t mid = r.predicted / 2;
         const Trial tm = run(mid);
         if (tm.ok) {
-          r.refined_model = fit_memory_model(o.probe_large, t2.peak_reserved, mid, tm.peak_reserved);
+          r.refined_model = fit_memory_model(o.probe_large, t2.fit_bytes(), mid, tm.fit_bytes());
           r.refined = std::max(r.refined_model.max_batch(o.budget_bytes, o.limit), mid);
           c = r.refined;
         } else {
-          c = 0;
+          c = 0;  // off by more than 2x: no prediction to step down from, bisect instead
         }
       }
-      if (c > lo && (!hi || c < *hi)) run(c);
+      if (c > lo && (!hi || c < *hi)) step_down = !run(c).ok;
     } else {
       r.predicted = r.refined = o.probe_small;
     }
@@ -90,7 +91,7 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
         break;
       }
     }
-  } else if (*hi - lo > 2) {
+  } else if (step_down && *hi - lo > 2) {
     // A failed prediction is usually a little too high: step down from it by doubling steps that
     // start at 2% of it, switching to bisection once a step would cover half the gap.
     for (int64_t step = std::max<int64_t>(1, *hi / 50); *hi - lo > 2 && step <= (*hi - lo) / 2; step *= 2) {

@@ -16,7 +16,12 @@ struct Trial {
   bool ok = false;               // K full steps ran without an OOM
   int64_t peak_allocated = 0;    // bytes, over the K steps (up to the OOM when !ok)
   int64_t peak_reserved = 0;
+  // The peak of the forward + backward phase alone (0: not measured, use peak_reserved). It grows
+  // linearly with the batch; the optimizer step's own peak (weights + gradients + state +
+  // update temporaries) does not, and dominates small batches, so the fit uses this one.
+  int64_t activation_phase_reserved = 0;
   double step_seconds = 0.0;     // mean time of one step (after the first), when ok
+  int64_t fit_bytes() const { return activation_phase_reserved > 0 ? activation_phase_reserved : peak_reserved; }
   bool recovered = true;         // after an OOM, allocated memory returned to its level before the trial
 };
 using TryBatch = std::function<Trial(int64_t batch)>;

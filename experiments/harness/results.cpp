@@ -119,17 +119,18 @@ void append_csv_row(const std::filesystem::path& file, const Row& header, const 
   const CsvTable existing = read_csv(file);
   MINIDL_CHECK(existing.header == header, "results: ", file.string(), " has other columns than this program writes; ",
                "move it away or use another --out");
-  const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND);
-  MINIDL_CHECK(fd >= 0, "results: cannot open ", file.string(), " for appending");
-  // A torn line left by a kill would glue onto this row: start on a fresh line in that case.
-  std::string line = csv_line(row);
+  // A torn last line left by a kill is cut off first, so it can never be read back as a row.
   {
-    std::ifstream f(file, std::ios::binary | std::ios::ate);
-    if (f.tellg() > 0) {
-      f.seekg(-1, std::ios::end);
-      if (f.get() != '\n') line = "\n" + line;
+    std::ifstream f(file, std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!all.empty() && all.back() != '\n') {
+      const size_t keep = all.find_last_of('\n') + 1;  // npos + 1 == 0: nothing complete
+      std::filesystem::resize_file(file, keep);
     }
   }
+  const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND);
+  MINIDL_CHECK(fd >= 0, "results: cannot open ", file.string(), " for appending");
+  const std::string line = csv_line(row);
   const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
   ::close(fd);
   MINIDL_CHECK(ok, "results: cannot append to ", file.string());

@@ -1,6 +1,7 @@
 // Trials for the maximum-batch finder (see step_runner.h).
 #include "experiments/harness/step_runner.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/allocator.h"
@@ -14,9 +15,10 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes)
   model_.module->train();
   // A tiny learning rate: the trials measure memory and time, and must not drive the weights to NaN.
   opt_ = make_optimizer(c_, *model_.module, 1e-6);
-  const int64_t fixed = static_cast<int64_t>(static_cast<double>(parameter_bytes()) *
-                                             (2.0 + optimizer_state_factor(c_)));
-  if (budget_ > 0 && fixed + memory_stats(device_).allocated_bytes > budget_)
+  // allocated: the weights (and anything else already on the device); then gradients and state.
+  const int64_t fixed = memory_stats(device_).allocated_bytes +
+                        static_cast<int64_t>(static_cast<double>(parameter_bytes()) * (1.0 + optimizer_state_factor(c_)));
+  if (budget_ > 0 && fixed > budget_)
     throw UsageError("--memory-budget " + format_bytes(static_cast<size_t>(budget_)) +
                      " is smaller than the model itself: " + c.model + " needs " +
                      format_bytes(static_cast<size_t>(fixed)) + " for weights, gradients and optimizer state");
@@ -35,15 +37,28 @@ int64_t StepRunner::parameter_bytes() const {
   return b;
 }
 
-void StepRunner::step(int64_t batch) {
+int64_t StepRunner::step(int64_t batch) {
   // Inputs are made on the device like a loader's batch; their bytes count in the peak.
   const TensorOptions fo{DType::f32, device_, false};
-  const Tensor x = randn(model_.input_shape(batch), fo);
-  const Tensor labels = gt(rand({batch}, fo), full({1}, 0.5, fo)).to(DType::i64);
-  const Tensor loss = model_.loss(model_.forward(x), labels);
-  loss.backward();
+  // The overall peak is kept in `outer` while the phases are measured one at a time.
+  const auto outer = memory_stats(device_);
+  reset_peak_stats(device_);
+  int64_t phase = 0;
+  {
+    const Tensor x = randn(model_.input_shape(batch), fo);
+    const Tensor labels = gt(rand({batch}, fo), full({1}, 0.5, fo)).to(DType::i64);
+    const Tensor loss = model_.loss(model_.forward(x), labels);
+    loss.backward();
+  }
+  phase = memory_stats(device_).peak_reserved_bytes;
+  peak_allocated_ = std::max({peak_allocated_, outer.peak_allocated_bytes, memory_stats(device_).peak_allocated_bytes});
+  peak_reserved_ = std::max({peak_reserved_, outer.peak_reserved_bytes, phase});
   opt_->step();
   opt_->zero_grad();
+  const auto after = memory_stats(device_);
+  peak_allocated_ = std::max(peak_allocated_, after.peak_allocated_bytes);
+  peak_reserved_ = std::max(peak_reserved_, after.peak_reserved_bytes);
+  return phase;
 }
 
 Trial StepRunner::run(int64_t batch, int steps) {
@@ -51,11 +66,12 @@ Trial StepRunner::run(int64_t batch, int steps) {
   empty_cache(device_);
   reset_peak_stats(device_);
   const int64_t before = memory_stats(device_).allocated_bytes;
+  peak_allocated_ = peak_reserved_ = 0;
   double timed = 0.0;
   try {
     for (int s = 0; s < steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
-      step(batch);
+      t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(batch));
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s > 0 || steps == 1) timed += dt;
     }
@@ -67,9 +83,11 @@ Trial StepRunner::run(int64_t batch, int steps) {
     opt_->zero_grad();
     t.ok = false;
   }
+  // After an OOM the phase bookkeeping stopped mid-step: the allocator's peak covers the rest.
   const auto ms = memory_stats(device_);
-  t.peak_allocated = ms.peak_allocated_bytes;
-  t.peak_reserved = ms.peak_reserved_bytes;
+  t.peak_allocated = std::max(peak_allocated_, ms.peak_allocated_bytes);
+  t.peak_reserved = std::max(peak_reserved_, ms.peak_reserved_bytes);
+  if (!t.ok) t.activation_phase_reserved = 0;
   t.recovered = ms.allocated_bytes == before;
   return t;
 }

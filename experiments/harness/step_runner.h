@@ -30,7 +30,8 @@ class StepRunner {
   int64_t parameter_bytes() const;
 
  private:
-  void step(int64_t batch);
+  // One step; returns the peak reserved bytes of its forward + backward phase.
+  int64_t step(int64_t batch);
 
   TrainConfig c_;
   Device device_;
@@ -38,6 +39,8 @@ class StepRunner {
   std::unique_ptr<optim::Optimizer> opt_;
   int64_t budget_ = 0;
   int64_t baseline_ = 0;
+  int64_t peak_allocated_ = 0;   // over the current trial, across the phase resets
+  int64_t peak_reserved_ = 0;
 };
 
 }  // namespace minidl::harness

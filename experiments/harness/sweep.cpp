@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -99,7 +100,9 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose) {
         ex.json["status"] = "oom";
         return ex;
       }
-      c.batch_size = rep.finder.max_batch;
+      // Train at the recommended batch (the margin below the maximum): the training loop also
+      // holds the data and evaluation tensors that the finder's random batches do not.
+      c.batch_size = std::max<int64_t>(1, rep.recommended);
       max_batch = rep.finder.max_batch * c.accumulation_steps;
       predicted = rep.finder.predicted * c.accumulation_steps;
     }

@@ -146,8 +146,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   // configuration error, not an out-of-memory result.
   if (!c.memory_budget.empty()) {
     const int64_t budget = static_cast<int64_t>(parse_bytes(c.memory_budget));
-    const int64_t fixed = static_cast<int64_t>(param_bytes(*m.module) * (2.0 + optimizer_state_factor(c)));
-    if (fixed + memory_stats(device).allocated_bytes > budget)
+    // allocated: the weights (and anything else already on the device); then gradients and state.
+    const int64_t fixed = memory_stats(device).allocated_bytes +
+                          static_cast<int64_t>(param_bytes(*m.module) * (1.0 + optimizer_state_factor(c)));
+    if (fixed > budget)
       throw UsageError("--memory-budget " + c.memory_budget + " is smaller than the model itself: " + c.model +
                        " needs " + format_bytes(static_cast<size_t>(fixed)) +
                        " for weights, gradients and optimizer state");
