@@ -72,7 +72,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--data", c.data, "'synthetic' (built-in two-class images) or a folder: class folders, "
                                    "Kaggle train/ (cat.N.jpg) or PetImages/Cat|Dog");
   app.add_option("--synthetic-size", c.synthetic_size,
-                 "synthetic images per class in total; 0: exactly what --split asks for");
+                 "with a fractional --split: synthetic images per class (0: 1000); counts need none");
   app.add_option("--synthetic-difficulty", c.synthetic_difficulty, "synthetic task difficulty in [0, 1]");
   app.add_option("--split", c.split, "train,val,test per class: integers are counts (the Keras study's "
                                      "600,200,200), decimals are fractions (0.8,0.1,0.1)");
@@ -104,7 +104,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_flag("--amp", c.amp, "mixed precision (f16 autocast + gradient scaler)");
   app.add_option("--checkpoint", c.checkpoint, "activation recomputation: none, stages, sequential:N or optimal "
                                                "(ResNet models)");
-  app.add_option("--cudnn-benchmark", c.cudnn_benchmark, "cuDNN autotuning: on or off");
+  app.add_option("--cudnn-benchmark", c.cudnn_benchmark,
+                 "cuDNN autotuning: on or off (recorded; no effect until the CUDA backend exposes autotuning)");
   app.add_option("--memory-budget", c.memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
   app.add_option("--device", c.device, "cpu, cuda or cuda:N");
   app.add_option("--seed", c.seed, "seed of data split, initialisation, shuffling and augmentation");

@@ -219,6 +219,7 @@ nlohmann::json to_json(const RunResult& r) {
                       {"images_per_second", e.images_per_second},
                       {"data_wait_fraction", e.data_wait_fraction},
                       {"cpu_utilization", e.cpu_utilization},
+                      {"gpu_busy", num(e.gpu_busy)},
                       {"peak_allocated_bytes", e.peak_allocated},
                       {"peak_reserved_bytes", e.peak_reserved}});
   }
@@ -244,12 +245,12 @@ nlohmann::json to_json(const RunResult& r) {
 
 std::string epochs_csv(const std::vector<EpochMetrics>& epochs) {
   std::string s = csv_line({"epoch", "steps", "lr", "train_loss", "train_acc", "val_loss", "val_acc", "train_seconds",
-                            "images_per_second", "data_wait_pct", "cpu_util_pct", "peak_allocated_bytes",
+                            "images_per_second", "data_wait_pct", "cpu_util_pct", "gpu_busy_pct", "peak_allocated_bytes",
                             "peak_reserved_bytes"});
   for (const auto& e : epochs) {
     s += csv_line({std::to_string(e.epoch), std::to_string(e.steps), fmt(e.lr, 6), fmt(e.train_loss), fmt(e.train_acc),
                    fmt(e.val_loss), fmt(e.val_acc), fmt(e.train_seconds, 3), fmt(e.images_per_second, 1),
-                   fmt(100 * e.data_wait_fraction, 1), fmt(100 * e.cpu_utilization, 1),
+                   fmt(100 * e.data_wait_fraction, 1), fmt(100 * e.cpu_utilization, 1), fmt(100 * e.gpu_busy, 1),
                    std::to_string(e.peak_allocated), std::to_string(e.peak_reserved)});
   }
   return s;

@@ -1,5 +1,5 @@
-// Runs K full training steps (forward, backward, optimizer step) of a configuration at a given
-// micro-batch on random inputs under the memory budget, and measures peak memory and step time.
+// Runs K full training steps (forward, backward, optimizer step; two micro-batches per step with
+// gradient accumulation) of a configuration at a given micro-batch on random inputs under the memory budget, and measures peak memory and step time.
 // The finder, --profile and minidl-memest use it; an OOM inside a trial is caught, the step's
 // tensors are dropped, and the runner checks that the memory statistics return to their level.
 #pragma once

@@ -26,13 +26,18 @@ std::string mib(int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.
 Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const RunResult* res,
              const std::string& status, const std::string& note, int64_t max_batch, int64_t predicted) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  double epoch_s = nan, ips = nan, cpu = nan;
+  double epoch_s = nan, ips = nan, cpu = nan, gpu = nan;
   if (res && !res->epochs.empty()) {
     epoch_s = res->train_seconds / static_cast<double>(res->epochs.size());
     ips = res->mean_images_per_second();
     cpu = 0;
     for (const auto& e : res->epochs) cpu += e.cpu_utilization;
     cpu = 100 * cpu / static_cast<double>(res->epochs.size());
+    double busy = 0;
+    int n = 0;
+    for (const auto& e : res->epochs)
+      if (std::isfinite(e.gpu_busy)) busy += e.gpu_busy, ++n;
+    if (n > 0) gpu = 100 * busy / n;
   }
   const bool ok = res && (status == "ok" || status == "diverged");
   return {run.id,
@@ -65,7 +70,7 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           fmt(epoch_s, 3),
           fmt(ips, 1),
           fmt(cpu, 1),
-          "",  // gpu_busy_pct: measured on CUDA devices only
+          fmt(gpu, 1),  // NVML, CUDA devices only
           res ? mib(res->peak_allocated) : "",
           res ? mib(res->peak_reserved) : "",
           max_batch > 0 ? std::to_string(max_batch) : "",

@@ -19,6 +19,7 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "experiments/harness/data_source.h"
+#include "experiments/harness/gpu_monitor.h"
 #include "experiments/harness/model.h"
 #include "nn/safetensors.h"
 #include "optim/accumulation.h"
@@ -200,6 +201,8 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     data.train->start_epoch(epoch);
     const double wait0 = data.train->wait_seconds();
     const double cpu0 = cpu_seconds();
+    std::unique_ptr<GpuBusyMonitor> gpu;
+    if (device.is_cuda()) gpu = std::make_unique<GpuBusyMonitor>(device.index);
     const auto t0 = Clock::now();
     double loss_sum = 0.0;
     int64_t correct = 0;
@@ -263,6 +266,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       opt->zero_grad();
     }
     em.train_seconds = seconds_since(t0);
+    if (gpu) em.gpu_busy = gpu->stop() / 100.0;
     train_seconds += em.train_seconds;
     em.steps = opt->step_count();
     em.lr = opt->lr(0);

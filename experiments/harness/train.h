@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct EpochMetrics {
   double images_per_second = 0.0;
   double data_wait_fraction = 0.0;
   double cpu_utilization = 0.0;   // process CPU time / (wall time x cores)
+  double gpu_busy = std::numeric_limits<double>::quiet_NaN();  // NVML busy % (CUDA devices with NVML)
   int64_t peak_allocated = 0;     // bytes, this epoch
   int64_t peak_reserved = 0;
 };
