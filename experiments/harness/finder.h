@@ -64,8 +64,8 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o);
 int64_t recommended_batch(int64_t max_batch, double margin);
 
 // Keeping an effective batch B with micro-batches of at most `max_micro`: the fewest accumulation
-// steps k = ceil(B / max_micro), then the micro-batch ceil(B / k) (<= max_micro); micro x k >= B,
-// equal when B divides evenly.
+// steps k0 = ceil(B / max_micro); among k0 .. 1.25 k0 the first k that divides B gives exactly
+// B = micro x k; when none does, k0 steps of ceil(B / k0) (<= max_micro, micro x k0 >= B).
 struct AccumulationPlan {
   int64_t micro_batch = 0;
   int64_t steps = 0;

@@ -112,7 +112,7 @@ TEST(ExperimentsFinder, MarginAndAccumulation) {
   EXPECT_EQ(recommended_batch(0, 0.10), 0);
   EXPECT_EQ(recommended_batch(100, 0.0), 100);
   const AccumulationPlan p = accumulation_for(1024, 91);
-  EXPECT_EQ(p.steps, 12);          // ceil(1024 / 91)
+  EXPECT_EQ(p.steps, 12);          // ceil(1024 / 91); 16, the next divisor, is > 1.25 x 12
   EXPECT_EQ(p.micro_batch, 86);    // ceil(1024 / 12) <= 91
   EXPECT_GE(p.effective(), 1024);
   EXPECT_LE(p.micro_batch, 91);
@@ -120,6 +120,10 @@ TEST(ExperimentsFinder, MarginAndAccumulation) {
   EXPECT_EQ(even.steps, 4);
   EXPECT_EQ(even.micro_batch, 128);
   EXPECT_EQ(accumulation_for(64, 200).steps, 1);
+  const AccumulationPlan exact = accumulation_for(256, 20);  // 13 steps would give 260
+  EXPECT_EQ(exact.steps, 16);
+  EXPECT_EQ(exact.micro_batch, 16);
+  EXPECT_EQ(exact.effective(), 256);
 }
 
 TEST(ExperimentsFinder, ProfileRecommendsFastestWithinMarginOrSmallestMeetingTheTimeBudget) {
