@@ -200,6 +200,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       for (const Tensor& t : in) any = any || t.defined();
       std::vector<Tensor> out;
       if (any) out = n->apply(in);
+      if (!retain_graph) n->release_saved();  // free its saved tensors now, as PyTorch does, not at the end
       for (size_t i = 0; i < n->next_edges.size(); ++i) {
         const Edge& e = n->next_edges[i];
         if (!e.fn) continue;

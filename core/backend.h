@@ -84,6 +84,13 @@ class Backend {
   virtual void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) = 0;
   // glogp[n, c] = (c == target[n]) ? -g[n] : 0.
   virtual void nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) = 0;
+
+  // Mixed precision (optim::GradScaler): multiplies every gradient (any floating dtype and strides)
+  // by inv_scale in place and sets found_inf (one-element f32 on this device) to 1 when any element
+  // was inf or NaN before scaling, leaving it as it is otherwise; no host synchronisation. The
+  // default is composed from the kernels above (core/ops_amp.cpp); backends override it with one
+  // fused pass.
+  virtual void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf);
 };
 
 // The backend of a device type. CUDA throws a clear minidl::Error in a build without CUDA.

@@ -1,6 +1,8 @@
 // The default generator and offset bookkeeping for the counter-based random streams.
 #include "core/generator.h"
 
+#include <utility>
+
 namespace minidl {
 
 void Generator::manual_seed(uint64_t seed) {
@@ -20,10 +22,23 @@ void Generator::set_offset(uint64_t offset) {
   std::lock_guard<std::mutex> lock(mu_);
   offset_ = offset;
 }
+namespace {
+thread_local ReserveObserver t_observer;
+}  // namespace
+
+ReserveObserver set_reserve_observer(ReserveObserver observer) {
+  std::swap(t_observer, observer);
+  return observer;
+}
+
 uint64_t Generator::reserve(uint64_t num_elements) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t start = offset_;
-  offset_ += philox::counters_for(num_elements);
+  uint64_t start = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    start = offset_;
+    offset_ += philox::counters_for(num_elements);
+  }
+  if (t_observer) t_observer(*this, start);
   return start;
 }
 

@@ -3,6 +3,7 @@
 // (seed, offset, i) alone. Saving (seed, offset) replays the same draws (checkpoint recompute).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <mutex>
 
 #include "core/philox.h"
@@ -27,5 +28,11 @@ class Generator {
 
 Generator& default_generator();
 void manual_seed(uint64_t seed);
+
+// Sees every reserve() on this thread while installed: checkpoint learns which generators (the
+// default one or private ones) a function draws from, so its rerun can replay all of them.
+// Called outside the generator's lock with the offset the reserve started at.
+using ReserveObserver = std::function<void(Generator& gen, uint64_t start_offset)>;
+ReserveObserver set_reserve_observer(ReserveObserver observer);  // returns the previous one
 
 }  // namespace minidl

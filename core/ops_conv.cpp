@@ -4,6 +4,7 @@
 #include <array>
 #include <string>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
@@ -16,12 +17,11 @@ std::string pair_str(const std::array<int64_t, 2>& a) {
   return "[" + std::to_string(a[0]) + ", " + std::to_string(a[1]) + "]";
 }
 
-// f16 convolutions exist on CUDA (autocast); the CPU reference computes in f32 or f64 only.
 void check_conv_dtype(const Tensor& x, const char* what) {
   const DType dt = x.dtype();
-  const bool ok = dt == DType::f32 || dt == DType::f64 || (dt == DType::f16 && x.device().is_cuda());
+  const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
   MINIDL_CHECK(ok, "conv2d: ", what, " has dtype ", dtype_name(dt), " on ", x.device().str(),
-               ", but only f32 and f64 are supported there (f16 on CUDA); convert it with .to(DType::f32)");
+               ", but only f32, f64 and f16 are supported; convert it with .to(DType::f32)");
 }
 
 }  // namespace
@@ -45,8 +45,10 @@ int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad
   return out;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts) {
-  MINIDL_CHECK(x.defined() && weight.defined(), "conv2d: input and weight must be defined tensors");
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Conv2dOptions& opts) {
+  MINIDL_CHECK(x_in.defined() && weight_in.defined(), "conv2d: input and weight must be defined tensors");
+  // Autocast: f32 operands run in f16 (the weight copy comes from the per-step cache).
+  const Tensor x = autocast_to_low(x_in), weight = autocast_to_low(weight_in), bias = autocast_to_low(bias_in);
   MINIDL_CHECK(x.dim() == 4, "conv2d: expected a 4-D input [N, C, H, W] but got ", shape_str(x.shape()),
                (x.dim() == 3 ? "; add the batch dim with x.unsqueeze(0)" : ""));
   MINIDL_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight [out, in/groups, kH, kW] but got ",

@@ -2,6 +2,7 @@
 // and the backward formulas (gradients are summed back to each operand's shape).
 #include <cmath>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
@@ -71,7 +72,9 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   return s.reshape(shape);
 }
 
-Tensor add(const Tensor& a, const Tensor& b) {
+Tensor add(const Tensor& a0, const Tensor& b0) {
+  Tensor a = a0, b = b0;
+  autocast_promote(a, b);  // autocast: f16 with f32 computes in f32
   Tensor out = binary(BinaryOp::Add, a, b);
   record("add", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const Grads& g) {
     return Grads{sum_to(g[0], sa), sum_to(g[0], sb)};
@@ -79,7 +82,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
+Tensor sub(const Tensor& a0, const Tensor& b0) {
+  Tensor a = a0, b = b0;
+  autocast_promote(a, b);  // autocast: f16 with f32 computes in f32
   Tensor out = binary(BinaryOp::Sub, a, b);
   record("sub", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const Grads& g) {
     return Grads{sum_to(g[0], sa), sum_to(neg(g[0]), sb)};
@@ -87,7 +92,9 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+Tensor mul(const Tensor& a0, const Tensor& b0) {
+  Tensor a = a0, b = b0;
+  autocast_promote(a, b);  // autocast: f16 with f32 computes in f32
   Tensor out = binary(BinaryOp::Mul, a, b);
   const bool ra = a.requires_grad(), rb = b.requires_grad();
   record("mul", {a, b}, {out}, [ad = a.detach(), bd = b.detach(), ra, rb](const Grads& g) {
@@ -96,7 +103,9 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor div(const Tensor& a, const Tensor& b) {
+Tensor div(const Tensor& a0, const Tensor& b0) {
+  Tensor a = a0, b = b0;
+  autocast_promote(a, b);  // autocast: f16 with f32 computes in f32
   Tensor out = binary(BinaryOp::Div, a, b);
   const bool ra = a.requires_grad(), rb = b.requires_grad();
   record("div", {a, b}, {out}, [ad = a.detach(), bd = b.detach(), ra, rb](const Grads& g) {
@@ -109,7 +118,9 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 // Ties split the gradient evenly between the operands, as PyTorch does.
-static Tensor minmax(BinaryOp op, const Tensor& a, const Tensor& b) {
+static Tensor minmax(BinaryOp op, const Tensor& a0, const Tensor& b0) {
+  Tensor a = a0, b = b0;
+  autocast_promote(a, b);
   Tensor out = binary(op, a, b);
   record(binary_name(op), {a, b}, {out}, [op, ad = a.detach(), bd = b.detach()](const Grads& g) {
     const DType t = g[0].dtype();

@@ -1,6 +1,7 @@
 // matmul and linear. Everything reduces to one differentiable batched product [B,M,K]x[B,K,N];
 // NumPy's 1-D and broadcast-batch rules are expressed with views around it, so their gradients
 // come from the views' own backward (expand sums back, unsqueeze reshapes back).
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
@@ -25,8 +26,9 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  MINIDL_CHECK(a_in.defined() && b_in.defined(), "matmul: undefined operand");
+Tensor matmul(const Tensor& a_orig, const Tensor& b_orig) {
+  MINIDL_CHECK(a_orig.defined() && b_orig.defined(), "matmul: undefined operand");
+  const Tensor a_in = autocast_to_low(a_orig), b_in = autocast_to_low(b_orig);  // autocast: GEMMs in f16
   MINIDL_CHECK(a_in.device() == b_in.device(), "matmul: tensors on different devices: ", a_in.meta(), " and ",
                b_in.meta(), "; move one with .to(Device)");
   MINIDL_CHECK(a_in.dtype() == b_in.dtype(), "matmul: dtype mismatch: ", a_in.meta(), " and ", b_in.meta(),
@@ -55,8 +57,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return out.reshape(os);
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  MINIDL_CHECK(x.defined() && weight.defined(), "linear: undefined input or weight");
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  MINIDL_CHECK(x_in.defined() && weight_in.defined(), "linear: undefined input or weight");
+  const Tensor x = autocast_to_low(x_in), weight = autocast_to_low(weight_in), bias = autocast_to_low(bias_in);
   MINIDL_CHECK(weight.dim() == 2, "linear: weight must be [out_features, in_features], got ",
                shape_str(weight.shape()));
   MINIDL_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ", shape_str(x.shape()),

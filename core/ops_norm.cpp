@@ -11,12 +11,12 @@
 namespace minidl {
 namespace {
 
-// The CPU reference computes in f32 or f64; on CUDA x may be f16 (autocast) with f32 parameters.
+// x may be f16 (autocast, pure f16) with f32 parameters and statistics on every backend.
 void check_input_dtype(const Tensor& x) {
   const DType dt = x.dtype();
-  const bool ok = dt == DType::f32 || dt == DType::f64 || (dt == DType::f16 && x.device().is_cuda());
+  const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
   MINIDL_CHECK(ok, "batch_norm: input ", shape_str(x.shape()), " has dtype ", dtype_name(dt), " on ",
-               x.device().str(), ", but only f32 and f64 are supported there (f16 on CUDA); convert it with "
+               x.device().str(), ", but only f32, f64 and f16 are supported; convert it with "
                ".to(DType::f32)");
 }
 

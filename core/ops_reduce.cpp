@@ -2,6 +2,7 @@
 // Kernels always produce the keepdim shape; squeezing is a view here.
 #include <algorithm>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
@@ -58,9 +59,10 @@ int64_t count_of(const Shape& s, const std::vector<int64_t>& dims) {
   return c;
 }
 
-Tensor sum_or_mean(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) {
+Tensor sum_or_mean(ReduceOp op, const Tensor& a_in, const std::vector<int64_t>& dims_in, bool keepdim) {
   const char* name = op == ReduceOp::Sum ? "sum" : "mean";
-  MINIDL_CHECK(a.defined(), name, ": undefined tensor");
+  MINIDL_CHECK(a_in.defined(), name, ": undefined tensor");
+  const Tensor a = op == ReduceOp::Sum ? autocast_to_f32(a_in) : a_in;  // autocast: sums in f32, as PyTorch
   const auto dims = normalize_dims(a, dims_in, name);
   if (op == ReduceOp::Mean) {
     MINIDL_CHECK(is_floating(a.dtype()), "mean: needs a floating tensor, got ", a.meta(),

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
@@ -13,13 +14,15 @@ namespace {
 
 void check_float(const Tensor& t, const char* op, const char* what) {
   const DType dt = t.dtype();
-  MINIDL_CHECK(dt == DType::f32 || dt == DType::f64, op, ": ", what, " ", shape_str(t.shape()), " has dtype ",
-               dtype_name(dt), ", but only f32 and f64 are supported; convert it with .to(DType::f32)");
+  MINIDL_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16, op, ": ", what, " ", shape_str(t.shape()),
+               " has dtype ", dtype_name(dt), ", but only f32, f64 and f16 are supported; convert it with "
+               ".to(DType::f32)");
 }
 
-Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
+Tensor softmax_impl(const Tensor& x_in, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
-  MINIDL_CHECK(x.defined(), op, ": the input is an undefined tensor");
+  MINIDL_CHECK(x_in.defined(), op, ": the input is an undefined tensor");
+  const Tensor x = autocast_to_f32(x_in);  // autocast: softmax in f32
   check_float(x, op, "input");
   const int64_t nd = std::max<int64_t>(x.dim(), 1);  // a 0-d tensor has one dim to softmax over, as PyTorch
   MINIDL_CHECK(dim >= -nd && dim < nd, op, ": dim ", dim, " is out of range for the input ", shape_str(x.shape()),
@@ -95,12 +98,14 @@ Tensor reduce_loss(const Tensor& losses, Reduction reduction) {
 Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, Reduction reduction) {
+  const Tensor log_probs = autocast_to_f32(log_probs_in);  // autocast: losses in f32
   check_class_inputs("nll_loss", log_probs, "log_probs", target);
   return reduce_loss(nll_unreduced(log_probs, target), reduction);
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction, double label_smoothing) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, Reduction reduction, double label_smoothing) {
+  const Tensor logits = autocast_to_f32(logits_in);
   check_class_inputs("cross_entropy", logits, "logits", target);
   MINIDL_CHECK(label_smoothing >= 0.0 && label_smoothing < 1.0, "cross_entropy: label_smoothing ", label_smoothing,
                " must be in [0, 1) (0 disables it; 0.1 is a common value)");
@@ -113,9 +118,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   return reduce_loss(loss, reduction);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction) {
+Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& target_in, Reduction reduction) {
   const char* op = "binary_cross_entropy_with_logits";
-  MINIDL_CHECK(logits.defined() && target.defined(), op, ": logits and target must be defined tensors");
+  MINIDL_CHECK(logits_in.defined() && target_in.defined(), op, ": logits and target must be defined tensors");
+  const Tensor logits = autocast_to_f32(logits_in);
+  const Tensor target = autocast_to_f32(target_in);
   check_float(logits, op, "logits");
   MINIDL_CHECK(target.dtype() == logits.dtype(), op, ": target has dtype ", dtype_name(target.dtype()),
                " but logits have ", dtype_name(logits.dtype()), "; convert the labels with .to(DType::",

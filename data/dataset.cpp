@@ -86,6 +86,10 @@ class FolderDataset final : public Dataset {
   std::string key(int64_t i) const override {
     return files_.at(static_cast<size_t>(i)).lexically_relative(root_).generic_string();
   }
+  SampleCheck check(int64_t i) const override {
+    const DecodeResult r = decode_file(files_.at(static_cast<size_t>(i)));
+    return SampleCheck{r.ok(), r.error, r.note};
+  }
   std::optional<Image> load(int64_t i) const override {
     DecodeResult r = decode_file(files_.at(static_cast<size_t>(i)));
     if (r.ok()) return std::move(r.image);
@@ -153,36 +157,65 @@ std::shared_ptr<FolderDataset> from_flat(const fs::path& root) {
   return std::make_shared<FolderDataset>(root, "Kaggle flat", std::move(classes), std::move(files), std::move(labels));
 }
 
+// Renders lazily and memoises the 8-bit images (up to kMemoBytes) in the dataset itself, so every
+// loader built on it (one per batch size in a study) renders each image once per process.
 class SyntheticDataset final : public Dataset {
  public:
-  SyntheticDataset(int64_t n, int64_t size, uint64_t seed, double difficulty) : r_(n, size, seed, difficulty) {}
+  SyntheticDataset(int64_t n, int64_t size, uint64_t seed, double difficulty)
+      : r_(n, size, seed, difficulty), memo_(static_cast<size_t>(n)) {}
   int64_t size() const override { return r_.count(); }
   int64_t label(int64_t i) const override { return r_.label(i); }
   const std::vector<std::string>& class_names() const override { return classes_; }
   std::string describe(int64_t i) const override { return "synthetic #" + std::to_string(i); }
   std::optional<Image> load(int64_t i) const override {
+    MINIDL_CHECK(i >= 0 && i < size(), "synthetic dataset: index ", i, " out of range [0, ", size(), ")");
     const int64_t s = r_.image_size();
-    std::vector<float> f(static_cast<size_t>(3 * s * s));
-    r_.render(i, f.data());
-    // Quantisation: the float images are roughly zero-mean with |v| < 3, so v -> 127.5 + 42.5 v
-    // keeps +-3 (clamped beyond) in 8 bits, a step of 0.024, well under the pixel noise (>= 0.15).
     Image img;
     img.height = s;
     img.width = s;
-    img.pixels.resize(static_cast<size_t>(3 * s * s));
-    const int64_t plane = s * s;
-    for (int64_t p = 0; p < plane; ++p) {
-      for (int64_t c = 0; c < 3; ++c) {
-        const float v = 127.5f + 42.5f * f[static_cast<size_t>(c * plane + p)];
-        img.pixels[static_cast<size_t>(p * 3 + c)] = static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (const auto& m = memo_[static_cast<size_t>(i)]) {
+        img.pixels = *m;
+        return img;
       }
+    }
+    img.pixels = render(i);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& m = memo_[static_cast<size_t>(i)];
+    const auto bytes = static_cast<int64_t>(img.pixels.size());
+    if (!m && memo_bytes_ + bytes <= kMemoBytes) {
+      m = std::make_shared<const std::vector<uint8_t>>(img.pixels);
+      memo_bytes_ += bytes;
     }
     return img;
   }
 
  private:
+  static constexpr int64_t kMemoBytes = int64_t{1} << 30;
+
+  std::vector<uint8_t> render(int64_t i) const {
+    const int64_t s = r_.image_size();
+    std::vector<float> f(static_cast<size_t>(3 * s * s));
+    r_.render(i, f.data());
+    // Quantisation: the float images are roughly zero-mean with |v| < 3, so v -> 127.5 + 42.5 v
+    // keeps +-3 (clamped beyond) in 8 bits, a step of 0.024, well under the pixel noise (>= 0.15).
+    std::vector<uint8_t> px(static_cast<size_t>(3 * s * s));
+    const int64_t plane = s * s;
+    for (int64_t p = 0; p < plane; ++p) {
+      for (int64_t c = 0; c < 3; ++c) {
+        const float v = 127.5f + 42.5f * f[static_cast<size_t>(c * plane + p)];
+        px[static_cast<size_t>(p * 3 + c)] = static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+      }
+    }
+    return px;
+  }
+
   SyntheticRenderer r_;
   std::vector<std::string> classes_{"class0", "class1"};
+  mutable std::mutex mu_;
+  mutable std::vector<std::shared_ptr<const std::vector<uint8_t>>> memo_;
+  mutable int64_t memo_bytes_ = 0;
 };
 
 class SubsetDataset final : public Dataset {
@@ -199,6 +232,7 @@ class SubsetDataset final : public Dataset {
   std::optional<Image> load(int64_t i) const override { return base_->load(at(i)); }
   std::string describe(int64_t i) const override { return base_->describe(at(i)); }
   std::string key(int64_t i) const override { return base_->key(at(i)); }
+  SampleCheck check(int64_t i) const override { return base_->check(at(i)); }
   const Dataset& base() const { return *base_; }
 
  private:
@@ -211,6 +245,10 @@ class SubsetDataset final : public Dataset {
 };
 
 }  // namespace
+
+SampleCheck Dataset::check(int64_t i) const {
+  return load(i) ? SampleCheck{true, "", ""} : SampleCheck{false, "unreadable", ""};
+}
 
 std::shared_ptr<Dataset> open_image_folder(const fs::path& root) {
   MINIDL_CHECK(fs::is_directory(root), "open_image_folder: ", root.string(), " is not a folder");

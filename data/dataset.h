@@ -14,6 +14,8 @@
 
 namespace minidl::data {
 
+struct SampleCheck;
+
 // An 8-bit RGB image, rows of interleaved channels (HWC). pixels.size() == height * width * 3.
 struct Image {
   int64_t height = 0;
@@ -34,6 +36,15 @@ class Dataset {
   // A stable name for manifests: the path relative to the dataset's root (so a manifest works on
   // another machine), or describe(i) where there is no root.
   virtual std::string key(int64_t i) const { return describe(i); }
+  // Decodes sample i without reporting it: whether it is readable, why not, and any conversion
+  // (grayscale, CMYK, a PNG named .jpg). The default only knows what load() returns.
+  virtual SampleCheck check(int64_t i) const;
+};
+
+struct SampleCheck {
+  bool ok = false;
+  std::string problem;   // why it is unreadable (ok == false)
+  std::string note;      // a conversion it needed (ok == true), or ""
 };
 
 // A folder in any supported layout (one folder per class; Kaggle flat train/ with cat.N.jpg and
@@ -64,5 +75,27 @@ Split split_by_fractions(const Dataset& d, double train, double val, double test
 // reproduced exactly. read_manifest checks it against the dataset and throws on a mismatch.
 void write_manifest(const std::filesystem::path& file, const Dataset& d, const Split& s);
 Split read_manifest(const std::filesystem::path& file, const Dataset& d);
+
+// The up-front scan behind the experiment programs' --validate-data: decodes every sample on
+// `threads` threads and lists the unreadable ones (which every loader skips) and the converted ones.
+struct ValidationReport {
+  struct Entry {
+    int64_t index = 0;
+    std::string what;   // describe(index): the path
+    std::string why;    // the problem or the conversion
+  };
+  int64_t samples = 0;
+  int64_t readable = 0;
+  std::vector<std::string> class_names;
+  std::vector<int64_t> readable_per_class;
+  std::vector<Entry> unreadable;  // in index order
+  std::vector<Entry> converted;   // in index order
+  int threads = 1;
+  double seconds = 0;
+  // A printable report: totals per class, then each unreadable and converted file (at most
+  // max_listed of each, then a count of the rest).
+  std::string text(size_t max_listed = 50) const;
+};
+ValidationReport validate_dataset(const Dataset& d, int threads = 2);
 
 }  // namespace minidl::data

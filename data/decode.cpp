@@ -4,6 +4,7 @@
 
 #include <turbojpeg.h>
 
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -16,24 +17,33 @@ namespace minidl::data {
 namespace {
 
 // One TurboJPEG decompressor per thread, created on first use and destroyed at thread exit.
+// After a failed decode it is replaced: TurboJPEG 2.x can leave a handle mid-stream (the next
+// file then fails with "two SOI markers").
 struct TjHandle {
   tjhandle h = tjInitDecompress();
   ~TjHandle() {
     if (h != nullptr) tjDestroy(h);
   }
 };
+thread_local TjHandle t_handle;
 tjhandle thread_decompressor() {
-  thread_local TjHandle handle;
-  return handle.h;
+  if (t_handle.h == nullptr) t_handle.h = tjInitDecompress();
+  return t_handle.h;
+}
+void discard_decompressor() {
+  if (t_handle.h != nullptr) tjDestroy(t_handle.h);
+  t_handle.h = nullptr;
 }
 
-bool is_jpeg(const uint8_t* d, size_t n) { return n >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF; }
+// The SOI marker alone: anything that starts like a JPEG goes to libjpeg-turbo, which rejects it
+// cleanly if the rest is not one (stb_image is built without its JPEG decoder).
+bool is_jpeg(const uint8_t* d, size_t n) { return n >= 2 && d[0] == 0xFF && d[1] == 0xD8; }
 
 std::string too_large(int64_t w, int64_t h, int64_t max_pixels) {
   return detail::concat("image of ", w, " x ", h, " pixels exceeds the limit of ", max_pixels, " pixels");
 }
 
-DecodeResult decode_jpeg(const uint8_t* data, size_t size, int64_t max_pixels) {
+DecodeResult decode_jpeg_once(const uint8_t* data, size_t size, int64_t max_pixels) {
   DecodeResult r;
   tjhandle tj = thread_decompressor();
   if (tj == nullptr) {
@@ -50,7 +60,7 @@ DecodeResult decode_jpeg(const uint8_t* data, size_t size, int64_t max_pixels) {
     return r;
   }
   if (w <= 0 || h <= 0) {
-    r.error = detail::concat("JPEG with invalid dimensions ", w, " x ", h);
+    r.error = detail::concat("corrupt JPEG header: invalid dimensions ", w, " x ", h);
     return r;
   }
   if (static_cast<int64_t>(w) * h > max_pixels) {
@@ -99,6 +109,12 @@ DecodeResult decode_jpeg(const uint8_t* data, size_t size, int64_t max_pixels) {
   return r;
 }
 
+DecodeResult decode_jpeg(const uint8_t* data, size_t size, int64_t max_pixels) {
+  DecodeResult r = decode_jpeg_once(data, size, max_pixels);
+  if (!r.ok()) discard_decompressor();
+  return r;
+}
+
 DecodeResult decode_other(const uint8_t* data, size_t size, int64_t max_pixels) {
   DecodeResult r;
   if (size > static_cast<size_t>(std::numeric_limits<int>::max())) {
@@ -107,7 +123,7 @@ DecodeResult decode_other(const uint8_t* data, size_t size, int64_t max_pixels) 
   }
   int w = 0, h = 0, comp = 0;
   if (!stb::info(data, static_cast<int>(size), &w, &h, &comp)) {
-    r.error = "not an image in a supported format (JPEG, PNG, BMP, GIF, PNM, TGA, PSD, HDR)";
+    r.error = "not an image in a supported format (JPEG, PNG, BMP, GIF, PNM, TGA)";
     return r;
   }
   if (w <= 0 || h <= 0) {
@@ -150,7 +166,16 @@ DecodeResult decode_file(const std::filesystem::path& path, int64_t max_pixels) 
   if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size))) {
     return DecodeResult{std::nullopt, "cannot read the file", ""};
   }
-  return decode_image(bytes.data(), bytes.size(), max_pixels);
+  DecodeResult r = decode_image(bytes.data(), bytes.size(), max_pixels);
+  // A PNG (or anything else) named .jpg decodes by its content; say so, it is worth renaming.
+  std::string ext = path.extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool named_jpeg = ext == ".jpg" || ext == ".jpeg" || ext == ".jpe" || ext == ".jfif";
+  if (r.ok() && named_jpeg && !is_jpeg(bytes.data(), bytes.size())) {
+    const std::string what = "not JPEG data despite the " + path.extension().string() + " name";
+    r.note = r.note.empty() ? what : what + "; " + r.note;
+  }
+  return r;
 }
 
 }  // namespace minidl::data

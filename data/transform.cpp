@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "core/philox.h"
-#include "data/stb_wrap.h"
+#include "data/resize.h"
 
 namespace minidl::data {
 
@@ -37,8 +37,7 @@ void resize_box(const Image& src, int64_t top, int64_t left, int64_t ch, int64_t
     }
     return;
   }
-  stb::resize_rgb(start, static_cast<int>(cw), static_cast<int>(ch), static_cast<int>(src.width * 3), dst,
-                  static_cast<int>(out_w), static_cast<int>(out_h));
+  resize_rgb(start, cw, ch, src.width * 3, dst, out_w, out_h);
 }
 
 Image resized(const Image& src, int64_t out_h, int64_t out_w) {

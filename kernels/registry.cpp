@@ -32,8 +32,7 @@ Backend& backend(DeviceType t) {
 #ifdef MINIDL_WITH_CUDA
   MINIDL_CHECK(cuda::device_count() > 0, "CUDA device requested but none is usable: ", cuda::runtime_status(),
                ". Use the cpu device (--device cpu) on this machine");
-  MINIDL_FAIL("CUDA device requested: this build has the CUDA runtime but not yet the CUDA kernels "
-              "(the CUDA backend is being built); use the cpu device (--device cpu)");
+  return cuda::cuda_backend();
 #else
   MINIDL_FAIL("CUDA device requested, but this build of minidl has no CUDA backend (configured with "
               "MINIDL_CUDA=OFF, or nvcc/cuDNN were not found). Rebuild with -DMINIDL_CUDA=ON on a machine with the "

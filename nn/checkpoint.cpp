@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/ops.h"
@@ -13,25 +14,62 @@
 namespace minidl::nn {
 namespace {
 
-// Puts the default generator at (seed, offset) for its lifetime, then back where it was.
+// One generator's state before fn's first draw from it.
+struct GeneratorState {
+  Generator* gen = nullptr;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+// Records, while alive, the state of every generator fn draws from on this thread (its first
+// reserve), on top of the default generator's state at the start. Chains to an outer observer
+// (a checkpoint inside a checkpoint's rerun).
+class DrawRecorder {
+ public:
+  DrawRecorder() {
+    states_.push_back({&default_generator(), default_generator().seed(), default_generator().offset()});
+    prev_ = set_reserve_observer([this](Generator& g, uint64_t start) {
+      note(g, start);
+      if (prev_) prev_(g, start);
+    });
+  }
+  ~DrawRecorder() { set_reserve_observer(std::move(prev_)); }
+  DrawRecorder(const DrawRecorder&) = delete;
+  DrawRecorder& operator=(const DrawRecorder&) = delete;
+  const std::vector<GeneratorState>& states() const { return states_; }
+
+ private:
+  void note(Generator& g, uint64_t start) {
+    for (const GeneratorState& s : states_) {
+      if (s.gen == &g) return;
+    }
+    states_.push_back({&g, g.seed(), start});
+  }
+  std::vector<GeneratorState> states_;
+  ReserveObserver prev_;
+};
+
+// Puts every recorded generator at its recorded state for its lifetime, then back where it was.
 class GeneratorReplay {
  public:
-  GeneratorReplay(uint64_t seed, uint64_t offset)
-      : gen_(default_generator()), prev_seed_(gen_.seed()), prev_offset_(gen_.offset()) {
-    set(seed, offset);
+  explicit GeneratorReplay(const std::vector<GeneratorState>& states) {
+    for (const GeneratorState& s : states) {
+      prev_.push_back({s.gen, s.gen->seed(), s.gen->offset()});
+      set(s);
+    }
   }
-  ~GeneratorReplay() { set(prev_seed_, prev_offset_); }
+  ~GeneratorReplay() {
+    for (size_t i = prev_.size(); i-- > 0;) set(prev_[i]);
+  }
   GeneratorReplay(const GeneratorReplay&) = delete;
   GeneratorReplay& operator=(const GeneratorReplay&) = delete;
 
  private:
-  void set(uint64_t seed, uint64_t offset) {
-    if (gen_.seed() != seed) gen_.manual_seed(seed);  // manual_seed resets the offset
-    gen_.set_offset(offset);
+  static void set(const GeneratorState& s) {
+    if (s.gen->seed() != s.seed) s.gen->manual_seed(s.seed);  // manual_seed resets the offset
+    s.gen->set_offset(s.offset);
   }
-  Generator& gen_;
-  uint64_t prev_seed_ = 0;
-  uint64_t prev_offset_ = 0;
+  std::vector<GeneratorState> prev_;
 };
 
 }  // namespace
@@ -40,12 +78,15 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
   MINIDL_CHECK(fn != nullptr, "checkpoint: the function is empty");
   if (!grad_enabled()) return fn(input);
 
-  const uint64_t seed = default_generator().seed();
-  const uint64_t offset = default_generator().offset();
+  const bool amp = autocast_enabled();  // the rerun uses the forward's precision, as PyTorch's
+  const DType amp_dtype = autocast_dtype();
   Tensor out;
+  std::vector<GeneratorState> draws;
   {
+    DrawRecorder recorder;
     NoGradGuard no_grad;
     out = fn(input);
+    draws = recorder.states();
   }
   MINIDL_CHECK(out.defined(), "checkpoint: the function returned an undefined tensor");
   // A fresh handle: fn may return its input itself (identity, eval-mode dropout), and record()
@@ -60,7 +101,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
   if (!input_requires_grad) anchor = zeros({0}).set_requires_grad(true);
   std::function<Tensor(const Tensor&)> fn_copy = fn;
   record("checkpoint", {input_requires_grad ? input : anchor}, {out},
-         [fn_copy, saved, input_requires_grad, seed, offset](const std::vector<Tensor>& g) {
+         [fn_copy, saved, input_requires_grad, draws, amp, amp_dtype](const std::vector<Tensor>& g) {
            if (!g[0].defined()) return std::vector<Tensor>(1);
            Tensor leaf;
            if (saved.defined()) {
@@ -69,7 +110,8 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
            }
            Tensor rerun;
            {
-             GeneratorReplay replay(seed, offset);
+             GeneratorReplay replay(draws);
+             AutocastGuard autocast(amp_dtype, amp);
              RecomputeGuard recompute;
              EnableGradGuard grad_on;
              rerun = fn_copy(leaf);

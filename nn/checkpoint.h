@@ -11,19 +11,21 @@
 
 namespace minidl::nn {
 
-// Runs fn(input) keeping only `input` (detached) and the default generator's (seed, offset).
+// Runs fn(input) keeping only `input` (detached) and the (seed, offset) of every generator fn
+// draws from: the default one and private ones (a Dropout built with its own Generator), which
+// core's reserve observer reports while fn runs.
 // With grad mode off it is just fn(input). Otherwise fn runs under NoGradGuard and one
 // "checkpoint" node is recorded; its backward (like PyTorch's reentrant checkpoint):
-//   - restores the default generator's (seed, offset), so dropout draws repeat exactly,
+//   - restores those generators' (seed, offset), so dropout draws repeat exactly,
 //   - reruns fn with grad on, under RecomputeGuard (batch norm does not update its running
 //     statistics or num_batches_tracked again), on a fresh leaf copy of the input,
 //   - runs a nested backward from the rerun's output: the parameters used inside fn accumulate
 //     their .grad through their own AccumulateGrad as usual, and the input's gradient is read from
 //     the fresh leaf and returned to the outer graph,
-//   - puts the generator back where it was, so later draws are unaffected.
+//   - puts the generators back where they were, so later draws are unaffected.
 // The node is recorded even when `input` does not require grad (it hangs off a private anchor
 // leaf), since fn's parameters may: a stem whose input is the image still trains its weights.
-// Only the default generator is replayed: dropout inside fn must not use a private Generator.
+// A private Generator fn draws from must outlive the backward (fn uses it again in the rerun).
 // On the CPU the gradients are bit-identical to running fn directly.
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
 

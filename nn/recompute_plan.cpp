@@ -29,6 +29,8 @@ void validate(const std::vector<ChainStage>& chain, int64_t input_bytes, const c
                  " has backward_time = ", s.backward_time, "; times must be finite and >= 0");
     MINIDL_CHECK(s.saved_bytes >= 0, who, ": stage ", i, " has saved_bytes = ", s.saved_bytes, " (negative)");
     MINIDL_CHECK(s.output_bytes >= 0, who, ": stage ", i, " has output_bytes = ", s.output_bytes, " (negative)");
+    MINIDL_CHECK(s.param_grad_bytes >= 0 && s.backward_extra_bytes >= 0, who, ": stage ", i,
+                 " has negative param_grad_bytes or backward_extra_bytes");
   }
 }
 
@@ -49,14 +51,17 @@ struct Unit {
   double time = 0.0;
 };
 
-Unit make_unit(const std::vector<ChainStage>& c, const std::vector<int64_t>& a, size_t k, size_t e, bool keep_all) {
+// g_after: the parameter gradients of the stages after the unit, live during its rerun and backward.
+Unit make_unit(const std::vector<ChainStage>& c, const std::vector<int64_t>& a, size_t k, size_t e, bool keep_all,
+               int64_t g_after) {
   Unit u;
   u.first = k;
   u.last = e;
   u.keep_all = keep_all;
   if (keep_all) {
     u.keep = c[k].saved_bytes;
-    u.local_peak = a[k] + a[k + 1] + c[k].saved_bytes;
+    const int64_t fwd = a[k] + a[k + 1] + c[k].saved_bytes;
+    u.local_peak = std::max(fwd, g_after + fwd + c[k].param_grad_bytes + c[k].backward_extra_bytes);
     u.time = c[k].forward_time + c[k].backward_time;
     return u;
   }
@@ -65,18 +70,45 @@ Unit make_unit(const std::vector<ChainStage>& c, const std::vector<int64_t>& a, 
   for (size_t j = k + 1; j <= e; ++j) peak = std::max(peak, a[k] + a[j] + a[j + 1]);  // no-grad forwards
   int64_t cum = 0;
   for (size_t j = k; j <= e; ++j) {  // reruns with grad, the output gradient a[e+1] live
-    peak = std::max(peak, a[k] + a[e + 1] + cum + (j > k ? a[j] : 0) + a[j + 1] + c[j].saved_bytes);
+    peak = std::max(peak, g_after + a[k] + a[e + 1] + cum + (j > k ? a[j] : 0) + a[j + 1] + c[j].saved_bytes);
     cum += c[j].saved_bytes;
   }
+  int64_t grads = g_after;
   for (size_t j = e + 1; j-- > k;) {  // backwards e..k
-    peak = std::max(peak, a[k] + cum + a[j + 1] + a[j]);
+    peak = std::max(peak, grads + a[k] + cum + a[j + 1] + a[j] + c[j].param_grad_bytes + c[j].backward_extra_bytes);
     cum -= c[j].saved_bytes;
+    grads += c[j].param_grad_bytes;
   }
   u.local_peak = peak;
   double t = 0.0;
   for (size_t j = k; j <= e; ++j) t += 2.0 * c[j].forward_time + c[j].backward_time;
   u.time = t;
   return u;
+}
+
+// units_from[i]: every unit starting at stage i.
+std::vector<std::vector<Unit>> all_units(const std::vector<ChainStage>& chain, const std::vector<int64_t>& a) {
+  const size_t L = chain.size();
+  std::vector<int64_t> g_from(L + 1, 0);  // parameter gradients of stages i..L-1
+  for (size_t i = L; i-- > 0;) g_from[i] = g_from[i + 1] + chain[i].param_grad_bytes;
+  std::vector<std::vector<Unit>> units_from(L);
+  for (size_t k = 0; k < L; ++k) {
+    units_from[k].push_back(make_unit(chain, a, k, k, true, g_from[k + 1]));
+    for (size_t e = k; e < L; ++e) units_from[k].push_back(make_unit(chain, a, k, e, false, g_from[e + 1]));
+  }
+  return units_from;
+}
+
+// Least achievable peak (exact, in bytes).
+int64_t least_peak_of(const std::vector<std::vector<Unit>>& units_from) {
+  const size_t L = units_from.size();
+  std::vector<int64_t> min_peak(L + 1, 0);
+  for (size_t i = L; i-- > 0;) {
+    int64_t best = std::numeric_limits<int64_t>::max();
+    for (const Unit& u : units_from[i]) best = std::min(best, std::max(u.local_peak, u.keep + min_peak[u.last + 1]));
+    min_peak[i] = best;
+  }
+  return min_peak[0];
 }
 
 int64_t ceil_div(int64_t x, int64_t d) { return (x + d - 1) / d; }
@@ -150,8 +182,8 @@ RecomputePlan evaluate(const std::vector<ChainStage>& chain, int64_t input_bytes
   while (end > 0) {
     size_t k = end - 1;
     if (modes[k] == StageMode::KeepAll) {
-      moment(a[k]);
-      live += a[k] - chain[k].saved_bytes - a[k + 1];
+      moment(a[k] + chain[k].param_grad_bytes + chain[k].backward_extra_bytes);
+      live += a[k] + chain[k].param_grad_bytes - chain[k].saved_bytes - a[k + 1];
       time += chain[k].backward_time;
       end = k;
       continue;
@@ -167,8 +199,8 @@ RecomputePlan evaluate(const std::vector<ChainStage>& chain, int64_t input_bytes
     live -= a[e + 1];
     for (size_t j = e + 1; j-- > k;) {
       time += chain[j].backward_time;
-      moment(a[j]);
-      live += a[j] - chain[j].saved_bytes - a[j + 1];
+      moment(a[j] + chain[j].param_grad_bytes + chain[j].backward_extra_bytes);
+      live += a[j] + chain[j].param_grad_bytes - chain[j].saved_bytes - a[j + 1];
     }
     live -= a[k];  // the checkpoint
     end = k;
@@ -182,6 +214,11 @@ RecomputePlan evaluate(const std::vector<ChainStage>& chain, int64_t input_bytes
   return plan;
 }
 
+int64_t least_peak_bytes(const std::vector<ChainStage>& chain, int64_t input_bytes) {
+  validate(chain, input_bytes, "recompute least_peak_bytes");
+  return least_peak_of(all_units(chain, activation_sizes(chain, input_bytes)));
+}
+
 RecomputePlan solve_optimal(const std::vector<ChainStage>& chain, int64_t input_bytes, int64_t memory_limit) {
   validate(chain, input_bytes, "recompute solve_optimal");
   MINIDL_CHECK(memory_limit >= 0, "recompute solve_optimal: memory_limit = ", memory_limit, " is negative");
@@ -189,33 +226,26 @@ RecomputePlan solve_optimal(const std::vector<ChainStage>& chain, int64_t input_
   const std::vector<int64_t> a = activation_sizes(chain, input_bytes);
 
   // units_from[i]: every unit starting at stage i.
-  std::vector<std::vector<Unit>> units_from(L);
-  for (size_t k = 0; k < L; ++k) {
-    units_from[k].push_back(make_unit(chain, a, k, k, true));
-    for (size_t e = k; e < L; ++e) units_from[k].push_back(make_unit(chain, a, k, e, false));
-  }
-
-  // Least achievable peak (exact, in bytes), for the infeasibility message.
-  std::vector<int64_t> min_peak(L + 1, 0);
-  for (size_t i = L; i-- > 0;) {
-    int64_t best = std::numeric_limits<int64_t>::max();
-    for (const Unit& u : units_from[i]) best = std::min(best, std::max(u.local_peak, u.keep + min_peak[u.last + 1]));
-    min_peak[i] = best;
-  }
-  if (min_peak[0] > memory_limit) {
+  const std::vector<std::vector<Unit>> units_from = all_units(chain, a);
+  const int64_t least = least_peak_of(units_from);
+  if (least > memory_limit) {
     RecomputePlan plan;
     plan.feasible = false;
     plan.predicted_time = kInf;
     plan.predicted_peak_bytes = -1;
     plan.reason = "memory limit " + std::to_string(memory_limit) +
-                  " bytes is below the least peak any plan can reach (" + std::to_string(min_peak[0]) + " bytes)";
+                  " bytes is below the least peak any plan can reach (" + std::to_string(least) + " bytes)";
     return plan;
   }
 
   // Slot size: gcd of all sizes (exact) unless that gives too many slots.
   int64_t slot = 0;
   for (int64_t v : a) slot = std::gcd(slot, v);
-  for (const ChainStage& s : chain) slot = std::gcd(slot, s.saved_bytes);
+  for (const ChainStage& s : chain) {
+    slot = std::gcd(slot, s.saved_bytes);
+    slot = std::gcd(slot, s.param_grad_bytes);
+    slot = std::gcd(slot, s.backward_extra_bytes);
+  }
   if (slot == 0) slot = 1;
   if (memory_limit / slot > kMaxSlots) slot = ceil_div(memory_limit, kMaxSlots);
   const int64_t R = memory_limit / slot;
@@ -248,7 +278,7 @@ RecomputePlan solve_optimal(const std::vector<ChainStage>& chain, int64_t input_
     plan.predicted_time = kInf;
     plan.predicted_peak_bytes = -1;
     plan.reason = "no plan fits in " + std::to_string(memory_limit) + " bytes at the slot size of " +
-                  std::to_string(slot) + " bytes (rounding); the least peak is " + std::to_string(min_peak[0]) +
+                  std::to_string(slot) + " bytes (rounding); the least peak is " + std::to_string(least) +
                   " bytes";
     return plan;
   }

@@ -5,7 +5,8 @@
 // THE MODEL (used identically by solve_optimal and evaluate)
 // ---------------------------------------------------------
 // Chain of L stages; stage i (1-based) maps x_{i-1} -> x_i. a_0 = input_bytes, a_i = output_bytes
-// of stage i, s_i = saved_bytes, f_i / b_i = forward / backward time. Each stage gets a mode:
+// of stage i, s_i = saved_bytes, g_i = param_grad_bytes, e_i = backward_extra_bytes, f_i / b_i =
+// forward / backward time (nn/recompute_profile.h measures them). Each stage gets a mode:
 //   KeepAll     (A): forward runs with grad; s_i stays allocated until stage i's backward.
 //   KeepInput   (C): forward runs without grad; its input x_{i-1} is kept (a checkpoint) and
 //                    starts a segment [i..e] made of this stage and the KeepNothing stages after it.
@@ -19,19 +20,23 @@
 //   forward of C stage i  : live + a_{i-1} + a_i;       afterwards x_{i-1} stays (checkpoint).
 //   forward of N stage i  : live + a_{i-1} + a_i;       afterwards x_{i-1} freed.
 //   after the last stage the output x_L is replaced by its gradient (same size a_L).
-//   backward of stage i   : live (including s_i and the output gradient a_i) + gradient a_{i-1};
-//                           afterwards s_i and the gradient a_i are freed.
+//   backward of stage i   : live (including s_i and the output gradient a_i) + gradient a_{i-1}
+//                           + g_i + e_i; afterwards s_i and the gradient a_i are freed and the
+//                           parameter gradients g_i stay (until the optimizer step, after the
+//                           backward). e_i: the backward's own temporaries (intermediate gradients).
 //   rerun of stage j in segment [p..e], while the segment's output gradient a_e is live:
 //                           live + (j>p ? a_{j-1} : 0, the checkpoint is already live) + a_j + s_j;
 //                           afterwards x_{j-1} freed (not the checkpoint), s_j stays; after the
 //                           rerun of e its output x_e is freed (its gradient is already live).
-// Nothing else is counted (parameters, workspace, the caller's copy of x_0: x_0 is freed like any
-// other activation unless stage 1 keeps it). Time = sum(f_i + b_i) + sum of f_i over the stages
-// that are not KeepAll (each is rerun exactly once). Peak = max over all moments.
+// Nothing else is counted (parameters, their gradients from an earlier micro-batch, optimizer
+// state, workspace, the caller's copy of x_0: x_0 is freed like any other activation unless
+// stage 1 keeps it). Time = sum(f_i + b_i) + sum of f_i over the stages that are not KeepAll
+// (each is rerun exactly once). Peak = max over all moments.
 //
 // THE DYNAMIC PROGRAM. Because the backward handles units in reverse order, while unit u runs
 // (forward, rerun or backward) the memory is S_{u-1} + local(u), where S_{u-1} is what earlier
-// units keep (s_i for an A stage, a_{p-1} for a segment) and local(u) depends only on u's stages.
+// units keep (s_i for an A stage, a_{p-1} for a segment) and local(u) depends only on u's stages
+// and, for its rerun and backward moments, on the parameter gradients of the stages after it.
 // So best(i, R) = least time for stages i+1..L with R free memory slots =
 //   min over units u starting at i+1 with local_peak(u) <= R of time(u) + best(end(u), R - keep(u)).
 // Discretisation: the slot is the gcd of all a_i and s_i, making the DP exact, unless that gives
@@ -51,6 +56,8 @@ struct ChainStage {
   double backward_time = 0.0;
   int64_t saved_bytes = 0;   // kept for backward when run with grad (includes what backward needs)
   int64_t output_bytes = 0;  // its output activation, the next stage's input
+  int64_t param_grad_bytes = 0;      // g_i: its parameters' gradients, made by its backward
+  int64_t backward_extra_bytes = 0;  // e_i: the backward's temporaries beyond the model's tensors
 };
 
 enum class StageMode { KeepAll, KeepInput, KeepNothing };
@@ -66,10 +73,13 @@ struct RecomputePlan {
   std::string str() const;          // printable table
 };
 
-constexpr int64_t kMaxSlots = 4096;
+constexpr int64_t kMaxSlots = int64_t{1} << 16;
 
 // Least-time plan whose peak stays within memory_limit bytes (see the model above).
 RecomputePlan solve_optimal(const std::vector<ChainStage>& chain, int64_t input_bytes, int64_t memory_limit);
+
+// The least peak any valid assignment reaches (exact, in bytes): limits below it are infeasible.
+int64_t least_peak_bytes(const std::vector<ChainStage>& chain, int64_t input_bytes);
 
 // Simulates one assignment under the model. feasible is false when the assignment is invalid (a
 // KeepNothing stage not preceded by KeepInput/KeepNothing) or, when memory_limit >= 0, when the

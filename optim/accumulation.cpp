@@ -42,13 +42,32 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
                "the micro-batch), got ", loss.defined() ? loss.meta() : std::string("an undefined tensor"));
   MINIDL_CHECK(mb.loss_weight > 0.0 && mb.loss_weight <= 1.0, "gradient accumulation: loss weight ", mb.loss_weight,
                " is outside (0, 1]; take MicroBatch values from plan_accumulation()");
+  GradScaler* scaler = o_.scaler;
+  if (scaler != nullptr) {
+    if (!window_open_) window_scale_ = scaler->get_scale();
+    MINIDL_CHECK(scaler->get_scale() == window_scale_, "gradient accumulation: the loss scale changed inside an ",
+                 "accumulation window (", window_scale_, " -> ", scaler->get_scale(), "); call GradScaler::update() ",
+                 "only once per effective batch (AccumulatingTrainer does it at the end of the window)");
+  }
   window_open_ = true;
-  (mb.loss_weight == 1.0 ? loss : loss * mb.loss_weight).backward();
+  Tensor weighted = mb.loss_weight == 1.0 ? loss : loss * mb.loss_weight;
+  if (scaler != nullptr) weighted = scaler->scale(weighted);
+  weighted.backward();
   if (!mb.steps) return false;
 
   window_open_ = false;
+  if (scaler != nullptr) {
+    scaler->unscale_(opt_);  // once per window, before clipping
+    if (scaler->found_inf(opt_)) {
+      scaler->update();  // backoff; the whole effective batch is skipped
+      ++skipped_steps_;
+      opt_.zero_grad();
+      return false;
+    }
+  }
   const bool proceed = o_.before_step ? o_.before_step() : true;
   if (!proceed) {
+    if (scaler != nullptr) scaler->update();
     ++skipped_steps_;
     opt_.zero_grad();
     return false;
@@ -58,7 +77,12 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
     for (const ParamGroup& g : opt_.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
     last_grad_norm_ = clip_grad_norm(params, o_.max_grad_norm);
   }
-  opt_.step();
+  if (scaler != nullptr) {
+    scaler->step(opt_);  // already unscaled and clean: steps
+    scaler->update();
+  } else {
+    opt_.step();
+  }
   ++optimizer_steps_;
   if (o_.schedule) {
     apply_schedule(*o_.schedule, optimizer_steps_, base_lrs_, [this](size_t g, double lr) { opt_.set_lr(g, lr); });

@@ -10,6 +10,7 @@
 
 #include "core/tensor.h"
 #include "optim/ema.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 
@@ -37,6 +38,12 @@ struct AccumulationOptions {
   // Optional, run before clipping; returning false skips the optimizer step (the gradient scaler
   // of the mixed-precision work unscales here and reports non-finite gradients).
   std::function<bool()> before_step = {};
+  // Optional mixed-precision loss scaling. Every micro-batch's weighted loss is multiplied by the
+  // same scale (the scale cannot change inside a window: update() runs once, at its end); at the
+  // end of the window the gradients are unscaled once, a non-finite value in any micro-batch skips
+  // the whole effective batch (inf and NaN survive accumulation) and backs the scale off, and
+  // clipping sees unscaled gradients.
+  GradScaler* scaler = nullptr;
 };
 
 class AccumulatingTrainer {
@@ -63,6 +70,7 @@ class AccumulatingTrainer {
   int64_t skipped_steps_ = 0;
   double last_grad_norm_ = 0.0;
   bool window_open_ = false;
+  double window_scale_ = 0.0;   // the scaler's scale when the open window started
 };
 
 }  // namespace minidl::optim

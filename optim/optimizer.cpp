@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 
 namespace minidl::optim {
@@ -83,6 +84,9 @@ void Optimizer::add_param_group(ParamGroup group) {
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& p : g.params) p.zero_grad();
+  // A new step (or window) starts: autocast's f16 weight copies live only between zero_grad() and
+  // step(), so weights changed in between steps (a loaded checkpoint) are never served stale.
+  autocast_clear_cache();
 }
 
 void Optimizer::step() {
@@ -96,6 +100,7 @@ void Optimizer::step() {
     }
   }
   ++step_count_;
+  autocast_clear_cache();  // the f16 weight copies of autocast are stale now (core/autocast.h)
 }
 
 double Optimizer::lr(size_t group) const {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/half.h"
 
 namespace minidl::cpu {
 namespace {
@@ -22,7 +23,8 @@ std::vector<double> load_channels(const Tensor& t, int64_t C, double fallback) {
     switch (t.dtype()) {
       case DType::f32: v[c] = t.data<float>()[c * st]; break;
       case DType::f64: v[c] = t.data<double>()[c * st]; break;
-      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32 or f64");
+      case DType::f16: v[c] = static_cast<float>(t.data<Half>()[c * st]); break;
+      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32, f64 or f16");
     }
   }
   return v;
@@ -38,7 +40,8 @@ void store_channels(const Tensor& t, const std::vector<double>& v) {
     switch (t.dtype()) {
       case DType::f32: t.data<float>()[c * st] = static_cast<float>(v[c]); break;
       case DType::f64: t.data<double>()[c * st] = v[c]; break;
-      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32 or f64");
+      case DType::f16: t.data<Half>()[c * st] = Half(static_cast<float>(v[c])); break;
+      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32, f64 or f16");
     }
   }
 }
@@ -247,6 +250,12 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight,
                                           const Tensor& running_mean, const Tensor& running_var, double momentum,
                                           double eps, const Tensor& y, const Tensor& save_mean,
                                           const Tensor& save_invstd) {
+  if (is_half(x) || is_half(y)) {  // f16 activations: f32 compute, statistics in double as for f32
+    const Tensor yf = f32_output_for(y);
+    batch_norm_forward_train(widen_half(x), weight, bias, running_mean, running_var, momentum, eps, yf, save_mean,
+                             save_invstd);
+    return narrow_into(yf, y);
+  }
   check_float(x, "batch_norm");
   if (x.dtype() == DType::f32) {
     forward_train<float>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd);
@@ -257,6 +266,11 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight,
 
 void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          const Tensor& mean, const Tensor& var, double eps, const Tensor& y) {
+  if (is_half(x) || is_half(y)) {
+    const Tensor yf = f32_output_for(y);
+    batch_norm_forward_eval(widen_half(x), weight, bias, mean, var, eps, yf);
+    return narrow_into(yf, y);
+  }
   check_float(x, "batch_norm");
   if (x.dtype() == DType::f32) {
     forward_eval<float>(x, weight, bias, mean, var, eps, y);
@@ -268,6 +282,11 @@ void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, 
 void CpuBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight,
                                      const Tensor& save_mean, const Tensor& save_invstd, const Tensor& gx,
                                      const Tensor& gweight, const Tensor& gbias) {
+  if (is_half(gy) || is_half(x) || is_half(gx)) {  // per-channel gradients are written in their own dtype
+    const Tensor gxf = f32_output_for(gx);
+    batch_norm_backward(widen_half(gy), widen_half(x), weight, save_mean, save_invstd, gxf, gweight, gbias);
+    return narrow_into(gxf, gx);
+  }
   check_float(x, "batch_norm_backward");
   MINIDL_CHECK(gy.dtype() == x.dtype(), "batch_norm_backward (cpu): gy ", gy.meta(), " and x ", x.meta(),
                " must have the same dtype");

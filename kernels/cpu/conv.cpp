@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "kernels/cpu/conv_im2col.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/half.h"
 
 namespace minidl::cpu {
 
@@ -448,6 +449,11 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   check_contiguous("conv2d_forward", {&x, &w, &bias, &y});
   const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), o, "conv2d_forward");
   if (g.n == 0) return;
+  if (is_half(x) || is_half(w) || is_half(y)) {  // f16: the f32 kernel on widened copies, one rounding
+    const Tensor yf = f32_output_for(y);
+    conv2d_forward(widen_half(x), widen_half(w), widen_half(bias), o, yf);
+    return narrow_into(yf, y);
+  }
   switch (x.dtype()) {
     case DType::f32: return conv_forward<float>(x, w, bias, g, y);
     case DType::f64: return conv_forward<double>(x, w, bias, g, y);
@@ -459,6 +465,11 @@ void CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const 
   check_contiguous("conv2d_backward_input", {&gy, &w, &gx});
   const ConvGeom g = make_geom(gx.shape(), w.shape(), gy.shape(), o, "conv2d_backward_input");
   if (g.n == 0) return;
+  if (is_half(gy) || is_half(w) || is_half(gx)) {
+    const Tensor gxf = f32_output_for(gx);
+    conv2d_backward_input(widen_half(gy), widen_half(w), o, gxf);
+    return narrow_into(gxf, gx);
+  }
   switch (gy.dtype()) {
     case DType::f32: return conv_backward_input<float>(gy, w, g, gx);
     case DType::f64: return conv_backward_input<double>(gy, w, g, gx);
@@ -469,6 +480,11 @@ void CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const 
 void CpuBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {
   check_contiguous("conv2d_backward_weight", {&gy, &x, &gw});
   const ConvGeom g = make_geom(x.shape(), gw.shape(), gy.shape(), o, "conv2d_backward_weight");
+  if (is_half(gy) || is_half(x) || is_half(gw)) {
+    const Tensor gwf = f32_output_for(gw);
+    conv2d_backward_weight(widen_half(gy), widen_half(x), o, gwf);
+    return narrow_into(gwf, gw);
+  }
   switch (gy.dtype()) {
     case DType::f32: return conv_backward_weight<float>(gy, x, g, gw);
     case DType::f64: return conv_backward_weight<double>(gy, x, g, gw);

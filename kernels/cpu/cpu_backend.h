@@ -1,6 +1,7 @@
 // The CPU backend: the reference implementation of every op family (Eigen + OpenMP). Each family's
 // methods live in their own file (elementwise.cpp, reduce.cpp, matmul.cpp, random.cpp, conv.cpp,
-// pool.cpp, batch_norm.cpp, softmax.cpp); this header only gathers the declarations.
+// pool.cpp, batch_norm.cpp, softmax.cpp, amp.cpp; f16 helpers in half.h); this header only gathers
+// the declarations.
 #pragma once
 #include "core/backend.h"
 
@@ -42,6 +43,8 @@ class CpuBackend final : public Backend {
   void softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) override;
   void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) override;
   void nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) override;
+
+  void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf) override;
 };
 
 CpuBackend& cpu_backend();

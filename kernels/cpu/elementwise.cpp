@@ -1,9 +1,10 @@
 // CPU elementwise kernels: copy with dtype conversion, fill, unary and binary ops over strided,
 // broadcast operands. The inner loops are plain typed loops the compiler vectorises when strides
-// are 1.
+// are 1. f16 operands compute in f32 (compute_t) and round once on store.
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/strided.h"
 
 namespace minidl::cpu {
@@ -76,6 +77,19 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
       using S = decltype(stag);
       for_each_run<2>(plan, {static_cast<char*>(dst.data_ptr()), static_cast<char*>(src.data_ptr())},
                       {sizeof(D), sizeof(S)}, [](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>& st) {
+                        constexpr int64_t ED = sizeof(D), ES = sizeof(S);
+                        if constexpr (std::is_same_v<D, float> && std::is_same_v<S, Half>) {
+                          if (st[0] == ED && st[1] == ES) {
+                            const auto* from = reinterpret_cast<const Half*>(p[1]);
+                            return half_to_float(from, reinterpret_cast<float*>(p[0]), n);
+                          }
+                        }
+                        if constexpr (std::is_same_v<D, Half> && std::is_same_v<S, float>) {
+                          if (st[0] == ED && st[1] == ES) {
+                            const auto* from = reinterpret_cast<const float*>(p[1]);
+                            return float_to_half(from, reinterpret_cast<Half*>(p[0]), n);
+                          }
+                        }
                         char* d = p[0];
                         const char* s = p[1];
                         for (int64_t i = 0; i < n; ++i, d += st[0], s += st[1]) {
@@ -106,8 +120,9 @@ void CpuBackend::fill(const Tensor& dst, double value) {
 
 void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) {
   const auto plan = make_plan<2>(out.shape(), {&out.strides(), &x.strides()});
-  dispatch_floating(x.dtype(), unary_name(op), [&](auto tag) {
+  dispatch_float_half(x.dtype(), unary_name(op), [&](auto tag) {
     using T = decltype(tag);
+    using C = compute_t<T>;
     for_each_run<2>(plan, {static_cast<char*>(out.data_ptr()), static_cast<char*>(x.data_ptr())}, {sizeof(T), sizeof(T)},
                     [op, scalar](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>& st) {
                       if (st[0] == static_cast<int64_t>(sizeof(T)) && st[1] == static_cast<int64_t>(sizeof(T))) {
@@ -115,17 +130,25 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double sc
                         const T* a = reinterpret_cast<const T*>(p[1]);
                         switch (op) {  // hot ops get their own loop so they vectorise
                           case UnaryOp::Relu:
-                            for (int64_t i = 0; i < n; ++i) o[i] = a[i] > T(0) ? a[i] : T(0);
+                            if constexpr (std::is_same_v<T, Half>) {
+                              // On the bits, as the f32 loop decides: only x > 0 (positive, not NaN) passes.
+                              for (int64_t i = 0; i < n; ++i) {
+                                const uint16_t b = a[i].bits;
+                                o[i].bits = (b != 0 && b <= 0x7c00u) ? b : uint16_t{0};
+                              }
+                            } else {
+                              for (int64_t i = 0; i < n; ++i) o[i] = a[i] > T(0) ? a[i] : T(0);
+                            }
                             return;
                           default:
-                            for (int64_t i = 0; i < n; ++i) o[i] = apply_unary<T>(op, a[i], scalar);
+                            for (int64_t i = 0; i < n; ++i) o[i] = T(apply_unary<C>(op, C(a[i]), scalar));
                             return;
                         }
                       }
                       char* o = p[0];
                       const char* a = p[1];
                       for (int64_t i = 0; i < n; ++i, o += st[0], a += st[1]) {
-                        *reinterpret_cast<T*>(o) = apply_unary<T>(op, *reinterpret_cast<const T*>(a), scalar);
+                        *reinterpret_cast<T*>(o) = T(apply_unary<C>(op, C(*reinterpret_cast<const T*>(a)), scalar));
                       }
                     });
   });
@@ -152,9 +175,10 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
     });
     return;
   }
-  dispatch_arith(a.dtype(), binary_name(op), [&](auto tag) {
+  auto arith = [&](auto tag) {
     using T = decltype(tag);
-    const T al = static_cast<T>(alpha);
+    using C = compute_t<T>;
+    const C al = static_cast<C>(alpha);
     for_each_run<3>(plan, base, {sizeof(T), sizeof(T), sizeof(T)},
                     [op, al](const std::array<char*, 3>& p, int64_t n, const std::array<int64_t, 3>& st) {
                       constexpr int64_t E = sizeof(T);
@@ -163,25 +187,29 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
                       const T* y = reinterpret_cast<const T*>(p[2]);
                       if (st[0] == E && st[1] == E && st[2] == E) {
                         switch (op) {  // the common contiguous cases get vectorisable loops
-                          case BinaryOp::Add: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + al * y[i]; return;
-                          case BinaryOp::Mul: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; return;
-                          default: for (int64_t i = 0; i < n; ++i) o[i] = apply_arith<T>(op, x[i], y[i], al); return;
+                          case BinaryOp::Add: for (int64_t i = 0; i < n; ++i) o[i] = T(C(x[i]) + al * C(y[i])); return;
+                          case BinaryOp::Mul: for (int64_t i = 0; i < n; ++i) o[i] = T(C(x[i]) * C(y[i])); return;
+                          default:
+                            for (int64_t i = 0; i < n; ++i) o[i] = T(apply_arith<C>(op, C(x[i]), C(y[i]), al));
+                            return;
                         }
                       }
                       if (st[0] == E && st[1] == E && st[2] == 0) {  // tensor op scalar / broadcast row
-                        const T yv = *y;
-                        for (int64_t i = 0; i < n; ++i) o[i] = apply_arith<T>(op, x[i], yv, al);
+                        const C yv = C(*y);
+                        for (int64_t i = 0; i < n; ++i) o[i] = T(apply_arith<C>(op, C(x[i]), yv, al));
                         return;
                       }
                       char* po = p[0];
                       const char* px = p[1];
                       const char* py = p[2];
                       for (int64_t i = 0; i < n; ++i, po += st[0], px += st[1], py += st[2]) {
-                        *reinterpret_cast<T*>(po) =
-                            apply_arith<T>(op, *reinterpret_cast<const T*>(px), *reinterpret_cast<const T*>(py), al);
+                        *reinterpret_cast<T*>(po) = T(apply_arith<C>(op, C(*reinterpret_cast<const T*>(px)),
+                                                                     C(*reinterpret_cast<const T*>(py)), al));
                       }
                     });
-  });
+  };
+  if (a.dtype() == DType::f16) return arith(Half{});
+  dispatch_arith(a.dtype(), binary_name(op), arith);
 }
 
 }  // namespace minidl::cpu

@@ -4,6 +4,7 @@
 #include <Eigen/Core>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/strided.h"
 
 namespace minidl::cpu {
@@ -36,6 +37,11 @@ void with_map(const T* p, int64_t rows, int64_t cols, int64_t rs, int64_t cs, La
 }  // namespace
 
 void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
+  if (is_half(a_in) || is_half(b_in) || is_half(out)) {  // f16: an f32 GEMM (f32 accumulation), one rounding
+    const Tensor o = f32_output_for(out);
+    matmul(widen_half(a_in), widen_half(b_in), o);
+    return narrow_into(o, out);
+  }
   const int64_t B = out.shape()[0], M = out.shape()[1], N = out.shape()[2], K = a_in.shape()[2];
   Tensor a = a_in, b = b_in;
   Layout la = layout_of(M, K, a.strides()[1], a.strides()[2]);

@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/half.h"
 
 namespace minidl::cpu {
 
@@ -210,6 +211,11 @@ void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
                "max_pool2d_forward (cpu): indices must be i64 with the output's shape ", shape_str(y.shape()),
                ", got ", indices.meta());
   const PoolGeom g = make_geom(x.shape(), y.shape(), o, "max_pool2d_forward");
+  if (is_half(x) || is_half(y)) {  // f16: the f32 kernel on widened copies (max is exact in f16)
+    const Tensor yf = f32_output_for(y);
+    max_pool2d_forward(widen_half(x), o, yf, indices);
+    return narrow_into(yf, y);
+  }
   switch (x.dtype()) {
     case DType::f32: return max_forward(x.data<float>(), g, y.data<float>(), indices.data<int64_t>());
     case DType::f64: return max_forward(x.data<double>(), g, y.data<double>(), indices.data<int64_t>());
@@ -223,6 +229,11 @@ void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, co
                    gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1),
                "max_pool2d_backward (cpu): inconsistent tensors: grad ", gy.meta(), ", indices ", indices.meta(),
                ", input grad ", gx.meta());
+  if (is_half(gy) || is_half(gx)) {
+    const Tensor gxf = f32_output_for(gx);
+    max_pool2d_backward(widen_half(gy), indices, gxf);
+    return narrow_into(gxf, gx);
+  }
   const int64_t planes = gy.size(0) * gy.size(1);
   const int64_t out_plane = gy.size(2) * gy.size(3), in_plane = gx.size(2) * gx.size(3);
   switch (gy.dtype()) {
@@ -238,6 +249,11 @@ void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, co
 void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
   check_contiguous("avg_pool2d_forward", {&x, &y});
   const PoolGeom g = make_geom(x.shape(), y.shape(), o, "avg_pool2d_forward");
+  if (is_half(x) || is_half(y)) {
+    const Tensor yf = f32_output_for(y);
+    avg_pool2d_forward(widen_half(x), o, yf);
+    return narrow_into(yf, y);
+  }
   switch (x.dtype()) {
     case DType::f32: return avg_forward(x.data<float>(), g, o.count_include_pad, y.data<float>());
     case DType::f64: return avg_forward(x.data<double>(), g, o.count_include_pad, y.data<double>());
@@ -248,6 +264,11 @@ void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
 void CpuBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
   check_contiguous("avg_pool2d_backward", {&gy, &gx});
   const PoolGeom g = make_geom(gx.shape(), gy.shape(), o, "avg_pool2d_backward");
+  if (is_half(gy) || is_half(gx)) {
+    const Tensor gxf = f32_output_for(gx);
+    avg_pool2d_backward(widen_half(gy), o, gxf);
+    return narrow_into(gxf, gx);
+  }
   switch (gy.dtype()) {
     case DType::f32: return avg_backward(gy.data<float>(), g, o.count_include_pad, gx.data<float>());
     case DType::f64: return avg_backward(gy.data<double>(), g, o.count_include_pad, gx.data<double>());

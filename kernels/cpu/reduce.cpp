@@ -1,5 +1,5 @@
-// CPU reductions over any set of dims of a strided tensor. Sums accumulate in double (f32 and f64)
-// or int64; large reductions are split into fixed blocks combined in order, so results do not
+// CPU reductions over any set of dims of a strided tensor. Sums accumulate in double (f32, f64 and
+// f16) or int64; large reductions are split into fixed blocks combined in order, so results do not
 // depend on the thread count.
 #include <algorithm>
 #include <cmath>
@@ -10,6 +10,18 @@
 
 namespace minidl::cpu {
 namespace {
+
+template <typename T>
+constexpr bool kFloatLike = std::is_floating_point_v<T> || std::is_same_v<T, Half>;
+
+template <typename T>
+bool is_nan(T v) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return (v.bits & 0x7fffu) > 0x7c00u;
+  } else {
+    return std::isnan(v);
+  }
+}
 
 struct Dims {
   std::vector<int64_t> sizes, strides;  // outermost first
@@ -48,7 +60,7 @@ void visit(ReduceOp op, const T* base, const Dims& r, int64_t begin, int64_t end
     const int64_t n = std::min(inner - pos, end - lin);
     const T* p = base + r.offset_of(lin);
     if (!is_ext) {
-      if constexpr (std::is_floating_point_v<T>) {
+      if constexpr (kFloatLike<T>) {
         double s = 0;
         for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i * inner_stride]);
         acc.sum += s;
@@ -62,9 +74,9 @@ void visit(ReduceOp op, const T* base, const Dims& r, int64_t begin, int64_t end
         const T v = p[i * inner_stride];
         bool take = acc.best_idx < 0;
         if (!take) {
-          if constexpr (std::is_floating_point_v<T>) {
-            if (std::isnan(acc.best)) continue;  // NaN wins and stays, as PyTorch's max
-            if (std::isnan(v)) take = true;
+          if constexpr (kFloatLike<T>) {
+            if (is_nan(acc.best)) continue;  // NaN wins and stays, as PyTorch's max
+            if (is_nan(v)) take = true;
           }
           take = take || (is_max ? v > acc.best : v < acc.best);
         }
@@ -86,9 +98,9 @@ void combine(ReduceOp op, Acc<T>& into, const Acc<T>& part) {
   const bool is_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
   bool take = into.best_idx < 0;
   if (!take) {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(into.best)) return;
-      if (std::isnan(part.best)) take = true;
+    if constexpr (kFloatLike<T>) {
+      if (is_nan(into.best)) return;
+      if (is_nan(part.best)) take = true;
     }
     take = take || (is_max ? part.best > into.best : part.best < into.best);
   }
@@ -111,7 +123,7 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
   const int64_t O = kept.count(), R = red.count();
   const char* name = op == ReduceOp::Sum ? "sum" : op == ReduceOp::Mean ? "mean" : op == ReduceOp::Max ? "max"
                    : op == ReduceOp::Min ? "min" : op == ReduceOp::ArgMax ? "argmax" : "argmin";
-  dispatch_arith(x.dtype(), name, [&](auto tag) {
+  auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* base = x.data<T>();
     auto write = [&](int64_t o, const Acc<T>& acc) {
@@ -119,12 +131,14 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
         case ReduceOp::Sum:
           if (out.dtype() == DType::f32) out.data<float>()[o] = static_cast<float>(acc.sum);
           else if (out.dtype() == DType::f64) out.data<double>()[o] = acc.sum;
+          else if (out.dtype() == DType::f16) out.data<Half>()[o] = Half(static_cast<float>(acc.sum));
           else if (out.dtype() == DType::i32) out.data<int32_t>()[o] = static_cast<int32_t>(acc.isum);
           else out.data<int64_t>()[o] = acc.isum;
           break;
         case ReduceOp::Mean: {
           const double m = R > 0 ? acc.sum / static_cast<double>(R) : std::numeric_limits<double>::quiet_NaN();
           if (out.dtype() == DType::f32) out.data<float>()[o] = static_cast<float>(m);
+          else if (out.dtype() == DType::f16) out.data<Half>()[o] = Half(static_cast<float>(m));
           else out.data<double>()[o] = m;
           break;
         }
@@ -162,7 +176,9 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
       for (const auto& p : parts) combine<T>(op, acc, p);
       write(o, acc);
     }
-  });
+  };
+  if (x.dtype() == DType::f16) return run(Half{});
+  dispatch_arith(x.dtype(), name, run);
 }
 
 }  // namespace minidl::cpu

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/half.h"
 
 namespace minidl::cpu {
 namespace {
@@ -130,6 +131,12 @@ void check_target(const Tensor& target, int64_t N, const char* op) {
 
 void CpuBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) {
   const char* op = log ? "log_softmax" : "softmax";
+  if (is_half(x) || is_half(y)) {  // f16: computed in f32, rounded once
+    MINIDL_CHECK(y.dtype() == x.dtype(), op, " (cpu): output ", y.meta(), " must have x's dtype ", x.meta());
+    const Tensor yf = f32_output_for(y);
+    softmax_forward(widen_half(x), dim, log, yf);
+    return narrow_into(yf, y);
+  }
   check_float(x, op, "x");
   MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.is_contiguous(), op, " (cpu): output ",
                y.meta(), " must be contiguous with x's shape and dtype ", x.meta());
@@ -143,6 +150,13 @@ void CpuBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const T
 
 void CpuBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  if (is_half(gy) || is_half(y) || is_half(gx)) {
+    MINIDL_CHECK(gy.dtype() == y.dtype() && gx.dtype() == y.dtype(), op, " (cpu): gy ", gy.meta(), ", y ", y.meta(),
+                 " and gx ", gx.meta(), " must share their dtype");
+    const Tensor gxf = f32_output_for(gx);
+    softmax_backward(widen_half(gy), widen_half(y), dim, log, gxf);
+    return narrow_into(gxf, gx);
+  }
   check_float(y, op, "y");
   MINIDL_CHECK(gy.dtype() == y.dtype() && gy.shape() == y.shape() && gx.dtype() == y.dtype() &&
                    gx.shape() == y.shape() && gx.is_contiguous(),
@@ -197,6 +211,13 @@ void nll_bwd(const Tensor& g, const Tensor& target, const Tensor& glogp) {
 }  // namespace
 
 void CpuBackend::nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
+  if (is_half(log_probs) || is_half(losses)) {
+    MINIDL_CHECK(losses.dtype() == log_probs.dtype(), "nll_loss (cpu): losses ", losses.meta(),
+                 " must have the input's dtype ", log_probs.meta());
+    const Tensor lf = f32_output_for(losses);
+    nll_forward(widen_half(log_probs), target, lf);
+    return narrow_into(lf, losses);
+  }
   check_float(log_probs, "nll_loss", "log_probs");
   MINIDL_CHECK(log_probs.dim() == 2 && log_probs.is_contiguous(), "nll_loss (cpu): log_probs must be a contiguous [N, C], got ",
                log_probs.meta());
@@ -212,6 +233,13 @@ void CpuBackend::nll_forward(const Tensor& log_probs, const Tensor& target, cons
 }
 
 void CpuBackend::nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) {
+  if (is_half(g) || is_half(glogp)) {
+    MINIDL_CHECK(g.dtype() == glogp.dtype(), "nll_loss_backward (cpu): g ", g.meta(), " must have glogp's dtype ",
+                 glogp.meta());
+    const Tensor gf = f32_output_for(glogp);
+    nll_backward(widen_half(g), target, gf);
+    return narrow_into(gf, glogp);
+  }
   check_float(glogp, "nll_loss_backward", "glogp");
   MINIDL_CHECK(glogp.dim() == 2 && glogp.is_contiguous(), "nll_loss_backward (cpu): glogp must be a contiguous [N, C], got ",
                glogp.meta());

@@ -45,6 +45,8 @@ TEST(SyntheticDataset, RendersTheSameImagesAsMakeSyntheticImagesQuantised) {
   }
   EXPECT_EQ(zeros, (n + 1) / 2);
   EXPECT_EQ(ds->describe(3), "synthetic #3");
+  // The second load comes from the dataset's memo: the same pixels.
+  EXPECT_EQ(ds->load(4)->pixels, synthetic_dataset(n, s, 5)->load(4)->pixels);
 }
 
 TEST(SyntheticDataset, DependsOnTheSeed) {

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "core/backend.h"
 #include "data/loader.h"
@@ -288,6 +290,80 @@ TEST(Loader, StatsWaitAndRestartMidEpoch) {
   EXPECT_GT(s.images_per_second(), 0);
   l.reset_stats();
   EXPECT_EQ(l.stats().images, 0);
+}
+
+TEST(Loader, SyntheticImagesPassThroughUnresampledAtTheirSize) {
+  const auto ds = synthetic_dataset(10, 16, 4);
+  LoaderOptions o = plain(10, 2);
+  o.shuffle = false;
+  o.transform.size = 16;
+  o.transform.resize = 16;
+  Loader l(ds, o);
+  const Batch b = *l.next();
+  ASSERT_EQ(b.images.shape(), (Shape{10, 3, 16, 16}));
+  const float* p = b.images.data<float>();
+  for (int64_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(b.labels.data<int64_t>()[i], ds->label(i));
+    const Image img = *ds->load(i);
+    for (int64_t c = 0; c < 3; ++c) {
+      for (int64_t q = 0; q < 256; ++q) {
+        ASSERT_EQ(p[(i * 3 + c) * 256 + q], static_cast<float>(img.pixels[static_cast<size_t>(q * 3 + c)]) / 255.0f);
+      }
+    }
+  }
+}
+
+TEST(Loader, DefaultResizesFollowTorchvisionAndKeras) {
+  TransformOptions t;
+  t.size = 224;
+  EXPECT_EQ(resolved_resize(t), 256);
+  t.augment = Augment::Keras;
+  t.size = 200;
+  EXPECT_EQ(resolved_resize(t), 250);
+  // None: the shorter side becomes resize, the longer one int(resize * long / short).
+  t.augment = Augment::None;
+  t.resize = 100;
+  const Image tall = make_base(Image{300, 200, std::vector<uint8_t>(300 * 200 * 3, 9)}, t);
+  EXPECT_EQ(tall.width, 100);
+  EXPECT_EQ(tall.height, 150);
+  t.augment = Augment::Keras;
+  const Image sq = make_base(Image{300, 200, std::vector<uint8_t>(300 * 200 * 3, 9)}, t);
+  EXPECT_EQ(sq.width, 100);
+  EXPECT_EQ(sq.height, 100);
+}
+
+// A dataset whose load() takes `ms` milliseconds, like a slow disk.
+class SlowDataset final : public Dataset {
+ public:
+  SlowDataset(int64_t n, int ms) : n_(n), ms_(ms) {}
+  int64_t size() const override { return n_; }
+  int64_t label(int64_t) const override { return 0; }
+  const std::vector<std::string>& class_names() const override { return names_; }
+  std::optional<Image> load(int64_t) const override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
+    return Image{8, 8, std::vector<uint8_t>(8 * 8 * 3, 1)};
+  }
+  std::string describe(int64_t i) const override { return "slow #" + std::to_string(i); }
+
+ private:
+  int64_t n_;
+  int ms_;
+  std::vector<std::string> names_{"only"};
+};
+
+TEST(Loader, WaitFractionSeparatesPrefetchingFromDecodingInline) {
+  const auto ds = std::make_shared<SlowDataset>(32, 2);
+  // Inline decoding: the training loop does nothing else, so it waits nearly all the time.
+  Loader inline_loader(ds, plain(4, 0));
+  while (inline_loader.next()) {
+  }
+  EXPECT_GT(inline_loader.stats().wait_fraction(), 0.8);
+  // Two workers (8 ms of loading per batch, 4 ms each) behind a 30 ms training step: after the
+  // first batch the next one is always ready (generous bounds: the machine may be loaded).
+  Loader prefetching(ds, plain(4, 2));
+  while (prefetching.next()) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_LT(prefetching.stats().wait_fraction(), 0.5);
+  EXPECT_EQ(prefetching.stats().images, 32);
 }
 
 TEST(Loader, OptionErrorsAndCudaDeviceWithoutCuda) {

@@ -24,6 +24,8 @@ std::vector<ChainStage> random_chain(std::mt19937& rng, size_t L) {
     s.backward_time = t(rng);
     s.saved_bytes = 256 * b(rng);
     s.output_bytes = 256 * (1 + b(rng));
+    s.param_grad_bytes = 256 * (b(rng) / 2);
+    s.backward_extra_bytes = 256 * (b(rng) / 4);
   }
   return c;
 }

@@ -1,0 +1,214 @@
+// The caching allocator's bookkeeping (see caching_allocator.h for the scheme). Every path that
+// changes reserved or allocated bytes is here, so the statistics the experiments report are exact
+// and return to their earlier values after an OOM is caught and the step's tensors are dropped.
+#include "kernels/caching_allocator.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+
+namespace minidl {
+
+CachingAllocator::CachingAllocator(std::unique_ptr<SegmentSource> source, Device device)
+    : source_(std::move(source)), device_(device) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Only cached (free) segments can be returned safely; live blocks belong to tensors that may
+  // still be released later, so their segments are leaked rather than freed under them.
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cached();
+}
+
+size_t CachingAllocator::round_size(size_t nbytes) {
+  if (nbytes < kMinBlock) return kMinBlock;
+  return (nbytes + kMinBlock - 1) / kMinBlock * kMinBlock;
+}
+
+size_t CachingAllocator::segment_size(size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, size_t size) {
+  Block key;
+  key.size = size;
+  key.ptr = nullptr;
+  auto it = pool.lower_bound(&key);   // smallest free block >= size (best fit)
+  if (it == pool.end()) return nullptr;
+  Block* b = *it;
+  pool.erase(it);
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_segment(size_t rounded, bool small) {
+  const size_t preferred = segment_size(rounded);
+  // The preferred size first; a large request whose 20 MiB segment would break the budget may
+  // still fit with a segment of exactly its own size.
+  std::vector<size_t> sizes{preferred};
+  if (!small && preferred != rounded) sizes.push_back(rounded);
+  for (size_t seg : sizes) {
+    if (s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(seg) > s_.budget_bytes) continue;
+    void* p = source_->raw_alloc(seg);
+    if (p == nullptr) continue;
+    ++raw_allocs_;
+    ++segments_;
+    s_.reserved_bytes += static_cast<int64_t>(seg);
+    s_.peak_reserved_bytes = std::max(s_.peak_reserved_bytes, s_.reserved_bytes);
+    Block* b = new Block;
+    b->ptr = static_cast<char*>(p);
+    b->size = seg;
+    b->small = small;
+    return b;
+  }
+  return nullptr;
+}
+
+void CachingAllocator::release_cached() {
+  bool any = false;
+  for (Pool* pool : {&small_pool_, &large_pool_}) {
+    for (auto it = pool->begin(); it != pool->end();) {
+      Block* b = *it;
+      if (b->prev == nullptr && b->next == nullptr) {   // a whole segment, free
+        if (!any) {
+          source_->synchronize();
+          any = true;
+        }
+        source_->raw_free(b->ptr, b->size);
+        ++raw_frees_;
+        --segments_;
+        s_.reserved_bytes -= static_cast<int64_t>(b->size);
+        delete b;
+        it = pool->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void CachingAllocator::throw_oom(size_t nbytes, const std::string& why) {
+  ++s_.num_ooms;
+  const size_t in_use = static_cast<size_t>(s_.reserved_bytes), budget = static_cast<size_t>(s_.budget_bytes);
+  throw OutOfMemoryError("out of memory on " + device_.str() + ": tried to allocate " + format_bytes(nbytes) +
+                             " with " + format_bytes(static_cast<size_t>(s_.allocated_bytes)) + " allocated, " +
+                             format_bytes(in_use) + " reserved" +
+                             (budget > 0 ? " and a memory budget of " + format_bytes(budget) : std::string()) +
+                             " (" + why + "). Use a smaller batch, gradient accumulation or recomputation" +
+                             (budget > 0 ? ", or raise the budget." : "."),
+                         nbytes, in_use, budget);
+}
+
+void* CachingAllocator::allocate(size_t nbytes) {
+  if (nbytes == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t size = round_size(nbytes);
+  const bool small = size <= kSmallSize;
+  Pool& pool = small ? small_pool_ : large_pool_;
+  Block* b = find_free(pool, size);
+  if (b == nullptr) b = new_segment(size, small);
+  if (b == nullptr) {
+    // Over the budget or refused by the device: give back what is cached, then try once more.
+    ++flushes_;
+    release_cached();
+    b = new_segment(size, small);
+    if (b == nullptr) {
+      const bool over_budget = s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(size) > s_.budget_bytes;
+      throw_oom(nbytes, over_budget ? "the request would exceed the memory budget"
+                                    : "the device refused the allocation");
+    }
+  }
+  // Split off the remainder when it is big enough to be useful to a later request of this pool.
+  const size_t remaining = b->size - size;
+  if (small ? remaining >= kMinBlock : remaining > kSmallSize) {
+    Block* rest = new Block;
+    rest->ptr = b->ptr + size;
+    rest->size = remaining;
+    rest->small = b->small;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != nullptr) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    pool.insert(rest);
+  }
+  b->allocated = true;
+  b->requested = nbytes;
+  live_[b->ptr] = b;
+  s_.allocated_bytes += static_cast<int64_t>(nbytes);
+  s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
+  ++s_.num_allocs;
+  return b->ptr;
+}
+
+void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(ptr);
+  MINIDL_CHECK(it != live_.end(), "caching allocator (", device_.str(), "): free of ", ptr,
+               " which it did not allocate (or a double free)");
+  Block* b = it->second;
+  MINIDL_CHECK(b->requested == nbytes, "caching allocator (", device_.str(), "): free of ", nbytes,
+               " bytes for a block allocated with ", b->requested, " bytes");
+  live_.erase(it);
+  s_.allocated_bytes -= static_cast<int64_t>(b->requested);
+  ++s_.num_frees;
+  b->allocated = false;
+  b->requested = 0;
+  Pool& pool = b->small ? small_pool_ : large_pool_;
+  // Merge with free neighbours of the same segment (they are in the pool: take them out first).
+  if (b->prev != nullptr && !b->prev->allocated) {
+    Block* p = b->prev;
+    pool.erase(p);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != nullptr) b->next->prev = p;
+    delete b;
+    b = p;
+  }
+  if (b->next != nullptr && !b->next->allocated) {
+    Block* n = b->next;
+    pool.erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    delete n;
+  }
+  pool.insert(b);
+}
+
+MemoryStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return s_;
+}
+
+CachingStats CachingAllocator::detailed_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CachingStats c;
+  c.base = s_;
+  c.fragmentation_bytes = s_.reserved_bytes - s_.allocated_bytes;
+  c.segments = segments_;
+  c.raw_allocs = raw_allocs_;
+  c.raw_frees = raw_frees_;
+  c.cache_flushes = flushes_;
+  return c;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  s_.peak_allocated_bytes = s_.allocated_bytes;
+  s_.peak_reserved_bytes = s_.reserved_bytes;
+}
+
+void CachingAllocator::set_budget(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  s_.budget_bytes = static_cast<int64_t>(bytes);
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cached();
+}
+
+}  // namespace minidl

@@ -1,0 +1,108 @@
+// The device-independent half of the CUDA caching allocator: size classes, block splitting,
+// coalescing of free neighbours and the memory budget. The device half (cudaMalloc/cudaFree) sits
+// behind SegmentSource, so a host-memory fake drives all of this logic in CI without a GPU.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "core/allocator.h"
+
+namespace minidl {
+
+// Where segments (the big chunks the allocator carves blocks from) come from.
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+  // nullptr when the device itself is out of memory (never throws for that).
+  virtual void* raw_alloc(size_t bytes) = 0;
+  virtual void raw_free(void* ptr, size_t bytes) = 0;
+  // Called before cached segments go back to the system (the device must be done with them).
+  virtual void synchronize() {}
+};
+
+// What the caching allocator knows beyond MemoryStats.
+struct CachingStats {
+  MemoryStats base;
+  int64_t fragmentation_bytes = 0;   // reserved - allocated: cached or rounding slack
+  int64_t segments = 0;              // segments currently held
+  int64_t raw_allocs = 0;            // calls to SegmentSource::raw_alloc that succeeded (cudaMalloc)
+  int64_t raw_frees = 0;             // calls to SegmentSource::raw_free (cudaFree)
+  int64_t cache_flushes = 0;         // times the cache was released to satisfy a request
+};
+
+// PyTorch's scheme (c10/cuda/CUDACachingAllocator), simplified to one stream:
+//  - requests round up to 512 bytes; <= 1 MiB goes to the small pool, the rest to the large pool;
+//  - a small-pool miss reserves a 2 MiB segment; a large-pool miss reserves 20 MiB for requests
+//    under 10 MiB and the request rounded to 2 MiB otherwise (falling back to the exact rounded
+//    size when the bigger segment would break the budget);
+//  - best fit among free blocks of the pool; the remainder is split off when it is >= 512 bytes
+//    (small pool) or > 1 MiB (large pool); freed blocks merge with free neighbours of the same
+//    segment, so steady-state training reuses blocks without touching the device allocator;
+//  - a request that would push reserved bytes past the budget, or that the device refuses, first
+//    releases every wholly free cached segment and retries, then throws OutOfMemoryError.
+// allocated_bytes counts the bytes requested (as the CPU allocator does); reserved_bytes the
+// segments held, so reserved - allocated is the fragmentation.
+class CachingAllocator final : public Allocator {
+ public:
+  static constexpr size_t kMinBlock = 512;
+  static constexpr size_t kSmallSize = size_t{1} << 20;
+  static constexpr size_t kSmallBuffer = size_t{2} << 20;
+  static constexpr size_t kLargeBuffer = size_t{20} << 20;
+  static constexpr size_t kMinLargeAlloc = size_t{10} << 20;
+  static constexpr size_t kRoundLarge = size_t{2} << 20;
+
+  CachingAllocator(std::unique_ptr<SegmentSource> source, Device device);
+  ~CachingAllocator() override;
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  void* allocate(size_t nbytes) override;
+  void deallocate(void* ptr, size_t nbytes) override;
+  MemoryStats stats() const override;
+  void reset_peak_stats() override;
+  void set_budget(size_t bytes) override;
+  void empty_cache() override;
+  Device device() const override { return device_; }
+
+  CachingStats detailed_stats() const;
+  // The block size a request of nbytes occupies, and the segment a miss of that size reserves.
+  static size_t round_size(size_t nbytes);
+  static size_t segment_size(size_t rounded);
+
+ private:
+  struct Block {
+    char* ptr = nullptr;
+    size_t size = 0;
+    size_t requested = 0;   // bytes asked for while allocated
+    bool allocated = false;
+    bool small = false;
+    Block* prev = nullptr;  // neighbours inside the same segment
+    Block* next = nullptr;
+  };
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+  using Pool = std::set<Block*, BySize>;
+
+  Block* find_free(Pool& pool, size_t size);
+  Block* new_segment(size_t rounded, bool small);   // nullptr: no room (budget or device)
+  void release_cached();                            // frees wholly free segments; mu_ held
+  [[noreturn]] void throw_oom(size_t nbytes, const std::string& why);
+
+  std::unique_ptr<SegmentSource> source_;
+  Device device_;
+  mutable std::mutex mu_;
+  Pool small_pool_, large_pool_;
+  std::unordered_map<void*, Block*> live_;   // allocated blocks by pointer
+  MemoryStats s_;
+  int64_t segments_ = 0, raw_allocs_ = 0, raw_frees_ = 0, flushes_ = 0;
+};
+
+}  // namespace minidl

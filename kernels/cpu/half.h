@@ -1,0 +1,69 @@
+// f16 on the CPU: the reference for every f16 path, so mixed precision is testable without a GPU.
+// Elementwise ops and reductions read f16, compute in f32 (sums in double) and store f16; the heavy
+// families (GEMM, convolution, pooling, batch norm, softmax) widen their f16 operands to f32
+// temporaries, run the f32 kernel unchanged and narrow the result: slow but exact to one rounding.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace minidl::cpu {
+
+// The arithmetic type of a storage type: f16 computes in f32, everything else in itself (so the
+// f32 and f64 loops are the same code as before f16 existed).
+template <typename T>
+using compute_t = std::conditional_t<std::is_same_v<T, Half>, float, T>;
+
+// Calls f(T{}) for f32, f64 and f16.
+template <typename F>
+void dispatch_float_half(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: f(float{}); return;
+    case DType::f64: f(double{}); return;
+    case DType::f16: f(Half{}); return;
+    default:
+      MINIDL_FAIL(op, ": needs a floating tensor (f32, f64 or f16) on the CPU, got ", dtype_name(t),
+                  "; convert with .to(DType::f32)");
+  }
+}
+
+// Contiguous f16 <-> f32 conversion, the inner loop of every f16 staging copy: the F16C
+// instructions when the build has them (IEEE round-to-nearest-even, subnormals and inf exactly as
+// Half; a NaN stays a quiet NaN), Half's scalar code otherwise.
+inline void half_to_float(const Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+inline void float_to_half(const float* src, Half* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = Half(src[i]);
+}
+
+inline bool is_half(const Tensor& t) { return t.defined() && t.dtype() == DType::f16; }
+
+// A contiguous f32 copy of an f16 tensor (through the allocator, so memory statistics see it);
+// any other tensor, or an undefined one, is returned as it is.
+Tensor widen_half(const Tensor& t);
+// An f32 tensor of t's shape to compute into when t is f16; t itself otherwise.
+Tensor f32_output_for(const Tensor& t);
+// Writes an f32 result back into its f16 destination (nothing when they are the same tensor).
+void narrow_into(const Tensor& result, const Tensor& dst);
+
+}  // namespace minidl::cpu

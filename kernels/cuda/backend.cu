@@ -1,0 +1,52 @@
+// The CUDA backend object, its allocator hook and the global switches (cuDNN autotune, TF32,
+// NHWC). The switches are plain atomics: flipping one between steps is safe, as in PyTorch.
+#include <atomic>
+
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/runtime.h"
+
+namespace minidl::cuda {
+namespace {
+std::atomic<bool> g_benchmark{false};
+std::atomic<bool> g_tf32_matmul{false};
+std::atomic<bool> g_tf32_cudnn{true};
+std::atomic<bool> g_nhwc{false};
+}  // namespace
+
+void set_cudnn_benchmark(bool on) { g_benchmark = on; }
+bool cudnn_benchmark() { return g_benchmark; }
+void set_allow_tf32_matmul(bool on) { g_tf32_matmul = on; }
+bool allow_tf32_matmul() { return g_tf32_matmul; }
+void set_allow_tf32_cudnn(bool on) { g_tf32_cudnn = on; }
+bool allow_tf32_cudnn() { return g_tf32_cudnn; }
+void set_conv_nhwc(bool on) { g_nhwc = on; }
+bool conv_nhwc() { return g_nhwc; }
+
+Allocator& CudaBackend::allocator(int device_index) { return context(device_index).allocator(); }
+
+Backend& cuda_backend() {
+  static CudaBackend* b = new CudaBackend();   // never destroyed, like the contexts
+  return *b;
+}
+
+void check_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    MINIDL_CHECK(t->device().is_cuda(), op, " (cuda): tensor ", t->meta(), " is not on a CUDA device");
+    if (first == nullptr) first = t;
+    MINIDL_CHECK(t->device() == first->device(), op, " (cuda): tensors on different devices: ", first->meta(),
+                 " and ", t->meta());
+  }
+}
+
+void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    MINIDL_CHECK(t->is_contiguous(), op, " (cuda): kernel expects contiguous tensors, got ", t->meta(),
+                 " with strides ", shape_str(t->strides()));
+  }
+}
+
+}  // namespace minidl::cuda

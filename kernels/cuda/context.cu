@@ -1,0 +1,182 @@
+// Device contexts, the cudaMalloc-backed segment source of the caching allocator, and the pinned
+// staging buffers. Handles are created lazily so that a program that only moves tensors never
+// pays cuDNN's start-up cost.
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/runtime.h"
+
+namespace minidl::cuda {
+namespace {
+
+// Segments straight from cudaMalloc. An out-of-memory answer is reported as nullptr so the
+// allocator can release its cache and retry; any other error is a real failure and throws.
+class CudaSegmentSource final : public SegmentSource {
+ public:
+  CudaSegmentSource(int index, cudaStream_t stream) : index_(index), stream_(stream) {}
+  void* raw_alloc(size_t bytes) override {
+    MINIDL_CUDA_CHECK(cudaSetDevice(index_));
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    MINIDL_CUDA_CHECK(e);
+    return p;
+  }
+  void raw_free(void* ptr, size_t) override {
+    MINIDL_CUDA_CHECK(cudaSetDevice(index_));
+    MINIDL_CUDA_CHECK(cudaFree(ptr));
+  }
+  void synchronize() override { MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  int index_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+// ---- PinnedStaging ----
+
+PinnedStaging::~PinnedStaging() {
+  for (int i = 0; i < 2; ++i) {
+    if (done_[i] != nullptr) MINIDL_CUDA_LOG(cudaEventDestroy(done_[i]));
+    if (buf_[i] != nullptr) MINIDL_CUDA_LOG(cudaFreeHost(buf_[i]));
+  }
+}
+
+void PinnedStaging::ensure() {
+  if (buf_[0] != nullptr) return;
+  for (int i = 0; i < 2; ++i) {
+    MINIDL_CUDA_CHECK(cudaHostAlloc(&buf_[i], kChunk, cudaHostAllocDefault));
+    MINIDL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+    MINIDL_CUDA_CHECK(cudaEventRecord(done_[i], nullptr));   // "free" from the start
+  }
+}
+
+void PinnedStaging::to_device(void* dst, const void* src, size_t n, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ensure();
+  size_t done = 0;
+  int i = 0;
+  while (done < n) {
+    const size_t len = std::min(kChunk, n - done);
+    MINIDL_CUDA_CHECK(cudaEventSynchronize(done_[i]));   // the previous copy out of this buffer finished
+    std::memcpy(buf_[i], static_cast<const char*>(src) + done, len);
+    MINIDL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + done, buf_[i], len, cudaMemcpyHostToDevice, stream));
+    MINIDL_CUDA_CHECK(cudaEventRecord(done_[i], stream));
+    done += len;
+    i ^= 1;
+  }
+  // No wait: the source bytes are already staged, the copy completes in stream order.
+}
+
+void PinnedStaging::to_host(void* dst, const void* src, size_t n, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ensure();
+  std::vector<std::pair<size_t, size_t>> chunks;
+  for (size_t off = 0; off < n; off += kChunk) chunks.push_back({off, std::min(kChunk, n - off)});
+  auto enqueue = [&](size_t k) {
+    const int b = static_cast<int>(k & 1);
+    MINIDL_CUDA_CHECK(cudaEventSynchronize(done_[b]));   // an earlier to_device may still read it
+    MINIDL_CUDA_CHECK(cudaMemcpyAsync(buf_[b], static_cast<const char*>(src) + chunks[k].first, chunks[k].second,
+                                      cudaMemcpyDeviceToHost, stream));
+    MINIDL_CUDA_CHECK(cudaEventRecord(done_[b], stream));
+  };
+  if (!chunks.empty()) enqueue(0);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    if (k + 1 < chunks.size()) enqueue(k + 1);   // the next transfer overlaps this chunk's memcpy
+    const int b = static_cast<int>(k & 1);
+    MINIDL_CUDA_CHECK(cudaEventSynchronize(done_[b]));
+    std::memcpy(static_cast<char*>(dst) + chunks[k].first, buf_[b], chunks[k].second);
+  }
+}
+
+// ---- DeviceContext ----
+
+DeviceContext::DeviceContext(int index) : index_(index) {
+  MINIDL_CUDA_CHECK(cudaSetDevice(index));
+  MINIDL_CUDA_CHECK(cudaGetDeviceProperties(&props_, index));
+  MINIDL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  allocator_ = std::make_unique<CachingAllocator>(std::make_unique<CudaSegmentSource>(index, stream_),
+                                                  Device::cuda(index));
+}
+
+DeviceContext::~DeviceContext() {
+  if (cudnn_ != nullptr) MINIDL_CUDNN_LOG(cudnnDestroy(cudnn_));
+  if (cublas_ != nullptr) MINIDL_CUBLAS_LOG(cublasDestroy(cublas_));
+  if (cublas_ws_ != nullptr) allocator_->deallocate(cublas_ws_, kCublasWorkspace);
+  allocator_.reset();
+  if (stream_ != nullptr) MINIDL_CUDA_LOG(cudaStreamDestroy(stream_));
+}
+
+void DeviceContext::activate() const {
+  int cur = -1;
+  MINIDL_CUDA_CHECK(cudaGetDevice(&cur));
+  if (cur != index_) MINIDL_CUDA_CHECK(cudaSetDevice(index_));
+}
+
+void DeviceContext::synchronize() const { MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+cublasHandle_t DeviceContext::cublas() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cublas_ == nullptr) {
+    activate();
+    MINIDL_CUBLAS_CHECK(cublasCreate(&cublas_));
+    MINIDL_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // cuBLAS's workspace comes from the caching allocator (as in PyTorch), so it is counted.
+    cublas_ws_ = allocator_->allocate(kCublasWorkspace);
+    MINIDL_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
+  }
+  return cublas_;
+}
+
+cudnnHandle_t DeviceContext::cudnn() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cudnn_ == nullptr) {
+    activate();
+    MINIDL_CUDNN_CHECK(cudnnCreate(&cudnn_));
+    MINIDL_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+  }
+  return cudnn_;
+}
+
+DeviceContext& context(int index) {
+  static std::mutex mu;
+  static std::vector<DeviceContext*>* all = new std::vector<DeviceContext*>();
+  std::lock_guard<std::mutex> lock(mu);
+  const int n = device_count();
+  MINIDL_CHECK(index >= 0 && index < n, "cuda:", index, " requested but ", runtime_status(),
+               " visible; use cuda:0 .. cuda:", n - 1, " or the cpu device");
+  if (static_cast<int>(all->size()) < n) all->resize(static_cast<size_t>(n), nullptr);
+  if ((*all)[index] == nullptr) (*all)[index] = new DeviceContext(index);
+  DeviceContext& ctx = *(*all)[index];
+  ctx.activate();
+  return ctx;
+}
+
+DeviceContext& context_of(const Tensor& t) {
+  MINIDL_CHECK(t.device().is_cuda(), "CUDA backend: tensor ", t.meta(), " is not on a CUDA device");
+  return context(t.device().index);
+}
+
+// ---- Public switches and queries (runtime.h) ----
+
+void synchronize(int device) { context(device).synchronize(); }
+CachingStats caching_stats(int device) { return context(device).allocator().detailed_stats(); }
+
+std::string device_description(int device) {
+  const cudaDeviceProp& p = context(device).props();
+  int driver = 0, runtime = 0;
+  MINIDL_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  MINIDL_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  return std::string(p.name) + ", cc " + std::to_string(p.major) + "." + std::to_string(p.minor) + ", " +
+         std::to_string(p.multiProcessorCount) + " SMs, " + std::to_string(p.totalGlobalMem >> 20) +
+         " MiB, driver API " + std::to_string(driver) + ", runtime " + std::to_string(runtime) + ", cuDNN " +
+         std::to_string(cudnnGetVersion());
+}
+
+}  // namespace minidl::cuda

@@ -1,0 +1,362 @@
+// Convolutions through cuDNN's legacy API. Heuristic mode takes cuDNN's ranked list
+// (cudnnGet*Algorithm_v7) and the first algorithm whose workspace the allocator can give within
+// the budget; benchmark mode times them once per shape with cudnnFind*AlgorithmEx over a workspace
+// drawn from the allocator, and caches the winner, like torch.backends.cudnn.benchmark.
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "kernels/cuda/conv.cuh"
+#include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/runtime.h"
+
+namespace minidl::cuda {
+namespace {
+
+enum class Dir { Fwd, BwdData, BwdFilter };
+
+cudnnDataType_t data_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f64: return CUDNN_DATA_DOUBLE;
+    case DType::f16: return CUDNN_DATA_HALF;
+    default: MINIDL_FAIL("conv2d (cuda): dtype ", dtype_name(t), " is not supported (f32, f64, f16)");
+  }
+}
+
+int to_int(int64_t v) {
+  MINIDL_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "conv2d (cuda): size ", v, " exceeds cuDNN's int range");
+  return static_cast<int>(v);
+}
+
+// The four descriptors of one convolution (RAII: destroyed, with logging, in any case).
+struct Descriptors {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnMathType_t default_math = CUDNN_DEFAULT_MATH;
+
+  explicit Descriptors(const ConvShape& cs) {
+    const cudnnDataType_t dt = data_type(cs.dtype);
+    const cudnnTensorFormat_t fmt = cs.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    MINIDL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+    MINIDL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+    MINIDL_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    MINIDL_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    MINIDL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, fmt, dt, to_int(cs.n), to_int(cs.c), to_int(cs.h), to_int(cs.w)));
+    MINIDL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, fmt, dt, to_int(cs.n), to_int(cs.k), to_int(cs.oh), to_int(cs.ow)));
+    MINIDL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, dt, fmt, to_int(cs.k), to_int(cs.c / cs.o.groups), to_int(cs.r),
+                                                  to_int(cs.s)));
+    const cudnnDataType_t compute = cs.dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    MINIDL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        conv, to_int(cs.o.padding[0]), to_int(cs.o.padding[1]), to_int(cs.o.stride[0]), to_int(cs.o.stride[1]),
+        to_int(cs.o.dilation[0]), to_int(cs.o.dilation[1]), CUDNN_CROSS_CORRELATION, compute));
+    MINIDL_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, to_int(cs.o.groups)));
+    // f32 without TF32 must not use tensor cores (CUDNN_FMA_MATH); f16 should (TENSOR_OP).
+    if (cs.dtype == DType::f16) default_math = CUDNN_TENSOR_OP_MATH;
+    else if (cs.dtype == DType::f32 && !allow_tf32_cudnn()) default_math = CUDNN_FMA_MATH;
+    MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, default_math));
+    int on, oc, ooh, oow;
+    MINIDL_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &ooh, &oow));
+    MINIDL_CHECK(on == cs.n && oc == cs.k && ooh == cs.oh && oow == cs.ow, "conv2d (cuda): cuDNN computes output [",
+                 on, ", ", oc, ", ", ooh, ", ", oow, "], the front-end [", cs.n, ", ", cs.k, ", ", cs.oh, ", ", cs.ow, "]");
+  }
+  ~Descriptors() {
+    if (conv != nullptr) MINIDL_CUDNN_LOG(cudnnDestroyConvolutionDescriptor(conv));
+    if (w != nullptr) MINIDL_CUDNN_LOG(cudnnDestroyFilterDescriptor(w));
+    if (y != nullptr) MINIDL_CUDNN_LOG(cudnnDestroyTensorDescriptor(y));
+    if (x != nullptr) MINIDL_CUDNN_LOG(cudnnDestroyTensorDescriptor(x));
+  }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+};
+
+// One candidate algorithm, whatever the direction.
+struct Candidate {
+  int algo = 0;
+  size_t memory = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+};
+
+std::string cache_key(const ConvShape& cs, Dir dir) {
+  std::ostringstream os;
+  os << static_cast<int>(dir) << ':' << cs.n << ',' << cs.c << ',' << cs.h << ',' << cs.w << ':' << cs.k << ','
+     << cs.r << ',' << cs.s << ':' << cs.o.padding[0] << ',' << cs.o.padding[1] << ',' << cs.o.stride[0] << ','
+     << cs.o.stride[1] << ',' << cs.o.dilation[0] << ',' << cs.o.dilation[1] << ',' << cs.o.groups << ':'
+     << dtype_name(cs.dtype) << (cs.nhwc ? ":nhwc" : ":nchw") << (allow_tf32_cudnn() ? ":tf32" : "");
+  return os.str();
+}
+
+std::mutex g_cache_mu;
+std::map<std::string, Candidate>& algo_cache() {
+  static auto* m = new std::map<std::string, Candidate>();
+  return *m;
+}
+
+// Without TF32, f32 convolutions keep FMA math whatever math type cuDNN reports for an algorithm.
+void pin_math(const Descriptors& d, std::vector<Candidate>& cs) {
+  if (d.default_math != CUDNN_FMA_MATH) return;
+  for (Candidate& c : cs) c.math = CUDNN_FMA_MATH;
+}
+
+// cuDNN's heuristic ranking, successful entries only.
+std::vector<Candidate> heuristic(cudnnHandle_t h, const Descriptors& d, Dir dir) {
+  std::vector<Candidate> out;
+  int n = 0;
+  if (dir == Dir::Fwd) {
+    cudnnConvolutionFwdAlgoPerf_t p[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    MINIDL_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, p));
+    for (int i = 0; i < n; ++i)
+      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+  } else if (dir == Dir::BwdData) {
+    cudnnConvolutionBwdDataAlgoPerf_t p[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    MINIDL_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, p));
+    for (int i = 0; i < n; ++i)
+      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t p[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    MINIDL_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, p));
+    for (int i = 0; i < n; ++i)
+      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+  }
+  pin_math(d, out);
+  return out;
+}
+
+// The exact workspace of one algorithm under one math type.
+size_t workspace_size(cudnnHandle_t h, const Descriptors& d, Dir dir, const Candidate& c) {
+  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
+  size_t ws = 0;
+  cudnnStatus_t st;
+  if (dir == Dir::Fwd) {
+    st = cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), &ws);
+  } else if (dir == Dir::BwdData) {
+    st = cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), &ws);
+  } else {
+    st = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), &ws);
+  }
+  return st == CUDNN_STATUS_SUCCESS ? ws : SIZE_MAX;
+}
+
+// Times the candidates (benchmark mode) with the largest workspace the allocator can give, up to
+// what the hungriest candidate wants. a/b are the direction's inputs, out its output (scratch).
+Candidate autotune(DeviceContext& ctx, const Descriptors& d, Dir dir, const std::vector<Candidate>& cands,
+                   const void* a, const void* b, void* out) {
+  size_t want = 0;
+  for (const Candidate& c : cands) want = std::max(want, c.memory);
+  std::unique_ptr<DeviceBuffer> ws;
+  while (true) {
+    try {
+      ws = std::make_unique<DeviceBuffer>(ctx, want);
+      break;
+    } catch (const OutOfMemoryError&) {
+      if (want == 0) throw;
+      want /= 2;   // the budget leaves less: time what fits
+    }
+  }
+  cudnnHandle_t h = ctx.cudnn();
+  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
+  int n = 0;
+  std::vector<Candidate> found;
+  if (dir == Dir::Fwd) {
+    cudnnConvolutionFwdAlgoPerf_t p[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    MINIDL_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, a, d.w, b, d.conv, d.y, out,
+                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, p, ws->get(), want));
+    for (int i = 0; i < n; ++i)
+      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+  } else if (dir == Dir::BwdData) {
+    cudnnConvolutionBwdDataAlgoPerf_t p[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    MINIDL_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, b, d.y, a, d.conv, d.x, out,
+                                                                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, p, ws->get(), want));
+    for (int i = 0; i < n; ++i)
+      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t p[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    MINIDL_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, a, d.y, b, d.conv, d.w, out,
+                                                                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, p, ws->get(), want));
+    for (int i = 0; i < n; ++i)
+      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+  }
+  MINIDL_CHECK(!found.empty(), "conv2d (cuda): cuDNN found no working algorithm within a workspace of ",
+               format_bytes(want));
+  pin_math(d, found);
+  return found.front();   // sorted by time
+}
+
+// Runs one direction: picks the algorithm, draws its workspace from the allocator and calls cuDNN.
+// a, b: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter.
+void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const void* b, void* out) {
+  if (cs.n == 0 || cs.k == 0 || cs.c == 0) return;
+  const Descriptors d(cs);
+  cudnnHandle_t h = ctx.cudnn();
+  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
+  std::vector<Candidate> order;
+  if (cudnn_benchmark()) {
+    const std::string key = cache_key(cs, dir);
+    Candidate best;
+    bool hit = false;
+    {
+      std::lock_guard<std::mutex> lock(g_cache_mu);
+      auto it = algo_cache().find(key);
+      if (it != algo_cache().end()) {
+        best = it->second;
+        hit = true;
+      }
+    }
+    if (!hit) {
+      best = autotune(ctx, d, dir, heuristic(h, d, dir), a, b, out);
+      std::lock_guard<std::mutex> lock(g_cache_mu);
+      algo_cache()[key] = best;
+    }
+    order.push_back(best);
+  }
+  for (const Candidate& c : heuristic(h, d, dir)) order.push_back(c);   // fallbacks, ranked
+  const float one32 = 1.0f, zero32 = 0.0f;
+  const double one64 = 1.0, zero64 = 0.0;
+  const void* alpha = cs.dtype == DType::f64 ? static_cast<const void*>(&one64) : &one32;
+  const void* beta = cs.dtype == DType::f64 ? static_cast<const void*>(&zero64) : &zero32;
+  std::string tried;
+  for (const Candidate& c : order) {
+    const size_t wsz = workspace_size(h, d, dir, c);   // also sets the math type
+    if (wsz == SIZE_MAX) continue;
+    std::unique_ptr<DeviceBuffer> ws;
+    try {
+      ws = std::make_unique<DeviceBuffer>(ctx, wsz);
+    } catch (const OutOfMemoryError&) {
+      tried += " algo " + std::to_string(c.algo) + " (workspace " + format_bytes(wsz) + ")";
+      continue;   // a leaner algorithm may fit
+    }
+    cudnnStatus_t st;
+    if (dir == Dir::Fwd) {
+      st = cudnnConvolutionForward(h, alpha, d.x, a, d.w, b, d.conv, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
+                                   ws->get(), wsz, beta, d.y, out);
+    } else if (dir == Dir::BwdData) {
+      st = cudnnConvolutionBackwardData(h, alpha, d.w, b, d.y, a, d.conv,
+                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws->get(), wsz, beta, d.x, out);
+    } else {
+      st = cudnnConvolutionBackwardFilter(h, alpha, d.x, a, d.y, b, d.conv,
+                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws->get(), wsz, beta, d.w,
+                                          out);
+    }
+    if (st == CUDNN_STATUS_SUCCESS) return;
+    // An algorithm the heuristics ranked may still refuse this configuration (e.g. f64): next.
+    MINIDL_CHECK(st == CUDNN_STATUS_NOT_SUPPORTED || st == CUDNN_STATUS_BAD_PARAM, "conv2d (cuda): cuDNN algorithm ",
+                 c.algo, " failed: ", cudnnGetErrorString(st));
+    tried += " algo " + std::to_string(c.algo) + " (" + cudnnGetErrorString(st) + ")";
+  }
+  const MemoryStats s = ctx.allocator().stats();
+  MINIDL_CHECK(tried.find("workspace") != std::string::npos, "conv2d (cuda): no cuDNN algorithm ran (tried", tried,
+               ") for ", cache_key(cs, dir));
+  throw OutOfMemoryError("out of memory on cuda:" + std::to_string(ctx.index()) +
+                             ": no cuDNN convolution algorithm's workspace fits (tried" + tried +
+                             "). Use a smaller batch, or raise the memory budget.",
+                         0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
+}
+
+ConvShape shape_of(const Tensor& x, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o) {
+  MINIDL_CHECK(x.dim() == 4 && wshape.size() == 4 && yshape.size() == 4, "conv2d (cuda): expected 4-d x, w, y, got ",
+               x.meta(), ", ", shape_str(wshape), ", ", shape_str(yshape));
+  ConvShape cs;
+  cs.n = x.size(0);
+  cs.c = x.size(1);
+  cs.h = x.size(2);
+  cs.w = x.size(3);
+  cs.k = wshape[0];
+  cs.r = wshape[2];
+  cs.s = wshape[3];
+  cs.oh = yshape[2];
+  cs.ow = yshape[3];
+  cs.o = o;
+  cs.dtype = x.dtype();
+  cs.nhwc = conv_nhwc();
+  return cs;
+}
+
+// NCHW (or KCRS) tensor -> a contiguous channels-last copy; and back into an NCHW destination.
+Tensor to_nhwc(const Tensor& t) { return t.detach().permute({0, 2, 3, 1}).contiguous(); }
+Tensor empty_nhwc(const Shape& nchw, const Tensor& like) {
+  return empty({nchw[0], nchw[2], nchw[3], nchw[1]}, {like.dtype(), like.device(), false});
+}
+
+}  // namespace
+
+void conv_forward_raw(DeviceContext& ctx, const ConvShape& cs, const void* x, const void* w, void* y) {
+  run(ctx, cs, Dir::Fwd, x, w, y);
+}
+void conv_backward_data_raw(DeviceContext& ctx, const ConvShape& cs, const void* dy, const void* w, void* dx) {
+  run(ctx, cs, Dir::BwdData, dy, w, dx);
+}
+void conv_backward_filter_raw(DeviceContext& ctx, const ConvShape& cs, const void* x, const void* dy, void* dw) {
+  run(ctx, cs, Dir::BwdFilter, x, dy, dw);
+}
+
+size_t conv_algo_cache_size() {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  return algo_cache().size();
+}
+void clear_conv_algo_cache() {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  algo_cache().clear();
+}
+
+void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
+                                 const Tensor& y) {
+  check_cuda("conv2d", {&x, &w, &bias, &y});
+  check_contiguous("conv2d", {&x, &w, &bias, &y});
+  MINIDL_CHECK(w.dtype() == x.dtype() && y.dtype() == x.dtype(), "conv2d (cuda): dtypes differ: x ", x.meta(),
+               ", w ", w.meta(), ", y ", y.meta());
+  DeviceContext& ctx = context_of(x);
+  const ConvShape cs = shape_of(x, w.shape(), y.shape(), o);
+  if (y.numel() == 0) return;
+  if (x.numel() == 0 || w.numel() == 0) {
+    fill(y, 0.0);
+  } else if (cs.nhwc) {
+    const Tensor xn = to_nhwc(x), wn = to_nhwc(w);
+    const Tensor yn = empty_nhwc(y.shape(), y);
+    conv_forward_raw(ctx, cs, xn.data_ptr(), wn.data_ptr(), yn.data_ptr());
+    copy(yn.permute({0, 3, 1, 2}), y);
+  } else {
+    conv_forward_raw(ctx, cs, x.data_ptr(), w.data_ptr(), y.data_ptr());
+  }
+  if (bias.defined() && y.numel() > 0) {
+    MINIDL_CHECK(bias.dtype() == y.dtype() && bias.numel() == cs.k, "conv2d (cuda): bias ", bias.meta(),
+                 " must be [", cs.k, "] of the input's dtype");
+    // y += bias[c], broadcast over n, h, w.
+    binary(BinaryOp::Add, y, bias.view({1, cs.k, 1, 1}).expand(y.shape()), y, 1.0);
+  }
+}
+
+void CudaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) {
+  check_cuda("conv2d_backward_input", {&gy, &w, &gx});
+  check_contiguous("conv2d_backward_input", {&gy, &w, &gx});
+  DeviceContext& ctx = context_of(gy);
+  const ConvShape cs = shape_of(gx, w.shape(), gy.shape(), o);
+  if (gy.numel() == 0 || w.numel() == 0) return fill(gx, 0.0);   // nothing flows back
+  if (cs.nhwc) {
+    const Tensor gyn = to_nhwc(gy), wn = to_nhwc(w);
+    const Tensor gxn = empty_nhwc(gx.shape(), gx);
+    conv_backward_data_raw(ctx, cs, gyn.data_ptr(), wn.data_ptr(), gxn.data_ptr());
+    copy(gxn.permute({0, 3, 1, 2}), gx);
+  } else {
+    conv_backward_data_raw(ctx, cs, gy.data_ptr(), w.data_ptr(), gx.data_ptr());
+  }
+}
+
+void CudaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {
+  check_cuda("conv2d_backward_weight", {&gy, &x, &gw});
+  check_contiguous("conv2d_backward_weight", {&gy, &x, &gw});
+  DeviceContext& ctx = context_of(gy);
+  const ConvShape cs = shape_of(x, gw.shape(), gy.shape(), o);
+  if (gy.numel() == 0 || x.numel() == 0) return fill(gw, 0.0);
+  if (cs.nhwc) {
+    const Tensor xn = to_nhwc(x), gyn = to_nhwc(gy);
+    const Tensor gwn = empty_nhwc(gw.shape(), gw);
+    conv_backward_filter_raw(ctx, cs, xn.data_ptr(), gyn.data_ptr(), gwn.data_ptr());
+    copy(gwn.permute({0, 3, 1, 2}), gw);
+  } else {
+    conv_backward_filter_raw(ctx, cs, x.data_ptr(), gy.data_ptr(), gw.data_ptr());
+  }
+}
+
+}  // namespace minidl::cuda

@@ -1,0 +1,51 @@
+// The CUDA backend: every op family of core/backend.h on the GPU, checked against the CPU backend
+// by tests/kernels/backend_parity_cuda_test.cpp. Each family lives in its own .cu file
+// (elementwise, reduce, matmul, random, conv, pool, batch_norm, softmax); this header gathers them.
+#pragma once
+#include "core/backend.h"
+
+namespace minidl::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  const char* name() const override { return "cuda"; }
+  Allocator& allocator(int device_index) override;
+
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, double value) override;
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha) override;
+  void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, const Tensor& out) override;
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t offset, double a, double b) override;
+
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
+                      const Tensor& y) override;
+  void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) override;
+  void conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) override;
+
+  void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) override;
+  void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) override;
+  void avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) override;
+  void avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) override;
+
+  void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,
+                                const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd) override;
+  void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean,
+                               const Tensor& var, double eps, const Tensor& y) override;
+  void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                           const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,
+                           const Tensor& gbias) override;
+
+  void softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) override;
+  void softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) override;
+  void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) override;
+  void nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) override;
+};
+
+// Checks shared by the families: on this backend's device, and (for kernels that need it) contiguous.
+void check_cuda(const char* op, std::initializer_list<const Tensor*> ts);
+void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts);
+
+}  // namespace minidl::cuda

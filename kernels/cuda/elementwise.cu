@@ -1,0 +1,381 @@
+// CUDA elementwise kernels: copies (dtype conversion, strided, host<->device through pinned
+// staging), fills, unary and binary ops with broadcasting. Contiguous operands take a 16-byte
+// vectorised grid-stride path; anything else goes through the strided offset calculator.
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/device/common.cuh"
+
+namespace minidl::cuda {
+namespace {
+
+// ---- Operators (same formulas as kernels/cpu/elementwise.cpp) ----
+
+// Precise (non-intrinsic) libm functions of CUDA, picked by type; global-namespace names so the
+// minidl:: tensor ops of the same names are not found first.
+__device__ __forceinline__ float d_exp(float x) { return ::expf(x); }
+__device__ __forceinline__ double d_exp(double x) { return ::exp(x); }
+__device__ __forceinline__ float d_log(float x) { return ::logf(x); }
+__device__ __forceinline__ double d_log(double x) { return ::log(x); }
+__device__ __forceinline__ float d_log1p(float x) { return ::log1pf(x); }
+__device__ __forceinline__ double d_log1p(double x) { return ::log1p(x); }
+__device__ __forceinline__ float d_sqrt(float x) { return ::sqrtf(x); }
+__device__ __forceinline__ double d_sqrt(double x) { return ::sqrt(x); }
+__device__ __forceinline__ float d_abs(float x) { return ::fabsf(x); }
+__device__ __forceinline__ double d_abs(double x) { return ::fabs(x); }
+__device__ __forceinline__ float d_tanh(float x) { return ::tanhf(x); }
+__device__ __forceinline__ double d_tanh(double x) { return ::tanh(x); }
+__device__ __forceinline__ float d_pow(float x, float y) { return ::powf(x, y); }
+__device__ __forceinline__ double d_pow(double x, double y) { return ::pow(x, y); }
+
+template <typename C>
+__device__ __forceinline__ C apply_unary(UnaryOp op, C x, C s) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return d_exp(x);
+    case UnaryOp::Log: return d_log(x);
+    case UnaryOp::Log1p: return d_log1p(x);
+    case UnaryOp::Sqrt: return d_sqrt(x);
+    case UnaryOp::Abs: return d_abs(x);
+    case UnaryOp::Relu: return x > C(0) ? x : C(0);
+    case UnaryOp::Sigmoid: return C(1) / (C(1) + d_exp(-x));
+    case UnaryOp::Tanh: return d_tanh(x);
+    case UnaryOp::Square: return x * x;
+    case UnaryOp::Pow: return d_pow(x, s);
+  }
+  return x;
+}
+
+template <typename C>
+__device__ __forceinline__ C apply_arith(BinaryOp op, C a, C b, C alpha) {
+  switch (op) {
+    case BinaryOp::Add: return a + alpha * b;
+    case BinaryOp::Sub: return a - alpha * b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+    case BinaryOp::Maximum:
+      if constexpr (std::is_floating_point_v<C>) {
+        if (::isnan(a) || ::isnan(b)) return a + b;   // NaN propagates, as PyTorch
+      }
+      return a > b ? a : b;
+    case BinaryOp::Minimum:
+      if constexpr (std::is_floating_point_v<C>) {
+        if (::isnan(a) || ::isnan(b)) return a + b;
+      }
+      return a < b ? a : b;
+    case BinaryOp::ReluGrad: return b > C(0) ? a : C(0);
+    default: return C(0);
+  }
+}
+
+template <typename C>
+__device__ __forceinline__ bool apply_compare(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::Eq: return a == b;
+    case BinaryOp::Ne: return a != b;
+    case BinaryOp::Lt: return a < b;
+    case BinaryOp::Le: return a <= b;
+    case BinaryOp::Gt: return a > b;
+    case BinaryOp::Ge: return a >= b;
+    default: return false;
+  }
+}
+
+// ---- Kernels ----
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <typename T>
+__host__ __device__ constexpr int vec_width() { return 16 / static_cast<int>(sizeof(T)) > 0 ? 16 / static_cast<int>(sizeof(T)) : 1; }
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename D, typename S>
+__global__ void copy_strided_kernel(D* dst, const S* src, OffsetCalc<2> oc, int64_t n) {
+  MINIDL_GRID_STRIDE(i, n) {
+    int64_t off[2];
+    oc.get(i, off);
+    dst[off[0]] = cvt<D>(src[off[1]]);
+  }
+}
+
+template <typename D, typename S>
+__global__ void copy_contig_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n) {
+  MINIDL_GRID_STRIDE(i, n) { dst[i] = cvt<D>(src[i]); }
+}
+
+template <typename T>
+__global__ void fill_strided_kernel(T* dst, T v, OffsetCalc<1> oc, int64_t n) {
+  MINIDL_GRID_STRIDE(i, n) {
+    int64_t off[1];
+    oc.get(i, off);
+    dst[off[0]] = v;
+  }
+}
+
+template <typename T>
+__global__ void unary_vec_kernel(UnaryOp op, T* out, const T* x, int64_t n, double s) {
+  using C = typename Compute<T>::type;
+  constexpr int V = vec_width<T>();
+  const C sc = static_cast<C>(s);
+  const int64_t nv = n / V;
+  MINIDL_GRID_STRIDE(i, nv) {
+    Vec<T, V> a = reinterpret_cast<const Vec<T, V>*>(x)[i];
+    Vec<T, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = cvt<T>(apply_unary<C>(op, cvt<C>(a.v[k]), sc));
+    reinterpret_cast<Vec<T, V>*>(out)[i] = r;
+  }
+  MINIDL_GRID_STRIDE(j, n - nv * V) {
+    const int64_t i = nv * V + j;
+    out[i] = cvt<T>(apply_unary<C>(op, cvt<C>(x[i]), sc));
+  }
+}
+
+template <typename T>
+__global__ void unary_strided_kernel(UnaryOp op, T* out, const T* x, OffsetCalc<2> oc, int64_t n, double s) {
+  using C = typename Compute<T>::type;
+  const C sc = static_cast<C>(s);
+  MINIDL_GRID_STRIDE(i, n) {
+    int64_t off[2];
+    oc.get(i, off);
+    out[off[0]] = cvt<T>(apply_unary<C>(op, cvt<C>(x[off[1]]), sc));
+  }
+}
+
+// out, a, b contiguous of n elements (out may alias a: each element is read before it is written
+// by the same thread, so no __restrict__ here).
+template <typename T>
+__global__ void binary_vec_kernel(BinaryOp op, T* out, const T* a, const T* b, int64_t n, double alpha) {
+  using C = typename Compute<T>::type;
+  constexpr int V = vec_width<T>();
+  const C al = static_cast<C>(alpha);
+  const int64_t nv = n / V;
+  MINIDL_GRID_STRIDE(i, nv) {
+    const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(a)[i];
+    const Vec<T, V> y = reinterpret_cast<const Vec<T, V>*>(b)[i];
+    Vec<T, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = cvt<T>(apply_arith<C>(op, cvt<C>(x.v[k]), cvt<C>(y.v[k]), al));
+    reinterpret_cast<Vec<T, V>*>(out)[i] = r;
+  }
+  MINIDL_GRID_STRIDE(j, n - nv * V) {
+    const int64_t i = nv * V + j;
+    out[i] = cvt<T>(apply_arith<C>(op, cvt<C>(a[i]), cvt<C>(b[i]), al));
+  }
+}
+
+// a and out contiguous, b a single value (tensor op scalar, the optimizers' common case).
+template <typename T>
+__global__ void binary_scalar_vec_kernel(BinaryOp op, T* out, const T* a, const T* b, int64_t n, double alpha) {
+  using C = typename Compute<T>::type;
+  constexpr int V = vec_width<T>();
+  const C al = static_cast<C>(alpha);
+  const C y = cvt<C>(*b);
+  const int64_t nv = n / V;
+  MINIDL_GRID_STRIDE(i, nv) {
+    const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(a)[i];
+    Vec<T, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = cvt<T>(apply_arith<C>(op, cvt<C>(x.v[k]), y, al));
+    reinterpret_cast<Vec<T, V>*>(out)[i] = r;
+  }
+  MINIDL_GRID_STRIDE(j, n - nv * V) {
+    const int64_t i = nv * V + j;
+    out[i] = cvt<T>(apply_arith<C>(op, cvt<C>(a[i]), y, al));
+  }
+}
+
+template <typename T>
+__global__ void binary_strided_kernel(BinaryOp op, T* out, const T* a, const T* b, OffsetCalc<3> oc, int64_t n,
+                                      double alpha) {
+  using C = typename Compute<T>::type;
+  const C al = static_cast<C>(alpha);
+  MINIDL_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    oc.get(i, off);
+    out[off[0]] = cvt<T>(apply_arith<C>(op, cvt<C>(a[off[1]]), cvt<C>(b[off[2]]), al));
+  }
+}
+
+template <typename T>
+__global__ void compare_kernel(BinaryOp op, bool* out, const T* a, const T* b, OffsetCalc<3> oc, int64_t n) {
+  using C = std::conditional_t<std::is_same_v<T, __half>, float, T>;
+  MINIDL_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    oc.get(i, off);
+    out[off[0]] = apply_compare<C>(op, cvt<C>(a[off[1]]), cvt<C>(b[off[2]]));
+  }
+}
+
+// ---- Host helpers ----
+
+// Device-to-device copy of same-shape tensors on one device, any strides and dtypes.
+void device_copy(const Tensor& src, const Tensor& dst) {
+  DeviceContext& ctx = context_of(dst);
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const OffsetCalc<2> oc = make_offset_calc<2>(dst.shape(), {&dst.strides(), &src.strides()}, "copy");
+  if (oc.contiguous() && src.dtype() == dst.dtype()) {
+    MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(n) * dtype_size(dst.dtype()),
+                                      cudaMemcpyDeviceToDevice, ctx.stream()));
+    return;
+  }
+  dispatch_all(dst.dtype(), "copy", [&](auto dtag) {
+    using D = decltype(dtag);
+    dispatch_all(src.dtype(), "copy", [&](auto stag) {
+      using S = decltype(stag);
+      D* d = static_cast<D*>(dst.data_ptr());
+      const S* s = static_cast<const S*>(src.data_ptr());
+      if (oc.contiguous()) {
+        copy_contig_kernel<D, S><<<grid_for(n), kThreads, 0, ctx.stream()>>>(d, s, n);
+      } else {
+        copy_strided_kernel<D, S><<<grid_for(n), kThreads, 0, ctx.stream()>>>(d, s, oc, n);
+      }
+      MINIDL_CUDA_LAUNCH_CHECK("copy");
+    });
+  });
+}
+
+}  // namespace
+
+void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  MINIDL_CHECK(src.shape() == dst.shape(), "copy (cuda): shape mismatch ", shape_str(src.shape()), " vs ",
+               shape_str(dst.shape()));
+  if (dst.numel() == 0) return;
+  const bool s_cuda = src.device().is_cuda(), d_cuda = dst.device().is_cuda();
+  if (s_cuda && d_cuda) {
+    MINIDL_CHECK(src.device() == dst.device(), "copy (cuda): copies between two GPUs (", src.meta(), " -> ",
+                 dst.meta(), ") are not supported; go through the cpu");
+    device_copy(src, dst);
+    return;
+  }
+  if (d_cuda) {
+    // Host -> device: make the host side contiguous in the target dtype (on the CPU), stage it
+    // through pinned memory, and scatter on the device when the target is strided.
+    DeviceContext& ctx = context_of(dst);
+    Tensor h = src;
+    if (!h.is_contiguous() || h.dtype() != dst.dtype()) {
+      h = empty(src.shape(), {dst.dtype(), Device::cpu(), false});
+      cpu::cpu_backend().copy(src, h);
+    }
+    const size_t bytes = static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype());
+    if (dst.is_contiguous()) {
+      ctx.staging().to_device(dst.data_ptr(), h.data_ptr(), bytes, ctx.stream());
+    } else {
+      Tensor d = empty(dst.shape(), {dst.dtype(), dst.device(), false});
+      ctx.staging().to_device(d.data_ptr(), h.data_ptr(), bytes, ctx.stream());
+      device_copy(d, dst);
+    }
+    return;
+  }
+  MINIDL_CHECK(s_cuda, "copy (cuda): neither ", src.meta(), " nor ", dst.meta(), " is on a CUDA device");
+  // Device -> host: gather (and convert) on the device first, then stage through pinned memory.
+  DeviceContext& ctx = context_of(src);
+  Tensor d = src;
+  if (!d.is_contiguous() || d.dtype() != dst.dtype()) {
+    d = empty(src.shape(), {dst.dtype(), src.device(), false});
+    device_copy(src, d);
+  }
+  const size_t bytes = static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype());
+  if (dst.is_contiguous()) {
+    ctx.staging().to_host(dst.data_ptr(), d.data_ptr(), bytes, ctx.stream());
+  } else {
+    Tensor h = empty(dst.shape(), {dst.dtype(), Device::cpu(), false});
+    ctx.staging().to_host(h.data_ptr(), d.data_ptr(), bytes, ctx.stream());
+    cpu::cpu_backend().copy(h, dst);
+  }
+}
+
+void CudaBackend::fill(const Tensor& dst, double value) {
+  check_cuda("fill", {&dst});
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  DeviceContext& ctx = context_of(dst);
+  const OffsetCalc<1> oc = make_offset_calc<1>(dst.shape(), {&dst.strides()}, "fill");
+  dispatch_all(dst.dtype(), "fill", [&](auto tag) {
+    using T = decltype(tag);
+    T v;
+    if constexpr (std::is_same_v<T, __half>) {
+      v = __half_raw{Half::from_float(static_cast<float>(value))};   // the CPU's rounding, bit for bit
+    } else if constexpr (std::is_same_v<T, bool>) {
+      v = value != 0.0;
+    } else {
+      v = static_cast<T>(value);
+    }
+    fill_strided_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(static_cast<T*>(dst.data_ptr()), v, oc, n);
+    MINIDL_CUDA_LAUNCH_CHECK("fill");
+  });
+}
+
+void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) {
+  check_cuda(unary_name(op), {&x, &out});
+  MINIDL_CHECK(x.shape() == out.shape() && x.dtype() == out.dtype(), unary_name(op), " (cuda): x ", x.meta(),
+               " and out ", out.meta(), " must match");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DeviceContext& ctx = context_of(out);
+  const OffsetCalc<2> oc = make_offset_calc<2>(out.shape(), {&out.strides(), &x.strides()}, unary_name(op));
+  dispatch_floating(x.dtype(), unary_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out.data_ptr());
+    const T* a = static_cast<const T*>(x.data_ptr());
+    if (oc.contiguous() && aligned16(o) && aligned16(a)) {
+      unary_vec_kernel<T><<<grid_for(n / vec_width<T>() + 1), kThreads, 0, ctx.stream()>>>(op, o, a, n, scalar);
+    } else {
+      unary_strided_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(op, o, a, oc, n, scalar);
+    }
+    MINIDL_CUDA_LAUNCH_CHECK(unary_name(op));
+  });
+}
+
+void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+  check_cuda(binary_name(op), {&a, &b, &out});
+  MINIDL_CHECK(a.shape() == out.shape() && b.shape() == out.shape() && a.dtype() == b.dtype(), binary_name(op),
+               " (cuda): operands ", a.meta(), " and ", b.meta(), " must be expanded to out ", out.meta(),
+               " with one dtype");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DeviceContext& ctx = context_of(out);
+  const OffsetCalc<3> oc =
+      make_offset_calc<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()}, binary_name(op));
+  if (op >= BinaryOp::Eq) {
+    MINIDL_CHECK(out.dtype() == DType::boolean, binary_name(op), " (cuda): comparisons write bool, got ", out.meta());
+    dispatch_all(a.dtype(), binary_name(op), [&](auto tag) {
+      using T = decltype(tag);
+      compare_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(op, static_cast<bool*>(out.data_ptr()),
+                                                                   static_cast<const T*>(a.data_ptr()),
+                                                                   static_cast<const T*>(b.data_ptr()), oc, n);
+      MINIDL_CUDA_LAUNCH_CHECK(binary_name(op));
+    });
+    return;
+  }
+  MINIDL_CHECK(out.dtype() == a.dtype(), binary_name(op), " (cuda): out ", out.meta(), " must have dtype ",
+               dtype_name(a.dtype()));
+  // b is one value broadcast everywhere when all its strides are 0.
+  bool b_scalar = true;
+  for (int64_t d = 0; d < b.dim(); ++d) b_scalar = b_scalar && (b.strides()[d] == 0 || b.shape()[d] == 1);
+  const OffsetCalc<2> oa = make_offset_calc<2>(out.shape(), {&out.strides(), &a.strides()}, binary_name(op));
+  dispatch_arith(a.dtype(), binary_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out.data_ptr());
+    const T* pa = static_cast<const T*>(a.data_ptr());
+    const T* pb = static_cast<const T*>(b.data_ptr());
+    const unsigned gv = grid_for(n / vec_width<T>() + 1);
+    if (oc.contiguous() && aligned16(o) && aligned16(pa) && aligned16(pb)) {
+      binary_vec_kernel<T><<<gv, kThreads, 0, ctx.stream()>>>(op, o, pa, pb, n, alpha);
+    } else if (b_scalar && oa.contiguous() && aligned16(o) && aligned16(pa)) {
+      binary_scalar_vec_kernel<T><<<gv, kThreads, 0, ctx.stream()>>>(op, o, pa, pb, n, alpha);
+    } else {
+      binary_strided_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(op, o, pa, pb, oc, n, alpha);
+    }
+    MINIDL_CUDA_LAUNCH_CHECK(binary_name(op));
+  });
+}
+
+}  // namespace minidl::cuda

@@ -1,0 +1,224 @@
+// CUDA max and average pooling (NCHW), hand-written rather than cuDNN so that windows, ties, NaNs,
+// divisors and the i64 argmax indices are exactly the CPU backend's (kernels/cpu/pool.cpp).
+// Average backward gathers (each input element sums the outputs whose window covers it), so it is
+// deterministic; max backward scatters at the saved indices.
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/device/common.cuh"
+
+namespace minidl::cuda {
+namespace {
+
+struct Geom {
+  int64_t planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+  bool include_pad;
+};
+
+Geom make_geom(const Shape& in, const Shape& out, const Pool2dOptions& o, const char* op) {
+  MINIDL_CHECK(in.size() == 4 && out.size() == 4 && in[0] == out[0] && in[1] == out[1], op,
+               " (cuda): inconsistent shapes: input ", shape_str(in), ", output ", shape_str(out));
+  MINIDL_CHECK(o.stride[0] > 0 && o.stride[1] > 0, op, " (cuda): stride must be resolved (non-zero) by the caller");
+  return {in[0] * in[1], in[2], in[3], out[2], out[3], o.kernel[0], o.kernel[1], o.stride[0], o.stride[1],
+          o.padding[0], o.padding[1], o.count_include_pad};
+}
+
+__host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// PyTorch's separable divisor (see kernels/cpu/pool.cpp).
+__device__ __forceinline__ int64_t window_count(int64_t o, int64_t s, int64_t p, int64_t k, int64_t in, bool inc) {
+  const int64_t start = o * s - p;
+  const int64_t end = imin(start + k, in + p);
+  return inc ? end - start : imin(end, in) - imax(start, 0);
+}
+
+template <typename T>
+__global__ void max_fwd_kernel(const T* x, Geom g, T* y, int64_t* idx) {
+  using C = typename Compute<T>::type;
+  const int64_t total = g.planes * g.oh * g.ow;
+  MINIDL_GRID_STRIDE(i, total) {
+    const int64_t c = i % g.ow, r = (i / g.ow) % g.oh, pl = i / (g.ow * g.oh);
+    const T* xp = x + pl * g.h * g.w;
+    const int64_t h0 = imax(r * g.sh - g.ph, 0), h1 = imin(r * g.sh - g.ph + g.kh, g.h);
+    const int64_t w0 = imax(c * g.sw - g.pw, 0), w1 = imin(c * g.sw - g.pw + g.kw, g.w);
+    // Padding acts as -inf; an all -inf window reports its first real element, as the CPU does.
+    C best = -INFINITY;
+    int64_t arg = h0 * g.w + w0;
+    for (int64_t ih = h0; ih < h1; ++ih) {
+      for (int64_t iw = w0; iw < w1; ++iw) {
+        const C v = cvt<C>(xp[ih * g.w + iw]);
+        if (v > best || v != v) {   // first maximum wins; NaN propagates
+          best = v;
+          arg = ih * g.w + iw;
+        }
+      }
+    }
+    y[i] = cvt<T>(best);
+    idx[i] = arg;
+  }
+}
+
+template <typename T>
+__global__ void avg_fwd_kernel(const T* x, Geom g, T* y) {
+  using C = typename Compute<T>::type;
+  const int64_t total = g.planes * g.oh * g.ow;
+  MINIDL_GRID_STRIDE(i, total) {
+    const int64_t c = i % g.ow, r = (i / g.ow) % g.oh, pl = i / (g.ow * g.oh);
+    const T* xp = x + pl * g.h * g.w;
+    const int64_t h0 = imax(r * g.sh - g.ph, 0), h1 = imin(r * g.sh - g.ph + g.kh, g.h);
+    const int64_t w0 = imax(c * g.sw - g.pw, 0), w1 = imin(c * g.sw - g.pw + g.kw, g.w);
+    C acc = 0;
+    for (int64_t ih = h0; ih < h1; ++ih)
+      for (int64_t iw = w0; iw < w1; ++iw) acc += cvt<C>(xp[ih * g.w + iw]);
+    const int64_t div = window_count(r, g.sh, g.ph, g.kh, g.h, g.include_pad) *
+                        window_count(c, g.sw, g.pw, g.kw, g.w, g.include_pad);
+    y[i] = cvt<T>(acc / static_cast<C>(div));
+  }
+}
+
+// Output rows (or columns) whose window covers input position `in`: [lo, hi).
+__device__ __forceinline__ void covering(int64_t in, int64_t s, int64_t p, int64_t k, int64_t out_size, int64_t& lo,
+                                         int64_t& hi) {
+  // o*s - p <= in < o*s - p + k  <=>  (in + p - k) / s < o <= (in + p) / s
+  const int64_t a = in + p - k + 1;   // o*s >= a
+  lo = a <= 0 ? 0 : (a + s - 1) / s;
+  hi = imin((in + p) / s + 1, out_size);
+  if (hi < lo) hi = lo;
+}
+
+// max_pool2d_backward gets no window options, only the indices: every output adds its gradient at
+// its index. f32/f64 scatter with one thread per output and atomicAdd (overlapping windows add in
+// any order: rounding-level differences only); f16 walks each plane's outputs in order.
+template <typename T>
+__global__ void max_bwd_atomic_kernel(const T* gy, const int64_t* idx, int64_t out_plane, int64_t in_plane,
+                                      int64_t total, T* gx) {
+  MINIDL_GRID_STRIDE(i, total) {
+    const int64_t pl = i / out_plane;
+    const int64_t t = idx[i];
+    if (t >= 0 && t < in_plane) atomicAdd(gx + pl * in_plane + t, gy[i]);
+  }
+}
+
+__global__ void max_bwd_plane_kernel(const __half* gy, const int64_t* idx, int64_t out_plane, int64_t in_plane,
+                                     int64_t planes, __half* gx) {
+  MINIDL_GRID_STRIDE(pl, planes) {
+    for (int64_t o = 0; o < out_plane; ++o) {
+      const int64_t t = idx[pl * out_plane + o];
+      if (t < 0 || t >= in_plane) continue;
+      __half* p = gx + pl * in_plane + t;
+      *p = __float2half_rn(__half2float(*p) + __half2float(gy[pl * out_plane + o]));
+    }
+  }
+}
+
+template <typename T>
+__global__ void avg_bwd_kernel(const T* gy, Geom g, T* gx) {
+  using C = typename Compute<T>::type;
+  const int64_t total = g.planes * g.h * g.w;
+  MINIDL_GRID_STRIDE(i, total) {
+    const int64_t iw = i % g.w, ih = (i / g.w) % g.h, pl = i / (g.w * g.h);
+    int64_t r0, r1, c0, c1;
+    covering(ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
+    covering(iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
+    const int64_t base = pl * g.oh * g.ow;
+    C acc = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t hc = window_count(r, g.sh, g.ph, g.kh, g.h, g.include_pad);
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t div = hc * window_count(c, g.sw, g.pw, g.kw, g.w, g.include_pad);
+        acc += cvt<C>(gy[base + r * g.ow + c]) / static_cast<C>(div);
+      }
+    }
+    gx[i] = cvt<T>(acc);
+  }
+}
+
+template <typename F>
+void dispatch_pool(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: f(float{}); return;
+    case DType::f64: f(double{}); return;
+    case DType::f16: f(__half{}); return;
+    default: MINIDL_FAIL(op, " (cuda): dtype ", dtype_name(t), " is not supported (f32, f64, f16)");
+  }
+}
+
+}  // namespace
+
+void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
+  check_cuda("max_pool2d_forward", {&x, &y, &indices});
+  check_contiguous("max_pool2d_forward", {&x, &y, &indices});
+  MINIDL_CHECK(indices.dtype() == DType::i64 && indices.shape() == y.shape() && y.dtype() == x.dtype(),
+               "max_pool2d_forward (cuda): indices must be i64 with the output's shape ", shape_str(y.shape()),
+               ", got ", indices.meta());
+  const Geom g = make_geom(x.shape(), y.shape(), o, "max_pool2d_forward");
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  DeviceContext& ctx = context_of(x);
+  dispatch_pool(x.dtype(), "max_pool2d_forward", [&](auto tag) {
+    using T = decltype(tag);
+    max_fwd_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(static_cast<const T*>(x.data_ptr()), g,
+                                                                 static_cast<T*>(y.data_ptr()),
+                                                                 static_cast<int64_t*>(indices.data_ptr()));
+    MINIDL_CUDA_LAUNCH_CHECK("max_pool2d_forward");
+  });
+}
+
+void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) {
+  check_cuda("max_pool2d_backward", {&gy, &indices, &gx});
+  check_contiguous("max_pool2d_backward", {&gy, &indices, &gx});
+  MINIDL_CHECK(gy.dim() == 4 && gx.dim() == 4 && indices.shape() == gy.shape() && indices.dtype() == DType::i64 &&
+                   gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1) && gy.dtype() == gx.dtype(),
+               "max_pool2d_backward (cuda): inconsistent tensors: grad ", gy.meta(), ", indices ", indices.meta(),
+               ", input grad ", gx.meta());
+  if (gx.numel() == 0) return;
+  DeviceContext& ctx = context_of(gy);
+  fill(gx, 0.0);
+  const int64_t total = gy.numel(), out_plane = gy.size(2) * gy.size(3), in_plane = gx.size(2) * gx.size(3);
+  if (total == 0) return;
+  dispatch_pool(gy.dtype(), "max_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t* ip = static_cast<const int64_t*>(indices.data_ptr());
+    if constexpr (std::is_same_v<T, __half>) {
+      const int64_t planes = gy.size(0) * gy.size(1);
+      max_bwd_plane_kernel<<<grid_for(planes, 64), 64, 0, ctx.stream()>>>(
+          static_cast<const __half*>(gy.data_ptr()), ip, out_plane, in_plane, planes, static_cast<__half*>(gx.data_ptr()));
+    } else {
+      max_bwd_atomic_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream()>>>(
+          static_cast<const T*>(gy.data_ptr()), ip, out_plane, in_plane, total, static_cast<T*>(gx.data_ptr()));
+    }
+    MINIDL_CUDA_LAUNCH_CHECK("max_pool2d_backward");
+  });
+}
+
+void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
+  check_cuda("avg_pool2d_forward", {&x, &y});
+  check_contiguous("avg_pool2d_forward", {&x, &y});
+  const Geom g = make_geom(x.shape(), y.shape(), o, "avg_pool2d_forward");
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  DeviceContext& ctx = context_of(x);
+  dispatch_pool(x.dtype(), "avg_pool2d_forward", [&](auto tag) {
+    using T = decltype(tag);
+    avg_fwd_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(static_cast<const T*>(x.data_ptr()), g,
+                                                                 static_cast<T*>(y.data_ptr()));
+    MINIDL_CUDA_LAUNCH_CHECK("avg_pool2d_forward");
+  });
+}
+
+void CudaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
+  check_cuda("avg_pool2d_backward", {&gy, &gx});
+  check_contiguous("avg_pool2d_backward", {&gy, &gx});
+  const Geom g = make_geom(gx.shape(), gy.shape(), o, "avg_pool2d_backward");
+  const int64_t n = gx.numel();
+  if (n == 0) return;
+  DeviceContext& ctx = context_of(gy);
+  dispatch_pool(gy.dtype(), "avg_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    avg_bwd_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(static_cast<const T*>(gy.data_ptr()), g,
+                                                                 static_cast<T*>(gx.data_ptr()));
+    MINIDL_CUDA_LAUNCH_CHECK("avg_pool2d_backward");
+  });
+}
+
+}  // namespace minidl::cuda

@@ -1,0 +1,235 @@
+// RecomputeMode and Recomputer of nn/recompute.h: mode names, the mapping from planner modes to
+// run_chain segments, and the optimal mode's profile -> limit -> plan sequence.
+#include "nn/recompute.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/error.h"
+#include "nn/checkpoint.h"
+
+namespace minidl::nn {
+namespace {
+
+const char* kForms = "use none, stages, sequential:N (N >= 1 segments) or optimal";
+
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+RecomputeMode RecomputeMode::parse(const std::string& s) {
+  RecomputeMode m;
+  if (s == "none") return m;
+  if (s == "stages") {
+    m.kind = Kind::Stages;
+    return m;
+  }
+  if (s == "optimal") {
+    m.kind = Kind::Optimal;
+    return m;
+  }
+  const std::string prefix = "sequential:";
+  if (s.rfind(prefix, 0) == 0) {
+    const std::string n = s.substr(prefix.size());
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(n, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MINIDL_CHECK(!n.empty() && used == n.size() && v >= 1, "recompute mode '", s,
+                 "': the segment count must be an integer >= 1 (e.g. sequential:4)");
+    m.kind = Kind::Sequential;
+    m.segments = v;
+    return m;
+  }
+  MINIDL_FAIL("recompute mode '", s, "' is unknown; ", kForms);
+}
+
+std::string RecomputeMode::str() const {
+  switch (kind) {
+    case Kind::None: return "none";
+    case Kind::Stages: return "stages";
+    case Kind::Sequential: return "sequential:" + std::to_string(segments);
+    case Kind::Optimal: return "optimal";
+  }
+  return "?";
+}
+
+std::vector<int> segments_from_modes(const std::vector<StageMode>& modes) {
+  std::vector<int> seg(modes.size(), -1);
+  int id = -1;
+  for (size_t i = 0; i < modes.size(); ++i) {
+    switch (modes[i]) {
+      case StageMode::KeepAll: break;
+      case StageMode::KeepInput: seg[i] = ++id; break;
+      case StageMode::KeepNothing:
+        MINIDL_CHECK(i > 0 && seg[i - 1] >= 0, "segments_from_modes: stage ", i,
+                     " keeps nothing but does not follow a keep-input or keep-nothing stage");
+        seg[i] = id;
+        break;
+    }
+  }
+  return seg;
+}
+
+std::vector<StageMode> modes_from_segments(const std::vector<int>& segments) {
+  std::vector<StageMode> modes(segments.size(), StageMode::KeepAll);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i] < 0) continue;
+    const bool continues = i > 0 && segments[i - 1] == segments[i];
+    modes[i] = continues ? StageMode::KeepNothing : StageMode::KeepInput;
+  }
+  return modes;
+}
+
+Recomputer::Recomputer(ResNet& model, RecomputeMode mode, int64_t memory_limit_bytes)
+    : model_(model), mode_(mode), limit_arg_(memory_limit_bytes) {
+  MINIDL_CHECK(memory_limit_bytes >= 0, "Recomputer: memory_limit_bytes = ", memory_limit_bytes,
+               " is negative; give 0 to derive it from the memory budget");
+  switch (mode_.kind) {
+    case RecomputeMode::Kind::None: break;
+    case RecomputeMode::Kind::Stages: {
+      links_ = model_.stages();
+      segments_.assign(links_.size(), -1);
+      for (size_t i = 0; i + 1 < links_.size(); ++i) segments_[i] = static_cast<int>(i);  // all but the head
+      break;
+    }
+    case RecomputeMode::Kind::Sequential:
+      MINIDL_CHECK(mode_.segments >= 1, "Recomputer: sequential needs at least 1 segment, got ", mode_.segments);
+      links_ = model_.chain();
+      segments_ = sequential_segments(links_.size(), mode_.segments);
+      break;
+    case RecomputeMode::Kind::Optimal: links_ = model_.chain(); break;
+  }
+}
+
+void Recomputer::replan(const Tensor& x) {
+  device_ = x.device();
+  profile_ = profile_chain(links_, x);
+  const ChainProfile& p = *profile_;
+  keep_all_ = evaluate(p.stages, p.input_bytes, std::vector<StageMode>(p.stages.size(), StageMode::KeepAll));
+  solve(memory_stats(x.device()));
+}
+
+void Recomputer::set_memory_limit(int64_t bytes) {
+  MINIDL_CHECK(bytes >= 0, "Recomputer::set_memory_limit: ", bytes, " bytes is negative; give 0 for the budget");
+  limit_arg_ = bytes;
+  if (profile_) solve(memory_stats(device_));
+}
+
+void Recomputer::solve(const MemoryStats& ms) {
+  const ChainProfile& p = *profile_;
+  if (limit_arg_ > 0) {
+    limit_ = limit_arg_;
+  } else {
+    if (ms.budget_bytes == 0) {
+      limit_ = keep_all_->predicted_peak_bytes;  // nothing to fit into: keep everything
+    } else {
+      const int64_t free = ms.budget_bytes - ms.reserved_bytes;
+      limit_ = std::max<int64_t>(0, free - free / 10) + p.input_bytes;
+    }
+  }
+  below_least_peak_ = false;
+  if (keep_all_->predicted_peak_bytes <= limit_) {
+    plan_ = keep_all_;  // no recomputation needed (and no slot rounding to lose it)
+  } else {
+    plan_ = solve_optimal(p.stages, p.input_bytes, limit_);
+    below_least_peak_ = !plan_->feasible;
+  }
+  if (below_least_peak_) {
+    // The least-memory plan: bisect (to 0.1%) the smallest limit the planner accepts, so the
+    // allocator, not the model's estimate, has the last word.
+    int64_t lo = std::max(limit_, least_peak_bytes(p.stages, p.input_bytes) - 1), hi = keep_all_->predicted_peak_bytes;
+    RecomputePlan best = *keep_all_;
+    while (hi - lo > std::max<int64_t>(1, hi / 1000)) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      RecomputePlan cand = solve_optimal(p.stages, p.input_bytes, mid);
+      if (cand.feasible) {
+        hi = mid;
+        best = std::move(cand);
+      } else {
+        lo = mid;
+      }
+    }
+    plan_ = std::move(best);
+  }
+  segments_ = segments_from_modes(plan_->modes);
+}
+
+Tensor Recomputer::forward(const Tensor& x) {
+  if (mode_.kind == RecomputeMode::Kind::None || !grad_enabled()) return model_(x);
+  if (mode_.kind == RecomputeMode::Kind::Optimal &&
+      (!profile_ || profile_->input_shape != x.shape() || profile_->input_dtype != x.dtype())) {
+    replan(x);
+  }
+  return run_chain(links_, x, segments_);
+}
+
+const RecomputePlan* Recomputer::plan() const { return plan_ ? &*plan_ : nullptr; }
+const ChainProfile* Recomputer::profile() const { return profile_ ? &*profile_ : nullptr; }
+
+std::string Recomputer::describe() const {
+  std::ostringstream os;
+  os << "recompute: " << mode_.str();
+  switch (mode_.kind) {
+    case RecomputeMode::Kind::None: os << " (every activation kept)\n"; return os.str();
+    case RecomputeMode::Kind::Stages:
+      os << " (stem, layer1..layer4 each one checkpoint; the head kept)\n";
+      return os.str();
+    case RecomputeMode::Kind::Sequential: {
+      os << " over the block chain (" << links_.size() << " links), checkpoint segments:";
+      for (size_t i = 0; i < links_.size(); ++i) {
+        if (i == 0 || segments_[i] != segments_[i - 1]) os << (i ? "] [" : " [");
+        else os << " ";
+        os << links_[i].name;
+      }
+      os << "]\n";
+      return os.str();
+    }
+    case RecomputeMode::Kind::Optimal: break;
+  }
+  if (!plan_) {
+    os << " (profiled and planned at the first forward with grad on)\n";
+    return os.str();
+  }
+  const ChainProfile& p = *profile_;
+  os << " over the block chain (" << links_.size() << " links), batch " << shape_str(p.input_shape) << ", limit "
+     << mib(limit_) << (limit_arg_ > 0 ? " (given)" : " (from the memory budget)") << "\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-10s %-13s %9s %9s %11s %11s\n", "link", "mode", "fwd ms", "bwd ms",
+                "saved MiB", "out MiB");
+  os << line;
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    const ChainStage& s = p.stages[i];
+    std::snprintf(line, sizeof line, "  %-10s %-13s %9.3f %9.3f %11.3f %11.3f\n", p.names[i].c_str(),
+                  stage_mode_name(plan_->modes[i]), s.forward_time * 1e3, s.backward_time * 1e3,
+                  static_cast<double>(s.saved_bytes) / 1048576.0, static_cast<double>(s.output_bytes) / 1048576.0);
+    os << line;
+  }
+  const double base = keep_all_->predicted_time;
+  std::snprintf(line, sizeof line, "  predicted time %.3f ms (keep-all %.3f ms, +%.1f%% recompute)\n",
+                plan_->predicted_time * 1e3, base * 1e3, base > 0 ? 100.0 * (plan_->predicted_time / base - 1.0) : 0.0);
+  os << "  predicted peak " << mib(plan_->predicted_peak_bytes) << " (keep-all " << mib(keep_all_->predicted_peak_bytes)
+     << ")\n"
+     << line;
+  if (below_least_peak_) {
+    os << "  the limit is below the least peak any plan reaches: this is the least-memory plan\n";
+  }
+  return os.str();
+}
+
+}  // namespace minidl::nn

@@ -1,0 +1,80 @@
+// The user-facing face of recomputation (issue 8): pick a mode by name ("none", "stages",
+// "sequential:N", "optimal") and run a ResNet's forward with it. The experiment harness calls only
+// this; checkpoint(), run_chain(), the profiler and the planner are the parts underneath.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+#include "nn/recompute_plan.h"
+#include "nn/recompute_profile.h"
+#include "nn/resnet.h"
+
+namespace minidl::nn {
+
+struct RecomputeMode {
+  // None: plain forward. Stages: stem, layer1..layer4 each one checkpoint (the head is kept).
+  // Sequential: the block chain (ResNet::chain()) in `segments` equal checkpointed segments.
+  // Optimal: the block chain planned by solve_optimal from a profile of the first batch.
+  enum class Kind { None, Stages, Sequential, Optimal } kind = Kind::None;
+  int segments = 0;  // for Sequential
+  // "none", "stages", "sequential:N" (N >= 1), "optimal"; anything else throws naming the forms.
+  static RecomputeMode parse(const std::string& s);
+  std::string str() const;  // the same spelling parse() reads
+};
+
+// run_chain segment ids from planner modes (keep-all -> -1, a keep-input stage and the
+// keep-nothing stages after it -> one id) and back. Throws on a keep-nothing stage with no
+// keep-input stage before it.
+std::vector<int> segments_from_modes(const std::vector<StageMode>& modes);
+std::vector<StageMode> modes_from_segments(const std::vector<int>& segments);
+
+class Recomputer {
+ public:
+  // memory_limit_bytes: for optimal, the memory the step may use in the planner's model
+  // (nn/recompute_plan.h: the input batch, activations, saved tensors, activation gradients,
+  // backward temporaries and the parameter gradients the backward makes; not parameters,
+  // optimizer state or gradients left from an earlier micro-batch). 0: derived at the first
+  // forward from the device's memory budget, 90% of (budget - reserved bytes) plus the input
+  // batch (the 10% margin absorbs what the model leaves out); with no budget, everything is kept.
+  Recomputer(ResNet& model, RecomputeMode mode, int64_t memory_limit_bytes = 0);
+
+  // The model's forward with the mode applied. With grad mode off it is the plain forward. For
+  // optimal, the first call (and any call with a new input shape or dtype) profiles the chain on
+  // x and solves the plan; when the limit is below the least peak any plan reaches, the
+  // least-memory plan is used (the allocator then decides) and describe() says so.
+  Tensor forward(const Tensor& x);
+
+  // Optimal: a new limit (bytes > 0, or 0 to derive it from the budget); after the first
+  // forward the plan is solved again from the same profile (no new profile).
+  void set_memory_limit(int64_t bytes);
+
+  const RecomputePlan* plan() const;           // optimal only, after the first forward
+  const ChainProfile* profile() const;         // optimal only, after the first forward
+  std::string describe() const;                // the printable plan with predicted peak (or the mode)
+  const RecomputeMode& mode() const { return mode_; }
+  int64_t memory_limit() const { return limit_; }   // optimal: the limit the plan was solved for
+  const std::vector<ChainLink>& links() const { return links_; }
+  const std::vector<int>& segments() const { return segments_; }  // run_chain ids over links()
+
+ private:
+  void replan(const Tensor& x);
+  void solve(const MemoryStats& ms);  // the plan for limit_arg_ (or the budget) from profile_
+
+  ResNet& model_;
+  RecomputeMode mode_;
+  Device device_ = Device::cpu();  // where the profiled batch lives (its allocator's budget)
+  int64_t limit_arg_ = 0;
+  int64_t limit_ = 0;
+  bool below_least_peak_ = false;
+  std::vector<ChainLink> links_;
+  std::vector<int> segments_;
+  std::optional<ChainProfile> profile_;
+  std::optional<RecomputePlan> plan_;
+  std::optional<RecomputePlan> keep_all_;  // the none plan under the same profile, for comparison
+};
+
+}  // namespace minidl::nn

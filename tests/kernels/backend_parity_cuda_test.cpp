@@ -1,0 +1,634 @@
+// CPU-vs-CUDA parity in the style of ggml's test-backend-ops: every op family, forward and (through
+// autograd) backward, on fresh random inputs at several shapes (odd sizes, non-contiguous views),
+// compared by normalised error ||cuda - cpu|| / ||cpu|| with a tolerance per dtype. Skips with
+// one line when no GPU is usable, so CI compiles it and a GPU machine runs it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/backend.h"
+#include "core/generator.h"
+#include "core/ops.h"
+#include "tests/support/error_of.h"
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
+
+namespace minidl {
+namespace {
+
+// MINIDL_PARITY_SELF_TEST=1 runs the suite CPU against CPU: no GPU needed, it checks the harness
+// itself (front-end calls, shapes, tolerances) so GPU time is spent on the kernels only.
+bool self_test() {
+  const char* e = std::getenv("MINIDL_PARITY_SELF_TEST");
+  return e != nullptr && std::string(e) == "1";
+}
+const Device kGpu = self_test() ? Device::cpu() : Device::cuda(0);
+
+class Parity : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (self_test()) return;
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef MINIDL_WITH_CUDA
+    // Exact f32 arithmetic for the comparisons; the TF32 cases switch it on themselves.
+    cuda::set_allow_tf32_matmul(false);
+    cuda::set_allow_tf32_cudnn(false);
+    cuda::set_cudnn_benchmark(false);
+    cuda::set_conv_nhwc(false);
+#endif
+  }
+};
+
+// A fresh copy on the device under test (a clone in self-test mode, where .to() would alias).
+Tensor to_target(const Tensor& t) {
+  const Tensor d = t.detach();
+  return d.device() == kGpu ? d.clone() : d.to(kGpu);
+}
+
+double tol_for(DType t) { return t == DType::f64 ? 1e-10 : t == DType::f16 ? 2e-3 : 2e-5; }
+
+// Normalised error, with a message naming the worst element.
+::testing::AssertionResult close(const Tensor& cpu, const Tensor& gpu, double tol, const std::string& what) {
+  if (cpu.shape() != gpu.shape()) {
+    return ::testing::AssertionFailure() << what << ": shapes differ: cpu " << cpu.meta() << ", cuda " << gpu.meta();
+  }
+  if (gpu.device() != kGpu) return ::testing::AssertionFailure() << what << ": result is not on the GPU: " << gpu.meta();
+  const std::vector<double> a = cpu.to_vector(), b = gpu.to_vector();
+  double num = 0, den = 0, worst = -1;
+  size_t wi = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) {
+      return ::testing::AssertionFailure() << what << ": NaN mismatch at flat index " << i << " (cpu " << a[i]
+                                           << ", cuda " << b[i] << ") in " << cpu.meta();
+    }
+    if (std::isnan(a[i])) continue;
+    if (std::isinf(a[i]) || std::isinf(b[i])) {
+      if (a[i] != b[i]) return ::testing::AssertionFailure() << what << ": inf mismatch at " << i << ": cpu " << a[i] << ", cuda " << b[i];
+      continue;
+    }
+    const double d = a[i] - b[i];
+    num += d * d;
+    den += a[i] * a[i];
+    if (std::abs(d) > worst) {
+      worst = std::abs(d);
+      wi = i;
+    }
+  }
+  const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (err <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << " " << cpu.meta() << ": normalised error " << err << " > " << tol
+                                       << "; worst at flat index " << wi << ": cpu " << a[wi] << ", cuda " << b[wi];
+}
+
+Tensor rnd(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0) {
+  Generator g(seed);
+  return uniform(s, lo, hi, {DType::f32}, &g).to(dt);
+}
+
+// One input of an op: its CPU leaf and GPU leaf, and the (possibly non-contiguous) views the op
+// sees. Non-contiguous views are transposes of a leaf stored with the last two dims swapped (or
+// every other element of a 1-d leaf twice as long).
+struct Input {
+  Tensor cpu_leaf, gpu_leaf, cpu_view, gpu_view;
+};
+
+Input make_input(const Shape& s, DType dt, uint64_t seed, bool noncontig, bool grad) {
+  Input in;
+  Shape ls = s;
+  if (noncontig && s.size() >= 2) std::swap(ls[ls.size() - 1], ls[ls.size() - 2]);
+  if (noncontig && s.size() == 1) ls[0] *= 2;
+  in.cpu_leaf = rnd(ls, dt, seed);
+  in.gpu_leaf = to_target(in.cpu_leaf);
+  if (grad && is_floating(dt)) {
+    in.cpu_leaf.set_requires_grad(true);
+    in.gpu_leaf.set_requires_grad(true);
+  }
+  auto view = [&](const Tensor& t) {
+    if (!noncontig || s.empty()) return t;
+    if (s.size() == 1) return t.slice(0, 0, ls[0], 2);
+    return t.transpose(-1, -2);
+  };
+  in.cpu_view = view(in.cpu_leaf);
+  in.gpu_view = view(in.gpu_leaf);
+  return in;
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Runs fn on both backends, compares the outputs, then backpropagates the same random gradient and
+// compares every input's gradient.
+void check_op(const std::string& name, const Fn& fn, const std::vector<Shape>& shapes, DType dt, bool noncontig,
+              bool backward, double tol = -1, uint64_t seed = 1) {
+  if (tol < 0) tol = tol_for(dt);
+  std::ostringstream tag;
+  tag << name << " [" << dtype_name(dt) << (noncontig ? ", non-contiguous" : "") << ", shapes";
+  for (const Shape& s : shapes) tag << ' ' << shape_str(s);
+  tag << ']';
+  std::vector<Input> ins;
+  std::vector<Tensor> cv, gv;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    ins.push_back(make_input(shapes[i], dt, seed * 100 + i, noncontig, backward));
+    cv.push_back(ins.back().cpu_view);
+    gv.push_back(ins.back().gpu_view);
+  }
+  const Tensor yc = fn(cv);
+  const Tensor yg = fn(gv);
+  ASSERT_TRUE(close(yc, yg, tol, tag.str() + " forward"));
+  if (!backward) return;
+  const Tensor gy = rnd(yc.shape(), yc.dtype(), seed * 7 + 3);
+  yc.backward(gy);
+  yg.backward(gy.to(kGpu));
+  for (size_t i = 0; i < ins.size(); ++i) {
+    const Tensor gc = ins[i].cpu_leaf.grad(), gg = ins[i].gpu_leaf.grad();
+    ASSERT_EQ(gc.defined(), gg.defined()) << tag.str() << ": input " << i << " gradient defined on one backend only";
+    if (!gc.defined()) continue;
+    ASSERT_TRUE(close(gc, gg, tol, tag.str() + " backward, input " + std::to_string(i)));
+  }
+}
+
+// ---- Elementwise ----
+
+TEST_F(Parity, UnaryOpsForwardBackward) {
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops{
+      {"neg", [](const Tensor& x) { return neg(x); }},
+      {"exp", [](const Tensor& x) { return exp(x); }},
+      {"log", [](const Tensor& x) { return log(abs(x) + 0.1); }},
+      {"log1p", [](const Tensor& x) { return log1p(abs(x)); }},
+      {"sqrt", [](const Tensor& x) { return sqrt(abs(x) + 0.1); }},
+      {"abs", [](const Tensor& x) { return abs(x); }},
+      {"relu", [](const Tensor& x) { return relu(x); }},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }},
+      {"tanh", [](const Tensor& x) { return tanh(x); }},
+      {"square", [](const Tensor& x) { return square(x); }},
+      {"pow", [](const Tensor& x) { return pow(abs(x) + 0.5, 2.5); }},
+  };
+  for (const auto& [name, op] : ops) {
+    for (DType dt : {DType::f32, DType::f64}) {
+      for (const Shape& s : {Shape{1}, Shape{7}, Shape{33, 17}, Shape{3, 5, 129}, Shape{4099}}) {
+        for (bool nc : {false, true}) {
+          check_op(name, [&](const std::vector<Tensor>& v) { return op(v[0]); }, {s}, dt, nc, true);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Parity, BinaryOpsWithBroadcastingForwardBackward) {
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>> ops{
+      {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); }},
+      {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); }},
+      {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }},
+      {"div", [](const Tensor& a, const Tensor& b) { return div(a, abs(b) + 0.5); }},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }},
+      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }},
+  };
+  const std::vector<std::pair<Shape, Shape>> shapes{
+      {{1}, {1}}, {{37}, {37}}, {{17, 33}, {33}}, {{17, 33}, {17, 1}}, {{5, 1, 7}, {1, 6, 7}}, {{4100}, {1}},
+      {{2, 3, 4, 5}, {2, 3, 4, 5}}};
+  for (const auto& [name, op] : ops) {
+    for (DType dt : {DType::f32, DType::f64}) {
+      for (const auto& [sa, sb] : shapes) {
+        for (bool nc : {false, true}) {
+          check_op(name, [&](const std::vector<Tensor>& v) { return op(v[0], v[1]); }, {sa, sb}, dt, nc, true);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// f16 kernels (mixed precision: casts, ReLU, residual adds, reductions) against the f32 CPU result.
+TEST_F(Parity, HalfElementwiseAgainstF32) {
+  if (self_test()) GTEST_SKIP() << "the CPU has no f16 arithmetic to compare with";
+  for (const Shape& s : {Shape{7}, Shape{33, 65}, Shape{4, 8, 9, 11}}) {
+    const Tensor a = rnd(s, DType::f32, 31), b = rnd(s, DType::f32, 32);
+    const Tensor ah = a.to(DType::f16).to(kGpu), bh = b.to(DType::f16).to(kGpu);
+    // The reference sees the same f16-rounded inputs.
+    const Tensor ar = a.to(DType::f16).to(DType::f32), br = b.to(DType::f16).to(DType::f32);
+    EXPECT_TRUE(close(relu(ar + br), relu(ah + bh).to(DType::f32), 1e-3, "f16 relu(a + b)"));
+    EXPECT_TRUE(close(ar * br - br, (ah * bh - bh).to(DType::f32), 1e-3, "f16 a * b - b"));
+    EXPECT_TRUE(close(sigmoid(ar), sigmoid(ah).to(DType::f32), 1e-3, "f16 sigmoid"));
+    EXPECT_TRUE(close(ar.transpose(0, -1), ah.transpose(0, -1).contiguous().to(DType::f32), 0, "f16 strided copy"));
+    // f16 reductions (bias gradients under autocast): sums in double, one f16 rounding at the end.
+    EXPECT_TRUE(close(sum(ar, {0}), sum(ah, {0}).to(DType::f32), 1e-3, "f16 sum over dim 0"));
+    EXPECT_TRUE(close(max(ar), max(ah).to(DType::f32), 0, "f16 max"));
+    EXPECT_TRUE(close(argmin(ar, 0).to(DType::f32), argmin(ah, 0).to(DType::f32), 0, "f16 argmin"));
+  }
+}
+
+TEST_F(Parity, ComparisonsAndIntegerArithmetic) {
+  for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+    Tensor a = rnd({6, 9}, DType::f32, 5).mul_(3.0).to(dt);
+    Tensor b = rnd({9}, DType::f32, 6).mul_(3.0).to(dt);
+    const Tensor ag = a.to(kGpu), bg = b.to(kGpu);
+    EXPECT_TRUE(close(eq(a, a).to(DType::f32), eq(ag, ag).to(DType::f32), 0, "eq"));
+    EXPECT_TRUE(close(lt(a, b).to(DType::f32), lt(ag, bg).to(DType::f32), 0, std::string("lt ") + dtype_name(dt)));
+    EXPECT_TRUE(close(ge(a, b).to(DType::f32), ge(ag, bg).to(DType::f32), 0, "ge"));
+    EXPECT_TRUE(close(ne(a, b).to(DType::f32), ne(ag, bg).to(DType::f32), 0, "ne"));
+    EXPECT_TRUE(close(a + b, ag + bg, 0, std::string("add ") + dtype_name(dt)));
+    EXPECT_TRUE(close(a * b, ag * bg, dt == DType::f32 ? 1e-7 : 0, std::string("mul ") + dtype_name(dt)));
+  }
+}
+
+TEST_F(Parity, CopiesAndCastsBetweenEveryDtype) {
+  const std::vector<DType> all{DType::f32, DType::f64, DType::f16, DType::i32, DType::i64, DType::u8, DType::boolean};
+  Tensor base = rnd({13, 21}, DType::f64, 9).mul_(50.0);
+  for (DType from : all) {
+    Tensor src = (from == DType::u8) ? abs(base).to(from) : base.to(from);
+    const Tensor sg = src.to(kGpu);
+    ASSERT_TRUE(close(src.to(DType::f64), sg.to(Device::cpu()).to(DType::f64), 0,
+                      std::string("host->device->host round trip of ") + dtype_name(from)));
+    for (DType to : all) {
+      // Negative floating values have no defined u8 conversion in C++: cast their magnitudes.
+      const bool mag = to == DType::u8 && is_floating(from);
+      const Tensor s = mag ? abs(src.to(DType::f64)).to(from) : src;
+      const Tensor g = mag ? to_target(s) : sg;
+      // Cast on the GPU vs cast on the CPU: identical (f16 rounding included).
+      ASSERT_TRUE(close(s.to(to).to(DType::f64), g.to(to).to(DType::f64), 0,
+                        std::string("cast ") + dtype_name(from) + " -> " + dtype_name(to)));
+      // Strided (transposed) source.
+      ASSERT_TRUE(close(s.t().to(to).to(DType::f64), g.t().to(to).to(DType::f64), 0,
+                        std::string("strided cast ") + dtype_name(from) + " -> " + dtype_name(to)));
+    }
+  }
+}
+
+TEST_F(Parity, StridedCopiesFillsAndLargeTransfers) {
+  // Bigger than two pinned staging chunks (2 x 8 MiB) to exercise the chunked, double-buffered path.
+  Tensor big = rnd({5, 1000, 1001}, DType::f32, 11);
+  Tensor bg = big.to(kGpu);
+  ASSERT_TRUE(close(big, bg, 0, "20 MB host->device->host"));
+  // Copy into a strided GPU destination, and from a strided GPU source into a strided host one.
+  Tensor dst = zeros({1001, 1000}, {DType::f32, kGpu});
+  {
+    NoGradGuard ng;
+    dst.t().copy_(big.select(0, 2));
+  }
+  ASSERT_TRUE(close(big.select(0, 2).t().contiguous(), dst, 0, "host -> strided device copy"));
+  Tensor host = zeros({1000, 1001});
+  host.t().copy_(bg.select(0, 3).t());
+  ASSERT_TRUE(close(big.select(0, 3), host.to(kGpu), 0, "strided device -> strided host copy"));
+  Tensor f = empty({7, 9}, {DType::f32, kGpu});
+  f.slice(1, 0, 9, 2).fill_(3.5);
+  EXPECT_EQ(f.slice(1, 0, 9, 2).to_vector(), std::vector<double>(7 * 5, 3.5));
+}
+
+// ---- Reductions ----
+
+TEST_F(Parity, ReductionsOverAnyDims) {
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases{
+      {{1}, {0}}, {{1000}, {0}}, {{33, 17}, {0}}, {{33, 17}, {1}}, {{33, 17}, {}}, {{4, 5, 6, 7}, {0, 2, 3}},
+      {{4, 5, 6, 7}, {1}}, {{3, 70000}, {1}}, {{2, 3, 5}, {0, 2}}};
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const auto& [s, dims] : cases) {
+      for (bool nc : {false, true}) {
+        check_op("sum", [&](const std::vector<Tensor>& v) { return sum(v[0], dims); }, {s}, dt, nc, true);
+        check_op("mean", [&](const std::vector<Tensor>& v) { return mean(v[0], dims, true); }, {s}, dt, nc, true);
+        check_op("max", [&](const std::vector<Tensor>& v) { return max(v[0], dims); }, {s}, dt, nc, true);
+        check_op("min", [&](const std::vector<Tensor>& v) { return min(v[0], dims); }, {s}, dt, nc, true);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_F(Parity, ArgmaxArgminTiesAndNaN) {
+  Tensor x = from_vector({1, 5, 5, 2, 3, 3, 0, 3, 7, 7, 7, 1}, {3, 4});
+  EXPECT_EQ(argmax(x.to(kGpu), 1).to_vector(), argmax(x, 1).to_vector()) << "first maximum wins";
+  EXPECT_EQ(argmin(x.to(kGpu), 0).to_vector(), argmin(x, 0).to_vector());
+  Tensor n = from_vector({1, NAN, 5, NAN, 2, 9}, {6});
+  EXPECT_EQ(argmax(n.to(kGpu), 0).to_vector(), argmax(n, 0).to_vector()) << "first NaN wins";
+  EXPECT_TRUE(std::isnan(max(n.to(kGpu)).item()));
+  Tensor r = rnd({37, 1000}, DType::f32, 4);
+  EXPECT_EQ(argmax(r.to(kGpu), 1).to_vector(), argmax(r, 1).to_vector());
+  EXPECT_EQ(argmin(r.t().to(kGpu), 0).to_vector(), argmin(r.t(), 0).to_vector());
+  Tensor i = rnd({9, 31}, DType::f32, 5).mul_(100.0).to(DType::i64);
+  EXPECT_EQ(sum(i.to(kGpu), {1}).to_vector(), sum(i, {1}).to_vector());
+}
+
+// ---- Linear algebra ----
+
+TEST_F(Parity, MatmulLayoutsAndBatches) {
+  const std::vector<std::pair<Shape, Shape>> shapes{{{1, 1}, {1, 1}},      {{7, 13}, {13, 5}},
+                                                    {{65, 129}, {129, 33}}, {{3, 17, 31}, {3, 31, 9}},
+                                                    {{4, 8, 16}, {16, 8}},  {{31}, {31, 6}}};
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const auto& [sa, sb] : shapes) {
+      for (bool nc : {false, true}) {
+        check_op("matmul", [](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {sa, sb}, dt, nc, true,
+                 dt == DType::f32 ? 1e-5 : 1e-12);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  check_op("linear", [](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); },
+           {{8, 20}, {12, 20}, {12}}, DType::f32, false, true, 1e-5);
+}
+
+#ifdef MINIDL_WITH_CUDA
+TEST_F(Parity, MatmulTf32AndHalf) {
+  if (self_test()) GTEST_SKIP() << "needs the GPU";
+  const Tensor a = rnd({64, 256}, DType::f32, 21), b = rnd({256, 96}, DType::f32, 22);
+  const Tensor ref = matmul(a, b);
+  cuda::set_allow_tf32_matmul(true);
+  const Tensor t = matmul(a.to(kGpu), b.to(kGpu));
+  cuda::set_allow_tf32_matmul(false);
+  EXPECT_TRUE(close(ref, t, 5e-3, "matmul TF32"));
+  const Tensor h = matmul(a.to(DType::f16).to(kGpu), b.to(DType::f16).to(kGpu));
+  EXPECT_EQ(h.dtype(), DType::f16);
+  EXPECT_TRUE(close(ref, h.to(DType::f32), 5e-3, "matmul f16 in / f32 accumulate"));
+}
+#endif
+
+// ---- Random ----
+
+TEST_F(Parity, RandomDrawsMatchTheCpuStream) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (int64_t n : {1, 3, 4, 5, 1001, 100003}) {
+      Generator gc(42), gg(42);
+      gc.set_offset(7);
+      gg.set_offset(7);
+      EXPECT_TRUE(close(rand({n}, {dt}, &gc), rand({n}, {dt, kGpu}, &gg), 0, "rand n=" + std::to_string(n)));
+      EXPECT_TRUE(close(uniform({n}, -3, 5, {dt}, &gc), uniform({n}, -3, 5, {dt, kGpu}, &gg), 0, "uniform"));
+      EXPECT_TRUE(close(normal({n}, 1, 2, {dt}, &gc), normal({n}, 1, 2, {dt, kGpu}, &gg),
+                        dt == DType::f64 ? 1e-14 : 1e-7, "normal n=" + std::to_string(n)));
+      EXPECT_EQ(gc.offset(), gg.offset());
+    }
+  }
+  // Dropout masks are Bernoulli draws of the same stream: identical outputs and gradients.
+  Generator gc(3), gg(3);
+  const Tensor x = rnd({33, 65}, DType::f32, 2);
+  EXPECT_TRUE(close(dropout(x, 0.3, true, &gc), dropout(x.to(kGpu), 0.3, true, &gg), 0, "dropout"));
+}
+
+// ---- Convolution ----
+
+struct ConvCase {
+  Shape x, w;
+  Conv2dOptions o;
+  bool bias;
+};
+
+std::vector<ConvCase> conv_cases() {
+  std::vector<ConvCase> cs;
+  cs.push_back({{2, 3, 9, 11}, {4, 3, 3, 3}, {}, true});
+  Conv2dOptions s2;
+  s2.stride = {2, 2};
+  s2.padding = {1, 1};
+  cs.push_back({{3, 5, 17, 15}, {7, 5, 3, 3}, s2, true});
+  Conv2dOptions asym;
+  asym.stride = {1, 2};
+  asym.padding = {2, 0};
+  asym.dilation = {2, 1};
+  cs.push_back({{1, 4, 12, 13}, {6, 4, 3, 2}, asym, false});
+  cs.push_back({{4, 16, 7, 7}, {32, 16, 1, 1}, {}, false});   // ResNet bottleneck 1x1
+  Conv2dOptions stem;
+  stem.stride = {2, 2};
+  stem.padding = {3, 3};
+  cs.push_back({{2, 3, 32, 32}, {8, 3, 7, 7}, stem, false});   // ResNet stem shape, small
+  return cs;
+}
+
+// cuDNN may pick Winograd or FFT algorithms even in FMA math: their f32 error is larger than a
+// direct sum's (still 1e-6..1e-5), and any real bug gives O(1).
+constexpr double kConvF32Tol = 1e-4;
+
+void run_conv_cases(DType dt, double tol) {
+  for (const ConvCase& c : conv_cases()) {
+    std::vector<Shape> shapes{c.x, c.w};
+    if (c.bias) shapes.push_back({c.w[0]});
+    const Conv2dOptions o = c.o;
+    const bool bias = c.bias;
+    check_op("conv2d", [o, bias](const std::vector<Tensor>& v) { return conv2d(v[0], v[1], bias ? v[2] : Tensor(), o); },
+             shapes, dt, false, true, tol);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST_F(Parity, Conv2dHeuristicAlgorithms) {
+  run_conv_cases(DType::f32, kConvF32Tol);
+  run_conv_cases(DType::f64, 1e-12);
+}
+
+#ifdef MINIDL_WITH_CUDA
+TEST_F(Parity, Conv2dAutotuneNhwcAndTf32) {
+  if (self_test()) GTEST_SKIP() << "needs the GPU";
+  cuda::clear_conv_algo_cache();
+  cuda::set_cudnn_benchmark(true);
+  run_conv_cases(DType::f32, kConvF32Tol);
+  EXPECT_GT(cuda::conv_algo_cache_size(), 0u) << "benchmark mode caches one algorithm per shape and direction";
+  const size_t cached = cuda::conv_algo_cache_size();
+  run_conv_cases(DType::f32, kConvF32Tol);
+  EXPECT_EQ(cuda::conv_algo_cache_size(), cached) << "the second pass must hit the cache";
+  cuda::set_cudnn_benchmark(false);
+  cuda::set_conv_nhwc(true);
+  run_conv_cases(DType::f32, kConvF32Tol);
+  cuda::set_conv_nhwc(false);
+  cuda::set_allow_tf32_cudnn(true);
+  run_conv_cases(DType::f32, 5e-3);
+  cuda::set_allow_tf32_cudnn(false);
+  // f16 convolution (tensor cores) against the f32 CPU result.
+  const ConvCase c = conv_cases()[1];
+  const Tensor x = rnd(c.x, DType::f32, 1), w = rnd(c.w, DType::f32, 2);
+  const Tensor ref = conv2d(x, w, Tensor(), c.o);
+  const Tensor h = conv2d(x.to(DType::f16).to(kGpu), w.to(DType::f16).to(kGpu), Tensor(), c.o);
+  EXPECT_TRUE(close(ref, h.to(DType::f32), 5e-3, "conv2d f16"));
+}
+#endif
+
+// ---- Pooling ----
+
+TEST_F(Parity, MaxAndAvgPooling) {
+  std::vector<std::pair<Shape, Pool2dOptions>> cases;
+  cases.push_back({{2, 3, 8, 8}, {}});
+  Pool2dOptions resnet;   // ResNet's 3x3/2 pad 1 max pool
+  resnet.kernel = {3, 3};
+  resnet.stride = {2, 2};
+  resnet.padding = {1, 1};
+  cases.push_back({{2, 4, 15, 17}, resnet});
+  Pool2dOptions ceil = resnet;
+  ceil.ceil_mode = true;
+  ceil.count_include_pad = false;
+  cases.push_back({{1, 2, 10, 9}, ceil});
+  Pool2dOptions rect;
+  rect.kernel = {2, 3};
+  rect.stride = {1, 2};
+  cases.push_back({{3, 1, 7, 11}, rect});
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const auto& [s, o] : cases) {
+      const Pool2dOptions opt = o;
+      check_op("max_pool2d", [opt](const std::vector<Tensor>& v) { return max_pool2d(v[0], opt); }, {s}, dt, false, true);
+      check_op("avg_pool2d", [opt](const std::vector<Tensor>& v) { return avg_pool2d(v[0], opt); }, {s}, dt, false, true);
+      if (HasFatalFailure()) return;
+    }
+    check_op("adaptive_avg_pool2d", [](const std::vector<Tensor>& v) { return adaptive_avg_pool2d(v[0]); },
+             {{4, 8, 7, 7}}, dt, false, true);
+  }
+  // Indices: ties take the first maximum, as on the CPU.
+  Tensor t = ones({1, 1, 4, 4});
+  EXPECT_TRUE(close(max_pool2d(t, resnet), max_pool2d(t.to(kGpu), resnet), 0, "max_pool2d ties"));
+}
+
+// ---- Normalisation, softmax and losses ----
+
+TEST_F(Parity, BatchNormTrainEvalAndRunningStats) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const Shape& s : {Shape{8, 3}, Shape{4, 5, 7, 9}, Shape{2, 16, 33}}) {
+      const int64_t C = s[1];
+      Tensor rm_c = rnd({C}, dt, 70), rv_c = abs(rnd({C}, dt, 71)) + 0.5;
+      Tensor rm_g = to_target(rm_c), rv_g = to_target(rv_c);
+      for (bool training : {true, false}) {
+        const Tensor rmc = rm_c, rvc = rv_c, rmg = rm_g, rvg = rv_g;
+        // The op sees the running stats of its own backend (inputs v: x, weight, bias).
+        int calls = 0;
+        check_op(training ? "batch_norm (train)" : "batch_norm (eval)",
+                 [&](const std::vector<Tensor>& v) {
+                   const bool gpu = calls++ == 1;
+                   return batch_norm(v[0] * 3.0 + 5.0, v[1], v[2],
+                                     gpu ? rmg : rmc, gpu ? rvg : rvc, training, 0.1, 1e-5);
+                 },
+                 {s, {C}, {C}}, dt, false, true, dt == DType::f64 ? 1e-10 : 1e-5);
+        if (HasFatalFailure()) return;
+        EXPECT_TRUE(close(rm_c, rm_g, 1e-6, "running_mean after update"));
+        EXPECT_TRUE(close(rv_c, rv_g, 1e-6, "running_var after update"));
+      }
+    }
+  }
+}
+
+TEST_F(Parity, SoftmaxLogSoftmaxOverAnyDim) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const auto& [s, d] : std::vector<std::pair<Shape, int64_t>>{
+             {{1, 1}, 1}, {{7, 10}, 1}, {{5, 1000}, -1}, {{3, 7, 5}, 1}, {{2, 3, 4, 5}, 0}, {{64, 2}, 1}}) {
+      check_op("softmax", [d = d](const std::vector<Tensor>& v) { return softmax(v[0] * 4.0, d); }, {s}, dt, false, true);
+      check_op("log_softmax", [d = d](const std::vector<Tensor>& v) { return log_softmax(v[0] * 4.0, d); }, {s}, dt,
+               false, true);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(Parity, LossesAndTargetValidation) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (int64_t N : {1, 7, 300}) {
+      for (int64_t C : {2, 10, 1000}) {
+        Generator g(static_cast<uint64_t>(N * C));
+        const Tensor tc = (rand({N}, {DType::f64}, &g) * static_cast<double>(C)).to(DType::i64);
+        const Tensor tg = tc.to(kGpu);
+        int calls = 0;
+        check_op("cross_entropy",
+                 [&](const std::vector<Tensor>& v) { return cross_entropy(v[0], calls++ == 1 ? tg : tc); },
+                 {{N, C}}, dt, false, true);
+        calls = 0;
+        check_op("cross_entropy (sum, smoothing)",
+                 [&](const std::vector<Tensor>& v) {
+                   return cross_entropy(v[0], calls++ == 1 ? tg : tc, Reduction::Sum, 0.1);
+                 },
+                 {{N, C}}, dt, false, true);
+        calls = 0;
+        check_op("nll_loss (none)",
+                 [&](const std::vector<Tensor>& v) {
+                   return nll_loss(log_softmax(v[0], 1), calls++ == 1 ? tg : tc, Reduction::None);
+                 },
+                 {{N, C}}, dt, false, true);
+        if (HasFatalFailure()) return;
+      }
+    }
+    check_op("binary_cross_entropy_with_logits",
+             [](const std::vector<Tensor>& v) { return binary_cross_entropy_with_logits(v[0], sigmoid(v[1])); },
+             {{33, 1}, {33, 1}}, dt, false, true);
+  }
+  const Tensor logits = rnd({4, 3}, DType::f32, 1).to(kGpu);
+  const Tensor bad = from_vector({0, 2, 3, 1}, {4}, {DType::i64, kGpu});
+  const std::string msg = testing::error_of([&] { cross_entropy(logits, bad); });
+  EXPECT_NE(msg.find("target[2] = 3 is out of range for C = 3"), std::string::npos) << msg;
+}
+
+// ---- Allocator on the device ----
+
+#ifdef MINIDL_WITH_CUDA
+TEST_F(Parity, AllocatorStatsBudgetAndNoDriftAfterOoms) {
+  if (self_test()) GTEST_SKIP() << "needs the GPU";
+  cuda::synchronize();
+  empty_cache(kGpu);
+  const MemoryStats s0 = memory_stats(kGpu);
+  {
+    Tensor a = empty({1 << 20}, {DType::f32, kGpu});   // 4 MiB
+    const MemoryStats s1 = memory_stats(kGpu);
+    EXPECT_EQ(s1.allocated_bytes - s0.allocated_bytes, 4 << 20);
+    EXPECT_GE(s1.reserved_bytes - s0.reserved_bytes, 4 << 20);
+  }
+  EXPECT_EQ(memory_stats(kGpu).allocated_bytes, s0.allocated_bytes);
+  // Steady state: a repeated step allocates no new segments.
+  auto step = [] {
+    Tensor x = rnd({64, 3, 32, 32}, DType::f32, 1).to(kGpu);
+    Tensor w = rnd({16, 3, 3, 3}, DType::f32, 2).to(kGpu);
+    w.set_requires_grad(true);
+    Tensor y = sum(relu(conv2d(x, w)));
+    y.backward();
+  };
+  step();
+  const int64_t raw = cuda::caching_stats().raw_allocs;
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_EQ(cuda::caching_stats().raw_allocs, raw) << "steady-state steps must be served from the cache";
+  // Budget: 100 OOMs in a row leave allocated/reserved where they were. The cache is emptied
+  // first so that releasing it cannot make room for the second request.
+  empty_cache(kGpu);
+  const MemoryStats before = memory_stats(kGpu);
+  set_memory_budget(kGpu, static_cast<size_t>(before.reserved_bytes) + (64 << 20));
+  for (int i = 0; i < 100; ++i) {
+    bool oom = false;
+    try {
+      Tensor a = empty({8 << 20}, {DType::f32, kGpu});    // 32 MiB: fits
+      Tensor b = empty({16 << 20}, {DType::f32, kGpu});   // 64 MiB more: does not
+    } catch (const OutOfMemoryError& e) {
+      oom = true;
+      EXPECT_GT(e.budget(), 0u);
+    }
+    ASSERT_TRUE(oom) << "iteration " << i;
+    const MemoryStats now = memory_stats(kGpu);
+    ASSERT_EQ(now.allocated_bytes, before.allocated_bytes) << "iteration " << i;
+    ASSERT_LE(now.reserved_bytes, now.budget_bytes) << "iteration " << i;
+  }
+  EXPECT_EQ(memory_stats(kGpu).num_ooms - before.num_ooms, 100);
+  set_memory_budget(kGpu, 0);
+  empty_cache(kGpu);
+  const CachingStats c = cuda::caching_stats();
+  EXPECT_EQ(c.fragmentation_bytes, c.base.reserved_bytes - c.base.allocated_bytes);
+  EXPECT_LE(c.base.reserved_bytes, before.reserved_bytes);
+}
+
+TEST_F(Parity, AutotuneWorkspaceStaysInsideTheBudget) {
+  if (self_test()) GTEST_SKIP() << "needs the GPU";
+  cuda::clear_conv_algo_cache();
+  cuda::set_cudnn_benchmark(true);
+  const Tensor x = rnd({32, 64, 28, 28}, DType::f32, 1).to(kGpu), w = rnd({64, 64, 3, 3}, DType::f32, 2).to(kGpu);
+  Conv2dOptions o;
+  o.padding = {1, 1};
+  reset_peak_stats(kGpu);
+  const MemoryStats s = memory_stats(kGpu);
+  set_memory_budget(kGpu, static_cast<size_t>(s.reserved_bytes) + (16 << 20));
+  const Tensor y = conv2d(x, w, Tensor(), o);
+  const MemoryStats after = memory_stats(kGpu);
+  set_memory_budget(kGpu, 0);
+  cuda::set_cudnn_benchmark(false);
+  EXPECT_LE(after.peak_reserved_bytes, after.budget_bytes) << "autotuning must draw its workspace within the budget";
+  EXPECT_TRUE(close(conv2d(x.to(Device::cpu()), w.to(Device::cpu()), Tensor(), o), y, 1e-4, "autotuned conv under budget"));
+}
+#endif
+
+TEST(ParityNoDevice, CudaRequestsFailClearlyWithoutAGpu) {
+  if (cuda_available() || self_test()) GTEST_SKIP() << "a CUDA device is present (or self-test mode)";
+  const std::string msg = testing::error_of([] { zeros({2}, {DType::f32, Device::cuda(0)}); });
+  EXPECT_NE(msg.find("CUDA"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cpu"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace minidl
