@@ -250,10 +250,6 @@ void validate(const TrainConfig& c) {
   const CheckpointSpec ck = parse_checkpoint(c.checkpoint);
   if (ck.kind != CheckpointSpec::Kind::None && !is_resnet(c.model))
     usage("--checkpoint " + c.checkpoint + " needs a ResNet model (the small CNN has no stages to recompute)");
-  if (ck.kind == CheckpointSpec::Kind::Optimal)
-    usage("--checkpoint optimal: the optimal recomputation planner (nn/recompute.h) is not available yet in "
-          "this build; use stages or sequential:N");
-  if (c.amp) usage("--amp needs the mixed-precision support, not in this build");
   if (!c.memory_budget.empty()) {
     try {
       if (parse_bytes(c.memory_budget) == 0) usage("--memory-budget must be > 0");

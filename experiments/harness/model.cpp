@@ -1,10 +1,10 @@
 // The model, loss and optimizer factories behind every experiment program (see model.h).
 #include "experiments/harness/model.h"
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/ops.h"
-#include "nn/checkpoint.h"
 #include "nn/keras_cnn.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -12,21 +12,14 @@
 namespace minidl::harness {
 
 Tensor Model::forward(const Tensor& images) {
-  if (!resnet || checkpoint.kind == CheckpointSpec::Kind::None) return (*module)(images);
-  if (checkpoint.kind == CheckpointSpec::Kind::Stages) {
-    // The stem and head stay normal: per-stage recomputation wraps layer1..layer4, as the study does.
-    auto links = resnet->stages();
-    std::vector<bool> ck(links.size(), true);
-    ck.front() = false;
-    ck.back() = false;
-    return nn::run_chain(links, images, ck);
-  }
-  MINIDL_CHECK(checkpoint.kind == CheckpointSpec::Kind::Sequential, "harness: checkpoint mode not available");
-  auto links = resnet->chain();
-  return nn::run_chain(links, images, nn::sequential_segments(links.size(), checkpoint.segments));
+  AutocastGuard autocast(DType::f16, amp);
+  if (recomputer) return recomputer->forward(images);
+  return (*module)(images);
 }
 
-Tensor Model::loss(const Tensor& logits, const Tensor& labels) const {
+Tensor Model::loss(const Tensor& logits_in, const Tensor& labels) const {
+  // Losses in f32, as under autocast (the logits of an AMP forward may be f16).
+  const Tensor logits = logits_in.dtype() == DType::f32 ? logits_in : logits_in.to(DType::f32);
   if (binary) {
     const Tensor target = labels.to(DType::f32).reshape({-1, 1});
     return binary_cross_entropy_with_logits(logits, target);
@@ -34,8 +27,9 @@ Tensor Model::loss(const Tensor& logits, const Tensor& labels) const {
   return cross_entropy(logits, labels);
 }
 
-int64_t Model::correct(const Tensor& logits, const Tensor& labels) const {
+int64_t Model::correct(const Tensor& logits_in, const Tensor& labels) const {
   NoGradGuard guard;
+  const Tensor logits = logits_in.dtype() == DType::f32 ? logits_in : logits_in.to(DType::f32);
   Tensor pred;
   if (binary) {
     pred = gt(logits.reshape({-1}), zeros({1}, logits.options())).to(DType::i64);
@@ -50,6 +44,7 @@ Model make_model(const TrainConfig& c, uint64_t seed) {
   m.name = c.model;
   m.image_size = c.resolved_image_size();
   m.checkpoint = parse_checkpoint(c.checkpoint);
+  m.amp = c.amp;
   Generator gen(seed);
   if (c.model == "smallcnn") {
     m.module = std::make_shared<nn::KerasSmallCnn>(m.image_size, &gen);
@@ -63,6 +58,9 @@ Model make_model(const TrainConfig& c, uint64_t seed) {
   else if (base == "resnet50") m.resnet = nn::resnet50(2, &gen, false, small);
   else throw UsageError("--model '" + c.model + "' is unknown");
   m.module = m.resnet;
+  // The recomputation modes of nn/recompute.h; optimal plans for the device's memory budget.
+  if (m.checkpoint.kind != CheckpointSpec::Kind::None)
+    m.recomputer = std::make_shared<nn::Recomputer>(*m.resnet, nn::RecomputeMode::parse(c.checkpoint));
   return m;
 }
 

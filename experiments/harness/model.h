@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "experiments/harness/config.h"
 #include "nn/module.h"
+#include "nn/recompute.h"
 #include "nn/resnet.h"
 #include "optim/optimizer.h"
 
@@ -22,8 +23,10 @@ struct Model {
   bool binary = false;                 // one logit + BCE (smallcnn), else 2 classes + cross-entropy
   int64_t image_size = 0;
   CheckpointSpec checkpoint;
+  std::shared_ptr<nn::Recomputer> recomputer;  // ResNet with --checkpoint other than none
+  bool amp = false;                    // forward under f16 autocast (mixed precision)
 
-  // Logits for images [N, 3, S, S]: [N, 1] (binary) or [N, 2].
+  // Logits for images [N, 3, S, S]: [N, 1] (binary) or [N, 2]; under autocast with --amp.
   Tensor forward(const Tensor& images);
   // Mean loss of logits against i64 labels [N].
   Tensor loss(const Tensor& logits, const Tensor& labels) const;

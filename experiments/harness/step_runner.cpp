@@ -10,7 +10,8 @@
 namespace minidl::harness {
 
 StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes)
-    : c_(c), device_(resolve_device(c.device)), model_(make_model(c, c.seed * 4 + 3)), budget_(budget_bytes) {
+    : c_(c), device_(resolve_device(c.device)), model_(make_model(c, c.seed * 4 + 3)),
+      scaler_(optim::GradScalerOptions{.enabled = c.amp}), budget_(budget_bytes) {
   model_.module->to(device_);
   model_.module->train();
   // A tiny learning rate: the trials measure memory and time, and must not drive the weights to NaN.
@@ -51,12 +52,18 @@ int64_t StepRunner::step(int64_t batch) {
     const Tensor x = randn(model_.input_shape(batch), fo);
     const Tensor labels = gt(rand({batch}, fo), full({1}, 0.5, fo)).to(DType::i64);
     const Tensor loss = model_.loss(model_.forward(x), labels);
-    (micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss).backward();
+    const Tensor weighted = micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss;
+    (scaler_.is_enabled() ? scaler_.scale(weighted) : weighted).backward();
   }
   phase = memory_stats(device_).peak_reserved_bytes;
   peak_allocated_ = std::max({peak_allocated_, outer.peak_allocated_bytes, memory_stats(device_).peak_allocated_bytes});
   peak_reserved_ = std::max({peak_reserved_, outer.peak_reserved_bytes, phase});
-  opt_->step();
+  if (scaler_.is_enabled()) {
+    scaler_.step(*opt_);
+    scaler_.update();
+  } else {
+    opt_->step();
+  }
   opt_->zero_grad();
   const auto after = memory_stats(device_);
   peak_allocated_ = std::max(peak_allocated_, after.peak_allocated_bytes);

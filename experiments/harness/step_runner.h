@@ -10,6 +10,7 @@
 #include "experiments/harness/config.h"
 #include "experiments/harness/finder.h"
 #include "experiments/harness/model.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 
 namespace minidl::harness {
@@ -37,6 +38,7 @@ class StepRunner {
   Device device_;
   Model model_;
   std::unique_ptr<optim::Optimizer> opt_;
+  optim::GradScaler scaler_;
   int64_t budget_ = 0;
   int64_t baseline_ = 0;
   int64_t peak_allocated_ = 0;   // over the current trial, across the phase resets

@@ -108,8 +108,7 @@ Study techniques(bool quick, const TrainConfig& base) {
                               {"recompute-sequential", "sequential:4"},
                               {"recompute-optimal", "optimal"},
                               {"accumulation-x4", "none", false, false, 4},
-                              {"combined", "stages", true, false, 4},
-                              {"combined-available", "stages", false, false, 4}};
+                              {"combined", "optimal", true, false, 4}};
   for (const Row& row : rows) {
     SweepRun r;
     r.config = base;
@@ -126,15 +125,12 @@ Study techniques(bool quick, const TrainConfig& base) {
     c.checkpoint = row.checkpoint;
     c.cudnn_benchmark = row.autotune_off ? "off" : "on";
     c.accumulation_steps = row.accumulation;
+    c.amp = row.amp;
     c.progress_every = 0;
     r.id = row.name;
     r.technique = row.name;
     r.group = "techniques";
     r.find_max_batch = true;
-    if (row.amp) r.unavailable = "AMP needs the mixed-precision support, not in this build";
-    if (row.checkpoint == "optimal")
-      r.unavailable = "optimal recomputation needs nn/recompute.h (the rotor planner), not in this build";
-    if (row.name == "combined-available") r.technique = "combined (stages + accumulation; no AMP in this build)";
     s.runs.push_back(r);
   }
   return s;

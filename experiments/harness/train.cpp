@@ -23,6 +23,7 @@
 #include "experiments/harness/model.h"
 #include "nn/safetensors.h"
 #include "optim/accumulation.h"
+#include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 
 namespace minidl::harness {
@@ -178,6 +179,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   }
   optim::AccumulationOptions ao;
   ao.max_grad_norm = c.max_grad_norm;
+  // Mixed precision: dynamic loss scaling with PyTorch's defaults, once per effective batch.
+  optim::GradScalerOptions so;
+  so.enabled = c.amp;
+  optim::GradScaler scaler(so);
+  if (c.amp) ao.scaler = &scaler;
   optim::AccumulatingTrainer trainer(*opt, ao);
 
   // The micro-batch sizes of an epoch (the last one may be short) and their accumulation windows.

@@ -98,7 +98,7 @@ TEST(ExperimentsConfig, ValidateNamesTheFlagAndTheFix) {
   EXPECT_NE(bad([](TrainConfig& c) { c.split = "1,2"; }).find("three parts"), std::string::npos);
   EXPECT_NE(bad([](TrainConfig& c) { c.memory_budget = "lots"; }).find("--memory-budget"), std::string::npos);
   EXPECT_NE(bad([](TrainConfig& c) { c.checkpoint = "stages"; }).find("needs a ResNet"), std::string::npos);
-  EXPECT_NE(bad([](TrainConfig& c) { c.amp = true; }).find("--amp needs the mixed-precision"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.checkpoint = "optimal"; }).find("needs a ResNet"), std::string::npos);
   EXPECT_NE(bad([](TrainConfig& c) { c.data = "/no/such/folder"; }).find("no such folder"), std::string::npos);
   const auto dir = temp_dir();
   EXPECT_NE(bad([&](TrainConfig& c) { c.data = dir.string(); }).find("empty"), std::string::npos);

@@ -112,6 +112,26 @@ TEST(ExperimentsTrain, WarmupAndScalingSetTheLearningRate) {
   EXPECT_DOUBLE_EQ(r.epochs[1].lr, 0.02);
 }
 
+TEST(ExperimentsTrain, MixedPrecisionAndOptimalRecomputationRun) {
+  TrainConfig c = testing::tiny_config();
+  c.amp = true;
+  c.optimizer = "adam";
+  const RunResult amp = run_training(c, {[](const std::string&) {}, {}});
+  EXPECT_EQ(amp.status, "ok");
+  EXPECT_TRUE(std::isfinite(amp.epochs.at(0).train_loss));
+  EXPECT_EQ(amp.steps, 4);
+  TrainConfig r = testing::tiny_config();
+  r.model = "resnet18-small";
+  r.image_size = 16;
+  r.split = "4,2,0";
+  r.checkpoint = "optimal";
+  r.memory_budget = "512MiB";
+  const RunResult opt = run_training(r, {[](const std::string&) {}, {}});
+  EXPECT_EQ(opt.status, "ok");
+  EXPECT_EQ(opt.steps, 1);
+  EXPECT_TRUE(std::isfinite(opt.epochs.at(0).train_loss));
+}
+
 TEST(ExperimentsTrain, SummaryListsTheLayers) {
   TrainConfig c = testing::tiny_config();
   const std::string s = model_summary(c);
