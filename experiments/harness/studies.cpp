@@ -121,7 +121,7 @@ Study techniques(bool quick, const TrainConfig& base) {
     c.weight_decay = 1e-4;
     c.epochs = quick ? 1 : 15;
     c.split = quick ? "100,50,0" : "600,200,200";
-    c.memory_budget = quick ? "160MiB" : "11GiB";
+    c.memory_budget = quick ? "256MiB" : "11GiB";
     c.checkpoint = row.checkpoint;
     c.cudnn_benchmark = row.autotune_off ? "off" : "on";
     c.accumulation_steps = row.accumulation;

@@ -159,6 +159,15 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   }
 
   RunData data = make_run_data(c, device, m.image_size);
+  // The optimal plan's limit, when derived by the Recomputer at the first forward, cannot know
+  // that the optimizer's state is allocated only at the first step: leave room for it here.
+  if (m.recomputer && m.checkpoint.kind == CheckpointSpec::Kind::Optimal && !c.memory_budget.empty()) {
+    const auto ms = memory_stats(device);
+    const double state = static_cast<double>(param_bytes(*m.module)) * optimizer_state_factor(c) * (c.amp ? 1.5 : 1.0);
+    const double input = static_cast<double>(c.batch_size * 3 * m.image_size * m.image_size * 4);
+    const double limit = 0.9 * (static_cast<double>(ms.budget_bytes - ms.reserved_bytes) - state) + input;
+    if (limit > 0) m.recomputer->set_memory_limit(static_cast<int64_t>(limit));
+  }
   r.data_description = data.description;
   const int64_t micro_per_epoch = data.train->batches_per_epoch();
   const int64_t steps_per_epoch = (micro_per_epoch + c.accumulation_steps - 1) / c.accumulation_steps;
