@@ -162,7 +162,9 @@ nlohmann::json provenance(const std::string& device_name) {
   std::string commit = run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' rev-parse HEAD 2>/dev/null");
   if (commit.empty()) commit = MINIDL_HARNESS_CONFIGURE_COMMIT;
   const std::string dirty =
-      run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' status --porcelain --untracked-files=no 2>/dev/null");
+      // Committed results being rewritten are not changes to the code that produced them.
+      run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' status --porcelain --untracked-files=no -- . "
+                  "':!experiments/results' 2>/dev/null");
   j["commit"] = commit + (dirty.empty() ? "" : " (with uncommitted changes)");
   const std::time_t now = std::time(nullptr);
   char date[32];
