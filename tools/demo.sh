@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # The README's main-job command: installs what is missing, configures the `build` folder once
-# (Release, MINIDL_CUDA=AUTO), builds only the `minidl-demo` program and runs it with the given
-# arguments (`bash tools/demo.sh --help` lists them). It runs in the caller's folder.
+# (Release, MINIDL_CUDA=AUTO), builds `minidl-sweep` and runs the Keras batch-size study scaled
+# down (`--study keras-batch --quick`: 20 short runs on the built-in synthetic images, a few
+# minutes on 2 CPU cores), then prints where the table, the summary and the plot are. Extra
+# arguments go to minidl-sweep (e.g. `--out DIR`, or `--study lr-scaling`); a rerun resumes.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
+# The plot needs gnuplot: installed along when we may install packages, otherwise the sweep
+# says that it skipped the plot and keeps the CSV.
+if ! command -v gnuplot > /dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]]; then
+    export MINIDL_EXTRA_PACKAGES="${MINIDL_EXTRA_PACKAGES:-} gnuplot-nox"
+  else
+    echo "demo: gnuplot is not installed (sudo apt-get install gnuplot-nox): the plot will be skipped" >&2
+  fi
+fi
 bash "$root/tools/install_deps.sh"
 
 build=${MINIDL_BUILD_DIR:-build}
@@ -19,6 +30,13 @@ fi
 if [[ -f $build/Makefile ]]; then
   cmake --build "$build" --target cmake_check_build_system >&2
 fi
-cmake --build "$build" --target minidl-demo -j "$(nproc)" >&2
+cmake --build "$build" --target minidl-sweep -j "$(nproc)" >&2
 
-exec "$build/bin/minidl-demo" "$@"
+# Without --study in the arguments, the Keras study; results under ./results/ unless --out says.
+args=("$@")
+has_study=0
+for a in "${args[@]}"; do [[ $a == --study || $a == --study=* ]] && has_study=1; done
+if [[ $has_study == 0 ]]; then
+  args=(--study keras-batch --quick "${args[@]}")
+fi
+exec "$build/bin/minidl-sweep" --progress-every 0 "${args[@]}"

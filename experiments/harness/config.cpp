@@ -1,0 +1,292 @@
+// Flag registration and validation for TrainConfig: every program gets the same flags, the same
+// defaults in --help and the same one-line errors for bad values (exit status 2 in the mains).
+#include "experiments/harness/config.h"
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/backend.h"
+#include "optim/schedule.h"
+
+namespace minidl::harness {
+namespace {
+
+bool is_resnet(const std::string& m) { return m.rfind("resnet", 0) == 0; }
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+const std::set<std::string>& known_models() {
+  static const std::set<std::string> m{"smallcnn",       "resnet18",       "resnet34",      "resnet50",
+                                       "resnet18-small", "resnet34-small", "resnet50-small"};
+  return m;
+}
+
+std::string join(const std::set<std::string>& s) {
+  std::string out;
+  for (const auto& x : s) out += (out.empty() ? "" : ", ") + x;
+  return out;
+}
+
+[[noreturn]] void usage(const std::string& msg) { throw UsageError(msg); }
+
+}  // namespace
+
+int64_t TrainConfig::resolved_image_size() const {
+  if (image_size > 0) return image_size;
+  if (model == "smallcnn") return 200;
+  return ends_with(model, "-small") ? 32 : 224;
+}
+
+double TrainConfig::resolved_lr() const {
+  if (lr > 0) return lr;
+  return optimizer == "sgd" ? 0.01 : 0.001;
+}
+
+double TrainConfig::resolved_weight_decay() const {
+  if (weight_decay >= 0) return weight_decay;
+  return optimizer == "adamw" ? 0.01 : 0.0;
+}
+
+double TrainConfig::scaled_lr() const {
+  return optim::scaled_lr(resolved_lr(), effective_batch(), base_batch, optim::parse_lr_scaling(lr_scaling));
+}
+
+void add_config_flag(CLI::App& app) {
+  app.set_config("--config", "", "read flags from a TOML/INI file (key = value); command-line flags win");
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.option_defaults()->always_capture_default();
+}
+
+void add_train_flags(CLI::App& app, TrainConfig& c) {
+  app.option_defaults()->always_capture_default();
+  app.add_option("--model", c.model, "smallcnn (the Keras study's CNN), resnet18, resnet34, resnet50, or "
+                                     "resnet18-small/34-small/50-small (3x3 stem, no max-pool, for 32-96 px)");
+  app.add_option("--image-size", c.image_size, "input height and width; 0: the model's default "
+                                               "(smallcnn 200, resnet 224, *-small 32)");
+  app.add_option("--data", c.data, "'synthetic' (built-in two-class images) or a folder: class folders, "
+                                   "Kaggle train/ (cat.N.jpg) or PetImages/Cat|Dog");
+  app.add_option("--synthetic-size", c.synthetic_size,
+                 "with a fractional --split: synthetic images per class (0: 1000); counts need none");
+  app.add_option("--synthetic-difficulty", c.synthetic_difficulty, "synthetic task difficulty in [0, 1]");
+  app.add_option("--split", c.split, "train,val,test per class: integers are counts (the Keras study's "
+                                     "600,200,200), decimals are fractions (0.8,0.1,0.1)");
+  app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written");
+  app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip) or rrc "
+                                         "(random resized crop + flip)");
+  app.add_flag("--no-shuffle", c.no_shuffle, "keep the dataset order in training");
+  app.add_option("--workers", c.workers, "data loader threads (0: decode on the training thread)");
+  app.add_option("--batch-size", c.batch_size, "micro-batch: images per forward/backward");
+  app.add_option("--accumulation-steps", c.accumulation_steps,
+                 "micro-batches per optimizer step (effective batch = batch-size x this)");
+  app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw");
+  app.add_option("--lr", c.lr, "learning rate for --base-batch; 0: the optimizer's default (sgd 0.01, adam 0.001)");
+  app.add_option("--momentum", c.momentum, "SGD momentum");
+  app.add_flag("--nesterov", c.nesterov, "SGD Nesterov momentum");
+  app.add_option("--weight-decay", c.weight_decay, "L2 (sgd, adam) or decoupled (adamw) weight decay; "
+                                                   "negative: the optimizer's default (0; adamw 0.01)");
+  app.add_option("--beta1", c.beta1, "Adam beta1");
+  app.add_option("--beta2", c.beta2, "Adam beta2");
+  app.add_option("--eps", c.eps, "Adam epsilon");
+  app.add_option("--max-grad-norm", c.max_grad_norm, "clip the global gradient norm to this; 0: off");
+  app.add_option("--lr-scaling", c.lr_scaling, "none, linear or sqrt: lr x (effective batch / base batch)^(1 or 1/2)");
+  app.add_option("--base-batch", c.base_batch, "the batch --lr was tuned for (with --lr-scaling)");
+  app.add_option("--warmup-steps", c.warmup_steps, "linear warmup over this many optimizer steps");
+  app.add_option("--warmup-epochs", c.warmup_epochs, "linear warmup over this many epochs (overrides steps)");
+  app.add_option("--schedule", c.schedule, "constant | step:SIZE:GAMMA | multistep:M1,M2:GAMMA | cosine[:MIN]");
+  app.add_option("--epochs", c.epochs, "training epochs");
+  app.add_option("--max-steps", c.max_steps, "stop after this many optimizer steps; 0: no limit");
+  app.add_flag("--amp", c.amp, "mixed precision (f16 autocast + gradient scaler)");
+  app.add_option("--checkpoint", c.checkpoint, "activation recomputation: none, stages, sequential:N or optimal "
+                                               "(ResNet models)");
+  app.add_option("--cudnn-benchmark", c.cudnn_benchmark,
+                 "cuDNN autotuning: on or off (recorded; no effect until the CUDA backend exposes autotuning)");
+  app.add_option("--memory-budget", c.memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
+  app.add_option("--device", c.device, "cpu, cuda or cuda:N");
+  app.add_option("--seed", c.seed, "seed of data split, initialisation, shuffling and augmentation");
+  app.add_option("--init-weights", c.init_weights, "load model weights (safetensors, torchvision names)");
+  app.add_option("--save-weights", c.save_weights, "save model + optimizer state here at the end (safetensors)");
+  app.add_option("--resume", c.resume, "continue from a --save-weights file (model, optimizer, epoch)");
+  app.add_flag("--summary", c.summary, "print the model table (layers, shapes, parameters, memory) and exit");
+  app.add_option("--out", c.out, "folder for metrics.csv and results.json; empty: print only");
+  app.add_option("--diverge-loss", c.diverge_loss, "a training loss above this (or NaN) stops the run as diverged");
+  app.add_option("--target-accuracy", c.target_accuracy,
+                 "record the training time to reach this validation accuracy (0-1); 0: off");
+  app.add_option("--progress-every", c.progress_every, "steps between progress lines; 0: one line per epoch");
+  app.add_flag("--quiet", c.quiet, "no progress lines");
+}
+
+SplitSpec parse_split(const std::string& s) {
+  SplitSpec spec;
+  spec.counts = s.find('.') == std::string::npos;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const double v = std::stod(item, &used);
+      if (used != item.size() || v < 0) throw std::invalid_argument(item);
+      spec.parts.push_back(v);
+    } catch (const std::exception&) {
+      usage("--split '" + s + "': '" + item + "' is not a non-negative number; expected TRAIN,VAL,TEST");
+    }
+  }
+  if (spec.parts.size() != 3) usage("--split '" + s + "': expected three parts TRAIN,VAL,TEST");
+  if (spec.parts[0] <= 0) usage("--split '" + s + "': the training part must be > 0");
+  if (!spec.counts && spec.parts[0] + spec.parts[1] + spec.parts[2] > 1.0 + 1e-9)
+    usage("--split '" + s + "': fractions must add up to at most 1");
+  return spec;
+}
+
+CheckpointSpec parse_checkpoint(const std::string& s) {
+  CheckpointSpec c;
+  if (s == "none") return c;
+  if (s == "stages") {
+    c.kind = CheckpointSpec::Kind::Stages;
+  } else if (s == "optimal") {
+    c.kind = CheckpointSpec::Kind::Optimal;
+  } else if (s.rfind("sequential:", 0) == 0) {
+    c.kind = CheckpointSpec::Kind::Sequential;
+    const std::string n = s.substr(11);
+    try {
+      size_t used = 0;
+      c.segments = std::stoi(n, &used);
+      if (used != n.size() || c.segments < 1) throw std::invalid_argument(n);
+    } catch (const std::exception&) {
+      usage("--checkpoint '" + s + "': N in sequential:N must be a positive integer");
+    }
+  } else {
+    usage("--checkpoint '" + s + "': expected none, stages, sequential:N or optimal");
+  }
+  return c;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      usage(flag + " '" + s + "': '" + item + "' is not a positive integer");
+    }
+  }
+  if (out.empty()) usage(flag + " is empty: give a comma-separated list of positive integers");
+  return out;
+}
+
+std::vector<std::string> parse_word_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Device resolve_device(const std::string& spec) {
+  Device d;
+  try {
+    d = Device::parse(spec);
+  } catch (const Error&) {
+    usage("--device '" + spec + "': expected cpu, cuda or cuda:N");
+  }
+  if (d.is_cuda()) {
+    if (!cuda_built()) usage("--device " + spec + ": this build has no CUDA backend (rebuild with -DMINIDL_CUDA=ON)");
+    const int n = cuda_device_count();
+    if (n == 0) usage("--device " + spec + ": no CUDA device is visible (use --device cpu)");
+    if (d.index >= n) usage("--device " + spec + ": only " + std::to_string(n) + " CUDA device(s) visible");
+  }
+  return d;
+}
+
+void validate(const TrainConfig& c) {
+  if (!known_models().count(c.model)) usage("--model '" + c.model + "': expected one of " + join(known_models()));
+  if (c.image_size < 0) usage("--image-size must be > 0 (or 0 for the model's default)");
+  if (c.image_size > 0 && c.image_size < (is_resnet(c.model) ? 16 : 4))
+    usage("--image-size " + std::to_string(c.image_size) + " is too small for " + c.model);
+  if (c.batch_size <= 0) usage("--batch-size must be > 0, got " + std::to_string(c.batch_size));
+  if (c.accumulation_steps <= 0) usage("--accumulation-steps must be >= 1, got " + std::to_string(c.accumulation_steps));
+  if (c.optimizer != "sgd" && c.optimizer != "adam" && c.optimizer != "adamw")
+    usage("--optimizer '" + c.optimizer + "': expected sgd, adam or adamw");
+  if (c.lr < 0 || !std::isfinite(c.lr)) usage("--lr must be a finite number >= 0");
+  if (c.momentum < 0 || c.momentum >= 1) usage("--momentum must be in [0, 1)");
+  if (c.nesterov && c.momentum <= 0) usage("--nesterov needs --momentum > 0");
+  try {
+    optim::parse_lr_scaling(c.lr_scaling);
+  } catch (const Error&) {
+    usage("--lr-scaling '" + c.lr_scaling + "': expected none, linear or sqrt");
+  }
+  if (c.base_batch <= 0) usage("--base-batch must be > 0");
+  if (c.warmup_steps < 0 || c.warmup_epochs < 0) usage("--warmup-steps and --warmup-epochs must be >= 0");
+  try {
+    optim::parse_schedule(c.schedule, 1000);
+  } catch (const Error& e) {
+    usage("--schedule '" + c.schedule + "' is invalid: expected constant, step:SIZE:GAMMA, multistep:M1,M2:GAMMA "
+          "or cosine[:MIN]");
+  }
+  if (c.epochs <= 0) usage("--epochs must be >= 1");
+  if (c.max_steps < 0) usage("--max-steps must be >= 0");
+  if (c.max_grad_norm < 0) usage("--max-grad-norm must be >= 0");
+  if (c.workers < 0) usage("--workers must be >= 0");
+  if (c.augment != "none" && c.augment != "keras" && c.augment != "rrc")
+    usage("--augment '" + c.augment + "': expected none, keras or rrc");
+  if (c.cudnn_benchmark != "on" && c.cudnn_benchmark != "off")
+    usage("--cudnn-benchmark '" + c.cudnn_benchmark + "': expected on or off");
+  if (c.synthetic_size < 0) usage("--synthetic-size must be >= 0");
+  if (c.synthetic_difficulty < 0 || c.synthetic_difficulty > 1) usage("--synthetic-difficulty must be in [0, 1]");
+  if (c.target_accuracy < 0 || c.target_accuracy > 1) usage("--target-accuracy must be in [0, 1]");
+  if (!(c.diverge_loss > 0)) usage("--diverge-loss must be > 0");
+  if (c.progress_every < 0) usage("--progress-every must be >= 0");
+  parse_split(c.split);
+  const CheckpointSpec ck = parse_checkpoint(c.checkpoint);
+  if (ck.kind != CheckpointSpec::Kind::None && !is_resnet(c.model))
+    usage("--checkpoint " + c.checkpoint + " needs a ResNet model (the small CNN has no stages to recompute)");
+  if (!c.memory_budget.empty()) {
+    try {
+      if (parse_bytes(c.memory_budget) == 0) usage("--memory-budget must be > 0");
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error&) {
+      usage("--memory-budget '" + c.memory_budget + "': expected a size such as 11GiB, 512MiB or 1.5GB");
+    }
+  }
+  if (c.data != "synthetic") {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(c.data, ec)) usage("--data '" + c.data + "': no such folder");
+    if (std::filesystem::is_empty(c.data, ec)) usage("--data '" + c.data + "': the folder is empty");
+  }
+  for (const auto* f : {&c.init_weights, &c.resume}) {
+    if (!f->empty() && !std::filesystem::is_regular_file(*f))
+      usage("'" + *f + "': no such file (--init-weights / --resume)");
+  }
+  resolve_device(c.device);
+}
+
+int parse_command_line(CLI::App& app, int argc, const char* const* argv, const std::string& program) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::printf("%s", app.help("", CLI::AppFormatMode::All).c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    for (char& ch : msg) if (ch == '\n') ch = ' ';
+    std::fprintf(stderr, "%s: error: %s (see --help)\n", program.c_str(), msg.c_str());
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace minidl::harness

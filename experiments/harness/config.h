@@ -1,0 +1,112 @@
+// The configuration of one training run, shared by every experiment program: one struct, one
+// place that registers its flags (CLI11, also readable from --config FILE) and one validator, so
+// minidl-train, minidl-maxbatch, minidl-sweep and minidl-memest accept the same spelling.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace CLI {
+class App;
+}
+
+namespace minidl::harness {
+
+// Bad user input: the programs print its message on one line and exit with status 2.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& msg) : Error(msg) {}
+};
+
+struct TrainConfig {
+  // Model and input.
+  std::string model = "smallcnn";  // smallcnn | resnet18 | resnet34 | resnet50 | resnet18-small | ...
+  int64_t image_size = 0;          // 0: the model's default (smallcnn 200, resnet 224, *-small 32)
+  // Data.
+  std::string data = "synthetic";  // "synthetic" or a folder (class folders, Kaggle train/, PetImages)
+  int64_t synthetic_size = 0;      // synthetic images per class in total; 0: what the split needs
+  double synthetic_difficulty = 0.6;
+  std::string split = "600,200,200";  // train,val,test per class (integers) or fractions (0.8,0.1,0.1)
+  std::string manifest;               // write (or, when it exists, read) the split here
+  std::string augment = "none";       // none | keras | rrc
+  bool no_shuffle = false;
+  int workers = 2;
+  // Batch and optimisation.
+  int64_t batch_size = 32;
+  int64_t accumulation_steps = 1;
+  std::string optimizer = "sgd";   // sgd | adam | adamw
+  double lr = 0.0;                 // 0: the optimizer's default (sgd 0.01, adam/adamw 0.001)
+  double momentum = 0.0;
+  bool nesterov = false;
+  double weight_decay = -1.0;      // < 0: the optimizer's default (0; adamw 0.01)
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double max_grad_norm = 0.0;
+  std::string lr_scaling = "none";  // none | linear | sqrt
+  int64_t base_batch = 32;
+  int64_t warmup_steps = 0;
+  double warmup_epochs = 0.0;
+  std::string schedule = "constant";
+  int64_t epochs = 5;
+  int64_t max_steps = 0;           // optimizer steps; 0: no limit
+  // Techniques and devices.
+  bool amp = false;
+  std::string checkpoint = "none";  // none | stages | sequential:N | optimal
+  std::string cudnn_benchmark = "on";
+  std::string memory_budget;        // "11GiB"; empty: none
+  std::string device = "cpu";
+  uint64_t seed = 0;
+  // Weights and outputs.
+  std::string init_weights;
+  std::string save_weights;
+  std::string resume;               // a file written by --save-weights (model + optimizer)
+  bool summary = false;
+  std::string out;                  // folder for metrics.csv and results.json; empty: none
+  // Monitoring.
+  double diverge_loss = 50.0;       // a training loss above this (or NaN) marks the run diverged
+  double target_accuracy = 0.0;     // > 0: record the time to reach this validation accuracy
+  int64_t progress_every = 20;      // steps between progress lines; 0: per epoch only
+  bool quiet = false;
+
+  // Resolved values (after validate()).
+  int64_t resolved_image_size() const;
+  double resolved_lr() const;            // before batch scaling
+  double resolved_weight_decay() const;
+  int64_t effective_batch() const { return batch_size * accumulation_steps; }
+  double scaled_lr() const;              // resolved_lr with --lr-scaling applied
+};
+
+// Registers every TrainConfig flag on `app` with its default in the help text.
+void add_train_flags(CLI::App& app, TrainConfig& c);
+// Adds --config FILE (TOML or INI; flags given on the command line win) and the usual help.
+void add_config_flag(CLI::App& app);
+
+// Throws UsageError naming the flag, the value and what is accepted.
+void validate(const TrainConfig& c);
+// The device after validation: throws UsageError for cuda without a GPU or without CUDA support.
+Device resolve_device(const std::string& spec);
+
+struct SplitSpec {
+  bool counts = true;               // per-class counts, else fractions
+  std::vector<double> parts;        // train, val, test
+};
+SplitSpec parse_split(const std::string& s);
+
+struct CheckpointSpec {
+  enum class Kind { None, Stages, Sequential, Optimal } kind = Kind::None;
+  int segments = 0;                 // sequential:N
+};
+CheckpointSpec parse_checkpoint(const std::string& s);
+
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& s);
+std::vector<std::string> parse_word_list(const std::string& s);
+
+// Parses argv into `app`. Returns -1 to go on, 0 after printing --help, 2 after printing one line
+// "<program>: error: ..." for a parse error.
+int parse_command_line(CLI::App& app, int argc, const char* const* argv, const std::string& program);
+
+}  // namespace minidl::harness

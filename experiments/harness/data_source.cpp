@@ -1,0 +1,196 @@
+// The batch sources of data_source.h: in-memory synthetic tensors, and the threaded data::Loader
+// for folders and augmentation.
+#include "experiments/harness/data_source.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "data/synthetic.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+
+namespace minidl::harness {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class TensorSource final : public BatchSource {
+ public:
+  TensorSource(Tensor images, Tensor labels, int64_t batch, bool shuffle, uint64_t seed, Device device)
+      : images_(images.contiguous()), labels_(labels.to(DType::i64).contiguous()), batch_(batch),
+        shuffle_(shuffle), seed_(seed), device_(device) {
+    MINIDL_CHECK(images_.dim() == 4 && images_.size(0) == labels_.size(0), "harness: tensor_source expects images "
+                 "[N, C, H, W] and labels [N], got ", shape_str(images_.shape()), " and ", shape_str(labels_.shape()));
+    order_.resize(static_cast<size_t>(images_.size(0)));
+  }
+  int64_t size() const override { return images_.size(0); }
+  int64_t batches_per_epoch() const override { return (size() + batch_ - 1) / batch_; }
+  void start_epoch(int64_t epoch) override {
+    std::iota(order_.begin(), order_.end(), int64_t{0});
+    if (shuffle_) {
+      std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
+      std::shuffle(order_.begin(), order_.end(), rng);
+    }
+    pos_ = 0;
+  }
+  std::optional<TensorBatch> next() override {
+    const auto t0 = Clock::now();
+    if (pos_ >= size()) return std::nullopt;
+    const int64_t n = std::min(batch_, size() - pos_);
+    Shape shape = images_.shape();
+    shape[0] = n;
+    Tensor x = empty(shape, images_.options());
+    Tensor y = empty({n}, labels_.options());
+    const int64_t row = images_.numel() / images_.size(0);
+    const float* src = images_.data<float>();
+    const int64_t* lsrc = labels_.data<int64_t>();
+    float* dst = x.data<float>();
+    int64_t* ldst = y.data<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = order_[static_cast<size_t>(pos_ + i)];
+      std::memcpy(dst + i * row, src + j * row, static_cast<size_t>(row) * sizeof(float));
+      ldst[i] = lsrc[j];
+    }
+    pos_ += n;
+    TensorBatch b{x, y};
+    if (!device_.is_cpu()) b = {x.to(device_), y.to(device_)};
+    wait_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    return b;
+  }
+  double wait_seconds() const override { return wait_; }
+
+ private:
+  Tensor images_, labels_;
+  int64_t batch_;
+  bool shuffle_;
+  uint64_t seed_;
+  Device device_;
+  std::vector<int64_t> order_;
+  int64_t pos_ = 0;
+  double wait_ = 0.0;
+};
+
+// Images per class of each part for the synthetic set.
+std::array<int64_t, 3> synthetic_counts(const TrainConfig& c) {
+  const SplitSpec s = parse_split(c.split);
+  std::array<int64_t, 3> n{};
+  const int64_t per_class = c.synthetic_size > 0 ? c.synthetic_size : 1000;
+  for (size_t i = 0; i < 3; ++i) {
+    n[i] = s.counts ? static_cast<int64_t>(s.parts[i]) : static_cast<int64_t>(s.parts[i] * per_class);
+  }
+  if (n[0] <= 0) throw UsageError("--split " + c.split + " leaves no training images");
+  return n;
+}
+
+class LoaderSource final : public BatchSource {
+ public:
+  LoaderSource(std::shared_ptr<const data::Dataset> d, data::LoaderOptions o) : loader_(std::move(d), std::move(o)) {}
+  int64_t size() const override { return size_; }
+  int64_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
+  void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
+  std::optional<TensorBatch> next() override {
+    auto b = loader_.next();
+    if (!b) return std::nullopt;
+    return TensorBatch{b->images, b->labels};
+  }
+  double wait_seconds() const override { return loader_.stats().wait_seconds; }
+  int64_t skipped() const override { return loader_.stats().skipped; }
+  int64_t size_ = 0;
+
+ private:
+  data::Loader loader_;
+};
+
+std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> base, std::vector<int64_t> idx,
+                                           const TrainConfig& c, Device device, int64_t image_size, bool training,
+                                           uint64_t seed) {
+  if (idx.empty()) return nullptr;
+  const int64_t n = static_cast<int64_t>(idx.size());
+  data::LoaderOptions o;
+  o.batch_size = c.batch_size;
+  o.workers = c.workers;
+  o.shuffle = training && !c.no_shuffle;
+  o.seed = seed;
+  o.device = device;
+  o.transform.size = image_size;
+  if (training && c.augment == "keras") {
+    o.transform.augment = data::Augment::Keras;
+    o.transform.resize = image_size * 250 / 200;
+  } else if (training && c.augment == "rrc") {
+    o.transform.augment = data::Augment::RandomResizedCrop;
+  }
+  auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
+  src->size_ = n;
+  return src;
+}
+
+}  // namespace
+
+std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
+                                           uint64_t seed, Device device) {
+  return std::make_unique<TensorSource>(std::move(images), std::move(labels), batch_size, shuffle, seed, device);
+}
+
+RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
+  RunData r;
+  const bool shuffle = !c.no_shuffle;
+  if (c.data == "synthetic" && c.augment == "none") {
+    const auto n = synthetic_counts(c);
+    auto make = [&](int64_t per_class, uint64_t stream, bool train) -> std::unique_ptr<BatchSource> {
+      if (per_class <= 0) return nullptr;
+      auto s = data::make_synthetic_images(2 * per_class, image_size, c.seed * 4 + stream, c.synthetic_difficulty);
+      return tensor_source(s.images, s.labels, c.batch_size, train && shuffle, c.seed * 4 + 4, device);
+    };
+    r.train = make(n[0], 1, true);
+    r.val = make(n[1], 2, false);
+    r.test = make(n[2], 3, false);
+    r.description = "synthetic " + std::to_string(image_size) + "x" + std::to_string(image_size) + ", " +
+                    std::to_string(2 * n[0]) + " train / " + std::to_string(2 * n[1]) + " val / " +
+                    std::to_string(2 * n[2]) + " test images";
+    return r;
+  }
+  std::shared_ptr<data::Dataset> d;
+  std::string what;
+  if (c.data == "synthetic") {
+    const auto n = synthetic_counts(c);
+    d = data::synthetic_dataset(2 * (n[0] + n[1] + n[2]), image_size, c.seed * 4 + 1, c.synthetic_difficulty);
+    what = "synthetic";
+  } else {
+    try {
+      d = data::open_image_folder(c.data);
+    } catch (const Error& e) {
+      throw UsageError("--data '" + c.data + "': " + e.what());
+    }
+    what = c.data;
+  }
+  const SplitSpec s = parse_split(c.split);
+  data::Split split;
+  if (!c.manifest.empty() && std::filesystem::exists(c.manifest)) {
+    split = data::read_manifest(c.manifest, *d);
+  } else {
+    try {
+      split = s.counts ? data::split_by_counts(*d, static_cast<int64_t>(s.parts[0]), static_cast<int64_t>(s.parts[1]),
+                                               static_cast<int64_t>(s.parts[2]), c.seed)
+                       : data::split_by_fractions(*d, s.parts[0], s.parts[1], s.parts[2], c.seed);
+    } catch (const Error& e) {
+      throw UsageError("--split " + c.split + " does not fit " + what + ": " + e.what());
+    }
+    if (!c.manifest.empty()) data::write_manifest(c.manifest, *d, split);
+  }
+  r.description = what + " (" + std::to_string(d->size()) + " images), " + std::to_string(split.train.size()) +
+                  " train / " + std::to_string(split.val.size()) + " val / " + std::to_string(split.test.size()) +
+                  " test, augment " + c.augment;
+  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed);
+  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed);
+  r.test = loader_source(d, split.test, c, device, image_size, false, c.seed);
+  if (!r.train) throw UsageError("--split " + c.split + " leaves no training images in " + what);
+  return r;
+}
+
+}  // namespace minidl::harness

@@ -1,0 +1,47 @@
+// Where a run's batches come from: the training loop sees one interface whether the images are
+// the built-in synthetic set held as tensors (fast; what tests and the quick studies use) or a
+// folder / augmented set decoded by the threaded data::Loader. Both report the time the loop
+// waited for data, for the "data wait %" of the progress line.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "experiments/harness/config.h"
+
+namespace minidl::harness {
+
+struct TensorBatch {
+  Tensor images;  // [N, 3, S, S] f32 on the run's device
+  Tensor labels;  // [N] i64 on the run's device
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual int64_t size() const = 0;                 // images per epoch
+  virtual int64_t batches_per_epoch() const = 0;
+  virtual void start_epoch(int64_t epoch) = 0;
+  virtual std::optional<TensorBatch> next() = 0;
+  virtual double wait_seconds() const = 0;          // cumulative time next() spent
+  virtual int64_t skipped() const { return 0; }     // unreadable samples (folder data)
+};
+
+// In-memory tensors [N, 3, S, S] f32 and [N] i64 on the CPU; batches are gathered in a seeded
+// per-epoch order (or in order) and copied to `device`.
+std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
+                                           uint64_t seed, Device device);
+
+struct RunData {
+  std::unique_ptr<BatchSource> train, val, test;  // val / test may hold 0 images (then null)
+  std::string description;                        // one line for the log
+};
+
+// The train / val / test sources of a run per c (--data, --split, --augment, ...), batches of
+// c.batch_size (evaluation uses the same size). Throws UsageError for a missing or empty folder.
+RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size);
+
+}  // namespace minidl::harness

@@ -1,0 +1,158 @@
+// The maximum-batch report (see maxbatch.h).
+#include "experiments/harness/maxbatch.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "experiments/harness/results.h"
+#include "experiments/harness/step_runner.h"
+
+namespace minidl::harness {
+namespace {
+
+std::string mib(int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.0), 1) + " MiB"; }
+
+int64_t train_images(const TrainConfig& c) {
+  const SplitSpec s = parse_split(c.split);
+  if (s.counts) return 2 * static_cast<int64_t>(s.parts[0]);
+  return static_cast<int64_t>(2 * (c.synthetic_size > 0 ? c.synthetic_size : 1000) * s.parts[0]);
+}
+
+}  // namespace
+
+double parse_duration(const std::string& s) {
+  try {
+    size_t used = 0;
+    double v = std::stod(s, &used);
+    const std::string unit = s.substr(used);
+    if (unit == "h") v *= 3600;
+    else if (unit == "m" || unit == "min") v *= 60;
+    else if (!unit.empty() && unit != "s") throw std::invalid_argument(s);
+    if (v < 0) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    throw UsageError("--time-budget '" + s + "': expected a duration such as 90, 90s, 15m or 2h");
+  }
+}
+
+MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool verbose) {
+  validate(c);
+  if (c.memory_budget.empty())
+    throw UsageError("minidl-maxbatch needs --memory-budget (e.g. 11GiB): the search is relative to a budget");
+  if (o.steps < 1) throw UsageError("--steps must be >= 1");
+  if (o.margin < 0 || o.margin >= 1) throw UsageError("--margin must be in [0, 1)");
+  if (o.effective_batch < 0) throw UsageError("--effective-batch must be > 0");
+  MaxBatchReport rep;
+  rep.budget_bytes = static_cast<int64_t>(parse_bytes(c.memory_budget));
+  StepRunner runner(c, rep.budget_bytes);
+  std::ostringstream os;
+  auto say = [&](const std::string& line) {
+    os << line << "\n";
+    if (verbose) std::printf("%s\n", line.c_str()), std::fflush(stdout);
+  };
+  say("minidl-maxbatch: " + c.model + " at " + std::to_string(runner.model().image_size) + " px, " + c.optimizer +
+      ", checkpoint " + c.checkpoint + ", budget " + mib(rep.budget_bytes) + ", " + std::to_string(o.steps) +
+      " steps per trial; weights + optimizer state " + mib(runner.baseline_allocated()));
+  FinderOptions fo;
+  fo.budget_bytes = rep.budget_bytes;
+  fo.probe_small = o.probe_small;
+  fo.probe_large = o.probe_large;
+  fo.limit = o.limit;
+  rep.finder = find_max_batch(
+      [&](int64_t b) {
+        const Trial t = runner.run(b, o.steps);
+        say("  batch " + std::to_string(b) + ": " + (t.ok ? "ok" : "OOM") + ", peak allocated " +
+            mib(t.peak_allocated) + ", reserved " + mib(t.peak_reserved) +
+            (t.ok ? ", " + fmt(t.step_seconds, 3) + " s/step" : (t.recovered ? ", recovered" : ", NOT recovered")));
+        return t;
+      },
+      fo);
+  const FinderResult& f = rep.finder;
+  rep.recommended = recommended_batch(f.max_batch, o.margin);
+  say("memory model: " + mib(static_cast<int64_t>(f.model.fixed_bytes)) + " + " +
+      fmt(f.model.bytes_per_sample / 1024.0, 1) + " KiB per sample -> predicted maximum " +
+      std::to_string(f.predicted) + (f.refined != f.predicted ? ", refined to " + std::to_string(f.refined) : ""));
+  const double frag =
+      f.at_max.peak_reserved > 0 ? 1.0 - static_cast<double>(f.at_max.peak_allocated) / f.at_max.peak_reserved : 0.0;
+  say("maximum batch: " + std::to_string(f.max_batch) + (f.hit_limit ? " (the --limit; memory allows more)" : "") +
+      " after " + std::to_string(f.trials.size()) + " trials (" + std::to_string(f.ooms) + " OOM, " +
+      (f.all_recovered ? "all recovered cleanly" : "NOT all recovered") + "); prediction error " +
+      fmt(f.prediction_error_pct(), 1) + "%");
+  say("peak at the maximum: allocated " + mib(f.at_max.peak_allocated) + ", reserved " + mib(f.at_max.peak_reserved) +
+      ", fragmentation " + fmt(100 * frag, 1) + "%");
+  say("recommended batch (" + fmt(100 * o.margin, 0) + "% margin): " + std::to_string(rep.recommended));
+  rep.json = {{"budget_bytes", rep.budget_bytes},
+              {"steps_per_trial", o.steps},
+              {"fixed_bytes", f.model.fixed_bytes},
+              {"bytes_per_sample", f.model.bytes_per_sample},
+              {"predicted", f.predicted},
+              {"refined_prediction", f.refined},
+              {"max_batch", f.max_batch},
+              {"hit_limit", f.hit_limit},
+              {"trials", f.trials.size()},
+              {"ooms", f.ooms},
+              {"all_recovered", f.all_recovered},
+              {"prediction_error_pct", f.prediction_error_pct()},
+              {"peak_allocated_bytes", f.at_max.peak_allocated},
+              {"peak_reserved_bytes", f.at_max.peak_reserved},
+              {"fragmentation", frag},
+              {"margin", o.margin},
+              {"recommended", rep.recommended}};
+  if (o.effective_batch > 0 && rep.recommended > 0) {
+    rep.accumulation = accumulation_for(o.effective_batch, rep.recommended);
+    say("effective batch " + std::to_string(o.effective_batch) + ": --batch-size " +
+        std::to_string(rep.accumulation.micro_batch) + " --accumulation-steps " +
+        std::to_string(rep.accumulation.steps) + " (= " + std::to_string(rep.accumulation.effective()) + ")");
+    rep.json["effective_batch"] = o.effective_batch;
+    rep.json["accumulation_micro_batch"] = rep.accumulation.micro_batch;
+    rep.json["accumulation_steps"] = rep.accumulation.steps;
+  }
+  if (o.profile && f.max_batch > 0) {
+    const int64_t n = o.dataset_size > 0 ? o.dataset_size : train_images(c);
+    say("profile (" + std::to_string(n) + " images per epoch, " + std::to_string(c.epochs) + " epochs):");
+    say("  batch  images/s  peak allocated  epoch time  run time");
+    nlohmann::json rows = nlohmann::json::array();
+    for (int64_t b : profile_candidates(f.max_batch, rep.recommended)) {
+      const Trial t = runner.run(b, std::max(o.steps, 2));
+      if (!t.ok) continue;
+      ProfileRow r;
+      r.batch = b;
+      r.images_per_second = static_cast<double>(b) / t.step_seconds;
+      r.peak_allocated = t.peak_allocated;
+      r.peak_reserved = t.peak_reserved;
+      r.epoch_seconds = static_cast<double>(n) / r.images_per_second;
+      r.run_seconds = r.epoch_seconds * static_cast<double>(c.epochs);
+      r.within_margin = b <= rep.recommended;
+      rep.profile.push_back(r);
+      char line[160];
+      std::snprintf(line, sizeof(line), "  %5lld  %8.1f  %14s  %9.1fs  %7.1fs%s", static_cast<long long>(b),
+                    r.images_per_second, mib(r.peak_allocated).c_str(), r.epoch_seconds, r.run_seconds,
+                    r.within_margin ? "" : "  (beyond the margin)");
+      say(line);
+      rows.push_back({{"batch", b},
+                      {"images_per_second", r.images_per_second},
+                      {"peak_allocated_bytes", r.peak_allocated},
+                      {"peak_reserved_bytes", r.peak_reserved},
+                      {"epoch_seconds", r.epoch_seconds},
+                      {"run_seconds", r.run_seconds}});
+    }
+    rep.chosen = pick_profile_batch(rep.profile, o.time_budget_s);
+    rep.json["profile"] = rows;
+    if (rep.chosen >= 0) {
+      const ProfileRow& r = rep.profile[static_cast<size_t>(rep.chosen)];
+      const bool fits = o.time_budget_s > 0 && r.run_seconds <= o.time_budget_s;
+      say("profile recommendation: batch " + std::to_string(r.batch) + " (" +
+          (fits ? "the smallest whose run fits the " + fmt(o.time_budget_s, 0) + " s budget"
+                : std::string(o.time_budget_s > 0 ? "none fits the time budget; " : "") +
+                      "the fastest within the memory margin") +
+          ", " + fmt(r.images_per_second, 1) + " images/s)");
+      rep.json["profile_recommendation"] = r.batch;
+    }
+  }
+  rep.text = os.str();
+  return rep;
+}
+
+}  // namespace minidl::harness

@@ -1,0 +1,301 @@
+// CSV, JSON, Markdown and plot writers (see results.h). Appends are one write() of a whole line on
+// an O_APPEND descriptor followed by fsync, so a killed sweep loses at most the run in progress.
+#include "experiments/harness/results.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+namespace minidl::harness {
+namespace {
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof(buf), p)) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (quoted) {
+      if (ch == '"' && i + 1 < line.size() && line[i + 1] == '"') cur += '"', ++i;
+      else if (ch == '"') quoted = false;
+      else cur += ch;
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+}  // namespace
+
+std::string CsvTable::get(size_t i, const std::string& column) const {
+  for (size_t c = 0; c < header.size(); ++c)
+    if (header[c] == column) return c < rows.at(i).size() ? rows[i][c] : "";
+  return "";
+}
+
+std::string csv_escape(const std::string& f) {
+  if (f.find_first_of(",\"\n") == std::string::npos) return f;
+  std::string out = "\"";
+  for (char ch : f) out += ch == '"' ? std::string("\"\"") : std::string(1, ch == '\n' ? ' ' : ch);
+  return out + "\"";
+}
+
+std::string csv_line(const Row& row) {
+  std::string s;
+  for (size_t i = 0; i < row.size(); ++i) s += (i ? "," : "") + csv_escape(row[i]);
+  return s + "\n";
+}
+
+CsvTable read_csv(const std::filesystem::path& file) {
+  CsvTable t;
+  std::ifstream f(file, std::ios::binary);
+  if (!f) return t;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string all = ss.str();
+  size_t pos = 0;
+  bool first = true;
+  while (pos < all.size()) {
+    const size_t nl = all.find('\n', pos);
+    if (nl == std::string::npos) break;  // a torn last line
+    const std::string line = all.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line.empty()) continue;
+    Row r = split_csv_line(line);
+    if (first) {
+      t.header = std::move(r);
+      first = false;
+    } else if (r.size() == t.header.size()) {
+      t.rows.push_back(std::move(r));
+    }
+  }
+  return t;
+}
+
+void write_file_atomic(const std::filesystem::path& file, const std::string& content) {
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  const std::string tmp = file.string() + ".tmp." + std::to_string(getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MINIDL_CHECK(fd >= 0, "results: cannot create ", tmp);
+  const bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) &&
+                  ::fsync(fd) == 0;
+  ::close(fd);
+  MINIDL_CHECK(ok && std::rename(tmp.c_str(), file.c_str()) == 0, "results: cannot write ", file.string());
+}
+
+void append_csv_row(const std::filesystem::path& file, const Row& header, const Row& row) {
+  MINIDL_CHECK(header.size() == row.size(), "results: a row of ", row.size(), " fields for a header of ",
+               header.size(), " in ", file.string());
+  if (!std::filesystem::exists(file)) {
+    write_file_atomic(file, csv_line(header) + csv_line(row));
+    return;
+  }
+  const CsvTable existing = read_csv(file);
+  MINIDL_CHECK(existing.header == header, "results: ", file.string(), " has other columns than this program writes; ",
+               "move it away or use another --out");
+  // A torn last line left by a kill is cut off first, so it can never be read back as a row.
+  {
+    std::ifstream f(file, std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!all.empty() && all.back() != '\n') {
+      const size_t keep = all.find_last_of('\n') + 1;  // npos + 1 == 0: nothing complete
+      std::filesystem::resize_file(file, keep);
+    }
+  }
+  const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND);
+  MINIDL_CHECK(fd >= 0, "results: cannot open ", file.string(), " for appending");
+  const std::string line = csv_line(row);
+  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+  ::close(fd);
+  MINIDL_CHECK(ok, "results: cannot append to ", file.string());
+}
+
+std::string markdown_table(const Row& header, const std::vector<Row>& rows) {
+  std::string s = "|";
+  for (const auto& h : header) s += " " + h + " |";
+  s += "\n|";
+  for (size_t i = 0; i < header.size(); ++i) s += " --- |";
+  s += "\n";
+  for (const auto& r : rows) {
+    s += "|";
+    for (const auto& f : r) s += " " + f + " |";
+    s += "\n";
+  }
+  return s;
+}
+
+std::string fmt(double v, int digits) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "" : (v > 0 ? "inf" : "-inf");
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+nlohmann::json provenance(const std::string& device_name) {
+  nlohmann::json j;
+  std::string commit = run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' rev-parse HEAD 2>/dev/null");
+  if (commit.empty()) commit = MINIDL_HARNESS_CONFIGURE_COMMIT;
+  const std::string dirty =
+      // Committed results being rewritten are not changes to the code that produced them.
+      run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' status --porcelain --untracked-files=no -- . "
+                  "':!experiments/results' 2>/dev/null");
+  j["commit"] = commit + (dirty.empty() ? "" : " (with uncommitted changes)");
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  j["date"] = date;
+  j["device"] = device_name;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  j["host"] = host;
+  return j;
+}
+
+nlohmann::json to_json(const TrainConfig& c) {
+  return {{"model", c.model},
+          {"image_size", c.resolved_image_size()},
+          {"data", c.data},
+          {"split", c.split},
+          {"augment", c.augment},
+          {"batch_size", c.batch_size},
+          {"accumulation_steps", c.accumulation_steps},
+          {"effective_batch", c.effective_batch()},
+          {"optimizer", c.optimizer},
+          {"lr", c.resolved_lr()},
+          {"momentum", c.momentum},
+          {"weight_decay", c.resolved_weight_decay()},
+          {"lr_scaling", c.lr_scaling},
+          {"base_batch", c.base_batch},
+          {"warmup_steps", c.warmup_steps},
+          {"warmup_epochs", c.warmup_epochs},
+          {"schedule", c.schedule},
+          {"epochs", c.epochs},
+          {"max_steps", c.max_steps},
+          {"max_grad_norm", c.max_grad_norm},
+          {"amp", c.amp},
+          {"checkpoint", c.checkpoint},
+          {"cudnn_benchmark", c.cudnn_benchmark},
+          {"memory_budget", c.memory_budget},
+          {"device", c.device},
+          {"seed", c.seed},
+          {"synthetic_difficulty", c.synthetic_difficulty}};
+}
+
+nlohmann::json to_json(const RunResult& r) {
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const auto& e : r.epochs) {
+    epochs.push_back({{"epoch", e.epoch},
+                      {"steps", e.steps},
+                      {"lr", e.lr},
+                      {"train_loss", num(e.train_loss)},
+                      {"train_acc", num(e.train_acc)},
+                      {"val_loss", num(e.val_loss)},
+                      {"val_acc", num(e.val_acc)},
+                      {"train_seconds", e.train_seconds},
+                      {"images_per_second", e.images_per_second},
+                      {"data_wait_fraction", e.data_wait_fraction},
+                      {"cpu_utilization", e.cpu_utilization},
+                      {"gpu_busy", num(e.gpu_busy)},
+                      {"peak_allocated_bytes", e.peak_allocated},
+                      {"peak_reserved_bytes", e.peak_reserved}});
+  }
+  return {{"status", r.status},
+          {"note", r.note},
+          {"steps", r.steps},
+          {"parameters", r.parameters},
+          {"lr", r.lr},
+          {"warmup_steps", r.warmup_steps},
+          {"best_val_acc", num(r.best_val_acc)},
+          {"best_epoch", r.best_epoch},
+          {"test_acc", num(r.test_acc)},
+          {"test_loss", num(r.test_loss)},
+          {"time_to_target_seconds", r.time_to_target >= 0 ? nlohmann::json(r.time_to_target) : nlohmann::json()},
+          {"total_seconds", r.total_seconds},
+          {"train_seconds", r.train_seconds},
+          {"images_per_second", r.mean_images_per_second()},
+          {"peak_allocated_bytes", r.peak_allocated},
+          {"peak_reserved_bytes", r.peak_reserved},
+          {"data", r.data_description},
+          {"epochs", epochs}};
+}
+
+std::string epochs_csv(const std::vector<EpochMetrics>& epochs) {
+  std::string s = csv_line({"epoch", "steps", "lr", "train_loss", "train_acc", "val_loss", "val_acc", "train_seconds",
+                            "images_per_second", "data_wait_pct", "cpu_util_pct", "gpu_busy_pct", "peak_allocated_bytes",
+                            "peak_reserved_bytes"});
+  for (const auto& e : epochs) {
+    s += csv_line({std::to_string(e.epoch), std::to_string(e.steps), fmt(e.lr, 6), fmt(e.train_loss), fmt(e.train_acc),
+                   fmt(e.val_loss), fmt(e.val_acc), fmt(e.train_seconds, 3), fmt(e.images_per_second, 1),
+                   fmt(100 * e.data_wait_fraction, 1), fmt(100 * e.cpu_utilization, 1), fmt(100 * e.gpu_busy, 1),
+                   std::to_string(e.peak_allocated), std::to_string(e.peak_reserved)});
+  }
+  return s;
+}
+
+std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
+    return "gnuplot is not installed (apt-get install gnuplot-nox); the table is in the CSV";
+  std::string script = std::getenv("MINIDL_PLOT_SCRIPT") ? std::getenv("MINIDL_PLOT_SCRIPT") : "";
+  if (script.empty()) {
+    for (const char* p : {MINIDL_HARNESS_SOURCE_DIR "/tools/plot_results.gnuplot",
+                          MINIDL_HARNESS_INSTALL_SHARE "/plot_results.gnuplot"}) {
+      if (std::filesystem::exists(p)) {
+        script = p;
+        break;
+      }
+    }
+  }
+  if (script.empty()) return "plot_results.gnuplot not found (set MINIDL_PLOT_SCRIPT)";
+  std::string dat;
+  int blocks = 0;
+  for (const auto& s : spec.series) {
+    if (s.points.empty()) continue;
+    if (blocks++) dat += "\n\n";
+    std::string title = s.title;
+    for (char& ch : title) if (ch == '"') ch = '\'';
+    dat += "\"" + title + "\" \"y\"\n";
+    for (const auto& [x, y] : s.points) dat += fmt(x, 6) + " " + fmt(y, 6) + "\n";
+  }
+  if (blocks == 0) return "nothing to plot";
+  const std::filesystem::path datfile = png.string() + ".dat";
+  write_file_atomic(datfile, dat);
+  auto quote = [](std::string s) {
+    for (char& ch : s) if (ch == '\'' || ch == '"') ch = ' ';
+    return "'" + s + "'";
+  };
+  const std::string cmd = "gnuplot -e \"datafile=" + quote(datfile.string()) + "; outfile=" + quote(png.string()) +
+                          "; plottitle=" + quote(spec.title) + "; xlab=" + quote(spec.xlabel) +
+                          "; ylab=" + quote(spec.ylabel) + "; logx=" + (spec.logx ? "1" : "0") + "\" '" + script +
+                          "' 2>&1";
+  const std::string out = run_command(cmd);
+  if (!std::filesystem::exists(png)) return "gnuplot failed: " + out;
+  return "";
+}
+
+}  // namespace minidl::harness

@@ -1,0 +1,67 @@
+// Results writers shared by the programs: CSV tables that can be appended one finished run at a
+// time without ever leaving a torn file (what makes sweeps resumable), the results JSON with the
+// configuration, commit id, device and date, Markdown summaries, and gnuplot plots.
+#pragma once
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "experiments/harness/config.h"
+#include "experiments/harness/train.h"
+
+namespace minidl::harness {
+
+using Row = std::vector<std::string>;
+
+struct CsvTable {
+  Row header;
+  std::vector<Row> rows;
+  // The value of `column` in row i ("" when the column does not exist).
+  std::string get(size_t i, const std::string& column) const;
+};
+
+std::string csv_escape(const std::string& field);
+std::string csv_line(const Row& row);            // with the trailing newline
+// Reads a CSV written by these functions. A last line without its newline (a write cut short by
+// a kill) and lines with the wrong number of fields are dropped.
+CsvTable read_csv(const std::filesystem::path& file);
+
+// Writes `content` to a temporary file beside `file`, fsyncs and renames it over `file`.
+void write_file_atomic(const std::filesystem::path& file, const std::string& content);
+// Appends one row: a new file gets the header first (written atomically together); an existing
+// file must have the same header (else throws) and gets the row with one O_APPEND write + fsync.
+void append_csv_row(const std::filesystem::path& file, const Row& header, const Row& row);
+
+std::string markdown_table(const Row& header, const std::vector<Row>& rows);
+
+// Formats a double for tables: fixed `digits` decimals; NaN as "" (missing).
+std::string fmt(double v, int digits = 4);
+
+// Commit id of the source tree (git, or the id captured at configure time), the date (UTC, ISO
+// 8601) and the host: the provenance every results.json carries.
+nlohmann::json provenance(const std::string& device_name);
+
+nlohmann::json to_json(const TrainConfig& c);
+nlohmann::json to_json(const RunResult& r);
+
+// Per-epoch metrics as CSV (metrics.csv of minidl-train --out).
+std::string epochs_csv(const std::vector<EpochMetrics>& epochs);
+
+// One line per series: points (x, y) of a plot.
+struct Series {
+  std::string title;
+  std::vector<std::pair<double, double>> points;
+};
+struct PlotSpec {
+  std::string title, xlabel, ylabel;
+  bool logx = true;
+  std::vector<Series> series;
+};
+// Renders a PNG with gnuplot (tools/plot_results.gnuplot) and keeps the data beside it as
+// <png>.dat. Returns "" on success, else why there is no plot (no gnuplot: the CSV stays).
+std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png);
+
+}  // namespace minidl::harness

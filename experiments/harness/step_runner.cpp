@@ -1,0 +1,105 @@
+// Trials for the maximum-batch finder (see step_runner.h).
+#include "experiments/harness/step_runner.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/allocator.h"
+#include "core/ops.h"
+
+namespace minidl::harness {
+
+StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes)
+    : c_(c), device_(resolve_device(c.device)), model_(make_model(c, c.seed * 4 + 3)),
+      scaler_(optim::GradScalerOptions{.enabled = c.amp}), budget_(budget_bytes) {
+  model_.module->to(device_);
+  model_.module->train();
+  // A tiny learning rate: the trials measure memory and time, and must not drive the weights to NaN.
+  opt_ = make_optimizer(c_, *model_.module, 1e-6);
+  // allocated: the weights (and anything else already on the device); then gradients and state.
+  const int64_t fixed = memory_stats(device_).allocated_bytes +
+                        static_cast<int64_t>(static_cast<double>(parameter_bytes()) * (1.0 + optimizer_state_factor(c_)));
+  if (budget_ > 0 && fixed > budget_)
+    throw UsageError("--memory-budget " + format_bytes(static_cast<size_t>(budget_)) +
+                     " is smaller than the model itself: " + c.model + " needs " +
+                     format_bytes(static_cast<size_t>(fixed)) + " for weights, gradients and optimizer state");
+  if (budget_ > 0) set_memory_budget(device_, static_cast<size_t>(budget_));
+  step(1);
+  baseline_ = memory_stats(device_).allocated_bytes;
+}
+
+StepRunner::~StepRunner() {
+  if (budget_ > 0) set_memory_budget(device_, 0);
+}
+
+int64_t StepRunner::parameter_bytes() const {
+  int64_t b = 0;
+  for (const Tensor& p : model_.module->parameters()) b += static_cast<int64_t>(p.nbytes());
+  return b;
+}
+
+int64_t StepRunner::step(int64_t batch) {
+  // Inputs are made on the device like a loader's batch; their bytes count in the peak.
+  const TensorOptions fo{DType::f32, device_, false};
+  // The overall peak is kept in `outer` while the phases are measured one at a time.
+  const auto outer = memory_stats(device_);
+  reset_peak_stats(device_);
+  int64_t phase = 0;
+  // With accumulation, a second micro-batch's backward adds into gradients that already exist
+  // (temporaries of the largest parameter's size): two micro-batches cover that peak.
+  const int64_t micro = std::min<int64_t>(c_.accumulation_steps, 2);
+  for (int64_t k = 0; k < micro; ++k) {
+    const Tensor x = randn(model_.input_shape(batch), fo);
+    const Tensor labels = gt(rand({batch}, fo), full({1}, 0.5, fo)).to(DType::i64);
+    const Tensor loss = model_.loss(model_.forward(x), labels);
+    const Tensor weighted = micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss;
+    (scaler_.is_enabled() ? scaler_.scale(weighted) : weighted).backward();
+  }
+  phase = memory_stats(device_).peak_reserved_bytes;
+  peak_allocated_ = std::max({peak_allocated_, outer.peak_allocated_bytes, memory_stats(device_).peak_allocated_bytes});
+  peak_reserved_ = std::max({peak_reserved_, outer.peak_reserved_bytes, phase});
+  if (scaler_.is_enabled()) {
+    scaler_.step(*opt_);
+    scaler_.update();
+  } else {
+    opt_->step();
+  }
+  opt_->zero_grad();
+  const auto after = memory_stats(device_);
+  peak_allocated_ = std::max(peak_allocated_, after.peak_allocated_bytes);
+  peak_reserved_ = std::max(peak_reserved_, after.peak_reserved_bytes);
+  return phase;
+}
+
+Trial StepRunner::run(int64_t batch, int steps) {
+  Trial t;
+  empty_cache(device_);
+  reset_peak_stats(device_);
+  const int64_t before = memory_stats(device_).allocated_bytes;
+  peak_allocated_ = peak_reserved_ = 0;
+  double timed = 0.0;
+  try {
+    for (int s = 0; s < steps; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(batch));
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s > 0 || steps == 1) timed += dt;
+    }
+    t.ok = true;
+    t.step_seconds = timed / (steps > 1 ? steps - 1 : 1);
+  } catch (const OutOfMemoryError&) {
+    // The step's tensors were locals of step(): unwinding freed them. Gradients live on the
+    // parameters, so drop them too, then check nothing else stayed behind.
+    opt_->zero_grad();
+    t.ok = false;
+  }
+  // After an OOM the phase bookkeeping stopped mid-step: the allocator's peak covers the rest.
+  const auto ms = memory_stats(device_);
+  t.peak_allocated = std::max(peak_allocated_, ms.peak_allocated_bytes);
+  t.peak_reserved = std::max(peak_reserved_, ms.peak_reserved_bytes);
+  if (!t.ok) t.activation_phase_reserved = 0;
+  t.recovered = ms.allocated_bytes == before;
+  return t;
+}
+
+}  // namespace minidl::harness

@@ -1,0 +1,48 @@
+// Runs K full training steps (forward, backward, optimizer step; two micro-batches per step with
+// gradient accumulation) of a configuration at a given micro-batch on random inputs under the memory budget, and measures peak memory and step time.
+// The finder, --profile and minidl-memest use it; an OOM inside a trial is caught, the step's
+// tensors are dropped, and the runner checks that the memory statistics return to their level.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "core/device.h"
+#include "experiments/harness/config.h"
+#include "experiments/harness/finder.h"
+#include "experiments/harness/model.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+
+namespace minidl::harness {
+
+class StepRunner {
+ public:
+  // Builds the model and optimizer of c on its device and takes one warm-up step at batch 1 (so
+  // the optimizer state exists before any measurement). budget_bytes 0: no budget.
+  StepRunner(const TrainConfig& c, int64_t budget_bytes);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  Trial run(int64_t batch, int steps);
+  Model& model() { return model_; }
+  Device device() const { return device_; }
+  int64_t baseline_allocated() const { return baseline_; }   // weights + optimizer state
+  int64_t parameter_bytes() const;
+
+ private:
+  // One step; returns the peak reserved bytes of its forward + backward phase.
+  int64_t step(int64_t batch);
+
+  TrainConfig c_;
+  Device device_;
+  Model model_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  optim::GradScaler scaler_;
+  int64_t budget_ = 0;
+  int64_t baseline_ = 0;
+  int64_t peak_allocated_ = 0;   // over the current trial, across the phase resets
+  int64_t peak_reserved_ = 0;
+};
+
+}  // namespace minidl::harness

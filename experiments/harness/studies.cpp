@@ -1,0 +1,236 @@
+// The four predefined studies of DESIGN.md with their published settings, their --quick versions
+// (sized for minutes on 2 CPU cores with the synthetic set), and generic grids.
+#include <set>
+
+#include "experiments/harness/sweep.h"
+
+namespace minidl::harness {
+namespace {
+
+std::string b_id(int64_t b) { return "b" + std::to_string(b); }
+
+std::vector<int64_t> powers(int64_t from, int64_t to) {
+  std::vector<int64_t> v;
+  for (int64_t b = from; b <= to; b *= 2) v.push_back(b);
+  return v;
+}
+
+Study keras_batch(bool quick, const TrainConfig& base) {
+  Study s;
+  s.name = "keras-batch";
+  s.title = "Accuracy vs batch size: SGD vs Adam, with and without augmentation (small CNN)";
+  s.summary_columns = {"group", "batch_size", "test_acc", "best_val_acc", "best_epoch", "images_per_s",
+                       "peak_allocated_mib", "status"};
+  s.notes = "Published (Keras, 200x200 cats vs dogs, 600/200/200 per class, 5 epochs): SGD about 62% at batch 16 "
+            "falling with batch size; Adam about 67% up to batch 64; with augmentation 58% at 128 and 57.5% at 256.";
+  for (const std::string opt : {"sgd", "adam"}) {
+    for (const std::string aug : {"none", "keras"}) {
+      for (int64_t b : powers(16, 256)) {
+        SweepRun r;
+        r.config = base;
+        TrainConfig& c = r.config;
+        c.model = "smallcnn";
+        c.image_size = quick ? 32 : 200;
+        c.split = quick ? "200,100,100" : "600,200,200";
+        c.epochs = quick ? 3 : 5;
+        c.optimizer = opt;
+        c.lr = opt == "sgd" ? 0.01 : 0.001;  // the Keras defaults
+        c.momentum = 0.0;
+        c.batch_size = b;
+        c.augment = aug;
+        if (quick && c.data == "synthetic") c.synthetic_difficulty = 0.3;
+        r.id = b_id(b) + "-" + opt + "-" + aug;
+        r.group = opt + ", augment " + aug;
+        s.runs.push_back(r);
+      }
+    }
+  }
+  return s;
+}
+
+Study utilization(bool quick, const TrainConfig& base) {
+  Study s;
+  s.name = "utilization";
+  s.title = "Throughput, device utilisation and memory vs batch size";
+  s.plot_y = "images_per_s";
+  s.plot_ylabel = "images / s";
+  s.summary_columns = {"batch_size", "images_per_s", "cpu_util_pct", "gpu_busy_pct", "peak_allocated_mib",
+                       "peak_reserved_mib", "status"};
+  s.notes = "Published (Ohio State measurements in the same article): GPU busy % and memory grow with the batch "
+            "until the device saturates; images/s flattens beyond that point.";
+  for (int64_t b : powers(4, quick ? 512 : 1024)) {
+    SweepRun r;
+    r.config = base;
+    TrainConfig& c = r.config;
+    c.model = quick ? "smallcnn" : "resnet50";
+    c.image_size = quick ? 64 : 224;
+    c.optimizer = "sgd";
+    c.momentum = 0.9;
+    c.lr = 0.001;
+    c.batch_size = b;
+    c.epochs = 1;
+    c.max_steps = quick ? 3 : 20;
+    // Exactly enough training images for max_steps batches; no evaluation.
+    c.split = std::to_string((b * c.max_steps + 1) / 2) + ",0,0";
+    c.progress_every = 0;
+    r.id = b_id(b);
+    r.group = c.device;
+    r.throughput_only = true;
+    s.runs.push_back(r);
+  }
+  return s;
+}
+
+Study techniques(bool quick, const TrainConfig& base) {
+  Study s;
+  s.name = "techniques";
+  s.title = "Maximum batch under memory-saving techniques (ResNet, fixed memory budget)";
+  s.plot_y = "max_batch";
+  s.plot_ylabel = "maximum (effective) batch";
+  s.summary_columns = {"technique", "max_batch", "predicted_max_batch", "peak_allocated_mib", "epoch_seconds",
+                       "best_val_acc", "best_epoch", "status", "note"};
+  s.notes = "Published (ResNet-50, 224x224, RTX 2080 Ti 11 GiB): baseline 102, cuDNN autotune off 111, AMP about "
+            "2x, optimal checkpointing more than 2x, all combined 960; best accuracy and speed at batch 199. Each row "
+            "trains at its recommended batch (10% below its maximum); max_batch counts the effective batch. On the CPU "
+            "backend there is no cuDNN, so the autotune-off row equals the baseline.";
+  s.maxbatch.steps = quick ? 2 : 3;
+  s.maxbatch.probe_small = quick ? 2 : 4;
+  s.maxbatch.probe_large = quick ? 6 : 16;
+  struct Row {
+    std::string name, checkpoint;
+    bool amp = false, autotune_off = false;
+    int64_t accumulation = 1;
+  };
+  const std::vector<Row> rows{{"baseline", "none"},
+                              {"cudnn-autotune-off", "none", false, true},
+                              {"amp", "none", true},
+                              {"recompute-stages", "stages"},
+                              {"recompute-sequential", "sequential:4"},
+                              {"recompute-optimal", "optimal"},
+                              {"accumulation-x4", "none", false, false, 4},
+                              {"combined", "optimal", true, false, 4}};
+  for (const Row& row : rows) {
+    SweepRun r;
+    r.config = base;
+    TrainConfig& c = r.config;
+    c.model = quick ? "resnet18-small" : "resnet50";
+    c.image_size = quick ? 16 : 224;
+    c.optimizer = "sgd";
+    c.momentum = 0.9;
+    c.lr = 0.001;
+    c.weight_decay = 1e-4;
+    c.epochs = quick ? 1 : 15;
+    c.split = quick ? "100,50,0" : "600,200,200";
+    c.memory_budget = quick ? "256MiB" : "11GiB";
+    c.checkpoint = row.checkpoint;
+    c.cudnn_benchmark = row.autotune_off ? "off" : "on";
+    c.accumulation_steps = row.accumulation;
+    c.amp = row.amp;
+    c.progress_every = 0;
+    r.id = row.name;
+    r.technique = row.name;
+    r.group = "techniques";
+    r.find_max_batch = true;
+    s.runs.push_back(r);
+  }
+  return s;
+}
+
+Study lr_scaling(bool quick, const TrainConfig& base) {
+  Study s;
+  s.name = "lr-scaling";
+  s.title = "Linear learning-rate scaling and warmup vs batch size";
+  s.plot_y = "best_val_acc";
+  s.plot_ylabel = "best validation accuracy";
+  s.summary_columns = {"group", "batch_size", "lr", "warmup_steps", "best_val_acc", "time_to_target_s",
+                       "images_per_s", "status", "note"};
+  s.notes = "Published (\"Batch size and memory tradeoffs\"): without scaling large batches under-train; linear "
+            "scaling alone can diverge at the largest batches; linear scaling with warmup recovers them. The batch "
+            "with the shortest time to the target accuracy is not the largest one.";
+  const int64_t base_batch = quick ? 16 : 32;
+  for (const std::string variant : {"none", "linear", "linear-warmup"}) {
+    for (int64_t b : powers(base_batch, quick ? 256 : 1024)) {
+      SweepRun r;
+      r.config = base;
+      TrainConfig& c = r.config;
+      c.model = quick ? "smallcnn" : "resnet18";
+      c.image_size = quick ? 32 : 224;
+      c.optimizer = "sgd";
+      c.momentum = 0.9;
+      c.weight_decay = quick ? 0.0 : 1e-4;
+      c.lr = quick ? 0.02 : 0.0125;
+      c.base_batch = base_batch;
+      c.batch_size = b;
+      c.lr_scaling = variant == "none" ? "none" : "linear";
+      c.warmup_epochs = variant == "linear-warmup" ? (quick ? 1.0 : 2.0) : 0.0;
+      c.epochs = quick ? 4 : 10;
+      c.split = quick ? "256,100,0" : "600,200,200";
+      c.target_accuracy = quick ? 0.9 : 0.8;
+      c.diverge_loss = 20.0;
+      c.progress_every = 0;
+      if (quick && c.data == "synthetic") c.synthetic_difficulty = 0.2;
+      r.id = b_id(b) + "-" + variant;
+      r.group = variant == "none" ? "no scaling" : (variant == "linear" ? "linear" : "linear + warmup");
+      s.runs.push_back(r);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+const std::vector<std::string>& study_names() {
+  static const std::vector<std::string> n{"keras-batch", "utilization", "techniques", "lr-scaling"};
+  return n;
+}
+
+Study make_study(const std::string& name, bool quick, const TrainConfig& base) {
+  Study s;
+  if (name == "keras-batch") s = keras_batch(quick, base);
+  else if (name == "utilization") s = utilization(quick, base);
+  else if (name == "techniques") s = techniques(quick, base);
+  else if (name == "lr-scaling") s = lr_scaling(quick, base);
+  else throw UsageError("--study '" + name + "': expected keras-batch, utilization, techniques or lr-scaling");
+  s.quick = quick;
+  for (auto& r : s.runs) {
+    r.config.out.clear();
+    r.config.save_weights.clear();
+    r.config.resume.clear();
+    r.config.summary = false;
+  }
+  return s;
+}
+
+Study make_grid(const TrainConfig& base, const std::vector<int64_t>& batches, const std::vector<std::string>& optimizers,
+                const std::vector<std::string>& augments, const std::vector<std::string>& checkpoints) {
+  Study s;
+  s.name = "grid";
+  s.title = "Grid over batch sizes, optimizers, augmentation and recomputation";
+  s.summary_columns = {"group", "batch_size", "test_acc", "best_val_acc", "images_per_s", "peak_allocated_mib",
+                       "status"};
+  const std::vector<int64_t> bs = batches.empty() ? std::vector<int64_t>{base.batch_size} : batches;
+  const auto ops = optimizers.empty() ? std::vector<std::string>{base.optimizer} : optimizers;
+  const auto augs = augments.empty() ? std::vector<std::string>{base.augment} : augments;
+  const auto cks = checkpoints.empty() ? std::vector<std::string>{base.checkpoint} : checkpoints;
+  std::set<std::string> ids;
+  for (const auto& ck : cks)
+    for (const auto& op : ops)
+      for (const auto& aug : augs)
+        for (int64_t b : bs) {
+          SweepRun r;
+          r.config = base;
+          r.config.batch_size = b;
+          r.config.optimizer = op;
+          r.config.augment = aug;
+          r.config.checkpoint = ck;
+          r.config.out.clear();
+          r.config.save_weights.clear();
+          r.id = b_id(b) + "-" + op + "-" + aug + "-" + ck;
+          r.group = op + ", augment " + aug + (cks.size() > 1 ? ", checkpoint " + ck : "");
+          if (!ids.insert(r.id).second) throw UsageError("the grid lists " + r.id + " twice");
+          s.runs.push_back(r);
+        }
+  return s;
+}
+
+}  // namespace minidl::harness

@@ -1,0 +1,293 @@
+// Sweep execution (see sweep.h): runs what results.csv does not hold yet, one row per run.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "experiments/harness/sweep.h"
+#include "experiments/harness/train.h"
+
+extern char** environ;
+
+namespace minidl::harness {
+namespace {
+
+std::string mib(int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.0), 1); }
+
+// One results.csv row; `res` may be empty (skipped or failed runs).
+Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const RunResult* res,
+             const std::string& status, const std::string& note, int64_t max_batch, int64_t predicted) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  double epoch_s = nan, ips = nan, cpu = nan, gpu = nan;
+  if (res && !res->epochs.empty()) {
+    epoch_s = res->train_seconds / static_cast<double>(res->epochs.size());
+    ips = res->mean_images_per_second();
+    cpu = 0;
+    for (const auto& e : res->epochs) cpu += e.cpu_utilization;
+    cpu = 100 * cpu / static_cast<double>(res->epochs.size());
+    double busy = 0;
+    int n = 0;
+    for (const auto& e : res->epochs)
+      if (std::isfinite(e.gpu_busy)) busy += e.gpu_busy, ++n;
+    if (n > 0) gpu = 100 * busy / n;
+  }
+  const bool ok = res && (status == "ok" || status == "diverged");
+  return {run.id,
+          st.name,
+          run.group,
+          run.technique,
+          c.model,
+          std::to_string(c.resolved_image_size()),
+          std::to_string(c.batch_size),
+          std::to_string(c.accumulation_steps),
+          std::to_string(c.effective_batch()),
+          c.optimizer,
+          fmt(res ? res->lr : c.scaled_lr(), 6),
+          c.lr_scaling,
+          std::to_string(res ? res->warmup_steps : c.warmup_steps),
+          c.augment,
+          c.checkpoint,
+          c.amp ? "on" : "off",
+          c.cudnn_benchmark,
+          c.memory_budget,
+          status,
+          note,
+          std::to_string(res ? res->epochs.size() : 0),
+          std::to_string(res ? res->steps : 0),
+          fmt(res && !res->epochs.empty() ? res->epochs.back().train_loss : nan),
+          fmt(ok && !run.throughput_only ? res->best_val_acc : nan),
+          ok && !run.throughput_only ? std::to_string(res->best_epoch) : "",
+          fmt(ok && !run.throughput_only ? res->test_acc : nan),
+          res && res->time_to_target >= 0 ? fmt(res->time_to_target, 2) : "",
+          fmt(epoch_s, 3),
+          fmt(ips, 1),
+          fmt(cpu, 1),
+          fmt(gpu, 1),  // NVML, CUDA devices only
+          res ? mib(res->peak_allocated) : "",
+          res ? mib(res->peak_reserved) : "",
+          max_batch > 0 ? std::to_string(max_batch) : "",
+          predicted > 0 ? std::to_string(predicted) : "",
+          res ? fmt(res->total_seconds, 1) : ""};
+}
+
+struct Executed {
+  Row row;
+  nlohmann::json json;
+  bool interrupted = false;
+};
+
+Executed execute(const Study& st, const SweepRun& run, bool verbose) {
+  Executed ex;
+  TrainConfig c = run.config;
+  c.quiet = !verbose;
+  ex.json = {{"id", run.id}, {"group", run.group}, {"technique", run.technique}, {"config", to_json(c)}};
+  if (!run.unavailable.empty()) {
+    ex.row = make_row(st, run, c, nullptr, "unavailable", run.unavailable, 0, 0);
+    ex.json["status"] = "unavailable";
+    ex.json["note"] = run.unavailable;
+    return ex;
+  }
+  int64_t max_batch = 0, predicted = 0;
+  try {
+    if (run.find_max_batch) {
+      const MaxBatchReport rep = run_maxbatch(c, st.maxbatch, verbose);
+      ex.json["maxbatch"] = rep.json;
+      if (rep.finder.max_batch == 0) {
+        ex.row = make_row(st, run, c, nullptr, "oom", "not even batch 1 fits the budget", 0, rep.finder.predicted);
+        ex.json["status"] = "oom";
+        return ex;
+      }
+      // Train at the recommended batch (the margin below the maximum): the training loop also
+      // holds the data and evaluation tensors that the finder's random batches do not.
+      c.batch_size = std::max<int64_t>(1, rep.recommended);
+      max_batch = rep.finder.max_batch * c.accumulation_steps;
+      predicted = rep.finder.predicted * c.accumulation_steps;
+    }
+    const RunResult res = run_training(c);
+    ex.interrupted = res.status == "interrupted";
+    ex.row = make_row(st, run, c, &res, res.status, res.note, max_batch, predicted);
+    ex.json["result"] = to_json(res);
+    ex.json["status"] = res.status;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    ex.row = make_row(st, run, c, nullptr, "error", e.what(), max_batch, predicted);
+    ex.json["status"] = "error";
+    ex.json["note"] = e.what();
+  }
+  return ex;
+}
+
+std::set<std::string> done_ids(const std::filesystem::path& csv) {
+  std::set<std::string> ids;
+  const CsvTable t = read_csv(csv);
+  for (size_t i = 0; i < t.rows.size(); ++i) ids.insert(t.get(i, "run_id"));
+  return ids;
+}
+
+// Runs one id in a child process (this program with --only ID) and waits for it.
+int spawn_child(const std::vector<std::string>& argv, const std::string& id) {
+  std::vector<std::string> args = argv;
+  args.push_back("--only");
+  args.push_back(id);
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargs.data(), environ) != 0) return -1;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+const Row& results_header() {
+  static const Row h{"run_id",        "study",          "group",         "technique",          "model",
+                     "image_size",    "batch_size",     "accumulation",  "effective_batch",    "optimizer",
+                     "lr",            "lr_scaling",     "warmup_steps",  "augment",            "checkpoint",
+                     "amp",           "cudnn_benchmark", "memory_budget", "status",            "note",
+                     "epochs",        "steps",          "train_loss",    "best_val_acc",       "best_epoch",
+                     "test_acc",      "time_to_target_s", "epoch_seconds", "images_per_s",     "cpu_util_pct",
+                     "gpu_busy_pct",  "peak_allocated_mib", "peak_reserved_mib", "max_batch",  "predicted_max_batch",
+                     "seconds"};
+  return h;
+}
+
+SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
+  SweepOutcome out;
+  const auto csv = o.out / "results.csv";
+  const auto jsonl = o.out / "runs.jsonl";
+  std::filesystem::create_directories(o.out);
+  const std::set<std::string> done = done_ids(csv);
+  bool found_only = o.only.empty();
+  for (const SweepRun& run : st.runs) {
+    if (!o.only.empty() && run.id != o.only) continue;
+    found_only = true;
+    if (done.count(run.id)) {
+      ++out.done_before;
+      continue;
+    }
+    if (stop_requested()) {
+      out.interrupted = true;
+      break;
+    }
+    if (o.verbose) std::printf("== %s / %s\n", st.name.c_str(), run.id.c_str()), std::fflush(stdout);
+    if (o.process_per_run && o.only.empty()) {
+      const int rc = spawn_child(o.argv, run.id);
+      if (rc == 130 || stop_requested()) {
+        out.interrupted = true;
+        break;
+      }
+      if (rc != 0 && !done_ids(csv).count(run.id)) {
+        // The child died without writing its row (a crash): record it so the sweep moves on.
+        append_csv_row(csv, results_header(),
+                       make_row(st, run, run.config, nullptr, "crashed", "child exit status " + std::to_string(rc), 0, 0));
+      }
+      ++out.ran;
+      continue;
+    }
+    Executed ex = execute(st, run, o.verbose);
+    if (ex.interrupted) {
+      // A partial run is not a result: the rerun starts it again.
+      out.interrupted = true;
+      break;
+    }
+    // runs.jsonl first: results.csv is the commit point that marks the run done.
+    {
+      std::ofstream f(jsonl, std::ios::app);
+      f << ex.json.dump() << "\n";
+    }
+    append_csv_row(csv, results_header(), ex.row);
+    ++out.ran;
+  }
+  if (!found_only) throw UsageError("--only " + o.only + ": no such run in " + st.name);
+  if (o.only.empty()) out.plot_note = write_study_outputs(st, o.out);
+  return out;
+}
+
+std::string write_study_outputs(const Study& st, const std::filesystem::path& out) {
+  const CsvTable t = read_csv(out / "results.csv");
+  // results.json: provenance, the study, and every run's full record (latest record per id).
+  std::map<std::string, nlohmann::json> runs;
+  std::string device = "unknown";
+  {
+    std::ifstream f(out / "runs.jsonl");
+    std::string line;
+    while (std::getline(f, line)) {
+      try {
+        auto j = nlohmann::json::parse(line);
+        runs[j.value("id", "")] = j;
+      } catch (const std::exception&) {
+        // a torn last line of a killed sweep
+      }
+    }
+  }
+  const TrainConfig& base = st.runs.empty() ? TrainConfig{} : st.runs.front().config;
+  try {
+    device = device_description(resolve_device(base.device));
+  } catch (const std::exception&) {
+  }
+  nlohmann::json j = provenance(device);
+  j["program"] = "minidl-sweep";
+  j["study"] = st.name;
+  j["title"] = st.title;
+  j["quick"] = st.quick;
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& run : st.runs)
+    if (runs.count(run.id)) arr.push_back(runs[run.id]);
+  j["runs"] = arr;
+  write_file_atomic(out / "results.json", j.dump(2) + "\n");
+
+  // The plot: one series per group, x = (effective) batch size.
+  PlotSpec plot;
+  plot.title = st.title + (st.quick ? " (quick)" : "");
+  plot.xlabel = st.name == "techniques" ? "technique (row order)" : "batch size";
+  plot.ylabel = st.plot_ylabel;
+  plot.logx = st.name != "techniques";
+  std::map<std::string, size_t> series;
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const std::string y = t.get(i, st.plot_y);
+    if (y.empty()) continue;
+    const std::string g = t.get(i, "group");
+    if (!series.count(g)) series[g] = plot.series.size(), plot.series.push_back({g, {}});
+    const double x = st.name == "techniques" ? static_cast<double>(plot.series[series[g]].points.size() + 1)
+                                             : std::stod(t.get(i, "effective_batch"));
+    plot.series[series[g]].points.emplace_back(x, std::stod(y));
+  }
+  for (auto& s : plot.series) std::sort(s.points.begin(), s.points.end());
+  const std::string png = st.name + ".png";
+  const std::string note = plot_png(plot, out / png);
+
+  // summary.md
+  std::vector<Row> rows;
+  for (const auto& run : st.runs) {
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      if (t.get(i, "run_id") != run.id) continue;
+      Row r;
+      for (const auto& col : st.summary_columns) r.push_back(t.get(i, col));
+      rows.push_back(r);
+    }
+  }
+  std::string md = "# " + st.title + (st.quick ? " (quick)" : "") + "\n\n";
+  md += "- study: `" + st.name + "`" + (st.quick ? " with `--quick`" : "") + "\n";
+  md += "- commit: " + j["commit"].get<std::string>() + "\n- device: " + device + "\n- date: " +
+        j["date"].get<std::string>() + "\n";
+  md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n\n";
+  md += markdown_table(st.summary_columns, rows) + "\n";
+  md += note.empty() ? "![" + st.plot_ylabel + "](" + png + ")\n\n" : "No plot: " + note + "\n\n";
+  md += st.notes + "\n";
+  write_file_atomic(out / "summary.md", md);
+  return note;
+}
+
+}  // namespace minidl::harness

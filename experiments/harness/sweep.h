@@ -1,0 +1,72 @@
+// minidl-sweep: a grid of runs (batch sizes x optimizers x augmentation x techniques) or one of
+// the predefined studies, executed in one process or one process per run, each finished run
+// appended atomically to results/<study>/results.csv (and runs.jsonl), so a rerun skips what is
+// done and a killed sweep loses at most the run in progress. Then results.json, summary.md, plot.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "experiments/harness/config.h"
+#include "experiments/harness/maxbatch.h"
+#include "experiments/harness/results.h"
+
+namespace minidl::harness {
+
+struct SweepRun {
+  std::string id;              // stable across reruns: the resume key
+  std::string group;           // the plot series ("sgd, augment none")
+  std::string technique;       // the techniques study's row name ("" elsewhere)
+  TrainConfig config;
+  bool find_max_batch = false; // run minidl-maxbatch first and train at its maximum micro-batch
+  bool throughput_only = false;  // utilization: measure speed and memory, no evaluation
+  std::string unavailable;     // non-empty: recorded as skipped with this reason
+};
+
+struct Study {
+  std::string name;
+  std::string title;
+  bool quick = false;
+  std::vector<SweepRun> runs;
+  MaxBatchOptions maxbatch;                 // for find_max_batch runs
+  std::string plot_y = "test_acc";          // a results.csv column
+  std::string plot_ylabel = "test accuracy";
+  std::vector<std::string> summary_columns; // results.csv columns shown in summary.md
+  std::string notes;                        // what the published study found, for summary.md
+};
+
+const std::vector<std::string>& study_names();  // keras-batch, utilization, techniques, lr-scaling
+// The predefined study with the published settings; quick scales it to minutes on 2 CPU cores.
+// `base` supplies what the study does not fix (--data, --device, --workers, --seed, ...): the
+// study overrides model, batch sizes, optimizers, epochs, and so on. Throws UsageError.
+Study make_study(const std::string& name, bool quick, const TrainConfig& base);
+
+// A grid over the base configuration: every combination of the lists (empty: the base's value).
+Study make_grid(const TrainConfig& base, const std::vector<int64_t>& batches, const std::vector<std::string>& optimizers,
+                const std::vector<std::string>& augments, const std::vector<std::string>& checkpoints);
+
+const Row& results_header();
+
+struct SweepOptions {
+  std::filesystem::path out;             // results/<study>
+  bool process_per_run = false;
+  std::vector<std::string> argv;         // to respawn this program with --only ID
+  std::string only;                      // run just this id (child of process_per_run)
+  bool verbose = true;
+};
+
+struct SweepOutcome {
+  int done_before = 0;                   // skipped: already in results.csv
+  int ran = 0;
+  bool interrupted = false;
+  std::string plot_note;                 // why there is no plot ("" when there is)
+};
+
+SweepOutcome run_sweep(const Study& study, const SweepOptions& o);
+// Rebuilds results.json, summary.md and the plot from results.csv and runs.jsonl.
+std::string write_study_outputs(const Study& study, const std::filesystem::path& out);
+
+}  // namespace minidl::harness

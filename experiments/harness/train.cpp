@@ -1,0 +1,336 @@
+// The training loop of train.h. Evaluation, divergence checks and the SIGINT stop all happen at
+// optimizer-step boundaries, so an interrupted run's weights and metrics are always consistent.
+#include "experiments/harness/train.h"
+
+#include <sys/resource.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <thread>
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/backend.h"
+#include "experiments/harness/data_source.h"
+#include "experiments/harness/gpu_monitor.h"
+#include "experiments/harness/model.h"
+#include "nn/safetensors.h"
+#include "optim/accumulation.h"
+#include "optim/grad_scaler.h"
+#include "optim/schedule.h"
+
+namespace minidl::harness {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_sigint(int) {
+  if (g_stop.exchange(true)) std::_Exit(130);  // the second Ctrl-C does not wait
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+struct EvalResult {
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  double acc = std::numeric_limits<double>::quiet_NaN();
+};
+
+EvalResult evaluate(Model& m, BatchSource* src) {
+  EvalResult r;
+  if (src == nullptr || src->size() == 0) return r;
+  NoGradGuard no_grad;
+  m.module->eval();
+  src->start_epoch(0);
+  double loss = 0.0;
+  int64_t correct = 0, n = 0;
+  while (auto b = src->next()) {
+    const Tensor logits = m.forward(b->images);
+    const int64_t bn = b->labels.size(0);
+    loss += m.loss(logits, b->labels).item() * static_cast<double>(bn);
+    correct += m.correct(logits, b->labels);
+    n += bn;
+  }
+  m.module->train();
+  if (n > 0) r = {loss / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
+  return r;
+}
+
+std::string optimizer_state_path(const std::string& weights) { return weights + ".optimizer.safetensors"; }
+
+void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, int64_t epoch, int64_t steps) {
+  // Model weights under torchvision's names (loadable by torchvision); the optimizer beside them.
+  std::map<std::string, std::string> meta{{"model", m.name},
+                                          {"epoch", std::to_string(epoch)},
+                                          {"steps", std::to_string(steps)}};
+  nn::save_safetensors(path, m.module->state_dict(), meta);
+  nn::save_safetensors(optimizer_state_path(path), opt.state_dict(), meta);
+}
+
+int64_t param_bytes(nn::Module& m) {
+  int64_t b = 0;
+  for (const Tensor& p : m.parameters()) b += static_cast<int64_t>(p.nbytes());
+  return b;
+}
+
+}  // namespace
+
+void install_sigint_handler() { std::signal(SIGINT, on_sigint); }
+bool stop_requested() { return g_stop.load(); }
+void request_stop() { g_stop.store(true); }
+void clear_stop() { g_stop.store(false); }
+
+std::string device_description(Device d) {
+  if (d.is_cuda()) return "cuda:" + std::to_string(d.index) + " (" + backend(d).name() + ")";
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, name = "unknown CPU";
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      name = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return "cpu: " + name + " (" + std::to_string(std::thread::hardware_concurrency()) + " threads)";
+}
+
+double RunResult::mean_images_per_second() const {
+  double imgs = 0, secs = 0;
+  for (const auto& e : epochs) {
+    imgs += static_cast<double>(e.images);
+    secs += e.train_seconds;
+  }
+  return secs > 0 ? imgs / secs : 0.0;
+}
+
+std::string model_summary(const TrainConfig& c) {
+  validate(c);
+  Model m = make_model(c, c.seed);
+  const nn::Summary s = m.module->summary(m.input_shape(1));
+  std::ostringstream os;
+  os << c.model << " at " << m.image_size << "x" << m.image_size << "\n" << s.str();
+  return os.str();
+}
+
+RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
+  validate(c);
+  const auto log = [&](const std::string& s) {
+    if (hooks.log) hooks.log(s);
+    else if (!c.quiet) std::printf("%s\n", s.c_str()), std::fflush(stdout);
+  };
+  const auto t_start = Clock::now();
+  const Device device = resolve_device(c.device);
+  RunResult r;
+  r.device_name = device_description(device);
+
+  Model m = make_model(c, c.seed * 4 + 3);
+  if (!c.init_weights.empty()) m.module->load_state_dict(nn::load_safetensors(c.init_weights).tensors);
+  if (!c.resume.empty()) m.module->load_state_dict(nn::load_safetensors(c.resume).tensors);
+  m.module->to(device);
+  m.module->train();
+  r.parameters = m.module->num_parameters();
+
+  // A budget that cannot even hold the weights, their gradients and the optimizer state is a
+  // configuration error, not an out-of-memory result.
+  if (!c.memory_budget.empty()) {
+    const int64_t budget = static_cast<int64_t>(parse_bytes(c.memory_budget));
+    // allocated: the weights (and anything else already on the device); then gradients and state.
+    const int64_t fixed = memory_stats(device).allocated_bytes +
+                          static_cast<int64_t>(param_bytes(*m.module) * (1.0 + optimizer_state_factor(c)));
+    if (fixed > budget)
+      throw UsageError("--memory-budget " + c.memory_budget + " is smaller than the model itself: " + c.model +
+                       " needs " + format_bytes(static_cast<size_t>(fixed)) +
+                       " for weights, gradients and optimizer state");
+    set_memory_budget(device, static_cast<size_t>(budget));
+  }
+
+  RunData data = make_run_data(c, device, m.image_size);
+  // The optimal plan's limit, when derived by the Recomputer at the first forward, cannot know
+  // that the optimizer's state is allocated only at the first step: leave room for it here.
+  if (m.recomputer && m.checkpoint.kind == CheckpointSpec::Kind::Optimal && !c.memory_budget.empty()) {
+    const auto ms = memory_stats(device);
+    const double state = static_cast<double>(param_bytes(*m.module)) * optimizer_state_factor(c) * (c.amp ? 1.5 : 1.0);
+    const double input = static_cast<double>(c.batch_size * 3 * m.image_size * m.image_size * 4);
+    const double limit = 0.9 * (static_cast<double>(ms.budget_bytes - ms.reserved_bytes) - state) + input;
+    if (limit > 0) m.recomputer->set_memory_limit(static_cast<int64_t>(limit));
+  }
+  r.data_description = data.description;
+  const int64_t micro_per_epoch = data.train->batches_per_epoch();
+  const int64_t steps_per_epoch = (micro_per_epoch + c.accumulation_steps - 1) / c.accumulation_steps;
+  int64_t total_steps = c.epochs * steps_per_epoch;
+  if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
+  r.warmup_steps = c.warmup_epochs > 0 ? static_cast<int64_t>(std::llround(c.warmup_epochs * steps_per_epoch))
+                                       : c.warmup_steps;
+  const std::string spec = (r.warmup_steps > 0 ? "warmup:" + std::to_string(r.warmup_steps) + "+" : "") + c.schedule;
+  const auto schedule = optim::parse_schedule(spec, total_steps);
+  r.lr = c.scaled_lr();
+  auto opt = make_optimizer(c, *m.module, r.lr);
+  int64_t first_epoch = 1;
+  if (!c.resume.empty()) {
+    const auto file = nn::load_safetensors(c.resume);
+    const std::string opt_path = optimizer_state_path(c.resume);
+    if (std::filesystem::exists(opt_path)) opt->load_state_dict(nn::load_safetensors(opt_path).tensors);
+    if (auto it = file.metadata.find("epoch"); it != file.metadata.end()) first_epoch = std::stoll(it->second) + 1;
+  }
+  optim::AccumulationOptions ao;
+  ao.max_grad_norm = c.max_grad_norm;
+  // Mixed precision: dynamic loss scaling with PyTorch's defaults, once per effective batch.
+  optim::GradScalerOptions so;
+  so.enabled = c.amp;
+  optim::GradScaler scaler(so);
+  if (c.amp) ao.scaler = &scaler;
+  optim::AccumulatingTrainer trainer(*opt, ao);
+
+  // The micro-batch sizes of an epoch (the last one may be short) and their accumulation windows.
+  std::vector<int64_t> sizes(static_cast<size_t>(micro_per_epoch), c.batch_size);
+  if (data.train->size() % c.batch_size != 0) sizes.back() = data.train->size() % c.batch_size;
+  const auto plan = optim::plan_accumulation(sizes, c.accumulation_steps);
+
+  std::ostringstream head;
+  head << c.model << " (" << r.parameters << " parameters) on " << r.device_name << "; " << data.description
+       << "; batch " << c.batch_size << " x " << c.accumulation_steps << " accumulation = " << c.effective_batch()
+       << ", " << c.optimizer << " lr " << r.lr << " (" << c.lr_scaling << " scaling), schedule " << spec << ", "
+       << total_steps << " optimizer steps";
+  log(head.str());
+
+  double train_seconds = 0.0;
+  bool stop = false;
+  for (int64_t epoch = first_epoch; epoch <= c.epochs && !stop; ++epoch) {
+    EpochMetrics em;
+    em.epoch = epoch;
+    reset_peak_stats(device);
+    data.train->start_epoch(epoch);
+    const double wait0 = data.train->wait_seconds();
+    const double cpu0 = cpu_seconds();
+    std::unique_ptr<GpuBusyMonitor> gpu;
+    if (device.is_cuda()) gpu = std::make_unique<GpuBusyMonitor>(device.index);
+    const auto t0 = Clock::now();
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    size_t i = 0;
+    try {
+      while (auto b = data.train->next()) {
+        if (i == plan.size()) break;  // the loader delivered more than planned: never step twice
+        if (i % static_cast<size_t>(c.accumulation_steps) == 0) {
+          const double f = schedule->factor(opt->step_count());
+          for (size_t g = 0; g < opt->num_groups(); ++g) opt->set_lr(g, trainer.base_lrs()[g] * f);
+        }
+        const Tensor logits = m.forward(b->images);
+        const Tensor loss = m.loss(logits, b->labels);
+        const double lv = loss.item();
+        const int64_t n = b->labels.size(0);
+        loss_sum += lv * static_cast<double>(n);
+        correct += m.correct(logits, b->labels);
+        em.images += n;
+        if (!std::isfinite(lv) || lv > c.diverge_loss) {
+          r.status = "diverged";
+          r.note = "training loss " + std::to_string(lv) + " at step " + std::to_string(opt->step_count()) +
+                   (std::isfinite(lv) ? " above --diverge-loss " + std::to_string(c.diverge_loss) : "");
+          stop = true;
+          break;
+        }
+        optim::MicroBatch mb = plan[i];
+        if (mb.samples != n) mb.loss_weight = std::min(1.0, mb.loss_weight * static_cast<double>(n) / mb.samples);
+        const bool stepped = trainer.micro_batch(loss, mb);
+        ++i;
+        if (!stepped) continue;
+        const int64_t step = opt->step_count();
+        if (!c.quiet && c.progress_every > 0 && step % c.progress_every == 0) {
+          const double dt = seconds_since(t0);
+          const auto ms = memory_stats(device);
+          char line[256];
+          std::snprintf(line, sizeof(line),
+                        "epoch %lld step %lld  loss %.4f  acc %.2f%%  %.1f img/s  data wait %.1f%%  "
+                        "mem %.1f / %.1f MiB",
+                        static_cast<long long>(epoch), static_cast<long long>(step),
+                        loss_sum / static_cast<double>(em.images),
+                        100.0 * static_cast<double>(correct) / static_cast<double>(em.images),
+                        static_cast<double>(em.images) / dt, 100.0 * (data.train->wait_seconds() - wait0) / dt,
+                        mib(ms.allocated_bytes), mib(ms.peak_allocated_bytes));
+          log(line);
+        }
+        if (stop_requested()) {
+          r.status = "interrupted";
+          r.note = "SIGINT at step " + std::to_string(step);
+          stop = true;
+          break;
+        }
+        if (c.max_steps > 0 && step >= c.max_steps) {
+          stop = true;
+          break;
+        }
+      }
+    } catch (const OutOfMemoryError& e) {
+      r.status = "oom";
+      r.note = e.what();
+      stop = true;
+      opt->zero_grad();
+    }
+    em.train_seconds = seconds_since(t0);
+    if (gpu) em.gpu_busy = gpu->stop() / 100.0;
+    train_seconds += em.train_seconds;
+    em.steps = opt->step_count();
+    em.lr = opt->lr(0);
+    em.train_loss = em.images > 0 ? loss_sum / static_cast<double>(em.images) : 0.0;
+    em.train_acc = em.images > 0 ? static_cast<double>(correct) / static_cast<double>(em.images) : 0.0;
+    em.images_per_second = em.train_seconds > 0 ? static_cast<double>(em.images) / em.train_seconds : 0.0;
+    em.data_wait_fraction = em.train_seconds > 0 ? (data.train->wait_seconds() - wait0) / em.train_seconds : 0.0;
+    em.cpu_utilization = em.train_seconds > 0 ? (cpu_seconds() - cpu0) / em.train_seconds /
+                                                    std::max(1u, std::thread::hardware_concurrency())
+                                              : 0.0;
+    const auto ms = memory_stats(device);
+    em.peak_allocated = ms.peak_allocated_bytes;
+    em.peak_reserved = ms.peak_reserved_bytes;
+    r.peak_allocated = std::max(r.peak_allocated, em.peak_allocated);
+    r.peak_reserved = std::max(r.peak_reserved, em.peak_reserved);
+    if (r.status == "ok" || r.status == "interrupted") {
+      const EvalResult v = evaluate(m, data.val.get());
+      em.val_loss = v.loss;
+      em.val_acc = v.acc;
+      if (std::isfinite(v.acc) && v.acc > r.best_val_acc) r.best_val_acc = v.acc, r.best_epoch = epoch;
+      if (c.target_accuracy > 0 && r.time_to_target < 0 && v.acc >= c.target_accuracy) r.time_to_target = train_seconds;
+    } else {
+      em.val_loss = em.val_acc = std::numeric_limits<double>::quiet_NaN();
+    }
+    if (em.images > 0) {
+      r.epochs.push_back(em);
+      char line[320];
+      std::snprintf(line, sizeof(line),
+                    "epoch %lld/%lld done: loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.1f img/s  "
+                    "data wait %.1f%%  peak %.1f MiB  %.1f s",
+                    static_cast<long long>(epoch), static_cast<long long>(c.epochs), em.train_loss,
+                    100.0 * em.train_acc, em.val_loss, 100.0 * em.val_acc, em.images_per_second,
+                    100.0 * em.data_wait_fraction, mib(em.peak_allocated), em.train_seconds);
+      log(line);
+      if (hooks.on_epoch) hooks.on_epoch(em);
+    }
+  }
+  r.steps = opt->step_count();
+  r.train_seconds = train_seconds;
+  const EvalResult t = (r.status == "ok" || r.status == "interrupted") ? evaluate(m, data.test.get()) : EvalResult{};
+  r.test_acc = t.acc;
+  r.test_loss = t.loss;
+  if (!c.save_weights.empty() && r.status != "oom") {
+    save_state(c.save_weights, m, *opt, r.epochs.empty() ? first_epoch - 1 : r.epochs.back().epoch, r.steps);
+    log("saved weights to " + c.save_weights + " (optimizer state: " + optimizer_state_path(c.save_weights) + ")");
+  }
+  if (!c.memory_budget.empty()) set_memory_budget(device, 0);
+  r.total_seconds = seconds_since(t_start);
+  return r;
+}
+
+}  // namespace minidl::harness

@@ -1,0 +1,78 @@
+// One training run end to end (minidl-train, and each run of minidl-sweep): model, data,
+// optimizer with batch scaling, warmup and schedule, gradient accumulation, memory budget,
+// per-epoch evaluation, divergence detection, time-to-target accuracy, resume and weight saving.
+// It stops cleanly at a step boundary on SIGINT or divergence and returns what it measured.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "experiments/harness/config.h"
+
+namespace minidl::harness {
+
+struct EpochMetrics {
+  int64_t epoch = 0;              // 1-based
+  int64_t steps = 0;              // optimizer steps so far (all epochs)
+  int64_t images = 0;             // training images this epoch
+  double lr = 0.0;                // learning rate at the end of the epoch
+  double train_loss = 0.0;
+  double train_acc = 0.0;
+  double val_loss = 0.0;          // NaN when there is no validation set
+  double val_acc = 0.0;
+  double train_seconds = 0.0;     // training only (no evaluation)
+  double images_per_second = 0.0;
+  double data_wait_fraction = 0.0;
+  double cpu_utilization = 0.0;   // process CPU time / (wall time x cores)
+  double gpu_busy = std::numeric_limits<double>::quiet_NaN();  // NVML busy % (CUDA devices with NVML)
+  int64_t peak_allocated = 0;     // bytes, this epoch
+  int64_t peak_reserved = 0;
+};
+
+struct RunResult {
+  std::string status = "ok";      // ok | diverged | interrupted | oom | error
+  std::string note;               // why it stopped early
+  std::vector<EpochMetrics> epochs;
+  int64_t steps = 0;
+  int64_t parameters = 0;
+  double lr = 0.0;                // the base lr after batch scaling
+  int64_t warmup_steps = 0;
+  double best_val_acc = 0.0;
+  int64_t best_epoch = 0;
+  double test_acc = 0.0;          // NaN when there is no test set
+  double test_loss = 0.0;
+  double time_to_target = -1.0;   // training seconds to reach --target-accuracy; -1: never
+  double total_seconds = 0.0;
+  double train_seconds = 0.0;
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
+  std::string data_description;
+  std::string device_name;
+  bool diverged() const { return status == "diverged"; }
+  double mean_images_per_second() const;
+};
+
+struct RunHooks {
+  std::function<void(const std::string&)> log;                 // progress lines; null: stdout
+  std::function<void(const EpochMetrics&)> on_epoch;           // after each epoch's evaluation
+};
+
+// Runs c. Throws UsageError for bad configuration (a budget below the model's own size, a bad
+// data folder...); an OOM, divergence or SIGINT ends the run with that status instead.
+RunResult run_training(const TrainConfig& c, const RunHooks& hooks = {});
+
+// --summary: the model table for c's input size (printed by minidl-train --summary).
+std::string model_summary(const TrainConfig& c);
+
+// SIGINT asks running loops to stop at the next step boundary; a second SIGINT kills.
+void install_sigint_handler();
+bool stop_requested();
+void request_stop();   // as SIGINT (tests)
+void clear_stop();
+
+// "cpu: <model name> (N threads)" or the CUDA device.
+std::string device_description(Device d);
+
+}  // namespace minidl::harness

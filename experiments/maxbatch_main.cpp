@@ -1,0 +1,51 @@
+// minidl-maxbatch: the largest micro-batch that survives K full training steps under a memory
+// budget, found from a linear memory model and confirmed with few OOM-safe trials; optionally the
+// accumulation plan for an effective batch and a speed/memory profile (see docs/experiments.md).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "experiments/harness/config.h"
+#include "experiments/harness/maxbatch.h"
+#include "experiments/harness/results.h"
+#include "experiments/harness/train.h"
+
+using namespace minidl::harness;
+
+int main(int argc, char** argv) {
+  TrainConfig c;
+  MaxBatchOptions o;
+  std::string time_budget = "0";
+  CLI::App app{"minidl-maxbatch: find the largest batch that fits a memory budget, and the one to use"};
+  add_config_flag(app);
+  add_train_flags(app, c);
+  app.add_option("--steps", o.steps, "full training steps (forward, backward, optimizer) per trial");
+  app.add_option("--margin", o.margin, "safety margin: recommended batch = max x (1 - margin)");
+  app.add_option("--effective-batch", o.effective_batch,
+                 "also print the accumulation steps that keep this effective batch; 0: off");
+  app.add_flag("--profile", o.profile, "measure images/s and memory for batches up to the maximum and recommend one");
+  app.add_option("--time-budget", time_budget, "--profile: the smallest batch whose whole run fits (90s, 15m, 2h); 0: off");
+  app.add_option("--dataset-size", o.dataset_size, "--profile: images per epoch; 0: the --split's training images");
+  app.add_option("--probe-small", o.probe_small, "the smaller probe batch of the memory model");
+  app.add_option("--probe-large", o.probe_large, "the larger probe batch of the memory model");
+  app.add_option("--limit", o.limit, "never try a batch above this");
+  if (const int rc = parse_command_line(app, argc, argv, "minidl-maxbatch"); rc >= 0) return rc;
+  try {
+    o.time_budget_s = parse_duration(time_budget);
+    const MaxBatchReport rep = run_maxbatch(c, o, true);
+    if (!c.out.empty()) {
+      nlohmann::json j = provenance(device_description(resolve_device(c.device)));
+      j["program"] = "minidl-maxbatch";
+      j["config"] = to_json(c);
+      j["result"] = rep.json;
+      write_file_atomic(std::filesystem::path(c.out) / "maxbatch.json", j.dump(2) + "\n");
+      std::printf("wrote %s\n", (std::filesystem::path(c.out) / "maxbatch.json").c_str());
+    }
+    return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "minidl-maxbatch: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "minidl-maxbatch: error: %s\n", e.what());
+    return 1;
+  }
+}

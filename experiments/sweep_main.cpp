@@ -1,0 +1,84 @@
+// minidl-sweep: a grid of runs or one of the predefined batch-size studies, resumable, with a
+// results table, a JSON record, a Markdown summary and a plot (see docs/experiments.md).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "experiments/harness/config.h"
+#include "experiments/harness/sweep.h"
+#include "experiments/harness/train.h"
+
+using namespace minidl::harness;
+
+int main(int argc, char** argv) {
+  TrainConfig base;
+  std::string study_name, batches, optimizers, augments, checkpoints, only;
+  bool quick = false, process_per_run = false, list = false;
+  CLI::App app{"minidl-sweep: run a grid of training runs or a predefined batch-size study, resumably"};
+  add_config_flag(app);
+  add_train_flags(app, base);
+  app.add_option("--study", study_name, "keras-batch, utilization, techniques or lr-scaling (published settings); "
+                                        "empty: a grid over the lists below");
+  app.add_flag("--quick", quick, "scale the study down (small images, few steps, small model): minutes on 2 CPU cores");
+  app.add_option("--batch-sizes", batches, "grid: comma-separated batch sizes; empty: --batch-size");
+  app.add_option("--optimizers", optimizers, "grid: e.g. sgd,adam; empty: --optimizer");
+  app.add_option("--augments", augments, "grid: e.g. none,keras; empty: --augment");
+  app.add_option("--checkpoints", checkpoints, "grid: e.g. none,stages; empty: --checkpoint");
+  app.add_flag("--process-per-run", process_per_run, "run each configuration in its own process");
+  app.add_flag("--list", list, "print the runs (id, group) and whether they are done, then exit");
+  app.add_option("--only", only, "run only this run id (what --process-per-run children get)");
+  if (const int rc = parse_command_line(app, argc, argv, "minidl-sweep"); rc >= 0) return rc;
+  try {
+    validate(base);
+    Study st;
+    if (!study_name.empty()) {
+      if (!batches.empty() || !optimizers.empty() || !augments.empty() || !checkpoints.empty())
+        throw UsageError("--batch-sizes/--optimizers/--augments/--checkpoints make a grid; they do not apply to "
+                         "--study " + study_name);
+      st = make_study(study_name, quick, base);
+    } else {
+      if (quick) throw UsageError("--quick applies to --study");
+      st = make_grid(base, batches.empty() ? std::vector<int64_t>{} : parse_int_list("--batch-sizes", batches),
+                     parse_word_list(optimizers), parse_word_list(augments), parse_word_list(checkpoints));
+    }
+    for (const auto& run : st.runs) {
+      if (!run.unavailable.empty()) continue;
+      TrainConfig c = run.config;
+      c.memory_budget.clear();  // validated below with the study's own budget when it has one
+      validate(c);
+    }
+    const std::string root = base.out.empty() ? "results" : base.out;
+    const std::string dev = resolve_device(base.device).is_cuda() ? "cuda" : "cpu";
+    SweepOptions o;
+    o.out = std::filesystem::path(root) / (st.name + (quick ? "-quick-" + dev : ""));
+    o.process_per_run = process_per_run;
+    o.only = only;
+    o.verbose = !base.quiet;
+    for (int i = 0; i < argc; ++i) o.argv.emplace_back(argv[i]);
+    if (list) {
+      const CsvTable t = read_csv(o.out / "results.csv");
+      for (const auto& run : st.runs) {
+        bool done = false;
+        for (size_t i = 0; i < t.rows.size(); ++i) done = done || t.get(i, "run_id") == run.id;
+        std::printf("%-28s %-34s %s\n", run.id.c_str(), run.group.c_str(),
+                    done ? "done" : (run.unavailable.empty() ? "to do" : "unavailable"));
+      }
+      return 0;
+    }
+    install_sigint_handler();
+    const SweepOutcome out = run_sweep(st, o);
+    if (!only.empty()) return out.interrupted ? 130 : 0;
+    std::printf("minidl-sweep: %s: %d runs done now, %d already done%s\n", st.name.c_str(), out.ran, out.done_before,
+                out.interrupted ? "; interrupted (rerun the same command to resume)" : "");
+    std::printf("table:   %s\nsummary: %s\njson:    %s\n", (o.out / "results.csv").c_str(),
+                (o.out / "summary.md").c_str(), (o.out / "results.json").c_str());
+    if (out.plot_note.empty()) std::printf("plot:    %s\n", (o.out / (st.name + ".png")).c_str());
+    else std::printf("plot:    none (%s)\n", out.plot_note.c_str());
+    return out.interrupted ? 130 : 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "minidl-sweep: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "minidl-sweep: error: %s\n", e.what());
+    return 1;
+  }
+}

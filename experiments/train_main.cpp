@@ -1,0 +1,49 @@
+// minidl-train: one training run with every knob as a flag (see docs/experiments.md). A thin main:
+// parsing, then harness::run_training, then the summary, metrics.csv and results.json.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "experiments/harness/config.h"
+#include "experiments/harness/results.h"
+#include "experiments/harness/train.h"
+
+using namespace minidl::harness;
+
+int main(int argc, char** argv) {
+  TrainConfig c;
+  CLI::App app{"minidl-train: train one model and report loss, accuracy, speed and memory per epoch"};
+  add_config_flag(app);
+  add_train_flags(app, c);
+  if (const int rc = parse_command_line(app, argc, argv, "minidl-train"); rc >= 0) return rc;
+  try {
+    if (c.summary) {
+      std::printf("%s", model_summary(c).c_str());
+      return 0;
+    }
+    install_sigint_handler();
+    const RunResult r = run_training(c);
+    std::printf("%s: %s%s%s; %lld steps, best val acc %.2f%% (epoch %lld), test acc %.2f%%, %.1f img/s, "
+                "peak allocated %.1f MiB, %.1f s\n",
+                c.model.c_str(), r.status.c_str(), r.note.empty() ? "" : " (", r.note.empty() ? "" : (r.note + ")").c_str(),
+                static_cast<long long>(r.steps), 100 * r.best_val_acc, static_cast<long long>(r.best_epoch),
+                100 * r.test_acc, r.mean_images_per_second(), static_cast<double>(r.peak_allocated) / (1 << 20),
+                r.total_seconds);
+    if (!c.out.empty()) {
+      const std::filesystem::path out(c.out);
+      write_file_atomic(out / "metrics.csv", epochs_csv(r.epochs));
+      nlohmann::json j = provenance(r.device_name);
+      j["program"] = "minidl-train";
+      j["config"] = to_json(c);
+      j["result"] = to_json(r);
+      write_file_atomic(out / "results.json", j.dump(2) + "\n");
+      std::printf("wrote %s and %s\n", (out / "metrics.csv").c_str(), (out / "results.json").c_str());
+    }
+    return r.status == "ok" ? 0 : (r.status == "interrupted" ? 130 : 1);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "minidl-train: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "minidl-train: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,160 @@
+// Flag parsing and validation of the experiment programs: defaults, config files, command-line
+// precedence, and the one-line exit-2 errors for every kind of bad input the issue lists.
+#include <CLI/CLI.hpp>
+#include <fstream>
+
+#include "core/backend.h"
+#include "experiments/harness/config.h"
+#include "experiments/harness/train.h"
+#include "tests/experiments/helpers.h"
+#include "tests/support/error_of.h"
+
+namespace minidl::harness {
+namespace {
+
+using minidl::testing::error_of;
+using testing::program;
+using testing::run_status;
+using testing::temp_dir;
+
+int parse(CLI::App& app, std::vector<std::string> args) {
+  std::vector<const char*> argv{"prog"};
+  for (auto& a : args) argv.push_back(a.c_str());
+  return parse_command_line(app, static_cast<int>(argv.size()), argv.data(), "prog");
+}
+
+TEST(ExperimentsConfig, FlagsSetEveryFieldAndDefaultsResolve) {
+  TrainConfig c;
+  CLI::App app;
+  add_config_flag(app);
+  add_train_flags(app, c);
+  EXPECT_EQ(parse(app, {"--model", "resnet18-small", "--batch-size", "64", "--accumulation-steps", "4", "--optimizer",
+                        "adamw", "--lr-scaling", "linear", "--base-batch", "32", "--lr", "0.002", "--checkpoint",
+                        "sequential:3", "--no-shuffle", "--memory-budget", "1GiB"}),
+            -1);
+  EXPECT_EQ(c.model, "resnet18-small");
+  EXPECT_EQ(c.resolved_image_size(), 32);
+  EXPECT_EQ(c.effective_batch(), 256);
+  EXPECT_TRUE(c.no_shuffle);
+  EXPECT_DOUBLE_EQ(c.resolved_weight_decay(), 0.01);       // AdamW's default
+  EXPECT_DOUBLE_EQ(c.scaled_lr(), 0.002 * 256 / 32);       // linear scaling of the effective batch
+  EXPECT_NO_THROW(validate(c));
+  TrainConfig d;
+  EXPECT_EQ(d.resolved_image_size(), 200);                  // the Keras study's size
+  EXPECT_DOUBLE_EQ(d.resolved_lr(), 0.01);
+}
+
+TEST(ExperimentsConfig, ConfigFileIsReadAndCommandLineWins) {
+  const auto dir = temp_dir();
+  const auto file = dir / "run.toml";
+  std::ofstream(file) << "batch-size = 48\noptimizer = \"adam\"\nepochs = 7\n";
+  TrainConfig c;
+  CLI::App app;
+  add_config_flag(app);
+  add_train_flags(app, c);
+  EXPECT_EQ(parse(app, {"--config", file.string(), "--epochs", "2"}), -1);
+  EXPECT_EQ(c.batch_size, 48);
+  EXPECT_EQ(c.optimizer, "adam");
+  EXPECT_EQ(c.epochs, 2);
+  // A misspelt key in the file is an error, not silently ignored.
+  std::ofstream(file) << "batch-sise = 48\n";
+  TrainConfig c2;
+  CLI::App app2;
+  add_config_flag(app2);
+  add_train_flags(app2, c2);
+  EXPECT_EQ(parse(app2, {"--config", file.string()}), 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExperimentsConfig, UnknownFlagsAndBadValuesAreParseErrors) {
+  TrainConfig c;
+  CLI::App app;
+  add_train_flags(app, c);
+  EXPECT_EQ(parse(app, {"--no-such-flag"}), 2);
+  TrainConfig c2;
+  CLI::App app2;
+  add_train_flags(app2, c2);
+  EXPECT_EQ(parse(app2, {"--batch-size", "many"}), 2);
+  TrainConfig c3;
+  CLI::App app3;
+  add_train_flags(app3, c3);
+  EXPECT_EQ(parse(app3, {"--help"}), 0);
+  EXPECT_NE(app3.help().find("--memory-budget"), std::string::npos);
+  EXPECT_NE(app3.help().find("=32"), std::string::npos) << "defaults are shown in --help";
+}
+
+TEST(ExperimentsConfig, ValidateNamesTheFlagAndTheFix) {
+  auto bad = [](auto edit) {
+    TrainConfig c = testing::tiny_config();
+    edit(c);
+    return error_of([&] { validate(c); });
+  };
+  EXPECT_NE(bad([](TrainConfig& c) { c.batch_size = 0; }).find("--batch-size must be > 0"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.batch_size = -3; }).find("--batch-size"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.optimizer = "rmsprop"; }).find("sgd, adam or adamw"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.model = "vgg"; }).find("--model 'vgg'"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.lr_scaling = "cubic"; }).find("--lr-scaling"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.schedule = "zigzag"; }).find("--schedule"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.split = "1,2"; }).find("three parts"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.memory_budget = "lots"; }).find("--memory-budget"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.checkpoint = "stages"; }).find("needs a ResNet"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.checkpoint = "optimal"; }).find("needs a ResNet"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.data = "/no/such/folder"; }).find("no such folder"), std::string::npos);
+  const auto dir = temp_dir();
+  EXPECT_NE(bad([&](TrainConfig& c) { c.data = dir.string(); }).find("empty"), std::string::npos);
+  std::filesystem::remove_all(dir);
+  if (!cuda_available()) {
+    EXPECT_NE(bad([](TrainConfig& c) { c.device = "cuda"; }).find("--device cuda"), std::string::npos);
+  }
+  EXPECT_NE(bad([](TrainConfig& c) { c.device = "tpu"; }).find("cpu, cuda or cuda:N"), std::string::npos);
+}
+
+TEST(ExperimentsConfig, SplitAndCheckpointSpecs) {
+  const SplitSpec counts = parse_split("600,200,200");
+  EXPECT_TRUE(counts.counts);
+  EXPECT_EQ(counts.parts, (std::vector<double>{600, 200, 200}));
+  const SplitSpec fr = parse_split("0.8,0.1,0.1");
+  EXPECT_FALSE(fr.counts);
+  EXPECT_THROW(parse_split("0.8,0.3,0.1"), UsageError);
+  EXPECT_THROW(parse_split("0,5,5"), UsageError);
+  EXPECT_EQ(parse_checkpoint("sequential:4").segments, 4);
+  EXPECT_EQ(parse_checkpoint("stages").kind, CheckpointSpec::Kind::Stages);
+  EXPECT_THROW(parse_checkpoint("sequential:0"), UsageError);
+  EXPECT_THROW(parse_checkpoint("every-other"), UsageError);
+  EXPECT_EQ(parse_int_list("--batch-sizes", "16,32"), (std::vector<int64_t>{16, 32}));
+  EXPECT_THROW(parse_int_list("--batch-sizes", "16,0"), UsageError);
+}
+
+TEST(ExperimentsConfig, BudgetBelowTheModelIsAUsageError) {
+  TrainConfig c = testing::tiny_config();
+  c.memory_budget = "100000";  // the 8x8 small CNN has ~66k parameters: 264 KB of weights alone
+  const std::string msg = error_of([&] { run_training(c); });
+  EXPECT_NE(msg.find("smaller than the model itself"), std::string::npos) << msg;
+}
+
+// The programs themselves: bad input is one line on stderr and exit status 2.
+TEST(ExperimentsPrograms, BadInputExitsWithStatus2) {
+  const std::string train = program("minidl-train").string();
+  if (!std::filesystem::exists(train)) GTEST_SKIP() << "minidl-train is not built beside the tests";
+  EXPECT_EQ(run_status(train + " --batch-size 0"), 2);
+  EXPECT_EQ(run_status(train + " --bogus"), 2);
+  EXPECT_EQ(run_status(train + " --data /no/such/folder"), 2);
+  EXPECT_EQ(run_status(train + " --memory-budget 1MiB"), 2);
+  EXPECT_EQ(run_status(train + " --help"), 0);
+  if (!cuda_available()) {
+    EXPECT_EQ(run_status(train + " --device cuda"), 2);
+  }
+  const std::string maxbatch = program("minidl-maxbatch").string();
+  if (std::filesystem::exists(maxbatch)) {
+    EXPECT_EQ(run_status(maxbatch + " --image-size 8"), 2) << "no --memory-budget";
+    EXPECT_EQ(run_status(maxbatch + " --margin 2 --memory-budget 1GiB"), 2);
+  }
+  const std::string sweep = program("minidl-sweep").string();
+  if (std::filesystem::exists(sweep)) {
+    EXPECT_EQ(run_status(sweep + " --study nosuch"), 2);
+    EXPECT_EQ(run_status(sweep + " --batch-sizes 8,-1"), 2);
+  }
+}
+
+}  // namespace
+}  // namespace minidl::harness

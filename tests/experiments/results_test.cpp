@@ -1,0 +1,79 @@
+// The results writers: CSV round trips with quoting, torn last lines from a killed sweep, header
+// checks on append, atomic file replacement, Markdown tables and the per-epoch CSV.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "experiments/harness/results.h"
+#include "tests/experiments/helpers.h"
+
+namespace minidl::harness {
+namespace {
+
+TEST(ExperimentsResults, CsvRoundTripWithQuotesAndCommas) {
+  const auto dir = testing::temp_dir();
+  const auto f = dir / "t.csv";
+  const Row h{"id", "note"};
+  append_csv_row(f, h, {"a", "plain"});
+  append_csv_row(f, h, {"b", "with, comma and \"quotes\""});
+  const CsvTable t = read_csv(f);
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.header, h);
+  EXPECT_EQ(t.get(1, "note"), "with, comma and \"quotes\"");
+  EXPECT_EQ(t.get(0, "id"), "a");
+  EXPECT_EQ(t.get(0, "missing"), "");
+  EXPECT_THROW(append_csv_row(f, {"other", "header"}, {"x", "y"}), Error);
+  EXPECT_THROW(append_csv_row(f, h, {"too", "many", "fields"}), Error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExperimentsResults, TornLastLineIsDroppedAndTheNextAppendStartsClean) {
+  const auto dir = testing::temp_dir();
+  const auto f = dir / "t.csv";
+  const Row h{"id", "value"};
+  append_csv_row(f, h, {"a", "1"});
+  { std::ofstream(f, std::ios::app) << "b,2"; }  // a kill in the middle of a write: no newline
+  EXPECT_EQ(read_csv(f).rows.size(), 1u);
+  append_csv_row(f, h, {"c", "3"});
+  const CsvTable t = read_csv(f);
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.get(1, "id"), "c");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExperimentsResults, AtomicWriteReplacesWholeFiles) {
+  const auto dir = testing::temp_dir();
+  const auto f = dir / "sub" / "x.json";
+  write_file_atomic(f, "first");
+  write_file_atomic(f, "second");
+  std::ifstream in(f);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(s, "second");
+  int files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir / "sub")) ++files;
+  EXPECT_EQ(files, 1) << "no temporary file left behind";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExperimentsResults, MarkdownAndNumbers) {
+  EXPECT_EQ(markdown_table({"a", "b"}, {{"1", "2"}}), "| a | b |\n| --- | --- |\n| 1 | 2 |\n");
+  EXPECT_EQ(fmt(0.5, 2), "0.50");
+  EXPECT_EQ(fmt(std::nan(""), 2), "");
+  EXPECT_EQ(csv_escape("x\"y"), "\"x\"\"y\"");
+  EpochMetrics e;
+  e.epoch = 3;
+  e.val_acc = 0.75;
+  const std::string csv = epochs_csv({e});
+  EXPECT_NE(csv.find("\n3,"), std::string::npos);
+  EXPECT_NE(csv.find("0.7500"), std::string::npos);
+}
+
+TEST(ExperimentsResults, ProvenanceHasCommitDateAndDevice) {
+  const auto j = provenance("cpu: test");
+  EXPECT_EQ(j["device"], "cpu: test");
+  EXPECT_GE(j["commit"].get<std::string>().size(), 7u);
+  EXPECT_EQ(j["date"].get<std::string>().size(), 20u);  // 2026-01-01T00:00:00Z
+}
+
+}  // namespace
+}  // namespace minidl::harness

@@ -1,0 +1,159 @@
+// Sweeps: grids and study definitions, resumability (a rerun skips finished runs; a torn row is
+// redone), the outputs (results.csv/json, summary.md), and the real maximum-batch finder and
+// memory estimator on a tiny model under a CPU budget.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/allocator.h"
+#include "experiments/harness/memest.h"
+#include "experiments/harness/step_runner.h"
+#include "experiments/harness/sweep.h"
+#include "tests/experiments/helpers.h"
+
+namespace minidl::harness {
+namespace {
+
+TEST(ExperimentsSweep, GridIsTheCartesianProductWithStableIds) {
+  const Study s = make_grid(testing::tiny_config(), {4, 8}, {"sgd", "adam"}, {}, {});
+  ASSERT_EQ(s.runs.size(), 4u);
+  EXPECT_EQ(s.runs[0].id, "b4-sgd-none-none");
+  EXPECT_EQ(s.runs[3].config.optimizer, "adam");
+  EXPECT_EQ(s.runs[3].config.batch_size, 8);
+  EXPECT_THROW(make_grid(testing::tiny_config(), {4, 4}, {}, {}, {}), UsageError);
+}
+
+TEST(ExperimentsSweep, StudiesHaveThePublishedSettings) {
+  const TrainConfig base;
+  const Study keras = make_study("keras-batch", false, base);
+  ASSERT_EQ(keras.runs.size(), 20u);  // 5 batches x SGD/Adam x augmentation on/off
+  EXPECT_EQ(keras.runs[0].config.image_size, 200);
+  EXPECT_EQ(keras.runs[0].config.split, "600,200,200");
+  EXPECT_EQ(keras.runs[0].config.epochs, 5);
+  const Study tech = make_study("techniques", false, base);
+  EXPECT_EQ(tech.runs[0].config.model, "resnet50");
+  EXPECT_EQ(tech.runs[0].config.memory_budget, "11GiB");
+  EXPECT_DOUBLE_EQ(tech.runs[0].config.momentum, 0.9);
+  EXPECT_DOUBLE_EQ(tech.runs[0].config.resolved_weight_decay(), 1e-4);
+  EXPECT_EQ(tech.runs[0].config.epochs, 15);
+  const Study lr = make_study("lr-scaling", false, base);
+  EXPECT_EQ(lr.runs.front().config.batch_size, 32);
+  EXPECT_EQ(lr.runs.back().config.batch_size, 1024);
+  const Study util = make_study("utilization", false, base);
+  EXPECT_EQ(util.runs.front().config.batch_size, 4);
+  EXPECT_EQ(util.runs.back().config.batch_size, 1024);
+  for (const auto& name : study_names()) {
+    const Study q = make_study(name, true, base);
+    EXPECT_TRUE(q.quick);
+    for (const auto& r : q.runs) {
+      if (!r.unavailable.empty()) continue;
+      TrainConfig c = r.config;
+      EXPECT_NO_THROW(validate(c)) << name << " " << r.id;
+      EXPECT_LE(c.resolved_image_size(), 64) << "quick studies use small images";
+    }
+  }
+  EXPECT_THROW(make_study("nosuch", false, base), UsageError);
+}
+
+TEST(ExperimentsSweep, ResumesWithoutRepeatingFinishedRuns) {
+  const auto dir = testing::temp_dir();
+  TrainConfig base = testing::tiny_config();
+  Study s = make_grid(base, {8, 16}, {"sgd"}, {}, {});
+  SweepOptions o;
+  o.out = dir / "grid";
+  o.verbose = false;
+  const SweepOutcome first = run_sweep(s, o);
+  EXPECT_EQ(first.ran, 2);
+  EXPECT_EQ(read_csv(o.out / "results.csv").rows.size(), 2u);
+  const SweepOutcome again = run_sweep(s, o);
+  EXPECT_EQ(again.ran, 0);
+  EXPECT_EQ(again.done_before, 2);
+  // A third run added to the grid, and a torn row from a killed sweep: only the new one runs.
+  s = make_grid(base, {8, 16, 32}, {"sgd"}, {}, {});
+  { std::ofstream(o.out / "results.csv", std::ios::app) << "b32-sgd-none-none,grid,par"; }
+  const SweepOutcome third = run_sweep(s, o);
+  EXPECT_EQ(third.ran, 1);
+  EXPECT_EQ(third.done_before, 2);
+  const CsvTable t = read_csv(o.out / "results.csv");
+  ASSERT_EQ(t.rows.size(), 3u);
+  EXPECT_EQ(t.get(2, "run_id"), "b32-sgd-none-none");
+  EXPECT_EQ(t.get(2, "status"), "ok");
+  EXPECT_TRUE(std::filesystem::exists(o.out / "results.json"));
+  EXPECT_TRUE(std::filesystem::exists(o.out / "summary.md"));
+  std::ifstream md(o.out / "summary.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("| sgd, augment none | 32 |"), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExperimentsSweep, DivergedAndUnavailableRunsAreRowsNotCrashes) {
+  const auto dir = testing::temp_dir();
+  TrainConfig base = testing::tiny_config();
+  base.lr = 1e6;
+  base.momentum = 0.9;
+  base.epochs = 3;
+  Study s = make_grid(base, {8}, {"sgd"}, {}, {});
+  SweepRun skipped = s.runs[0];
+  skipped.id = "needs-amp";
+  skipped.unavailable = "AMP is not in this build";
+  s.runs.push_back(skipped);
+  SweepOptions o;
+  o.out = dir;
+  o.verbose = false;
+  run_sweep(s, o);
+  const CsvTable t = read_csv(dir / "results.csv");
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.get(0, "status"), "diverged");
+  EXPECT_EQ(t.get(1, "status"), "unavailable");
+  EXPECT_EQ(t.get(1, "note"), "AMP is not in this build");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExperimentsMaxBatch, RealFinderConfirmsTheMaximumAndRecoversFromOoms) {
+  TrainConfig c = testing::tiny_config();
+  c.image_size = 16;
+  c.memory_budget = "24MiB";
+  MaxBatchOptions o;
+  o.steps = 1;
+  o.effective_batch = 256;
+  const int64_t allocated_before = memory_stats().allocated_bytes;
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  const FinderResult& f = rep.finder;
+  ASSERT_GT(f.max_batch, 8);
+  EXPECT_GT(f.ooms, 0);
+  EXPECT_TRUE(f.all_recovered);
+  EXPECT_EQ(rep.recommended, recommended_batch(f.max_batch, 0.10));
+  EXPECT_GE(rep.accumulation.effective(), 256);
+  EXPECT_LE(rep.accumulation.micro_batch, rep.recommended);
+  EXPECT_LE(f.at_max.peak_reserved, rep.budget_bytes);
+  EXPECT_EQ(memory_stats().allocated_bytes, allocated_before) << "everything freed, budget removed";
+  EXPECT_EQ(memory_stats().budget_bytes, 0);
+  // Independently: the maximum survives and one more does not.
+  StepRunner runner(c, rep.budget_bytes);
+  EXPECT_TRUE(runner.run(f.max_batch, 1).ok);
+  const Trial over = runner.run(f.max_batch + 1, 1);
+  EXPECT_FALSE(over.ok);
+  EXPECT_TRUE(over.recovered);
+}
+
+TEST(ExperimentsMemest, EstimateAddsUpAndTracksTheMeasuredPeak) {
+  MemoryModelInputs in;
+  in.parameter_bytes = 1000;
+  in.optimizer_state_factor = 2;
+  in.activation_bytes_per_sample = 300;
+  in.input_bytes_per_sample = 20;
+  in.largest_output_bytes_per_sample = 50;
+  const MemoryEstimate e = estimate_memory(in, 4);
+  EXPECT_EQ(e.total(), 1000 + 1000 + 2000 + 320 * 4 + 2 * 50 * 4);
+  TrainConfig c = testing::tiny_config();
+  c.image_size = 16;
+  c.optimizer = "adam";
+  const auto rows = run_memest(c, {4, 64});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_GT(rows[1].measured_peak, rows[0].measured_peak);
+  EXPECT_EQ(rows[1].estimate.optimizer_state, 2 * rows[1].estimate.parameters);
+  EXPECT_LT(std::abs(rows[1].error_pct()), 50.0) << memest_table(rows);
+}
+
+}  // namespace
+}  // namespace minidl::harness

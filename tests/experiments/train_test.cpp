@@ -1,0 +1,143 @@
+// The training loop on tiny configurations: it learns, writes consistent metrics, flags divergence
+// instead of crashing, stops at a step boundary when asked (SIGINT), honours --max-steps and
+// accumulation, and resumes from saved weights and optimizer state.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/allocator.h"
+#include "experiments/harness/train.h"
+#include "nn/safetensors.h"
+#include "tests/experiments/helpers.h"
+
+namespace minidl::harness {
+namespace {
+
+TEST(ExperimentsTrain, TinyRunProducesConsistentMetrics) {
+  TrainConfig c = testing::tiny_config();
+  c.epochs = 2;
+  c.optimizer = "adam";
+  std::vector<int64_t> seen;
+  RunHooks hooks;
+  hooks.log = [](const std::string&) {};
+  hooks.on_epoch = [&](const EpochMetrics& e) { seen.push_back(e.epoch); };
+  const RunResult r = run_training(c, hooks);
+  EXPECT_EQ(r.status, "ok");
+  ASSERT_EQ(r.epochs.size(), 2u);
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(r.steps, 2 * 4);  // 32 training images / batch 8, two epochs
+  EXPECT_EQ(r.epochs[0].images, 32);
+  for (const auto& e : r.epochs) {
+    EXPECT_TRUE(std::isfinite(e.train_loss));
+    EXPECT_GE(e.val_acc, 0.0);
+    EXPECT_LE(e.val_acc, 1.0);
+    EXPECT_GT(e.peak_allocated, 0);
+    EXPECT_GT(e.images_per_second, 0.0);
+  }
+  EXPECT_GE(r.test_acc, 0.0);
+  EXPECT_GE(r.best_epoch, 1);
+  EXPECT_EQ(memory_stats().budget_bytes, 0) << "no budget left behind";
+}
+
+TEST(ExperimentsTrain, AccumulationAndMaxStepsCountOptimizerSteps) {
+  TrainConfig c = testing::tiny_config();
+  c.batch_size = 4;
+  c.accumulation_steps = 2;   // 8 micro-batches -> 4 optimizer steps per epoch
+  c.epochs = 3;
+  c.max_steps = 6;
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}});
+  EXPECT_EQ(r.steps, 6);
+  EXPECT_EQ(r.epochs.size(), 2u);
+  EXPECT_EQ(r.epochs[0].steps, 4);
+}
+
+TEST(ExperimentsTrain, DivergenceIsFlaggedNotThrown) {
+  TrainConfig c = testing::tiny_config();
+  c.lr = 1e6;
+  c.momentum = 0.9;
+  c.epochs = 3;
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}});
+  EXPECT_EQ(r.status, "diverged");
+  EXPECT_TRUE(r.diverged());
+  EXPECT_NE(r.note.find("training loss"), std::string::npos) << r.note;
+  EXPECT_LT(r.steps, 12) << "stopped early";
+}
+
+TEST(ExperimentsTrain, StopRequestEndsAtAStepBoundary) {
+  TrainConfig c = testing::tiny_config();
+  c.epochs = 3;
+  request_stop();
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}});
+  clear_stop();
+  EXPECT_EQ(r.status, "interrupted");
+  EXPECT_EQ(r.steps, 1) << "the first optimizer step completes, then the loop stops";
+  ASSERT_EQ(r.epochs.size(), 1u);
+  EXPECT_EQ(r.epochs[0].images, 8);
+}
+
+TEST(ExperimentsTrain, SaveThenResumeContinuesFromTheNextEpoch) {
+  const auto dir = testing::temp_dir();
+  TrainConfig c = testing::tiny_config();
+  c.momentum = 0.9;
+  c.save_weights = (dir / "w.safetensors").string();
+  const RunResult first = run_training(c, {[](const std::string&) {}, {}});
+  ASSERT_EQ(first.status, "ok");
+  const auto saved = nn::load_safetensors(c.save_weights);
+  EXPECT_TRUE(saved.tensors.count("conv.weight")) << "torchvision-style names, no prefix";
+  EXPECT_EQ(saved.metadata.at("epoch"), "1");
+  TrainConfig c2 = testing::tiny_config();
+  c2.momentum = 0.9;
+  c2.epochs = 2;
+  c2.resume = c.save_weights;
+  const RunResult second = run_training(c2, {[](const std::string&) {}, {}});
+  ASSERT_EQ(second.epochs.size(), 1u);
+  EXPECT_EQ(second.epochs[0].epoch, 2);
+  EXPECT_EQ(second.steps, 8) << "the optimizer's step count continues from the saved state";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExperimentsTrain, WarmupAndScalingSetTheLearningRate) {
+  TrainConfig c = testing::tiny_config();
+  c.lr = 0.01;
+  c.batch_size = 16;
+  c.base_batch = 8;
+  c.lr_scaling = "linear";
+  c.warmup_epochs = 1;
+  c.epochs = 2;
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}});
+  EXPECT_DOUBLE_EQ(r.lr, 0.02);
+  EXPECT_EQ(r.warmup_steps, 2);
+  ASSERT_EQ(r.epochs.size(), 2u);
+  EXPECT_LT(r.epochs[0].lr, 0.02) << "still warming up at the end of epoch 1";
+  EXPECT_DOUBLE_EQ(r.epochs[1].lr, 0.02);
+}
+
+TEST(ExperimentsTrain, MixedPrecisionAndOptimalRecomputationRun) {
+  TrainConfig c = testing::tiny_config();
+  c.amp = true;
+  c.optimizer = "adam";
+  const RunResult amp = run_training(c, {[](const std::string&) {}, {}});
+  EXPECT_EQ(amp.status, "ok");
+  EXPECT_TRUE(std::isfinite(amp.epochs.at(0).train_loss));
+  EXPECT_EQ(amp.steps, 4);
+  TrainConfig r = testing::tiny_config();
+  r.model = "resnet18-small";
+  r.image_size = 16;
+  r.split = "4,2,0";
+  r.checkpoint = "optimal";
+  r.memory_budget = "512MiB";
+  const RunResult opt = run_training(r, {[](const std::string&) {}, {}});
+  EXPECT_EQ(opt.status, "ok");
+  EXPECT_EQ(opt.steps, 1);
+  EXPECT_TRUE(std::isfinite(opt.epochs.at(0).train_loss));
+}
+
+TEST(ExperimentsTrain, SummaryListsTheLayers) {
+  TrainConfig c = testing::tiny_config();
+  const std::string s = model_summary(c);
+  EXPECT_NE(s.find("Conv2d"), std::string::npos);
+  EXPECT_NE(s.find("Linear"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace minidl::harness

@@ -1,0 +1,20 @@
+# Plots the experiment programs' results (called by minidl-sweep; also usable by hand):
+#   gnuplot -e "datafile='plot.dat'; outfile='plot.png'; plottitle='...'; xlab='batch'; ylab='acc'; logx=1" \
+#           tools/plot_results.gnuplot
+# datafile holds one block per series (a quoted title line, then "x y" rows), blocks separated by
+# two blank lines, so every study's lines come out of this one script.
+if (!exists("plottitle")) plottitle = ""
+if (!exists("xlab")) xlab = "batch size"
+if (!exists("ylab")) ylab = ""
+if (!exists("logx")) logx = 1
+set terminal pngcairo size 900,560 font "sans,11" noenhanced
+set output outfile
+set title plottitle
+set xlabel xlab
+set ylabel ylab
+set grid
+set key outside right top
+if (logx) set logscale x 2
+stats datafile using 1 nooutput
+nblocks = STATS_blocks
+plot for [i=0:nblocks-1] datafile index i using 1:2 with linespoints lw 2 pt 7 title columnheader(1)
