@@ -79,6 +79,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written");
   app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip) or rrc "
                                          "(random resized crop + flip)");
+  app.add_option("--normalize", c.normalize, "pixel scaling of loaded photos: imagenet (ImageNet mean/std) or unit "
+                                             "(pixels / 255, the Keras study's rescale); the in-memory synthetic set is "
+                                             "already normalised");
   app.add_flag("--no-shuffle", c.no_shuffle, "keep the dataset order in training");
   app.add_option("--workers", c.workers, "data loader threads (0: decode on the training thread)");
   app.add_option("--batch-size", c.batch_size, "micro-batch: images per forward/backward");
@@ -237,6 +240,8 @@ void validate(const TrainConfig& c) {
   if (c.max_steps < 0) usage("--max-steps must be >= 0");
   if (c.max_grad_norm < 0) usage("--max-grad-norm must be >= 0");
   if (c.workers < 0) usage("--workers must be >= 0");
+  if (c.normalize != "imagenet" && c.normalize != "unit")
+    usage("--normalize '" + c.normalize + "': expected imagenet or unit");
   if (c.augment != "none" && c.augment != "keras" && c.augment != "rrc")
     usage("--augment '" + c.augment + "': expected none, keras or rrc");
   if (c.cudnn_benchmark != "on" && c.cudnn_benchmark != "off")

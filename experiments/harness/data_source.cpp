@@ -119,6 +119,7 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   o.seed = seed;
   o.device = device;
   o.transform.size = image_size;
+  o.transform.normalize = c.normalize == "imagenet";
   if (training && c.augment == "keras") {
     o.transform.augment = data::Augment::Keras;
     o.transform.resize = image_size * 250 / 200;

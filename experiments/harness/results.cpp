@@ -183,6 +183,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"data", c.data},
           {"split", c.split},
           {"augment", c.augment},
+          {"normalize", c.normalize},
           {"batch_size", c.batch_size},
           {"accumulation_steps", c.accumulation_steps},
           {"effective_batch", c.effective_batch()},
