@@ -14,6 +14,7 @@
 #include "core/generator.h"
 #include "core/ops.h"
 #include "tests/support/error_of.h"
+#include "tests/support/cuda_target.h"
 #ifdef MINIDL_WITH_CUDA
 #include "kernels/cuda/runtime.h"
 #endif
@@ -21,13 +22,8 @@
 namespace minidl {
 namespace {
 
-// MINIDL_PARITY_SELF_TEST=1 runs the suite CPU against CPU: no GPU needed, it checks the harness
-// itself (front-end calls, shapes, tolerances) so GPU time is spent on the kernels only.
-bool self_test() {
-  const char* e = std::getenv("MINIDL_PARITY_SELF_TEST");
-  return e != nullptr && std::string(e) == "1";
-}
-const Device kGpu = self_test() ? Device::cpu() : Device::cuda(0);
+bool self_test() { return testing::parity_self_test(); }
+const Device kGpu = testing::parity_target();
 
 class Parity : public ::testing::Test {
  protected:

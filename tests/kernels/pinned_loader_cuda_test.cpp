@@ -11,15 +11,13 @@
 #include "core/ops.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "tests/support/cuda_target.h"
 
 namespace minidl::data {
 namespace {
 
-bool self_test() {
-  const char* e = std::getenv("MINIDL_PARITY_SELF_TEST");
-  return e != nullptr && std::string(e) == "1";
-}
-const Device kGpu = self_test() ? Device::cpu() : Device::cuda(0);
+bool self_test() { return testing::parity_self_test(); }
+const Device kGpu = testing::parity_target();
 
 class PinnedLoader : public ::testing::Test {
  protected:

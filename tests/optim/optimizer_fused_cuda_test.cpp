@@ -16,15 +16,13 @@
 #include "core/ops.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "tests/support/cuda_target.h"
 
 namespace minidl::optim {
 namespace {
 
-bool self_test() {
-  const char* e = std::getenv("MINIDL_PARITY_SELF_TEST");
-  return e != nullptr && std::string(e) == "1";
-}
-const Device kGpu = self_test() ? Device::cpu() : Device::cuda(0);
+bool self_test() { return testing::parity_self_test(); }
+const Device kGpu = testing::parity_target();
 
 class FusedOptim : public ::testing::Test {
  protected:
