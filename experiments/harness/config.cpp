@@ -12,6 +12,9 @@
 #include "core/allocator.h"
 #include "core/backend.h"
 #include "optim/schedule.h"
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
 
 namespace minidl::harness {
 namespace {
@@ -108,7 +111,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--checkpoint", c.checkpoint, "activation recomputation: none, stages, sequential:N or optimal "
                                                "(ResNet models)");
   app.add_option("--cudnn-benchmark", c.cudnn_benchmark,
-                 "cuDNN autotuning: on or off (recorded; no effect until the CUDA backend exposes autotuning)");
+                 "cuDNN convolution algorithms: on (autotune, as torch.backends.cudnn.benchmark) or off (heuristic)");
   app.add_option("--memory-budget", c.memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
   app.add_option("--device", c.device, "cpu, cuda or cuda:N");
   app.add_option("--seed", c.seed, "seed of data split, initialisation, shuffling and augmentation");
@@ -209,6 +212,15 @@ Device resolve_device(const std::string& spec) {
     if (d.index >= n) usage("--device " + spec + ": only " + std::to_string(n) + " CUDA device(s) visible");
   }
   return d;
+}
+
+void apply_backend_switches(const TrainConfig& c, Device d) {
+#ifdef MINIDL_WITH_CUDA
+  if (d.is_cuda()) cuda::set_cudnn_benchmark(c.cudnn_benchmark == "on");
+#else
+  (void)c;
+  (void)d;
+#endif
 }
 
 void validate(const TrainConfig& c) {

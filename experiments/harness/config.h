@@ -90,6 +90,9 @@ void add_config_flag(CLI::App& app);
 void validate(const TrainConfig& c);
 // The device after validation: throws UsageError for cuda without a GPU or without CUDA support.
 Device resolve_device(const std::string& spec);
+// Applies the backend switches of a configuration (--cudnn-benchmark) for its device; a no-op on
+// the CPU and in builds without CUDA.
+void apply_backend_switches(const TrainConfig& c, Device d);
 
 struct SplitSpec {
   bool counts = true;               // per-class counts, else fractions

@@ -12,6 +12,7 @@ namespace minidl::harness {
 StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes)
     : c_(c), device_(resolve_device(c.device)), model_(make_model(c, c.seed * 4 + 3)),
       scaler_(optim::GradScalerOptions{.enabled = c.amp}), budget_(budget_bytes) {
+  apply_backend_switches(c_, device_);
   model_.module->to(device_);
   model_.module->train();
   // A tiny learning rate: the trials measure memory and time, and must not drive the weights to NaN.

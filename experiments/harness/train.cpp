@@ -134,6 +134,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   };
   const auto t_start = Clock::now();
   const Device device = resolve_device(c.device);
+  apply_backend_switches(c, device);
   RunResult r;
   r.device_name = device_description(device);
 
