@@ -39,7 +39,10 @@ Study keras_batch(bool quick, const TrainConfig& base) {
         c.momentum = 0.0;
         c.batch_size = b;
         c.augment = aug;
-        c.normalize = "unit";  // the article's ImageDataGenerator(rescale=1/255)
+        // Photos: the article's ImageDataGenerator(rescale=1/255). The synthetic set keeps its
+        // zero-mean scale, so its augmented runs (through the loader) see the same input scale as
+        // its in-memory unaugmented ones.
+        c.normalize = c.data == "synthetic" ? "imagenet" : "unit";
         // Keras clips the predicted probability to [1e-7, 1 - 1e-7], so its BCE never exceeds 16.1
         // and an early spike of plain SGD on the 41M-weight dense layer passes; ours is unbounded.
         // Only NaN or an absurd loss counts as divergence here.
