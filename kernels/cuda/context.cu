@@ -125,11 +125,17 @@ cublasHandle_t DeviceContext::cublas() {
   std::lock_guard<std::mutex> lock(mu_);
   if (cublas_ == nullptr) {
     activate();
-    MINIDL_CUBLAS_CHECK(cublasCreate(&cublas_));
-    MINIDL_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    // cuBLAS's workspace comes from the caching allocator (as in PyTorch), so it is counted.
-    cublas_ws_ = allocator_->allocate(kCublasWorkspace);
-    MINIDL_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
+    // cuBLAS's workspace comes from the caching allocator (as in PyTorch), so it is counted. It is
+    // drawn before the handle is published: under a tight budget it may throw OutOfMemoryError (the
+    // max-batch finder's normal case), and a handle published without it would make every later
+    // GEMM use cuBLAS's own, uncounted workspace.
+    if (cublas_ws_ == nullptr) cublas_ws_ = allocator_->allocate(kCublasWorkspace);
+    cublasHandle_t h = nullptr;
+    MINIDL_CUBLAS_CHECK(cublasCreate(&h));
+    // cublasSetStream resets the workspace to the default pool: the stream first, then ours.
+    MINIDL_CUBLAS_CHECK(cublasSetStream(h, stream_));
+    MINIDL_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_ws_, kCublasWorkspace));
+    cublas_ = h;
   }
   return cublas_;
 }
