@@ -49,11 +49,19 @@ PinnedStaging::~PinnedStaging() {
 }
 
 void PinnedStaging::ensure() {
-  if (buf_[0] != nullptr) return;
+  // Each piece is checked on its own, so a failure half-way (pinned memory is scarce) is retried
+  // by the next call instead of leaving a buffer without its event.
   for (int i = 0; i < 2; ++i) {
-    MINIDL_CUDA_CHECK(cudaHostAlloc(&buf_[i], kChunk, cudaHostAllocDefault));
-    MINIDL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
-    MINIDL_CUDA_CHECK(cudaEventRecord(done_[i], nullptr));   // "free" from the start
+    if (buf_[i] == nullptr) {
+      void* p = nullptr;
+      MINIDL_CUDA_CHECK(cudaHostAlloc(&p, kChunk, cudaHostAllocDefault));
+      buf_[i] = p;
+    }
+    if (done_[i] == nullptr) {
+      cudaEvent_t e = nullptr;
+      MINIDL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      done_[i] = e;   // never recorded: cudaEventSynchronize returns at once, the buffer is free
+    }
   }
 }
 
