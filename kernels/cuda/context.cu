@@ -49,11 +49,19 @@ PinnedStaging::~PinnedStaging() {
 }
 
 void PinnedStaging::ensure() {
-  if (buf_[0] != nullptr) return;
+  // Each piece is checked on its own, so a failure half-way (pinned memory is scarce) is retried
+  // by the next call instead of leaving a buffer without its event.
   for (int i = 0; i < 2; ++i) {
-    MINIDL_CUDA_CHECK(cudaHostAlloc(&buf_[i], kChunk, cudaHostAllocDefault));
-    MINIDL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
-    MINIDL_CUDA_CHECK(cudaEventRecord(done_[i], nullptr));   // "free" from the start
+    if (buf_[i] == nullptr) {
+      void* p = nullptr;
+      MINIDL_CUDA_CHECK(cudaHostAlloc(&p, kChunk, cudaHostAllocDefault));
+      buf_[i] = p;
+    }
+    if (done_[i] == nullptr) {
+      cudaEvent_t e = nullptr;
+      MINIDL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      done_[i] = e;   // never recorded: cudaEventSynchronize returns at once, the buffer is free
+    }
   }
 }
 
@@ -125,11 +133,17 @@ cublasHandle_t DeviceContext::cublas() {
   std::lock_guard<std::mutex> lock(mu_);
   if (cublas_ == nullptr) {
     activate();
-    MINIDL_CUBLAS_CHECK(cublasCreate(&cublas_));
-    MINIDL_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    // cuBLAS's workspace comes from the caching allocator (as in PyTorch), so it is counted.
-    cublas_ws_ = allocator_->allocate(kCublasWorkspace);
-    MINIDL_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
+    // cuBLAS's workspace comes from the caching allocator (as in PyTorch), so it is counted. It is
+    // drawn before the handle is published: under a tight budget it may throw OutOfMemoryError (the
+    // max-batch finder's normal case), and a handle published without it would make every later
+    // GEMM use cuBLAS's own, uncounted workspace.
+    if (cublas_ws_ == nullptr) cublas_ws_ = allocator_->allocate(kCublasWorkspace);
+    cublasHandle_t h = nullptr;
+    MINIDL_CUBLAS_CHECK(cublasCreate(&h));
+    // cublasSetStream resets the workspace to the default pool: the stream first, then ours.
+    MINIDL_CUBLAS_CHECK(cublasSetStream(h, stream_));
+    MINIDL_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_ws_, kCublasWorkspace));
+    cublas_ = h;
   }
   return cublas_;
 }

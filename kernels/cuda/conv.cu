@@ -240,9 +240,13 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
                                           out);
     }
     if (st == CUDNN_STATUS_SUCCESS) return;
-    // An algorithm the heuristics ranked may still refuse this configuration (e.g. f64): next.
-    MINIDL_CHECK(st == CUDNN_STATUS_NOT_SUPPORTED || st == CUDNN_STATUS_BAD_PARAM, "conv2d (cuda): cuDNN algorithm ",
-                 c.algo, " failed: ", cudnnGetErrorString(st));
+    // An algorithm the heuristics ranked may still refuse this configuration (e.g. f64, or a view
+    // whose pointer is not 16-byte aligned): next. cuDNN 9 returns fine-grained codes (3002
+    // NOT_SUPPORTED_SHAPE, 2003 BAD_PARAM_MISALIGNED_POINTER, ...), so compare categories.
+    const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(st));
+    MINIDL_CHECK(category == static_cast<int>(CUDNN_STATUS_NOT_SUPPORTED) ||
+                     category == static_cast<int>(CUDNN_STATUS_BAD_PARAM),
+                 "conv2d (cuda): cuDNN algorithm ", c.algo, " failed: ", cudnnGetErrorString(st));
     tried += " algo " + std::to_string(c.algo) + " (" + cudnnGetErrorString(st) + ")";
   }
   const MemoryStats s = ctx.allocator().stats();

@@ -9,6 +9,9 @@
 namespace minidl::cuda {
 namespace {
 
+// a + scale * x is spelled with __dadd_rn/__dmul_rn: nvcc would otherwise fuse it into one FMA
+// (one rounding) where the CPU's portable build rounds twice, and f64 draws over a range that is
+// not a power of two would differ in the last bit.
 template <typename T>
 __global__ void random_kernel(RandomKind kind, T* out, int64_t n, uint64_t seed, uint64_t offset, double a,
                               double b) {
@@ -19,12 +22,12 @@ __global__ void random_kernel(RandomKind kind, T* out, int64_t n, uint64_t seed,
     if (kind == RandomKind::Normal) {
       philox::normals4(u, v);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = a + b * v[k];
+      for (int k = 0; k < 4; ++k) v[k] = __dadd_rn(a, __dmul_rn(b, v[k]));
     } else {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const double r = philox::uniform01(philox::word(u, k));
-        v[k] = kind == RandomKind::Uniform ? a + (b - a) * r : (r < a ? 1.0 : 0.0);
+        v[k] = kind == RandomKind::Uniform ? __dadd_rn(a, __dmul_rn(b - a, r)) : (r < a ? 1.0 : 0.0);
       }
     }
     const int64_t end = n - 4 * c < 4 ? n - 4 * c : 4;

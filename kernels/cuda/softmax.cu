@@ -36,14 +36,14 @@ __device__ __forceinline__ T warp_max(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const T u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = (u > v || u != u) ? u : v;   // NaN wins, as std::max(mx, x) would keep... see note below
+    v = (u > v || u != u) ? u : v;   // NaN wins (the CPU ignores it in the max, but then exp gives NaN anyway)
   }
   return v;
 }
 
 constexpr int kWarpsPerBlock = 8;
 
-// T is float or double here (f16 is not supported by the CPU reference either).
+// T is float or double here (f16 is widened to f32 by the entry points, as on the CPU).
 template <typename T>
 __global__ void softmax_fwd_kernel(const T* x, T* y, Layout L, bool log) {
   const int lane = threadIdx.x & 31;
@@ -163,6 +163,16 @@ void validate_targets(DeviceContext& ctx, const Tensor& target, int64_t N, int64
               ") (check the label encoding or the number of classes of the model's output layer)");
 }
 
+// f16 operands (pure-f16 models, where autocast does not lift the loss to f32) are computed in
+// f32 and rounded once, as the CPU backend does (widen_half / narrow_into).
+bool any_half(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (t->defined() && t->dtype() == DType::f16) return true;
+  }
+  return false;
+}
+Tensor f32_like(const Tensor& t) { return empty(t.shape(), {DType::f32, t.device(), false}); }
+
 void check_target(const Tensor& target, int64_t N, const char* op) {
   MINIDL_CHECK(target.dtype() == DType::i64 && target.dim() == 1 && target.size(0) == N, op,
                " (cuda): target must be i64 of shape [", N, "], got ", target.meta());
@@ -173,6 +183,13 @@ void check_target(const Tensor& target, int64_t N, const char* op) {
 void CudaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) {
   const char* op = log ? "log_softmax" : "softmax";
   check_cuda(op, {&x, &y});
+  if (any_half({&x, &y})) {
+    MINIDL_CHECK(y.dtype() == x.dtype(), op, " (cuda): output ", y.meta(), " must have x's dtype ", x.meta());
+    const Tensor xf = f32_like(x), yf = f32_like(y);
+    copy(x, xf);
+    softmax_forward(xf, dim, log, yf);
+    return copy(yf, y);
+  }
   MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.is_contiguous(), op, " (cuda): output ",
                y.meta(), " must be contiguous with x's shape and dtype ", x.meta());
   const Layout L = layout_of(x, dim, op);
@@ -189,6 +206,15 @@ void CudaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const 
 void CudaBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   check_cuda(op, {&gy, &y, &gx});
+  if (any_half({&gy, &y, &gx})) {
+    MINIDL_CHECK(gy.dtype() == y.dtype() && gx.dtype() == y.dtype(), op, " (cuda): gy ", gy.meta(), ", y ", y.meta(),
+                 " and gx ", gx.meta(), " must share their dtype");
+    const Tensor gyf = f32_like(gy), yf = f32_like(y), gxf = f32_like(gx);
+    copy(gy, gyf);
+    copy(y, yf);
+    softmax_backward(gyf, yf, dim, log, gxf);
+    return copy(gxf, gx);
+  }
   MINIDL_CHECK(gy.dtype() == y.dtype() && gy.shape() == y.shape() && gx.dtype() == y.dtype() &&
                    gx.shape() == y.shape() && gx.is_contiguous(),
                op, " (cuda): gy ", gy.meta(), ", y ", y.meta(), " and gx ", gx.meta(), " must share shape and dtype");
@@ -207,6 +233,14 @@ void CudaBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t di
 
 void CudaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
   check_cuda("nll_loss", {&log_probs, &target, &losses});
+  if (any_half({&log_probs, &losses})) {
+    MINIDL_CHECK(losses.dtype() == log_probs.dtype(), "nll_loss (cuda): losses ", losses.meta(),
+                 " must have the input's dtype ", log_probs.meta());
+    const Tensor lpf = f32_like(log_probs), lf = f32_like(losses);
+    copy(log_probs, lpf);
+    nll_forward(lpf, target, lf);
+    return copy(lf, losses);
+  }
   MINIDL_CHECK(log_probs.dim() == 2 && log_probs.is_contiguous(),
                "nll_loss (cuda): log_probs must be a contiguous [N, C], got ", log_probs.meta());
   const int64_t N = log_probs.size(0), C = log_probs.size(1);
@@ -227,6 +261,14 @@ void CudaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, con
 
 void CudaBackend::nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) {
   check_cuda("nll_loss_backward", {&g, &target, &glogp});
+  if (any_half({&g, &glogp})) {
+    MINIDL_CHECK(g.dtype() == glogp.dtype(), "nll_loss_backward (cuda): g ", g.meta(), " must have glogp's dtype ",
+                 glogp.meta());
+    const Tensor gf = f32_like(g), glf = f32_like(glogp);
+    copy(g, gf);
+    nll_backward(gf, target, glf);
+    return copy(glf, glogp);
+  }
   MINIDL_CHECK(glogp.dim() == 2 && glogp.is_contiguous(),
                "nll_loss_backward (cuda): glogp must be a contiguous [N, C], got ", glogp.meta());
   const int64_t N = glogp.size(0), C = glogp.size(1);
