@@ -56,7 +56,11 @@ class Backend {
   // Pooling, NCHW, options already resolved (stride != 0). indices: i64 flat offsets into H*W.
   virtual void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y,
                                   const Tensor& indices) = 0;
-  virtual void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) = 0;
+  // gx = the sum of gy at each output's saved index, added in output order (row-major within a
+  // plane), which makes it deterministic. o are the forward's options: a backend that gathers
+  // (each input element visits only the windows that cover it) needs them.
+  virtual void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
+                                   const Tensor& gx) = 0;
   virtual void avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) = 0;
   virtual void avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) = 0;
 

@@ -26,7 +26,8 @@ class CpuBackend final : public Backend {
   void conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) override;
 
   void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) override;
-  void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) override;
+  void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
+                           const Tensor& gx) override;
   void avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) override;
   void avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) override;
 
