@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/generator.h"
@@ -220,6 +221,27 @@ TEST(FusedLoss, GradcheckBceWithLogitsBothInputs) {
     const auto f = [r](const V& in) { return binary_cross_entropy_with_logits(in[0] * 5.0, in[1], r); };
     EXPECT_GRADCHECK(f, {rand_f64({4, 3}, 24, -2, 2), rand_f64({4, 3}, 25, 0, 1)});
     EXPECT_GRADCHECK(f, {transposed_leaf(rand_f64({4, 3}, 26, -2, 2)), transposed_leaf(rand_f64({4, 3}, 27, 0, 1))});
+  }
+}
+
+TEST(FusedLoss, NoFullSizeTemporaries) {
+  // The point of fusing: forward + backward of a mean loss allocate the logits' gradient and O(N)
+  // per-row values, nothing else of size [N, C] (the composed cross_entropy peaked at 3x the
+  // logits, 4x with label smoothing; the composed BCE at several x). Measured with the allocator.
+  const int64_t N = 64, C = 1000;
+  const Tensor x0 = rand_f64({N, C}, 31, -3, 3, false).to(DType::f32);
+  const Tensor t = random_labels(N, C, 32);
+  const Tensor y0 = rand_f64({N, C}, 33, 0, 1, false).to(DType::f32);
+  const int64_t grad_bytes = N * C * 4;
+  for (int which = 0; which < 3; ++which) {
+    Tensor x = leaf(x0);
+    reset_peak_stats(Device::cpu());
+    const int64_t base = memory_stats(Device::cpu()).allocated_bytes;
+    Tensor loss = which == 2 ? binary_cross_entropy_with_logits(x, y0) : cross_entropy(x, t, Reduction::Mean, which * 0.1);
+    loss.backward();
+    const int64_t extra = memory_stats(Device::cpu()).peak_allocated_bytes - base;
+    EXPECT_LE(extra, grad_bytes + N * 16 + 4096) << "case " << which;
+    EXPECT_GE(extra, grad_bytes) << "case " << which;
   }
 }
 
