@@ -61,7 +61,7 @@ TEST_F(HalfParity, BatchNormF16ActivationsF32Parameters) {
     ASSERT_EQ(yg.dtype(), DType::f16);
     EXPECT_TRUE(close(yc, yg, 2e-3, what + " forward"));
     EXPECT_TRUE(close(gxc, gxg, 5e-3, what + " grad x"));
-    EXPECT_TRUE(close(gwc, gwg, 1e-4, what + " grad weight (f32)"));
+    EXPECT_TRUE(close(gwc, gwg, 2e-3, what + " grad weight (f32, from f16 activations)"));
     EXPECT_TRUE(close(rmc, rmg, 1e-6, what + " running_mean"));
     EXPECT_TRUE(close(rvc, rvg, 1e-5, what + " running_var"));
   }
