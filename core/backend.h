@@ -56,7 +56,11 @@ class Backend {
   // Pooling, NCHW, options already resolved (stride != 0). indices: i64 flat offsets into H*W.
   virtual void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y,
                                   const Tensor& indices) = 0;
-  virtual void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) = 0;
+  // gx = the sum of gy at each output's saved index, added in output order (row-major within a
+  // plane), which makes it deterministic. o are the forward's options: a backend that gathers
+  // (each input element visits only the windows that cover it) needs them.
+  virtual void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
+                                   const Tensor& gx) = 0;
   virtual void avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) = 0;
   virtual void avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) = 0;
 
@@ -84,6 +88,26 @@ class Backend {
   virtual void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) = 0;
   // glogp[n, c] = (c == target[n]) ? -g[n] : 0.
   virtual void nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) = 0;
+
+  // Fused softmax cross-entropy (one pass per row, no [N, C] temporary). logits [N, C] contiguous
+  // f32/f64/f16 (f16 computed in f32), target i64 [N] in [0, C) (validated like nll_forward: a bad
+  // target throws, nothing is written). With eps = label_smoothing and lse[n] = log sum_c exp(x[n, c]):
+  //   losses[n] = (1 - eps) * (lse[n] - x[n, t[n]]) + eps * (lse[n] - mean_c x[n, c])   (logits' dtype)
+  //   lse[n]    (f64 for f64 logits, f32 otherwise: saved for the backward, never rounded to f16).
+  virtual void cross_entropy_forward(const Tensor& logits, const Tensor& target, double label_smoothing,
+                                     const Tensor& losses, const Tensor& lse) = 0;
+  // glogits[n, c] = g[n] * (exp(x[n, c] - lse[n]) - (c == t[n]) * (1 - eps) - eps / C). g: [N] of
+  // the logits' dtype, any stride (0: one value broadcast, as a mean's gradient is). The targets are
+  // the forward's (already validated); glogits is contiguous [N, C] of the logits' dtype.
+  virtual void cross_entropy_backward(const Tensor& g, const Tensor& logits, const Tensor& target,
+                                      const Tensor& lse, double label_smoothing, const Tensor& glogits) = 0;
+  // Elementwise binary cross-entropy on logits, x, y, loss of one shape and floating dtype,
+  // contiguous: loss = max(x, 0) - x * y + log1p(exp(-|x|)) (stable for any |x|).
+  virtual void bce_with_logits_forward(const Tensor& x, const Tensor& y, const Tensor& loss) = 0;
+  // gx = g * (sigmoid(x) - y), gy = -g * x; gx or gy may be undefined (not wanted). g has x's shape
+  // and is contiguous or has every stride 0 (one value broadcast).
+  virtual void bce_with_logits_backward(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& gx,
+                                        const Tensor& gy) = 0;
 
   // Mixed precision (optim::GradScaler): multiplies every gradient (any floating dtype and strides)
   // by inv_scale in place and sets found_inf (one-element f32 on this device) to 1 when any element

@@ -63,12 +63,12 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opts) {
   if (grad_enabled() && x.requires_grad()) {
     const Shape x_shape = x.shape();
     const DType dt = x.dtype();
-    record("max_pool2d", {x}, {y}, [indices, x_shape, dt](const std::vector<Tensor>& grads) {
+    record("max_pool2d", {x}, {y}, [indices, o, x_shape, dt](const std::vector<Tensor>& grads) {
       std::vector<Tensor> out(1);
       const Tensor gy = prepare_grad(grads, dt);
       if (!gy.defined()) return out;
       out[0] = empty(x_shape, gy.options());
-      backend(gy.device()).max_pool2d_backward(gy, indices, out[0]);
+      backend(gy.device()).max_pool2d_backward(gy, indices, o, out[0]);
       return out;
     });
   }

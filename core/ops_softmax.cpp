@@ -1,6 +1,6 @@
 // Softmax, log-softmax and the classification losses every experiment trains with. cross_entropy
-// is log_softmax + nll (+ label smoothing) so the gradient path stays stable; the binary loss has
-// its own backward because differentiating its stable formula would go through |x| and max(x, 0).
+// and the binary loss call fused backend kernels (one pass, no [N, C] temporaries, stable for large
+// logits) with hand-written backward nodes; nll_loss stays the plain gather over log-probabilities.
 #include <algorithm>
 #include <vector>
 
@@ -109,13 +109,26 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, Reduction re
   check_class_inputs("cross_entropy", logits, "logits", target);
   MINIDL_CHECK(label_smoothing >= 0.0 && label_smoothing < 1.0, "cross_entropy: label_smoothing ", label_smoothing,
                " must be in [0, 1) (0 disables it; 0.1 is a common value)");
-  const Tensor logp = log_softmax(logits, 1);
-  Tensor loss = nll_unreduced(logp, target);
-  if (label_smoothing > 0.0) {
-    // PyTorch: (1 - eps) * nll + eps * mean over classes of -log p (uniform target component).
-    loss = loss * (1.0 - label_smoothing) + mean(-logp, {1}) * label_smoothing;
+  // PyTorch's smoothed loss: (1 - eps) * nll + eps * mean over classes of -log p, per row.
+  const Tensor x = logits.detach().contiguous();
+  const Tensor tg = target.detach().contiguous();
+  const int64_t N = x.size(0);
+  Tensor losses = empty({N}, x.options());
+  // Per-row logsumexp in f64 whatever the logits' dtype: the backward's exp(x - lse) needs it exact.
+  const Tensor lse = empty({N}, {DType::f64, x.device(), false});
+  backend(x.device()).cross_entropy_forward(x, tg, label_smoothing, losses, lse);
+  if (needs_grad({&logits})) {
+    const double eps = label_smoothing;
+    record("cross_entropy", {logits, target}, {losses}, [x, tg, lse, eps](const std::vector<Tensor>& g) {
+      if (!g[0].defined()) return std::vector<Tensor>(2);
+      // A mean's or sum's gradient arrives expanded (stride 0): the kernel reads it as it is.
+      const Tensor gl = g[0].to(x.dtype());
+      Tensor gx = empty(x.shape(), x.options());
+      backend(x.device()).cross_entropy_backward(gl, x, tg, lse, eps, gx);
+      return std::vector<Tensor>{gx, Tensor()};
+    });
   }
-  return reduce_loss(loss, reduction);
+  return reduce_loss(losses, reduction);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& target_in, Reduction reduction) {
@@ -132,21 +145,25 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& t
                " (for logits [N, 1] and labels [N] use labels.unsqueeze(1))");
   MINIDL_CHECK(target.device() == logits.device(), op, ": target is on ", target.device().str(),
                " but logits are on ", logits.device().str(), "; move it with .to(Device)");
-  const Tensor x = logits.detach();
-  const Tensor y = target.detach();
-  Tensor loss;
-  {
-    NoGradGuard no_grad;
-    // max(x, 0) - x*y + log(1 + exp(-|x|)): exp never overflows, and log1p keeps the tail exact.
-    loss = relu(x) - x * y + log1p(exp(-abs(x)));
-  }
+  const Tensor x = logits.detach().contiguous();
+  const Tensor y = target.detach().contiguous();
+  Tensor loss = empty(x.shape(), x.options());
+  backend(x.device()).bce_with_logits_forward(x, y, loss);
   if (needs_grad({&logits, &target})) {
+    // The stable formula's own derivative would go through |x| and max(x, 0); this node gives
+    // d/dx = sigmoid(x) - y and d/dy = -x directly.
     const bool need_x = logits.requires_grad();
     const bool need_y = target.requires_grad();
     record(op, {logits, target}, {loss}, [x, y, need_x, need_y](const std::vector<Tensor>& g) {
       if (!g[0].defined()) return std::vector<Tensor>(2);
-      const Tensor& gl = g[0];
-      return std::vector<Tensor>{need_x ? (sigmoid(x) - y) * gl : Tensor(), need_y ? -x * gl : Tensor()};
+      Tensor gl = g[0].to(x.dtype());
+      bool broadcast = true;   // one value expanded (a mean's gradient): no full-size copy
+      for (int64_t s : gl.strides()) broadcast = broadcast && s == 0;
+      if (!broadcast) gl = gl.contiguous();
+      Tensor gx = need_x ? empty(x.shape(), x.options()) : Tensor();
+      Tensor gy = need_y ? empty(x.shape(), x.options()) : Tensor();
+      backend(x.device()).bce_with_logits_backward(gl, x, y, gx, gy);
+      return std::vector<Tensor>{gx, gy};
     });
   }
   return reduce_loss(loss, reduction);

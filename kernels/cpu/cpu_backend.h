@@ -1,6 +1,6 @@
 // The CPU backend: the reference implementation of every op family (Eigen + OpenMP). Each family's
 // methods live in their own file (elementwise.cpp, reduce.cpp, matmul.cpp, random.cpp, conv.cpp,
-// pool.cpp, batch_norm.cpp, softmax.cpp, amp.cpp; f16 helpers in half.h); this header only gathers
+// pool.cpp, batch_norm.cpp, softmax.cpp, loss.cpp, amp.cpp; f16 helpers in half.h); this header only gathers
 // the declarations.
 #pragma once
 #include "core/backend.h"
@@ -26,7 +26,8 @@ class CpuBackend final : public Backend {
   void conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) override;
 
   void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) override;
-  void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) override;
+  void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
+                           const Tensor& gx) override;
   void avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) override;
   void avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) override;
 
@@ -43,6 +44,14 @@ class CpuBackend final : public Backend {
   void softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) override;
   void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) override;
   void nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) override;
+  // loss.cpp / loss.cu: fused softmax cross-entropy and BCE-with-logits.
+  void cross_entropy_forward(const Tensor& logits, const Tensor& target, double label_smoothing,
+                             const Tensor& losses, const Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& g, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                              double label_smoothing, const Tensor& glogits) override;
+  void bce_with_logits_forward(const Tensor& x, const Tensor& y, const Tensor& loss) override;
+  void bce_with_logits_backward(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& gx,
+                                const Tensor& gy) override;
 
   void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf) override;
 };

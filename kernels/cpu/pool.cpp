@@ -223,7 +223,9 @@ void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
   }
 }
 
-void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) {
+// The CPU scatters each plane's outputs in order (deterministic as it is); o is not needed.
+void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
+                                     const Tensor& gx) {
   check_contiguous("max_pool2d_backward", {&gy, &indices, &gx});
   MINIDL_CHECK(gy.dim() == 4 && gx.dim() == 4 && indices.shape() == gy.shape() && indices.dtype() == DType::i64 &&
                    gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1),
@@ -231,7 +233,7 @@ void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, co
                ", input grad ", gx.meta());
   if (is_half(gy) || is_half(gx)) {
     const Tensor gxf = f32_output_for(gx);
-    max_pool2d_backward(widen_half(gy), indices, gxf);
+    max_pool2d_backward(widen_half(gy), indices, o, gxf);
     return narrow_into(gxf, gx);
   }
   const int64_t planes = gy.size(0) * gy.size(1);

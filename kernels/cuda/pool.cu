@@ -1,7 +1,7 @@
 // CUDA max and average pooling (NCHW), hand-written rather than cuDNN so that windows, ties, NaNs,
 // divisors and the i64 argmax indices are exactly the CPU backend's (kernels/cpu/pool.cpp).
-// Average backward gathers (each input element sums the outputs whose window covers it), so it is
-// deterministic; max backward scatters at the saved indices.
+// Both backwards gather (each input element sums, in output order, the outputs whose window covers
+// it), so they are deterministic without atomics and max backward equals the CPU's bit for bit.
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
@@ -86,28 +86,30 @@ __device__ __forceinline__ void covering(int64_t in, int64_t s, int64_t p, int64
   if (hi < lo) hi = lo;
 }
 
-// max_pool2d_backward gets no window options, only the indices: every output adds its gradient at
-// its index. f32/f64 scatter with one thread per output and atomicAdd (overlapping windows add in
-// any order: rounding-level differences only); f16 walks each plane's outputs in order.
+// Max backward as a gather: input element (ih, iw) visits the outputs whose window covers it, in
+// row-major order, and adds the gradient of those whose saved index is itself. That is the CPU's
+// order of addition (it scatters outputs in order into a zeroed plane), so f32/f64 results are the
+// CPU's bit for bit and every run gives the same bits (overlapping windows included); f16 adds in
+// f32 and rounds once, as the CPU's widened path does.
 template <typename T>
-__global__ void max_bwd_atomic_kernel(const T* gy, const int64_t* idx, int64_t out_plane, int64_t in_plane,
-                                      int64_t total, T* gx) {
+__global__ void max_bwd_gather_kernel(const T* gy, const int64_t* idx, Geom g, T* gx) {
+  using C = typename Compute<T>::type;
+  const int64_t total = g.planes * g.h * g.w;
   MINIDL_GRID_STRIDE(i, total) {
-    const int64_t pl = i / out_plane;
-    const int64_t t = idx[i];
-    if (t >= 0 && t < in_plane) atomicAdd(gx + pl * in_plane + t, gy[i]);
-  }
-}
-
-__global__ void max_bwd_plane_kernel(const __half* gy, const int64_t* idx, int64_t out_plane, int64_t in_plane,
-                                     int64_t planes, __half* gx) {
-  MINIDL_GRID_STRIDE(pl, planes) {
-    for (int64_t o = 0; o < out_plane; ++o) {
-      const int64_t t = idx[pl * out_plane + o];
-      if (t < 0 || t >= in_plane) continue;
-      __half* p = gx + pl * in_plane + t;
-      *p = __float2half_rn(__half2float(*p) + __half2float(gy[pl * out_plane + o]));
+    const int64_t iw = i % g.w, ih = (i / g.w) % g.h, pl = i / (g.w * g.h);
+    int64_t r0, r1, c0, c1;
+    covering(ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
+    covering(iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
+    const int64_t self = ih * g.w + iw;
+    const int64_t base = pl * g.oh * g.ow;
+    C acc = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t o = base + r * g.ow + c;
+        if (idx[o] == self) acc += cvt<C>(gy[o]);
+      }
     }
+    gx[i] = cvt<T>(acc);
   }
 }
 
@@ -164,29 +166,23 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   });
 }
 
-void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) {
+void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
+                                      const Tensor& gx) {
   check_cuda("max_pool2d_backward", {&gy, &indices, &gx});
   check_contiguous("max_pool2d_backward", {&gy, &indices, &gx});
   MINIDL_CHECK(gy.dim() == 4 && gx.dim() == 4 && indices.shape() == gy.shape() && indices.dtype() == DType::i64 &&
                    gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1) && gy.dtype() == gx.dtype(),
                "max_pool2d_backward (cuda): inconsistent tensors: grad ", gy.meta(), ", indices ", indices.meta(),
                ", input grad ", gx.meta());
-  if (gx.numel() == 0) return;
+  const Geom g = make_geom(gx.shape(), gy.shape(), o, "max_pool2d_backward");
+  const int64_t n = gx.numel();
+  if (n == 0) return;
   DeviceContext& ctx = context_of(gy);
-  fill(gx, 0.0);
-  const int64_t total = gy.numel(), out_plane = gy.size(2) * gy.size(3), in_plane = gx.size(2) * gx.size(3);
-  if (total == 0) return;
   dispatch_pool(gy.dtype(), "max_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
-    const int64_t* ip = static_cast<const int64_t*>(indices.data_ptr());
-    if constexpr (std::is_same_v<T, __half>) {
-      const int64_t planes = gy.size(0) * gy.size(1);
-      max_bwd_plane_kernel<<<grid_for(planes, 64), 64, 0, ctx.stream()>>>(
-          static_cast<const __half*>(gy.data_ptr()), ip, out_plane, in_plane, planes, static_cast<__half*>(gx.data_ptr()));
-    } else {
-      max_bwd_atomic_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream()>>>(
-          static_cast<const T*>(gy.data_ptr()), ip, out_plane, in_plane, total, static_cast<T*>(gx.data_ptr()));
-    }
+    max_bwd_gather_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(
+        static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()), g,
+        static_cast<T*>(gx.data_ptr()));
     MINIDL_CUDA_LAUNCH_CHECK("max_pool2d_backward");
   });
 }
