@@ -215,6 +215,20 @@ static void check_inplace(const Tensor& t, const char* op) {
                t.meta(), ") while grad mode is on; wrap the update in minidl::NoGradGuard, as optimizers do");
 }
 
+// An in-place update whose source shares memory with part of the target would read elements it
+// has already overwritten (on the GPU in no fixed order, so the result would differ run to run and
+// from the CPU). As PyTorch does, refuse a partial overlap of two dense views of one storage;
+// the very same view (x.add_(x)) is fine, element for element.
+static void check_no_partial_overlap(const Tensor& self, const Tensor& src, const char* op) {
+  if (self.storage() != src.storage() || !self.is_contiguous() || !src.is_contiguous()) return;
+  const int64_t a0 = self.offset(), a1 = a0 + self.numel();
+  const int64_t b0 = src.offset(), b1 = b0 + src.numel();
+  if (a0 == b0 && a1 == b1) return;
+  MINIDL_CHECK(a1 <= b0 || b1 <= a0, op, ": the source ", src.meta(), " overlaps part of the in-place target ",
+               self.meta(), " (one storage), so some elements would be read after being overwritten; pass a "
+               "copy of the source (.clone()) or write to a new tensor");
+}
+
 static Tensor operand_for(const Tensor& self, const Tensor& other, const char* op) {
   MINIDL_CHECK(self.device() == other.device(), op, ": tensors on different devices: ", self.meta(), " and ",
                other.meta(), "; move one with .to(device)");
@@ -223,6 +237,7 @@ static Tensor operand_for(const Tensor& self, const Tensor& other, const char* o
   const Shape b = broadcast_shapes(self.shape(), other.shape(), op);
   MINIDL_CHECK(b == self.shape(), op, ": cannot broadcast ", shape_str(other.shape()), " into the in-place target ",
                shape_str(self.shape()));
+  check_no_partial_overlap(self, other, op);
   return other.detach().expand(self.shape());
 }
 
@@ -230,6 +245,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
   const Shape b = broadcast_shapes(shape(), src.shape(), "copy_");
   MINIDL_CHECK(b == shape(), "copy_: cannot broadcast source ", shape_str(src.shape()), " into ", shape_str(shape()));
+  check_no_partial_overlap(*this, src, "copy_");
   Tensor s = src.detach().expand(shape());
   if (s.device() == device()) {
     backend(device()).copy(s, *this);

@@ -152,6 +152,20 @@ TEST(Errors, AutogradMisuse) {
   expect_error([&] { x.add_(x); }, {"add_", "NoGradGuard"});
 }
 
+TEST(Errors, InPlaceSourceOverlappingPartOfTheTarget) {
+  // x.sub_(x[0]) would read row 0 after overwriting it (on the GPU in no fixed order): refused.
+  Tensor x = arange(0, 6, 1, {.dtype = DType::f32}).reshape({2, 3});
+  expect_error([&] { x.add_(x.select(0, 0), -1.0); }, {"add_", "overlaps part of the in-place target", "clone"});
+  expect_error([&] { x.mul_(x.select(0, 1)); }, {"mul_", "overlaps"});
+  expect_error([&] { x.copy_(x.select(0, 0)); }, {"copy_", "overlaps"});
+  EXPECT_EQ(sum(x.to(DType::f64)).item(), 15.0) << "a refused update must not have written anything";
+  // The same view, a clone, or disjoint rows of one storage stay allowed.
+  x.add_(x);
+  x.add_(x.select(0, 0).clone(), -1.0);
+  x.select(0, 1).copy_(x.select(0, 0));
+  EXPECT_EQ(sum(x.to(DType::f64)).item(), 0.0);
+}
+
 TEST(Errors, ItemOnMultiElementTensor) {
   expect_error([] { (void)f32({2, 3}).item(); }, {"item", "[2, 3]"});
 }
