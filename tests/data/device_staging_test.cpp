@@ -1,7 +1,6 @@
-// The loader's device path without a GPU: Backend::copy_async's CPU default (a synchronous copy, a
-// complete handle), and DeviceStaging driven through a fake backend whose copies finish late, as a
-// copy stream's do, so that reusing a buffer before its copy is done, or handing out a batch
-// before the compute stream waits for it, shows up as wrong bytes.
+// The loader's device path without a GPU: Backend::copy_async's CPU default, and DeviceStaging on a
+// fake backend whose copies finish late, as a copy stream's do, so that reusing a buffer before its
+// copy is done, or handing out a batch before the compute stream waits for it, gives wrong bytes.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
