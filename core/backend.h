@@ -4,6 +4,9 @@
 // backend, and a parity test. A build without CUDA has no CUDA backend: backend(CUDA) throws.
 #pragma once
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -151,6 +154,34 @@ class Backend {
   // caller uses ordinary memory. Memory from pinned_alloc goes back through pinned_free.
   virtual void* pinned_alloc(size_t /*bytes*/) { return nullptr; }
   virtual void pinned_free(void* /*p*/) {}
+
+  // A host->device copy started by copy_async. This base class is a copy that has already
+  // completed (the default's); a backend with asynchronous copies overrides both methods,
+  // and its destructor orders this device's compute stream after the copy when nobody waited, so
+  // dropping a copy in flight cannot let the allocator hand its destinations out early.
+  class CopyHandle {
+   public:
+    virtual ~CopyHandle() = default;
+    // Work queued on the device's compute stream after this call sees the copied bytes (no host wait).
+    virtual void make_compute_wait() {}
+    // Blocks the calling thread until the copy is done: its host sources may be written again.
+    virtual void host_wait() {}
+  };
+  // Copies the bytes at src[i] (host memory, from pinned_alloc when the copy is to be asynchronous)
+  // into dst[i] (contiguous, on this backend's device), ordered after the work queued so far on the
+  // device's compute stream. The CUDA backend queues the copies on a copy stream and returns at
+  // once (kernels/cuda/pinned.cu). The default, for host memory, copies now and returns a handle
+  // that is already complete.
+  virtual std::unique_ptr<CopyHandle> copy_async(const std::vector<std::pair<const void*, Tensor>>& copies) {
+    for (const auto& [src, dst] : copies) {
+      MINIDL_CHECK(dst.device().is_cpu() && dst.is_contiguous(), "copy_async (", name(),
+                   "): destinations must be contiguous CPU tensors here, got ", dst.meta(),
+                   "; a device backend overrides copy_async");
+      MINIDL_CHECK(src != nullptr || dst.numel() == 0, "copy_async (", name(), "): null source for ", dst.meta());
+      if (dst.nbytes() > 0) std::memcpy(dst.data_ptr(), src, dst.nbytes());
+    }
+    return std::make_unique<CopyHandle>();
+  }
 };
 
 // The backend of a device type. CUDA throws a clear minidl::Error in a build without CUDA.

@@ -2,14 +2,14 @@
 // into a ring of slots; one assembler thread walks the positions in order, skips unreadable
 // samples and writes batches into a bounded queue. Because only the assembler decides batch
 // boundaries, and every random draw is keyed by (seed, epoch, sample index), the batches are the
-// same for any worker count, bad files included. For a CUDA device the batches are assembled in
-// page-locked memory and copied on a copy stream while the previous batch is being used.
+// same for any worker count, bad files included. For a device with pinned memory (CUDA) the
+// batches are assembled in page-locked buffers and copied while the previous batch is in use
+// (data/device_staging.cpp).
 #include "data/loader.h"
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -17,10 +17,8 @@
 
 #include "core/backend.h"
 #include "core/philox.h"
+#include "data/device_staging.h"
 #include "data/transform.h"
-#ifdef MINIDL_WITH_CUDA
-#include "kernels/cuda/runtime.h"
-#endif
 
 namespace minidl::data {
 
@@ -75,7 +73,7 @@ struct Loader::Impl {
   bool stop = false;
   int64_t next_claim = 0, assembled_pos = 0;
   std::vector<Slot> ring;
-  // A finished batch: the batch itself, or (pinned path) the pinned buffer holding `count` samples.
+  // A finished batch: the batch itself, or (device path) the staging buffer holding `count` samples.
   struct Queued {
     Batch batch;
     int pinned = -1;
@@ -88,31 +86,10 @@ struct Loader::Impl {
   std::thread assembler;
   int64_t sync_pos = 0;  // workers == 0: the next position next() reads
 
-#ifdef MINIDL_WITH_CUDA
-  // The pinned path (CUDA device): a pool of page-locked buffers, each [labels i64 | images],
-  // allocated on the first epoch and reused; a buffer is free again once the copy reading it is
-  // done (last_copy). `prefetched` is the next batch, its copy already queued on the copy stream.
-  struct Pinned {
-    void* ptr = nullptr;
-    std::shared_ptr<cuda::AsyncCopy> last_copy;
-  };
-  struct InFlight {
-    Batch batch;
-    std::shared_ptr<cuda::AsyncCopy> copy;
-  };
-  bool pinned_tried = false;
-  std::vector<Pinned> pinned;
-  std::vector<int> pinned_free;   // guarded by mu
-  std::optional<InFlight> prefetched;
-  size_t images_offset = 0;
-#endif
-  bool pinned_on() const {
-#ifdef MINIDL_WITH_CUDA
-    return !pinned.empty();
-#else
-    return false;
-#endif
-  }
+  // The device path: page-locked buffers from the device's backend, made at the first epoch (none
+  // for the CPU, or a backend without pinned memory: batches are then copied with Tensor::to).
+  bool staging_tried = false;
+  std::unique_ptr<DeviceStaging> staging;
 
   // Statistics.
   Clock::time_point stats_start = Clock::now();
@@ -138,18 +115,7 @@ struct Loader::Impl {
 
   ~Impl() {
     stop_pipeline();
-#ifdef MINIDL_WITH_CUDA
-    try {
-      drop_prefetched();
-      for (Pinned& b : pinned) {
-        if (b.last_copy) b.last_copy->host_wait();   // no DMA may still read the buffer
-        b.last_copy.reset();
-        backend(opt.device).pinned_free(b.ptr);
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "minidl: Loader: releasing pinned batches failed: %s\n", e.what());
-    }
-#endif
+    staging.reset();   // after the threads: waits for the copies still reading its buffers
   }
 
   // The base image of dataset sample idx (through the cache), or null when unreadable.
@@ -201,7 +167,7 @@ struct Loader::Impl {
     return Batch{b.images.slice(0, 0, count), b.labels.slice(0, 0, count)};
   }
 
-  // Where assemble() writes: a fresh CPU batch, or a free pinned buffer.
+  // Where assemble() writes: a fresh CPU batch, or a free staging buffer.
   struct Target {
     Queued q;
     void* images = nullptr;
@@ -209,36 +175,28 @@ struct Loader::Impl {
   };
   Target begin_batch() {
     Target t;
-#ifdef MINIDL_WITH_CUDA
-    if (pinned_on()) {
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv_queue.wait(lock, [&] { return stop || !pinned_free.empty(); });
-        if (stop) throw std::runtime_error("stopped");
-        t.q.pinned = pinned_free.back();
-        pinned_free.pop_back();
-      }
-      Pinned& b = pinned[static_cast<size_t>(t.q.pinned)];
-      if (b.last_copy) b.last_copy->host_wait();   // the previous batch's DMA may still read it
-      b.last_copy.reset();
-      t.labels = static_cast<int64_t*>(b.ptr);
-      t.images = static_cast<char*>(b.ptr) + images_offset;
+    if (staging) {
+      std::optional<DeviceStaging::Buffer> b = staging->acquire();
+      if (!b) throw std::runtime_error("stopped");
+      t.q.pinned = b->index;
+      t.labels = b->labels;
+      t.images = b->images;
       return t;
     }
-#endif
     t.q.batch = new_batch();
     t.images = t.q.batch.images.data_ptr();
     t.labels = t.q.batch.labels.data<int64_t>();
     return t;
   }
 
-  void release_pinned([[maybe_unused]] int index) {
-#ifdef MINIDL_WITH_CUDA
-    if (index < 0) return;
-    std::lock_guard<std::mutex> lock(mu);
-    pinned_free.push_back(index);
-    cv_queue.notify_all();
-#endif
+  void release_pinned(int index) {
+    if (index >= 0) staging->release(index);
+  }
+
+  // Stops the threads at their next wait (with mu held): on error or at the end of an epoch.
+  void stop_locked() {
+    stop = true;
+    if (staging) staging->interrupt();   // an assembler waiting for a free buffer
   }
 
   // Assembles one batch from positions [*pos, ...) using get(pos, &px) -> ok; nullopt at the end.
@@ -290,7 +248,7 @@ struct Loader::Impl {
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
       if (!error) error = std::current_exception();
-      stop = true;
+      stop_locked();
       cv_work.notify_all();
       cv_sample.notify_all();
       cv_queue.notify_all();
@@ -334,7 +292,7 @@ struct Loader::Impl {
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
       if (!stop && !error) error = std::current_exception();
-      stop = true;
+      stop_locked();
       epoch_done = true;
       cv_work.notify_all();
       cv_queue.notify_all();
@@ -344,7 +302,7 @@ struct Loader::Impl {
   void stop_pipeline() {
     {
       std::lock_guard<std::mutex> lock(mu);
-      stop = true;
+      stop_locked();
     }
     cv_work.notify_all();
     cv_sample.notify_all();
@@ -356,16 +314,17 @@ struct Loader::Impl {
 
   void start(int64_t epoch) {
     stop_pipeline();
-#ifdef MINIDL_WITH_CUDA
-    drop_prefetched();
-    if (opt.device.is_cuda() && !pinned_tried) {
-      pinned_tried = true;
-      allocate_pinned();   // throws, like the copy would, when no CUDA device is usable
+    if (staging) {
+      staging->restart();   // no thread runs now
+    } else if (!opt.device.is_cpu() && !staging_tried) {
+      staging_tried = true;
+      // Enough buffers that neither the assembler nor next() ever waits for one: the queue, the one
+      // being assembled, the prefetched one and one spare. backend() throws, like the copy would,
+      // when the device's backend is not built or not usable.
+      staging = DeviceStaging::create(backend(opt.device), opt.device,
+                                      {opt.batch_size, opt.transform.size, opt.dtype, opt.channels_last},
+                                      opt.prefetch_batches + 3);
     }
-    // No thread runs now: every buffer is free (a copy still reading one is waited for on reuse).
-    pinned_free.clear();
-    for (size_t i = pinned.size(); i-- > 0;) pinned_free.push_back(static_cast<int>(i));
-#endif
     order = epoch_order(ds->size(), opt.shuffle, opt.seed, epoch);
     aug_key = epoch_key(opt.seed, epoch, kAugmentStream);
     stop = false;
@@ -401,7 +360,6 @@ struct Loader::Impl {
     return b;
   }
 
-#ifdef MINIDL_WITH_CUDA
   // A batch already assembled, without waiting (nullopt when none is ready, or without workers).
   std::optional<Queued> try_take() {
     if (opt.workers == 0) return std::nullopt;
@@ -413,63 +371,14 @@ struct Loader::Impl {
     return b;
   }
 
-  void allocate_pinned() {
-    const int64_t s = opt.transform.size;
-    const size_t labels_bytes = static_cast<size_t>(opt.batch_size) * sizeof(int64_t);
-    images_offset = (labels_bytes + 63) / 64 * 64;
-    const size_t bytes = images_offset + static_cast<size_t>(opt.batch_size * s * s * 3) * dtype_size(opt.dtype);
-    // Enough that neither the assembler nor next() ever waits for a buffer: the queue, the one
-    // being assembled, the prefetched one and one spare.
-    const auto count = static_cast<size_t>(opt.prefetch_batches) + 3;
-    Backend& be = backend(opt.device);
-    for (size_t i = 0; i < count; ++i) {
-      void* p = be.pinned_alloc(bytes);
-      if (p == nullptr) break;   // a backend without pinned memory: the plain path
-      pinned.push_back(Pinned{p, nullptr});
-    }
-    if (pinned.size() < count) {
-      for (Pinned& b : pinned) be.pinned_free(b.ptr);
-      pinned.clear();
-    }
-  }
-
-  // Device tensors for a pinned batch and its copy, queued now on the copy stream; the buffer
-  // goes back to the pool (its next user waits for this copy first).
-  InFlight start_copy(Queued q) {
-    const int64_t s = opt.transform.size, c = q.count;
-    InFlight f;
-    const TensorOptions to{.dtype = opt.dtype, .device = opt.device};
-    f.batch.images = opt.channels_last ? empty({c, s, s, 3}, to) : empty({c, 3, s, s}, to);
-    f.batch.labels = empty({c}, {.dtype = DType::i64, .device = opt.device});
-    Pinned& b = pinned[static_cast<size_t>(q.pinned)];
-    f.copy = cuda::AsyncCopy::start({{static_cast<char*>(b.ptr) + images_offset, f.batch.images},
-                                     {b.ptr, f.batch.labels}});
-    b.last_copy = f.copy;
-    release_pinned(q.pinned);
-    return f;
-  }
-
-  // Before device tensors whose copy may be in flight are freed, the compute stream waits for it.
-  void drop_prefetched() {
-    if (prefetched && prefetched->copy) prefetched->copy->make_compute_wait();
-    prefetched.reset();
-  }
-
-  // next() on the pinned path: the batch whose copy was queued last time (or now), after queueing
-  // the copy of the one after it, so that transfer overlaps the caller's work on this one.
-  std::optional<Batch> next_pinned() {
-    if (!prefetched) {
-      std::optional<Queued> q = take();
+  // next() on the device path: the staging buffers' batches, copied one batch ahead.
+  std::optional<Batch> next_staged() {
+    const auto filled = [](std::optional<Queued> q) -> std::optional<DeviceStaging::Filled> {
       if (!q) return std::nullopt;
-      prefetched = start_copy(std::move(*q));
-    }
-    InFlight cur = std::move(*prefetched);
-    prefetched.reset();
-    if (std::optional<Queued> q = try_take()) prefetched = start_copy(std::move(*q));
-    cur.copy->make_compute_wait();
-    return std::move(cur.batch);
+      return DeviceStaging::Filled{q->pinned, q->count};
+    };
+    return staging->next([&] { return filled(take()); }, [&] { return filled(try_take()); });
   }
-#endif
 };
 
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
@@ -487,21 +396,19 @@ void Loader::start_epoch(int64_t epoch) { impl_->start(epoch); }
 std::optional<Batch> Loader::next() {
   if (!impl_->started) impl_->start(0);
   const auto t0 = Clock::now();
-#ifdef MINIDL_WITH_CUDA
-  if (impl_->pinned_on()) {
-    std::optional<Batch> pb = impl_->next_pinned();
+  if (impl_->staging) {
+    std::optional<Batch> pb = impl_->next_staged();
     impl_->wait += seconds_since(t0);
     if (pb) impl_->delivered += pb->labels.size(0);
     return pb;
   }
-#endif
   std::optional<Impl::Queued> q = impl_->take();
   impl_->wait += seconds_since(t0);
   if (!q) return std::nullopt;
   std::optional<Batch> b = std::move(q->batch);
   impl_->delivered += b->labels.size(0);
   if (!impl_->opt.device.is_cpu()) {
-    // Without CUDA this throws minidl::Error naming the build; the CUDA backend stages the copy.
+    // A device backend without pinned memory: the backend stages the copy itself.
     b->images = b->images.to(impl_->opt.device);
     b->labels = b->labels.to(impl_->opt.device);
   }

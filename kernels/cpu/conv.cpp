@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/tensor.h"
+#include "kernels/cpu/conv_gemm.h"
 #include "kernels/cpu/conv_im2col.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
@@ -17,7 +18,7 @@ namespace minidl::cpu {
 
 namespace {
 
-using namespace conv_detail;  // the im2col helpers of this file, kept in conv_im2col.h
+using namespace conv_detail;  // the im2col and GEMM helpers of this file (conv_im2col.h, conv_gemm.h)
 
 template <typename T>
 using MatR = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -68,7 +69,8 @@ enum class Pass { Forward, BackwardInput, BackwardWeight };
 
 // How the batch is cut into items and spread over threads. Two modes: with enough items, items
 // run on OpenMP threads with single-threaded GEMMs (threads > 1); otherwise items run in order,
-// Eigen threads each GEMM and the copies around it are split over (sample, channel) (inner).
+// gemm() splits each GEMM over the threads and the copies around it are split over (sample,
+// channel) (inner).
 struct Plan {
   int64_t group = 1;         // samples per item
   int64_t rows = 1;          // output rows per item (all of them when group > 1)
@@ -232,11 +234,7 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Co
       const int64_t c1 = std::min(g.c, c0 + cc);
       const CMapR<T> cm = item_columns(xp, g, pl, it, c0, c1, buf);
       const auto wc = wm.middleCols(c0 * kk, (c1 - c0) * kk);
-      if (bp || c0 > 0) {
-        om.noalias() += wc * cm;
-      } else {
-        om.noalias() = wc * cm;
-      }
+      gemm(om, wc, cm, bp || c0 > 0);
     }
     if (it.gn > 1) {
       for_each_plane(pl, it.gn, o, [&](int64_t j, int64_t r) {
@@ -254,8 +252,8 @@ void input_grad_chunk(const CMapR<T>& wm, const CMapR<T>& gym, const ConvGeom& g
                       int64_t c0, int64_t c1, T* buf, T* gxp) {
   const int64_t kk = g.kh * g.kw, cols = gym.cols(), rows_cols = (it.r1 - it.r0) * g.ow;
   const bool whole = it.r0 == 0 && it.r1 == g.oh && pad_band_ok(g, g.oh);
-  MapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols)).noalias() =
-      wm.middleCols(c0 * kk, (c1 - c0) * kk).transpose() * gym;
+  gemm(MapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols)),
+       wm.middleCols(c0 * kk, (c1 - c0) * kk).transpose(), gym, false);
   for_each_plane(pl, it.gn, c1 - c0, [&](int64_t j, int64_t cr) {
     const int64_t c = c0 + cr;
     const T* gcol = buf + cr * kk * cols + j * rows_cols;
@@ -393,8 +391,8 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, c
     const CMapR<T> gym = item_rows(gyp, g, pl, it, buf ? buf + gcol_sz : nullptr);
     const int64_t cols = gym.cols();
     if (direct) {
-      MapR<T>(gxp + it.n0 * g.in_size() + it.r0 * g.ow, k, cols, Eigen::OuterStride<>(g.p())).noalias() =
-          wm.transpose() * gym;
+      gemm(MapR<T>(gxp + it.n0 * g.in_size() + it.r0 * g.ow, k, cols, Eigen::OuterStride<>(g.p())),
+           wm.transpose(), gym, false);
       return;
     }
     for (int64_t c0 = 0; c0 < g.c; c0 += cc) input_grad_chunk<T>(wm, gym, g, pl, it, c0, std::min(g.c, c0 + cc), buf, gxp);
@@ -427,7 +425,7 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
     for (int64_t c0 = 0; c0 < g.c; c0 += cc) {
       const int64_t c1 = std::min(g.c, c0 + cc);
       const CMapR<T> cm = item_columns(xp, g, pl, it, c0, c1, buf);
-      acc.middleCols(c0 * kk, (c1 - c0) * kk).noalias() += gym * cm.transpose();
+      gemm(acc.middleCols(c0 * kk, (c1 - c0) * kk), gym, cm.transpose(), true);
     }
   });
 

@@ -65,6 +65,8 @@ class CudaBackend final : public Backend {
   // pinned.cu: page-locked host memory (cudaHostAlloc) for the loader's batches.
   void* pinned_alloc(size_t bytes) override;
   void pinned_free(void* p) override;
+  // pinned.cu: the copies queued on the device's copy stream (cuda::AsyncCopy).
+  std::unique_ptr<CopyHandle> copy_async(const std::vector<std::pair<const void*, Tensor>>& copies) override;
 };
 
 // Checks shared by the families: on this backend's device, and (for kernels that need it) contiguous.

@@ -1,10 +1,12 @@
-// Page-locked host memory and asynchronous batch copies for the data loader: a copy from pinned
-// memory is a real DMA, queued on a dedicated copy stream, so the next batch's transfer overlaps
-// the current step's compute. cudaHostAlloc is slow (it maps pages): callers allocate once.
+// Page-locked host memory and asynchronous batch copies for the data loader (Backend::pinned_alloc,
+// copy_async): a copy from pinned memory is a real DMA on a dedicated copy stream, so the next
+// batch's transfer overlaps the current step's compute. cudaHostAlloc is slow: allocate once.
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <utility>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/context.cuh"
@@ -101,6 +103,26 @@ AsyncCopy::~AsyncCopy() {
     }
   }
   MINIDL_CUDA_LOG(cudaEventDestroy(static_cast<cudaEvent_t>(done_)));
+}
+
+namespace {
+
+// Backend::CopyHandle over an AsyncCopy: data/ sees the copy stream only through this seam.
+class AsyncCopyHandle final : public Backend::CopyHandle {
+ public:
+  explicit AsyncCopyHandle(std::unique_ptr<AsyncCopy> c) : copy_(std::move(c)) {}
+  void make_compute_wait() override { copy_->make_compute_wait(); }
+  void host_wait() override { copy_->host_wait(); }
+
+ private:
+  std::unique_ptr<AsyncCopy> copy_;   // its destructor orders the compute stream after the copy
+};
+
+}  // namespace
+
+std::unique_ptr<Backend::CopyHandle> CudaBackend::copy_async(
+    const std::vector<std::pair<const void*, Tensor>>& copies) {
+  return std::make_unique<AsyncCopyHandle>(AsyncCopy::start(copies));
 }
 
 }  // namespace minidl::cuda

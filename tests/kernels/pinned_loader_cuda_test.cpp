@@ -1,7 +1,7 @@
-// The loader's CUDA path (data/loader.cpp with kernels/cuda/pinned.cu): batches assembled in
-// pinned memory and copied on the copy stream must be exactly the CPU loader's batches, for any
-// worker count, dtype and layout, across epochs, with a trimmed last batch and a restarted epoch
-// (a prefetched copy dropped in flight). MINIDL_PARITY_SELF_TEST=1 runs it CPU against CPU.
+// The loader's CUDA path (data/device_staging.cpp, Backend::copy_async in kernels/cuda/pinned.cu):
+// device batches must equal the CPU loader's for any worker count, dtype and layout, across epochs,
+// with a trimmed last batch and an epoch restarted with a copy in flight. MINIDL_PARITY_SELF_TEST=1
+// runs it CPU against CPU; tests/data/device_staging_test.cpp covers the staging logic without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
