@@ -167,8 +167,8 @@ class LateCopyBackend final : public Backend {
   void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& i) override {
     cpu().max_pool2d_forward(x, o, y, i);
   }
-  void max_pool2d_backward(const Tensor& gy, const Tensor& i, const Tensor& gx) override {
-    cpu().max_pool2d_backward(gy, i, gx);
+  void max_pool2d_backward(const Tensor& gy, const Tensor& i, const Pool2dOptions& o, const Tensor& gx) override {
+    cpu().max_pool2d_backward(gy, i, o, gx);
   }
   void avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) override {
     cpu().avg_pool2d_forward(x, o, y);
@@ -194,6 +194,21 @@ class LateCopyBackend final : public Backend {
   }
   void nll_forward(const Tensor& lp, const Tensor& t, const Tensor& l) override { cpu().nll_forward(lp, t, l); }
   void nll_backward(const Tensor& g, const Tensor& t, const Tensor& gl) override { cpu().nll_backward(g, t, gl); }
+  void cross_entropy_forward(const Tensor& x, const Tensor& t, double eps, const Tensor& l,
+                             const Tensor& lse) override {
+    cpu().cross_entropy_forward(x, t, eps, l, lse);
+  }
+  void cross_entropy_backward(const Tensor& g, const Tensor& x, const Tensor& t, const Tensor& lse, double eps,
+                              const Tensor& gx) override {
+    cpu().cross_entropy_backward(g, x, t, lse, eps, gx);
+  }
+  void bce_with_logits_forward(const Tensor& x, const Tensor& y, const Tensor& l) override {
+    cpu().bce_with_logits_forward(x, y, l);
+  }
+  void bce_with_logits_backward(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& gx,
+                                const Tensor& gy) override {
+    cpu().bce_with_logits_backward(g, x, y, gx, gy);
+  }
 
  private:
   static Backend& cpu() { return backend(Device::cpu()); }
