@@ -108,6 +108,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--epochs", c.epochs, "training epochs");
   app.add_option("--max-steps", c.max_steps, "stop after this many optimizer steps; 0: no limit");
   app.add_flag("--amp", c.amp, "mixed precision (f16 autocast + gradient scaler)");
+  app.add_option("--amp-init-scale", c.amp_init_scale, "with --amp: the gradient scaler's initial loss scale");
+  app.add_option("--amp-growth-interval", c.amp_growth_interval,
+                 "with --amp: consecutive clean steps before the loss scale doubles");
   app.add_option("--checkpoint", c.checkpoint, "activation recomputation: none, stages, sequential:N or optimal "
                                                "(ResNet models)");
   app.add_option("--cudnn-benchmark", c.cudnn_benchmark,
@@ -251,6 +254,8 @@ void validate(const TrainConfig& c) {
   if (c.epochs <= 0) usage("--epochs must be >= 1");
   if (c.max_steps < 0) usage("--max-steps must be >= 0");
   if (c.max_grad_norm < 0) usage("--max-grad-norm must be >= 0");
+  if (!(c.amp_init_scale > 0) || !std::isfinite(c.amp_init_scale)) usage("--amp-init-scale must be > 0");
+  if (c.amp_growth_interval < 1) usage("--amp-growth-interval must be >= 1");
   if (c.workers < 0) usage("--workers must be >= 0");
   if (c.normalize != "imagenet" && c.normalize != "unit")
     usage("--normalize '" + c.normalize + "': expected imagenet or unit");
