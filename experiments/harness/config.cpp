@@ -79,7 +79,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--synthetic-difficulty", c.synthetic_difficulty, "synthetic task difficulty in [0, 1]");
   app.add_option("--split", c.split, "train,val,test per class: integers are counts (the Keras study's "
                                      "600,200,200), decimals are fractions (0.8,0.1,0.1)");
-  app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written");
+  app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written; empty: none");
   app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip) or rrc "
                                          "(random resized crop + flip)");
   app.add_option("--normalize", c.normalize, "pixel scaling of loaded photos: imagenet (ImageNet mean/std) or unit "
@@ -118,9 +118,13 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--memory-budget", c.memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
   app.add_option("--device", c.device, "cpu, cuda or cuda:N");
   app.add_option("--seed", c.seed, "seed of data split, initialisation, shuffling and augmentation");
-  app.add_option("--init-weights", c.init_weights, "load model weights (safetensors, torchvision names)");
-  app.add_option("--save-weights", c.save_weights, "save model + optimizer state here at the end (safetensors)");
-  app.add_option("--resume", c.resume, "continue from a --save-weights file (model, optimizer, epoch)");
+  app.add_option("--init-weights", c.init_weights,
+                 "load model weights (safetensors, torchvision names); empty: random initialisation");
+  app.add_option("--save-weights", c.save_weights, "at the end (or on SIGINT) save the model here and optimizer + "
+                                                   "gradient-scaler state and progress beside it (safetensors); "
+                                                   "empty: none");
+  app.add_option("--resume", c.resume, "continue a --save-weights file exactly where it stopped (weights, optimizer, "
+                                       "scaler, epoch and micro-batch, RNG); empty: start fresh");
   app.add_flag("--summary", c.summary, "print the model table (layers, shapes, parameters, memory) and exit");
   app.add_option("--out", c.out, "folder for metrics.csv and results.json; empty: print only");
   app.add_option("--diverge-loss", c.diverge_loss, "a training loss above this (or NaN) stops the run as diverged");
