@@ -75,14 +75,16 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
   // survivor unless `uncapped`: a nearly flat line, as recomputation under a budget gives,
   // predicts far too much); every survivor refits the line on the two largest survivors and
   // predicts again, so the fit moves to the batches near the answer, and a right prediction is
-  // confirmed by the next batch failing. Returns whether a prediction above lo + 1 failed.
+  // confirmed by the next batch failing. Returns whether the line's own prediction (not the cap,
+  // not lo + 1) failed: the answer is then probably just below it (else bisection is better).
   auto secant = [&](int64_t c, bool uncapped) {
     for (int k = 0; k < kSecantSteps; ++k) {
       int64_t cap = hi ? *hi - 1 : o.limit;
       if (!(uncapped && k == 0)) cap = std::min(cap, 2 * lo);
+      const bool capped = c > cap;
       c = std::min(std::max(c, lo + 1), cap);
       if (c <= lo) return false;
-      if (!run(c).ok) return c > lo + 1;
+      if (!run(c).ok) return c > lo + 1 && !capped;
       const LinearMemoryModel m = local_model();
       c = m.max_batch(o.budget_bytes, o.limit);
       if (!refined) r.refined_model = m, r.refined = std::max(c, lo), refined = true;
