@@ -426,7 +426,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       em.val_acc = v.acc;
       if (std::isfinite(v.acc) && v.acc > r.best_val_acc) r.best_val_acc = v.acc, r.best_epoch = epoch;
       if (c.target_accuracy > 0 && r.time_to_target < 0 && v.acc >= c.target_accuracy) r.time_to_target = train_seconds;
-      if (complete) prog.best_val_acc = r.best_val_acc, prog.best_epoch = r.best_epoch, prog.time_to_target = r.time_to_target;
+      if (complete) {
+        prog.best_val_acc = r.best_val_acc;
+        prog.best_epoch = r.best_epoch;
+        prog.time_to_target = r.time_to_target;
+      }
     } else {
       em.val_loss = em.val_acc = std::numeric_limits<double>::quiet_NaN();
     }

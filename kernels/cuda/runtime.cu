@@ -1,5 +1,6 @@
 // Device discovery through the CUDA runtime, and the event timer of the utilization study. On
-// machines without a usable driver cudaGetDeviceCount fails (e.g. "driver version is insufficient"); that is reported, not thrown.
+// machines without a usable driver cudaGetDeviceCount fails (e.g. "driver version is
+// insufficient"); that is reported, not thrown.
 #include <cuda_runtime.h>
 
 #include <cstddef>
