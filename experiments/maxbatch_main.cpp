@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   app.add_option("--margin", o.margin, "safety margin: recommended batch = max x (1 - margin)");
   app.add_option("--effective-batch", o.effective_batch,
                  "also print the accumulation steps that keep this effective batch; 0: off");
-  app.add_flag("--profile", o.profile, "measure images/s and memory for batches up to the maximum and recommend one");
+  app.add_flag("--profile", o.profile,
+               "measure images/s and memory for batches up to the maximum and recommend one; off by default");
   app.add_option("--time-budget", time_budget, "--profile: the smallest batch whose whole run fits (90s, 15m, 2h); 0: off");
   app.add_option("--dataset-size", o.dataset_size, "--profile: images per epoch; 0: the --split's training images");
   app.add_option("--probe-small", o.probe_small, "the smaller probe batch of the memory model");

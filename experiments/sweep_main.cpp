@@ -18,13 +18,14 @@ int main(int argc, char** argv) {
   add_train_flags(app, base);
   app.add_option("--study", study_name, "keras-batch, utilization, techniques or lr-scaling (published settings); "
                                         "empty: a grid over the lists below");
-  app.add_flag("--quick", quick, "scale the study down (small images, few steps, small model): minutes on 2 CPU cores");
+  app.add_flag("--quick", quick,
+               "scale the study down (small images, few steps, small model): minutes on 2 CPU cores; off by default");
   app.add_option("--batch-sizes", batches, "grid: comma-separated batch sizes; empty: --batch-size");
   app.add_option("--optimizers", optimizers, "grid: e.g. sgd,adam; empty: --optimizer");
   app.add_option("--augments", augments, "grid: e.g. none,keras; empty: --augment");
   app.add_option("--checkpoints", checkpoints, "grid: e.g. none,stages; empty: --checkpoint");
-  app.add_flag("--process-per-run", process_per_run, "run each configuration in its own process");
-  app.add_flag("--list", list, "print the runs (id, group) and whether they are done, then exit");
+  app.add_flag("--process-per-run", process_per_run, "run each configuration in its own process; off by default");
+  app.add_flag("--list", list, "print the runs (id, group) and whether they are done, then exit; off by default");
   app.add_option("--only", only, "run only this run id (what --process-per-run children get)");
   if (const int rc = parse_command_line(app, argc, argv, "minidl-sweep"); rc >= 0) return rc;
   try {

@@ -30,7 +30,10 @@ int main(int argc, char** argv) {
                 r.total_seconds);
     if (!c.out.empty()) {
       const std::filesystem::path out(c.out);
-      write_file_atomic(out / "metrics.csv", epochs_csv(r.epochs));
+      // A resumed run continues the earlier session's table instead of replacing it.
+      write_file_atomic(out / "metrics.csv", c.resume.empty() ? epochs_csv(r.epochs)
+                                                              : resumed_epochs_csv(out / "metrics.csv", r.epochs,
+                                                                                   r.first_epoch));
       nlohmann::json j = provenance(r.device_name);
       j["program"] = "minidl-train";
       j["config"] = to_json(c);

@@ -79,13 +79,13 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--synthetic-difficulty", c.synthetic_difficulty, "synthetic task difficulty in [0, 1]");
   app.add_option("--split", c.split, "train,val,test per class: integers are counts (the Keras study's "
                                      "600,200,200), decimals are fractions (0.8,0.1,0.1)");
-  app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written");
+  app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written; empty: none");
   app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip) or rrc "
                                          "(random resized crop + flip)");
   app.add_option("--normalize", c.normalize, "pixel scaling of loaded photos: imagenet (ImageNet mean/std) or unit "
                                              "(pixels / 255, the Keras study's rescale); the in-memory synthetic set is "
                                              "already normalised");
-  app.add_flag("--no-shuffle", c.no_shuffle, "keep the dataset order in training");
+  app.add_flag("--no-shuffle", c.no_shuffle, "keep the dataset order in training; off by default");
   app.add_option("--workers", c.workers, "data loader threads (0: decode on the training thread)");
   app.add_option("--batch-size", c.batch_size, "micro-batch: images per forward/backward");
   app.add_option("--accumulation-steps", c.accumulation_steps,
@@ -93,7 +93,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw");
   app.add_option("--lr", c.lr, "learning rate for --base-batch; 0: the optimizer's default (sgd 0.01, adam 0.001)");
   app.add_option("--momentum", c.momentum, "SGD momentum");
-  app.add_flag("--nesterov", c.nesterov, "SGD Nesterov momentum");
+  app.add_flag("--nesterov", c.nesterov, "SGD Nesterov momentum; off by default");
   app.add_option("--weight-decay", c.weight_decay, "L2 (sgd, adam) or decoupled (adamw) weight decay; "
                                                    "negative: the optimizer's default (0; adamw 0.01)");
   app.add_option("--beta1", c.beta1, "Adam beta1");
@@ -107,7 +107,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--schedule", c.schedule, "constant | step:SIZE:GAMMA | multistep:M1,M2:GAMMA | cosine[:MIN]");
   app.add_option("--epochs", c.epochs, "training epochs");
   app.add_option("--max-steps", c.max_steps, "stop after this many optimizer steps; 0: no limit");
-  app.add_flag("--amp", c.amp, "mixed precision (f16 autocast + gradient scaler)");
+  app.add_flag("--amp", c.amp, "mixed precision (f16 autocast + gradient scaler); off by default");
+  app.add_option("--amp-init-scale", c.amp_init_scale, "with --amp: the gradient scaler's initial loss scale");
+  app.add_option("--amp-growth-interval", c.amp_growth_interval,
+                 "with --amp: consecutive clean steps before the loss scale doubles");
   app.add_option("--checkpoint", c.checkpoint, "activation recomputation: none, stages, sequential:N or optimal "
                                                "(ResNet models)");
   app.add_option("--cudnn-benchmark", c.cudnn_benchmark,
@@ -115,16 +118,21 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--memory-budget", c.memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
   app.add_option("--device", c.device, "cpu, cuda or cuda:N");
   app.add_option("--seed", c.seed, "seed of data split, initialisation, shuffling and augmentation");
-  app.add_option("--init-weights", c.init_weights, "load model weights (safetensors, torchvision names)");
-  app.add_option("--save-weights", c.save_weights, "save model + optimizer state here at the end (safetensors)");
-  app.add_option("--resume", c.resume, "continue from a --save-weights file (model, optimizer, epoch)");
-  app.add_flag("--summary", c.summary, "print the model table (layers, shapes, parameters, memory) and exit");
+  app.add_option("--init-weights", c.init_weights,
+                 "load model weights (safetensors, torchvision names); empty: random initialisation");
+  app.add_option("--save-weights", c.save_weights, "at the end (or on SIGINT) save the model here and optimizer + "
+                                                   "gradient-scaler state and progress beside it (safetensors); "
+                                                   "empty: none");
+  app.add_option("--resume", c.resume, "continue a --save-weights file exactly where it stopped (weights, optimizer, "
+                                       "scaler, epoch and micro-batch, RNG); empty: start fresh");
+  app.add_flag("--summary", c.summary,
+               "print the model table (layers, shapes, parameters, memory) and exit; off by default");
   app.add_option("--out", c.out, "folder for metrics.csv and results.json; empty: print only");
   app.add_option("--diverge-loss", c.diverge_loss, "a training loss above this (or NaN) stops the run as diverged");
   app.add_option("--target-accuracy", c.target_accuracy,
                  "record the training time to reach this validation accuracy (0-1); 0: off");
   app.add_option("--progress-every", c.progress_every, "steps between progress lines; 0: one line per epoch");
-  app.add_flag("--quiet", c.quiet, "no progress lines");
+  app.add_flag("--quiet", c.quiet, "no progress lines; off by default");
 }
 
 SplitSpec parse_split(const std::string& s) {
@@ -251,6 +259,8 @@ void validate(const TrainConfig& c) {
   if (c.epochs <= 0) usage("--epochs must be >= 1");
   if (c.max_steps < 0) usage("--max-steps must be >= 0");
   if (c.max_grad_norm < 0) usage("--max-grad-norm must be >= 0");
+  if (!(c.amp_init_scale > 0) || !std::isfinite(c.amp_init_scale)) usage("--amp-init-scale must be > 0");
+  if (c.amp_growth_interval < 1) usage("--amp-growth-interval must be >= 1");
   if (c.workers < 0) usage("--workers must be >= 0");
   if (c.normalize != "imagenet" && c.normalize != "unit")
     usage("--normalize '" + c.normalize + "': expected imagenet or unit");

@@ -56,6 +56,8 @@ struct TrainConfig {
   int64_t max_steps = 0;           // optimizer steps; 0: no limit
   // Techniques and devices.
   bool amp = false;
+  double amp_init_scale = 65536.0;  // the gradient scaler's first scale (PyTorch's default 2^16)
+  int64_t amp_growth_interval = 2000;  // clean steps before the scale doubles (PyTorch's default)
   std::string checkpoint = "none";  // none | stages | sequential:N | optimal
   std::string cudnn_benchmark = "on";
   std::string memory_budget;        // "11GiB"; empty: none

@@ -1,14 +1,20 @@
-// The search of finder.h: probe, fit, predict, then grow or shrink by doubling steps around the
-// prediction and bisect the last gap, so a good prediction is confirmed in two or three trials.
+// The search of finder.h: probe, fit, predict, refit on the survivors nearest the answer (secant
+// steps), then grow or step down by doubling steps and bisect the last gap, so a good prediction is
+// confirmed in two or three trials.
 #include "experiments/harness/finder.h"
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <map>
 #include <optional>
 
 #include "core/error.h"
 
 namespace minidl::harness {
+namespace {
+constexpr int kSecantSteps = 4;   // refits before falling back to doubling growth
+}  // namespace
 
 int64_t LinearMemoryModel::max_batch(int64_t budget, int64_t limit) const {
   if (bytes_per_sample <= 0) return fixed_bytes <= static_cast<double>(budget) ? limit : 0;
@@ -28,20 +34,26 @@ double FinderResult::prediction_error_pct() const {
   return max_batch > 0 ? 100.0 * static_cast<double>(predicted - max_batch) / static_cast<double>(max_batch) : 0.0;
 }
 
+double FinderResult::refined_error_pct() const {
+  return max_batch > 0 ? 100.0 * static_cast<double>(refined - max_batch) / static_cast<double>(max_batch) : 0.0;
+}
+
 FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
   MINIDL_CHECK(o.probe_small >= 1 && o.probe_large > o.probe_small && o.limit >= o.probe_large,
                "maxbatch: probes must satisfy 1 <= small < large <= limit, got ", o.probe_small, ", ", o.probe_large,
                ", limit ", o.limit);
   FinderResult r;
   std::optional<int64_t> hi;  // smallest batch known to fail
-  bool step_down = false;     // the (refined) prediction itself failed
+  bool step_down = false;     // a prediction failed: the answer is usually a little below it
   int64_t lo = 0;             // largest batch known to survive
+  std::map<int64_t, int64_t> survivors;  // batch -> bytes the fit uses
   auto run = [&](int64_t b) {
     MINIDL_CHECK(static_cast<int>(r.trials.size()) < o.max_trials, "maxbatch: no answer after ", o.max_trials,
                  " trials (last tried ", b, ")");
     Trial t = try_batch(b);
     r.trials.emplace_back(b, t);
     if (t.ok) {
+      survivors[b] = t.fit_bytes();
       if (b > lo) lo = b, r.at_max = t;
     } else {
       ++r.ooms;
@@ -49,6 +61,35 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
       if (!hi || b < *hi) hi = b;
     }
     return t;
+  };
+  // The line through the two largest survivors: the local slope just below the answer, which is
+  // what decides it when memory is not linear in the batch.
+  auto local_model = [&] {
+    auto last = survivors.rbegin();
+    auto prev = std::next(last);
+    return fit_memory_model(prev->first, prev->second, last->first, last->second);
+  };
+
+  bool refined = false;
+  // Secant steps from prediction c: try it (inside the bracket, and at most doubling the largest
+  // survivor unless `uncapped`: a nearly flat line, as recomputation under a budget gives,
+  // predicts far too much); every survivor refits the line on the two largest survivors and
+  // predicts again, so the fit moves to the batches near the answer, and a right prediction is
+  // confirmed by the next batch failing. Returns whether the line's own prediction (not the cap,
+  // not lo + 1) failed: the answer is then probably just below it (else bisection is better).
+  auto secant = [&](int64_t c, bool uncapped) {
+    for (int k = 0; k < kSecantSteps; ++k) {
+      int64_t cap = hi ? *hi - 1 : o.limit;
+      if (!(uncapped && k == 0)) cap = std::min(cap, 2 * lo);
+      const bool capped = c > cap;
+      c = std::min(std::max(c, lo + 1), cap);
+      if (c <= lo) return false;
+      if (!run(c).ok) return c > lo + 1 && !capped;
+      const LinearMemoryModel m = local_model();
+      c = m.max_batch(o.budget_bytes, o.limit);
+      if (!refined) r.refined_model = m, r.refined = std::max(c, lo), refined = true;
+    }
+    return false;
   };
 
   const Trial t1 = run(o.probe_small);
@@ -58,21 +99,19 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
       r.model = fit_memory_model(o.probe_small, t1.fit_bytes(), o.probe_large, t2.fit_bytes());
       r.predicted = std::max(r.model.max_batch(o.budget_bytes, o.limit), o.probe_large);
       r.refined = r.predicted;
-      // Small probes under-weight what grows with the batch (kernel workspaces sized per chunk of
-      // samples), so refit once on a third point half way to the prediction before trusting it.
-      int64_t c = r.predicted;
-      if (r.predicted > 2 * o.probe_large) {
-        const int64_t mid = r.predicted / 2;
-        const Trial tm = run(mid);
-        if (tm.ok) {
-          r.refined_model = fit_memory_model(o.probe_large, t2.fit_bytes(), mid, tm.fit_bytes());
-          r.refined = std::max(r.refined_model.max_batch(o.budget_bytes, o.limit), mid);
-          c = r.refined;
+      r.refined_model = r.model;
+      step_down = secant(r.predicted, true);
+      // The probes' prediction itself failed, by an unknown factor (memory convex in the batch):
+      // a survivor half way gives a line nearer the answer to continue from.
+      if (hi && !refined && *hi - lo > 2) {
+        if (run(lo + (*hi - lo) / 2).ok) {
+          const LinearMemoryModel m = local_model();
+          r.refined_model = m, r.refined = std::max(m.max_batch(o.budget_bytes, o.limit), lo), refined = true;
+          step_down = secant(r.refined, false);
         } else {
-          c = 0;  // off by more than 2x: no prediction to step down from, bisect instead
+          step_down = false;  // bisect
         }
       }
-      if (c > lo && (!hi || c < *hi)) step_down = !run(c).ok;
     } else {
       r.predicted = r.refined = o.probe_small;
     }

@@ -1,7 +1,8 @@
 // The maximum-batch finder of minidl-maxbatch: predict the largest micro-batch that fits the
 // memory budget from a linear model (fixed bytes + bytes per sample) fitted on two small probe
-// batches, then confirm it with few trials (grow, then bisect), each of which may fail with an OOM
-// that the trial runner recovers from. The search only sees a try_batch callback, so it is tested
+// batches, try it and refit on the survivors nearest the answer (memory is rarely linear over the
+// whole range), then confirm with few trials (grow or step down, then bisect), each of which may
+// fail with an OOM that the trial runner recovers from. The search only sees a try_batch callback, so it is tested
 // with a fake memory model and runs unchanged on the CPU budget or a GPU.
 #pragma once
 #include <cstdint>
@@ -47,8 +48,10 @@ struct FinderOptions {
 struct FinderResult {
   LinearMemoryModel model;
   int64_t predicted = 0;          // from the model fitted on the two probes
-  LinearMemoryModel refined_model;  // refitted on a third point half way (when there is one)
-  int64_t refined = 0;            // the refined prediction, tried next
+  // The second fit, after the first trial: the line through the two largest survivors (the
+  // prediction and the larger probe when the prediction survived; else the probes' line again).
+  LinearMemoryModel refined_model;
+  int64_t refined = 0;            // its prediction, tried next
   int64_t max_batch = 0;          // confirmed: survives; max_batch + 1 failed (unless hit_limit)
   bool hit_limit = false;
   Trial at_max;                   // the trial of max_batch
@@ -56,6 +59,7 @@ struct FinderResult {
   int ooms = 0;
   bool all_recovered = true;
   double prediction_error_pct() const;  // (predicted - max) / max x 100, of the probes' prediction
+  double refined_error_pct() const;     // the same for the second fit's prediction
 };
 
 FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o);

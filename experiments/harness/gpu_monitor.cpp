@@ -1,12 +1,16 @@
-// NVML through dlopen (see gpu_monitor.h). Only the four entry points used are declared here, with
+// NVML through dlopen, else CUDA events (see gpu_monitor.h). Only the four entry points used are declared here, with
 // NVML's C ABI: every call returns 0 (NVML_SUCCESS) on success.
 #include "experiments/harness/gpu_monitor.h"
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <mutex>
+
+#include "kernels/cuda/runtime.h"
 
 namespace minidl::harness {
 namespace {
@@ -61,6 +65,47 @@ GpuBusyMonitor::~GpuBusyMonitor() { stop(); }
 double GpuBusyMonitor::stop() {
   if (running_.exchange(false) && thread_.joinable()) thread_.join();
   return samples_ > 0 ? sum_ / static_cast<double>(samples_) : std::numeric_limits<double>::quiet_NaN();
+}
+
+double busy_percent(double busy_seconds, double wall_seconds) {
+  if (!(wall_seconds > 0) || !std::isfinite(busy_seconds)) return std::numeric_limits<double>::quiet_NaN();
+  return std::clamp(100.0 * busy_seconds / wall_seconds, 0.0, 100.0);
+}
+
+GpuBusyMeter::GpuBusyMeter(Device device) {
+  if (!device.is_cuda()) {
+    source_ = "none: cpu device";
+    return;
+  }
+  nvml_ = std::make_unique<GpuBusyMonitor>(device.index);
+  if (nvml_->available()) {
+    source_ = "nvml";
+    return;
+  }
+  nvml_.reset();
+  std::string why;
+  if (cuda::EventTimer::available(device.index, &why)) {
+    events_ = std::make_unique<cuda::EventTimer>(device.index);
+    source_ = "cuda-events";
+  } else {
+    source_ = "none: no NVML and no CUDA events (" + why + ")";
+  }
+}
+
+GpuBusyMeter::~GpuBusyMeter() = default;
+
+void GpuBusyMeter::step_begin() {
+  if (events_) events_->start();
+}
+
+void GpuBusyMeter::step_end() {
+  if (events_) events_->stop();
+}
+
+double GpuBusyMeter::stop(double wall_seconds) {
+  if (nvml_) return nvml_->stop();
+  if (events_) return busy_percent(events_->elapsed_seconds(), wall_seconds);
+  return std::numeric_limits<double>::quiet_NaN();
 }
 
 }  // namespace minidl::harness

@@ -1,10 +1,18 @@
 // GPU busy % for the utilization study: NVML's utilisation counter sampled on a background thread
 // while a run trains. NVML is opened with dlopen("libnvidia-ml.so.1") so the programs neither
-// link against the driver nor need it: without it (or on the CPU backend) the column stays empty.
+// link against the driver nor need it. Without it, CUDA events around each step give kernel time /
+// wall time instead (cuda::EventTimer); on the CPU backend the column stays empty, saying why.
 #pragma once
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
+
+#include "core/device.h"
+
+namespace minidl::cuda {
+class EventTimer;
+}
 
 namespace minidl::harness {
 
@@ -26,6 +34,33 @@ class GpuBusyMonitor {
   std::thread thread_;
   double sum_ = 0.0;
   long samples_ = 0;
+};
+
+// Busy seconds over wall seconds in %, clamped to [0, 100]; NaN when the wall time is not positive
+// or the busy time is unknown (NaN).
+double busy_percent(double busy_seconds, double wall_seconds);
+
+// The busy column of one epoch from the best source the device has, in this order: NVML
+// (source "nvml"), CUDA events around each step (source "cuda-events", an upper bound: see
+// cuda::EventTimer), else none (source "none: <why>", e.g. "none: cpu device").
+class GpuBusyMeter {
+ public:
+  explicit GpuBusyMeter(Device device);
+  ~GpuBusyMeter();
+  GpuBusyMeter(const GpuBusyMeter&) = delete;
+  GpuBusyMeter& operator=(const GpuBusyMeter&) = delete;
+
+  // Around each training step; no-ops unless the source is cuda-events.
+  void step_begin();
+  void step_end();
+  // Ends the measurement: busy % over `wall_seconds` of training, or NaN (see source()).
+  double stop(double wall_seconds);
+  const std::string& source() const { return source_; }
+
+ private:
+  std::unique_ptr<GpuBusyMonitor> nvml_;
+  std::unique_ptr<cuda::EventTimer> events_;
+  std::string source_;
 };
 
 }  // namespace minidl::harness

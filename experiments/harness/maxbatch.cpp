@@ -73,13 +73,16 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   rep.recommended = recommended_batch(f.max_batch, o.margin);
   say("memory model: " + mib(static_cast<int64_t>(f.model.fixed_bytes)) + " + " +
       fmt(f.model.bytes_per_sample / 1024.0, 1) + " KiB per sample -> predicted maximum " +
-      std::to_string(f.predicted) + (f.refined != f.predicted ? ", refined to " + std::to_string(f.refined) : ""));
+      std::to_string(f.predicted) +
+      (f.refined != f.predicted ? "; refit after the first trial: " + fmt(f.refined_model.bytes_per_sample / 1024.0, 1) +
+                                      " KiB per sample -> " + std::to_string(f.refined)
+                                : ""));
   const double frag =
       f.at_max.peak_reserved > 0 ? 1.0 - static_cast<double>(f.at_max.peak_allocated) / f.at_max.peak_reserved : 0.0;
   say("maximum batch: " + std::to_string(f.max_batch) + (f.hit_limit ? " (the --limit; memory allows more)" : "") +
       " after " + std::to_string(f.trials.size()) + " trials (" + std::to_string(f.ooms) + " OOM, " +
       (f.all_recovered ? "all recovered cleanly" : "NOT all recovered") + "); prediction error " +
-      fmt(f.prediction_error_pct(), 1) + "%");
+      fmt(f.prediction_error_pct(), 1) + "% (probes), " + fmt(f.refined_error_pct(), 1) + "% (refit)");
   say("peak at the maximum: allocated " + mib(f.at_max.peak_allocated) + ", reserved " + mib(f.at_max.peak_reserved) +
       ", fragmentation " + fmt(100 * frag, 1) + "%");
   say("recommended batch (" + fmt(100 * o.margin, 0) + "% margin): " + std::to_string(rep.recommended));
@@ -95,6 +98,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
               {"ooms", f.ooms},
               {"all_recovered", f.all_recovered},
               {"prediction_error_pct", f.prediction_error_pct()},
+              {"refined_error_pct", f.refined_error_pct()},
               {"peak_allocated_bytes", f.at_max.peak_allocated},
               {"peak_reserved_bytes", f.at_max.peak_reserved},
               {"fragmentation", frag},

@@ -200,6 +200,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"max_steps", c.max_steps},
           {"max_grad_norm", c.max_grad_norm},
           {"amp", c.amp},
+          {"amp_init_scale", c.amp_init_scale},
+          {"amp_growth_interval", c.amp_growth_interval},
           {"checkpoint", c.checkpoint},
           {"cudnn_benchmark", c.cudnn_benchmark},
           {"memory_budget", c.memory_budget},
@@ -223,6 +225,7 @@ nlohmann::json to_json(const RunResult& r) {
                       {"data_wait_fraction", e.data_wait_fraction},
                       {"cpu_utilization", e.cpu_utilization},
                       {"gpu_busy", num(e.gpu_busy)},
+                      {"gpu_busy_source", e.gpu_busy_source},
                       {"peak_allocated_bytes", e.peak_allocated},
                       {"peak_reserved_bytes", e.peak_reserved}});
   }
@@ -236,6 +239,7 @@ nlohmann::json to_json(const RunResult& r) {
           {"best_epoch", r.best_epoch},
           {"test_acc", num(r.test_acc)},
           {"test_loss", num(r.test_loss)},
+          {"first_epoch", r.first_epoch},
           {"time_to_target_seconds", r.time_to_target >= 0 ? nlohmann::json(r.time_to_target) : nlohmann::json()},
           {"total_seconds", r.total_seconds},
           {"train_seconds", r.train_seconds},
@@ -248,15 +252,37 @@ nlohmann::json to_json(const RunResult& r) {
 
 std::string epochs_csv(const std::vector<EpochMetrics>& epochs) {
   std::string s = csv_line({"epoch", "steps", "lr", "train_loss", "train_acc", "val_loss", "val_acc", "train_seconds",
-                            "images_per_second", "data_wait_pct", "cpu_util_pct", "gpu_busy_pct", "peak_allocated_bytes",
+                            "images_per_second", "data_wait_pct", "cpu_util_pct", "gpu_busy_pct", "gpu_busy_source",
+                            "peak_allocated_bytes",
                             "peak_reserved_bytes"});
   for (const auto& e : epochs) {
     s += csv_line({std::to_string(e.epoch), std::to_string(e.steps), fmt(e.lr, 6), fmt(e.train_loss), fmt(e.train_acc),
                    fmt(e.val_loss), fmt(e.val_acc), fmt(e.train_seconds, 3), fmt(e.images_per_second, 1),
                    fmt(100 * e.data_wait_fraction, 1), fmt(100 * e.cpu_utilization, 1), fmt(100 * e.gpu_busy, 1),
-                   std::to_string(e.peak_allocated), std::to_string(e.peak_reserved)});
+                   e.gpu_busy_source, std::to_string(e.peak_allocated), std::to_string(e.peak_reserved)});
   }
   return s;
+}
+
+std::string resumed_epochs_csv(const std::filesystem::path& existing, const std::vector<EpochMetrics>& epochs,
+                               int64_t first_epoch) {
+  const std::string fresh = epochs_csv(epochs);
+  if (!std::filesystem::exists(existing)) return fresh;
+  const CsvTable old = read_csv(existing);
+  const std::string header = fresh.substr(0, fresh.find('\n') + 1);
+  MINIDL_CHECK(csv_line(old.header) == header, "metrics.csv of the resumed run (", existing.string(),
+               ") has other columns than this minidl writes; move it away or use another --out");
+  std::string s = header;
+  for (size_t i = 0; i < old.rows.size(); ++i) {
+    int64_t epoch = 0;
+    try {
+      epoch = std::stoll(old.get(i, "epoch"));
+    } catch (const std::exception&) {
+      continue;  // a damaged row: dropped, as read_csv drops torn lines
+    }
+    if (epoch < first_epoch) s += csv_line(old.rows[i]);
+  }
+  return s + fresh.substr(header.size());
 }
 
 std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png) {

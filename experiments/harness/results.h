@@ -49,6 +49,12 @@ nlohmann::json to_json(const RunResult& r);
 
 // Per-epoch metrics as CSV (metrics.csv of minidl-train --out).
 std::string epochs_csv(const std::vector<EpochMetrics>& epochs);
+// metrics.csv of a resumed run: the rows of `existing` (an earlier session's metrics.csv; may be
+// missing) for epochs before first_epoch, then `epochs`. An epoch split across sessions keeps only
+// the later session's row (its images column says how much of the epoch it covers), so resuming
+// twice from the same file gives the same table.
+std::string resumed_epochs_csv(const std::filesystem::path& existing, const std::vector<EpochMetrics>& epochs,
+                               int64_t first_epoch);
 
 // One line per series: points (x, y) of a plot.
 struct Series {

@@ -63,8 +63,8 @@ Study utilization(bool quick, const TrainConfig& base) {
   s.title = "Throughput, device utilisation and memory vs batch size";
   s.plot_y = "images_per_s";
   s.plot_ylabel = "images / s";
-  s.summary_columns = {"batch_size", "images_per_s", "cpu_util_pct", "gpu_busy_pct", "peak_allocated_mib",
-                       "peak_reserved_mib", "status"};
+  s.summary_columns = {"batch_size", "images_per_s", "cpu_util_pct", "gpu_busy_pct", "gpu_busy_source",
+                       "peak_allocated_mib", "peak_reserved_mib", "status"};
   s.notes = "Published (Ohio State measurements in the same article): GPU busy % and memory grow with the batch "
             "until the device saturates; images/s flattens beyond that point.";
   for (int64_t b : powers(4, quick ? 512 : 1024)) {

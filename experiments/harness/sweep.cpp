@@ -70,7 +70,8 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           fmt(epoch_s, 3),
           fmt(ips, 1),
           fmt(cpu, 1),
-          fmt(gpu, 1),  // NVML, CUDA devices only
+          fmt(gpu, 1),  // NVML, else CUDA events; CUDA devices only
+          res && !res->epochs.empty() ? res->epochs.front().gpu_busy_source : "",
           res ? mib(res->peak_allocated) : "",
           res ? mib(res->peak_reserved) : "",
           max_batch > 0 ? std::to_string(max_batch) : "",
@@ -158,7 +159,7 @@ const Row& results_header() {
                      "amp",           "cudnn_benchmark", "memory_budget", "status",            "note",
                      "epochs",        "steps",          "train_loss",    "best_val_acc",       "best_epoch",
                      "test_acc",      "time_to_target_s", "epoch_seconds", "images_per_s",     "cpu_util_pct",
-                     "gpu_busy_pct",  "peak_allocated_mib", "peak_reserved_mib", "max_batch",  "predicted_max_batch",
+                     "gpu_busy_pct",  "gpu_busy_source", "peak_allocated_mib", "peak_reserved_mib", "max_batch",  "predicted_max_batch",
                      "seconds"};
   return h;
 }

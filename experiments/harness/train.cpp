@@ -4,6 +4,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/generator.h"
 #include "experiments/harness/data_source.h"
 #include "experiments/harness/gpu_monitor.h"
 #include "experiments/harness/model.h"
@@ -73,13 +75,76 @@ EvalResult evaluate(Model& m, BatchSource* src) {
 
 std::string optimizer_state_path(const std::string& weights) { return weights + ".optimizer.safetensors"; }
 
-void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, int64_t epoch, int64_t steps) {
-  // Model weights under torchvision's names (loadable by torchvision); the optimizer beside them.
-  std::map<std::string, std::string> meta{{"model", m.name},
-                                          {"epoch", std::to_string(epoch)},
-                                          {"steps", std::to_string(steps)}};
+// What --resume needs beyond the tensors, kept as safetensors metadata (strings) in both files.
+struct Progress {
+  int64_t epoch = 0;            // the last epoch trained, fully or partly
+  int64_t micro_batches = 0;    // micro-batches of `epoch` done; 0: the epoch is complete
+  int64_t batch_size = 0;       // the plan of a partial epoch depends on these two
+  int64_t accumulation_steps = 0;
+  double best_val_acc = 0.0;    // over complete epochs only (a partial epoch's evaluation is not
+  int64_t best_epoch = 0;       //   one the uninterrupted run would have made)
+  double time_to_target = -1.0;
+  double train_seconds = 0.0;   // training time of every session so far
+  uint64_t rng_seed = 0;        // the default generator (dropout draws), as checkpoint() replays it
+  uint64_t rng_offset = 0;
+  bool has_rng = false;
+};
+
+std::string exact(double v) {
+  char b[40];
+  std::snprintf(b, sizeof(b), "%.17g", v);
+  return b;
+}
+
+std::map<std::string, std::string> progress_metadata(const std::string& model, const Progress& p, int64_t steps) {
+  return {{"model", model},
+          {"epoch", std::to_string(p.epoch)},
+          {"micro_batches", std::to_string(p.micro_batches)},
+          {"batch_size", std::to_string(p.batch_size)},
+          {"accumulation_steps", std::to_string(p.accumulation_steps)},
+          {"steps", std::to_string(steps)},
+          {"best_val_acc", exact(p.best_val_acc)},
+          {"best_epoch", std::to_string(p.best_epoch)},
+          {"time_to_target", exact(p.time_to_target)},
+          {"train_seconds", exact(p.train_seconds)},
+          {"rng_seed", std::to_string(p.rng_seed)},
+          {"rng_offset", std::to_string(p.rng_offset)}};
+}
+
+// Files saved before these keys existed carry only "epoch" (and "steps"): a complete epoch.
+Progress progress_from(const std::map<std::string, std::string>& meta, const std::string& path) {
+  Progress p;
+  const auto get = [&](const char* k) -> const std::string* {
+    auto it = meta.find(k);
+    return it == meta.end() ? nullptr : &it->second;
+  };
+  try {
+    if (auto v = get("epoch")) p.epoch = std::stoll(*v);
+    if (auto v = get("micro_batches")) p.micro_batches = std::stoll(*v);
+    if (auto v = get("batch_size")) p.batch_size = std::stoll(*v);
+    if (auto v = get("accumulation_steps")) p.accumulation_steps = std::stoll(*v);
+    if (auto v = get("best_val_acc")) p.best_val_acc = std::stod(*v);
+    if (auto v = get("best_epoch")) p.best_epoch = std::stoll(*v);
+    if (auto v = get("time_to_target")) p.time_to_target = std::stod(*v);
+    if (auto v = get("train_seconds")) p.train_seconds = std::stod(*v);
+    if (get("rng_seed") && get("rng_offset")) {
+      p.rng_seed = std::stoull(*get("rng_seed"));
+      p.rng_offset = std::stoull(*get("rng_offset"));
+      p.has_rng = true;
+    }
+  } catch (const std::exception&) {
+    throw UsageError("--resume " + path + ": its metadata is not what --save-weights writes");
+  }
+  return p;
+}
+
+void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, const optim::GradScaler& scaler,
+                const Progress& p) {
+  // Model weights under torchvision's names (loadable by torchvision); optimizer and gradient
+  // scaler ("scaler.*" keys, only with --amp) beside them, both with the same progress metadata.
+  const auto meta = progress_metadata(m.name, p, opt.step_count());
   nn::save_safetensors(path, m.module->state_dict(), meta);
-  nn::save_safetensors(optimizer_state_path(path), opt.state_dict(), meta);
+  nn::save_safetensors(optimizer_state_path(path), optim::training_state_dict(opt, scaler), meta);
 }
 
 int64_t param_bytes(nn::Module& m) {
@@ -180,21 +245,62 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   const auto schedule = optim::parse_schedule(spec, total_steps);
   r.lr = c.scaled_lr();
   auto opt = make_optimizer(c, *m.module, r.lr);
-  int64_t first_epoch = 1;
-  if (!c.resume.empty()) {
-    const auto file = nn::load_safetensors(c.resume);
-    const std::string opt_path = optimizer_state_path(c.resume);
-    if (std::filesystem::exists(opt_path)) opt->load_state_dict(nn::load_safetensors(opt_path).tensors);
-    if (auto it = file.metadata.find("epoch"); it != file.metadata.end()) first_epoch = std::stoll(it->second) + 1;
-  }
   optim::AccumulationOptions ao;
   ao.max_grad_norm = c.max_grad_norm;
-  // Mixed precision: dynamic loss scaling with PyTorch's defaults, once per effective batch.
+  // Mixed precision: dynamic loss scaling (PyTorch's defaults unless --amp-init-scale /
+  // --amp-growth-interval), once per effective batch.
   optim::GradScalerOptions so;
   so.enabled = c.amp;
+  so.init_scale = c.amp_init_scale;
+  so.growth_interval = c.amp_growth_interval;
   optim::GradScaler scaler(so);
   if (c.amp) ao.scaler = &scaler;
+  // Built before the saved optimizer state is loaded: the trainer keeps the configured learning
+  // rates as the schedule's base, while the saved ones are already scheduled (warmup, decay).
   optim::AccumulatingTrainer trainer(*opt, ao);
+  Progress prog;
+  prog.batch_size = c.batch_size;
+  prog.accumulation_steps = c.accumulation_steps;
+  int64_t first_epoch = 1;
+  int64_t skip_micro = 0;   // micro-batches of first_epoch done before the resume
+  if (!c.resume.empty()) {
+    const auto file = nn::load_safetensors(c.resume);
+    const Progress saved = progress_from(file.metadata, c.resume);
+    const std::string opt_path = optimizer_state_path(c.resume);
+    if (std::filesystem::exists(opt_path)) {
+      const auto state = nn::load_safetensors(opt_path).tensors;
+      const bool has_scaler = std::any_of(state.begin(), state.end(),
+                                          [](const auto& kv) { return kv.first.rfind("scaler.", 0) == 0; });
+      if (c.amp && !has_scaler) {
+        // Saved without --amp (or by an older minidl): the optimizer continues, the scaler starts fresh.
+        opt->load_state_dict(state);
+        log("--resume: " + opt_path + " has no gradient-scaler state; the loss scale starts at --amp-init-scale");
+      } else {
+        optim::load_training_state(*opt, scaler, state);
+      }
+    }
+    if (saved.micro_batches > 0 &&
+        (saved.batch_size != c.batch_size || saved.accumulation_steps != c.accumulation_steps))
+      throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) +
+                       " with --batch-size " + std::to_string(saved.batch_size) + " and --accumulation-steps " +
+                       std::to_string(saved.accumulation_steps) + "; resume it with the same values");
+    if (saved.has_rng) {
+      default_generator().manual_seed(saved.rng_seed);
+      default_generator().set_offset(saved.rng_offset);
+    }
+    first_epoch = saved.micro_batches > 0 ? saved.epoch : saved.epoch + 1;
+    skip_micro = saved.micro_batches;
+    prog.epoch = saved.epoch;
+    prog.micro_batches = saved.micro_batches;
+    prog.best_val_acc = saved.best_val_acc;
+    prog.best_epoch = saved.best_epoch;
+    prog.time_to_target = saved.time_to_target;
+    prog.train_seconds = saved.train_seconds;
+    r.best_val_acc = saved.best_val_acc;
+    r.best_epoch = saved.best_epoch;
+    r.time_to_target = saved.time_to_target;
+  }
+  r.first_epoch = first_epoch;
 
   // The micro-batch sizes of an epoch (the last one may be short) and their accumulation windows.
   std::vector<int64_t> sizes(static_cast<size_t>(micro_per_epoch), c.batch_size);
@@ -208,21 +314,30 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
        << total_steps << " optimizer steps";
   log(head.str());
 
-  double train_seconds = 0.0;
+  double train_seconds = prog.train_seconds;
   bool stop = false;
   for (int64_t epoch = first_epoch; epoch <= c.epochs && !stop; ++epoch) {
+    if (epoch > first_epoch && stop_requested()) {  // SIGINT during the last evaluation
+      r.status = "interrupted";
+      r.note = "SIGINT before epoch " + std::to_string(epoch);
+      break;
+    }
     EpochMetrics em;
     em.epoch = epoch;
     reset_peak_stats(device);
     data.train->start_epoch(epoch);
+    size_t i = 0;
+    // A resumed partial epoch: the order is a function of (seed, epoch), so skipping the
+    // micro-batches already trained lands exactly where the saved run stopped.
+    if (epoch == first_epoch)
+      while (i < static_cast<size_t>(skip_micro) && i < plan.size() && data.train->next()) ++i;
     const double wait0 = data.train->wait_seconds();
     const double cpu0 = cpu_seconds();
-    std::unique_ptr<GpuBusyMonitor> gpu;
-    if (device.is_cuda()) gpu = std::make_unique<GpuBusyMonitor>(device.index);
+    GpuBusyMeter gpu(device);
     const auto t0 = Clock::now();
     double loss_sum = 0.0;
     int64_t correct = 0;
-    size_t i = 0;
+    bool cut = false;   // left the epoch early (divergence, SIGINT, --max-steps, OOM)
     try {
       while (auto b = data.train->next()) {
         if (i == plan.size()) break;  // the loader delivered more than planned: never step twice
@@ -230,6 +345,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
           const double f = schedule->factor(opt->step_count());
           for (size_t g = 0; g < opt->num_groups(); ++g) opt->set_lr(g, trainer.base_lrs()[g] * f);
         }
+        gpu.step_begin();
         const Tensor logits = m.forward(b->images);
         const Tensor loss = m.loss(logits, b->labels);
         const double lv = loss.item();
@@ -241,15 +357,17 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
           r.status = "diverged";
           r.note = "training loss " + std::to_string(lv) + " at step " + std::to_string(opt->step_count()) +
                    (std::isfinite(lv) ? " above --diverge-loss " + std::to_string(c.diverge_loss) : "");
-          stop = true;
+          stop = cut = true;
           break;
         }
         optim::MicroBatch mb = plan[i];
         if (mb.samples != n) mb.loss_weight = std::min(1.0, mb.loss_weight * static_cast<double>(n) / mb.samples);
         const bool stepped = trainer.micro_batch(loss, mb);
+        gpu.step_end();
         ++i;
         if (!stepped) continue;
         const int64_t step = opt->step_count();
+        if (hooks.on_step) hooks.on_step(step);
         if (!c.quiet && c.progress_every > 0 && step % c.progress_every == 0) {
           const double dt = seconds_since(t0);
           const auto ms = memory_stats(device);
@@ -267,23 +385,27 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         if (stop_requested()) {
           r.status = "interrupted";
           r.note = "SIGINT at step " + std::to_string(step);
-          stop = true;
+          stop = cut = true;
           break;
         }
         if (c.max_steps > 0 && step >= c.max_steps) {
-          stop = true;
+          stop = cut = true;
           break;
         }
       }
     } catch (const OutOfMemoryError& e) {
       r.status = "oom";
       r.note = e.what();
-      stop = true;
+      stop = cut = true;
       opt->zero_grad();
     }
+    const bool complete = !cut || i == plan.size();
     em.train_seconds = seconds_since(t0);
-    if (gpu) em.gpu_busy = gpu->stop() / 100.0;
+    em.gpu_busy = gpu.stop(em.train_seconds) / 100.0;
+    em.gpu_busy_source = gpu.source();
     train_seconds += em.train_seconds;
+    prog.epoch = epoch;
+    prog.micro_batches = complete ? 0 : static_cast<int64_t>(i);
     em.steps = opt->step_count();
     em.lr = opt->lr(0);
     em.train_loss = em.images > 0 ? loss_sum / static_cast<double>(em.images) : 0.0;
@@ -304,6 +426,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       em.val_acc = v.acc;
       if (std::isfinite(v.acc) && v.acc > r.best_val_acc) r.best_val_acc = v.acc, r.best_epoch = epoch;
       if (c.target_accuracy > 0 && r.time_to_target < 0 && v.acc >= c.target_accuracy) r.time_to_target = train_seconds;
+      if (complete) {
+        prog.best_val_acc = r.best_val_acc;
+        prog.best_epoch = r.best_epoch;
+        prog.time_to_target = r.time_to_target;
+      }
     } else {
       em.val_loss = em.val_acc = std::numeric_limits<double>::quiet_NaN();
     }
@@ -326,7 +453,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   r.test_acc = t.acc;
   r.test_loss = t.loss;
   if (!c.save_weights.empty() && r.status != "oom") {
-    save_state(c.save_weights, m, *opt, r.epochs.empty() ? first_epoch - 1 : r.epochs.back().epoch, r.steps);
+    prog.train_seconds = train_seconds;
+    prog.rng_seed = default_generator().seed();
+    prog.rng_offset = default_generator().offset();
+    save_state(c.save_weights, m, *opt, scaler, prog);
     log("saved weights to " + c.save_weights + " (optimizer state: " + optimizer_state_path(c.save_weights) + ")");
   }
   if (!c.memory_budget.empty()) set_memory_budget(device, 0);

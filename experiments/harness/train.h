@@ -26,7 +26,8 @@ struct EpochMetrics {
   double images_per_second = 0.0;
   double data_wait_fraction = 0.0;
   double cpu_utilization = 0.0;   // process CPU time / (wall time x cores)
-  double gpu_busy = std::numeric_limits<double>::quiet_NaN();  // NVML busy % (CUDA devices with NVML)
+  double gpu_busy = std::numeric_limits<double>::quiet_NaN();  // busy fraction (0-1); NaN: unknown
+  std::string gpu_busy_source;    // nvml | cuda-events | "none: <why>" (GpuBusyMeter)
   int64_t peak_allocated = 0;     // bytes, this epoch
   int64_t peak_reserved = 0;
 };
@@ -50,6 +51,7 @@ struct RunResult {
   int64_t peak_reserved = 0;
   std::string data_description;
   std::string device_name;
+  int64_t first_epoch = 1;        // > 1 (or a partial epoch) when --resume continued a saved run
   bool diverged() const { return status == "diverged"; }
   double mean_images_per_second() const;
 };
@@ -57,9 +59,14 @@ struct RunResult {
 struct RunHooks {
   std::function<void(const std::string&)> log;                 // progress lines; null: stdout
   std::function<void(const EpochMetrics&)> on_epoch;           // after each epoch's evaluation
+  std::function<void(int64_t step)> on_step;                   // after each optimizer step
 };
 
-// Runs c. Throws UsageError for bad configuration (a budget below the model's own size, a bad
+// Runs c. With --save-weights it saves, at the end, everything --resume needs to continue the run
+// exactly where it stopped (weights, optimizer and gradient-scaler state, the epoch and the
+// micro-batch reached in it, the default generator, best-validation and time bookkeeping), so a
+// run stopped after epoch k (or mid-epoch, at a step boundary) and resumed ends with the same
+// weights as the run that never stopped. Throws UsageError for bad configuration (a budget below the model's own size, a bad
 // data folder...); an OOM, divergence or SIGINT ends the run with that status instead.
 RunResult run_training(const TrainConfig& c, const RunHooks& hooks = {});
 

@@ -1,14 +1,17 @@
 // Host-side entry points of the CUDA backend that the rest of minidl (and tests, benchmarks and
 // users) may call from plain C++: device discovery (any runtime error, e.g. an old driver, means no
-// device) and the global switches. Only CUDA builds link these (guard with MINIDL_WITH_CUDA).
+// device) and the global switches. Only CUDA builds link these (guard with MINIDL_WITH_CUDA);
+// EventTimer alone has inline stubs for builds without CUDA, so the harness can ask it anywhere.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/error.h"
 #include "kernels/caching_allocator.h"
 
 namespace minidl::cuda {
@@ -67,5 +70,57 @@ class AsyncCopy {
   void* done_ = nullptr;   // cudaEvent_t recorded on the copy stream after the copies
   bool compute_waits_ = false;
 };
+
+// Busy time of a device's compute stream from CUDA events, the utilization study's fallback when
+// NVML is missing: an event pair recorded on the stream around each training step; the GPU time
+// between each pair, summed, over the wall time is the busy fraction. A step's span counts the
+// stream's idle gaps inside the step (kernel-launch latency, host syncs such as loss.item()) as
+// busy, so it is an upper bound of NVML's figure; time between steps (data wait) counts as idle.
+class EventTimer {
+ public:
+  // Whether event timing works on `device` (a CUDA build and a usable device); `why` gets the
+  // reason when not. Never throws.
+  static bool available(int device, std::string* why = nullptr);
+  explicit EventTimer(int device = 0);   // throws when !available(device)
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  // Records the start / end event of one interval on the device's stream (no host wait). A start
+  // without an end is ignored by elapsed_seconds().
+  void start();
+  void stop();
+  // Waits for the recorded events and returns the summed GPU time of the closed intervals.
+  double elapsed_seconds();
+  int64_t intervals() const { return intervals_; }
+
+ private:
+  struct Interval {
+    void* begin = nullptr;   // cudaEvent_t
+    void* end = nullptr;
+    bool closed = false;
+  };
+  void resolve(size_t keep);   // folds all but the newest `keep` closed intervals into done_seconds_
+  int device_ = 0;
+  std::vector<Interval> open_;   // in recording order; only the last may be still open
+  std::vector<Interval> free_;   // recycled event pairs
+  double done_seconds_ = 0.0;
+  int64_t intervals_ = 0;
+};
+
+#ifndef MINIDL_WITH_CUDA
+// A build without CUDA: no device, so no event timing (the harness leaves the busy column empty).
+inline bool EventTimer::available(int, std::string* why) {
+  if (why != nullptr) *why = "this build has no CUDA backend";
+  return false;
+}
+inline EventTimer::EventTimer(int device) : device_(device) {
+  MINIDL_FAIL("cuda::EventTimer: this build of minidl has no CUDA backend; check EventTimer::available() first");
+}
+inline EventTimer::~EventTimer() = default;
+inline void EventTimer::start() {}
+inline void EventTimer::stop() {}
+inline double EventTimer::elapsed_seconds() { return 0.0; }
+inline void EventTimer::resolve(size_t) {}
+#endif
 
 }  // namespace minidl::cuda

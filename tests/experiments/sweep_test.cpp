@@ -78,6 +78,8 @@ TEST(ExperimentsSweep, ResumesWithoutRepeatingFinishedRuns) {
   ASSERT_EQ(t.rows.size(), 3u);
   EXPECT_EQ(t.get(2, "run_id"), "b32-sgd-none-none");
   EXPECT_EQ(t.get(2, "status"), "ok");
+  EXPECT_EQ(t.get(2, "gpu_busy_pct"), "") << "no busy figure on the CPU";
+  EXPECT_EQ(t.get(2, "gpu_busy_source"), "none: cpu device");
   EXPECT_TRUE(std::filesystem::exists(o.out / "results.json"));
   EXPECT_TRUE(std::filesystem::exists(o.out / "summary.md"));
   std::ifstream md(o.out / "summary.md");

@@ -33,6 +33,8 @@ TEST(ExperimentsTrain, TinyRunProducesConsistentMetrics) {
     EXPECT_LE(e.val_acc, 1.0);
     EXPECT_GT(e.peak_allocated, 0);
     EXPECT_GT(e.images_per_second, 0.0);
+    EXPECT_TRUE(std::isnan(e.gpu_busy)) << "no GPU busy figure on the CPU";
+    EXPECT_EQ(e.gpu_busy_source, "none: cpu device") << "and the column says why";
   }
   EXPECT_GE(r.test_acc, 0.0);
   EXPECT_GE(r.best_epoch, 1);
@@ -45,7 +47,7 @@ TEST(ExperimentsTrain, AccumulationAndMaxStepsCountOptimizerSteps) {
   c.accumulation_steps = 2;   // 8 micro-batches -> 4 optimizer steps per epoch
   c.epochs = 3;
   c.max_steps = 6;
-  const RunResult r = run_training(c, {[](const std::string&) {}, {}});
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}, {}});
   EXPECT_EQ(r.steps, 6);
   EXPECT_EQ(r.epochs.size(), 2u);
   EXPECT_EQ(r.epochs[0].steps, 4);
@@ -56,7 +58,7 @@ TEST(ExperimentsTrain, DivergenceIsFlaggedNotThrown) {
   c.lr = 1e6;
   c.momentum = 0.9;
   c.epochs = 3;
-  const RunResult r = run_training(c, {[](const std::string&) {}, {}});
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}, {}});
   EXPECT_EQ(r.status, "diverged");
   EXPECT_TRUE(r.diverged());
   EXPECT_NE(r.note.find("training loss"), std::string::npos) << r.note;
@@ -67,7 +69,7 @@ TEST(ExperimentsTrain, StopRequestEndsAtAStepBoundary) {
   TrainConfig c = testing::tiny_config();
   c.epochs = 3;
   request_stop();
-  const RunResult r = run_training(c, {[](const std::string&) {}, {}});
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}, {}});
   clear_stop();
   EXPECT_EQ(r.status, "interrupted");
   EXPECT_EQ(r.steps, 1) << "the first optimizer step completes, then the loop stops";
@@ -80,7 +82,7 @@ TEST(ExperimentsTrain, SaveThenResumeContinuesFromTheNextEpoch) {
   TrainConfig c = testing::tiny_config();
   c.momentum = 0.9;
   c.save_weights = (dir / "w.safetensors").string();
-  const RunResult first = run_training(c, {[](const std::string&) {}, {}});
+  const RunResult first = run_training(c, {[](const std::string&) {}, {}, {}});
   ASSERT_EQ(first.status, "ok");
   const auto saved = nn::load_safetensors(c.save_weights);
   EXPECT_TRUE(saved.tensors.count("conv.weight")) << "torchvision-style names, no prefix";
@@ -89,7 +91,7 @@ TEST(ExperimentsTrain, SaveThenResumeContinuesFromTheNextEpoch) {
   c2.momentum = 0.9;
   c2.epochs = 2;
   c2.resume = c.save_weights;
-  const RunResult second = run_training(c2, {[](const std::string&) {}, {}});
+  const RunResult second = run_training(c2, {[](const std::string&) {}, {}, {}});
   ASSERT_EQ(second.epochs.size(), 1u);
   EXPECT_EQ(second.epochs[0].epoch, 2);
   EXPECT_EQ(second.steps, 8) << "the optimizer's step count continues from the saved state";
@@ -104,7 +106,7 @@ TEST(ExperimentsTrain, WarmupAndScalingSetTheLearningRate) {
   c.lr_scaling = "linear";
   c.warmup_epochs = 1;
   c.epochs = 2;
-  const RunResult r = run_training(c, {[](const std::string&) {}, {}});
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}, {}});
   EXPECT_DOUBLE_EQ(r.lr, 0.02);
   EXPECT_EQ(r.warmup_steps, 2);
   ASSERT_EQ(r.epochs.size(), 2u);
@@ -116,7 +118,7 @@ TEST(ExperimentsTrain, MixedPrecisionAndOptimalRecomputationRun) {
   TrainConfig c = testing::tiny_config();
   c.amp = true;
   c.optimizer = "adam";
-  const RunResult amp = run_training(c, {[](const std::string&) {}, {}});
+  const RunResult amp = run_training(c, {[](const std::string&) {}, {}, {}});
   EXPECT_EQ(amp.status, "ok");
   EXPECT_TRUE(std::isfinite(amp.epochs.at(0).train_loss));
   EXPECT_EQ(amp.steps, 4);
@@ -126,7 +128,7 @@ TEST(ExperimentsTrain, MixedPrecisionAndOptimalRecomputationRun) {
   r.split = "4,2,0";
   r.checkpoint = "optimal";
   r.memory_budget = "512MiB";
-  const RunResult opt = run_training(r, {[](const std::string&) {}, {}});
+  const RunResult opt = run_training(r, {[](const std::string&) {}, {}, {}});
   EXPECT_EQ(opt.status, "ok");
   EXPECT_EQ(opt.steps, 1);
   EXPECT_TRUE(std::isfinite(opt.epochs.at(0).train_loss));
