@@ -11,7 +11,7 @@ namespace minidl::harness {
 
 StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes)
     : c_(c), device_(resolve_device(c.device)), model_(make_model(c, c.seed * 4 + 3)),
-      scaler_(optim::GradScalerOptions{.enabled = c.amp}), budget_(budget_bytes) {
+      scaler_(optim::GradScalerOptions{.init_scale = c.amp_init_scale, .enabled = c.amp}), budget_(budget_bytes) {
   apply_backend_switches(c_, device_);
   model_.module->to(device_);
   model_.module->train();
@@ -25,7 +25,12 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes)
                      " is smaller than the model itself: " + c.model + " needs " +
                      format_bytes(static_cast<size_t>(fixed)) + " for weights, gradients and optimizer state");
   if (budget_ > 0) set_memory_budget(device_, static_cast<size_t>(budget_));
+  // The trials must measure the steady state, where the optimizer state exists. With AMP the
+  // first steps are usually skipped (the scaler starts at 65536 and halves on every overflow) and
+  // a skipped step creates no state, so step at batch 1 until one update has really run (the
+  // scale reaches 1 after 16 halvings; a model that still overflows then trains on NaN anyway).
   step(1);
+  for (int i = 0; i < 40 && !last_stepped_; ++i) step(1);
   baseline_ = memory_stats(device_).allocated_bytes;
 }
 
@@ -60,10 +65,11 @@ int64_t StepRunner::step(int64_t batch) {
   peak_allocated_ = std::max({peak_allocated_, outer.peak_allocated_bytes, memory_stats(device_).peak_allocated_bytes});
   peak_reserved_ = std::max({peak_reserved_, outer.peak_reserved_bytes, phase});
   if (scaler_.is_enabled()) {
-    scaler_.step(*opt_);
+    last_stepped_ = scaler_.step(*opt_);
     scaler_.update();
   } else {
     opt_->step();
+    last_stepped_ = true;
   }
   opt_->zero_grad();
   const auto after = memory_stats(device_);

@@ -43,6 +43,7 @@ class StepRunner {
   int64_t baseline_ = 0;
   int64_t peak_allocated_ = 0;   // over the current trial, across the phase resets
   int64_t peak_reserved_ = 0;
+  bool last_stepped_ = false;   // the last step() really updated the weights (not skipped by AMP)
 };
 
 }  // namespace minidl::harness
