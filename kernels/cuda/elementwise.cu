@@ -8,28 +8,14 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/math.cuh"
 
 namespace minidl::cuda {
 namespace {
 
 // ---- Operators (same formulas as kernels/cpu/elementwise.cpp) ----
 
-// Precise (non-intrinsic) libm functions of CUDA, picked by type; global-namespace names so the
-// minidl:: tensor ops of the same names are not found first.
-__device__ __forceinline__ float d_exp(float x) { return ::expf(x); }
-__device__ __forceinline__ double d_exp(double x) { return ::exp(x); }
-__device__ __forceinline__ float d_log(float x) { return ::logf(x); }
-__device__ __forceinline__ double d_log(double x) { return ::log(x); }
-__device__ __forceinline__ float d_log1p(float x) { return ::log1pf(x); }
-__device__ __forceinline__ double d_log1p(double x) { return ::log1p(x); }
-__device__ __forceinline__ float d_sqrt(float x) { return ::sqrtf(x); }
-__device__ __forceinline__ double d_sqrt(double x) { return ::sqrt(x); }
-__device__ __forceinline__ float d_abs(float x) { return ::fabsf(x); }
-__device__ __forceinline__ double d_abs(double x) { return ::fabs(x); }
-__device__ __forceinline__ float d_tanh(float x) { return ::tanhf(x); }
-__device__ __forceinline__ double d_tanh(double x) { return ::tanh(x); }
-__device__ __forceinline__ float d_pow(float x, float y) { return ::powf(x, y); }
-__device__ __forceinline__ double d_pow(double x, double y) { return ::pow(x, y); }
+// libm functions by type: kernels/cuda/device/math.cuh.
 
 template <typename C>
 __device__ __forceinline__ C apply_unary(UnaryOp op, C x, C s) {

@@ -4,16 +4,11 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/math.cuh"
 
 namespace minidl::cuda {
 namespace {
 
-__device__ __forceinline__ float d_exp(float x) { return ::expf(x); }
-__device__ __forceinline__ double d_exp(double x) { return ::exp(x); }
-__device__ __forceinline__ float d_log1p(float x) { return ::log1pf(x); }
-__device__ __forceinline__ double d_log1p(double x) { return ::log1p(x); }
-__device__ __forceinline__ float d_abs(float x) { return ::fabsf(x); }
-__device__ __forceinline__ double d_abs(double x) { return ::fabs(x); }
 
 // Maximum over the warp, in every lane. A NaN never wins (the CPU's std::max(mx, v) keeps mx), so
 // the max is the CPU's bit for bit; a NaN logit still makes the row's sum, and so its loss, NaN.

@@ -4,6 +4,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/math.cuh"
 
 namespace minidl::cuda {
 namespace {
@@ -28,8 +29,6 @@ Layout layout_of(const Tensor& x, int64_t dim, const char* op) {
   return L;
 }
 
-__device__ __forceinline__ float d_exp(float x) { return ::expf(x); }
-__device__ __forceinline__ double d_exp(double x) { return ::exp(x); }
 
 template <typename T>
 __device__ __forceinline__ T warp_max(T v) {
