@@ -2,6 +2,7 @@
 // staging buffers. Handles are created lazily so that a program that only moves tensors never
 // pays cuDNN's start-up cost.
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/context.cuh"
@@ -109,8 +110,13 @@ DeviceContext::DeviceContext(int index) : index_(index) {
   MINIDL_CUDA_CHECK(cudaSetDevice(index));
   MINIDL_CUDA_CHECK(cudaGetDeviceProperties(&props_, index));
   MINIDL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  allocator_ = std::make_unique<CachingAllocator>(std::make_unique<CudaSegmentSource>(index, stream_),
-                                                  Device::cuda(index));
+  try {
+    allocator_ = std::make_unique<CachingAllocator>(std::make_unique<CudaSegmentSource>(index, stream_),
+                                                    Device::cuda(index));
+  } catch (...) {   // a throwing constructor runs no destructor: release the stream here
+    MINIDL_CUDA_LOG(cudaStreamDestroy(stream_));
+    throw;
+  }
 }
 
 DeviceContext::~DeviceContext() {
@@ -140,10 +146,17 @@ cublasHandle_t DeviceContext::cublas() {
     if (cublas_ws_ == nullptr) cublas_ws_ = allocator_->allocate(kCublasWorkspace);
     cublasHandle_t h = nullptr;
     MINIDL_CUBLAS_CHECK(cublasCreate(&h));
+    // Until published, a failure destroys the handle, so the next call starts over.
+    struct Unpublished {
+      cublasHandle_t& h;
+      ~Unpublished() {
+        if (h != nullptr) MINIDL_CUBLAS_LOG(cublasDestroy(h));
+      }
+    } guard{h};
     // cublasSetStream resets the workspace to the default pool: the stream first, then ours.
     MINIDL_CUBLAS_CHECK(cublasSetStream(h, stream_));
     MINIDL_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_ws_, kCublasWorkspace));
-    cublas_ = h;
+    cublas_ = std::exchange(h, nullptr);
   }
   return cublas_;
 }
@@ -152,8 +165,18 @@ cudnnHandle_t DeviceContext::cudnn() {
   std::lock_guard<std::mutex> lock(mu_);
   if (cudnn_ == nullptr) {
     activate();
-    MINIDL_CUDNN_CHECK(cudnnCreate(&cudnn_));
-    MINIDL_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+    // Published only once bound to our stream: a handle left on the legacy default stream would run
+    // convolutions out of order with everything else.
+    cudnnHandle_t h = nullptr;
+    MINIDL_CUDNN_CHECK(cudnnCreate(&h));
+    struct Unpublished {
+      cudnnHandle_t& h;
+      ~Unpublished() {
+        if (h != nullptr) MINIDL_CUDNN_LOG(cudnnDestroy(h));
+      }
+    } guard{h};
+    MINIDL_CUDNN_CHECK(cudnnSetStream(h, stream_));
+    cudnn_ = std::exchange(h, nullptr);
   }
   return cudnn_;
 }

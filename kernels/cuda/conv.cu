@@ -37,7 +37,22 @@ struct Descriptors {
   cudnnConvolutionDescriptor_t conv = nullptr;
   cudnnMathType_t default_math = CUDNN_DEFAULT_MATH;
 
+  // A check that throws half-way must not leak what was created: a constructor that throws runs
+  // no destructor, so the constructor releases and rethrows itself.
   explicit Descriptors(const ConvShape& cs) {
+    try {
+      init(cs);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~Descriptors() { release(); }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+
+ private:
+  void init(const ConvShape& cs) {
     const cudnnDataType_t dt = data_type(cs.dtype);
     const cudnnTensorFormat_t fmt = cs.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     MINIDL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
@@ -62,14 +77,15 @@ struct Descriptors {
     MINIDL_CHECK(on == cs.n && oc == cs.k && ooh == cs.oh && oow == cs.ow, "conv2d (cuda): cuDNN computes output [",
                  on, ", ", oc, ", ", ooh, ", ", oow, "], the front-end [", cs.n, ", ", cs.k, ", ", cs.oh, ", ", cs.ow, "]");
   }
-  ~Descriptors() {
+  void release() noexcept {
     if (conv != nullptr) MINIDL_CUDNN_LOG(cudnnDestroyConvolutionDescriptor(conv));
     if (w != nullptr) MINIDL_CUDNN_LOG(cudnnDestroyFilterDescriptor(w));
     if (y != nullptr) MINIDL_CUDNN_LOG(cudnnDestroyTensorDescriptor(y));
     if (x != nullptr) MINIDL_CUDNN_LOG(cudnnDestroyTensorDescriptor(x));
+    conv = nullptr;
+    w = nullptr;
+    x = y = nullptr;
   }
-  Descriptors(const Descriptors&) = delete;
-  Descriptors& operator=(const Descriptors&) = delete;
 };
 
 // One candidate algorithm, whatever the direction.

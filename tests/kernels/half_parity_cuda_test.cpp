@@ -1,6 +1,7 @@
 // CPU-vs-CUDA parity of the f16 paths that mixed precision uses beyond elementwise ops: pooling,
-// batch norm (f16 activations, f32 parameters and statistics) and convolution forward/backward,
-// each against the CPU's own f16 path (f32 compute, one rounding), forward and backward.
+// batch norm (f16 activations, f32 parameters and statistics), convolution forward/backward, and
+// the softmax / log-softmax / NLL kernels a pure-f16 model reaches, each against the CPU's own f16
+// path (f32 compute, one rounding), forward and backward.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -77,6 +78,27 @@ TEST_F(HalfParity, Conv2dForwardBackward) {
            {{3, 5, 17, 15}, {8, 5, 3, 3}, {8}}, DType::f16, false, true, 1e-2);
   check_op("conv2d f16 1x1", [](const std::vector<Tensor>& v) { return conv2d(v[0], v[1], Tensor(), {}); },
            {{4, 16, 7, 7}, {32, 16, 1, 1}}, DType::f16, false, true, 1e-2);
+}
+
+// Pure-f16 models (nn::to_pure_f16, no autocast to lift the loss to f32) call softmax, log-softmax
+// and NLL on f16; the CUDA kernels widen to f32 and round once, as the CPU does.
+TEST_F(HalfParity, SoftmaxLogSoftmaxAndNll) {
+  for (const auto& [s, d] : std::vector<std::pair<Shape, int64_t>>{{{7, 10}, 1}, {{5, 1000}, -1}, {{3, 7, 5}, 1}}) {
+    check_op("softmax f16", [d = d](const std::vector<Tensor>& v) { return softmax(v[0] * 4.0, d); }, {s},
+             DType::f16, false, true);
+    check_op("log_softmax f16", [d = d](const std::vector<Tensor>& v) { return log_softmax(v[0] * 4.0, d); }, {s},
+             DType::f16, false, true);
+    if (HasFatalFailure()) return;
+  }
+  for (const auto& [N, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {7, 1000}, {300, 10}}) {
+    Generator g(static_cast<uint64_t>(N * C));
+    const Tensor tc = (rand({N}, {DType::f64}, &g) * static_cast<double>(C)).to(DType::i64), tg = to_target(tc);
+    int calls = 0;
+    check_op("nll_loss f16 (mean)",
+             [&](const std::vector<Tensor>& v) { return nll_loss(log_softmax(v[0], 1), calls++ == 1 ? tg : tc); },
+             {{N, C}}, DType::f16, false, true);
+    if (HasFatalFailure()) return;
+  }
 }
 
 }  // namespace
