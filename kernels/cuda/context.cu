@@ -38,6 +38,19 @@ class CudaSegmentSource final : public SegmentSource {
   cudaStream_t stream_;
 };
 
+// Destroys a handle being set up when a check throws before it is published (std::exchange'd
+// out of the guarded variable); the library handles are plain pointers without RAII of their own.
+template <class Handle, class Destroy>
+struct Unpublished {
+  Handle& h;
+  Destroy destroy;
+  ~Unpublished() {
+    if (h != nullptr) destroy(h);
+  }
+};
+template <class Handle, class Destroy>
+Unpublished(Handle&, Destroy) -> Unpublished<Handle, Destroy>;
+
 }  // namespace
 
 // ---- PinnedStaging ----
@@ -147,12 +160,7 @@ cublasHandle_t DeviceContext::cublas() {
     cublasHandle_t h = nullptr;
     MINIDL_CUBLAS_CHECK(cublasCreate(&h));
     // Until published, a failure destroys the handle, so the next call starts over.
-    struct Unpublished {
-      cublasHandle_t& h;
-      ~Unpublished() {
-        if (h != nullptr) MINIDL_CUBLAS_LOG(cublasDestroy(h));
-      }
-    } guard{h};
+    const Unpublished guard{h, [](cublasHandle_t x) { MINIDL_CUBLAS_LOG(cublasDestroy(x)); }};
     // cublasSetStream resets the workspace to the default pool: the stream first, then ours.
     MINIDL_CUBLAS_CHECK(cublasSetStream(h, stream_));
     MINIDL_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_ws_, kCublasWorkspace));
@@ -169,12 +177,7 @@ cudnnHandle_t DeviceContext::cudnn() {
     // convolutions out of order with everything else.
     cudnnHandle_t h = nullptr;
     MINIDL_CUDNN_CHECK(cudnnCreate(&h));
-    struct Unpublished {
-      cudnnHandle_t& h;
-      ~Unpublished() {
-        if (h != nullptr) MINIDL_CUDNN_LOG(cudnnDestroy(h));
-      }
-    } guard{h};
+    const Unpublished guard{h, [](cudnnHandle_t x) { MINIDL_CUDNN_LOG(cudnnDestroy(x)); }};
     MINIDL_CUDNN_CHECK(cudnnSetStream(h, stream_));
     cudnn_ = std::exchange(h, nullptr);
   }
