@@ -149,6 +149,11 @@ class Backend {
     return false;
   }
 
+  // Blocks until the work queued so far on the device is done. Timings of device work read a host
+  // clock only after it (kernels are asynchronous on a GPU). The CPU's kernels return when done:
+  // nothing to wait for.
+  virtual void synchronize(int /*device_index*/) {}
+
   // Page-locked host memory for batches that go to this backend's device (data::Loader), so the
   // host->device copy can run asynchronously. nullptr by default: no pinned memory here, and the
   // caller uses ordinary memory. Memory from pinned_alloc goes back through pinned_free.
@@ -187,6 +192,8 @@ class Backend {
 // The backend of a device type. CUDA throws a clear minidl::Error in a build without CUDA.
 Backend& backend(DeviceType t);
 inline Backend& backend(Device d) { return backend(d.type); }
+// Waits for everything queued on d (Backend::synchronize): call it before reading a clock.
+inline void synchronize(Device d) { backend(d).synchronize(d.index); }
 // Whether this build has the CUDA backend, and how many devices it sees (0 on any error).
 bool cuda_built();
 int cuda_device_count();

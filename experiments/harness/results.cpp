@@ -109,6 +109,20 @@ void write_file_atomic(const std::filesystem::path& file, const std::string& con
   MINIDL_CHECK(ok && std::rename(tmp.c_str(), file.c_str()) == 0, "results: cannot write ", file.string());
 }
 
+bool upgrade_columns(CsvTable& t, const Row& header) {
+  if (t.header == header) return true;
+  if (t.header.size() >= header.size() || !std::equal(t.header.begin(), t.header.end(), header.begin())) return false;
+  for (Row& r : t.rows) r.resize(header.size());
+  t.header = header;
+  return true;
+}
+
+std::string csv_text(const CsvTable& t) {
+  std::string s = csv_line(t.header);
+  for (const Row& r : t.rows) s += csv_line(r);
+  return s;
+}
+
 void append_csv_row(const std::filesystem::path& file, const Row& header, const Row& row) {
   MINIDL_CHECK(header.size() == row.size(), "results: a row of ", row.size(), " fields for a header of ",
                header.size(), " in ", file.string());
@@ -116,9 +130,15 @@ void append_csv_row(const std::filesystem::path& file, const Row& header, const 
     write_file_atomic(file, csv_line(header) + csv_line(row));
     return;
   }
-  const CsvTable existing = read_csv(file);
-  MINIDL_CHECK(existing.header == header, "results: ", file.string(), " has other columns than this program writes; ",
-               "move it away or use another --out");
+  CsvTable existing = read_csv(file);
+  if (existing.header != header) {
+    // A file from an older minidl, whose columns are a prefix of today's: rewritten (atomically)
+    // with the new columns empty in its rows, so a resumed sweep keeps what it had.
+    MINIDL_CHECK(upgrade_columns(existing, header), "results: ", file.string(),
+                 " has other columns than this program writes; move it away or use another --out");
+    write_file_atomic(file, csv_text(existing) + csv_line(row));
+    return;
+  }
   // A torn last line left by a kill is cut off first, so it can never be read back as a row.
   {
     std::ifstream f(file, std::ios::binary);
@@ -222,6 +242,7 @@ nlohmann::json to_json(const RunResult& r) {
                       {"val_acc", num(e.val_acc)},
                       {"train_seconds", e.train_seconds},
                       {"images_per_second", e.images_per_second},
+                      {"images_per_second_steady", num(e.images_per_second_steady)},
                       {"data_wait_fraction", e.data_wait_fraction},
                       {"cpu_utilization", e.cpu_utilization},
                       {"gpu_busy", num(e.gpu_busy)},
@@ -244,6 +265,7 @@ nlohmann::json to_json(const RunResult& r) {
           {"total_seconds", r.total_seconds},
           {"train_seconds", r.train_seconds},
           {"images_per_second", r.mean_images_per_second()},
+          {"images_per_second_steady", num(r.steady_images_per_second())},
           {"peak_allocated_bytes", r.peak_allocated},
           {"peak_reserved_bytes", r.peak_reserved},
           {"data", r.data_description},
@@ -253,13 +275,13 @@ nlohmann::json to_json(const RunResult& r) {
 std::string epochs_csv(const std::vector<EpochMetrics>& epochs) {
   std::string s = csv_line({"epoch", "steps", "lr", "train_loss", "train_acc", "val_loss", "val_acc", "train_seconds",
                             "images_per_second", "data_wait_pct", "cpu_util_pct", "gpu_busy_pct", "gpu_busy_source",
-                            "peak_allocated_bytes",
-                            "peak_reserved_bytes"});
+                            "peak_allocated_bytes", "peak_reserved_bytes", "images_per_second_steady"});
   for (const auto& e : epochs) {
     s += csv_line({std::to_string(e.epoch), std::to_string(e.steps), fmt(e.lr, 6), fmt(e.train_loss), fmt(e.train_acc),
                    fmt(e.val_loss), fmt(e.val_acc), fmt(e.train_seconds, 3), fmt(e.images_per_second, 1),
                    fmt(100 * e.data_wait_fraction, 1), fmt(100 * e.cpu_utilization, 1), fmt(100 * e.gpu_busy, 1),
-                   e.gpu_busy_source, std::to_string(e.peak_allocated), std::to_string(e.peak_reserved)});
+                   e.gpu_busy_source, std::to_string(e.peak_allocated), std::to_string(e.peak_reserved),
+                   fmt(e.images_per_second_steady, 1)});
   }
   return s;
 }
@@ -268,9 +290,10 @@ std::string resumed_epochs_csv(const std::filesystem::path& existing, const std:
                                int64_t first_epoch) {
   const std::string fresh = epochs_csv(epochs);
   if (!std::filesystem::exists(existing)) return fresh;
-  const CsvTable old = read_csv(existing);
+  CsvTable old = read_csv(existing);
   const std::string header = fresh.substr(0, fresh.find('\n') + 1);
-  MINIDL_CHECK(csv_line(old.header) == header, "metrics.csv of the resumed run (", existing.string(),
+  MINIDL_CHECK(upgrade_columns(old, split_csv_line(header.substr(0, header.size() - 1))),
+               "metrics.csv of the resumed run (", existing.string(),
                ") has other columns than this minidl writes; move it away or use another --out");
   std::string s = header;
   for (size_t i = 0; i < old.rows.size(); ++i) {

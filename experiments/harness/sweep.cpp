@@ -76,7 +76,8 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           res ? mib(res->peak_reserved) : "",
           max_batch > 0 ? std::to_string(max_batch) : "",
           predicted > 0 ? std::to_string(predicted) : "",
-          res ? fmt(res->total_seconds, 1) : ""};
+          res ? fmt(res->total_seconds, 1) : "",
+          fmt(res ? res->steady_images_per_second() : nan, 1)};
 }
 
 struct Executed {
@@ -160,7 +161,7 @@ const Row& results_header() {
                      "epochs",        "steps",          "train_loss",    "best_val_acc",       "best_epoch",
                      "test_acc",      "time_to_target_s", "epoch_seconds", "images_per_s",     "cpu_util_pct",
                      "gpu_busy_pct",  "gpu_busy_source", "peak_allocated_mib", "peak_reserved_mib", "max_batch",  "predicted_max_batch",
-                     "seconds"};
+                     "seconds",       "images_per_s_steady"};   // new columns go last: older files are upgraded
   return h;
 }
 

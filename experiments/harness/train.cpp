@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -182,6 +183,15 @@ double RunResult::mean_images_per_second() const {
   return secs > 0 ? imgs / secs : 0.0;
 }
 
+double RunResult::steady_images_per_second() const {
+  double imgs = 0, secs = 0;
+  for (const auto& e : epochs) {
+    imgs += static_cast<double>(e.steady_images);
+    secs += e.steady_seconds;
+  }
+  return secs > 0 ? imgs / secs : std::numeric_limits<double>::quiet_NaN();
+}
+
 std::string model_summary(const TrainConfig& c) {
   validate(c);
   Model m = make_model(c, c.seed);
@@ -335,6 +345,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     const double cpu0 = cpu_seconds();
     GpuBusyMeter gpu(device);
     const auto t0 = Clock::now();
+    // The steady rate starts once the epoch's first accumulation window is done: that window pays
+    // the warm-up (cuDNN autotuning and handle creation for new shapes, first-touch allocations).
+    std::optional<Clock::time_point> t_steady;
+    int64_t images_steady0 = 0;
     double loss_sum = 0.0;
     int64_t correct = 0;
     bool cut = false;   // left the epoch early (divergence, SIGINT, --max-steps, OOM)
@@ -365,6 +379,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         const bool stepped = trainer.micro_batch(loss, mb);
         gpu.step_end();
         ++i;
+        if (!t_steady && i % static_cast<size_t>(c.accumulation_steps) == 0) {
+          synchronize(device);   // the window's queued device work belongs to the warm-up
+          t_steady = Clock::now();
+          images_steady0 = em.images;
+        }
         if (!stepped) continue;
         const int64_t step = opt->step_count();
         if (hooks.on_step) hooks.on_step(step);
@@ -400,7 +419,15 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       opt->zero_grad();
     }
     const bool complete = !cut || i == plan.size();
+    // Device kernels are asynchronous: the last step's backward and update may still be queued.
+    synchronize(device);
     em.train_seconds = seconds_since(t0);
+    if (t_steady && em.images > images_steady0) {
+      const double steady_s = seconds_since(*t_steady);
+      em.steady_images = em.images - images_steady0;
+      em.steady_seconds = steady_s;
+      em.images_per_second_steady = steady_s > 0 ? static_cast<double>(em.steady_images) / steady_s : 0.0;
+    }
     em.gpu_busy = gpu.stop(em.train_seconds) / 100.0;
     em.gpu_busy_source = gpu.source();
     train_seconds += em.train_seconds;

@@ -22,8 +22,13 @@ struct EpochMetrics {
   double train_acc = 0.0;
   double val_loss = 0.0;          // NaN when there is no validation set
   double val_acc = 0.0;
-  double train_seconds = 0.0;     // training only (no evaluation)
-  double images_per_second = 0.0;
+  double train_seconds = 0.0;     // training only (no evaluation), device work included
+  double images_per_second = 0.0; // images / train_seconds: the first (warm-up) window included
+  // After the epoch's first accumulation window (the warm-up: autotuning, handles, first-touch
+  // memory): images, seconds and their rate; 0, 0 and NaN when the epoch had no second window.
+  int64_t steady_images = 0;
+  double steady_seconds = 0.0;
+  double images_per_second_steady = std::numeric_limits<double>::quiet_NaN();
   double data_wait_fraction = 0.0;
   double cpu_utilization = 0.0;   // process CPU time / (wall time x cores)
   double gpu_busy = std::numeric_limits<double>::quiet_NaN();  // busy fraction (0-1); NaN: unknown
@@ -54,6 +59,7 @@ struct RunResult {
   int64_t first_epoch = 1;        // > 1 (or a partial epoch) when --resume continued a saved run
   bool diverged() const { return status == "diverged"; }
   double mean_images_per_second() const;
+  double steady_images_per_second() const;   // over the epochs' steady parts; NaN when none had one
 };
 
 struct RunHooks {

@@ -24,6 +24,7 @@ void set_conv_nhwc(bool on) { g_nhwc = on; }
 bool conv_nhwc() { return g_nhwc; }
 
 Allocator& CudaBackend::allocator(int device_index) { return context(device_index).allocator(); }
+void CudaBackend::synchronize(int device_index) { context(device_index).synchronize(); }
 
 Backend& cuda_backend() {
   static CudaBackend* b = new CudaBackend();   // never destroyed, like the contexts

@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
                        const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
                        const AdamHyper& h) override;
   // pinned.cu: page-locked host memory (cudaHostAlloc) for the loader's batches.
+  void synchronize(int device_index) override;
   void* pinned_alloc(size_t bytes) override;
   void pinned_free(void* p) override;
   // pinned.cu: the copies queued on the device's copy stream (cuda::AsyncCopy).

@@ -27,6 +27,27 @@ TEST(ExperimentsResults, CsvRoundTripWithQuotesAndCommas) {
   std::filesystem::remove_all(dir);
 }
 
+// A results.csv written by an older minidl (today's columns minus the newest, last ones) is
+// upgraded in place, so a resumed sweep keeps its finished runs; any other difference is refused.
+TEST(ExperimentsResults, OlderFileWithFewerTrailingColumnsIsUpgradedOnAppend) {
+  const auto dir = testing::temp_dir();
+  const auto f = dir / "t.csv";
+  append_csv_row(f, {"id", "note"}, {"a", "old, quoted"});
+  const Row h{"id", "note", "steady"};
+  append_csv_row(f, h, {"b", "new", "12.5"});
+  const CsvTable t = read_csv(f);
+  EXPECT_EQ(t.header, h);
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.get(0, "id"), "a");
+  EXPECT_EQ(t.get(0, "note"), "old, quoted");
+  EXPECT_EQ(t.get(0, "steady"), "");
+  EXPECT_EQ(t.get(1, "steady"), "12.5");
+  EXPECT_THROW(append_csv_row(f, {"id", "other", "steady", "more"}, {"c", "x", "y", "z"}), Error);
+  EXPECT_THROW(append_csv_row(f, {"id"}, {"c"}), Error) << "a file with more columns than ours is not ours";
+  EXPECT_EQ(read_csv(f).rows.size(), 2u) << "a refused append changes nothing";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ExperimentsResults, TornLastLineIsDroppedAndTheNextAppendStartsClean) {
   const auto dir = testing::temp_dir();
   const auto f = dir / "t.csv";

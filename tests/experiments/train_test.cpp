@@ -53,6 +53,36 @@ TEST(ExperimentsTrain, AccumulationAndMaxStepsCountOptimizerSteps) {
   EXPECT_EQ(r.epochs[0].steps, 4);
 }
 
+// The steady rate leaves out each epoch's first accumulation window (the warm-up): its images are
+// the rest of the epoch's, its time a part of the epoch's training time.
+TEST(ExperimentsTrain, SteadyRateLeavesOutTheFirstWindow) {
+  TrainConfig c = testing::tiny_config();
+  c.batch_size = 4;
+  c.accumulation_steps = 2;   // 8 micro-batches of 4: the first window is 8 images
+  c.epochs = 2;
+  const RunResult r = run_training(c, {[](const std::string&) {}, {}, {}});
+  ASSERT_EQ(r.epochs.size(), 2u);
+  for (const auto& e : r.epochs) {
+    EXPECT_EQ(e.images, 32);
+    EXPECT_EQ(e.steady_images, 32 - 8);
+    EXPECT_GT(e.steady_seconds, 0.0);
+    EXPECT_LT(e.steady_seconds, e.train_seconds);
+    EXPECT_DOUBLE_EQ(e.images_per_second_steady, 24.0 / e.steady_seconds);
+  }
+  EXPECT_GT(r.steady_images_per_second(), 0.0);
+
+  // One window only: no steady part, and the figures say so instead of inventing one.
+  c.batch_size = 16;
+  c.accumulation_steps = 2;
+  c.epochs = 1;
+  const RunResult one = run_training(c, {[](const std::string&) {}, {}, {}});
+  ASSERT_EQ(one.epochs.size(), 1u);
+  EXPECT_EQ(one.epochs[0].steady_images, 0);
+  EXPECT_TRUE(std::isnan(one.epochs[0].images_per_second_steady));
+  EXPECT_TRUE(std::isnan(one.steady_images_per_second()));
+  EXPECT_GT(one.mean_images_per_second(), 0.0);
+}
+
 TEST(ExperimentsTrain, DivergenceIsFlaggedNotThrown) {
   TrainConfig c = testing::tiny_config();
   c.lr = 1e6;
