@@ -20,9 +20,10 @@ this script copies:
     peak_reserved starts at what the previous batch left cached (--fresh-cache empties it first).
 Where this script differs, and why:
   - it synchronizes before reading the clock at the end; minidl reads it right after enqueuing the
-    last step (its last sync is `.item()` after the forward), so on a GPU the last step's backward
-    and optimizer step are outside minidl's time (about 2/3 of one step: ~3% of 20 steps, ~20% of
-    the quick study's 3). `end_sync_s` is the time this script waited in that final sync;
+    last step (in fp32 its last sync is `.item()` after the forward, so on a GPU the last step's
+    backward and optimizer step are outside its time: about 2/3 of one step, ~3% of 20 steps, ~20%
+    of the quick study's 3; with --amp the scaler's inf check syncs after the backward, leaving only
+    the optimizer step out). `end_sync_s` is the time this script waited in that final sync;
   - the host pool holds min(steps, 2) x batch distinct images, indexed by a fresh permutation per
     step, instead of steps x batch (12 GiB at batch 1024, 224 px): the per-step gather and copy move
     the same bytes, generation is shorter, and dense kernels do not depend on pixel values;
