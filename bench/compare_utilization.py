@@ -151,8 +151,7 @@ def main(argv=None):
                     help="a column label per --pytorch, in the same order (default: from the CSV's settings)")
     ap.add_argument("--busy", action="store_true", help="also show GPU busy %% (gpu_busy_pct) of each side")
     ap.add_argument("--steady", action="store_true",
-                    help="also show PyTorch's images_per_s_steady (warm-up steps excluded; minidl has no such "
-                         "figure, so the ratio always uses images_per_s)")
+                    help="also show both sides' images_per_s_steady (the first step left out) and their ratio")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if a.pytorch_label and len(a.pytorch_label) != len(a.pytorch):
         die(f"{len(a.pytorch_label)} --pytorch-label for {len(a.pytorch)} --pytorch files: give one label per "
@@ -192,13 +191,25 @@ def main(argv=None):
                     ([f"only {s.label} has {', '.join(map(str, only_p))}"] if only_p else [])
             notes.append("batch lists differ: " + "; ".join(parts))
 
+    minidl_steady = a.steady and any("images_per_s_steady" in r for r in m.rows.values())
+    if a.steady and not minidl_steady:
+        notes.append(f"{m.path} has no images_per_s_steady column (written before minidl had one): "
+                     f"no steady ratio")
+
+    def ratio(b, s, col):
+        mv = number(m.rows[b].get(col)) if m.ok(b) else None
+        pv = number(s.rows[b].get(col)) if s.ok(b) else None
+        return f"{mv / pv:.2f}x" if mv is not None and pv else ""
+
     batches = sorted(set(m.rows).union(*[set(s.rows) for s in pts]))
-    head = ["batch", "minidl images/s"]
+    head = ["batch", "minidl images/s"] + (["minidl steady images/s"] if minidl_steady else [])
     for s in pts:
         head.append(f"{s.label} images/s")
         if a.steady:
             head.append(f"{s.label} steady images/s")
         head.append(f"minidl / {s.label}")
+        if minidl_steady:
+            head.append(f"minidl / {s.label} steady")
     if a.busy:
         head += ["minidl GPU busy %"] + [f"{s.label} GPU busy %" for s in pts]
     head.append("minidl MiB allocated / reserved")
@@ -206,14 +217,14 @@ def main(argv=None):
 
     lines = []
     for b in batches:
-        cells = [str(b), m.speed(b)]
+        cells = [str(b), m.speed(b)] + ([m.speed(b, "images_per_s_steady")] if minidl_steady else [])
         for s in pts:
             cells.append(s.speed(b))
             if a.steady:
                 cells.append(s.speed(b, "images_per_s_steady"))
-            mv = number(m.rows[b].get("images_per_s")) if m.ok(b) else None
-            pv = number(s.rows[b].get("images_per_s")) if s.ok(b) else None
-            cells.append(f"{mv / pv:.2f}x" if mv is not None and pv else "")
+            cells.append(ratio(b, s, "images_per_s"))
+            if minidl_steady:
+                cells.append(ratio(b, s, "images_per_s_steady"))
         if a.busy:
             cells += [x.speed(b, "gpu_busy_pct") if "gpu_busy_pct" in next(iter(x.rows.values())) else "n/a"
                       for x in [m] + pts]
@@ -239,8 +250,9 @@ def main(argv=None):
 
     out.append("Largest batch that ran: " + "; ".join(f"{s.label} {largest(s)}{oom(s)}" for s in [m] + pts) + ".")
     out.append("")
-    out.append("images/s: all timed steps, the first included, on both sides (minidl's methodology); ratio > 1: "
-               "minidl faster. Memory: peak allocated / reserved MiB over the batch's steps.")
+    out.append("images/s: all timed steps, the first included, on both sides; steady: the first "
+               "step left out (it pays autotuning and handle creation); ratio > 1: minidl faster. "
+               "Memory: peak allocated / reserved MiB over the batch's steps.")
     if notes:
         out.append("")
         out.append("Notes:")

@@ -11,25 +11,23 @@ this script copies:
   - each step: gather the batch on the host into a new tensor, copy it to the device (pageable
     memory), forward, loss, `loss.item()`, the correct-prediction count (`.item()`, a second
     sync), backward, optimizer step;
-  - `images_per_s` = all images / wall time of all steps, THE FIRST ONE INCLUDED (minidl does not
-    exclude a warm-up: its first step pays cuDNN autotuning, lazy cuBLAS/cuDNN handle creation in the
-    first run of the process, allocator growth); peaks are reset after the model is on the device,
-    so they include weights, gradients, momentum, activations, workspaces and the batch;
+  - `images_per_s` = all images / wall time of all steps, THE FIRST ONE INCLUDED (its first step
+    pays cuDNN autotuning, lazy cuBLAS/cuDNN handle creation in the first run of the process,
+    allocator growth), read after synchronizing the device, as minidl does; `images_per_s_steady`
+    leaves out the first --warmup-steps steps (default 1: minidl's images_per_s_steady leaves out
+    the first step); peaks are reset after the model is on the device, so they include weights,
+    gradients, momentum, activations, workspaces and the batch;
   - the allocator's cache is not emptied between batch sizes (minidl-sweep runs them in one process
     and never empties its cache between runs); reset_peak_memory_stats() starts each batch, so
     peak_reserved starts at what the previous batch left cached (--fresh-cache empties it first).
 Where this script differs, and why:
-  - it synchronizes before reading the clock at the end; minidl reads it right after enqueuing the
-    last step (in fp32 its last sync is `.item()` after the forward, so on a GPU the last step's
-    backward and optimizer step are outside its time: about 2/3 of one step, ~3% of 20 steps, ~20%
-    of the quick study's 3; with --amp the scaler's inf check syncs after the backward, leaving only
-    the optimizer step out). `end_sync_s` is the time this script waited in that final sync;
+  - `end_sync_s` is the time this script waited in its final synchronize (work still queued when
+    the last step's host code returned);
   - the host pool holds min(steps, 2) x batch distinct images, indexed by a fresh permutation per
     step, instead of steps x batch (12 GiB at batch 1024, 224 px): the per-step gather and copy move
     the same bytes, generation is shorter, and dense kernels do not depend on pixel values;
-  - images_per_s_steady (extra column) drops the first --warmup-steps steps (default 3) and times
-    the rest with CUDA events (host clock on the CPU): that is the number to quote for steady-state
-    speed; minidl has no such column yet;
+  - images_per_s_steady times the steady steps with CUDA events (host clock on the CPU), minidl
+    with the host clock after a device synchronize: the same span;
   - allocated bytes: PyTorch counts blocks rounded up to 512 bytes, minidl the bytes requested (a
     difference far below 0.1 MiB per tensor); both count cuDNN/cuBLAS workspaces they allocate
     through the caching allocator, neither counts the CUDA context;
@@ -95,8 +93,9 @@ def parse_args(argv):
     ap.add_argument("--batches", default="4,8,16,32,64,128,256,512,1024",
                     help="comma-separated batch sizes, run in this order (default: 4,8,...,1024)")
     ap.add_argument("--steps", type=int, default=20, help="optimizer steps per batch size, all timed (default: 20)")
-    ap.add_argument("--warmup-steps", type=int, default=3,
-                    help="steps left out of images_per_s_steady only (default: 3, at most steps - 1)")
+    ap.add_argument("--warmup-steps", type=int, default=1,
+                    help="steps left out of images_per_s_steady only (default: 1, as minidl's "
+                         "images_per_s_steady; at most steps - 1)")
     ap.add_argument("--amp", action="store_true", help="mixed precision: float16 autocast + GradScaler "
                     "(CPU: bfloat16, no scaler); off by default")
     ap.add_argument("--channels-last", action="store_true", help="model and input in channels_last; off by default")
