@@ -210,6 +210,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   const auto t_start = Clock::now();
   const Device device = resolve_device(c.device);
   apply_backend_switches(c, device);
+  // The previous run of a sweep (same process) leaves its blocks cached on a caching allocator:
+  // released here, so this run's reserved and peak-reserved figures, and the optimal plan's room
+  // under the budget (reserved counts), are its own.
+  empty_cache(device);
+  reset_peak_stats(device);
   RunResult r;
   r.device_name = device_description(device);
 
