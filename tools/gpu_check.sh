@@ -39,9 +39,6 @@ GPU_ENV_PROG=gpu_check
 # shellcheck source=tools/gpu_env.sh
 source "$ROOT/tools/gpu_env.sh"
 
-say() { printf 'gpu_check: %s\n' "$*"; }
-die() { local code=$1; shift; printf 'gpu_check: %s\n' "$*" >&2; exit "$code"; }
-
 if [[ "${1:-}" == "--stage" ]]; then
   exec bash "$ROOT/tools/gpu_stage.sh" --tests-dir "${2:-build-gpu-stage}"
 fi
@@ -51,7 +48,6 @@ if [[ "${1:-}" == "--rehearse" ]]; then REHEARSE=1; shift; fi
 DEADLINE="${GPU_CHECK_DEADLINE:-$([[ $REHEARSE == 1 ]] && echo 90 || echo 540)}"
 START=$SECONDS
 left() { echo $((DEADLINE - (SECONDS - START))); }
-min() { local m=$1 v; for v in "$@"; do ((v < m)) && m=$v; done; echo "$m"; }
 
 gpu_env_detect_gpu || exit 2
 say "GPU: $GPU_LINE; deadline ${DEADLINE} s"
@@ -156,7 +152,7 @@ write_report "starting"
 count() { grep -cE "$1" "$2" 2>/dev/null || true; }
 EXES=()
 for exe in "$DIR"/bin/*_cuda; do [[ "$(basename "$exe")" != minidl_bench_cuda ]] && EXES+=("$exe"); done
-TESTS_END=$((SECONDS + $(min "${GPU_CHECK_TEST_TIMEOUT:-420}" $(($(left) - REPORT_RESERVE - SAN_SHARE - BENCH_SHARE)))))
+TESTS_END=$((SECONDS + $(gpu_env_min "${GPU_CHECK_TEST_TIMEOUT:-420}" $(($(left) - REPORT_RESERVE - SAN_SHARE - BENCH_SHARE)))))
 TESTS_STATE="running"
 for i in "${!EXES[@]}"; do
   exe="${EXES[$i]}"; name="$(basename "$exe")"
@@ -206,7 +202,7 @@ if [[ $SAN_ON == 1 ]]; then
     SAN_END=$((START + DEADLINE - REPORT_RESERVE - BENCH_SHARE))
     # cuDNN autotuning under memcheck takes minutes; the autotune cases are left to the plain run.
     FILTER="${GPU_CHECK_SANITIZER_FILTER:-*-Parity.Conv2dAutotuneNhwcAndTf32:Parity.AutotuneWorkspaceStaysInsideTheBudget}"
-    budget=$(min "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" $((SAN_END - SECONDS)))
+    budget=$(gpu_env_min "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" $((SAN_END - SECONDS)))
     say "compute-sanitizer memcheck on kernels_cuda ($FILTER), at most ${budget} s"
     t0=$SECONDS
     gpu_env_run_until TERM "$budget" 10 "$LOGDIR/sanitizer.log" \
@@ -214,7 +210,7 @@ if [[ $SAN_ON == 1 ]]; then
     rc=$?
     # The fused optimizer kernels live in optim_cuda; check them too (a failure there wins if the first was clean).
     if [[ $rc -eq 0 && -x "$DIR/bin/optim_cuda" ]]; then
-      budget=$(min $(("${GPU_CHECK_SANITIZER_TIMEOUT:-300}" - (SECONDS - t0))) $((SAN_END - SECONDS)))
+      budget=$(gpu_env_min $(("${GPU_CHECK_SANITIZER_TIMEOUT:-300}" - (SECONDS - t0))) $((SAN_END - SECONDS)))
       say "compute-sanitizer memcheck on optim_cuda, at most ${budget} s"
       gpu_env_run_until TERM "$budget" 10 "$LOGDIR/sanitizer_optim.log" \
         "$SAN" --tool memcheck --leak-check no --error-exitcode 99 "$DIR/bin/optim_cuda" --gtest_color=no
@@ -237,7 +233,7 @@ fi
 
 # ---------------------------------------------------------------- benchmarks
 if [[ $BENCH_ON == 1 ]]; then
-  budget=$(min "${GPU_CHECK_BENCH_TIMEOUT:-360}" $(($(left) - REPORT_RESERVE)))
+  budget=$(gpu_env_min "${GPU_CHECK_BENCH_TIMEOUT:-360}" $(($(left) - REPORT_RESERVE)))
   say "benchmarks, at most ${budget} s"
   gpu_env_run_until TERM "$budget" 10 "$LOGDIR/bench.log" "$DIR/bin/minidl_bench_cuda" \
     --benchmark_filter="${GPU_CHECK_BENCH_FILTER:-.}" --benchmark_out="$LOGDIR/bench.json" --benchmark_out_format=json

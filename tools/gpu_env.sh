@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by tools/gpu_check.sh and tools/gpu_studies.sh (not run on its own): what both need on a
+# Sourced by the tools/gpu_*.sh scripts (not run on its own): what they need on and for a
 # GPU machine, written once: is there a usable GPU, where are cuDNN/cuBLAS/cudart (a GPU machine
 # often has them only inside its PyTorch wheels), and how to run a step under a wall-clock deadline.
 #
@@ -20,7 +20,13 @@
 #                                 stays ignored in Python and GoogleTest), GRACE seconds later
 #                                 SIGKILL. Returns CMD's status, 124 when stopped by SIG, 137 when
 #                                 killed. SECS <= 0: not run, returns 124.
+#   say MSG / die CODE MSG        "<GPU_ENV_PROG>: MSG" on stdout / on stderr, then exit CODE.
+#   gpu_env_min N...              the smallest of the whole numbers.
 # Needs bash and coreutils' timeout; uses python3 only to list site-packages.
+
+say() { printf '%s: %s\n' "${GPU_ENV_PROG:-gpu_env}" "$*"; }
+die() { local code=$1; shift; printf '%s: %s\n' "${GPU_ENV_PROG:-gpu_env}" "$*" >&2; exit "$code"; }
+gpu_env_min() { local m=$1 v; for v in "$@"; do ((v < m)) && m=$v; done; echo "$m"; }
 
 gpu_env_detect_gpu() {
   if [[ "${REHEARSE:-0}" == 1 ]]; then

@@ -19,8 +19,9 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 3
-say() { printf 'gpu_rehearse: %s\n' "$*"; }
-die() { local code=$1; shift; printf 'gpu_rehearse: %s\n' "$*" >&2; exit "$code"; }
+GPU_ENV_PROG=gpu_rehearse
+# shellcheck source=tools/gpu_env.sh
+source "$ROOT/tools/gpu_env.sh"   # say, die
 
 CARRY=(); DIR=""; LIMIT=600
 while [[ $# -gt 0 ]]; do

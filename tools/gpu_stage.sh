@@ -21,8 +21,9 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 3
 
-say() { printf 'gpu_stage: %s\n' "$*"; }
-die() { local code=$1; shift; printf 'gpu_stage: %s\n' "$*" >&2; exit "$code"; }
+GPU_ENV_PROG=gpu_stage
+# shellcheck source=tools/gpu_env.sh
+source "$ROOT/tools/gpu_env.sh"   # say, die
 
 TESTS_DIR="build-gpu-stage"
 STUDIES_DIR="build-gpu-studies"

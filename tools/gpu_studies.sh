@@ -56,9 +56,6 @@ GPU_ENV_PROG=gpu_studies
 # shellcheck source=tools/gpu_env.sh
 source "$ROOT/tools/gpu_env.sh"
 
-say() { printf 'gpu_studies: %s\n' "$*"; }
-die() { local code=$1; shift; printf 'gpu_studies: %s\n' "$*" >&2; exit "$code"; }
-
 # ---------------------------------------------------------------- --plot, --collect (on the build machine)
 plot_dirs() {
   command -v gnuplot >/dev/null 2>&1 || die 3 "gnuplot is not installed here (apt-get install gnuplot-nox), then: tools/gpu_studies.sh --plot $*"
@@ -143,7 +140,6 @@ QUICK=(); [[ $REHEARSE == 1 ]] && QUICK=(--quick)
 TARPREFIX=gpu_studies_$(r "" rehearsal_)   # rehearsal tarballs never mix with real ones
 START=$SECONDS
 left() { echo $((DEADLINE - (SECONDS - START))); }
-min() { local m=$1 v; for v in "$@"; do ((v < m)) && m=$v; done; echo "$m"; }
 
 # ---------------------------------------------------------------- the plan
 STEPS=(); CAPS=()
@@ -276,7 +272,7 @@ run_sweep_step() {
   fi
   args+=("${EXTRA[@]}")
   local budget
-  budget=$(min "${cap:-999999}" $(( $(left) - GRACE - PACK_RESERVE )))
+  budget=$(gpu_env_min "${cap:-999999}" $(( $(left) - GRACE - PACK_RESERVE )))
   if (( budget < MIN_STEP )); then
     ROWS+="| $study | not started: ${budget} s left before the deadline | | 0 |"$'\n'
     TODO+=("$study"); note_exit 4; return
@@ -313,7 +309,7 @@ run_pytorch_step() {
     flags=(); [[ $variant == amp-channels-last ]] && flags=(--amp --channels-last)
     csv="$dir/pytorch-$variant.csv"
     if [[ -s "$csv" ]]; then states+="$variant: measured in an earlier call; "; continue; fi
-    budget=$(min $(( ${cap:-999999} - (SECONDS - t0) )) $(( $(left) - 10 - PACK_RESERVE )))
+    budget=$(gpu_env_min $(( ${cap:-999999} - (SECONDS - t0) )) $(( $(left) - 10 - PACK_RESERVE )))
     if (( budget < MIN_STEP )); then states+="$variant: not started (${budget} s left); "; TODO+=(pytorch); note_exit 4; break; fi
     say "pytorch $variant: bench/pytorch_utilization.py (at most ${budget} s)"
     PYTHONUNBUFFERED=1 gpu_env_run_until TERM "$budget" 10 "$RUNDIR/pytorch-$variant.log" \
