@@ -28,7 +28,8 @@
 #   GPU_CHECK_SKIP_SANITIZER=1, GPU_CHECK_SKIP_BENCH=1: skip a phase (its share goes to the others).
 #   GPU_CHECK_BENCH_FILTER (regex, default .), GPU_CHECK_SANITIZER_FILTER (gtest filter for
 #     kernels_cuda under memcheck; default: all but the two cuDNN autotune cases).
-#   OUT (set by the device tool): the report and gpu_check_logs.tar.gz (every log) are copied there.
+#   OUT (set by the device tool): the report and gpu_check_logs.tar.gz (every log) are copied there,
+#     after every phase and on SIGTERM (which also stops the running program).
 # Exit status: 0 all passed, 1 a test, sanitizer or benchmark failure, 2 no usable GPU, 3 setup
 # problem, 4 nothing failed but the deadline cut a phase short (the report says which).
 set -uo pipefail
@@ -48,6 +49,15 @@ if [[ "${1:-}" == "--rehearse" ]]; then REHEARSE=1; shift; fi
 DEADLINE="${GPU_CHECK_DEADLINE:-$([[ $REHEARSE == 1 ]] && echo 90 || echo 540)}"
 START=$SECONDS
 left() { echo $((DEADLINE - (SECONDS - START))); }
+# SIGTERM (the device tool's own limit): stop the running step, write the report, exit 4.
+# shellcheck disable=SC2317  # reached through the trap
+on_term() {
+  trap '' TERM
+  gpu_env_stop_child 5
+  [[ ${REPORT_READY:-0} == 1 ]] && write_report "stopped by SIGTERM at $((SECONDS - START)) s" && say "report: $REPORT"
+  die 4 "stopped by SIGTERM after $((SECONDS - START)) s"
+}
+trap on_term TERM
 
 gpu_env_detect_gpu || exit 2
 say "GPU: $GPU_LINE; deadline ${DEADLINE} s"
@@ -146,6 +156,7 @@ write_report() {
   fi
 }
 write_report "starting"
+REPORT_READY=1
 
 # ---------------------------------------------------------------- tests
 # Counted from the per-test lines, so a run cut by its timeout still counts what it finished.

@@ -20,6 +20,8 @@
 #                                 stays ignored in Python and GoogleTest), GRACE seconds later
 #                                 SIGKILL. Returns CMD's status, 124 when stopped by SIG, 137 when
 #                                 killed. SECS <= 0: not run, returns 124.
+#   gpu_env_stop_child GRACE      from a SIGTERM trap: stops the step gpu_env_run_until is running
+#                                 (its SIG, then SIGKILL after GRACE seconds).
 #   say MSG / die CODE MSG        "<GPU_ENV_PROG>: MSG" on stdout / on stderr, then exit CODE.
 #   gpu_env_min N...              the smallest of the whole numbers.
 # Needs bash and coreutils' timeout; uses python3 only to list site-packages.
@@ -110,7 +112,26 @@ gpu_env_run_until() {
     return 124
   fi
   # Line-buffered (stdbuf), so the lines of a program stopped at the deadline are in LOG.
-  local buf=()
+  local buf=() rc
   command -v stdbuf >/dev/null 2>&1 && buf=(stdbuf -oL -eL)
-  timeout -s "$sig" -k "$grace" "$secs" "${buf[@]}" "$@" >"$log" 2>&1
+  # In the background and waited for, so that a trapped SIGTERM reaches the script at once (bash
+  # runs traps only between commands; `wait` is interrupted by them); timeout makes its own process
+  # group, which gpu_env_stop_child signals.
+  timeout -s "$sig" -k "$grace" "$secs" "${buf[@]}" "$@" >"$log" 2>&1 </dev/null &
+  GPU_ENV_CHILD=$! GPU_ENV_CHILD_SIG=$sig
+  wait "$GPU_ENV_CHILD"
+  rc=$?
+  GPU_ENV_CHILD=""
+  return "$rc"
+}
+
+# From a trap: asks the step running under gpu_env_run_until to stop (its own signal, to its
+# process group), waits up to GRACE seconds, then kills it. Nothing when no step is running.
+gpu_env_stop_child() {
+  local grace=$1 pid=${GPU_ENV_CHILD:-} sig=${GPU_ENV_CHILD_SIG:-TERM} i
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+  kill -s "$sig" -- "-$pid" 2>/dev/null || kill -s "$sig" "$pid" 2>/dev/null
+  for ((i = 0; i < grace * 10; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null
+  return 0
 }

@@ -44,7 +44,8 @@
 # Output: results/<study>/ (results.csv, runs.jsonl, results.json, summary.md, <study>.png.dat;
 # utilization also pytorch-*.csv and compare-*.md) and results/gpu_studies/<stamp>/ (provenance.md:
 # nvidia-smi, driver, libraries, the command, the staged commit; summary.md; one log per step), all
-# in $OUT/gpu_studies_<stamp>.tar.gz, and $OUT/gpu_studies_summary.md.
+# in $OUT/gpu_studies_<stamp>.tar.gz, and $OUT/gpu_studies_summary.md. A SIGTERM (the tool's own
+# limit) gives the running sweep SIGINT and at most 20 s, then packs.
 # Exit status: 0 every step finished, 1 a step failed, 2 no usable GPU, 3 setup problem (stage,
 # libraries, photos, plan), 4 nothing failed but a step was cut or not started: run the same PLAN
 # again with this call's tarball in .gpu-results to resume.
@@ -140,6 +141,18 @@ QUICK=(); [[ $REHEARSE == 1 ]] && QUICK=(--quick)
 TARPREFIX=gpu_studies_$(r "" rehearsal_)   # rehearsal tarballs never mix with real ones
 START=$SECONDS
 left() { echo $((DEADLINE - (SECONDS - START))); }
+# SIGTERM (the device tool's own limit): the running sweep stops at its next step boundary and
+# writes its outputs (at most 20 s), then everything is packed.
+READY=0
+# shellcheck disable=SC2317  # reached through the trap
+on_term() {
+  trap '' TERM
+  gpu_env_stop_child "$(gpu_env_min 20 "$GRACE")"
+  [[ $READY == 1 ]] || die 4 "stopped by SIGTERM after $((SECONDS - START)) s, before any step"
+  ROWS+="| (runner) | stopped by SIGTERM at $((SECONDS - START)) s | | |"$'\n'
+  note_exit 4; pack "stopped by SIGTERM"; cat "$RUNDIR/summary.md"; exit 4
+}
+trap on_term TERM
 
 # ---------------------------------------------------------------- the plan
 STEPS=(); CAPS=()
@@ -250,12 +263,7 @@ pack() {
   cp "$summary" "$dest/gpu_studies_summary.md" 2>/dev/null
   PACKED="$dest/$TARPREFIX$STAMP.tar.gz"
 }
-# shellcheck disable=SC2317  # reached through the trap
-on_term() {
-  ROWS+="| (runner) | stopped by SIGTERM at $((SECONDS - START)) s | | |"$'\n'
-  note_exit 4; pack "stopped by SIGTERM"; cat "$RUNDIR/summary.md"; exit 4
-}
-trap on_term TERM
+READY=1   # from here on a SIGTERM packs what there is
 
 # ---------------------------------------------------------------- the steps
 have_photos() { [[ -n "$(find "$DATA/cat" -maxdepth 1 -name '*.jpg' -print -quit 2>/dev/null)" && -n "$(find "$DATA/dog" -maxdepth 1 -name '*.jpg' -print -quit 2>/dev/null)" ]]; }
