@@ -59,26 +59,25 @@ gpu_env_lib_path() {
   local dirs=() d
   for d in "$@"; do [[ -d "$d" ]] && dirs+=("$(cd "$d" && pwd)"); done
   # PyTorch's pip wheels keep cuDNN/cuBLAS/cudart under site-packages/nvidia/<name>/lib (or
-  # nvidia/cu13/lib) and torch/lib.
+  # nvidia/cu13/lib) and torch/lib: python3's site-packages, and the usual places of a Python
+  # environment in case the python3 on PATH is not the one that holds PyTorch.
+  local roots=() r pat
   if command -v python3 >/dev/null 2>&1; then
-    while IFS= read -r d; do [[ -n "$d" ]] && dirs+=("$d"); done < <(python3 - <<'PY' 2>/dev/null
-import glob, os, site
-roots = list(site.getsitepackages()) + [site.getusersitepackages()]
-try:
-    import torch
-    roots.append(os.path.dirname(os.path.dirname(torch.__file__)))
-except Exception:
-    pass
-seen = []
-for r in roots:
-    for pat in ("nvidia/*/lib", "nvidia/*/*/lib", "torch/lib"):
-        for d in sorted(glob.glob(os.path.join(r, pat))):
-            if glob.glob(os.path.join(d, "lib*.so*")) and d not in seen:
-                seen.append(d)
-print("\n".join(seen))
+    while IFS= read -r d; do [[ -n "$d" ]] && roots+=("$d"); done < <(python3 - <<'PY' 2>/dev/null
+import site
+print("\n".join(list(site.getsitepackages()) + [site.getusersitepackages()]))
 PY
 )
   fi
+  for r in /opt/*/.venv/lib/python3*/site-packages /opt/conda/lib/python3*/site-packages \
+           /usr/local/lib/python3*/dist-packages /usr/local/lib/python3*/site-packages /usr/lib/python3/dist-packages; do
+    [[ -d "$r" ]] && roots+=("$r")
+  done
+  for r in "${roots[@]}"; do
+    for pat in "$r"/nvidia/*/lib "$r"/nvidia/*/*/lib "$r"/torch/lib; do
+      [[ -d "$pat" ]] && compgen -G "$pat/lib*.so*" >/dev/null && [[ ":$(IFS=:; echo "${dirs[*]}"):" != *":$pat:"* ]] && dirs+=("$pat")
+    done
+  done
   for d in /usr/local/nvidia/lib64 /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda-*/lib64 /usr/lib/x86_64-linux-gnu; do
     [[ -d "$d" ]] && dirs+=("$d")
   done

@@ -176,7 +176,15 @@ say "GPU: $GPU_LINE; plan ${STEPS[*]}; deadline ${DEADLINE} s"
 [[ -f "$STAGE/studies.tar.xz" ]] \
   || die 3 "no $STAGE/studies.tar.xz: run 'tools/gpu_check.sh --stage' on the build machine and carry $STAGE"
 WORK="$(mktemp -d /tmp/gpu_studies.XXXXXX)"
-tar -C "$WORK" -xJf "$STAGE/studies.tar.xz" || die 3 "cannot unpack $STAGE/studies.tar.xz (xz and tar are needed)"
+# xz-utils is not in every minimal image; Python's lzma reads the same file.
+if command -v xz >/dev/null 2>&1; then
+  tar -C "$WORK" -xJf "$STAGE/studies.tar.xz"
+else
+  python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1], "r:xz")
+try: t.extractall(sys.argv[2], filter="tar")  # Python >= 3.12 warns without a filter
+except TypeError: t.extractall(sys.argv[2])' "$STAGE/studies.tar.xz" "$WORK"
+fi || die 3 "cannot unpack $STAGE/studies.tar.xz (needs xz or python3 with lzma)"
 BIN="$WORK/bin"
 STAGED_COMMIT="$(head -1 "$WORK/COMMIT" 2>/dev/null || echo unknown)"
 gpu_env_lib_path "$WORK/lib"
@@ -202,7 +210,14 @@ fi
 [[ "$RESTORED" == "none" ]] || say "restored earlier results: $RESTORED"
 
 # ---------------------------------------------------------------- provenance (written first)
-TORCH="$(timeout 60 python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>/dev/null || echo "not importable")"
+# The Python that holds PyTorch (the PyTorch baseline runs with it): python3, else a venv in /opt.
+PY=python3; TORCH="not importable"
+for p in python3 /opt/*/.venv/bin/python3; do
+  command -v "$p" >/dev/null 2>&1 || continue
+  if t="$(timeout 60 "$p" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>/dev/null)"; then
+    PY="$p"; TORCH="$t ($p)"; break
+  fi
+done
 {
   echo "# GPU studies call $STAMP"
   echo
@@ -321,7 +336,7 @@ run_pytorch_step() {
     if (( budget < MIN_STEP )); then states+="$variant: not started (${budget} s left); "; TODO+=(pytorch); note_exit 4; break; fi
     say "pytorch $variant: bench/pytorch_utilization.py (at most ${budget} s)"
     PYTHONUNBUFFERED=1 gpu_env_run_until TERM "$budget" 10 "$RUNDIR/pytorch-$variant.log" \
-      python3 bench/pytorch_utilization.py --device "$DEVICE" --model resnet50 --image-size "$size" \
+      "$PY" bench/pytorch_utilization.py --device "$DEVICE" --model resnet50 --image-size "$size" \
         --batches "$batches" --steps "$steps" "${flags[@]}" --out "$csv.part"
     rc=$?
     if [[ $rc == 0 && -s "$csv.part" ]]; then
@@ -337,7 +352,7 @@ run_pytorch_step() {
     for csv in "$dir"/pytorch-*.csv; do
       [[ -f "$csv" ]] || continue
       variant="$(basename "$csv" .csv)"; variant="${variant#pytorch-}"
-      python3 bench/compare_utilization.py --minidl "$dir/results.csv" --pytorch "$csv" \
+      "$PY" bench/compare_utilization.py --minidl "$dir/results.csv" --pytorch "$csv" \
         --pytorch-label "PyTorch ${TORCH%% *} $variant" >"$dir/compare-$variant.md" 2>"$RUNDIR/compare-$variant.log" \
         || { states+="compare $variant failed (see compare-$variant.log); "; rm -f "$dir/compare-$variant.md"; note_exit 1; }
     done
