@@ -14,8 +14,9 @@
 #                                                and links it from DIR/summary.md
 #   PLAN   comma-separated steps, run in this order, each optionally capped as STEP:SECONDS:
 #          keras-batch, utilization, techniques, lr-scaling
-#                    build-gpu-studies' minidl-sweep --study STEP --device cuda --workers N --out
-#                    results (--data .data/catsdogs except for utilization: synthetic images)
+#                    build-gpu-studies' minidl-sweep --study STEP --device cuda --workers N
+#                    --process-per-run --out results (--data .data/catsdogs except for utilization:
+#                    synthetic images); a crashed run becomes a `crashed` row, the study goes on
 #          pytorch   the PyTorch baseline of the utilization study: bench/pytorch_utilization.py in
 #                    f32, then with --amp --channels-last, each compared with minidl's table by
 #                    bench/compare_utilization.py (skipped with a note while those scripts are not in
@@ -285,7 +286,9 @@ have_photos() { [[ -n "$(find "$DATA/cat" -maxdepth 1 -name '*.jpg' -print -quit
 
 run_sweep_step() {
   local study=$1 cap=$2 t0=$SECONDS
-  local args=(--study "$study" --device "$DEVICE" --workers "$WORKERS" --out results "${QUICK[@]}")
+  # One process per run: a run that crashes (the CUDA backend's first runs) becomes a `crashed` row
+  # and the study goes on, and every run starts with a fresh device and allocator.
+  local args=(--study "$study" --device "$DEVICE" --workers "$WORKERS" --out results --process-per-run "${QUICK[@]}")
   if [[ "$study" != utilization ]]; then
     if ! have_photos; then
       ROWS+="| $study | not run: no photos in $DATA (carry .data; tools/gpu_check.sh --stage copies them) | | 0 |"$'\n'
@@ -309,8 +312,12 @@ run_sweep_step() {
   case $rc in
     0) state="finished" ;;
     124) state="cut by the deadline at ${budget} s (SIGINT); resumes next call"; TODO+=("$study"); note_exit 4 ;;
-    137) state="killed ${GRACE} s after the SIGINT; summary.md/results.json may be stale (the next call rewrites them)"
-         TODO+=("$study"); note_exit 4 ;;
+    137) if (( SECONDS - t0 >= budget )); then
+           state="killed ${GRACE} s after the SIGINT; summary.md/results.json may be stale (the next call rewrites them)"
+           TODO+=("$study"); note_exit 4
+         else
+           state="killed (SIGKILL) after $((SECONDS - t0)) s, before its deadline: out of host memory?"; note_exit 1
+         fi ;;
     *) state="failed, exit $rc: $(grep -E 'error' "$RUNDIR/$study.log" | tail -1 | cut -c1-200)"; note_exit 1 ;;
   esac
   [[ $rc == 0 && "$ndone" != "$total" ]] && { state="finished with runs left over"; TODO+=("$study"); note_exit 4; }
