@@ -254,9 +254,8 @@ if [[ $BENCH_ON == 1 ]]; then
   elif [[ $rc -ne 0 ]]; then
     say "benchmarks exited $rc (see bench.log)"; tail -5 "$LOGDIR/bench.log"; STATUS=1
   fi
-  # Google Benchmark writes its JSON at the end; a cut run leaves only the console table.
-  if [[ -s "$LOGDIR/bench.json" ]] && command -v python3 >/dev/null; then
-    BENCH_MD="$(python3 - "$LOGDIR/bench.json" <<'PY'
+  # A cut run leaves the JSON unfinished (unreadable): then the console lines are the table.
+  if [[ -s "$LOGDIR/bench.json" ]] && command -v python3 >/dev/null && BENCH_MD="$(python3 - "$LOGDIR/bench.json" 2>/dev/null <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = ["| benchmark | time (ms) | GB/s | vs D2D copy | TFLOP/s | img/s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -268,7 +267,8 @@ for b in d.get("benchmarks", []):
     rows.append(f"| {b['name']} | {t:.3f} | {f('GB/s', '%.0f')} | {f('vs_copy', '%.2f')} | {f('TFLOP/s', '%.1f')} | {f('img/s', '%.0f')} |")
 print("\n".join(rows))
 PY
-)"
+)"; then
+    :
   elif grep -qE '^[A-Za-z0-9_/:.]+ +[0-9.]+ [mun]?s ' "$LOGDIR/bench.log"; then
     BENCH_MD="$([[ $rc -eq 124 || $rc -eq 137 ]] && echo "cut by the deadline after ${budget} s; the console lines so far:" || echo "exit $rc; no JSON; the console lines:")"$'\n\n```\n'"$(grep -E '^(Benchmark|-{10}|[A-Za-z0-9_/:.]+ +[0-9.]+ [mun]?s )' "$LOGDIR/bench.log")"$'\n```'
   else
