@@ -2,71 +2,65 @@
 # One command for a machine with an NVIDIA GPU: runs the CUDA parity suite (the `cuda` ctest label:
 # every *_cuda test executable), runs it again under compute-sanitizer memcheck, runs the short GPU
 # benchmarks and writes bench/results/gpu_check_<date>_<commit>.md (GPU, driver, commit, date,
-# pass/fail counts, benchmark table). It uses a build made elsewhere when one is there, because a
-# GPU machine often lacks the build's dependencies (Eigen, GoogleTest, Google Benchmark), and finds
-# the machine's own cuDNN/cuBLAS/cudart (e.g. from its PyTorch install) through LD_LIBRARY_PATH.
+# pass/fail counts, benchmark table). A device call lasts at most 600 s, so the whole check runs
+# under one deadline that budgets the phases, and the report is rewritten (and copied to $OUT)
+# after every phase: a run cut short still returns what it measured. It uses a build made
+# elsewhere (a GPU machine often lacks Eigen, GoogleTest, Google Benchmark) and finds the
+# machine's cuDNN/cuBLAS/cudart (e.g. inside its PyTorch wheels) through tools/gpu_env.sh.
 #
-#   tools/gpu_check.sh --stage [DIR]   on the build machine (no GPU needed): configure a portable
-#                                      CUDA build (no -march=native), build the CUDA test and bench
-#                                      executables and copy them, their non-CUDA runtime libraries
-#                                      and the commit id into DIR (default build-gpu-stage, git-ignored)
-#                                      so DIR can be carried to the GPU machine.
-#   tools/gpu_check.sh [DIR]           on the GPU machine: check with DIR (default: the first of
+#   tools/gpu_check.sh --stage [DIR]   on the build machine (no GPU needed): tools/gpu_stage.sh,
+#                                      which builds and stages the test executables into DIR (default
+#                                      build-gpu-stage), the experiment programs into build-gpu-studies
+#                                      and the photos into .data/catsdogs, and prints each call's carry size.
+#   tools/gpu_check.sh [--rehearse] [DIR]
+#                                      on the GPU machine: check with DIR (default: the first of
 #                                      build-gpu-stage, build-gpu, build-cuda that has the executables;
-#                                      else it tries to build build-gpu itself).
-# Environment: GPU_CHECK_SKIP_SANITIZER=1, GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_BENCH_FILTER (regex),
-# GPU_CHECK_SANITIZER_FILTER (gtest filter), GPU_CHECK_TEST_TIMEOUT / _SANITIZER_TIMEOUT /
-# _BENCH_TIMEOUT (seconds). When $OUT is set (the device tool), the report and logs are copied there.
-# Exit status: 0 all passed, 1 a test or sanitizer failure, 2 no usable GPU, 3 setup problem.
+#                                      else it tries to build build-gpu itself, inside the deadline).
+#   --rehearse                         on a machine without a GPU: the same plumbing with the parity
+#                                      suite run CPU against CPU (MINIDL_PARITY_SELF_TEST=1); the
+#                                      sanitizer and benchmarks then fail or skip, which is expected.
+# Environment:
+#   GPU_CHECK_DEADLINE (seconds, default 540; 90 with --rehearse): everything, report included, ends
+#     by then. Phases get at most: tests GPU_CHECK_TEST_TIMEOUT (default 420) and never the last
+#     30% + 25% of the deadline while the sanitizer / benchmarks still have to run; sanitizer
+#     GPU_CHECK_SANITIZER_TIMEOUT (300) and never the last 25%; benchmarks GPU_CHECK_BENCH_TIMEOUT
+#     (360) or what is left. Time a phase does not use goes to the next.
+#   GPU_CHECK_SKIP_SANITIZER=1, GPU_CHECK_SKIP_BENCH=1: skip a phase (its share goes to the others).
+#   GPU_CHECK_BENCH_FILTER (regex, default .), GPU_CHECK_SANITIZER_FILTER (gtest filter for
+#     kernels_cuda under memcheck; default: all but the two cuDNN autotune cases).
+#   OUT (set by the device tool): the report and gpu_check_logs.tar.gz (every log) are copied there,
+#     after every phase and on SIGTERM (which also stops the running program).
+# Exit status: 0 all passed, 1 a test, sanitizer or benchmark failure, 2 no usable GPU, 3 setup
+# problem, 4 nothing failed but the deadline cut a phase short (the report says which).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 3
+GPU_ENV_PROG=gpu_check
+# shellcheck source=tools/gpu_env.sh
+source "$ROOT/tools/gpu_env.sh"
 
-say() { printf 'gpu_check: %s\n' "$*"; }
-die() { local code=$1; shift; printf 'gpu_check: %s\n' "$*" >&2; exit "$code"; }
-
-# ---------------------------------------------------------------- stage (build machine)
 if [[ "${1:-}" == "--stage" ]]; then
-  STAGE="${2:-build-gpu-stage}"
-  BUILD="build-gpu"
-  mkdir -p "$BUILD" || die 3 "cannot create $BUILD"
-  say "configuring a portable CUDA build in $BUILD"
-  cmake -S . -B "$BUILD" -DMINIDL_CUDA=ON -DMINIDL_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release >"$BUILD/gpu_check.configure.log" 2>&1 \
-    || die 3 "configure failed; see $BUILD/gpu_check.configure.log"
-  say "building kernels_cuda, optim_cuda and minidl_bench_cuda (slow on few cores)"
-  cmake --build "$BUILD" -j"${GPU_CHECK_JOBS:-2}" --target kernels_cuda optim_cuda minidl_bench_cuda >"$BUILD/gpu_check.build.log" 2>&1 \
-    || die 3 "build failed; see $BUILD/gpu_check.build.log"
-  rm -rf "$STAGE" && mkdir -p "$STAGE/bin" "$STAGE/lib" || die 3 "cannot create $STAGE"
-  for f in "$BUILD"/bin/*_cuda "$BUILD"/bin/minidl_bench_cuda; do [[ -x "$f" ]] && cp "$f" "$STAGE/bin/"; done
-  # Runtime libraries a PyTorch image may lack; CUDA, cuBLAS and cuDNN come from the GPU machine.
-  for exe in "$STAGE"/bin/*; do
-    ldd "$exe" | awk '/=>/ {print $1, $3}' | while read -r name path; do
-      case "$name" in
-        libgomp*|libbenchmark*|libgtest*|libgmock*|libturbojpeg*|libjpeg*) cp -L "$path" "$STAGE/lib/$name" ;;
-      esac
-    done
-  done
-  id="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  git diff --quiet HEAD 2>/dev/null || id="$id+dirty"   # uncommitted changes were built in
-  echo "$id" >"$STAGE/COMMIT"
-  du -sh "$STAGE"
-  say "staged into $STAGE (commit $(head -1 "$STAGE/COMMIT")); carry it and run: tools/gpu_check.sh $STAGE"
-  exit 0
+  exec bash "$ROOT/tools/gpu_stage.sh" --tests-dir "${2:-build-gpu-stage}"
 fi
+REHEARSE=0
+ARGS="$*"
+if [[ "${1:-}" == "--rehearse" ]]; then REHEARSE=1; shift; fi
+DEADLINE="${GPU_CHECK_DEADLINE:-$([[ $REHEARSE == 1 ]] && echo 90 || echo 540)}"
+START=$SECONDS
+left() { echo $((DEADLINE - (SECONDS - START))); }
+# SIGTERM (the device tool's own limit): stop the running step, write the report, exit 4.
+# shellcheck disable=SC2317  # reached through the trap
+on_term() {
+  trap '' TERM
+  gpu_env_stop_child 5
+  [[ ${REPORT_READY:-0} == 1 ]] && write_report "stopped by SIGTERM at $((SECONDS - START)) s" && say "report: $REPORT"
+  die 4 "stopped by SIGTERM after $((SECONDS - START)) s"
+}
+trap on_term TERM
 
-# ---------------------------------------------------------------- the GPU
-if ! command -v nvidia-smi >/dev/null 2>&1; then
-  die 2 "no NVIDIA GPU present: nvidia-smi is not installed on this machine. Run this on a GPU machine (the CPU suite: ctest -L cpu)."
-fi
-GPU_INFO="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
-if [[ -z "$GPU_INFO" ]] || ! nvidia-smi -L >/dev/null 2>&1; then
-  die 2 "no NVIDIA GPU present: nvidia-smi failed (${GPU_INFO:-no output})."
-fi
-GPU_NAME="$(echo "$GPU_INFO" | cut -d, -f1 | xargs)"
-DRIVER="$(echo "$GPU_INFO" | cut -d, -f2 | xargs)"
-GPU_MEM="$(echo "$GPU_INFO" | cut -d, -f3 | xargs)"
-say "GPU: $GPU_NAME, driver $DRIVER, $GPU_MEM"
+gpu_env_detect_gpu || exit 2
+say "GPU: $GPU_LINE; deadline ${DEADLINE} s"
 
 # ---------------------------------------------------------------- the executables
 DIR="${1:-}"
@@ -76,138 +70,192 @@ if [[ -z "$DIR" ]]; then
   done
 fi
 if [[ -z "$DIR" ]]; then
-  say "no staged or built CUDA executables found; trying to build build-gpu here"
+  say "no staged or built CUDA executables found; trying to build build-gpu here (inside the deadline)"
   mkdir -p build-gpu
   if command -v cmake >/dev/null && cmake -S . -B build-gpu -DMINIDL_CUDA=ON -DMINIDL_NATIVE=OFF >build-gpu/gpu_check.configure.log 2>&1 \
-     && cmake --build build-gpu -j"$(nproc)" --target kernels_cuda optim_cuda minidl_bench_cuda >build-gpu/gpu_check.build.log 2>&1; then
+     && gpu_env_run_until TERM "$(($(left) - 60))" 10 build-gpu/gpu_check.build.log \
+          cmake --build build-gpu -j"$(nproc)" --target kernels_cuda optim_cuda minidl_bench_cuda; then
     DIR=build-gpu
   else
     die 3 "could not build here (see build-gpu/gpu_check.configure.log and gpu_check.build.log: the GPU machine may lack Eigen, GoogleTest or Google Benchmark). Stage a build on the build machine with 'tools/gpu_check.sh --stage' and carry build-gpu-stage."
   fi
 fi
-[[ -x "$DIR/bin/kernels_cuda" ]] || die 3 "$DIR/bin/kernels_cuda not found"
+[[ -x "$DIR/bin/kernels_cuda" ]] || die 3 "$DIR/bin/kernels_cuda not found; stage it with 'tools/gpu_check.sh --stage' and carry $DIR"
 DIR="$(cd "$DIR" && pwd)"
 COMMIT="$(head -1 "$DIR/COMMIT" 2>/dev/null || true)"
 [[ -n "$COMMIT" ]] || COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 say "executables from $DIR (commit $COMMIT)"
 
 # ---------------------------------------------------------------- libraries
-# The machine's cuDNN/cuBLAS/cudart: PyTorch's pip wheels keep them under site-packages/nvidia/*
-# (or nvidia/cu13/lib) and torch/lib; the toolkit under /usr/local/cuda*/lib64.
-LIBDIRS=("$DIR/lib")
-if command -v python3 >/dev/null; then
-  while IFS= read -r d; do [[ -n "$d" ]] && LIBDIRS+=("$d"); done < <(python3 - <<'PY' 2>/dev/null
-import glob, os, site, sys
-roots = set(site.getsitepackages() + [site.getusersitepackages()])
-try:
-    import torch
-    roots.add(os.path.dirname(os.path.dirname(torch.__file__)))
-except Exception:
-    pass
-seen = []
-for r in roots:
-    for pat in ("nvidia/*/lib", "nvidia/*/*/lib", "torch/lib"):
-        for d in glob.glob(os.path.join(r, pat)):
-            if glob.glob(os.path.join(d, "lib*.so*")) and d not in seen:
-                seen.append(d)
-print("\n".join(seen))
-PY
-)
-fi
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda-*/lib64 /usr/lib/x86_64-linux-gnu; do
-  [[ -d "$d" ]] && LIBDIRS+=("$d")
-done
-LD_LIBRARY_PATH="$(IFS=:; echo "${LIBDIRS[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export LD_LIBRARY_PATH
-MISSING="$(for e in "$DIR"/bin/*; do ldd "$e" 2>/dev/null | grep 'not found'; done | sort -u)"
+gpu_env_lib_path "$DIR/lib"
+MISSING="$(gpu_env_missing_libs "$DIR"/bin/*)"
 if [[ -n "$MISSING" ]]; then
   die 3 "libraries not found with LD_LIBRARY_PATH=$LD_LIBRARY_PATH:
 $MISSING
 (cuDNN 9 / cuBLAS 13 / cudart 13 are expected from the machine's PyTorch or CUDA toolkit; the others from $DIR/lib, made by --stage)"
 fi
-for l in libcudnn.so.9 libcublas.so.13 libcudart.so.13; do
-  say "$l -> $(ldd "$DIR/bin/kernels_cuda" | awk -v l="$l" '$1 == l {print $3}')"
-done
+CUDA_LIBS="$(gpu_env_cuda_libs "$DIR/bin/kernels_cuda")"
+say "$CUDA_LIBS"
+[[ $REHEARSE == 1 ]] && export MINIDL_PARITY_SELF_TEST=1
 
 LOGDIR="$(mktemp -d /tmp/gpu_check.XXXXXX)"
-STATUS=0
+DATE="$(date -u +%Y-%m-%d)"
+mkdir -p bench/results
+REPORT="bench/results/gpu_check_${DATE}_${COMMIT%% *}$([[ $REHEARSE == 1 ]] && echo _rehearsal).md"
+STATUS=0   # 1 once something failed
+CUT=""     # the phases the deadline cut short
 
-# ---------------------------------------------------------------- tests (ctest -L cuda)
-TESTS_MD=""
-TOTAL_PASS=0; TOTAL_FAIL=0; TOTAL_SKIP=0
-CTEST_MD="not run: the build tree is not native to this machine (staged or carried), so the cuda executables run directly below"
-if [[ -f "$DIR/CTestTestfile.cmake" ]] && grep -q "$DIR" "$DIR/CTestTestfile.cmake" && command -v ctest >/dev/null; then
-  say "ctest -L cuda in $DIR"
-  (cd "$DIR" && timeout "${GPU_CHECK_TEST_TIMEOUT:-420}" ctest -L cuda --output-on-failure) >"$LOGDIR/ctest.log" 2>&1
-  rc=$?
-  CTEST_MD="$(grep -E 'tests passed|tests failed' "$LOGDIR/ctest.log" | tail -1) (exit $rc)"
-  [[ $rc -ne 0 ]] && STATUS=1
-  say "ctest: $CTEST_MD"
-fi
-for exe in "$DIR"/bin/*_cuda; do
-  [[ "$(basename "$exe")" == minidl_bench_cuda ]] && continue
-  name="$(basename "$exe")"
-  say "running $name"
-  timeout "${GPU_CHECK_TEST_TIMEOUT:-420}" "$exe" --gtest_color=no >"$LOGDIR/$name.log" 2>&1
-  rc=$?
-  pass="$(grep -oE '^\[  PASSED  \] [0-9]+' "$LOGDIR/$name.log" | grep -oE '[0-9]+$' || echo 0)"
-  fail="$(grep -cE '^\[  FAILED  \] [A-Za-z_]+\.' "$LOGDIR/$name.log" || true)"
-  skip="$(grep -oE '^\[  SKIPPED \] [0-9]+' "$LOGDIR/$name.log" | grep -oE '[0-9]+$' || echo 0)"
-  pass=${pass:-0}; fail=${fail:-0}; skip=${skip:-0}
-  if grep -q "no CUDA device" "$LOGDIR/$name.log" && [[ "$pass" -le 1 ]]; then
-    tail -5 "$LOGDIR/$name.log"
-    die 2 "nvidia-smi sees a GPU but minidl does not (its CUDA cases skipped: see $LOGDIR/$name.log); check the driver/runtime versions"
+SAN_ON=1; [[ "${GPU_CHECK_SKIP_SANITIZER:-0}" == 1 ]] && SAN_ON=0
+BENCH_ON=1; [[ "${GPU_CHECK_SKIP_BENCH:-0}" == 1 || ! -x "$DIR/bin/minidl_bench_cuda" ]] && BENCH_ON=0
+SAN_SHARE=$((SAN_ON * DEADLINE * 30 / 100)); BENCH_SHARE=$((BENCH_ON * DEADLINE * 25 / 100))
+REPORT_RESERVE=10
+
+TESTS_STATE="not run yet"; TESTS_MD=""; TOTAL_PASS=0; TOTAL_FAIL=0; TOTAL_SKIP=0
+SAN_MD="not run yet"; [[ $SAN_ON == 0 ]] && SAN_MD="skipped (GPU_CHECK_SKIP_SANITIZER=1)"
+BENCH_MD="not run yet"; [[ $BENCH_ON == 0 ]] && BENCH_MD="skipped (GPU_CHECK_SKIP_BENCH=1 or no minidl_bench_cuda)"
+
+# Rewritten after every phase, so a run stopped at any point has a report.
+write_report() {
+  {
+    echo "# GPU check, $DATE"
+    echo
+    [[ $REHEARSE == 1 ]] && echo "**CPU rehearsal (--rehearse): no GPU was used; these are not GPU results.**" && echo
+    echo "- command: \`tools/gpu_check.sh $ARGS\` (deadline ${DEADLINE} s; report written at $((SECONDS - START)) s: $1)"
+    echo "- commit: $COMMIT (executables from \`$(basename "$DIR")\`)"
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    gpu_env_machine_md
+    echo "- libraries: $CUDA_LIBS"
+    echo
+    echo "## Tests (the \`cuda\` label: every *_cuda executable)"
+    echo
+    echo "$TOTAL_PASS passed, $TOTAL_FAIL failed, $TOTAL_SKIP skipped ($TESTS_STATE)."
+    if [[ -n "$TESTS_MD" ]]; then
+      echo
+      echo "| executable | passed | failed | skipped | exit | seconds |"
+      echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+      printf '%s' "$TESTS_MD"
+    fi
+    if [[ $TOTAL_FAIL -gt 0 ]]; then
+      echo
+      echo '```'
+      grep -hE '^\[  FAILED  \].*\([0-9]+ ms\)$|Failure$|normalised error|Error|error:' "$LOGDIR"/*_cuda.log 2>/dev/null | head -60
+      echo '```'
+    fi
+    echo
+    echo "## compute-sanitizer memcheck"
+    echo
+    echo "$SAN_MD"
+    echo
+    echo "## Benchmarks (CUDA events, after warm-up; GB/s counts bytes read + written)"
+    echo
+    echo "$BENCH_MD"
+  } >"$REPORT"
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+    cp "$REPORT" "$OUT/$(basename "$REPORT" | tr -c 'A-Za-z0-9._\n-' '-')" 2>/dev/null
+    tar -C "$LOGDIR" -czf "$OUT/gpu_check_logs.tar.gz" . 2>/dev/null
   fi
-  [[ $rc -eq 124 ]] && say "$name timed out" && fail=$((fail + 1))
-  [[ $rc -ne 0 ]] && STATUS=1
+}
+write_report "starting"
+REPORT_READY=1
+
+# ---------------------------------------------------------------- tests
+# Counted from the per-test lines, so a run cut by its timeout still counts what it finished.
+count() { grep -cE "$1" "$2" 2>/dev/null || true; }
+EXES=()
+for exe in "$DIR"/bin/*_cuda; do [[ "$(basename "$exe")" != minidl_bench_cuda ]] && EXES+=("$exe"); done
+TESTS_END=$((SECONDS + $(gpu_env_min "${GPU_CHECK_TEST_TIMEOUT:-420}" $(($(left) - REPORT_RESERVE - SAN_SHARE - BENCH_SHARE)))))
+TESTS_STATE="running"
+for i in "${!EXES[@]}"; do
+  exe="${EXES[$i]}"; name="$(basename "$exe")"
+  later=$(( ${#EXES[@]} - i - 1 ))
+  # Leave each later executable 20 s at least, or its even share when less is left.
+  budget=$(( TESTS_END - SECONDS - 20 * later ))
+  (( budget < (TESTS_END - SECONDS) / (later + 1) )) && budget=$(( (TESTS_END - SECONDS) / (later + 1) ))
+  say "running $name (at most ${budget} s)"
+  t0=$SECONDS
+  gpu_env_run_until TERM "$budget" 10 "$LOGDIR/$name.log" "$exe" --gtest_color=no
+  rc=$?
+  pass="$(count '^\[       OK \]' "$LOGDIR/$name.log")"
+  fail="$(count '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$LOGDIR/$name.log")"
+  skip="$(count '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$LOGDIR/$name.log")"
+  if [[ $REHEARSE == 0 ]] && grep -q "no CUDA device" "$LOGDIR/$name.log" && [[ "$pass" -le 1 ]]; then
+    tail -5 "$LOGDIR/$name.log"
+    TESTS_STATE="stopped: nvidia-smi sees a GPU but minidl does not"
+    write_report "$TESTS_STATE"
+    die 2 "nvidia-smi sees a GPU but minidl does not (its CUDA cases skipped: see $name.log); check the driver/runtime versions"
+  fi
+  note=$rc
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    if (( budget > 0 )); then note="$rc (cut at ${budget} s by the deadline)"; else note="not run: no time left"; fi
+    [[ "$CUT" == *tests* ]] || CUT+=" tests"
+    say "$name: $note"
+    # the test that was running when it was cut
+    grep -E '^\[ RUN      \]' "$LOGDIR/$name.log" | tail -1
+  elif [[ $rc -ne 0 ]]; then
+    STATUS=1
+  fi
   TOTAL_PASS=$((TOTAL_PASS + pass)); TOTAL_FAIL=$((TOTAL_FAIL + fail)); TOTAL_SKIP=$((TOTAL_SKIP + skip))
-  TESTS_MD+="| $name | $pass | $fail | $skip | $rc |"$'\n'
-  grep -E '^\[  FAILED  \]|Failure|error' "$LOGDIR/$name.log" | head -40
+  TESTS_MD+="| $name | $pass | $fail | $skip | $note | $((SECONDS - t0)) |"$'\n'
+  grep -E '^\[  FAILED  \].*\([0-9]+ ms\)$|Failure$' "$LOGDIR/$name.log" | head -40
 done
-say "tests: $TOTAL_PASS passed, $TOTAL_FAIL failed, $TOTAL_SKIP skipped"
+[[ $TOTAL_FAIL -gt 0 ]] && STATUS=1
+TESTS_STATE="$([[ "$CUT" == *tests* ]] && echo "cut by the deadline" || echo "complete")"
+say "tests: $TOTAL_PASS passed, $TOTAL_FAIL failed, $TOTAL_SKIP skipped ($TESTS_STATE)"
+write_report "after the tests"
 
 # ---------------------------------------------------------------- compute-sanitizer memcheck
-SAN_MD="skipped (GPU_CHECK_SKIP_SANITIZER=1)"
-if [[ "${GPU_CHECK_SKIP_SANITIZER:-0}" != 1 ]]; then
+if [[ $SAN_ON == 1 ]]; then
   SAN="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)"
   if [[ -z "$SAN" ]]; then
     SAN_MD="not run: compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
     say "$SAN_MD"
   else
+    SAN_END=$((START + DEADLINE - REPORT_RESERVE - BENCH_SHARE))
     # cuDNN autotuning under memcheck takes minutes; the autotune cases are left to the plain run.
     FILTER="${GPU_CHECK_SANITIZER_FILTER:-*-Parity.Conv2dAutotuneNhwcAndTf32:Parity.AutotuneWorkspaceStaysInsideTheBudget}"
-    say "compute-sanitizer memcheck on kernels_cuda ($FILTER)"
-    timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" "$SAN" --tool memcheck --leak-check no --error-exitcode 99 \
-      "$DIR/bin/kernels_cuda" --gtest_color=no --gtest_filter="$FILTER" >"$LOGDIR/sanitizer.log" 2>&1
+    budget=$(gpu_env_min "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" $((SAN_END - SECONDS)))
+    say "compute-sanitizer memcheck on kernels_cuda ($FILTER), at most ${budget} s"
+    t0=$SECONDS
+    gpu_env_run_until TERM "$budget" 10 "$LOGDIR/sanitizer.log" \
+      "$SAN" --tool memcheck --leak-check no --error-exitcode 99 "$DIR/bin/kernels_cuda" --gtest_color=no --gtest_filter="$FILTER"
     rc=$?
     # The fused optimizer kernels live in optim_cuda; check them too (a failure there wins if the first was clean).
     if [[ $rc -eq 0 && -x "$DIR/bin/optim_cuda" ]]; then
-      say "compute-sanitizer memcheck on optim_cuda"
-      timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" "$SAN" --tool memcheck --leak-check no --error-exitcode 99 \
-        "$DIR/bin/optim_cuda" --gtest_color=no >>"$LOGDIR/sanitizer.log" 2>&1
+      budget=$(gpu_env_min $(("${GPU_CHECK_SANITIZER_TIMEOUT:-300}" - (SECONDS - t0))) $((SAN_END - SECONDS)))
+      say "compute-sanitizer memcheck on optim_cuda, at most ${budget} s"
+      gpu_env_run_until TERM "$budget" 10 "$LOGDIR/sanitizer_optim.log" \
+        "$SAN" --tool memcheck --leak-check no --error-exitcode 99 "$DIR/bin/optim_cuda" --gtest_color=no
       rc=$?
+      cat "$LOGDIR/sanitizer_optim.log" >>"$LOGDIR/sanitizer.log"
     fi
     errs="$(grep -oE 'ERROR SUMMARY: [0-9]+' "$LOGDIR/sanitizer.log" | tail -1)"
+    tests="$(count '^\[       OK \]' "$LOGDIR/sanitizer.log") tests passed under memcheck"
     case $rc in
-      0) SAN_MD="clean (${errs:-no summary}), filter \`$FILTER\`" ;;
-      124) SAN_MD="timed out after ${GPU_CHECK_SANITIZER_TIMEOUT:-300} s (${errs:-no summary})"; STATUS=1 ;;
+      0) SAN_MD="clean (${errs:-no summary}; $tests), filter \`$FILTER\`" ;;
+      124|137) SAN_MD="cut by the deadline after $((SECONDS - t0)) s (${errs:-no summary so far}; $tests; last: $(grep -E '^\[ RUN      \]' "$LOGDIR/sanitizer.log" | tail -1))"
+               CUT+=" sanitizer"; grep -q 'ERROR SUMMARY: [1-9]' "$LOGDIR/sanitizer.log" && STATUS=1 ;;
       99) SAN_MD="memcheck errors: ${errs}"; STATUS=1; grep -m 20 -E '=========' "$LOGDIR/sanitizer.log" ;;
-      *) SAN_MD="exit $rc (${errs:-no summary}); test failures under the sanitizer"; STATUS=1 ;;
+      *) SAN_MD="exit $rc (${errs:-no summary}; $tests); test failures under the sanitizer"; STATUS=1 ;;
     esac
     say "sanitizer: $SAN_MD"
   fi
+  write_report "after the sanitizer"
 fi
 
 # ---------------------------------------------------------------- benchmarks
-BENCH_MD="skipped"
-if [[ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 && -x "$DIR/bin/minidl_bench_cuda" ]]; then
-  say "benchmarks"
-  timeout "${GPU_CHECK_BENCH_TIMEOUT:-360}" "$DIR/bin/minidl_bench_cuda" --benchmark_filter="${GPU_CHECK_BENCH_FILTER:-.}" \
-    --benchmark_out="$LOGDIR/bench.json" --benchmark_out_format=json >"$LOGDIR/bench.log" 2>&1
+if [[ $BENCH_ON == 1 ]]; then
+  budget=$(gpu_env_min "${GPU_CHECK_BENCH_TIMEOUT:-360}" $(($(left) - REPORT_RESERVE)))
+  say "benchmarks, at most ${budget} s"
+  gpu_env_run_until TERM "$budget" 10 "$LOGDIR/bench.log" "$DIR/bin/minidl_bench_cuda" \
+    --benchmark_filter="${GPU_CHECK_BENCH_FILTER:-.}" --benchmark_out="$LOGDIR/bench.json" --benchmark_out_format=json
   rc=$?
-  if [[ $rc -ne 0 ]]; then say "benchmarks exited $rc (see bench.log)"; tail -5 "$LOGDIR/bench.log"; STATUS=1; fi
-  if [[ -s "$LOGDIR/bench.json" ]] && command -v python3 >/dev/null; then
-    BENCH_MD="$(python3 - "$LOGDIR/bench.json" <<'PY'
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    CUT+=" benchmarks"; say "benchmarks cut by the deadline after ${budget} s"
+  elif [[ $rc -ne 0 ]]; then
+    say "benchmarks exited $rc (see bench.log)"; tail -5 "$LOGDIR/bench.log"; STATUS=1
+  fi
+  # A cut run leaves the JSON unfinished (unreadable): then the console lines are the table.
+  if [[ -s "$LOGDIR/bench.json" ]] && command -v python3 >/dev/null && BENCH_MD="$(python3 - "$LOGDIR/bench.json" 2>/dev/null <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = ["| benchmark | time (ms) | GB/s | vs D2D copy | TFLOP/s | img/s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -219,52 +267,26 @@ for b in d.get("benchmarks", []):
     rows.append(f"| {b['name']} | {t:.3f} | {f('GB/s', '%.0f')} | {f('vs_copy', '%.2f')} | {f('TFLOP/s', '%.1f')} | {f('img/s', '%.0f')} |")
 print("\n".join(rows))
 PY
-)"
+)"; then
+    :
+  elif grep -qE '^[A-Za-z0-9_/:.]+ +[0-9.]+ [mun]?s ' "$LOGDIR/bench.log"; then
+    BENCH_MD="$([[ $rc -eq 124 || $rc -eq 137 ]] && echo "cut by the deadline after ${budget} s; the console lines so far:" || echo "exit $rc; no JSON; the console lines:")"$'\n\n```\n'"$(grep -E '^(Benchmark|-{10}|[A-Za-z0-9_/:.]+ +[0-9.]+ [mun]?s )' "$LOGDIR/bench.log")"$'\n```'
   else
-    BENCH_MD="no results (exit $rc); see bench.log"
+    BENCH_MD="no results (exit $rc): $(tail -3 "$LOGDIR/bench.log" | tr '\n' ' ')"
   fi
+  write_report "after the benchmarks"
 fi
 
-# ---------------------------------------------------------------- report
-DATE="$(date -u +%Y-%m-%d)"
-mkdir -p bench/results
-REPORT="bench/results/gpu_check_${DATE}_${COMMIT%% *}.md"
-{
-  echo "# GPU check, $DATE"
-  echo
-  echo "- command: \`tools/gpu_check.sh $*\`"
-  echo "- commit: $COMMIT (executables from \`$(basename "$DIR")\`)"
-  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo "- GPU: $GPU_NAME, driver $DRIVER, $GPU_MEM"
-  echo "- host: $(uname -m), $(nproc) cores"
-  echo "- cuDNN: $(ldd "$DIR/bin/kernels_cuda" | awk '$1 == "libcudnn.so.9" {print $3}'), cuBLAS: $(ldd "$DIR/bin/kernels_cuda" | awk '$1 == "libcublas.so.13" {print $3}')"
-  echo
-  echo "## Tests (the \`cuda\` label: every *_cuda executable)"
-  echo
-  echo "$TOTAL_PASS passed, $TOTAL_FAIL failed, $TOTAL_SKIP skipped. ctest -L cuda: $CTEST_MD."
-  echo
-  echo "| executable | passed | failed | skipped | exit |"
-  echo "| --- | ---: | ---: | ---: | ---: |"
-  printf '%s' "$TESTS_MD"
-  if [[ $TOTAL_FAIL -gt 0 ]]; then
-    echo
-    echo '```'
-    grep -hE '^\[  FAILED  \]|Failure$|normalised error|Error|error:' "$LOGDIR"/*_cuda.log | head -60
-    echo '```'
-  fi
-  echo
-  echo "## compute-sanitizer memcheck"
-  echo
-  echo "$SAN_MD"
-  echo
-  echo "## Benchmarks (CUDA events, after warm-up; GB/s counts bytes read + written)"
-  echo
-  echo "$BENCH_MD"
-} >"$REPORT"
-say "report: $REPORT"
-if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-  cp "$REPORT" "$OUT/" 2>/dev/null
-  cp "$LOGDIR"/kernels_cuda.log "$LOGDIR"/sanitizer.log "$LOGDIR"/bench.json "$LOGDIR"/bench.log "$OUT/" 2>/dev/null
-fi
-say "logs: $LOGDIR"
-exit $STATUS
+write_report "finished$([[ -n "$CUT" ]] && echo ", cut by the deadline:$CUT")"
+say "report: $REPORT (logs: $LOGDIR$([[ -n "${OUT:-}" ]] && echo "; copied to \$OUT with gpu_check_logs.tar.gz"))"
+# The device tool returns only the output's tail: the report without the benchmark table comes last.
+echo
+sed '/^## Benchmarks/,$d' "$REPORT"
+echo "## Benchmarks"
+echo
+head -8 <<<"$BENCH_MD"
+rows=$(grep -c '^| [^-]' <<<"$BENCH_MD")
+(( rows > 7 )) && echo "... $((rows - 1)) benchmark rows in all: see the report"
+if [[ $STATUS -ne 0 ]]; then exit 1; fi
+[[ -n "$CUT" ]] && exit 4
+exit 0

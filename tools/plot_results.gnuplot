@@ -2,7 +2,12 @@
 #   gnuplot -e "datafile='plot.dat'; outfile='plot.png'; plottitle='...'; xlab='batch'; ylab='acc'; logx=1" \
 #           tools/plot_results.gnuplot
 # datafile holds one block per series (a quoted title line, then "x y" rows), blocks separated by
-# two blank lines, so every study's lines come out of this one script.
+# two blank lines, so every study's lines come out of this one script. minidl-sweep writes the
+# data file even where gnuplot is missing (a GPU machine), with the settings on its first line
+# ("# plot: plottitle=...; xlab=...; ylab=...; logx=1"); draw such a file later with
+#   f=results/keras-batch/keras-batch.png.dat
+#   gnuplot -e "datafile='$f'; outfile='${f%.dat}'; $(sed -n 's/^# plot: //p' "$f")" tools/plot_results.gnuplot
+# (tools/gpu_studies.sh --plot DIR does this for every .dat in DIR and links the PNG from summary.md).
 if (!exists("plottitle")) plottitle = ""
 if (!exists("xlab")) xlab = "batch size"
 if (!exists("ylab")) ylab = ""

@@ -8,6 +8,7 @@
 #include "core/allocator.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
+#include "experiments/harness/train.h"
 
 namespace minidl::harness {
 namespace {
@@ -62,6 +63,8 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   fo.limit = o.limit;
   rep.finder = find_max_batch(
       [&](int64_t b) {
+        // A sweep stopped by SIGINT (a deadline) should not wait for the rest of the search.
+        if (stop_requested()) throw Interrupted("minidl-maxbatch: stopped (SIGINT) before trying batch " + std::to_string(b));
         const Trial t = runner.run(b, o.steps);
         say("  batch " + std::to_string(b) + ": " + (t.ok ? "ok" : "OOM") + ", peak allocated " +
             mib(t.peak_allocated) + ", reserved " + mib(t.peak_reserved) +

@@ -309,20 +309,15 @@ std::string resumed_epochs_csv(const std::filesystem::path& existing, const std:
 }
 
 std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png) {
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
-    return "gnuplot is not installed (apt-get install gnuplot-nox); the table is in the CSV";
-  std::string script = std::getenv("MINIDL_PLOT_SCRIPT") ? std::getenv("MINIDL_PLOT_SCRIPT") : "";
-  if (script.empty()) {
-    for (const char* p : {MINIDL_HARNESS_SOURCE_DIR "/tools/plot_results.gnuplot",
-                          MINIDL_HARNESS_INSTALL_SHARE "/plot_results.gnuplot"}) {
-      if (std::filesystem::exists(p)) {
-        script = p;
-        break;
-      }
-    }
-  }
-  if (script.empty()) return "plot_results.gnuplot not found (set MINIDL_PLOT_SCRIPT)";
-  std::string dat;
+  auto quote = [](std::string s) {
+    for (char& ch : s) if (ch == '\'' || ch == '"') ch = ' ';
+    return "'" + s + "'";
+  };
+  const std::string settings = "plottitle=" + quote(spec.title) + "; xlab=" + quote(spec.xlabel) +
+                               "; ylab=" + quote(spec.ylabel) + "; logx=" + (spec.logx ? "1" : "0");
+  // The data first, whether or not gnuplot is here: a GPU machine has none, and the plot is then
+  // drawn on another machine from the .dat alone (gnuplot skips the "#" line).
+  std::string dat = "# plot: " + settings + "\n";
   int blocks = 0;
   for (const auto& s : spec.series) {
     if (s.points.empty()) continue;
@@ -335,14 +330,22 @@ std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png) {
   if (blocks == 0) return "nothing to plot";
   const std::filesystem::path datfile = png.string() + ".dat";
   write_file_atomic(datfile, dat);
-  auto quote = [](std::string s) {
-    for (char& ch : s) if (ch == '\'' || ch == '"') ch = ' ';
-    return "'" + s + "'";
-  };
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
+    return "gnuplot is not installed (apt-get install gnuplot-nox); the data is in " + datfile.filename().string() +
+           " (tools/plot_results.gnuplot says how to draw it)";
+  std::string script = std::getenv("MINIDL_PLOT_SCRIPT") ? std::getenv("MINIDL_PLOT_SCRIPT") : "";
+  if (script.empty()) {
+    for (const char* p : {MINIDL_HARNESS_SOURCE_DIR "/tools/plot_results.gnuplot",
+                          MINIDL_HARNESS_INSTALL_SHARE "/plot_results.gnuplot"}) {
+      if (std::filesystem::exists(p)) {
+        script = p;
+        break;
+      }
+    }
+  }
+  if (script.empty()) return "plot_results.gnuplot not found (set MINIDL_PLOT_SCRIPT)";
   const std::string cmd = "gnuplot -e \"datafile=" + quote(datfile.string()) + "; outfile=" + quote(png.string()) +
-                          "; plottitle=" + quote(spec.title) + "; xlab=" + quote(spec.xlabel) +
-                          "; ylab=" + quote(spec.ylabel) + "; logx=" + (spec.logx ? "1" : "0") + "\" '" + script +
-                          "' 2>&1";
+                          "; " + settings + "\" '" + script + "' 2>&1";
   const std::string out = run_command(cmd);
   if (!std::filesystem::exists(png)) return "gnuplot failed: " + out;
   return "";

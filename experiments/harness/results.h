@@ -66,8 +66,10 @@ struct PlotSpec {
   bool logx = true;
   std::vector<Series> series;
 };
-// Renders a PNG with gnuplot (tools/plot_results.gnuplot) and keeps the data beside it as
-// <png>.dat. Returns "" on success, else why there is no plot (no gnuplot: the CSV stays).
+// Writes the data as <png>.dat (its first line, "# plot: plottitle=...; xlab=...", holds the
+// settings) and renders the PNG with gnuplot (tools/plot_results.gnuplot). Returns "" on success,
+// else why there is no plot; without gnuplot (the GPU machines) the .dat is still written, so the
+// plot can be drawn elsewhere (the script's header says how).
 std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png);
 
 }  // namespace minidl::harness

@@ -101,6 +101,10 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose) {
   try {
     if (run.find_max_batch) {
       const MaxBatchReport rep = run_maxbatch(c, st.maxbatch, verbose);
+      if (stop_requested()) {  // SIGINT during the search: no training run just to throw it away
+        ex.interrupted = true;
+        return ex;
+      }
       ex.json["maxbatch"] = rep.json;
       if (rep.finder.max_batch == 0) {
         ex.row = make_row(st, run, c, nullptr, "oom", "not even batch 1 fits the budget", 0, rep.finder.predicted);
@@ -120,6 +124,8 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose) {
     ex.json["status"] = res.status;
   } catch (const UsageError&) {
     throw;
+  } catch (const Interrupted&) {
+    ex.interrupted = true;  // not a result: the rerun starts this run again
   } catch (const std::exception& e) {
     ex.row = make_row(st, run, c, nullptr, "error", e.what(), max_batch, predicted);
     ex.json["status"] = "error";

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks = {});
 std::string model_summary(const TrainConfig& c);
 
 // SIGINT asks running loops to stop at the next step boundary; a second SIGINT kills.
+// Searches made of many short runs (the max-batch finder's trials) throw Interrupted instead.
+struct Interrupted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 void install_sigint_handler();
 bool stop_requested();
 void request_stop();   // as SIGINT (tests)

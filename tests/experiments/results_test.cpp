@@ -1,7 +1,8 @@
 // The results writers: CSV round trips with quoting, torn last lines from a killed sweep, header
-// checks on append, atomic file replacement, Markdown tables and the per-epoch CSV.
+// checks on append, atomic file replacement, Markdown tables, the per-epoch CSV and the plot data.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 
 #include "experiments/harness/results.h"
@@ -87,6 +88,27 @@ TEST(ExperimentsResults, MarkdownAndNumbers) {
   const std::string csv = epochs_csv({e});
   EXPECT_NE(csv.find("\n3,"), std::string::npos);
   EXPECT_NE(csv.find("0.7500"), std::string::npos);
+}
+
+TEST(ExperimentsResults, PlotDataKeepsItsSettingsAndIsWrittenWithoutGnuplot) {
+  // A GPU machine has no gnuplot: the .dat must still be written, with what it takes to draw it.
+  const auto dir = testing::temp_dir();
+  PlotSpec spec;
+  spec.title = "Accuracy \"quoted\"";
+  spec.xlabel = "batch size";
+  spec.ylabel = "test accuracy";
+  spec.series = {{"sgd, augment none", {{16, 0.5}, {32, 0.625}}}, {"empty", {}}};
+  const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  setenv("PATH", "/nonexistent", 1);
+  const std::string note = plot_png(spec, dir / "p.png");
+  setenv("PATH", path.c_str(), 1);
+  EXPECT_NE(note.find("gnuplot is not installed"), std::string::npos) << note;
+  EXPECT_NE(note.find("p.png.dat"), std::string::npos) << note;
+  std::ifstream in(dir / "p.png.dat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(s, "# plot: plottitle='Accuracy  quoted '; xlab='batch size'; ylab='test accuracy'; logx=1\n"
+               "\"sgd, augment none\" \"y\"\n16.000000 0.500000\n32.000000 0.625000\n");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ExperimentsResults, ProvenanceHasCommitDateAndDevice) {

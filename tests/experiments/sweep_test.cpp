@@ -9,6 +9,7 @@
 #include "experiments/harness/memest.h"
 #include "experiments/harness/step_runner.h"
 #include "experiments/harness/sweep.h"
+#include "experiments/harness/train.h"
 #include "tests/experiments/helpers.h"
 
 namespace minidl::harness {
@@ -136,6 +137,20 @@ TEST(ExperimentsMaxBatch, RealFinderConfirmsTheMaximumAndRecoversFromOoms) {
   const Trial over = runner.run(f.max_batch + 1, 1);
   EXPECT_FALSE(over.ok);
   EXPECT_TRUE(over.recovered);
+}
+
+TEST(ExperimentsMaxBatch, SigintStopsTheSearchBetweenTrials) {
+  // A sweep's deadline (tools/gpu_studies.sh) sends SIGINT: the search must not run on to its end.
+  TrainConfig c = testing::tiny_config();
+  c.memory_budget = "24MiB";
+  MaxBatchOptions o;
+  o.steps = 1;
+  const int64_t allocated_before = memory_stats().allocated_bytes;
+  request_stop();
+  EXPECT_THROW(run_maxbatch(c, o, false), Interrupted);
+  clear_stop();
+  EXPECT_EQ(memory_stats().allocated_bytes, allocated_before) << "the trial runner freed everything";
+  EXPECT_EQ(memory_stats().budget_bytes, 0) << "the budget is removed on the way out";
 }
 
 TEST(ExperimentsMaxBatch, AmpTrialsIncludeTheOptimizerState) {
