@@ -18,8 +18,8 @@
 #                    --process-per-run --out results (--data .data/catsdogs except for utilization:
 #                    synthetic images); a crashed run becomes a `crashed` row, the study goes on
 #          pytorch   the PyTorch baseline of the utilization study: bench/pytorch_utilization.py in
-#                    f32, then with --amp --channels-last, each compared with minidl's table by
-#                    bench/compare_utilization.py (skipped with a note while those scripts are not in
+#                    f32, then with --best (AMP, channels_last, cudnn.benchmark, fused SGD), each
+#                    compared with minidl's table by bench/compare_utilization.py --steady --busy (skipped with a note while those scripts are not in
 #                    the tree). Runs after `utilization` by itself (capped at 150 s) unless listed.
 #          e.g. tools/gpu_studies.sh utilization:170,keras-batch:200,techniques
 #   --rehearse   no GPU needed: the same plumbing with --device cpu --quick on the staged photos,
@@ -335,8 +335,10 @@ run_pytorch_step() {
   local size batches steps
   size=$(r 224 32); batches=$(r 4,8,16,32,64,128,256,512,1024 2,4); steps=$(r 20 2)
   local variant flags csv budget rc states=""
-  for variant in f32 amp-channels-last; do
-    flags=(); [[ $variant == amp-channels-last ]] && flags=(--amp --channels-last)
+  # f32: like for like with minidl's study; best: PyTorch's best settings (AMP, channels_last,
+  # cudnn.benchmark, fused SGD), the bar to clear.
+  for variant in f32 best; do
+    flags=(); [[ $variant == best ]] && flags=(--best)
     csv="$dir/pytorch-$variant.csv"
     if [[ -s "$csv" ]]; then states+="$variant: measured in an earlier call; "; continue; fi
     budget=$(gpu_env_min $(( ${cap:-999999} - (SECONDS - t0) )) $(( $(left) - 10 - PACK_RESERVE )))
@@ -359,7 +361,7 @@ run_pytorch_step() {
     for csv in "$dir"/pytorch-*.csv; do
       [[ -f "$csv" ]] || continue
       variant="$(basename "$csv" .csv)"; variant="${variant#pytorch-}"
-      "$PY" bench/compare_utilization.py --minidl "$dir/results.csv" --pytorch "$csv" \
+      "$PY" bench/compare_utilization.py --minidl "$dir/results.csv" --pytorch "$csv" --steady --busy \
         --pytorch-label "PyTorch ${TORCH%% *} $variant" >"$dir/compare-$variant.md" 2>"$RUNDIR/compare-$variant.log" \
         || { states+="compare $variant failed (see compare-$variant.log); "; rm -f "$dir/compare-$variant.md"; note_exit 1; }
     done
