@@ -61,6 +61,7 @@ class DeviceStaging {
   void restart();
 
   int buffers() const { return static_cast<int>(bufs_.size()); }
+  const Layout& layout() const { return layout_; }
 
  private:
   struct Pinned {

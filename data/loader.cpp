@@ -314,6 +314,10 @@ struct Loader::Impl {
 
   void start(int64_t epoch) {
     stop_pipeline();
+    if (staging && staging->layout().batch_size < opt.batch_size) {
+      staging.reset();         // set_batch_size() outgrew the buffers; no thread uses them now
+      staging_tried = false;
+    }
     if (staging) {
       staging->restart();   // no thread runs now
     } else if (!opt.device.is_cpu() && !staging_tried) {
@@ -392,6 +396,13 @@ int64_t Loader::batches_per_epoch() const {
 }
 
 void Loader::start_epoch(int64_t epoch) { impl_->start(epoch); }
+
+void Loader::set_batch_size(int64_t size) {
+  MINIDL_CHECK(size > 0, "Loader::set_batch_size: the batch size must be positive, got ", size);
+  impl_->stop_pipeline();   // the running epoch's threads read opt.batch_size
+  impl_->opt.batch_size = size;
+  impl_->started = false;   // as a new loader: next() without start_epoch() starts epoch 0
+}
 
 std::optional<Batch> Loader::next() {
   if (!impl_->started) impl_->start(0);

@@ -73,6 +73,12 @@ class Loader {
   int64_t batches_per_epoch() const;
   // Starts (or restarts) epoch `epoch`: the order is a function of (seed, epoch) only.
   void start_epoch(int64_t epoch);
+  // A new batch size from the next start_epoch() on (a batch-size schedule), on the same loader:
+  // the RAM cache, the unreadable-sample list and the pinned staging buffers (made again only when
+  // the batch outgrows them) are kept. The sample order does not depend on the batch size, so the
+  // epoch's samples are the same, cut into batches of the new size. It ends the epoch in progress
+  // (as on a new loader, next() without start_epoch() starts epoch 0). Throws for size < 1.
+  void set_batch_size(int64_t size);
   // The next batch of the current epoch, or nullopt at its end. Unreadable samples are skipped,
   // so a batch can be smaller than batch_size only at the end of an epoch (without drop_last).
   std::optional<Batch> next();

@@ -31,6 +31,7 @@ class TensorSource final : public BatchSource {
   }
   int64_t size() const override { return images_.size(0); }
   int64_t batches_per_epoch() const override { return (size() + batch_ - 1) / batch_; }
+  void set_batch_size(int64_t size) override { batch_ = size; }
   void start_epoch(int64_t epoch) override {
     std::iota(order_.begin(), order_.end(), int64_t{0});
     if (shuffle_) {
@@ -94,6 +95,7 @@ class LoaderSource final : public BatchSource {
   int64_t size() const override { return size_; }
   int64_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
   void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
+  void set_batch_size(int64_t size) override { loader_.set_batch_size(size); }
   std::optional<TensorBatch> next() override {
     auto b = loader_.next();
     if (!b) return std::nullopt;

@@ -25,6 +25,9 @@ class BatchSource {
   virtual int64_t size() const = 0;                 // images per epoch
   virtual int64_t batches_per_epoch() const = 0;
   virtual void start_epoch(int64_t epoch) = 0;
+  // Batches of `size` from the next start_epoch() on (a batch-size schedule); the same source, so
+  // the loader keeps its cache and staging buffers.
+  virtual void set_batch_size(int64_t size) = 0;
   virtual std::optional<TensorBatch> next() = 0;
   virtual double wait_seconds() const = 0;          // cumulative time next() spent
   virtual int64_t skipped() const { return 0; }     // unreadable samples (folder data)

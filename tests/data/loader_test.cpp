@@ -292,6 +292,42 @@ TEST(Loader, StatsWaitAndRestartMidEpoch) {
   EXPECT_EQ(l.stats().images, 0);
 }
 
+// A batch-size schedule changes the batch between epochs on the same loader: the RAM cache is
+// kept (no sample decoded twice), the order is the epoch's whatever the batch, and a set in the
+// middle of an epoch ends it.
+TEST(Loader, SetBatchSizeTakesEffectAtTheNextEpochAndKeepsTheCache) {
+  const auto ds = std::make_shared<IndexedDataset>(30, 8, 8, std::set<int64_t>{7});
+  LoaderOptions o = plain(4, 2);
+  o.cache = true;
+  Loader l(ds, o);
+  const auto epoch = [&](int64_t e, std::vector<int64_t>* sizes) {
+    l.start_epoch(e);
+    std::vector<int64_t> order;
+    while (auto b = l.next()) {
+      sizes->push_back(b->labels.size(0));
+      const auto id = ids(*b);
+      order.insert(order.end(), id.begin(), id.end());
+    }
+    return order;
+  };
+  std::vector<int64_t> small, large, sized;
+  const auto order4 = epoch(1, &small);
+  EXPECT_EQ(small, (std::vector<int64_t>{4, 4, 4, 4, 4, 4, 4, 1})) << "29 readable samples";
+  l.set_batch_size(16);
+  EXPECT_EQ(l.batches_per_epoch(), 2);
+  const auto order16 = epoch(1, &large);
+  EXPECT_EQ(large, (std::vector<int64_t>{16, 13}));
+  EXPECT_EQ(order16, order4) << "the same epoch, cut into larger batches";
+  EXPECT_EQ(ds->loads.load(), 30) << "the cache survives the change";
+  // Set in the middle of an epoch: that epoch ends; the next start_epoch uses the new size.
+  l.start_epoch(2);
+  ASSERT_TRUE(l.next().has_value());
+  l.set_batch_size(8);
+  epoch(2, &sized);
+  EXPECT_EQ(sized, (std::vector<int64_t>{8, 8, 8, 5}));
+  EXPECT_THROW(l.set_batch_size(0), Error);
+}
+
 TEST(Loader, SyntheticImagesPassThroughUnresampledAtTheirSize) {
   const auto ds = synthetic_dataset(10, 16, 4);
   LoaderOptions o = plain(10, 2);

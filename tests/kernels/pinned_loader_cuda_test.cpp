@@ -106,5 +106,32 @@ TEST_F(PinnedLoader, KeptBatchesAreNotOverwritten) {
   }
 }
 
+// A batch-size schedule on the device path: the staging buffers are made again when the batch
+// outgrows them (6 -> 16) and reused when it shrinks (16 -> 4), the batches still equal the CPU's.
+TEST_F(PinnedLoader, BatchSizeChangesBetweenEpochs) {
+  const auto ds = synthetic_dataset(23, 24, 7);
+  Loader cpu(ds, options(2, DType::f32, false, Device::cpu()));
+  Loader gpu(ds, options(2, DType::f32, false, kGpu));
+  int64_t epoch = 0;
+  for (int64_t batch : {6, 16, 4}) {
+    cpu.set_batch_size(batch);
+    gpu.set_batch_size(batch);
+    cpu.start_epoch(epoch);
+    gpu.start_epoch(epoch);
+    int64_t images = 0;
+    while (auto a = cpu.next()) {
+      std::optional<Batch> b = gpu.next();
+      ASSERT_TRUE(b.has_value()) << "batch " << batch;
+      ASSERT_EQ(a->images.shape(), b->images.shape()) << "batch " << batch;
+      EXPECT_EQ(a->images.to_vector(), b->images.to(Device::cpu()).to_vector()) << "batch " << batch;
+      EXPECT_EQ(a->labels.to_vector(), b->labels.to(Device::cpu()).to_vector()) << "batch " << batch;
+      images += a->labels.size(0);
+    }
+    EXPECT_FALSE(gpu.next().has_value()) << "batch " << batch;
+    EXPECT_EQ(images, 23) << "batch " << batch;
+    ++epoch;
+  }
+}
+
 }  // namespace
 }  // namespace minidl::data
