@@ -11,6 +11,7 @@
 
 #include "core/allocator.h"
 #include "core/backend.h"
+#include "experiments/harness/batch_schedule.h"
 #include "optim/schedule.h"
 #ifdef MINIDL_WITH_CUDA
 #include "kernels/cuda/runtime.h"
@@ -90,6 +91,11 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--batch-size", c.batch_size, "micro-batch: images per forward/backward");
   app.add_option("--accumulation-steps", c.accumulation_steps,
                  "micro-batches per optimizer step (effective batch = batch-size x this)");
+  app.add_option("--batch-schedule", c.batch_schedule,
+                 "batch by epoch: B@E,... (32@0,64@5: 32 from the first epoch, 64 after five), xF@every:N or "
+                 "xF@E1,E2 (--batch-size times F); a batch that does not fit the budget is accumulated; empty: fixed");
+  app.add_option("--batch-schedule-lr", c.batch_schedule_lr,
+                 "lr at each scheduled batch: keep, linear (x batch / first batch) or sqrt (its square root)");
   app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw");
   app.add_option("--lr", c.lr, "learning rate for --base-batch; 0: the optimizer's default (sgd 0.01, adam 0.001)");
   app.add_option("--momentum", c.momentum, "SGD momentum");
@@ -104,7 +110,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--base-batch", c.base_batch, "the batch --lr was tuned for (with --lr-scaling)");
   app.add_option("--warmup-steps", c.warmup_steps, "linear warmup over this many optimizer steps");
   app.add_option("--warmup-epochs", c.warmup_epochs, "linear warmup over this many epochs (overrides steps)");
-  app.add_option("--schedule", c.schedule, "constant | step:SIZE:GAMMA | multistep:M1,M2:GAMMA | cosine[:MIN]");
+  app.add_option("--schedule", c.schedule, "constant | step:SIZE:GAMMA | multistep:M1,M2:GAMMA | cosine[:MIN]; SIZE and M "
+                                       "in optimizer steps, or in epochs as 4e");
   app.add_option("--epochs", c.epochs, "training epochs");
   app.add_option("--max-steps", c.max_steps, "stop after this many optimizer steps; 0: no limit");
   app.add_flag("--amp", c.amp, "mixed precision (f16 autocast + gradient scaler); off by default");
@@ -250,11 +257,18 @@ void validate(const TrainConfig& c) {
   }
   if (c.base_batch <= 0) usage("--base-batch must be > 0");
   if (c.warmup_steps < 0 || c.warmup_epochs < 0) usage("--warmup-steps and --warmup-epochs must be >= 0");
+  if (c.batch_schedule_lr != "keep" && c.batch_schedule_lr != "linear" && c.batch_schedule_lr != "sqrt")
+    usage("--batch-schedule-lr '" + c.batch_schedule_lr + "': expected keep, linear or sqrt");
+  const BatchSchedule batches = BatchSchedule::parse(c.batch_schedule, c.batch_size);
+  for (int64_t e = 0; e < c.epochs; ++e) batches.batch_at(e);   // throws past 2^31
   try {
-    optim::parse_schedule(c.schedule, 1000);
+    // Epoch units ("multistep:4e,8e:0.5") checked with 100 steps per epoch.
+    optim::parse_schedule(resolve_epoch_units(c.schedule, [](double e) { return 100.0 * e; }, c.epochs, 0), 1000);
+  } catch (const UsageError&) {
+    throw;
   } catch (const Error& e) {
     usage("--schedule '" + c.schedule + "' is invalid: expected constant, step:SIZE:GAMMA, multistep:M1,M2:GAMMA "
-          "or cosine[:MIN]");
+          "or cosine[:MIN] (milestones and sizes in steps, or in epochs as 4e)");
   }
   if (c.epochs <= 0) usage("--epochs must be >= 1");
   if (c.max_steps < 0) usage("--max-steps must be >= 0");

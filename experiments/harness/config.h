@@ -38,6 +38,8 @@ struct TrainConfig {
   // Batch and optimisation.
   int64_t batch_size = 32;
   int64_t accumulation_steps = 1;
+  std::string batch_schedule;      // "32@0,64@5" or "x2@every:5" (batch_schedule.h); empty: a fixed batch
+  std::string batch_schedule_lr = "keep";  // keep | linear | sqrt: the lr at each scheduled batch change
   std::string optimizer = "sgd";   // sgd | adam | adamw
   double lr = 0.0;                 // 0: the optimizer's default (sgd 0.01, adam/adamw 0.001)
   double momentum = 0.0;

@@ -207,6 +207,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"batch_size", c.batch_size},
           {"accumulation_steps", c.accumulation_steps},
           {"effective_batch", c.effective_batch()},
+          {"batch_schedule", c.batch_schedule},
+          {"batch_schedule_lr", c.batch_schedule_lr},
           {"optimizer", c.optimizer},
           {"lr", c.resolved_lr()},
           {"momentum", c.momentum},
@@ -248,7 +250,10 @@ nlohmann::json to_json(const RunResult& r) {
                       {"gpu_busy", num(e.gpu_busy)},
                       {"gpu_busy_source", e.gpu_busy_source},
                       {"peak_allocated_bytes", e.peak_allocated},
-                      {"peak_reserved_bytes", e.peak_reserved}});
+                      {"peak_reserved_bytes", e.peak_reserved},
+                      {"images", e.images},
+                      {"batch_size", e.batch_size},
+                      {"accumulation_steps", e.accumulation_steps}});
   }
   return {{"status", r.status},
           {"note", r.note},
@@ -275,13 +280,15 @@ nlohmann::json to_json(const RunResult& r) {
 std::string epochs_csv(const std::vector<EpochMetrics>& epochs) {
   std::string s = csv_line({"epoch", "steps", "lr", "train_loss", "train_acc", "val_loss", "val_acc", "train_seconds",
                             "images_per_second", "data_wait_pct", "cpu_util_pct", "gpu_busy_pct", "gpu_busy_source",
-                            "peak_allocated_bytes", "peak_reserved_bytes", "images_per_second_steady"});
+                            "peak_allocated_bytes", "peak_reserved_bytes", "images_per_second_steady",
+                            "batch_size", "accumulation_steps"});
   for (const auto& e : epochs) {
     s += csv_line({std::to_string(e.epoch), std::to_string(e.steps), fmt(e.lr, 6), fmt(e.train_loss), fmt(e.train_acc),
                    fmt(e.val_loss), fmt(e.val_acc), fmt(e.train_seconds, 3), fmt(e.images_per_second, 1),
                    fmt(100 * e.data_wait_fraction, 1), fmt(100 * e.cpu_utilization, 1), fmt(100 * e.gpu_busy, 1),
                    e.gpu_busy_source, std::to_string(e.peak_allocated), std::to_string(e.peak_reserved),
-                   fmt(e.images_per_second_steady, 1)});
+                   fmt(e.images_per_second_steady, 1), std::to_string(e.batch_size),
+                   std::to_string(e.accumulation_steps)});
   }
   return s;
 }

@@ -21,6 +21,7 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/generator.h"
+#include "experiments/harness/batch_schedule.h"
 #include "experiments/harness/data_source.h"
 #include "experiments/harness/gpu_monitor.h"
 #include "experiments/harness/model.h"
@@ -80,8 +81,9 @@ std::string optimizer_state_path(const std::string& weights) { return weights + 
 struct Progress {
   int64_t epoch = 0;            // the last epoch trained, fully or partly
   int64_t micro_batches = 0;    // micro-batches of `epoch` done; 0: the epoch is complete
-  int64_t batch_size = 0;       // the plan of a partial epoch depends on these two
-  int64_t accumulation_steps = 0;
+  int64_t batch_size = 0;       // the plan of a partial epoch depends on these two (the micro-batch
+  int64_t accumulation_steps = 0;  //   and accumulation used, after a batch schedule's fallback)
+  int64_t scheduled_batch = 0;  // the batch the schedule asked for in `epoch` (0: batch_size)
   double best_val_acc = 0.0;    // over complete epochs only (a partial epoch's evaluation is not
   int64_t best_epoch = 0;       //   one the uninterrupted run would have made)
   double time_to_target = -1.0;
@@ -103,6 +105,7 @@ std::map<std::string, std::string> progress_metadata(const std::string& model, c
           {"micro_batches", std::to_string(p.micro_batches)},
           {"batch_size", std::to_string(p.batch_size)},
           {"accumulation_steps", std::to_string(p.accumulation_steps)},
+          {"scheduled_batch", std::to_string(p.scheduled_batch)},
           {"steps", std::to_string(steps)},
           {"best_val_acc", exact(p.best_val_acc)},
           {"best_epoch", std::to_string(p.best_epoch)},
@@ -124,6 +127,8 @@ Progress progress_from(const std::map<std::string, std::string>& meta, const std
     if (auto v = get("micro_batches")) p.micro_batches = std::stoll(*v);
     if (auto v = get("batch_size")) p.batch_size = std::stoll(*v);
     if (auto v = get("accumulation_steps")) p.accumulation_steps = std::stoll(*v);
+    p.scheduled_batch = p.batch_size;
+    if (auto v = get("scheduled_batch")) p.scheduled_batch = std::stoll(*v);
     if (auto v = get("best_val_acc")) p.best_val_acc = std::stod(*v);
     if (auto v = get("best_epoch")) p.best_epoch = std::stoll(*v);
     if (auto v = get("time_to_target")) p.time_to_target = std::stod(*v);
@@ -147,6 +152,16 @@ void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, 
   nn::save_safetensors(path, m.module->state_dict(), meta);
   nn::save_safetensors(optimizer_state_path(path), optim::training_state_dict(opt, scaler), meta);
 }
+
+// Removes the run's memory budget however run_training ends: an exception after the budget was
+// set (a refused --resume) must not leave it on the device for the next run of a sweep.
+struct BudgetReset {
+  Device device;
+  bool armed = false;
+  ~BudgetReset() {
+    if (armed) set_memory_budget(device, 0);
+  }
+};
 
 int64_t param_bytes(nn::Module& m) {
   int64_t b = 0;
@@ -227,6 +242,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
 
   // A budget that cannot even hold the weights, their gradients and the optimizer state is a
   // configuration error, not an out-of-memory result.
+  BudgetReset budget_reset{device};
   if (!c.memory_budget.empty()) {
     const int64_t budget = static_cast<int64_t>(parse_bytes(c.memory_budget));
     // allocated: the weights (and anything else already on the device); then gradients and state.
@@ -237,28 +253,41 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
                        " needs " + format_bytes(static_cast<size_t>(fixed)) +
                        " for weights, gradients and optimizer state");
     set_memory_budget(device, static_cast<size_t>(budget));
+    budget_reset.armed = true;
   }
 
   RunData data = make_run_data(c, device, m.image_size);
   // The optimal plan's limit, when derived by the Recomputer at the first forward, cannot know
-  // that the optimizer's state is allocated only at the first step: leave room for it here.
-  if (m.recomputer && m.checkpoint.kind == CheckpointSpec::Kind::Optimal && !c.memory_budget.empty()) {
+  // that the optimizer's state is allocated only at the first step: leave room for it here. The
+  // room is taken now, before the state exists; a batch schedule changes only the input's share.
+  const bool optimal_under_budget =
+      m.recomputer && m.checkpoint.kind == CheckpointSpec::Kind::Optimal && !c.memory_budget.empty();
+  double optimal_room = 0.0;
+  if (optimal_under_budget) {
     const auto ms = memory_stats(device);
     const double state = static_cast<double>(param_bytes(*m.module)) * optimizer_state_factor(c) * (c.amp ? 1.5 : 1.0);
-    const double input = static_cast<double>(c.batch_size * 3 * m.image_size * m.image_size * 4);
-    const double limit = 0.9 * (static_cast<double>(ms.budget_bytes - ms.reserved_bytes) - state) + input;
-    if (limit > 0) m.recomputer->set_memory_limit(static_cast<int64_t>(limit));
+    optimal_room = 0.9 * (static_cast<double>(ms.budget_bytes - ms.reserved_bytes) - state);
   }
+  const auto set_optimal_limit = [&](int64_t micro) {
+    const double limit = optimal_room + static_cast<double>(micro * 3 * m.image_size * m.image_size * 4);
+    if (optimal_under_budget && limit > 0) m.recomputer->set_memory_limit(static_cast<int64_t>(limit));
+  };
+  set_optimal_limit(c.batch_size);
   r.data_description = data.description;
-  const int64_t micro_per_epoch = data.train->batches_per_epoch();
-  const int64_t steps_per_epoch = (micro_per_epoch + c.accumulation_steps - 1) / c.accumulation_steps;
-  int64_t total_steps = c.epochs * steps_per_epoch;
+  const EpochBatches batches(c, data.train->size());   // --batch-schedule (a fixed batch without it)
+  int64_t total_steps = batches.total_steps();
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
-  r.warmup_steps = c.warmup_epochs > 0 ? static_cast<int64_t>(std::llround(c.warmup_epochs * steps_per_epoch))
+  const auto epoch_start_step = [&](double completed) { return batches.epoch_start_step(completed); };
+  r.warmup_steps = c.warmup_epochs > 0 ? static_cast<int64_t>(std::llround(epoch_start_step(c.warmup_epochs)))
                                        : c.warmup_steps;
-  const std::string spec = (r.warmup_steps > 0 ? "warmup:" + std::to_string(r.warmup_steps) + "+" : "") + c.schedule;
+  const std::string spec = (r.warmup_steps > 0 ? "warmup:" + std::to_string(r.warmup_steps) + "+" : "") +
+                           resolve_epoch_units(c.schedule, epoch_start_step, c.epochs, r.warmup_steps);
   const auto schedule = optim::parse_schedule(spec, total_steps);
-  r.lr = c.scaled_lr();
+  // --lr-scaling scales --lr from --base-batch to the first epoch's effective batch, once;
+  // --batch-schedule-lr then scales it from the first epoch's batch to each later one.
+  TrainConfig first_epoch_config = c;
+  first_epoch_config.batch_size = batches.scheduled(1);
+  r.lr = first_epoch_config.scaled_lr();
   auto opt = make_optimizer(c, *m.module, r.lr);
   optim::AccumulationOptions ao;
   ao.max_grad_norm = c.max_grad_norm;
@@ -274,10 +303,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   // rates as the schedule's base, while the saved ones are already scheduled (warmup, decay).
   optim::AccumulatingTrainer trainer(*opt, ao);
   Progress prog;
-  prog.batch_size = c.batch_size;
-  prog.accumulation_steps = c.accumulation_steps;
   int64_t first_epoch = 1;
   int64_t skip_micro = 0;   // micro-batches of first_epoch done before the resume
+  // The saved epoch's micro-batch and accumulation, for the resumed epoch when it continues the
+  // same phase of the batch schedule (the uninterrupted run would not have tried it again).
+  std::optional<EpochBatch> resumed_batch;
   if (!c.resume.empty()) {
     const auto file = nn::load_safetensors(c.resume);
     const Progress saved = progress_from(file.metadata, c.resume);
@@ -294,17 +324,25 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         optim::load_training_state(*opt, scaler, state);
       }
     }
-    if (saved.micro_batches > 0 &&
-        (saved.batch_size != c.batch_size || saved.accumulation_steps != c.accumulation_steps))
+    const EpochBatch seb{saved.scheduled_batch, saved.batch_size, saved.accumulation_steps};
+    const bool same_phase =
+        saved.epoch >= 1 && saved.epoch <= c.epochs && batches.scheduled(saved.epoch) == seb.scheduled &&
+        (seb.fell_back() ? seb.accumulation % c.accumulation_steps == 0 : seb.accumulation == c.accumulation_steps);
+    if (saved.micro_batches > 0 && !same_phase)
       throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) +
-                       " with --batch-size " + std::to_string(saved.batch_size) + " and --accumulation-steps " +
-                       std::to_string(saved.accumulation_steps) + "; resume it with the same values");
+                       " with batch " + std::to_string(saved.scheduled_batch) + " (micro-batch " +
+                       std::to_string(saved.batch_size) + " x " + std::to_string(saved.accumulation_steps) +
+                       " accumulation); resume it with the same --batch-size, --batch-schedule and "
+                       "--accumulation-steps");
     if (saved.has_rng) {
       default_generator().manual_seed(saved.rng_seed);
       default_generator().set_offset(saved.rng_offset);
     }
     first_epoch = saved.micro_batches > 0 ? saved.epoch : saved.epoch + 1;
     skip_micro = saved.micro_batches;
+    if (same_phase && (saved.micro_batches > 0 ||
+                       (first_epoch <= c.epochs && batches.scheduled(first_epoch) == seb.scheduled)))
+      resumed_batch = seb;
     prog.epoch = saved.epoch;
     prog.micro_batches = saved.micro_batches;
     prog.best_val_acc = saved.best_val_acc;
@@ -317,15 +355,21 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   }
   r.first_epoch = first_epoch;
 
-  // The micro-batch sizes of an epoch (the last one may be short) and their accumulation windows.
-  std::vector<int64_t> sizes(static_cast<size_t>(micro_per_epoch), c.batch_size);
-  if (data.train->size() % c.batch_size != 0) sizes.back() = data.train->size() % c.batch_size;
-  const auto plan = optim::plan_accumulation(sizes, c.accumulation_steps);
+  // A scheduled batch is tried before its phase where memory is limited (a budget, or a device's
+  // own memory); on the CPU without a budget every batch fits.
+  const bool trials = batches.schedule().active() && (!c.memory_budget.empty() || !device.is_cpu());
+  const std::string limit_name = c.memory_budget.empty() ? "the device memory" : "--memory-budget " + c.memory_budget;
+  EpochBatch eb;                          // the current phase's batch
+  std::vector<optim::MicroBatch> plan;    // its micro-batches' accumulation windows
+  std::string phase_note;                 // the progress lines' suffix
 
   std::ostringstream head;
   head << c.model << " (" << r.parameters << " parameters) on " << r.device_name << "; " << data.description
-       << "; batch " << c.batch_size << " x " << c.accumulation_steps << " accumulation = " << c.effective_batch()
-       << ", " << c.optimizer << " lr " << r.lr << " (" << c.lr_scaling << " scaling), schedule " << spec << ", "
+       << "; batch " << batches.scheduled(1) << " x " << c.accumulation_steps << " accumulation = "
+       << batches.scheduled(1) * c.accumulation_steps;
+  if (batches.schedule().active())
+    head << " (--batch-schedule " << c.batch_schedule << ", lr " << c.batch_schedule_lr << ")";
+  head << ", " << c.optimizer << " lr " << r.lr << " (" << c.lr_scaling << " scaling), schedule " << spec << ", "
        << total_steps << " optimizer steps";
   log(head.str());
 
@@ -337,8 +381,41 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       r.note = "SIGINT before epoch " + std::to_string(epoch);
       break;
     }
+    double trial_seconds = 0.0;
+    if (epoch == first_epoch || batches.phase_starts(epoch)) {
+      const auto t_trial = Clock::now();
+      const int64_t want = batches.scheduled(epoch);
+      if (epoch == first_epoch && resumed_batch) {
+        eb = *resumed_batch;
+      } else if (!trials) {
+        eb = {want, want, c.accumulation_steps};
+      } else {
+        eb = fit_scheduled_batch(want, c.accumulation_steps, [&](int64_t micro) {
+          set_optimal_limit(micro);
+          return trial_step_fits(m, *opt, c, device, micro, micro < want || c.accumulation_steps > 1);
+        });
+        trial_seconds = seconds_since(t_trial);
+      }
+      if (eb.micro == 0) {
+        r.status = "oom";
+        r.note = "--batch-schedule: not even a micro-batch of 1 fits " + limit_name + " at epoch " +
+                 std::to_string(epoch);
+        break;
+      }
+      set_optimal_limit(eb.micro);
+      data.train->set_batch_size(eb.micro);
+      plan = optim::plan_accumulation(batches.micro_sizes(eb), eb.accumulation);
+      for (const std::string& line : batches.phase_lines(epoch, eb, limit_name)) log(line);
+      phase_note = batches.progress_note(eb);
+    }
+    const double batch_lr = batches.lr_factor(epoch);
+    prog.batch_size = eb.micro;
+    prog.accumulation_steps = eb.accumulation;
+    prog.scheduled_batch = eb.scheduled;
     EpochMetrics em;
     em.epoch = epoch;
+    em.batch_size = eb.micro;
+    em.accumulation_steps = eb.accumulation;
     reset_peak_stats(device);
     data.train->start_epoch(epoch);
     size_t i = 0;
@@ -360,8 +437,8 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     try {
       while (auto b = data.train->next()) {
         if (i == plan.size()) break;  // the loader delivered more than planned: never step twice
-        if (i % static_cast<size_t>(c.accumulation_steps) == 0) {
-          const double f = schedule->factor(opt->step_count());
+        if (i % static_cast<size_t>(eb.accumulation) == 0) {
+          const double f = schedule->factor(opt->step_count()) * batch_lr;
           for (size_t g = 0; g < opt->num_groups(); ++g) opt->set_lr(g, trainer.base_lrs()[g] * f);
         }
         gpu.step_begin();
@@ -384,7 +461,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         const bool stepped = trainer.micro_batch(loss, mb);
         gpu.step_end();
         ++i;
-        if (!t_steady && i % static_cast<size_t>(c.accumulation_steps) == 0) {
+        if (!t_steady && i % static_cast<size_t>(eb.accumulation) == 0) {
           synchronize(device);   // the window's queued device work belongs to the warm-up
           t_steady = Clock::now();
           images_steady0 = em.images;
@@ -404,7 +481,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
                         100.0 * static_cast<double>(correct) / static_cast<double>(em.images),
                         static_cast<double>(em.images) / dt, 100.0 * (data.train->wait_seconds() - wait0) / dt,
                         mib(ms.allocated_bytes), mib(ms.peak_allocated_bytes));
-          log(line);
+          log(line + phase_note);
         }
         if (stop_requested()) {
           r.status = "interrupted";
@@ -426,7 +503,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     const bool complete = !cut || i == plan.size();
     // Device kernels are asynchronous: the last step's backward and update may still be queued.
     synchronize(device);
-    em.train_seconds = seconds_since(t0);
+    em.train_seconds = seconds_since(t0) + trial_seconds;   // a phase's trials are its cost
     if (t_steady && em.images > images_steady0) {
       const double steady_s = seconds_since(*t_steady);
       em.steady_images = em.images - images_steady0;
@@ -491,7 +568,6 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     save_state(c.save_weights, m, *opt, scaler, prog);
     log("saved weights to " + c.save_weights + " (optimizer state: " + optimizer_state_path(c.save_weights) + ")");
   }
-  if (!c.memory_budget.empty()) set_memory_budget(device, 0);
   r.total_seconds = seconds_since(t_start);
   return r;
 }

@@ -36,6 +36,8 @@ struct EpochMetrics {
   std::string gpu_busy_source;    // nvml | cuda-events | "none: <why>" (GpuBusyMeter)
   int64_t peak_allocated = 0;     // bytes, this epoch
   int64_t peak_reserved = 0;
+  int64_t batch_size = 0;         // the epoch's micro-batch and accumulation steps (--batch-schedule
+  int64_t accumulation_steps = 0; //   changes them; a batch over the budget is accumulated)
 };
 
 struct RunResult {

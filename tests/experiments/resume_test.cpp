@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/allocator.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/train.h"
 #include "nn/safetensors.h"
@@ -187,6 +188,57 @@ TEST(ExperimentsResume, PartialEpochNeedsTheSameBatchPlan) {
   bool told = false;
   for (const auto& l : lines) told = told || l.find("no gradient-scaler state") != std::string::npos;
   EXPECT_TRUE(told);
+  std::filesystem::remove_all(dir);
+}
+
+// A batch schedule (8, then 64 after the first epoch) under a budget that 64 does not fit, so the
+// second phase runs as accumulated micro-batches: stopped where the phase changes, or inside the
+// accumulated phase, the resumed run ends bit-identical to the one that never stopped (the saved
+// micro-batch and accumulation are reused, not tried again).
+TEST(ExperimentsResume, InsideABatchScheduleWithItsFallbackIsBitIdentical) {
+  const auto dir = testing::temp_dir();
+  TrainConfig base = resume_config();   // AMP, SGD momentum, warmup + cosine
+  base.image_size = 16;
+  base.split = "64,8,8";                 // 128 images: 16 steps at 8, then 2 per epoch at 64
+  base.batch_size = 8;
+  base.batch_schedule = "x8@1";
+  base.batch_schedule_lr = "sqrt";
+  const RunResult probe = run_training(base, {[](const std::string&) {}, {}, {}});
+  ASSERT_EQ(probe.status, "ok") << probe.note;
+  const int64_t p8 = probe.epochs[0].peak_reserved, p64 = probe.epochs[1].peak_reserved;
+  base.memory_budget = std::to_string(p8 + (p64 - p8) / 3) + "B";
+  Continuous full;
+  full.weights = (dir / "full.safetensors").string();
+  TrainConfig c = base;
+  c.save_weights = full.weights;
+  full.result = run_training(c, {[](const std::string&) {}, {}, {}});
+  ASSERT_EQ(full.result.status, "ok") << full.result.note;
+  ASSERT_EQ(full.result.epochs.size(), 3u);
+  ASSERT_LT(full.result.epochs[1].batch_size, 64) << "the budget must force the fallback";
+  ASSERT_EQ(full.result.epochs[1].batch_size * full.result.epochs[1].accumulation_steps, 64);
+  const int64_t first_steps = full.result.epochs[0].steps;
+  for (const int64_t stop_at : {first_steps, first_steps + 1}) {   // the phase change; inside epoch 2
+    c = base;
+    c.save_weights = (dir / ("stop" + std::to_string(stop_at) + ".safetensors")).string();
+    RunHooks hooks{[](const std::string&) {}, {}, [stop_at](int64_t step) {
+                     if (step == stop_at) request_stop();
+                   }};
+    const RunResult first = run_training(c, hooks);
+    clear_stop();
+    ASSERT_EQ(first.status, "interrupted") << first.note;
+    const auto meta = nn::load_safetensors(c.save_weights).metadata;
+    const bool inside = stop_at > first_steps;
+    EXPECT_EQ(meta.at("scheduled_batch"), inside ? "64" : "8");
+    EXPECT_EQ(meta.at("batch_size"), std::to_string(inside ? full.result.epochs[1].batch_size : 8));
+    expect_resume_matches(full, c.save_weights, dir, 2, base);
+    if (HasFatalFailure()) return;
+  }
+  // Resuming the partial epoch with another schedule: exit status 2, as with another --batch-size.
+  c = base;
+  c.resume = (dir / ("stop" + std::to_string(first_steps + 1) + ".safetensors")).string();
+  c.batch_schedule = "x4@1";
+  EXPECT_THROW(run_training(c, {[](const std::string&) {}, {}, {}}), UsageError);
+  EXPECT_EQ(memory_stats().budget_bytes, 0) << "the refused run took its budget away with it";
   std::filesystem::remove_all(dir);
 }
 
