@@ -12,11 +12,11 @@ using namespace minidl::harness;
 int main(int argc, char** argv) {
   TrainConfig base;
   std::string study_name, batches, optimizers, augments, checkpoints, only;
-  bool quick = false, process_per_run = false, list = false;
+  bool quick = false, process_per_run = false, list = false, retry_failed = false;
   CLI::App app{"minidl-sweep: run a grid of training runs or a predefined batch-size study, resumably"};
   add_config_flag(app);
   add_train_flags(app, base);
-  app.add_option("--study", study_name, "keras-batch, utilization, techniques or lr-scaling (published settings); "
+  app.add_option("--study", study_name, "keras-batch, utilization, techniques, lr-scaling or batch-schedule (published settings); "
                                         "empty: a grid over the lists below");
   app.add_flag("--quick", quick,
                "scale the study down (small images, few steps, small model): minutes on 2 CPU cores; off by default");
@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   app.add_flag("--process-per-run", process_per_run, "run each configuration in its own process; off by default");
   app.add_flag("--list", list, "print the runs (id, group) and whether they are done, then exit; off by default");
   app.add_option("--only", only, "run only this run id (what --process-per-run children get)");
+  app.add_flag("--retry-failed", retry_failed, "run again the runs whose row says error or crashed, replacing "
+                                               "those rows (the others stay as they are); off by default");
   if (const int rc = parse_command_line(app, argc, argv, "minidl-sweep"); rc >= 0) return rc;
   try {
     validate(base);
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
     o.out = std::filesystem::path(root) / (st.name + (quick ? "-quick-" + dev : ""));
     o.process_per_run = process_per_run;
     o.only = only;
+    o.retry_failed = retry_failed;
     o.verbose = !base.quiet;
     for (int i = 0; i < argc; ++i) o.argv.emplace_back(argv[i]);
     if (list) {
@@ -68,11 +71,14 @@ int main(int argc, char** argv) {
     install_sigint_handler();
     const SweepOutcome out = run_sweep(st, o);
     if (!only.empty()) return out.interrupted ? 130 : 0;
-    std::printf("minidl-sweep: %s: %d runs done now, %d already done%s\n", st.name.c_str(), out.ran, out.done_before,
-                out.interrupted ? "; interrupted (rerun the same command to resume)" : "");
+    std::printf("minidl-sweep: %s: %d runs done now%s, %d already done%s\n", st.name.c_str(), out.ran,
+                out.retried > 0 ? (" (" + std::to_string(out.retried) + " of them retried)").c_str() : "",
+                out.done_before, out.interrupted ? "; interrupted (rerun the same command to resume)" : "");
     std::printf("table:   %s\nsummary: %s\njson:    %s\n", (o.out / "results.csv").c_str(),
                 (o.out / "summary.md").c_str(), (o.out / "results.json").c_str());
-    if (out.plot_note.empty()) std::printf("plot:    %s\n", (o.out / (st.name + ".png")).c_str());
+    if (st.extra_outputs)
+      std::printf("plots:   %s (summary.md says which were drawn)\n", (o.out / (st.name + "-*.png")).c_str());
+    else if (out.plot_note.empty()) std::printf("plot:    %s\n", (o.out / (st.name + ".png")).c_str());
     else std::printf("plot:    none (%s)\n", out.plot_note.c_str());
     return out.interrupted ? 130 : 0;
   } catch (const UsageError& e) {

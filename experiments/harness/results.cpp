@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -154,6 +155,26 @@ void append_csv_row(const std::filesystem::path& file, const Row& header, const 
   const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
   ::close(fd);
   MINIDL_CHECK(ok, "results: cannot append to ", file.string());
+}
+
+void replace_csv_row(const std::filesystem::path& file, const Row& header, const std::string& key, const Row& row) {
+  MINIDL_CHECK(header.size() == row.size(), "results: a row of ", row.size(), " fields for a header of ",
+               header.size(), " in ", file.string());
+  CsvTable t = read_csv(file);
+  if (t.header.empty()) t.header = header;
+  MINIDL_CHECK(upgrade_columns(t, header), "results: ", file.string(),
+               " has other columns than this program writes; move it away or use another --out");
+  const auto col = static_cast<size_t>(std::find(header.begin(), header.end(), key) - header.begin());
+  MINIDL_CHECK(col < header.size(), "results: replace_csv_row: no column '", key, "'");
+  bool placed = false;
+  std::vector<Row> rows;
+  for (Row& r : t.rows) {
+    if (r[col] != row[col]) rows.push_back(std::move(r));
+    else if (!placed) rows.push_back(row), placed = true;
+  }
+  if (!placed) rows.push_back(row);
+  t.rows = std::move(rows);
+  write_file_atomic(file, csv_text(t));
 }
 
 std::string markdown_table(const Row& header, const std::vector<Row>& rows) {

@@ -35,6 +35,11 @@ void write_file_atomic(const std::filesystem::path& file, const std::string& con
 // file must have the same header (else throws) and gets the row with one O_APPEND write + fsync.
 void append_csv_row(const std::filesystem::path& file, const Row& header, const Row& row);
 
+// Replaces the row(s) whose `key` column equals the new row's (appends when there is none), keeping
+// every other row as it was, and rewrites the file atomically; an older file's columns are upgraded
+// as by append_csv_row. What minidl-sweep --retry-failed does with a failed run's row.
+void replace_csv_row(const std::filesystem::path& file, const Row& header, const std::string& key, const Row& row);
+
 std::string markdown_table(const Row& header, const std::vector<Row>& rows);
 
 // Formats a double for tables: fixed `digits` decimals; NaN as "" (missing).

@@ -1,5 +1,6 @@
-// The four predefined studies of DESIGN.md with their published settings, their --quick versions
-// (sized for minutes on 2 CPU cores with the synthetic set), and generic grids.
+// The predefined studies of DESIGN.md with their published settings, their --quick versions (sized
+// for minutes on 2 CPU cores with the synthetic set), and generic grids. The batch-schedule study,
+// with outputs of its own, lives in batch_schedule_study.cpp.
 #include <set>
 
 #include "experiments/harness/sweep.h"
@@ -191,7 +192,7 @@ Study lr_scaling(bool quick, const TrainConfig& base) {
 }  // namespace
 
 const std::vector<std::string>& study_names() {
-  static const std::vector<std::string> n{"keras-batch", "utilization", "techniques", "lr-scaling"};
+  static const std::vector<std::string> n{"keras-batch", "utilization", "techniques", "lr-scaling", "batch-schedule"};
   return n;
 }
 
@@ -201,7 +202,9 @@ Study make_study(const std::string& name, bool quick, const TrainConfig& base) {
   else if (name == "utilization") s = utilization(quick, base);
   else if (name == "techniques") s = techniques(quick, base);
   else if (name == "lr-scaling") s = lr_scaling(quick, base);
-  else throw UsageError("--study '" + name + "': expected keras-batch, utilization, techniques or lr-scaling");
+  else if (name == "batch-schedule") s = batch_schedule_study(quick, base);
+  else throw UsageError("--study '" + name + "': expected keras-batch, utilization, techniques, lr-scaling or "
+                        "batch-schedule");
   s.quick = quick;
   for (auto& r : s.runs) {
     r.config.out.clear();

@@ -22,6 +22,22 @@ namespace {
 
 std::string mib(int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.0), 1); }
 
+// Images/s of each phase of a batch schedule (consecutive epochs with the same effective batch),
+// "16: 5120.3; 64: 6011.0"; one phase without a schedule.
+std::string phase_rates(const RunResult& r) {
+  std::string out;
+  for (size_t i = 0; i < r.epochs.size();) {
+    const int64_t eff = r.epochs[i].batch_size * r.epochs[i].accumulation_steps;
+    double imgs = 0, secs = 0;
+    for (; i < r.epochs.size() && r.epochs[i].batch_size * r.epochs[i].accumulation_steps == eff; ++i) {
+      imgs += static_cast<double>(r.epochs[i].images);
+      secs += r.epochs[i].train_seconds;
+    }
+    out += (out.empty() ? "" : "; ") + std::to_string(eff) + ": " + fmt(secs > 0 ? imgs / secs : 0.0, 1);
+  }
+  return out;
+}
+
 // One results.csv row; `res` may be empty (skipped or failed runs).
 Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const RunResult* res,
              const std::string& status, const std::string& note, int64_t max_batch, int64_t predicted) {
@@ -77,7 +93,11 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           max_batch > 0 ? std::to_string(max_batch) : "",
           predicted > 0 ? std::to_string(predicted) : "",
           res ? fmt(res->total_seconds, 1) : "",
-          fmt(res ? res->steady_images_per_second() : nan, 1)};
+          fmt(res ? res->steady_images_per_second() : nan, 1),
+          c.schedule,
+          c.batch_schedule,
+          res ? fmt(res->train_seconds, 2) : "",
+          res ? phase_rates(*res) : ""};
 }
 
 struct Executed {
@@ -141,6 +161,24 @@ std::set<std::string> done_ids(const std::filesystem::path& csv) {
   return ids;
 }
 
+// Ids whose row says the run failed to produce a result (--retry-failed reruns them): `error` (an
+// exception) or `crashed` (a --process-per-run child died). Diverged and oom rows are results.
+std::set<std::string> failed_ids(const std::filesystem::path& csv) {
+  std::set<std::string> ids;
+  const CsvTable t = read_csv(csv);
+  for (size_t i = 0; i < t.rows.size(); ++i)
+    if (t.get(i, "status") == "error" || t.get(i, "status") == "crashed") ids.insert(t.get(i, "run_id"));
+  return ids;
+}
+
+// The row of `id` as it is in the file ("" when none): tells whether a child replaced it.
+std::string row_text(const std::filesystem::path& csv, const std::string& id) {
+  const CsvTable t = read_csv(csv);
+  for (size_t i = 0; i < t.rows.size(); ++i)
+    if (t.get(i, "run_id") == id) return csv_line(t.rows[i]);
+  return "";
+}
+
 // Runs one id in a child process (this program with --only ID) and waits for it.
 int spawn_child(const std::vector<std::string>& argv, const std::string& id) {
   std::vector<std::string> args = argv;
@@ -167,7 +205,8 @@ const Row& results_header() {
                      "epochs",        "steps",          "train_loss",    "best_val_acc",       "best_epoch",
                      "test_acc",      "time_to_target_s", "epoch_seconds", "images_per_s",     "cpu_util_pct",
                      "gpu_busy_pct",  "gpu_busy_source", "peak_allocated_mib", "peak_reserved_mib", "max_batch",  "predicted_max_batch",
-                     "seconds",       "images_per_s_steady"};   // new columns go last: older files are upgraded
+                     "seconds",       "images_per_s_steady", "schedule", "batch_schedule", "train_seconds",
+                     "images_per_s_phases"};   // new columns go last: older files are upgraded
   return h;
 }
 
@@ -176,7 +215,14 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   const auto csv = o.out / "results.csv";
   const auto jsonl = o.out / "runs.jsonl";
   std::filesystem::create_directories(o.out);
-  const std::set<std::string> done = done_ids(csv);
+  std::set<std::string> done = done_ids(csv);
+  const std::set<std::string> retry = o.retry_failed ? failed_ids(csv) : std::set<std::string>{};
+  for (const auto& id : retry) done.erase(id);
+  // A retried run replaces its failed row in place (the others stay as they are); a new one is appended.
+  const auto record = [&](const std::string& id, const Row& row) {
+    if (retry.count(id)) replace_csv_row(csv, results_header(), "run_id", row);
+    else append_csv_row(csv, results_header(), row);
+  };
   bool found_only = o.only.empty();
   for (const SweepRun& run : st.runs) {
     if (!o.only.empty() && run.id != o.only) continue;
@@ -191,17 +237,18 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     }
     if (o.verbose) std::printf("== %s / %s\n", st.name.c_str(), run.id.c_str()), std::fflush(stdout);
     if (o.process_per_run && o.only.empty()) {
+      const std::string before = row_text(csv, run.id);   // a failed row being retried, else ""
       const int rc = spawn_child(o.argv, run.id);
       if (rc == 130 || stop_requested()) {
         out.interrupted = true;
         break;
       }
-      if (rc != 0 && !done_ids(csv).count(run.id)) {
+      if (rc != 0 && row_text(csv, run.id) == before) {
         // The child died without writing its row (a crash): record it so the sweep moves on.
-        append_csv_row(csv, results_header(),
-                       make_row(st, run, run.config, nullptr, "crashed", "child exit status " + std::to_string(rc), 0, 0));
+        record(run.id, make_row(st, run, run.config, nullptr, "crashed", "child exit status " + std::to_string(rc), 0, 0));
       }
       ++out.ran;
+      out.retried += retry.count(run.id) ? 1 : 0;
       continue;
     }
     Executed ex = execute(st, run, o.verbose);
@@ -215,8 +262,9 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       std::ofstream f(jsonl, std::ios::app);
       f << ex.json.dump() << "\n";
     }
-    append_csv_row(csv, results_header(), ex.row);
+    record(run.id, ex.row);
     ++out.ran;
+    out.retried += retry.count(run.id) ? 1 : 0;
   }
   if (!found_only) throw UsageError("--only " + o.only + ": no such run in " + st.name);
   if (o.only.empty()) out.plot_note = write_study_outputs(st, o.out);
@@ -256,7 +304,8 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   j["runs"] = arr;
   write_file_atomic(out / "results.json", j.dump(2) + "\n");
 
-  // The plot: one series per group, x = (effective) batch size.
+  // Study-specific outputs, or the plot: one series per group, x = (effective) batch size.
+  const std::string extra_md = st.extra_outputs ? st.extra_outputs(st, t, runs, out) : "";
   PlotSpec plot;
   plot.title = st.title + (st.quick ? " (quick)" : "");
   plot.xlabel = st.name == "techniques" ? "technique (row order)" : "batch size";
@@ -274,7 +323,7 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   }
   for (auto& s : plot.series) std::sort(s.points.begin(), s.points.end());
   const std::string png = st.name + ".png";
-  const std::string note = plot_png(plot, out / png);
+  const std::string note = st.extra_outputs ? "" : plot_png(plot, out / png);
 
   // summary.md
   std::vector<Row> rows;
@@ -292,7 +341,8 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
         j["date"].get<std::string>() + "\n";
   md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n\n";
   md += markdown_table(st.summary_columns, rows) + "\n";
-  md += note.empty() ? "![" + st.plot_ylabel + "](" + png + ")\n\n" : "No plot: " + note + "\n\n";
+  if (st.extra_outputs) md += extra_md;
+  else md += note.empty() ? "![" + st.plot_ylabel + "](" + png + ")\n\n" : "No plot: " + note + "\n\n";
   md += st.notes + "\n";
   write_file_atomic(out / "summary.md", md);
   return note;

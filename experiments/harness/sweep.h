@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,13 +38,26 @@ struct Study {
   std::string plot_ylabel = "test accuracy";
   std::vector<std::string> summary_columns; // results.csv columns shown in summary.md
   std::string notes;                        // what the published study found, for summary.md
+  // Study-specific outputs (the batch-schedule study's curves and per-variant means): given the
+  // study, results.csv, every run's latest record (runs.jsonl) and the folder, it writes its plots
+  // and returns Markdown for summary.md, placed after the table; the plot against the batch size
+  // is then not drawn.
+  std::function<std::string(const Study&, const CsvTable&, const std::map<std::string, nlohmann::json>&,
+                            const std::filesystem::path&)>
+      extra_outputs;
 };
 
-const std::vector<std::string>& study_names();  // keras-batch, utilization, techniques, lr-scaling
+// keras-batch, utilization, techniques, lr-scaling, batch-schedule
+const std::vector<std::string>& study_names();
 // The predefined study with the published settings; quick scales it to minutes on 2 CPU cores.
 // `base` supplies what the study does not fix (--data, --device, --workers, --seed, ...): the
 // study overrides model, batch sizes, optimizers, epochs, and so on. Throws UsageError.
 Study make_study(const std::string& name, bool quick, const TrainConfig& base);
+// The batch-schedule study (batch_schedule_study.cpp): one model and data set trained with (a) a
+// fixed batch and step learning-rate decay, (b) the batch grown by the decay's factor at the same
+// epochs with the learning rate kept (Smith et al. 2017), (c) a hybrid (the batch grows at the
+// first milestone, the learning rate decays at the second).
+Study batch_schedule_study(bool quick, const TrainConfig& base);
 
 // A grid over the base configuration: every combination of the lists (empty: the base's value).
 Study make_grid(const TrainConfig& base, const std::vector<int64_t>& batches, const std::vector<std::string>& optimizers,
@@ -55,12 +70,14 @@ struct SweepOptions {
   bool process_per_run = false;
   std::vector<std::string> argv;         // to respawn this program with --only ID
   std::string only;                      // run just this id (child of process_per_run)
+  bool retry_failed = false;             // rerun ids whose row says error or crashed, replacing the row
   bool verbose = true;
 };
 
 struct SweepOutcome {
   int done_before = 0;                   // skipped: already in results.csv
   int ran = 0;
+  int retried = 0;                       // of `ran`: failed rows run again (retry_failed)
   bool interrupted = false;
   std::string plot_note;                 // why there is no plot ("" when there is)
 };

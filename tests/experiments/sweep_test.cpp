@@ -3,13 +3,16 @@
 // memory estimator on a tiny model under a CPU budget.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "core/allocator.h"
 #include "experiments/harness/memest.h"
 #include "experiments/harness/step_runner.h"
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
+#include "nn/safetensors.h"
 #include "tests/experiments/helpers.h"
 
 namespace minidl::harness {
@@ -109,6 +112,111 @@ TEST(ExperimentsSweep, DivergedAndUnavailableRunsAreRowsNotCrashes) {
   EXPECT_EQ(t.get(0, "status"), "diverged");
   EXPECT_EQ(t.get(1, "status"), "unavailable");
   EXPECT_EQ(t.get(1, "note"), "AMP is not in this build");
+  std::filesystem::remove_all(dir);
+}
+
+// The batch-schedule study: the same model, data and seed in three variants that differ only in
+// the batch schedule and the learning-rate decay, at the same epochs and by the same factor.
+TEST(ExperimentsSweep, BatchScheduleStudyComparesLikeWithLike) {
+  const Study full = make_study("batch-schedule", false, TrainConfig{});
+  ASSERT_EQ(full.runs.size(), 3u);
+  std::map<std::string, std::pair<std::string, std::string>> by_variant;
+  for (const auto& r : full.runs) {
+    EXPECT_EQ(r.config.model, "smallcnn");
+    EXPECT_EQ(r.config.image_size, 200);
+    EXPECT_EQ(r.config.split, "600,200,200");
+    EXPECT_EQ(r.config.epochs, 12);
+    EXPECT_EQ(r.config.batch_size, 16);
+    EXPECT_EQ(r.config.batch_schedule_lr, "keep");
+    by_variant[r.id] = {r.config.batch_schedule, r.config.schedule};
+  }
+  EXPECT_EQ(by_variant.at("decay-lr-s0"), std::make_pair(std::string(""), std::string("multistep:4e,8e:0.25")));
+  EXPECT_EQ(by_variant.at("grow-batch-s0"), std::make_pair(std::string("x4@4,8"), std::string("constant")));
+  EXPECT_EQ(by_variant.at("hybrid-s0"), std::make_pair(std::string("x4@4"), std::string("multistep:8e:0.25")));
+  EXPECT_TRUE(full.extra_outputs) << "its own plots and means";
+  TrainConfig photos;
+  photos.data = "/photos";
+  EXPECT_EQ(make_study("batch-schedule", false, photos).runs[0].config.normalize, "unit") << "as keras-batch";
+  const Study quick = make_study("batch-schedule", true, TrainConfig{});
+  EXPECT_EQ(quick.runs.size(), 9u) << "three variants x three seeds";
+  EXPECT_EQ(quick.runs[3].id, "decay-lr-s1");
+  EXPECT_EQ(quick.runs[3].config.seed, 1u);
+}
+
+// --retry-failed runs again exactly the rows that say error or crashed, replacing each in place;
+// finished rows (ok, and results such as diverged) keep their bytes and their order.
+TEST(ExperimentsSweep, RetryFailedRerunsExactlyTheFailedRows) {
+  const auto dir = testing::temp_dir();
+  TrainConfig base = testing::tiny_config();
+  Study s = make_grid(base, {4, 8, 16}, {"sgd"}, {}, {});
+  // b8 cannot load its --init-weights (a file of the wrong tensors): an `error` row.
+  const std::string weights = (dir / "init.safetensors").string();
+  nn::save_safetensors(weights, {{"not.a.weight", zeros({2})}}, {});
+  s.runs[1].config.init_weights = weights;
+  SweepOptions o;
+  o.out = dir / "grid";
+  o.verbose = false;
+  ASSERT_EQ(run_sweep(s, o).ran, 3);
+  const auto csv = o.out / "results.csv";
+  CsvTable t = read_csv(csv);
+  ASSERT_EQ(t.rows.size(), 3u);
+  EXPECT_EQ(t.get(0, "status"), "ok");
+  EXPECT_EQ(t.get(1, "status"), "error");
+  // b16 as a crashed --process-per-run child leaves it (the parent's row).
+  const auto status = static_cast<size_t>(std::find(t.header.begin(), t.header.end(), "status") - t.header.begin());
+  ASSERT_LT(status, t.header.size());
+  t.rows[2][status] = "crashed";
+  std::string text = csv_line(t.header);
+  for (const auto& r : t.rows) text += csv_line(r);
+  write_file_atomic(csv, text);
+  const std::string first_line = csv_line(t.rows[0]);
+  // A plain rerun does not touch them.
+  EXPECT_EQ(run_sweep(s, o).ran, 0);
+  // The cause fixed (weights of the right model), --retry-failed reruns b8 and b16 only.
+  TrainConfig save = base;
+  save.batch_size = 8;
+  save.save_weights = weights;
+  ASSERT_EQ(run_training(save, {[](const std::string&) {}, {}, {}}).status, "ok");
+  o.retry_failed = true;
+  const SweepOutcome retried = run_sweep(s, o);
+  EXPECT_EQ(retried.ran, 2);
+  EXPECT_EQ(retried.retried, 2);
+  EXPECT_EQ(retried.done_before, 1);
+  t = read_csv(csv);
+  ASSERT_EQ(t.rows.size(), 3u) << "replaced, not appended";
+  EXPECT_EQ(csv_line(t.rows[0]), first_line) << "the finished row is untouched";
+  EXPECT_EQ(t.get(1, "run_id"), "b8-sgd-none-none");
+  EXPECT_EQ(t.get(1, "status"), "ok");
+  EXPECT_EQ(t.get(2, "run_id"), "b16-sgd-none-none");
+  EXPECT_EQ(t.get(2, "status"), "ok");
+  EXPECT_EQ(run_sweep(s, o).ran, 0) << "nothing failed any more";
+  std::filesystem::remove_all(dir);
+}
+
+// The same through the program with --process-per-run: each retried row is replaced by its child.
+TEST(ExperimentsSweep, RetryFailedWithProcessPerRun) {
+  const auto dir = testing::temp_dir();
+  const std::string weights = (dir / "init.safetensors").string();
+  nn::save_safetensors(weights, {{"not.a.weight", zeros({2})}}, {});
+  const std::string sweep = testing::program("minidl-sweep").string() +
+                            " --model smallcnn --image-size 8 --split 16,8,8 --epochs 1 --synthetic-difficulty 0.2 "
+                            "--batch-sizes 4,8 --quiet --process-per-run --init-weights " + weights + " --out " +
+                            dir.string();
+  EXPECT_EQ(testing::run_status(sweep), 0);
+  const auto csv = dir / "grid" / "results.csv";
+  CsvTable t = read_csv(csv);
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.get(0, "status"), "error");
+  EXPECT_EQ(t.get(1, "status"), "error");
+  TrainConfig save = testing::tiny_config();
+  save.save_weights = weights;
+  ASSERT_EQ(run_training(save, {[](const std::string&) {}, {}, {}}).status, "ok");
+  EXPECT_EQ(testing::run_status(sweep + " --retry-failed"), 0);
+  t = read_csv(csv);
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.get(0, "run_id"), "b4-sgd-none-none");
+  EXPECT_EQ(t.get(0, "status"), "ok");
+  EXPECT_EQ(t.get(1, "status"), "ok");
   std::filesystem::remove_all(dir);
 }
 
