@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     const std::string root = base.out.empty() ? "results" : base.out;
     const std::string dev = resolve_device(base.device).is_cuda() ? "cuda" : "cpu";
     SweepOptions o;
-    o.out = std::filesystem::path(root) / (st.name + (quick ? "-quick-" + dev : ""));
+    o.out = std::filesystem::path(root) / study_folder(st, dev);
     o.process_per_run = process_per_run;
     o.only = only;
     o.retry_failed = retry_failed;

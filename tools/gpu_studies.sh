@@ -8,19 +8,23 @@
 #   tools/gpu_studies.sh [--rehearse] PLAN       on the GPU machine (the device tool)
 #   tools/gpu_studies.sh --collect TARBALL [DEST] afterwards, here: copies each study of the newest
 #                                                tarball into DEST (default experiments/results) as
-#                                                <study>-photos-cuda/ (utilization-cuda/) with
+#                                                <study>-photos-cuda/ (utilization-cuda/,
+#                                                utilization-amp-cuda/) with
 #                                                gpu_calls.md (every call's provenance), then --plot
 #   tools/gpu_studies.sh --plot DIR...           on a machine with gnuplot: draws each DIR/*.png.dat
 #                                                and links it from DIR/summary.md
 #   PLAN   comma-separated steps, run in this order, each optionally capped as STEP:SECONDS:
-#          keras-batch, utilization, techniques, lr-scaling
+#          keras-batch, utilization, techniques, lr-scaling, batch-schedule
 #                    build-gpu-studies' minidl-sweep --study STEP --device cuda --workers N
 #                    --process-per-run --out results (--data .data/catsdogs except for utilization:
 #                    synthetic images); a crashed run becomes a `crashed` row, the study goes on
+#          utilization-amp   minidl-sweep --study utilization --amp (synthetic images): the row
+#                    to read beside PyTorch's --best (folder results/utilization-amp)
 #          pytorch   the PyTorch baseline of the utilization study: bench/pytorch_utilization.py in
 #                    f32, then with --best (AMP, channels_last, cudnn.benchmark, fused SGD), each
 #                    compared with minidl's table by bench/compare_utilization.py --steady --busy (skipped with a note while those scripts are not in
-#                    the tree). Runs after `utilization` by itself (capped at 150 s) unless listed.
+#                    the tree); --best is also compared with utilization-amp's table when there is
+#                    one. Runs after the last utilization step by itself (capped at 150 s) unless listed.
 #          e.g. tools/gpu_studies.sh utilization:170,keras-batch:200,techniques
 #   --rehearse   no GPU needed: the same plumbing with --device cpu --quick on the staged photos,
 #                a 20 s deadline and PyTorch on the CPU; checks a stage and this script, not results.
@@ -71,7 +75,8 @@ plot_dirs() {
         || die 1 "gnuplot failed on $f"
       # The line minidl-sweep writes where gnuplot exists replaces its "No plot: ..." line.
       ylab="$(sed -n "s/^# plot: .*ylab='\([^']*\)'.*/\1/p" "$f")"
-      [[ -f "$d/summary.md" ]] && sed -i "s|^No plot: .*|![${ylab}]($(basename "$png"))|" "$d/summary.md"
+      # Only the line that names this data file: a study with several plots has one line each.
+      [[ -f "$d/summary.md" ]] && sed -i "s|^No plot: .*$(basename "$f").*|![${ylab}]($(basename "$png"))|" "$d/summary.md"
       say "drew $png"
     done
     [[ $found == 1 ]] || say "no *.png.dat in $d: nothing to draw"
@@ -94,7 +99,7 @@ if [[ "${1:-}" == "--collect" ]]; then
     study="$(basename "$d")"
     case "$study" in
       gpu_studies|*-quick-*) continue ;;
-      utilization) target="$dest/utilization-cuda" ;;   # synthetic images
+      utilization|utilization-amp) target="$dest/$study-cuda" ;;   # synthetic images
       *) target="$dest/$study-photos-cuda" ;;
     esac
     mkdir -p "$target" || die 3 "cannot create $target"
@@ -160,12 +165,19 @@ STEPS=(); CAPS=()
 IFS=, read -ra tokens <<<"$PLAN"
 for t in "${tokens[@]}"; do
   name="${t%%:*}"; cap=""; [[ "$t" == *:* ]] && cap="${t#*:}"
-  case "$name" in keras-batch|utilization|techniques|lr-scaling|pytorch) ;;
-    *) die 3 "PLAN step '$name': expected keras-batch, utilization, techniques, lr-scaling or pytorch" ;; esac
+  case "$name" in keras-batch|utilization|utilization-amp|techniques|lr-scaling|batch-schedule|pytorch) ;;
+    *) die 3 "PLAN step '$name': expected keras-batch, utilization, utilization-amp, techniques, lr-scaling, batch-schedule or pytorch" ;; esac
   [[ -z "$cap" || "$cap" =~ ^[0-9]+$ ]] || die 3 "PLAN step '$t': the cap after ':' is whole seconds"
   STEPS+=("$name"); CAPS+=("$cap")
-  if [[ "$name" == utilization && ",$PLAN," != *",pytorch"[,:]* ]]; then STEPS+=(pytorch); CAPS+=("$(r 150 4)"); fi
 done
+# A pytorch step after the last utilization step, unless the plan lists one.
+if [[ ",$PLAN," != *",pytorch"[,:]* ]]; then
+  for ((i = ${#STEPS[@]} - 1; i >= 0; i--)); do
+    [[ "${STEPS[$i]}" == utilization* ]] || continue
+    STEPS=("${STEPS[@]:0:i+1}" pytorch "${STEPS[@]:i+1}"); CAPS=("${CAPS[@]:0:i+1}" "$(r 150 4)" "${CAPS[@]:i+1}")
+    break
+  done
+fi
 
 gpu_env_detect_gpu || exit 2
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
@@ -263,7 +275,7 @@ pack() {
       echo
       echo "To resume: put this call's tarball in .gpu-results/ and run \`tools/gpu_studies.sh $([[ $REHEARSE == 1 ]] && echo "--rehearse ")$(IFS=,; echo "${TODO[*]}")\` (carry .gpu-results)."
     fi
-    for s in keras-batch utilization techniques lr-scaling; do
+    for s in keras-batch utilization utilization-amp techniques lr-scaling batch-schedule; do
       local d; d="$(study_dir "$s")"
       [[ -f "$d/summary.md" ]] || continue
       echo
@@ -288,8 +300,9 @@ run_sweep_step() {
   local study=$1 cap=$2 t0=$SECONDS
   # One process per run: a run that crashes (the CUDA backend's first runs) becomes a `crashed` row
   # and the study goes on, and every run starts with a fresh device and allocator.
-  local args=(--study "$study" --device "$DEVICE" --workers "$WORKERS" --out results --process-per-run "${QUICK[@]}")
-  if [[ "$study" != utilization ]]; then
+  local args=(--study "${study%-amp}" --device "$DEVICE" --workers "$WORKERS" --out results --process-per-run "${QUICK[@]}")
+  [[ "$study" == utilization-amp ]] && args+=(--amp)
+  if [[ "$study" != utilization* ]]; then
     if ! have_photos; then
       ROWS+="| $study | not run: no photos in $DATA (carry .data; tools/gpu_check.sh --stage copies them) | | 0 |"$'\n'
       note_exit 1; return
@@ -367,6 +380,13 @@ run_pytorch_step() {
     done
   elif [[ ! -f bench/compare_utilization.py ]]; then
     states+="no bench/compare_utilization.py: no side-by-side table; "
+  fi
+  # PyTorch's best settings beside minidl under --amp: the same precision on both sides.
+  local amp; amp="$(study_dir utilization-amp)"
+  if [[ -f bench/compare_utilization.py && -f "$amp/results.csv" && -f "$dir/pytorch-best.csv" ]]; then
+    "$PY" bench/compare_utilization.py --minidl "$amp/results.csv" --pytorch "$dir/pytorch-best.csv" --steady --busy \
+      --pytorch-label "PyTorch ${TORCH%% *} best" >"$amp/compare-best.md" 2>"$RUNDIR/compare-best-amp.log" \
+      || { states+="compare best vs minidl amp failed (see compare-best-amp.log); "; rm -f "$amp/compare-best.md"; note_exit 1; }
   fi
   ROWS+="| pytorch | ${states%; } | | $((SECONDS - t0)) |"$'\n'
   say "pytorch: ${states%; }"

@@ -70,6 +70,14 @@ Study utilization(bool quick, const TrainConfig& base) {
                        "gpu_busy_source", "peak_allocated_mib", "peak_reserved_mib", "status"};
   s.notes = "Published (Ohio State measurements in the same article): GPU busy % and memory grow with the batch "
             "until the device saturates; images/s flattens beyond that point.";
+  // --amp: the row to read beside PyTorch's --best (bench/pytorch_utilization.py), in a folder of
+  // its own so that it never mixes with the fp32 rows (same run ids).
+  if (base.amp) {
+    s.variant = "amp";
+    s.title += " (mixed precision)";
+    s.notes += " This table runs with --amp (f16 autocast, dynamic loss scaling), the precision of PyTorch's "
+               "--best; --best also uses channels_last and a fused SGD, which minidl does not have.";
+  }
   for (int64_t b : powers(4, quick ? 512 : 1024)) {
     SweepRun r;
     r.config = base;
@@ -86,7 +94,7 @@ Study utilization(bool quick, const TrainConfig& base) {
     c.split = std::to_string((b * c.max_steps + 1) / 2) + ",0,0";
     c.progress_every = 0;
     r.id = b_id(b);
-    r.group = c.device;
+    r.group = c.device + (c.amp ? ", amp" : "");
     r.throughput_only = true;
     s.runs.push_back(r);
   }
@@ -213,6 +221,10 @@ Study make_study(const std::string& name, bool quick, const TrainConfig& base) {
     r.config.summary = false;
   }
   return s;
+}
+
+std::string study_folder(const Study& st, const std::string& device_kind) {
+  return st.name + (st.variant.empty() ? "" : "-" + st.variant) + (st.quick ? "-quick-" + device_kind : "");
 }
 
 Study make_grid(const TrainConfig& base, const std::vector<int64_t>& batches, const std::vector<std::string>& optimizers,

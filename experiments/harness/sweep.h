@@ -32,6 +32,7 @@ struct Study {
   std::string name;
   std::string title;
   bool quick = false;
+  std::string variant;                      // "amp": the utilization study under --amp (its own folder)
   std::vector<SweepRun> runs;
   MaxBatchOptions maxbatch;                 // for find_max_batch runs
   std::string plot_y = "test_acc";          // a results.csv column
@@ -58,6 +59,10 @@ Study make_study(const std::string& name, bool quick, const TrainConfig& base);
 // epochs with the learning rate kept (Smith et al. 2017), (c) a hybrid (the batch grows at the
 // first milestone, the learning rate decays at the second).
 Study batch_schedule_study(bool quick, const TrainConfig& base);
+
+// The study's folder under --out: <name>[-<variant>][-quick-<cpu|cuda>], e.g. utilization-amp,
+// keras-batch-quick-cpu.
+std::string study_folder(const Study& st, const std::string& device_kind);
 
 // A grid over the base configuration: every combination of the lists (empty: the base's value).
 Study make_grid(const TrainConfig& base, const std::vector<int64_t>& batches, const std::vector<std::string>& optimizers,

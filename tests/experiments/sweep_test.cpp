@@ -143,6 +143,25 @@ TEST(ExperimentsSweep, BatchScheduleStudyComparesLikeWithLike) {
   EXPECT_EQ(quick.runs[3].config.seed, 1u);
 }
 
+// The utilization study under --amp: the like-for-like row for PyTorch's --best, in a folder of its
+// own (the run ids are the fp32 table's).
+TEST(ExperimentsSweep, UtilizationTakesAmpIntoItsOwnFolder) {
+  TrainConfig base;
+  const Study fp32 = make_study("utilization", true, base);
+  EXPECT_EQ(study_folder(fp32, "cpu"), "utilization-quick-cpu");
+  base.amp = true;
+  base.device = "cpu";
+  const Study amp = make_study("utilization", false, base);
+  EXPECT_EQ(study_folder(amp, "cuda"), "utilization-amp");
+  EXPECT_EQ(study_folder(make_study("utilization", true, base), "cpu"), "utilization-amp-quick-cpu");
+  for (const auto& r : amp.runs) {
+    EXPECT_TRUE(r.config.amp) << r.id;
+    EXPECT_EQ(r.group, "cpu, amp");
+  }
+  EXPECT_EQ(amp.runs.front().id, fp32.runs.front().id);
+  EXPECT_EQ(study_folder(make_study("keras-batch", false, TrainConfig{}), "cuda"), "keras-batch");
+}
+
 // --retry-failed runs again exactly the rows that say error or crashed, replacing each in place;
 // finished rows (ok, and results such as diverged) keep their bytes and their order.
 TEST(ExperimentsSweep, RetryFailedRerunsExactlyTheFailedRows) {
