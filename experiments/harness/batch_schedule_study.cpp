@@ -73,7 +73,7 @@ std::string outputs(const Study& st, const CsvTable& t, const std::map<std::stri
   for (const auto& [axis, xlabel] : {std::pair<std::string, std::string>{"updates", "parameter updates (optimizer steps)"},
                                      {"time", "training time (s)"}}) {
     PlotSpec plot;
-    plot.title = st.title + (st.quick ? " (quick)" : "") + ": accuracy against " + (axis == "updates" ? "updates" : "time");
+    plot.title = st.name + (st.quick ? " (quick)" : "") + ": validation accuracy against " + axis;
     plot.xlabel = xlabel;
     plot.ylabel = "validation accuracy (mean over seeds)";
     plot.logx = false;

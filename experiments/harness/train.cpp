@@ -328,7 +328,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     const bool same_phase =
         saved.epoch >= 1 && saved.epoch <= c.epochs && batches.scheduled(saved.epoch) == seb.scheduled &&
         (seb.fell_back() ? seb.accumulation % c.accumulation_steps == 0 : seb.accumulation == c.accumulation_steps);
-    if (saved.micro_batches > 0 && !same_phase)
+    if (saved.micro_batches > 0 && saved.epoch <= c.epochs && !same_phase)
       throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) +
                        " with batch " + std::to_string(saved.scheduled_batch) + " (micro-batch " +
                        std::to_string(saved.batch_size) + " x " + std::to_string(saved.accumulation_steps) +
