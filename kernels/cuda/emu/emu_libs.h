@@ -1,0 +1,48 @@
+// The emulated device's cuBLAS and cuDNN stand-ins (cublas_emu.cpp, cudnn_emu.cpp, ...) define the
+// libraries' own functions, so the backend links against them instead of libcublas/libcudnn. This
+// header is how the emulated runtime hooks into them: it tells them which device ranges and streams
+// are live, hears about faults, and reads the reason behind the last refused call.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace minidl::cuda::emu {
+
+// Installed by the emulated runtime; until then every range/stream is accepted.
+using RangeChecker = bool (*)(const void* p, size_t bytes);   // true when [p, p+bytes) is inside one live device allocation
+void set_device_range_checker(RangeChecker);
+using StreamChecker = bool (*)(cudaStream_t s);               // true for a live stream (or the legacy default stream 0)
+void set_stream_checker(StreamChecker);
+
+// Called, when installed, for what a GPU reports as a fault of the launched work rather than as
+// a status: a buffer the call would touch outside live device memory, a misaligned element, a
+// destroyed stream. The call still returns the library's EXECUTION_FAILED status with the detail.
+using FaultReporter = void (*)(const char* detail);
+void set_fault_reporter(FaultReporter);
+
+// Why the last call on this thread that returned an error did so: the function, the argument,
+// its value and the rule it broke. "" until a call fails; a successful call leaves it unchanged.
+const char* last_error_detail();
+void clear_last_error_detail();
+
+// Handles and descriptors created and not yet destroyed (leak checks in tests).
+struct LibObjectCounts {
+  int cublas_handles = 0;
+  int cudnn_handles = 0;
+  int tensor_descriptors = 0;
+  int filter_descriptors = 0;
+  int convolution_descriptors = 0;
+};
+LibObjectCounts live_object_counts();
+
+// The user workspace a live cuBLAS handle will use; {nullptr, 0, false} when it uses the library's
+// default pool (never set, or reset by cublasSetStream as the real library does).
+struct CublasWorkspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  bool user = false;
+};
+CublasWorkspace cublas_workspace_of(const void* handle);
+
+}  // namespace minidl::cuda::emu

@@ -1,0 +1,8 @@
+# The cuBLAS / cuDNN stand-ins' own tests: host code only, no minidl and no GPU, so they run in
+# every build that has the CUDA headers. Labelled cpu (the default CI run) and cuda-emu-libs.
+if(TARGET minidl_emu_libs)
+  file(GLOB _emu_libs_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cpp)
+  add_executable(emu_libs ${_emu_libs_tests})
+  target_link_libraries(emu_libs PRIVATE minidl_emu_libs GTest::gtest_main minidl_warnings)
+  gtest_discover_tests(emu_libs TEST_PREFIX "emu_libs." PROPERTIES LABELS "cpu;cuda-emu-libs" DISCOVERY_TIMEOUT 120)
+endif()
