@@ -1,8 +1,14 @@
 // The three convolution directions as one walk over every (output pixel, filter tap) pair that
 // lands inside the input: forward gathers x*w into y, backward-data scatters dy*w into dx,
 // backward-filter accumulates x*dy into dw. Sharing the walk keeps the three consistent with
-// each other; the tests check the walk itself against an im2col GEMM and the adjoint identities.
+// each other; the tests check the walk against direct sums and the adjoint identities. Below
+// them, the cudnnConvolution* entry points that load the descriptors' layouts into them.
 #include "kernels/cuda/emu/conv_reference.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/emu/cudnn_algos.h"
 
 namespace minidl::cuda::emu::detail {
 namespace {
@@ -60,3 +66,179 @@ std::vector<double> conv_backward_filter_ref(const ConvGeometry& g, const std::v
 }
 
 }  // namespace minidl::cuda::emu::detail
+
+// ---- the references on cuDNN's descriptors, and the three convolution entry points ----
+
+namespace minidl::cuda::emu::detail {
+namespace {
+
+// Element offsets of the logical [n][c][h][w] (tensor) or [k][c][r][s] (filter) index.
+int64_t tensor_offset(const cudnnTensorStruct& t, int64_t n, int64_t c, int64_t h, int64_t w) {
+  return n * t.ns + c * t.cs + h * t.hs + w * t.ws;
+}
+int64_t filter_offset(const cudnnFilterStruct& f, int64_t k, int64_t c, int64_t r, int64_t s) {
+  return f.format == CUDNN_TENSOR_NHWC ? ((k * f.h + r) * f.w + s) * f.c + c : ((k * f.c + c) * f.h + r) * f.w + s;
+}
+size_t tensor_span_bytes(const cudnnTensorStruct& t, Elem e) {
+  return static_cast<size_t>((tensor_offset(t, t.n - 1, t.c - 1, t.h - 1, t.w - 1) + 1)) * elem_size(e);
+}
+size_t filter_span_bytes(const cudnnFilterStruct& f, Elem e) {
+  return static_cast<size_t>(int64_t{f.k} * f.c * f.h * f.w) * elem_size(e);
+}
+
+// Calls f(logical index, element offset) for every element of a tensor or filter, in logical order.
+template <class F>
+void for_each_tensor(const cudnnTensorStruct& t, F&& f) {
+  int64_t i = 0;
+  for (int64_t n = 0; n < t.n; ++n)
+    for (int64_t c = 0; c < t.c; ++c)
+      for (int64_t h = 0; h < t.h; ++h)
+        for (int64_t w = 0; w < t.w; ++w) f(i++, tensor_offset(t, n, c, h, w));
+}
+template <class F>
+void for_each_filter(const cudnnFilterStruct& fd, F&& f) {
+  int64_t i = 0;
+  for (int64_t k = 0; k < fd.k; ++k)
+    for (int64_t c = 0; c < fd.c; ++c)
+      for (int64_t r = 0; r < fd.h; ++r)
+        for (int64_t s = 0; s < fd.w; ++s) f(i++, filter_offset(fd, k, c, r, s));
+}
+
+// One operand of a call: a tensor or a filter at p.
+struct Operand {
+  const char* name;
+  const void* ptr;
+  const cudnnTensorStruct* t;   // exactly one of t, f is set
+  const cudnnFilterStruct* f;
+  size_t span(Elem e) const { return t != nullptr ? tensor_span_bytes(*t, e) : filter_span_bytes(*f, e); }
+  template <class F>
+  void each(F&& fn) const {
+    if (t != nullptr) for_each_tensor(*t, fn);
+    else for_each_filter(*f, fn);
+  }
+  std::vector<double> load(Elem e, InputRounding r) const {
+    std::vector<double> v;
+    each([&](int64_t, int64_t off) { v.push_back(read_elem(ptr, e, off, r)); });
+    return v;
+  }
+};
+
+}  // namespace
+
+cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p, const void* alpha, const void* in_a,
+                       const void* in_b, const void* beta, void* out) {
+  const Operand x{d == Dir::BwdData ? "dx" : "x", nullptr, p.x, nullptr};
+  const Operand w{d == Dir::BwdFilter ? "dw" : "w", nullptr, nullptr, p.w};
+  const Operand y{d == Dir::Fwd ? "y" : "dy", nullptr, p.y, nullptr};
+  Operand a = d == Dir::BwdData ? y : x, b = d == Dir::BwdFilter ? y : w;
+  Operand o = d == Dir::Fwd ? y : d == Dir::BwdData ? x : w;
+  a.ptr = in_a;
+  b.ptr = in_b;
+  o.ptr = out;
+  if (alpha == nullptr || beta == nullptr)
+    return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": alpha or beta is NULL"));
+  for (const Operand* op : {&a, &b, &o}) {
+    if (op->ptr == nullptr) return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": ", op->name, " is NULL"));
+    if (reinterpret_cast<uintptr_t>(op->ptr) % elem_size(p.elem) != 0)
+      return fail(CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, cat(fn, ": ", op->name, " = ", op->ptr,
+                                                                 " is not aligned to its ", elem_size(p.elem), "-byte ",
+                                                                 elem_name(p.elem), " elements"));
+  }
+  if (!stream_ok(h->stream)) {
+    report_fault(cat(fn, ": the handle's stream ", static_cast<const void*>(h->stream),
+                     " is not a live stream (destroyed since cudnnSetStream?)"));
+    return CUDNN_STATUS_EXECUTION_FAILED;
+  }
+  for (const Operand* op : {&a, &b, &o}) {
+    if (!range_ok(op->ptr, op->span(p.elem))) {
+      report_fault(cat(fn, ": ", op->name, " = [", op->ptr, ", +", op->span(p.elem), " bytes) (", elem_name(p.elem),
+                       ") is not inside one live device allocation (illegal address)"));
+      return CUDNN_STATUS_EXECUTION_FAILED;
+    }
+  }
+  const Elem scale = p.dtype == CUDNN_DATA_DOUBLE ? Elem::F64 : Elem::F32;
+  const double al = read_elem(alpha, scale, 0, InputRounding::None), be = read_elem(beta, scale, 0, InputRounding::None);
+  const InputRounding r = uses_tf32(p) ? InputRounding::Tf32 : InputRounding::None;
+  const std::vector<double> va = a.load(p.elem, r), vb = b.load(p.elem, r);
+  const std::vector<double> res = d == Dir::Fwd       ? conv_forward_ref(p.g, va, vb)
+                                  : d == Dir::BwdData ? conv_backward_data_ref(p.g, va, vb)
+                                                      : conv_backward_filter_ref(p.g, va, vb);
+  o.each([&](int64_t i, int64_t off) {
+    double v = al * res[static_cast<size_t>(i)];
+    if (be != 0.0) v += be * read_elem(out, p.elem, off, InputRounding::None);   // beta == 0: out not read
+    write_elem(out, p.elem, off, v);
+  });
+  return CUDNN_STATUS_SUCCESS;
+}
+
+namespace {
+
+// The execution entry points: the algorithm must support the configuration and get at least the
+// workspace cudnnGet*WorkspaceSize gives for it under the descriptor's current math type.
+cudnnStatus_t execute(const char* fn, Dir d, cudnnHandle_t h, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
+                      cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, int algo, void* ws, size_t ws_bytes,
+                      const void* alpha, const void* in_a, const void* in_b, const void* beta, void* out) {
+  Problem p;
+  if (cudnnStatus_t st = make_problem(fn, h, xd, wd, cd, yd, p); st != CUDNN_STATUS_SUCCESS) return st;
+  if (algo < 0 || algo >= algo_count(d))
+    return fail(CUDNN_STATUS_BAD_PARAM, cat(fn, ": algo = ", algo, " is not a ", dir_name(d), " algorithm"));
+  const AlgoInfo info = algo_info(d, algo, p, p.math);
+  if (info.status != CUDNN_STATUS_SUCCESS)
+    return fail(info.status, cat(fn, ": algorithm ", info.name, " does not support this configuration: ", info.why));
+  if (ws_bytes < info.workspace)
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                cat(fn, ": workSpaceSizeInBytes = ", ws_bytes, " is less than the ", info.workspace, " bytes algorithm ",
+                    info.name, " needs under ", math_name(p.math), " (cudnnGet", dir_name(d), "WorkspaceSize)"));
+  if (info.workspace > 0 && ws == nullptr)
+    return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": workSpace is NULL but algorithm ", info.name,
+                                                         " needs ", info.workspace, " bytes"));
+  if (!range_ok(ws, info.workspace)) {
+    report_fault(cat(fn, ": workSpace [", ws, ", +", info.workspace,
+                     " bytes) is not inside one live device allocation (illegal address)"));
+    return CUDNN_STATUS_EXECUTION_FAILED;
+  }
+  if (cudnnStatus_t st = run_conv(fn, h, d, p, alpha, in_a, in_b, beta, out); st != CUDNN_STATUS_SUCCESS) return st;
+  // The algorithm's scratch is garbage afterwards: scribble on it, so a workspace that overlaps
+  // live data shows up as corrupted data.
+  if (info.workspace > 0) std::fill_n(static_cast<unsigned char*>(ws), info.workspace, static_cast<unsigned char>(0xA5));
+  return CUDNN_STATUS_SUCCESS;
+}
+
+}  // namespace
+}  // namespace minidl::cuda::emu::detail
+
+using namespace minidl::cuda::emu::detail;   // NOLINT: the C entry points below are outside our namespace
+
+extern "C" {
+
+cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, const cudnnTensorDescriptor_t xDesc,
+                                      const void* x, const cudnnFilterDescriptor_t wDesc, const void* w,
+                                      const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
+                                      void* workSpace, size_t workSpaceSizeInBytes, const void* beta,
+                                      const cudnnTensorDescriptor_t yDesc, void* y) {
+  return execute("cudnnConvolutionForward", Dir::Fwd, handle, xDesc, wDesc, convDesc, yDesc, static_cast<int>(algo),
+                 workSpace, workSpaceSizeInBytes, alpha, x, w, beta, y);
+}
+
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alpha, const cudnnFilterDescriptor_t wDesc,
+                                           const void* w, const cudnnTensorDescriptor_t dyDesc, const void* dy,
+                                           const cudnnConvolutionDescriptor_t convDesc,
+                                           cudnnConvolutionBwdDataAlgo_t algo, void* workSpace,
+                                           size_t workSpaceSizeInBytes, const void* beta,
+                                           const cudnnTensorDescriptor_t dxDesc, void* dx) {
+  return execute("cudnnConvolutionBackwardData", Dir::BwdData, handle, dxDesc, wDesc, convDesc, dyDesc,
+                 static_cast<int>(algo), workSpace, workSpaceSizeInBytes, alpha, dy, w, beta, dx);
+}
+
+cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* alpha,
+                                             const cudnnTensorDescriptor_t xDesc, const void* x,
+                                             const cudnnTensorDescriptor_t dyDesc, const void* dy,
+                                             const cudnnConvolutionDescriptor_t convDesc,
+                                             cudnnConvolutionBwdFilterAlgo_t algo, void* workSpace,
+                                             size_t workSpaceSizeInBytes, const void* beta,
+                                             const cudnnFilterDescriptor_t dwDesc, void* dw) {
+  return execute("cudnnConvolutionBackwardFilter", Dir::BwdFilter, handle, xDesc, dwDesc, convDesc, dyDesc,
+                 static_cast<int>(algo), workSpace, workSpaceSizeInBytes, alpha, x, dy, beta, dw);
+}
+
+}  // extern "C"

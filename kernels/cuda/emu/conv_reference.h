@@ -1,7 +1,8 @@
 // The emulated cuDNN's reference convolutions: direct loops over dense f64 arrays, deliberately
 // plain (no im2col, no minidl kernels), so that they are an independent second implementation of
 // what the backend and the CPU kernels compute. Layouts, strides and dtypes are handled around
-// them (cudnn_conv_emu.cpp loads inputs into, and stores outputs from, these logical arrays).
+// them: run_conv (conv_reference.cpp) loads the operands into these logical arrays and stores
+// the result back.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -46,4 +46,17 @@ std::vector<int> ranked_algos(Dir d, const Problem& p, cudnnMathType_t math);
 // Deterministic fake time in ms: the convolution's flops at the algorithm's fake speed.
 float fake_time_ms(const Problem& p, const AlgoInfo& a);
 
+// Checks the handle and the descriptors of one call as cuDNN does (each live and set, one data
+// type for all three, a compute type that goes with it, the y-shaped tensor's dims what
+// cudnnGetConvolution2dForwardOutputDim gives) and fills p from them.
+cudnnStatus_t make_problem(const char* fn, cudnnHandle_t h, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
+                           cudnnConvolutionDescriptor_t conv, cudnnTensorDescriptor_t y, Problem& p);
+
+// Runs direction d of a checked problem on the references (conv_reference.cpp): in_a, in_b are
+// (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter; out = alpha * conv + beta * out
+// (out not read when beta is 0). Checks the buffers' alignment and ranges and the handle's
+// stream first; alpha and beta are double for f64 data and float otherwise, as in cuDNN.
+cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p, const void* alpha, const void* in_a,
+                       const void* in_b, const void* beta, void* out);
+
 }  // namespace minidl::cuda::emu::detail
