@@ -356,7 +356,7 @@ TEST(CudnnConvEmu, InvalidCallsReturnCudnnStatuses) {
   EXPECT_EQ(y, std::vector<float>(18, 18.f));
 }
 
-TEST(CudnnConvEmu, DescriptorsAreCountedAndOutputDimsFollowTheFormula) {
+TEST(CudnnConvEmu, DescriptorsAreCheckedCountedAndGiveTheOutputDims) {
   const emu::LibObjectCounts before = emu::live_object_counts();
   {
     const Geo g{3, 4, 9, 11, 5, 3, 2, 1, 2, 2, 1};
@@ -375,6 +375,35 @@ TEST(CudnnConvEmu, DescriptorsAreCountedAndOutputDimsFollowTheFormula) {
     EXPECT_EQ(h, 4);
     EXPECT_EQ(w, 6);
   }
+  // Descriptor setters refuse what cuDNN refuses.
+  cudnnTensorDescriptor_t t = nullptr;
+  cudnnFilterDescriptor_t f = nullptr;
+  cudnnConvolutionDescriptor_t c = nullptr;
+  ASSERT_EQ(cudnnCreateTensorDescriptor(&t), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnCreateFilterDescriptor(&f), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnCreateConvolutionDescriptor(&c), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 0, 1, 1, 1), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW_VECT_C, CUDNN_DATA_FLOAT, 1, 4, 1, 1),
+            CUDNN_STATUS_NOT_SUPPORTED_LAYOUT);
+  EXPECT_EQ(cudnnSetFilter4dDescriptor(f, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 2, -3, 1, 1), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnSetConvolutionGroupCount(c, 0), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnSetConvolutionMathType(c, static_cast<cudnnMathType_t>(99)), CUDNN_STATUS_BAD_PARAM);
+  int n = 0, ch = 0, h = 0, w = 0;
+  EXPECT_EQ(cudnnGetConvolution2dForwardOutputDim(c, t, f, &n, &ch, &h, &w), CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED);
+  ASSERT_EQ(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 3, 4, 4), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnSetFilter4dDescriptor(f, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 2, 2, 3, 3), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnSetConvolution2dDescriptor(c, 0, 0, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnGetConvolution2dForwardOutputDim(c, t, f, &n, &ch, &h, &w), CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH);
+  ASSERT_EQ(cudnnSetFilter4dDescriptor(f, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 2, 3, 5, 5), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnGetConvolution2dForwardOutputDim(c, t, f, &n, &ch, &h, &w), CUDNN_STATUS_BAD_PARAM);   // 5x5 > 4x4
+  EXPECT_EQ(cudnnDestroyConvolutionDescriptor(c), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnDestroyFilterDescriptor(f), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnDestroyTensorDescriptor(t), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnDestroyTensorDescriptor(nullptr), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnCreate(nullptr), CUDNN_STATUS_BAD_PARAM_NULL_POINTER);
+  EXPECT_EQ(cudnnGetVersion(), static_cast<size_t>(CUDNN_VERSION));
+
   const emu::LibObjectCounts after = emu::live_object_counts();
   EXPECT_EQ(after.tensor_descriptors, before.tensor_descriptors);
   EXPECT_EQ(after.cudnn_handles, before.cudnn_handles);

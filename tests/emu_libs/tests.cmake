@@ -6,3 +6,11 @@ if(TARGET minidl_emu_libs)
   target_link_libraries(emu_libs PRIVATE minidl_emu_libs GTest::gtest_main minidl_warnings)
   gtest_discover_tests(emu_libs TEST_PREFIX "emu_libs." PROPERTIES LABELS "cpu;cuda-emu-libs" DISCOVERY_TIMEOUT 120)
 endif()
+
+# With the real CUDA build: every cuBLAS / cuDNN symbol libminidl needs is one the stand-ins define.
+if(TARGET minidl_emu_libs AND MINIDL_WITH_CUDA)
+  add_test(NAME emu_libs.CoversEveryBackendCall
+           COMMAND ${CMAKE_COMMAND} -DNM=${CMAKE_NM} -DBACKEND=$<TARGET_FILE:minidl>
+                   -DEMU=$<TARGET_FILE:minidl_emu_libs> -P ${CMAKE_CURRENT_LIST_DIR}/check_symbols.cmake)
+  set_tests_properties(emu_libs.CoversEveryBackendCall PROPERTIES LABELS "cpu;cuda-emu-libs")
+endif()

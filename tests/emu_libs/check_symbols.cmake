@@ -1,0 +1,31 @@
+# Fails unless every cuBLAS / cuDNN function the CUDA backend (libminidl, built by nvcc) calls is
+# defined by the stand-ins (libminidl_emu_libs): the emulated build must link without the real
+# libraries, and a call added to kernels/cuda/ without a stand-in should fail here, not there.
+# Usage: cmake -DNM=<nm> -DBACKEND=<libminidl.a> -DEMU=<libminidl_emu_libs.a> -P check_symbols.cmake
+cmake_minimum_required(VERSION 3.25)   # IN_LIST
+execute_process(COMMAND ${NM} -u --format=posix ${BACKEND} OUTPUT_VARIABLE _used RESULT_VARIABLE _rc1)
+execute_process(COMMAND ${NM} --defined-only --format=posix ${EMU} OUTPUT_VARIABLE _defined RESULT_VARIABLE _rc2)
+if(NOT _rc1 EQUAL 0 OR NOT _rc2 EQUAL 0)
+  message(FATAL_ERROR "nm failed on ${BACKEND} or ${EMU}")
+endif()
+string(REGEX MATCHALL "(^|\n)(cublas|cudnn)[A-Za-z0-9_]+" _used "${_used}")
+string(REGEX MATCHALL "(^|\n)(cublas|cudnn)[A-Za-z0-9_]+ T" _defined "${_defined}")
+list(TRANSFORM _used STRIP)
+list(TRANSFORM _defined REPLACE " T$" "")
+list(TRANSFORM _defined STRIP)
+list(REMOVE_DUPLICATES _used)
+list(SORT _used)
+set(_missing "")
+foreach(s IN LISTS _used)
+  if(NOT s IN_LIST _defined)
+    list(APPEND _missing ${s})
+  endif()
+endforeach()
+list(LENGTH _used _n)
+if(_n EQUAL 0)
+  message(FATAL_ERROR "no cuBLAS / cuDNN calls found in ${BACKEND}: is it the CUDA build?")
+endif()
+if(_missing)
+  message(FATAL_ERROR "the backend calls ${_missing}, which the emulated libraries do not define")
+endif()
+message(STATUS "all ${_n} cuBLAS / cuDNN functions the backend calls have stand-ins: ${_used}")
