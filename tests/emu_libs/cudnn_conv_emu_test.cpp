@@ -281,6 +281,53 @@ TEST(CudnnConvEmu, FindExTimesWhatFitsTheWorkspaceAndWritesTheResult) {
             CUDNN_STATUS_BAD_PARAM);
 }
 
+TEST(CudnnConvEmu, StridedTensorsReadAndWriteOnlyTheirElements) {
+  // x and y as views with padded rows and a padded batch (cudnnSetTensor4dDescriptorEx), against
+  // the same convolution on packed tensors.
+  const Geo g{2, 2, 4, 5, 3, 3, 3, 1, 1, 1, 1};
+  Descs packed(g, CUDNN_DATA_DOUBLE, CUDNN_DATA_DOUBLE, CUDNN_DEFAULT_MATH);
+  const int xhs = g.w + 3, xcs = xhs * g.h, xns = xcs * g.c + 7;
+  const int yhs = g.ow() + 2, ycs = yhs * g.oh(), yns = ycs * g.k + 1;
+  Descs view(g, CUDNN_DATA_DOUBLE, CUDNN_DATA_DOUBLE, CUDNN_DEFAULT_MATH);
+  ASSERT_EQ(cudnnSetTensor4dDescriptorEx(view.x, CUDNN_DATA_DOUBLE, g.n, g.c, g.h, g.w, xns, xcs, xhs, 1),
+            CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnSetTensor4dDescriptorEx(view.y, CUDNN_DATA_DOUBLE, g.n, g.k, g.oh(), g.ow(), yns, ycs, yhs, 1),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnSetTensor4dDescriptorEx(view.y, CUDNN_DATA_DOUBLE, g.n, g.k, g.oh(), g.ow(), yns, ycs, 0, 1),
+            CUDNN_STATUS_BAD_PARAM);
+  const auto x = fill(static_cast<size_t>(g.n * g.c * g.h * g.w), 0.4), w = fill(static_cast<size_t>(g.k * g.c * 9), 1.7);
+  std::vector<double> xv(static_cast<size_t>(xns * g.n), 1e30);
+  for (int n = 0; n < g.n; ++n)
+    for (int c = 0; c < g.c; ++c)
+      for (int h = 0; h < g.h; ++h)
+        for (int j = 0; j < g.w; ++j)
+          xv[static_cast<size_t>(n * xns + c * xcs + h * xhs + j)] = x[static_cast<size_t>(((n * g.c + c) * g.h + h) * g.w + j)];
+  const double one = 1, zero = 0;
+  std::vector<double> y(static_cast<size_t>(g.n * g.k * g.oh() * g.ow())), yv(static_cast<size_t>(yns * g.n), -5.0);
+  ASSERT_EQ(cudnnConvolutionForward(packed.h, &one, packed.x, x.data(), packed.w, w.data(), packed.conv,
+                                    CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0, &zero, packed.y, y.data()),
+            CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnConvolutionForward(view.h, &one, view.x, xv.data(), view.w, w.data(), view.conv,
+                                    CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0, &zero, view.y, yv.data()),
+            CUDNN_STATUS_SUCCESS)
+      << emu::last_error_detail();
+  size_t seen = 0;
+  for (size_t i = 0; i < yv.size(); ++i) {
+    const int n = static_cast<int>(i) / yns, rem = static_cast<int>(i) % yns;
+    const int k = rem / ycs, i2 = rem % ycs / yhs, j = rem % yhs;
+    if (k < g.k && i2 < g.oh() && j < g.ow()) {
+      EXPECT_EQ(yv[i], y[static_cast<size_t>(((n * g.k + k) * g.oh() + i2) * g.ow() + j)]) << i;
+      ++seen;
+    } else {
+      EXPECT_EQ(yv[i], -5.0) << "padding element " << i << " written";
+    }
+  }
+  EXPECT_EQ(seen, y.size());
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(1));
+  ASSERT_EQ(cudnnGetStream(view.h, &s), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(s, nullptr);
+}
+
 const void* g_live = nullptr;
 size_t g_live_bytes = 0;
 bool in_live(const void* p, size_t bytes) {
