@@ -328,6 +328,39 @@ TEST(CudnnConvEmu, StridedTensorsReadAndWriteOnlyTheirElements) {
   EXPECT_EQ(s, nullptr);
 }
 
+// The support rules of the fake table, each through the workspace query conv.cu makes.
+cudnnStatus_t fwd_ws_status(const Geo& g, cudnnConvolutionFwdAlgo_t algo) {
+  Descs d(g, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_DEFAULT_MATH);
+  size_t ws = 0;
+  return cudnnGetConvolutionForwardWorkspaceSize(d.h, d.x, d.w, d.conv, d.y, algo, &ws);
+}
+
+TEST(CudnnConvEmu, AlgorithmSupportFollowsCudnnsDocumentedLimits) {
+  const Geo base{1, 2, 8, 8, 2, 3, 3, 1, 1, 1, 1};
+  Geo strided = base, grouped = base, nhwc = base, five = base;
+  strided.stride = 2;
+  grouped.groups = 2;
+  nhwc.fmt = CUDNN_TENSOR_NHWC;
+  five.r = five.s = 5;
+  five.pad = 2;
+  EXPECT_EQ(fwd_ws_status(base, CUDNN_CONVOLUTION_FWD_ALGO_FFT), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(fwd_ws_status(strided, CUDNN_CONVOLUTION_FWD_ALGO_FFT), CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+  EXPECT_EQ(fwd_ws_status(grouped, CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING), CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+  EXPECT_EQ(fwd_ws_status(nhwc, CUDNN_CONVOLUTION_FWD_ALGO_FFT), CUDNN_STATUS_NOT_SUPPORTED_LAYOUT);
+  EXPECT_EQ(fwd_ws_status(nhwc, CUDNN_CONVOLUTION_FWD_ALGO_GEMM), CUDNN_STATUS_NOT_SUPPORTED_LAYOUT);
+  EXPECT_EQ(fwd_ws_status(nhwc, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(fwd_ws_status(base, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(fwd_ws_status(five, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD), CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+  EXPECT_EQ(fwd_ws_status(five, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(fwd_ws_status(strided, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED), CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+  Descs d(base, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_DEFAULT_MATH);
+  size_t ws = 0;
+  EXPECT_EQ(cudnnGetConvolutionBackwardFilterWorkspaceSize(d.h, d.x, d.y, d.conv, d.w,
+                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD, &ws),
+            CUDNN_STATUS_NOT_SUPPORTED);
+  EXPECT_NE(std::string(emu::last_error_detail()).find("not implemented by cuDNN"), std::string::npos);
+}
+
 const void* g_live = nullptr;
 size_t g_live_bytes = 0;
 bool in_live(const void* p, size_t bytes) {
