@@ -269,9 +269,9 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   constexpr const char* fn = "cublasGemmStridedBatchedEx";
   constexpr cublasStatus_t kInvalid = CUBLAS_STATUS_INVALID_VALUE;
   if (cublasStatus_t st = check_handle(fn, handle); st != CUBLAS_STATUS_SUCCESS) return st;
-  for (auto [name, op] : {std::pair{"transa", transa}, std::pair{"transb", transb}})
+  for (auto [name, op] : {std::pair{"transa", raw_enum(transa)}, std::pair{"transb", raw_enum(transb)}})
     if (op != CUBLAS_OP_N && op != CUBLAS_OP_T && op != CUBLAS_OP_C)
-      return fail(kInvalid, cat(fn, ": ", name, " = ", static_cast<int>(op), " is not CUBLAS_OP_N, _T or _C"));
+      return fail(kInvalid, cat(fn, ": ", name, " = ", op, " is not CUBLAS_OP_N, _T or _C"));
   for (auto [name, v] : {std::pair{"m", m}, std::pair{"n", n}, std::pair{"k", k}, std::pair{"batchCount", batchCount}})
     if (v < 0) return fail(kInvalid, cat(fn, ": ", name, " = ", v, " is negative"));
   // op(A) is m x k, op(B) k x n, C m x n; stored A is m x k for OP_N and k x m otherwise.

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <sstream>
@@ -81,7 +82,17 @@ class Registry {
   std::deque<T*> order_;
 };
 
-const char* state_word(ObjState s);   // "destroyed" / "not created by this library"
+const char* state_word(ObjState s);
+
+// An enum argument's value as the caller passed it, read without loading it as the enum: a
+// value outside the enum's range is what the check is for, and loading one is undefined.
+template <class E>
+int raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}   // "destroyed" / "not created by this library"
 
 // Each library's share of emu_libs.h's live_object_counts.
 int cublas_live_handles();
