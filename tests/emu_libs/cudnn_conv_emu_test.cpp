@@ -328,6 +328,47 @@ TEST(CudnnConvEmu, StridedTensorsReadAndWriteOnlyTheirElements) {
   EXPECT_EQ(s, nullptr);
 }
 
+// conv.cu's sequence for one direction: the _v7 ranking, then per candidate the math type it
+// reported, the workspace query under it, and the call with exactly that workspace. The
+// workspace the ranking reports must be the one the query gives, and every candidate must run
+// and agree with the others.
+TEST(CudnnConvEmu, TheBackendsHeuristicSequenceRunsEveryCandidate) {
+  const Geo g{2, 3, 6, 6, 4, 3, 3, 1, 1, 1, 1};
+  for (const auto math : {CUDNN_DEFAULT_MATH, CUDNN_FMA_MATH}) {
+    Descs d(g, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, math);
+    const auto xd = fill(static_cast<size_t>(g.n * g.c * g.h * g.w), 0.5);
+    const auto dyd = fill(static_cast<size_t>(g.n * g.k * g.oh() * g.ow()), 1.5);
+    const std::vector<float> x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end());
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int n = 0;
+    ASSERT_EQ(cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.h, d.x, d.y, d.conv, d.w,
+                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
+              CUDNN_STATUS_SUCCESS);
+    std::vector<float> first;
+    int ran = 0;
+    for (int i = 0; i < n; ++i) {
+      if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+      EXPECT_EQ(perf[i].mathType, math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH);
+      ASSERT_EQ(cudnnSetConvolutionMathType(d.conv, perf[i].mathType), CUDNN_STATUS_SUCCESS);
+      size_t ws = 0;
+      ASSERT_EQ(cudnnGetConvolutionBackwardFilterWorkspaceSize(d.h, d.x, d.y, d.conv, d.w, perf[i].algo, &ws),
+                CUDNN_STATUS_SUCCESS);
+      EXPECT_EQ(ws, perf[i].memory) << "algo " << perf[i].algo;
+      std::vector<unsigned char> buf(ws);
+      std::vector<float> dw(static_cast<size_t>(g.k * g.c * 9));
+      const float one = 1, zero = 0;
+      ASSERT_EQ(cudnnConvolutionBackwardFilter(d.h, &one, d.x, x.data(), d.y, dy.data(), d.conv, perf[i].algo,
+                                               buf.data(), ws, &zero, d.w, dw.data()),
+                CUDNN_STATUS_SUCCESS)
+          << emu::last_error_detail();
+      if (first.empty()) first = dw;
+      EXPECT_EQ(dw, first) << "algo " << perf[i].algo;
+      ++ran;
+    }
+    EXPECT_GE(ran, 3);
+  }
+}
+
 // The support rules of the fake table, each through the workspace query conv.cu makes.
 cudnnStatus_t fwd_ws_status(const Geo& g, cudnnConvolutionFwdAlgo_t algo) {
   Descs d(g, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_DEFAULT_MATH);
