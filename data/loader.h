@@ -15,14 +15,31 @@
 namespace minidl::data {
 
 enum class Augment {
-  None,               // resize the shorter side to `resize`, center crop `size` (evaluation)
+  None,               // the deterministic resize of `fit` (evaluation, or training without augmentation)
   RandomResizedCrop,  // torchvision defaults: scale (0.08, 1), ratio (3/4, 4/3), then flip
   Keras,              // the Keras study: resize to 250, random crop 200 (`size`), flip
 };
 
+// How Augment::None brings a photo to size x size (docs/data.md, "Resizing"):
+enum class Fit {
+  ShorterCrop,  // shorter side to `resize` (0: size), centre crop: torchvision Resize(r) + CenterCrop(size)
+  Squash,       // both sides to size, aspect ratio not kept: torchvision Resize((s, s)), Keras target_size
+};
+
+// The resampling filter of every resize (PIL's, so torchvision's and Keras' PIL paths agree).
+enum class Interpolation {
+  Bilinear,  // antialiased triangle filter: PIL Image.BILINEAR, torchvision's default
+  Nearest,   // PIL Image.NEAREST: Keras' load_img / flow_from_directory default
+};
+
 struct TransformOptions {
   int64_t size = 224;              // output height and width
-  int64_t resize = 0;              // shorter side before the crop; 0: size * 256 / 224 (rounded)
+  // ShorterCrop: the shorter side before the centre crop, 0: size (an image of size x size is
+  // left as it is); torchvision's ImageNet evaluation uses size * 256 / 224. Keras: the square
+  // side before the random crop, 0: size * 250 / 200.
+  int64_t resize = 0;
+  Fit fit = Fit::ShorterCrop;
+  Interpolation interpolation = Interpolation::Bilinear;
   Augment augment = Augment::None;
   bool hflip = true;               // random horizontal flip (only with an augmenting mode)
   bool normalize = true;           // ImageNet mean / std; otherwise scale to [0, 1]

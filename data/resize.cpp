@@ -119,4 +119,32 @@ void resize_rgb(const uint8_t* src, int64_t w, int64_t h, int64_t stride, uint8_
   }
 }
 
+namespace {
+
+// PIL's pretabulated source positions: COORD(x0 + k * step) accumulated, x0 = step / 2.
+std::vector<int64_t> nearest_positions(int64_t in_size, int64_t out_size) {
+  const double step = static_cast<double>(in_size) / static_cast<double>(out_size);
+  std::vector<int64_t> pos(static_cast<size_t>(out_size));
+  double at = step * 0.5;
+  for (auto& p : pos) {
+    p = std::clamp<int64_t>(static_cast<int64_t>(at), 0, in_size - 1);
+    at += step;
+  }
+  return pos;
+}
+
+}  // namespace
+
+void resize_rgb_nearest(const uint8_t* src, int64_t w, int64_t h, int64_t stride, uint8_t* dst, int64_t out_w,
+                        int64_t out_h) {
+  MINIDL_CHECK(w > 0 && h > 0 && out_w > 0 && out_h > 0, "resize_rgb_nearest: empty image ", w, "x", h, " -> ", out_w,
+               "x", out_h);
+  const std::vector<int64_t> xs = nearest_positions(w, out_w), ys = nearest_positions(h, out_h);
+  for (int64_t y = 0; y < out_h; ++y) {
+    const uint8_t* row = src + ys[static_cast<size_t>(y)] * stride;
+    uint8_t* o = dst + y * out_w * 3;
+    for (int64_t x = 0; x < out_w; ++x) std::memcpy(o + 3 * x, row + 3 * xs[static_cast<size_t>(x)], 3);
+  }
+}
+
 }  // namespace minidl::data

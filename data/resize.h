@@ -10,4 +10,11 @@ namespace minidl::data {
 // Edges are clamped to the source (what a crop followed by a resize sees).
 void resize_rgb(const uint8_t* src, int64_t w, int64_t h, int64_t stride, uint8_t* dst, int64_t out_w, int64_t out_h);
 
+// The same with PIL's Image.NEAREST (what Keras' load_img(target_size=...) calls): output pixel
+// x reads source floor(scale / 2 + x * scale), scale = w / out_w, the position accumulated in
+// double precision step by step as PIL's ImagingScaleAffine does, so the rare rounding ties
+// fall the same way.
+void resize_rgb_nearest(const uint8_t* src, int64_t w, int64_t h, int64_t stride, uint8_t* dst, int64_t out_w,
+                        int64_t out_h);
+
 }  // namespace minidl::data

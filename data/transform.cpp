@@ -27,9 +27,9 @@ double uniform(uint64_t key, int64_t index, int w) {
 // Python's round(): half to even (the default floating-point rounding mode).
 int64_t round_even(double v) { return static_cast<int64_t>(std::nearbyint(v)); }
 
-// Resizes the box (top, left, ch, cw) of src into an out_w x out_h RGB buffer.
+// Resizes the box (top, left, ch, cw) of src into an out_w x out_h RGB buffer with filter f.
 void resize_box(const Image& src, int64_t top, int64_t left, int64_t ch, int64_t cw, uint8_t* dst, int64_t out_h,
-                int64_t out_w) {
+                int64_t out_w, Interpolation f) {
   const uint8_t* start = src.pixels.data() + (top * src.width + left) * 3;
   if (ch == out_h && cw == out_w) {
     for (int64_t y = 0; y < out_h; ++y) {
@@ -37,15 +37,19 @@ void resize_box(const Image& src, int64_t top, int64_t left, int64_t ch, int64_t
     }
     return;
   }
-  resize_rgb(start, cw, ch, src.width * 3, dst, out_w, out_h);
+  if (f == Interpolation::Nearest) {
+    resize_rgb_nearest(start, cw, ch, src.width * 3, dst, out_w, out_h);
+  } else {
+    resize_rgb(start, cw, ch, src.width * 3, dst, out_w, out_h);
+  }
 }
 
-Image resized(const Image& src, int64_t out_h, int64_t out_w) {
+Image resized(const Image& src, int64_t out_h, int64_t out_w, Interpolation f) {
   Image out;
   out.height = out_h;
   out.width = out_w;
   out.pixels.resize(static_cast<size_t>(out_h * out_w * 3));
-  resize_box(src, 0, 0, src.height, src.width, out.pixels.data(), out_h, out_w);
+  resize_box(src, 0, 0, src.height, src.width, out.pixels.data(), out_h, out_w, f);
   return out;
 }
 
@@ -69,9 +73,10 @@ uint64_t splitmix64(uint64_t x) {
 
 int64_t resolved_resize(const TransformOptions& t) {
   if (t.resize > 0) return t.resize;
-  return t.augment == Augment::Keras ? round_even(static_cast<double>(t.size) * 250.0 / 200.0)
-                                     : round_even(static_cast<double>(t.size) * 256.0 / 224.0);
+  return t.augment == Augment::Keras ? round_even(static_cast<double>(t.size) * 250.0 / 200.0) : t.size;
 }
+
+int64_t imagenet_resize(int64_t size) { return round_even(static_cast<double>(size) * 256.0 / 224.0); }
 
 uint64_t epoch_key(uint64_t seed, int64_t epoch, uint64_t stream) {
   return splitmix64(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(epoch)) ^ stream);
@@ -85,14 +90,18 @@ Image make_base(Image decoded, const TransformOptions& t) {
       return decoded;
     case Augment::Keras:
       if (decoded.height == r && decoded.width == r) return decoded;
-      return resized(decoded, r, r);
+      return resized(decoded, r, r, t.interpolation);
     case Augment::None: {
+      if (t.fit == Fit::Squash) {
+        if (decoded.height == t.size && decoded.width == t.size) return decoded;
+        return resized(decoded, t.size, t.size, t.interpolation);
+      }
       const int64_t h = decoded.height, w = decoded.width;
       // torchvision's Resize(int): the shorter side becomes r, the longer int(r * long / short).
       const int64_t nh = h <= w ? r : r * h / w;
       const int64_t nw = h <= w ? r * w / h : r;
       if (nh == h && nw == w) return decoded;
-      return resized(decoded, nh, nw);
+      return resized(decoded, nh, nw, t.interpolation);
     }
   }
   MINIDL_FAIL("make_base: unknown augment mode");
@@ -132,12 +141,12 @@ void apply_transform(const Image& base, const TransformOptions& t, uint64_t key,
                    " is smaller than the crop ", s, "; use resize >= size");
       const int64_t top = round_even(static_cast<double>(base.height - s) / 2.0);
       const int64_t left = round_even(static_cast<double>(base.width - s) / 2.0);
-      resize_box(base, top, left, s, s, out, s, s);
+      resize_box(base, top, left, s, s, out, s, s, t.interpolation);
       break;
     }
     case Augment::RandomResizedCrop: {
       const CropBox b = random_resized_crop_box(base.height, base.width, key, index);
-      resize_box(base, b.top, b.left, b.height, b.width, out, s, s);
+      resize_box(base, b.top, b.left, b.height, b.width, out, s, s, t.interpolation);
       flip = t.hflip && uniform(key, index, 63) < 0.5;
       break;
     }
@@ -146,7 +155,7 @@ void apply_transform(const Image& base, const TransformOptions& t, uint64_t key,
                    " is smaller than the crop ", s, "; use resize >= size");
       const auto top = std::min(base.height - s, static_cast<int64_t>(uniform(key, index, 0) * static_cast<double>(base.height - s + 1)));
       const auto left = std::min(base.width - s, static_cast<int64_t>(uniform(key, index, 1) * static_cast<double>(base.width - s + 1)));
-      resize_box(base, top, left, s, s, out, s, s);
+      resize_box(base, top, left, s, s, out, s, s, t.interpolation);
       flip = t.hflip && uniform(key, index, 63) < 0.5;
       break;
     }

@@ -12,13 +12,19 @@
 
 namespace minidl::data {
 
-// The shorter side (None) or square side (Keras) before cropping; 0 in the options means
-// size * 256 / 224 for None (torchvision's 256 -> 224) and size * 250 / 200 for Keras.
+// The shorter side (None with Fit::ShorterCrop) or square side (Keras) before cropping; 0 in the
+// options means size for None (an image of size x size is left as it is) and size * 250 / 200
+// for Keras.
 int64_t resolved_resize(const TransformOptions& t);
 
-// The image the random part starts from: None resizes the shorter side to resolved_resize (as
-// torchvision's Resize, the longer side truncated), Keras squashes to resize x resize (as Keras'
-// target_size), RandomResizedCrop keeps the decoded image.
+// torchvision's ImageNet evaluation resize for a crop of `size`: size * 256 / 224, rounded (73
+// for 64, 256 for 224); set it as TransformOptions::resize for Resize(256) + CenterCrop(224).
+int64_t imagenet_resize(int64_t size);
+
+// The image the random part starts from: None with ShorterCrop resizes the shorter side to
+// resolved_resize (as torchvision's Resize(int), the longer side truncated), None with Squash
+// resizes to size x size; Keras squashes to resize x resize (as Keras' target_size);
+// RandomResizedCrop keeps the decoded image.
 Image make_base(Image decoded, const TransformOptions& t);
 
 // The Philox key of one epoch's draws: shuffle and augmentation depend on (seed, epoch) only.

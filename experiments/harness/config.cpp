@@ -83,6 +83,12 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written; empty: none");
   app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip) or rrc "
                                          "(random resized crop + flip)");
+  app.add_option("--resize", c.resize,
+                 "how photos become --image-size squares for evaluation and --augment none: center (shorter side to "
+                 "the size, centre crop; torchvision Resize(s) + CenterCrop(s)), imagenet (shorter side to size x "
+                 "256/224, centre crop; torchvision's ImageNet evaluation), squash (both sides to the size, "
+                 "bilinear; torchvision Resize((s, s))), keras (both sides, nearest; Keras target_size); auto: keras "
+                 "for smallcnn, center for the ResNets");
   app.add_option("--normalize", c.normalize, "pixel scaling of loaded photos: imagenet (ImageNet mean/std) or unit "
                                              "(pixels / 255, the Keras study's rescale); the in-memory synthetic set is "
                                              "already normalised");
@@ -278,6 +284,9 @@ void validate(const TrainConfig& c) {
   if (c.workers < 0) usage("--workers must be >= 0");
   if (c.normalize != "imagenet" && c.normalize != "unit")
     usage("--normalize '" + c.normalize + "': expected imagenet or unit");
+  if (c.resize != "auto" && c.resize != "center" && c.resize != "imagenet" && c.resize != "squash" &&
+      c.resize != "keras")
+    usage("--resize '" + c.resize + "': expected auto, center, imagenet, squash or keras");
   if (c.augment != "none" && c.augment != "keras" && c.augment != "rrc")
     usage("--augment '" + c.augment + "': expected none, keras or rrc");
   if (c.cudnn_benchmark != "on" && c.cudnn_benchmark != "off")

@@ -32,6 +32,7 @@ struct TrainConfig {
   std::string split = "600,200,200";  // train,val,test per class (integers) or fractions (0.8,0.1,0.1)
   std::string manifest;               // write (or, when it exists, read) the split here
   std::string augment = "none";       // none | keras | rrc
+  std::string resize = "auto";        // auto | center | imagenet | squash | keras (docs/data.md, "Resizing")
   std::string normalize = "imagenet"; // imagenet (mean/std) | unit (pixels / 255, as Keras rescale)
   bool no_shuffle = false;
   int workers = 2;

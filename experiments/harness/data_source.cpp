@@ -14,6 +14,7 @@
 #include "data/synthetic.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/transform.h"
 
 namespace minidl::harness {
 namespace {
@@ -122,6 +123,10 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   o.device = device;
   o.transform.size = image_size;
   o.transform.normalize = c.normalize == "imagenet";
+  const std::string fit = resolved_resize_mode(c);
+  o.transform.fit = fit == "squash" || fit == "keras" ? data::Fit::Squash : data::Fit::ShorterCrop;
+  o.transform.interpolation = fit == "keras" ? data::Interpolation::Nearest : data::Interpolation::Bilinear;
+  if (fit == "imagenet") o.transform.resize = data::imagenet_resize(image_size);
   if (training && c.augment == "keras") {
     o.transform.augment = data::Augment::Keras;
     o.transform.resize = image_size * 250 / 200;
@@ -134,6 +139,11 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
 }
 
 }  // namespace
+
+std::string resolved_resize_mode(const TrainConfig& c) {
+  if (c.resize != "auto") return c.resize;
+  return c.model == "smallcnn" ? "keras" : "center";
+}
 
 std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
                                            uint64_t seed, Device device) {
@@ -188,7 +198,7 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
   }
   r.description = what + " (" + std::to_string(d->size()) + " images), " + std::to_string(split.train.size()) +
                   " train / " + std::to_string(split.val.size()) + " val / " + std::to_string(split.test.size()) +
-                  " test, augment " + c.augment;
+                  " test, augment " + c.augment + ", resize " + resolved_resize_mode(c);
   r.train = loader_source(d, split.train, c, device, image_size, true, c.seed);
   r.val = loader_source(d, split.val, c, device, image_size, false, c.seed);
   r.test = loader_source(d, split.test, c, device, image_size, false, c.seed);

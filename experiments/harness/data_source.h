@@ -43,6 +43,10 @@ struct RunData {
   std::string description;                        // one line for the log
 };
 
+// The --resize mode in force: the flag, or for auto the convention of the model's world (keras
+// for the Keras study's smallcnn, center for the torchvision ResNets).
+std::string resolved_resize_mode(const TrainConfig& c);
+
 // The train / val / test sources of a run per c (--data, --split, --augment, ...), batches of
 // c.batch_size (evaluation uses the same size). Throws UsageError for a missing or empty folder.
 RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size);

@@ -352,7 +352,9 @@ TEST(Loader, SyntheticImagesPassThroughUnresampledAtTheirSize) {
 TEST(Loader, DefaultResizesFollowTorchvisionAndKeras) {
   TransformOptions t;
   t.size = 224;
-  EXPECT_EQ(resolved_resize(t), 256);
+  EXPECT_EQ(resolved_resize(t), 224);
+  EXPECT_EQ(imagenet_resize(224), 256);
+  EXPECT_EQ(imagenet_resize(64), 73);
   t.augment = Augment::Keras;
   t.size = 200;
   EXPECT_EQ(resolved_resize(t), 250);

@@ -69,3 +69,38 @@ TEST(Resize, CropThroughStrideReadsOnlyTheBox) {
 
 }  // namespace
 }  // namespace minidl::data
+
+namespace minidl::data {
+namespace {
+
+// PIL's NEAREST (Keras' load_img): 7 -> 3 reads columns floor(7/6 + k * 7/3) = 1, 3, 5 and 3 -> 7
+// repeats source columns floor((k + 0.5) * 3/7) = 0 0 1 1 1 2 2 (the rows likewise; both as PIL 9.4).
+TEST(Resize, NearestReadsPilsSourcePositions) {
+  std::vector<uint8_t> src(7 * 3 * 3);
+  for (int64_t y = 0; y < 3; ++y) {
+    for (int64_t x = 0; x < 7; ++x) {
+      for (int64_t c = 0; c < 3; ++c) src[static_cast<size_t>((y * 7 + x) * 3 + c)] = static_cast<uint8_t>(100 * c + 10 * y + x);
+    }
+  }
+  std::vector<uint8_t> down(3 * 3 * 3);
+  resize_rgb_nearest(src.data(), 7, 3, 7 * 3, down.data(), 3, 3);
+  const int64_t cols[3] = {1, 3, 5};
+  for (int64_t y = 0; y < 3; ++y) {
+    for (int64_t x = 0; x < 3; ++x) {
+      for (int64_t c = 0; c < 3; ++c) {
+        EXPECT_EQ(down[static_cast<size_t>((y * 3 + x) * 3 + c)], 100 * c + 10 * y + cols[x]) << "pixel " << y << "," << x;
+      }
+    }
+  }
+  std::vector<uint8_t> up(7 * 7 * 3);
+  resize_rgb_nearest(down.data(), 3, 3, 3 * 3, up.data(), 7, 7);
+  const int64_t from[7] = {0, 0, 1, 1, 1, 2, 2};
+  for (int64_t y = 0; y < 7; ++y) {
+    for (int64_t x = 0; x < 7; ++x) {
+      EXPECT_EQ(up[static_cast<size_t>((y * 7 + x) * 3)], down[static_cast<size_t>((from[y] * 3 + from[x]) * 3)]) << y << "," << x;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace minidl::data
