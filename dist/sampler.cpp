@@ -1,29 +1,16 @@
-// Shards of the per-epoch order, drawn exactly as data::Loader draws its shuffle (Philox keyed by
-// seed and epoch), so a sharded run and a one-process run agree on which samples an epoch holds.
+// Shards of the per-epoch order, which is data::Loader's own shuffle (data::epoch_order), so a
+// sharded run and a one-process run agree on which samples an epoch holds.
 #include "dist/sampler.h"
 
 #include <utility>
 
 #include "core/error.h"
-#include "core/philox.h"
-#include "data/transform.h"
+#include "data/loader.h"
 
 namespace minidl::dist {
-namespace {
-constexpr uint64_t kShuffleStream = 0x5348554646ull;  // "SHUFF": data/loader.cpp's stream
-}  // namespace
 
 std::vector<int64_t> DistributedSampler::epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
-  if (!shuffle) return v;
-  const uint64_t key = data::epoch_key(seed, epoch, kShuffleStream);
-  for (size_t i = v.size(); i > 1; --i) {
-    const philox::U4 u = philox::draw(key, i);
-    const uint64_t r = (static_cast<uint64_t>(u.x) << 32) | u.y;
-    std::swap(v[i - 1], v[static_cast<size_t>(r % i)]);
-  }
-  return v;
+  return data::epoch_order(n, shuffle, seed, epoch);
 }
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size, SamplerOptions options)
