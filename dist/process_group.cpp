@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -92,6 +93,8 @@ ProcessGroup::ProcessGroup(const LaunchInfo& info) : info_(info) {
                " of a world of ", info_.world_size, " is not a valid position");
   // mpirun -np 1 still gets MPI (so the job behaves as with more ranks); a plain run does not.
   const bool launched_by_mpi = info_.source != LaunchInfo{}.source && info_.source.rfind("MINIDL", 0) != 0;
+  const char* check = std::getenv("MINIDL_DIST_CHECK");
+  check_shapes_ = check != nullptr && std::string(check) == "1";
   if (info_.world_size > 1 || (launched_by_mpi && mpi_built())) {
     cpu_ = make_mpi_transport(info_);
   } else {
@@ -120,8 +123,22 @@ Transport& ProcessGroup::transport_for(const Tensor& t, const char* op) {
   return *cuda_;
 }
 
+void ProcessGroup::check_across_ranks(const char* op, const Tensor& t) {
+  if (!check_shapes_ || world_size() == 1) return;
+  // Max of (n, -n, dtype, -dtype) gives each value's largest and smallest over the ranks.
+  const auto n = static_cast<double>(t.numel());
+  const auto d = static_cast<double>(static_cast<int>(t.dtype()));
+  Tensor v = from_vector({n, -n, d, -d}, {4}, {.dtype = DType::i64});
+  cpu_->allreduce(v, ReduceOp::Max)->wait();
+  const auto r = v.to_vector();
+  MINIDL_CHECK(r[0] == -r[1] && r[2] == -r[3], where(op, t), ": the ranks disagree on the tensor (element counts ",
+               -r[1], " to ", r[0], r[2] == -r[3] ? "" : ", and dtypes differ",
+               "): every rank must pass a tensor of the same size and dtype, in the same order of calls");
+}
+
 std::unique_ptr<Work> ProcessGroup::allreduce_async(const Tensor& t, ReduceOp op) {
   Transport& tr = transport_for(t, "allreduce");
+  check_across_ranks("allreduce", t);
   MINIDL_CHECK(op != ReduceOp::Mean || is_floating(t.dtype()), where("allreduce(mean)", t),
                ": mean needs a floating dtype; use sum and divide");
   MINIDL_CHECK(t.dtype() != DType::boolean || op == ReduceOp::Max || op == ReduceOp::Min, where("allreduce", t),
@@ -139,6 +156,7 @@ void ProcessGroup::broadcast(const Tensor& t, int root) {
   Transport& tr = transport_for(t, "broadcast");
   MINIDL_CHECK(root >= 0 && root < world_size(), where("broadcast", t), ": root ", root, " is outside the world of ",
                world_size());
+  check_across_ranks("broadcast", t);
   ++counters_.broadcast;
   tr.broadcast(t, root);
 }

@@ -87,14 +87,24 @@ class ProcessGroup {
   Counters counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 
+  // Debug mode (on when MINIDL_DIST_CHECK=1 is set, or by this call): before every tensor
+  // collective the ranks compare the tensor's element count and dtype (one extra small
+  // allreduce), and a mismatch throws on every rank naming the op, this rank's tensor and the
+  // range seen, instead of MPI truncating, corrupting or hanging. Off by default (it costs a
+  // round trip per collective). Every rank must set the same mode.
+  void set_check_shapes(bool on) { check_shapes_ = on; }
+  bool check_shapes() const { return check_shapes_; }
+
  private:
   Transport& transport_for(const Tensor& t, const char* op);
+  void check_across_ranks(const char* op, const Tensor& t);
   std::string where(const char* op, const Tensor& t) const;
 
   LaunchInfo info_;
   std::unique_ptr<Transport> cpu_;
   std::unique_ptr<Transport> cuda_;
   Counters counters_;
+  bool check_shapes_ = false;
 };
 
 // This process's group, created on first use from launch_info_from_env() and kept until exit

@@ -111,5 +111,25 @@ TEST(DistCollectives, CountsCallsAndRejectsWhatItCannotCarry) {
   std::printf("[dist] %s\n", g.describe().c_str());  // in the log: which world and engines ran
 }
 
+TEST(DistCollectives, CheckModeNamesAShapeMismatchOnEveryRank) {
+  ProcessGroup& g = world();
+  g.set_check_shapes(true);
+  Tensor same = ones({5});
+  g.allreduce(same);  // agreeing tensors pass
+  EXPECT_EQ(same.to_vector(), std::vector<double>(5, double(g.world_size())));
+  Tensor t = zeros({3 + g.rank()});
+  const std::string e = error_of([&] { g.allreduce(t); });
+  const std::string b = error_of([&] { g.broadcast(zeros({2}, {.dtype = g.rank() == 0 ? DType::f32 : DType::f64})); });
+  g.set_check_shapes(false);
+  if (g.world_size() > 1) {
+    EXPECT_NE(e.find("the ranks disagree on the tensor (element counts 3 to 4)"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank " + std::to_string(g.rank())), std::string::npos) << e;
+    EXPECT_NE(b.find("dtypes differ"), std::string::npos) << b;
+  } else {
+    EXPECT_EQ(e, "");
+    EXPECT_EQ(b, "");
+  }
+}
+
 }  // namespace
 }  // namespace minidl::dist
