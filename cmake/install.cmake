@@ -10,7 +10,7 @@ mark_as_advanced(MINIDL_INSTALL_CMAKEDIR)
 
 # Everything here is in the install component `minidl`, so `cmake --install build --component
 # minidl` (what tests/install does) needs only the library built, not the programs.
-install(TARGETS minidl EXPORT minidlTargets
+install(TARGETS minidl minidl_dist EXPORT minidlTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT minidl)
@@ -18,7 +18,7 @@ install(TARGETS minidl EXPORT minidlTargets
 # Public headers, folder structure kept. The include directory itself (include/minidl) is the
 # target's INSTALL_INTERFACE in the top-level CMakeLists.txt. kernels/cuda is internal.
 # A folder with no files yet does not exist in a fresh clone (git keeps no empty folders).
-foreach(_minidl_dir core nn optim data)
+foreach(_minidl_dir core nn optim data dist)
   if(IS_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/${_minidl_dir})
     install(DIRECTORY ${_minidl_dir}
       DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minidl COMPONENT minidl
@@ -36,6 +36,9 @@ install(EXPORT minidlTargets
 # minidl is a static library, so its PRIVATE dependencies are in the exported link interface
 # ($<LINK_ONLY:...>): the config recreates them. These values, recorded now, tell it how.
 set(MINIDL_CONFIG_WITH_CUDA ${MINIDL_WITH_CUDA})
+set(MINIDL_CONFIG_WITH_MPI ${MINIDL_WITH_MPI})
+set(MINIDL_CONFIG_WITH_NCCL ${MINIDL_WITH_NCCL})
+set(MINIDL_CONFIG_NCCL_LIBRARY "${MINIDL_NCCL_LIBRARY}")
 set(MINIDL_CONFIG_CUDA_ROOT "")
 set(MINIDL_CONFIG_CUDNN_LIBRARY "")
 set(MINIDL_CONFIG_CUDNN_INCLUDE "")

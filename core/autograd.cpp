@@ -57,6 +57,9 @@ class AccumulateGrad final : public Node {
     } else {
       Tensor(leaf->grad).add_(g.to(l.dtype()));
     }
+    // A copy: a hook may remove itself (or others) while running.
+    const auto hooks = leaf->post_accumulate_grad_hooks;
+    for (const auto& h : hooks) h.second(l);
     return {};
   }
 

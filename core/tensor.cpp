@@ -2,6 +2,7 @@
 // optimizers and gradient accumulation use. Views and conversions are in tensor_views.cpp.
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <iomanip>
@@ -288,6 +289,21 @@ Tensor& Tensor::set_requires_grad(bool r) {
                meta());
   impl().requires_grad = r;
   return *this;
+}
+
+uint64_t Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) {
+  static std::atomic<uint64_t> next_id{1};
+  MINIDL_CHECK(is_leaf() && requires_grad(), "register_post_accumulate_grad_hook: ", meta(),
+               " is not a leaf that requires grad (register hooks on parameters)");
+  MINIDL_CHECK(hook != nullptr, "register_post_accumulate_grad_hook: empty hook");
+  const uint64_t id = next_id++;
+  impl().post_accumulate_grad_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void Tensor::remove_post_accumulate_grad_hook(uint64_t id) {
+  auto& hooks = impl().post_accumulate_grad_hooks;
+  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
 }
 
 void Tensor::set_grad(const Tensor& g) {

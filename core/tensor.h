@@ -3,6 +3,7 @@
 // starts here; the ops themselves are declared in core/ops.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <ostream>
@@ -19,6 +20,7 @@ namespace minidl {
 using Shape = std::vector<int64_t>;
 class Node;
 class Generator;
+class Tensor;
 
 std::string shape_str(const Shape& s);  // "[2, 3, 4]"
 int64_t numel_of(const Shape& s);
@@ -42,6 +44,9 @@ struct TensorImpl {
   std::shared_ptr<Node> grad_fn;     // set on non-leaf results of differentiable ops
   uint32_t output_nr = 0;
   std::weak_ptr<Node> grad_accumulator;  // leaves only, created lazily
+  // Called, in registration order, once a backward pass has accumulated this leaf's gradient for
+  // the pass (all of its uses summed): data-parallel training starts a bucket's allreduce there.
+  std::vector<std::pair<uint64_t, std::function<void(const Tensor&)>>> post_accumulate_grad_hooks;
 };
 
 class Tensor {
@@ -111,6 +116,11 @@ class Tensor {
   Tensor grad() const { return Tensor(impl().grad); }
   void set_grad(const Tensor& g);
   void zero_grad() { impl().grad.reset(); }
+  // PyTorch's register_post_accumulate_grad_hook: `hook(leaf)` runs during backward right after
+  // this leaf's .grad holds the pass's whole gradient (once per backward that reaches it; not when
+  // no gradient reaches it). Leaves that require grad only. Returns an id for removal.
+  uint64_t register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook);
+  void remove_post_accumulate_grad_hook(uint64_t id);  // unknown ids are ignored
   const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
   uint32_t output_nr() const { return impl().output_nr; }
   // Backpropagates from this tensor: a scalar, or any shape with an explicit gradient.

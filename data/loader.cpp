@@ -30,6 +30,8 @@ constexpr uint64_t kAugmentStream = 0x4155474dull;    // "AUGM"
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+}  // namespace
+
 std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
@@ -42,8 +44,6 @@ std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t
   }
   return v;
 }
-
-}  // namespace
 
 struct Loader::Impl {
   struct Slot {

@@ -80,6 +80,11 @@ struct LoaderStats {
   double wait_fraction() const { return wall_seconds > 0 ? wait_seconds / wall_seconds : 0; }
 };
 
+// The order of an epoch's samples: 0..n-1, shuffled (Fisher-Yates on Philox draws keyed by seed
+// and epoch) when `shuffle`. Loader uses it, and so does dist::DistributedSampler, whose shards
+// therefore hold exactly the samples a one-process epoch would.
+std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch);
+
 class Loader {
  public:
   Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);

@@ -43,12 +43,38 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum)
 Tensor BatchNorm2d::forward(const Tensor& x) {
   MINIDL_CHECK(x.dim() == 4 && x.size(1) == num_features_, "BatchNorm2d(", num_features_, "): expected input [N, ",
                num_features_, ", H, W], got ", x.meta());
-  Tensor out = batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_);
+  Tensor out = reduce_ && is_training()
+                   ? sync_forward(x)
+                   : batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_);
   if (is_training() && !recomputing()) {  // a checkpoint rerun is not a new batch
     NoGradGuard no_grad;
     num_batches_tracked_.add_(scalar_tensor(1.0, num_batches_tracked_.options()));
   }
   return out;
+}
+
+// Two passes (mean, then squared deviations) in f32 or f64, with minidl's differentiable ops, so
+// autograd derives the backward; the reductions over processes are reduce_'s.
+Tensor BatchNorm2d::sync_forward(const Tensor& x) {
+  const int64_t c = num_features_;
+  const Tensor xf = x.dtype() == DType::f16 ? x.to(DType::f32) : x;
+  const std::vector<int64_t> dims{0, 2, 3};
+  const Shape per_channel{1, c, 1, 1};
+  Tensor count = full({1}, static_cast<double>(x.numel() / c), {.dtype = DType::f64});
+  const double n = reduce_(count).item();
+  MINIDL_CHECK(n > 1.0, "BatchNorm2d(", c, ", synchronised): ", n, " value(s) per channel over all processes; ",
+               "batch statistics need more than one");
+  const Tensor mean = reduce_(sum(xf, dims)) * (1.0 / n);
+  const Tensor centred = xf - mean.view(per_channel);
+  const Tensor var = reduce_(sum(square(centred), dims)) * (1.0 / n);  // biased, as normalisation uses
+  Tensor out = centred / sqrt(var + eps_).view(per_channel);
+  if (weight_.defined()) out = out * weight_.view(per_channel) + bias_.view(per_channel);
+  if (!recomputing()) {
+    NoGradGuard no_grad;
+    running_mean_.mul_(1.0 - momentum_).add_(mean.detach().to(running_mean_.dtype()), momentum_);
+    running_var_.mul_(1.0 - momentum_).add_(var.detach().to(running_var_.dtype()), momentum_ * n / (n - 1.0));
+  }
+  return x.dtype() == DType::f16 ? out.to(DType::f16) : out;
 }
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator* gen)

@@ -3,6 +3,7 @@
 // (initialisation, dropout) comes from the Generator passed in, or default_generator() when null.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -41,10 +42,20 @@ class BatchNorm2d : public Module {
   const Tensor& running_mean() const { return running_mean_; }
   const Tensor& running_var() const { return running_var_; }
   const Tensor& num_batches_tracked() const { return num_batches_tracked_; }
+  // Synchronised batch norm (dist::convert_sync_batch_norm sets it): `reduce` sums a tensor over
+  // every process of the job, differentiably (its backward sums the gradients the same way). In
+  // training the element count, the per-channel sum and the per-channel sum of squared deviations
+  // go through it, so the batch statistics (and the running ones) are those of the global batch.
+  // Empty (the default): this process's statistics, through the fused batch_norm op.
+  using StatsReducer = std::function<Tensor(const Tensor&)>;
+  void set_stats_reducer(StatsReducer reduce) { reduce_ = std::move(reduce); }
+  bool synchronised() const { return reduce_ != nullptr; }
 
  private:
+  Tensor sync_forward(const Tensor& x);
   int64_t num_features_;
   double eps_, momentum_;
+  StatsReducer reduce_;
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
 };
 

@@ -52,12 +52,16 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
   window_open_ = true;
   Tensor weighted = mb.loss_weight == 1.0 ? loss : loss * mb.loss_weight;
   if (scaler != nullptr) weighted = scaler->scale(weighted);
+  GradientSync* sync = o_.sync;
+  if (sync != nullptr) sync->before_backward(mb.steps);
   weighted.backward();
+  if (sync != nullptr) sync->after_backward(mb.steps);
   if (!mb.steps) return false;
 
   window_open_ = false;
   if (scaler != nullptr) {
     scaler->unscale_(opt_);  // once per window, before clipping
+    if (sync != nullptr && scaler->is_enabled()) scaler->set_found_inf(opt_, sync->any(scaler->found_inf(opt_)));
     if (scaler->found_inf(opt_)) {
       scaler->update();  // backoff; the whole effective batch is skipped
       ++skipped_steps_;
@@ -65,7 +69,8 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
       return false;
     }
   }
-  const bool proceed = o_.before_step ? o_.before_step() : true;
+  bool proceed = o_.before_step ? o_.before_step() : true;
+  if (sync != nullptr && o_.before_step) proceed = !sync->any(!proceed);  // no hook: every rank proceeds
   if (!proceed) {
     if (scaler != nullptr) scaler->update();
     ++skipped_steps_;
@@ -75,7 +80,9 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
   if (o_.max_grad_norm > 0.0) {
     std::vector<Tensor> params;
     for (const ParamGroup& g : opt_.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
-    last_grad_norm_ = clip_grad_norm(params, o_.max_grad_norm);
+    std::function<double(double)> reduce;
+    if (sync != nullptr) reduce = [sync](double norm) { return sync->same(norm); };
+    last_grad_norm_ = clip_grad_norm(params, o_.max_grad_norm, 2.0, false, reduce);
   }
   if (scaler != nullptr) {
     scaler->step(opt_);  // already unscaled and clean: steps

@@ -31,6 +31,19 @@ struct MicroBatch {
 // and the choice does not depend on the device. Throws for k < 1 or a size < 1.
 std::vector<MicroBatch> plan_accumulation(const std::vector<int64_t>& micro_batch_sizes, int64_t k);
 
+// What data-parallel training (dist::DataParallel) needs from the loop, so that optim/ knows
+// nothing of ranks: the backward of a micro-batch that does not step runs without synchronisation,
+// the one that steps waits for the averaged gradients before unscaling, and every decision the
+// step makes (skip on inf, before_step's refusal, the clip norm) is the same on every rank.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual void before_backward(bool will_step) = 0;
+  virtual void after_backward(bool will_step) = 0;
+  virtual bool any(bool flag) = 0;          // true on every rank when true on one
+  virtual double same(double value) = 0;    // one value for every rank (the clip norm: the largest)
+};
+
 struct AccumulationOptions {
   double max_grad_norm = 0.0;                    // > 0: clip_grad_norm before each step
   std::shared_ptr<const LrSchedule> schedule = {};  // optional: lr = base_lr[g] * factor(optimizer step)
@@ -44,6 +57,8 @@ struct AccumulationOptions {
   // the whole effective batch (inf and NaN survive accumulation) and backs the scale off, and
   // clipping sees unscaled gradients.
   GradScaler* scaler = nullptr;
+  // Optional data-parallel synchronisation (see GradientSync).
+  GradientSync* sync = nullptr;
 };
 
 class AccumulatingTrainer {

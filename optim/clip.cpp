@@ -13,7 +13,7 @@
 namespace minidl::optim {
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
-                      bool error_if_nonfinite) {
+                      bool error_if_nonfinite, const std::function<double(double)>& reduce_total) {
   MINIDL_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, "clip_grad_norm: max_norm ", max_norm,
                " must be a finite number >= 0 (e.g. 1.0)");
   const bool inf_norm = norm_type == std::numeric_limits<double>::infinity();
@@ -35,7 +35,7 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
                  ", not floating point");
     grads.push_back(g);
   }
-  if (grads.empty()) return 0.0;
+  if (grads.empty()) return reduce_total ? reduce_total(0.0) : 0.0;
 
   // Per-gradient partial results (sum of |g|^p, or max |g|) are combined in f64 on the first
   // gradient's device; f16 gradients are widened first because their squares overflow f16.
@@ -57,10 +57,11 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
     acc = !acc.defined() ? part : (inf_norm ? maximum(acc, part) : acc + part);
   }
   const double reduced = acc.item();
-  const double total = inf_norm ? reduced
+  const double local = inf_norm ? reduced
                        : norm_type == 2.0 ? std::sqrt(reduced)
                        : norm_type == 1.0 ? reduced
                                           : std::pow(reduced, 1.0 / norm_type);
+  const double total = reduce_total ? reduce_total(local) : local;
   MINIDL_CHECK(!error_if_nonfinite || std::isfinite(total), "clip_grad_norm: the total norm of order ", norm_type,
                " of the gradients of ", grads.size(), " parameters is non-finite (", total,
                "); skip this step (e.g. with the gradient scaler) or pass error_if_nonfinite = false");

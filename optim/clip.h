@@ -2,6 +2,7 @@
 // large-batch and warmup runs rely on it to survive early loss spikes. Call it once per optimizer
 // step, after the gradient scaler has unscaled the gradients (clipping scaled gradients is wrong).
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -16,7 +17,10 @@ namespace minidl::optim {
 // when error_if_nonfinite is set (PyTorch's default is false: the gradients are then scaled by a
 // NaN/0 coefficient just as PyTorch does, and the caller is expected to skip the step).
 // Runs without recording autograd, with minidl ops on the gradients' device (one host sync).
+// `reduce_total`, when given, maps this process's total norm to the one to clip with (data-parallel
+// training makes it the same on every rank); it is called exactly once, also when no parameter has
+// a gradient (with 0), so every rank joins the collective inside it.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
-                      bool error_if_nonfinite = false);
+                      bool error_if_nonfinite = false, const std::function<double(double)>& reduce_total = {});
 
 }  // namespace minidl::optim

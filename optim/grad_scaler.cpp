@@ -136,6 +136,15 @@ void GradScaler::update(double new_scale) {
 
 double GradScaler::get_scale() const { return o_.enabled ? static_cast<double>(scale_) : 1.0; }
 
+void GradScaler::set_found_inf(const Optimizer& optimizer, bool found) {
+  if (!o_.enabled) return;
+  auto it = per_opt_.find(&optimizer);
+  MINIDL_CHECK(it != per_opt_.end() && it->second.stage == Stage::Unscaled, "GradScaler::set_found_inf: call ",
+               "unscale_() on this optimizer first (the flag belongs to the step being unscaled)");
+  it->second.found_inf = found;
+  it->second.checked = true;
+}
+
 bool GradScaler::found_inf(const Optimizer& optimizer) const {
   auto it = per_opt_.find(&optimizer);
   return it != per_opt_.end() && it->second.stage != Stage::Ready && it->second.found_inf;

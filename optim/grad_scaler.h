@@ -55,6 +55,10 @@ class GradScaler {
   // Whether the optimizer's gradients were found non-finite by this step's unscale_ (false when
   // not unscaled yet).
   bool found_inf(const Optimizer& optimizer) const;
+  // Replaces this step's found-inf flag after unscale_ (data-parallel training ORs it across the
+  // ranks, so every rank skips or steps together). Throws unless unscale_ ran since the last
+  // update(); does nothing when disabled.
+  void set_found_inf(const Optimizer& optimizer, bool found);
   const GradScalerOptions& options() const { return o_; }
 
   // PyTorch's keys: "scale", "growth_factor", "backoff_factor", "growth_interval",

@@ -251,5 +251,28 @@ TEST(Autograd, GradFnHasAName) {
   EXPECT_FALSE(y.grad_fn()->name().empty());
 }
 
+
+// The post-accumulate hook sees the leaf's whole gradient for the pass (both uses summed) once per
+// backward; data-parallel training starts its allreduce there.
+TEST(Autograd, PostAccumulateGradHookSeesTheFinalGradientOncePerBackward) {
+  Tensor w = from_vector({1.0, 2.0}, {2}).set_requires_grad(true);
+  std::vector<std::vector<double>> seen;
+  const uint64_t id = w.register_post_accumulate_grad_hook([&](const Tensor& leaf) {
+    seen.push_back(leaf.grad().to_vector());
+  });
+  Tensor y = sum(w * w) + sum(w * 3.0);  // two uses of w: 2w + 3
+  y.backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], (std::vector<double>{5.0, 7.0}));
+  sum(w).backward();  // accumulates: the hook sees the running .grad
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1], (std::vector<double>{6.0, 8.0}));
+  w.remove_post_accumulate_grad_hook(id);
+  sum(w).backward();
+  EXPECT_EQ(seen.size(), 2u);
+  Tensor x = from_vector({1.0}, {1});
+  EXPECT_THROW(x.register_post_accumulate_grad_hook([](const Tensor&) {}), Error);
+}
+
 }  // namespace
 }  // namespace minidl

@@ -1,0 +1,39 @@
+# dist/'s tests. One GoogleTest executable: the plain suite runs it as a world of one (label cpu),
+# and, with MPI, ctest runs its collective, data-parallel and sampler cases again as 2 ranks under
+# mpirun (labels cpu and mpi), plus the failing-rank probe. CI runs as root: mpirun needs
+# --allow-run-as-root (and the OMPI_ALLOW_RUN_AS_ROOT* variables for older launchers).
+add_executable(dist_test
+  ${CMAKE_CURRENT_LIST_DIR}/launch_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/collectives_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/data_parallel_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sampler_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sync_batch_norm_test.cpp)
+target_link_libraries(dist_test PRIVATE minidl_dist minidl_test_support minidl_warnings)
+gtest_discover_tests(dist_test TEST_PREFIX "dist." PROPERTIES LABELS "cpu" DISCOVERY_TIMEOUT 120)
+
+if(MINIDL_WITH_MPI)
+  set(_mpi_env
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    # Containers often forbid the cross-memory-attach copy Open MPI's shared-memory path uses.
+    OMPI_MCA_btl_vader_single_copy_mechanism=none
+    # Two ranks share CI's few cores: a rank waiting in a collective yields instead of spinning,
+    # and each rank computes on one thread (synchronised batch norm's many small collectives ran
+    # 5x slower without these on a loaded 2-core machine).
+    OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1)
+  foreach(_suite DistCollectives DistDataParallel DistSampler DistSyncBatchNorm)
+    add_test(NAME dist.mpi2.${_suite}
+      COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root --bind-to none -np 2
+              $<TARGET_FILE:dist_test> --gtest_filter=${_suite}.*)
+    set_tests_properties(dist.mpi2.${_suite} PROPERTIES
+      LABELS "cpu;mpi" TIMEOUT 120 PROCESSORS 2 ENVIRONMENT "${_mpi_env}")
+  endforeach()
+
+  add_executable(dist_fail_probe ${CMAKE_CURRENT_LIST_DIR}/fail_probe.cpp)
+  target_link_libraries(dist_fail_probe PRIVATE minidl_dist minidl_warnings)
+  add_test(NAME dist.mpi2.failing_rank_ends_the_job
+    COMMAND ${CMAKE_COMMAND} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DPROBE=$<TARGET_FILE:dist_fail_probe>
+            -DNP=2 -DTIMEOUT=60 -P ${CMAKE_CURRENT_LIST_DIR}/run_fail_probe.cmake)
+  set_tests_properties(dist.mpi2.failing_rank_ends_the_job PROPERTIES
+    LABELS "cpu;mpi" TIMEOUT 90 PROCESSORS 2 ENVIRONMENT "${_mpi_env}")
+  unset(_mpi_env)
+endif()
