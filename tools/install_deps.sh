@@ -5,7 +5,8 @@
 set -euo pipefail
 
 # Build and test dependencies (compiler, CMake, Eigen, GoogleTest, Google Benchmark, JSON,
-# libjpeg-turbo and stb for image decoding, CLI11 for the experiment programs' flags).
+# libjpeg-turbo and stb for image decoding, CLI11 for the experiment programs' flags, Boost.Context
+# for the emulated CUDA device's per-thread fibers).
 MINIDL_PACKAGES=(
   cmake
   g++
@@ -18,6 +19,7 @@ MINIDL_PACKAGES=(
   libturbojpeg0-dev
   libstb-dev
   libcli11-dev
+  libboost-context-dev
 )
 # Only for regenerating the golden files (tools/make_golden.py); never for building or testing.
 MINIDL_GOLDEN_PACKAGES=(
