@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <boost/context/fiber.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <random>
@@ -115,6 +116,11 @@ uint64_t initial_seed() {
   return s != nullptr ? std::strtoull(s, nullptr, 10) : 0;
 }
 uint64_t g_seed = initial_seed();
+// MINIDL_EMU_TRACE=1 prints each launch (kernel, op, grid, block) to stderr: which kernels a test runs.
+const bool g_trace = [] {
+  const char* s = std::getenv("MINIDL_EMU_TRACE");
+  return s != nullptr && std::string(s) == "1";
+}();
 
 std::string dim_str(const uint3& d) {
   std::ostringstream os;
@@ -317,6 +323,10 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
                           "kernel " + std::string(info.kernel) + " launched on a stream that is not live");
   }
   MINIDL_CHECK(t_block == nullptr, "emulated CUDA device: kernel ", info.kernel, " launched from inside a kernel");
+  if (g_trace) {
+    std::fprintf(stderr, "[minidl emu] launch %s (%s) grid %s block %s\n", info.kernel, info.op,
+                 dim_str(info.grid).c_str(), dim_str(info.block).c_str());
+  }
   const int nthreads = static_cast<int>(info.block.x * info.block.y * info.block.z);
   Block b;
   b.info = &info;
