@@ -28,7 +28,7 @@ struct EmuEvent {
 
 struct State {
   std::mutex mu;
-  std::map<uintptr_t, size_t> device;   // base -> bytes of live cudaMalloc allocations
+  std::map<uintptr_t, size_t> device;   // base -> bytes asked for, of live cudaMalloc allocations
   std::set<void*> pinned;
   std::set<const void*> streams, events;
   size_t used = 0;
@@ -234,7 +234,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   }
   std::memset(m, 0xFF, rounded);
   std::lock_guard<std::mutex> lock(s.mu);
-  s.device[reinterpret_cast<uintptr_t>(m)] = rounded;
+  s.device[reinterpret_cast<uintptr_t>(m)] = bytes;   // ranges end where the caller's bytes do
   *p = m;
   return cudaSuccess;
 }
@@ -245,7 +245,7 @@ cudaError_t cudaFree(void* p) {
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.device.find(reinterpret_cast<uintptr_t>(p));
   if (it == s.device.end()) return fail(cudaErrorInvalidValue, "cudaFree: not the start of a live allocation");
-  s.used -= it->second;
+  s.used -= (it->second + 255) / 256 * 256;
   s.device.erase(it);
   std::free(p);
   return cudaSuccess;
