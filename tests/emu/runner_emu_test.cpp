@@ -2,7 +2,8 @@
 // hardware returns (widths, up/down/xor edges), __shared__ and __syncthreads make a block reduction
 // work, and each planted bug is reported with the kernel, block and thread: a divergent
 // __syncthreads, a shuffle mask naming a lane that does not take part or not naming the caller,
-// launch configurations the hardware rejects, a race that a second (seeded) schedule exposes.
+// launch configurations the hardware rejects, a misaligned float4 load (UBSan's alignment check,
+// on in the emulated build), a race that a second (seeded) schedule exposes.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -115,6 +116,11 @@ __global__ void last_writer_kernel(int* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
+__global__ void misaligned_float4_kernel(const float* x, float* out) {
+  const float4 v = reinterpret_cast<const float4*>(x + 1)[0];   // planted: x + 1 is 4-byte aligned only
+  out[threadIdx.x] = v.x + v.y + v.z + v.w;
+}
+
 // The hardware's shuffle sources (CUDA programming guide, warp shuffle functions).
 int ref_src(int kind, int l, int param, int width) {
   const int seg = l & ~(width - 1);
@@ -216,6 +222,14 @@ TEST(EmuChecks, LaunchConfigurationsTheHardwareRejectsFailToLaunch) {
   EXPECT_EQ(error_of([&] { MINIDL_LAUNCH("ok", noop_kernel, dim3(1, 65535), dim3(1), 48 * 1024, nullptr, nullptr); }),
             "");
   EXPECT_EQ(error_of([&] { MINIDL_LAUNCH("ok", noop_kernel, dim3(1), dim3(1024), 0, nullptr, nullptr); }), "");
+}
+
+TEST(EmuChecksDeathTest, MisalignedVectorLoadsStopTheProgram) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Buf<float> x(64), out(32);
+  // The load from x + 1 ends the process with UBSan's alignment report, which names the type.
+  EXPECT_DEATH(MINIDL_LAUNCH("test", misaligned_float4_kernel, 1, 32, 0, nullptr, x.get(), out.get()),
+               "misaligned address .* for type 'const (struct )?float4', which requires 16 byte alignment");
 }
 
 TEST(EmuChecks, ASecondScheduleExposesARace) {

@@ -5,8 +5,7 @@
 if(MINIDL_WITH_EMU)
   file(GLOB _emu_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*_test.cpp)
   add_executable(emu_device ${_emu_tests})
-  set_source_files_properties(${_emu_tests} PROPERTIES
-    COMPILE_OPTIONS "-include;${PROJECT_SOURCE_DIR}/kernels/cuda/emu/device_api.h;-Wno-sign-compare")
+  set_source_files_properties(${_emu_tests} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_KERNEL_OPTIONS}")
   target_link_libraries(emu_device PRIVATE minidl_emu GTest::gtest_main minidl_warnings)
   gtest_discover_tests(emu_device TEST_PREFIX "emu_device." PROPERTIES LABELS "cuda-emu" DISCOVERY_TIMEOUT 120)
 endif()

@@ -19,8 +19,11 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     endforeach()
     # -ffp-contract=off: __fadd_rn / __fmul_rn round each operation, as they do on the GPU.
     # -Wno-sign-compare: threadIdx.x is unsigned; nvcc does not warn about comparing it with an int.
-    set_source_files_properties(${_emu_sources} PROPERTIES
-      COMPILE_OPTIONS "-include;${CMAKE_CURRENT_LIST_DIR}/device_api.h;-ffp-contract=off;-Wno-sign-compare")
+    # -fsanitize=alignment: a misaligned typed access in a kernel (a float4, half2 or 16-byte Vec
+    # load from an address the type's alignment does not divide, which faults on a GPU) stops the
+    # program with UBSan's report naming the source line, the address and the type.
+    set(MINIDL_EMU_KERNEL_OPTIONS "-include;${CMAKE_CURRENT_LIST_DIR}/device_api.h;-ffp-contract=off;-Wno-sign-compare;-fsanitize=alignment;-fno-sanitize-recover=alignment")
+    set_source_files_properties(${_emu_sources} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_KERNEL_OPTIONS}")
     add_library(minidl_emu STATIC
       $<TARGET_OBJECTS:minidl_host>
       ${_emu_sources}
@@ -33,6 +36,7 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
       PUBLIC Threads::Threads minidl_emu_libs
       PRIVATE Eigen3::Eigen OpenMP::OpenMP_CXX minidl_warnings nlohmann_json::nlohmann_json Boost::context)
     minidl_link_data_deps(minidl_emu)
+    target_link_options(minidl_emu INTERFACE -fsanitize=alignment)
     set(MINIDL_WITH_EMU ON)
     message(STATUS "minidl: emulated CUDA device ON (minidl_emu, for the cuda-emu tests)")
   endif()

@@ -199,11 +199,8 @@ void complete_warp(Block& b, int warp, WarpState& w) {
 // Why the block cannot go on: the threads waiting at each collective and those that never come.
 std::string deadlock_report(const Block& b) {
   std::ostringstream os;
-  int waiting_block = 0, exited = 0;
-  for (const Fiber& f : b.threads) {
-    waiting_block += f.wait == Wait::Block;
-    exited += f.done;
-  }
+  int waiting_block = 0;
+  for (const Fiber& f : b.threads) waiting_block += f.wait == Wait::Block;
   if (waiting_block > 0) {
     os << "__syncthreads() not reached by every thread of the block: " << waiting_block << " of "
        << b.threads.size() << " wait there";
@@ -217,7 +214,6 @@ std::string deadlock_report(const Block& b) {
         break;
       }
     }
-    (void)exited;
     return os.str() + " [block " + dim_str(b.threads[0].coords.block_idx) + "]";
   }
   for (size_t w = 0; w < b.warps.size(); ++w) {
