@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/emu/runner.h"
+#include "kernels/cuda/emu/runtime_state.h"
 
 namespace minidl::cuda {
 namespace {
@@ -119,6 +121,10 @@ __global__ void last_writer_kernel(int* out) {
 __global__ void misaligned_float4_kernel(const float* x, float* out) {
   const float4 v = reinterpret_cast<const float4*>(x + 1)[0];   // planted: x + 1 is 4-byte aligned only
   out[threadIdx.x] = v.x + v.y + v.z + v.w;
+}
+
+__global__ void write_one_past_kernel(float* x, int n) {
+  if (threadIdx.x == 0) x[n] = 1.0f;   // planted: one element past the tensor, inside its segment
 }
 
 // The hardware's shuffle sources (CUDA programming guide, warp shuffle functions).
@@ -230,6 +236,17 @@ TEST(EmuChecksDeathTest, MisalignedVectorLoadsStopTheProgram) {
   // The load from x + 1 ends the process with UBSan's alignment report, which names the type.
   EXPECT_DEATH(MINIDL_LAUNCH("test", misaligned_float4_kernel, 1, 32, 0, nullptr, x.get(), out.get()),
                "misaligned address .* for type 'const (struct )?float4', which requires 16 byte alignment");
+}
+
+// The ASan build poisons what the caching allocator has not handed out, so an overrun into the
+// rest of a segment (invisible to a plain bounds check on cudaMalloc ranges) is reported.
+TEST(EmuChecksDeathTest, OverrunInsideACachedSegmentIsReportedUnderAsan) {
+  if (!emu::asan_build()) GTEST_SKIP() << "needs the ASan build of the emulator (-DMINIDL_EMU_ASAN=ON)";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const Tensor t = empty({10}, {DType::f32, Device::cuda(0)});
+  MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 9);   // in bounds
+  EXPECT_DEATH(MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 10),
+               "AddressSanitizer: use-after-poison");
 }
 
 TEST(EmuChecks, ASecondScheduleExposesARace) {

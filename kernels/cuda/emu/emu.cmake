@@ -4,6 +4,7 @@
 # test executables link it; the real library never contains any of this.
 # Output: MINIDL_WITH_EMU, and the target minidl_emu when ON.
 set(MINIDL_WITH_EMU OFF)
+option(MINIDL_EMU_ASAN "Build the emulated device and its tests with AddressSanitizer (device memory no tensor owns is poisoned)" OFF)
 if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
   find_package(Boost 1.74 CONFIG QUIET COMPONENTS context)   # Debian: libboost-context-dev
   if(NOT Boost_FOUND)
@@ -23,6 +24,11 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     # load from an address the type's alignment does not divide, which faults on a GPU) stops the
     # program with UBSan's report naming the source line, the address and the type.
     set(MINIDL_EMU_KERNEL_OPTIONS "-include;${CMAKE_CURRENT_LIST_DIR}/device_api.h;-ffp-contract=off;-Wno-sign-compare;-fsanitize=alignment;-fno-sanitize-recover=alignment")
+    if(MINIDL_EMU_ASAN)
+      # Kernels, runtime and runner instrumented; minidl's C++ objects stay as they are (ASan's
+      # interceptors still check their memcpy/memset).
+      list(APPEND MINIDL_EMU_KERNEL_OPTIONS -fsanitize=address -fno-omit-frame-pointer)
+    endif()
     set_source_files_properties(${_emu_sources} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_KERNEL_OPTIONS}")
     add_library(minidl_emu STATIC
       $<TARGET_OBJECTS:minidl_host>
@@ -37,6 +43,11 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
       PRIVATE Eigen3::Eigen OpenMP::OpenMP_CXX minidl_warnings nlohmann_json::nlohmann_json Boost::context)
     minidl_link_data_deps(minidl_emu)
     target_link_options(minidl_emu INTERFACE -fsanitize=alignment)
+    if(MINIDL_EMU_ASAN)
+      set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/runner.cpp ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+        PROPERTIES COMPILE_OPTIONS "-fsanitize=address;-fno-omit-frame-pointer")
+      target_link_options(minidl_emu INTERFACE -fsanitize=address)
+    endif()
     set(MINIDL_WITH_EMU ON)
     message(STATUS "minidl: emulated CUDA device ON (minidl_emu, for the cuda-emu tests)")
   endif()

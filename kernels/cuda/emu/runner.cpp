@@ -23,6 +23,10 @@
 #include <vector>
 
 #include "core/error.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
 #include "kernels/cuda/emu/runtime_state.h"
 
 thread_local uint3 threadIdx, blockIdx;
@@ -51,9 +55,15 @@ struct StackPool {
     bctx::stack_context sc;
     sc.size = kStackBytes;
     sc.sp = base + kStackBytes;
+    last_stack() = base;
     return sc;
   }
   void deallocate(bctx::stack_context& sc) noexcept { free_list().push_back(static_cast<char*>(sc.sp) - sc.size); }
+  // The stack the last allocate() gave (the fiber constructor calls it), for ASan's switch notes.
+  static char*& last_stack() {
+    static thread_local char* p = nullptr;
+    return p;
+  }
   static std::vector<char*>& free_list() {
     static thread_local std::vector<char*> free;
     return free;
@@ -83,7 +93,9 @@ struct Fiber {
   int linear = 0;
   bctx::fiber self;    // the suspended fiber
   bctx::fiber sched;   // the scheduler, while this fiber runs
-  bool started = false, done = false;
+  bool done = false;
+  const void* stack_bottom = nullptr;   // for ASan's fiber-switch annotations
+  void* fake_stack = nullptr;
   Wait wait = Wait::None;
   const void* site = nullptr;
   // The pending warp collective.
@@ -105,11 +117,42 @@ struct Block {
   int arrived = 0;
   const void* barrier_site = nullptr;
   std::exception_ptr error;
+  bool aborting = false;   // a fault: every suspended fiber is resumed to leave through AbortBlock
   std::vector<unsigned char> dyn_smem;
 };
 
+// Thrown into the suspended fibers of a faulted block so they finish through their own frames
+// (rather than Boost's forced unwinding, whose stack switches ASan cannot follow).
+struct AbortBlock {};
+
 thread_local Block* t_block = nullptr;
 thread_local Fiber* t_fiber = nullptr;
+
+// Every stack switch is announced to ASan in its build (ASan must know which stack is live, or an
+// exception thrown on a fiber stack looks like a stack overflow); no-ops otherwise.
+#if defined(__SANITIZE_ADDRESS__)
+thread_local const void* t_sched_bottom = nullptr;
+thread_local size_t t_sched_size = 0;
+void entered_fiber(Fiber& f) { __sanitizer_finish_switch_fiber(f.fake_stack, &t_sched_bottom, &t_sched_size); }
+void leaving_fiber(Fiber& f, bool finished) {
+  __sanitizer_start_switch_fiber(finished ? nullptr : &f.fake_stack, t_sched_bottom, t_sched_size);
+}
+#else
+void entered_fiber(Fiber&) {}
+void leaving_fiber(Fiber&, bool) {}
+#endif
+
+// Scheduler side: runs `f` until it waits or finishes.
+void resume(Fiber& f) {
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack_bottom, kStackBytes);
+  f.self = std::move(f.self).resume();
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  f.self = std::move(f.self).resume();
+#endif
+}
 
 uint64_t initial_seed() {
   const char* s = std::getenv("MINIDL_EMU_SCHEDULE");
@@ -140,7 +183,12 @@ std::string where(const Fiber& f) {
 }
 
 void yield_until_released(Fiber& f) {
-  while (f.wait != Wait::None) f.sched = std::move(f.sched).resume();
+  while (f.wait != Wait::None) {
+    leaving_fiber(f, false);
+    f.sched = std::move(f.sched).resume();
+    entered_fiber(f);
+    if (t_block->aborting) throw AbortBlock{};
+  }
   t_fiber = &f;
   enter(f.coords);
 }
@@ -229,6 +277,17 @@ std::string deadlock_report(const Block& b) {
     }
   }
   return "the block's threads wait at collectives that can never complete";
+}
+
+// Resumes every suspended fiber of a faulted block so it leaves through AbortBlock.
+void abort_block(Block& b) {
+  b.aborting = true;
+  for (Fiber& f : b.threads) {
+    if (f.done || !f.self) continue;
+    t_fiber = &f;
+    resume(f);
+  }
+  t_fiber = nullptr;
 }
 
 std::string config_error(const LaunchInfo& info) {
@@ -354,16 +413,19 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
           f.coords.grid_dim = info.grid;
           f.self = bctx::fiber(std::allocator_arg, StackPool{}, [&f, body, arg, &b](bctx::fiber&& s) {
             f.sched = std::move(s);
+            entered_fiber(f);
             try {
-              body(arg);
-            } catch (const bctx::detail::forced_unwind&) {
-              throw;
+              if (!b.aborting) body(arg);   // a fiber first resumed by abort_block never runs the kernel
+            } catch (const AbortBlock&) {   // the block faulted elsewhere: just finish
             } catch (...) {
               if (!b.error) b.error = std::current_exception();
             }
             f.done = true;
+            f.wait = Wait::None;
+            leaving_fiber(f, true);
             return std::move(f.sched);
           });
+          f.stack_bottom = StackPool::last_stack();
           order[static_cast<size_t>(t)] = t;
         }
         for (WarpState& w : b.warps) w = WarpState{};
@@ -378,14 +440,19 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
             if (f.wait != Wait::None) continue;
             t_fiber = &f;
             enter(f.coords);
-            f.self = std::move(f.self).resume();
+            resume(f);
             ran = true;
-            if (b.error) std::rethrow_exception(b.error);   // the other fibers unwind as b.threads dies
+            if (b.error) {
+              abort_block(b);
+              std::rethrow_exception(b.error);
+            }
           }
           if (all_done) break;
           if (!ran) {
             t_fiber = nullptr;
-            kernel_fault(deadlock_report(b));
+            const std::string why = deadlock_report(b);
+            abort_block(b);
+            kernel_fault(why);
           }
         }
       }

@@ -14,6 +14,10 @@
 #include "kernels/cuda/emu/emu_libs.h"
 #include "kernels/cuda/emu/runtime_state.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace minidl::cuda::emu {
 namespace {
 
@@ -109,6 +113,16 @@ bool stream_live(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(st_.mu);
   return st_.streams.count(s) != 0;
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+void poison_device(const void* p, size_t bytes) { ASAN_POISON_MEMORY_REGION(p, bytes); }
+void unpoison_device(const void* p, size_t bytes) { ASAN_UNPOISON_MEMORY_REGION(p, bytes); }
+bool asan_build() { return true; }
+#else
+void poison_device(const void*, size_t) {}
+void unpoison_device(const void*, size_t) {}
+bool asan_build() { return false; }
+#endif
 
 bool device_range_live(const void* p, size_t bytes) {
   State& s = st();
@@ -246,6 +260,7 @@ cudaError_t cudaFree(void* p) {
   auto it = s.device.find(reinterpret_cast<uintptr_t>(p));
   if (it == s.device.end()) return fail(cudaErrorInvalidValue, "cudaFree: not the start of a live allocation");
   s.used -= (it->second + 255) / 256 * 256;
+  unpoison_device(p, (it->second + 255) / 256 * 256);
   s.device.erase(it);
   std::free(p);
   return cudaSuccess;

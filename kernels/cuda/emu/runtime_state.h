@@ -14,4 +14,11 @@ bool stream_live(cudaStream_t s);   // the legacy default stream 0 is always liv
 // [p, p + bytes) inside one live cudaMalloc allocation.
 bool device_range_live(const void* p, size_t bytes);
 
+// In the ASan build (-DMINIDL_EMU_ASAN=ON), marks device memory no tensor owns (the caching
+// allocator's free blocks, split remainders and rounding slack), so a kernel or copy touching it
+// is reported even inside one cudaMalloc segment. No-ops otherwise.
+void poison_device(const void* p, size_t bytes);
+void unpoison_device(const void* p, size_t bytes);
+bool asan_build();
+
 }  // namespace minidl::cuda::emu
