@@ -198,7 +198,7 @@ TEST(EmuChecks, BadShuffleMasksAreReported) {
   Buf<int> out(32);
   const std::string e1 = error_of([&] { MINIDL_LAUNCH("test", mask_misses_caller_kernel, 1, 32, 0, nullptr, out.get()); });
   EXPECT_NE(e1.find("which the mask does not name"), std::string::npos) << e1;
-  EXPECT_NE(e1.find("thread (16, 0, 0)"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("thread ("), std::string::npos) << e1;   // lane 16..31, whichever runs first
   const std::string e2 = error_of([&] { MINIDL_LAUNCH("test", mask_names_exited_kernel, 1, 32, 0, nullptr, out.get()); });
   EXPECT_NE(e2.find("names lane 16, which does not take part (it exited)"), std::string::npos) << e2;
   const std::string e3 = error_of([&] { MINIDL_LAUNCH("test", reads_outside_mask_kernel, 1, 32, 0, nullptr, out.get()); });
@@ -251,11 +251,12 @@ TEST(EmuChecksDeathTest, OverrunInsideACachedSegmentIsReportedUnderAsan) {
 
 TEST(EmuChecks, ASecondScheduleExposesARace) {
   const unsigned blocks = 8, threads = 64;
+  const uint64_t prev = emu::schedule_seed();   // MINIDL_EMU_SCHEDULE's, restored after each run
   auto run = [&](uint64_t seed) {
     emu::set_schedule_seed(seed);
     Buf<int> out(blocks);
     MINIDL_LAUNCH("test", last_writer_kernel, blocks, threads, 0, nullptr, out.get());
-    emu::set_schedule_seed(0);
+    emu::set_schedule_seed(prev);
     return out.host();
   };
   const std::vector<int> in_order = run(0);
@@ -267,10 +268,11 @@ TEST(EmuChecks, ASecondScheduleExposesARace) {
   for (int i = 0; i < n; ++i) x[static_cast<size_t>(i)] = 1.0f / static_cast<float>(i + 1);
   Buf<float> dx(n), a(2), b(2);
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  emu::set_schedule_seed(0);
   MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), a.get(), n);
   emu::set_schedule_seed(777);
   MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), b.get(), n);
-  emu::set_schedule_seed(0);
+  emu::set_schedule_seed(prev);
   EXPECT_EQ(a.host(), b.host());
 }
 
