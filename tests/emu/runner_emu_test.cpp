@@ -80,6 +80,20 @@ __global__ void block_sum_kernel(const float* x, float* out, int n) {
   }
 }
 
+// The same block sum staged through dynamic shared memory (the launch's smem bytes).
+__global__ void dynamic_block_sum_kernel(const float* x, float* out, int n) {
+  float* s = dynamic_shared<float>();
+  float v = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[i];
+  s[threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0;
+    for (unsigned k = 0; k < blockDim.x; ++k) t += s[k];
+    out[blockIdx.x] = t;
+  }
+}
+
 __global__ void divergent_sync_kernel(int* out) {
   if (threadIdx.x < 40) __syncthreads();   // planted: threads 40.. never arrive
   out[threadIdx.x] = 1;
@@ -171,7 +185,7 @@ TEST(EmuRunner, VotesCombineTheWarp) {
   }
 }
 
-TEST(EmuRunner, SharedMemoryAndBarriersGiveABlockSum) {
+TEST(EmuRunner, SharedMemoryStaticAndDynamicAndBarriersGiveABlockSum) {
   const int n = 1000;
   std::vector<float> x(n);
   for (int i = 0; i < n; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i % 7);
@@ -181,6 +195,9 @@ TEST(EmuRunner, SharedMemoryAndBarriersGiveABlockSum) {
   float want = 0;
   for (float v : x) want += v;
   for (float got : out.host()) EXPECT_EQ(got, want);
+  Buf<float> out2(2);
+  MINIDL_LAUNCH("test", dynamic_block_sum_kernel, 2, 64, 64 * sizeof(float), nullptr, dx.get(), out2.get(), n);
+  for (float got : out2.host()) EXPECT_EQ(got, want);
 }
 
 TEST(EmuChecks, DivergentSyncthreadsIsReported) {

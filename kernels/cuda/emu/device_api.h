@@ -26,9 +26,6 @@ void syncthreads(const void* site);
 enum class WarpOp : int { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All };
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width, const void* site);
 
-// A device-side fault (misaligned vector access, ...): reported with the running thread and block.
-[[noreturn]] void device_fault(const char* what, const void* address);
-
 template <typename T>
 inline T shfl(WarpOp op, unsigned mask, T v, int param, int width, const void* site) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "shuffles move values of at most 8 bytes");

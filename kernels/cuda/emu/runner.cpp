@@ -364,12 +364,6 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, in
   return f.result;
 }
 
-void device_fault(const char* what, const void* address) {
-  std::ostringstream os;
-  os << what << " at address " << address;
-  kernel_fault(os.str());
-}
-
 void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
   // A launch the hardware rejects runs nothing and leaves the error for cudaGetLastError.
   if (const std::string why = config_error(info); !why.empty()) return set_last_error(cudaErrorInvalidConfiguration, why);
