@@ -135,6 +135,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   }
   b->allocated = true;
   b->requested = nbytes;
+  source_->block_live(b->ptr, nbytes, b->size);
   live_[b->ptr] = b;
   s_.allocated_bytes += static_cast<int64_t>(nbytes);
   s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
@@ -156,6 +157,7 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   ++s_.num_frees;
   b->allocated = false;
   b->requested = 0;
+  source_->block_free(b->ptr, b->size);
   Pool& pool = b->small ? small_pool_ : large_pool_;
   // Merge with free neighbours of the same segment (they are in the pool: take them out first).
   if (b->prev != nullptr && !b->prev->allocated) {

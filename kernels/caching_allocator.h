@@ -23,6 +23,11 @@ class SegmentSource {
   virtual void raw_free(void* ptr, size_t bytes) = 0;
   // Called before cached segments go back to the system (the device must be done with them).
   virtual void synchronize() {}
+  // Told when a block of a segment is handed out ([p, p + requested) in use, up to p + block_size
+  // rounding slack) and when it comes back, so a checking device (the emulator's ASan build) can
+  // poison what no tensor owns. No-ops by default.
+  virtual void block_live(void* /*p*/, size_t /*requested*/, size_t /*block_size*/) {}
+  virtual void block_free(void* /*p*/, size_t /*block_size*/) {}
 };
 
 // What the caching allocator knows beyond MemoryStats.

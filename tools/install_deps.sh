@@ -6,7 +6,8 @@ set -euo pipefail
 
 # Build and test dependencies (compiler, CMake, Eigen, GoogleTest, Google Benchmark, JSON,
 # libjpeg-turbo and stb for image decoding, CLI11 for the experiment programs' flags, Open MPI for
-# dist/'s data-parallel training and its 2-rank tests).
+# dist/'s data-parallel training and its 2-rank tests, Boost.Context for the emulated CUDA device's
+# per-thread fibers).
 MINIDL_PACKAGES=(
   cmake
   g++
@@ -21,6 +22,7 @@ MINIDL_PACKAGES=(
   libcli11-dev
   libopenmpi-dev
   openmpi-bin
+  libboost-context-dev
 )
 # Only for regenerating the golden files (tools/make_golden.py); never for building or testing.
 MINIDL_GOLDEN_PACKAGES=(

@@ -7,6 +7,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 
 namespace minidl::cuda {
 namespace {
@@ -98,13 +99,11 @@ bool cast_f32_f16_vectorized(const Tensor& src, const Tensor& dst) {
   if (n == 0) return true;
   DeviceContext& ctx = context_of(dst);
   if (f32_to_f16) {
-    f32_to_f16_kernel<<<grid_for(n / 8 + 1), kThreads, 0, ctx.stream()>>>(
-        static_cast<__half*>(dst.data_ptr()), static_cast<const float*>(src.data_ptr()), n);
-    MINIDL_CUDA_LAUNCH_CHECK("copy f32->f16");
+    MINIDL_LAUNCH("copy f32->f16", f32_to_f16_kernel, grid_for(n / 8 + 1), kThreads, 0, ctx.stream(),
+                  static_cast<__half*>(dst.data_ptr()), static_cast<const float*>(src.data_ptr()), n);
   } else {
-    f16_to_f32_kernel<<<grid_for(n / 8 + 1), kThreads, 0, ctx.stream()>>>(
-        static_cast<float*>(dst.data_ptr()), static_cast<const __half*>(src.data_ptr()), n);
-    MINIDL_CUDA_LAUNCH_CHECK("copy f16->f32");
+    MINIDL_LAUNCH("copy f16->f32", f16_to_f32_kernel, grid_for(n / 8 + 1), kThreads, 0, ctx.stream(),
+                  static_cast<float*>(dst.data_ptr()), static_cast<const __half*>(src.data_ptr()), n);
   }
   return true;
 }
@@ -146,10 +145,9 @@ void CudaBackend::unscale_grads(const std::vector<Tensor>& grads, double inv_sca
   DeviceBuffer meta(ctx, bytes);   // stream-ordered: freed after the launch is queued, reused only after it
   ctx.staging().to_device(meta.get(), chunks.data(), bytes, ctx.stream());
   const auto n = static_cast<int64_t>(chunks.size());
-  unscale_kernel<<<grid_for(n * kThreads), kThreads, 0, ctx.stream()>>>(
-      static_cast<const GradChunk*>(meta.get()), n, static_cast<float>(inv_scale), inv_scale,
-      static_cast<float*>(found_inf.data_ptr()));
-  MINIDL_CUDA_LAUNCH_CHECK("unscale_grads");
+  MINIDL_LAUNCH("unscale_grads", unscale_kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(),
+                static_cast<const GradChunk*>(meta.get()), n, static_cast<float>(inv_scale), inv_scale,
+                static_cast<float*>(found_inf.data_ptr()));
   for (auto& [orig, tmp] : write_back) copy(tmp, orig);
 }
 

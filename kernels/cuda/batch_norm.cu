@@ -4,6 +4,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 
 namespace minidl::cuda {
 namespace {
@@ -183,14 +184,11 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight
   double* alpha_d = mean_d + L.C;
   dispatch_bn(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    stats_kernel<T><<<static_cast<unsigned>(L.C), kStatThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(x.data_ptr()), L, eps, momentum, sm, si, rm, rv, mean_d, alpha_d, w);
-    MINIDL_CUDA_LAUNCH_CHECK("batch_norm statistics");
+    MINIDL_LAUNCH("batch_norm statistics", (stats_kernel<T>), static_cast<unsigned>(L.C), kStatThreads, 0, ctx.stream(),
+                  static_cast<const T*>(x.data_ptr()), L, eps, momentum, sm, si, rm, rv, mean_d, alpha_d, w);
     if (x.numel() == 0) return;
-    apply_kernel<T><<<grid_for(x.numel()), kThreads, 0, ctx.stream()>>>(static_cast<const T*>(x.data_ptr()),
-                                                                      static_cast<T*>(y.data_ptr()), L, mean_d,
-                                                                      alpha_d, b);
-    MINIDL_CUDA_LAUNCH_CHECK("batch_norm apply");
+    MINIDL_LAUNCH("batch_norm apply", (apply_kernel<T>), grid_for(x.numel()), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), L, mean_d, alpha_d, b);
   });
 }
 
@@ -208,14 +206,12 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight,
   Tensor coeffs = empty({2, L.C}, {DType::f64, x.device(), false});
   double* mean_d = static_cast<double*>(coeffs.data_ptr());
   double* alpha_d = mean_d + L.C;
-  eval_coeff_kernel<<<grid_for(L.C), kThreads, 0, ctx.stream()>>>(L.C, eps, m, v, w, mean_d, alpha_d);
-  MINIDL_CUDA_LAUNCH_CHECK("batch_norm eval coefficients");
+  MINIDL_LAUNCH("batch_norm eval coefficients", eval_coeff_kernel, grid_for(L.C), kThreads, 0, ctx.stream(), L.C, eps,
+                m, v, w, mean_d, alpha_d);
   dispatch_bn(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    apply_kernel<T><<<grid_for(x.numel()), kThreads, 0, ctx.stream()>>>(static_cast<const T*>(x.data_ptr()),
-                                                                      static_cast<T*>(y.data_ptr()), L, mean_d,
-                                                                      alpha_d, b);
-    MINIDL_CUDA_LAUNCH_CHECK("batch_norm apply");
+    MINIDL_LAUNCH("batch_norm apply", (apply_kernel<T>), grid_for(x.numel()), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), L, mean_d, alpha_d, b);
   });
 }
 
@@ -239,14 +235,13 @@ void CudaBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const T
   double* coef_d = static_cast<double*>(coef.data_ptr());
   dispatch_bn(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    grad_sums_kernel<T><<<static_cast<unsigned>(L.C), kStatThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(x.data_ptr()), L, m, is, gw, gb, coef_d);
-    MINIDL_CUDA_LAUNCH_CHECK("batch_norm_backward sums");
+    MINIDL_LAUNCH("batch_norm_backward sums", (grad_sums_kernel<T>), static_cast<unsigned>(L.C), kStatThreads, 0,
+                  ctx.stream(), static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(x.data_ptr()), L, m, is, gw,
+                  gb, coef_d);
     if (!gx.defined() || x.numel() == 0) return;
-    grad_input_kernel<T><<<grid_for(x.numel()), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(x.data_ptr()), static_cast<T*>(gx.data_ptr()), L,
-        coef_d, is, w);
-    MINIDL_CUDA_LAUNCH_CHECK("batch_norm_backward input");
+    MINIDL_LAUNCH("batch_norm_backward input", (grad_input_kernel<T>), grid_for(x.numel()), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                  static_cast<T*>(gx.data_ptr()), L, coef_d, is, w);
   });
 }
 

@@ -7,6 +7,9 @@
 
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/runtime.h"
+#ifdef MINIDL_CUDA_EMU
+#include "kernels/cuda/emu/runtime_state.h"
+#endif
 
 namespace minidl::cuda {
 namespace {
@@ -25,6 +28,9 @@ class CudaSegmentSource final : public SegmentSource {
       return nullptr;
     }
     MINIDL_CUDA_CHECK(e);
+#ifdef MINIDL_CUDA_EMU
+    emu::poison_device(p, bytes);   // nothing of a new segment is a tensor's until block_live
+#endif
     return p;
   }
   void raw_free(void* ptr, size_t) override {
@@ -32,6 +38,14 @@ class CudaSegmentSource final : public SegmentSource {
     MINIDL_CUDA_CHECK(cudaFree(ptr));
   }
   void synchronize() override { MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+#ifdef MINIDL_CUDA_EMU
+  // The emulated device's ASan build poisons what no tensor owns (kernels/cuda/emu/runtime_state.h).
+  void block_live(void* p, size_t requested, size_t block_size) override {
+    emu::unpoison_device(p, requested);
+    emu::poison_device(static_cast<char*>(p) + requested, block_size - requested);
+  }
+  void block_free(void* p, size_t block_size) override { emu::poison_device(p, block_size); }
+#endif
 
  private:
   int index_;

@@ -8,6 +8,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/device/math.cuh"
 
 namespace minidl::cuda {
@@ -221,11 +222,10 @@ void device_copy(const Tensor& src, const Tensor& dst) {
       D* d = static_cast<D*>(dst.data_ptr());
       const S* s = static_cast<const S*>(src.data_ptr());
       if (oc.contiguous()) {
-        copy_contig_kernel<D, S><<<grid_for(n), kThreads, 0, ctx.stream()>>>(d, s, n);
+        MINIDL_LAUNCH("copy", (copy_contig_kernel<D, S>), grid_for(n), kThreads, 0, ctx.stream(), d, s, n);
       } else {
-        copy_strided_kernel<D, S><<<grid_for(n), kThreads, 0, ctx.stream()>>>(d, s, oc, n);
+        MINIDL_LAUNCH("copy", (copy_strided_kernel<D, S>), grid_for(n), kThreads, 0, ctx.stream(), d, s, oc, n);
       }
-      MINIDL_CUDA_LAUNCH_CHECK("copy");
     });
   });
 }
@@ -296,8 +296,8 @@ void CudaBackend::fill(const Tensor& dst, double value) {
     } else {
       v = static_cast<T>(value);
     }
-    fill_strided_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(static_cast<T*>(dst.data_ptr()), v, oc, n);
-    MINIDL_CUDA_LAUNCH_CHECK("fill");
+    MINIDL_LAUNCH("fill", (fill_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                  static_cast<T*>(dst.data_ptr()), v, oc, n);
   });
 }
 
@@ -314,11 +314,12 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double s
     T* o = static_cast<T*>(out.data_ptr());
     const T* a = static_cast<const T*>(x.data_ptr());
     if (oc.contiguous() && aligned16(o) && aligned16(a)) {
-      unary_vec_kernel<T><<<grid_for(n / vec_width<T>() + 1), kThreads, 0, ctx.stream()>>>(op, o, a, n, scalar);
+      MINIDL_LAUNCH(unary_name(op), (unary_vec_kernel<T>), grid_for(n / vec_width<T>() + 1), kThreads, 0, ctx.stream(),
+                    op, o, a, n, scalar);
     } else {
-      unary_strided_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(op, o, a, oc, n, scalar);
+      MINIDL_LAUNCH(unary_name(op), (unary_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op, o, a, oc, n,
+                    scalar);
     }
-    MINIDL_CUDA_LAUNCH_CHECK(unary_name(op));
   });
 }
 
@@ -336,10 +337,9 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
     MINIDL_CHECK(out.dtype() == DType::boolean, binary_name(op), " (cuda): comparisons write bool, got ", out.meta());
     dispatch_all(a.dtype(), binary_name(op), [&](auto tag) {
       using T = decltype(tag);
-      compare_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(op, static_cast<bool*>(out.data_ptr()),
-                                                                   static_cast<const T*>(a.data_ptr()),
-                                                                   static_cast<const T*>(b.data_ptr()), oc, n);
-      MINIDL_CUDA_LAUNCH_CHECK(binary_name(op));
+      MINIDL_LAUNCH(binary_name(op), (compare_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op,
+                    static_cast<bool*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()),
+                    static_cast<const T*>(b.data_ptr()), oc, n);
     });
     return;
   }
@@ -356,13 +356,14 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
     const T* pb = static_cast<const T*>(b.data_ptr());
     const unsigned gv = grid_for(n / vec_width<T>() + 1);
     if (oc.contiguous() && aligned16(o) && aligned16(pa) && aligned16(pb)) {
-      binary_vec_kernel<T><<<gv, kThreads, 0, ctx.stream()>>>(op, o, pa, pb, n, alpha);
+      MINIDL_LAUNCH(binary_name(op), (binary_vec_kernel<T>), gv, kThreads, 0, ctx.stream(), op, o, pa, pb, n, alpha);
     } else if (b_scalar && oa.contiguous() && aligned16(o) && aligned16(pa)) {
-      binary_scalar_vec_kernel<T><<<gv, kThreads, 0, ctx.stream()>>>(op, o, pa, pb, n, alpha);
+      MINIDL_LAUNCH(binary_name(op), (binary_scalar_vec_kernel<T>), gv, kThreads, 0, ctx.stream(), op, o, pa, pb, n,
+                    alpha);
     } else {
-      binary_strided_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(op, o, pa, pb, oc, n, alpha);
+      MINIDL_LAUNCH(binary_name(op), (binary_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op, o, pa, pb,
+                    oc, n, alpha);
     }
-    MINIDL_CUDA_LAUNCH_CHECK(binary_name(op));
   });
 }
 

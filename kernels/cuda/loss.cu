@@ -4,6 +4,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/device/math.cuh"
 
 namespace minidl::cuda {
@@ -155,11 +156,10 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
   MINIDL_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(unsigned long long), ctx.stream()));
   dispatch_floating(logits.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    ce_fwd_kernel<T><<<warp_grid(N), 32 * kWarpsPerBlock, 0, ctx.stream()>>>(
-        static_cast<const T*>(logits.data_ptr()), static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N,
-        C, label_smoothing, static_cast<T*>(losses.data_ptr()), losses.stride(0), static_cast<double*>(lse.data_ptr()),
-        bad);
-    MINIDL_CUDA_LAUNCH_CHECK("cross_entropy_forward");
+    MINIDL_LAUNCH("cross_entropy_forward", (ce_fwd_kernel<T>), warp_grid(N), 32 * kWarpsPerBlock, 0, ctx.stream(),
+                  static_cast<const T*>(logits.data_ptr()), static_cast<const int64_t*>(target.data_ptr()),
+                  target.stride(0), N, C, label_smoothing, static_cast<T*>(losses.data_ptr()), losses.stride(0),
+                  static_cast<double*>(lse.data_ptr()), bad);
   });
   unsigned long long verdict = 0;
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(&verdict, bad, sizeof(verdict), cudaMemcpyDeviceToHost, ctx.stream()));
@@ -196,11 +196,11 @@ void CudaBackend::cross_entropy_backward(const Tensor& g, const Tensor& logits, 
   const int64_t gs = g.dim() == 0 ? 0 : g.stride(0);
   dispatch_floating(logits.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    ce_bwd_kernel<T><<<grid_for(N * C), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(g.data_ptr()), gs, static_cast<const T*>(logits.data_ptr()),
-        static_cast<const int64_t*>(target.data_ptr()), target.stride(0), static_cast<const double*>(lse.data_ptr()),
-        N, C, label_smoothing, static_cast<T*>(glogits.data_ptr()));
-    MINIDL_CUDA_LAUNCH_CHECK("cross_entropy_backward");
+    MINIDL_LAUNCH("cross_entropy_backward", (ce_bwd_kernel<T>), grid_for(N * C), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(g.data_ptr()), gs, static_cast<const T*>(logits.data_ptr()),
+                  static_cast<const int64_t*>(target.data_ptr()), target.stride(0),
+                  static_cast<const double*>(lse.data_ptr()), N, C, label_smoothing,
+                  static_cast<T*>(glogits.data_ptr()));
   });
 }
 
@@ -216,9 +216,9 @@ void CudaBackend::bce_with_logits_forward(const Tensor& x, const Tensor& y, cons
   DeviceContext& ctx = context_of(x);
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    bce_fwd_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(x.data_ptr()), static_cast<const T*>(y.data_ptr()), n, static_cast<T*>(loss.data_ptr()));
-    MINIDL_CUDA_LAUNCH_CHECK("bce_with_logits_forward");
+    MINIDL_LAUNCH("bce_with_logits_forward", (bce_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(x.data_ptr()), static_cast<const T*>(y.data_ptr()), n,
+                  static_cast<T*>(loss.data_ptr()));
   });
 }
 
@@ -239,10 +239,9 @@ void CudaBackend::bce_with_logits_backward(const Tensor& g, const Tensor& x, con
   DeviceContext& ctx = context_of(x);
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    bce_bwd_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(g.data_ptr()), gs, static_cast<const T*>(x.data_ptr()),
-        static_cast<const T*>(y.data_ptr()), n, ptr_or_null<T>(gx), ptr_or_null<T>(gy));
-    MINIDL_CUDA_LAUNCH_CHECK("bce_with_logits_backward");
+    MINIDL_LAUNCH("bce_with_logits_backward", (bce_bwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(g.data_ptr()), gs, static_cast<const T*>(x.data_ptr()),
+                  static_cast<const T*>(y.data_ptr()), n, ptr_or_null<T>(gx), ptr_or_null<T>(gy));
   });
 }
 

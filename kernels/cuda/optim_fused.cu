@@ -9,6 +9,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 
 namespace minidl::cuda {
 namespace {
@@ -125,8 +126,8 @@ void launch(const Tensor& any, const std::vector<Chunk>& chunks, void (*kernel)(
   DeviceBuffer meta(ctx, bytes);   // stream-ordered reuse makes freeing it after the launch safe
   ctx.staging().to_device(meta.get(), chunks.data(), bytes, ctx.stream());
   const auto n = static_cast<int64_t>(chunks.size());
-  kernel<<<grid_for(n * kThreads), kThreads, 0, ctx.stream()>>>(static_cast<const Chunk*>(meta.get()), n, args);
-  MINIDL_CUDA_LAUNCH_CHECK(name);
+  MINIDL_LAUNCH(name, kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(), static_cast<const Chunk*>(meta.get()),
+                n, args);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 
 namespace minidl::cuda {
 namespace {
@@ -159,10 +160,9 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   DeviceContext& ctx = context_of(x);
   dispatch_pool(x.dtype(), "max_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
-    max_fwd_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(static_cast<const T*>(x.data_ptr()), g,
-                                                                 static_cast<T*>(y.data_ptr()),
-                                                                 static_cast<int64_t*>(indices.data_ptr()));
-    MINIDL_CUDA_LAUNCH_CHECK("max_pool2d_forward");
+    MINIDL_LAUNCH("max_pool2d_forward", (max_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(x.data_ptr()), g, static_cast<T*>(y.data_ptr()),
+                  static_cast<int64_t*>(indices.data_ptr()));
   });
 }
 
@@ -180,10 +180,9 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, c
   DeviceContext& ctx = context_of(gy);
   dispatch_pool(gy.dtype(), "max_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
-    max_bwd_gather_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()), g,
-        static_cast<T*>(gx.data_ptr()));
-    MINIDL_CUDA_LAUNCH_CHECK("max_pool2d_backward");
+    MINIDL_LAUNCH("max_pool2d_backward", (max_bwd_gather_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()), g,
+                  static_cast<T*>(gx.data_ptr()));
   });
 }
 
@@ -196,9 +195,8 @@ void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   DeviceContext& ctx = context_of(x);
   dispatch_pool(x.dtype(), "avg_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
-    avg_fwd_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(static_cast<const T*>(x.data_ptr()), g,
-                                                                 static_cast<T*>(y.data_ptr()));
-    MINIDL_CUDA_LAUNCH_CHECK("avg_pool2d_forward");
+    MINIDL_LAUNCH("avg_pool2d_forward", (avg_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(x.data_ptr()), g, static_cast<T*>(y.data_ptr()));
   });
 }
 
@@ -211,9 +209,8 @@ void CudaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, 
   DeviceContext& ctx = context_of(gy);
   dispatch_pool(gy.dtype(), "avg_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
-    avg_bwd_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream()>>>(static_cast<const T*>(gy.data_ptr()), g,
-                                                                 static_cast<T*>(gx.data_ptr()));
-    MINIDL_CUDA_LAUNCH_CHECK("avg_pool2d_backward");
+    MINIDL_LAUNCH("avg_pool2d_backward", (avg_bwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(gy.data_ptr()), g, static_cast<T*>(gx.data_ptr()));
   });
 }
 

@@ -5,6 +5,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 
 namespace minidl::cuda {
 namespace {
@@ -45,9 +46,8 @@ void CudaBackend::random(RandomKind kind, const Tensor& out, uint64_t seed, uint
   DeviceContext& ctx = context_of(out);
   dispatch_all(out.dtype(), "random", [&](auto tag) {
     using T = decltype(tag);
-    random_kernel<T><<<grid_for((n + 3) / 4), kThreads, 0, ctx.stream()>>>(kind, static_cast<T*>(out.data_ptr()), n,
-                                                                         seed, offset, a, b);
-    MINIDL_CUDA_LAUNCH_CHECK("random");
+    MINIDL_LAUNCH("random", (random_kernel<T>), grid_for((n + 3) / 4), kThreads, 0, ctx.stream(), kind,
+                  static_cast<T*>(out.data_ptr()), n, seed, offset, a, b);
   });
 }
 

@@ -7,6 +7,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 
 namespace minidl::cuda {
 namespace {
@@ -115,9 +116,8 @@ void launch(ReduceOp op, const Tensor& x, const ReduceGeom& g, const Tensor& out
   int threads = 32;
   while (threads < 256 && threads < g.R) threads *= 2;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(g.O, int64_t{1} << 20));
-  reduce_kernel<T, Out><<<blocks, threads, 0, stream>>>(op, static_cast<const T*>(x.data_ptr()), g,
-                                                        static_cast<Out*>(out.data_ptr()));
-  MINIDL_CUDA_LAUNCH_CHECK("reduce");
+  MINIDL_LAUNCH("reduce", (reduce_kernel<T, Out>), blocks, threads, 0, stream, op, static_cast<const T*>(x.data_ptr()),
+                g, static_cast<Out*>(out.data_ptr()));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/device/math.cuh"
 
 namespace minidl::cuda {
@@ -145,10 +146,9 @@ void validate_targets(DeviceContext& ctx, const Tensor& target, int64_t N, int64
   Tensor flag = empty({1}, {DType::i64, target.device(), false});
   const unsigned long long init = static_cast<unsigned long long>(N);
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(flag.data_ptr(), &init, sizeof(init), cudaMemcpyHostToDevice, ctx.stream()));
-  nll_validate_kernel<<<grid_for(N), kThreads, 0, ctx.stream()>>>(static_cast<const int64_t*>(target.data_ptr()),
-                                                                 target.stride(0), N, C,
-                                                                 static_cast<unsigned long long*>(flag.data_ptr()));
-  MINIDL_CUDA_LAUNCH_CHECK(what);
+  MINIDL_LAUNCH(what, nll_validate_kernel, grid_for(N), kThreads, 0, ctx.stream(),
+                static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N, C,
+                static_cast<unsigned long long*>(flag.data_ptr()));
   unsigned long long bad = 0;
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(&bad, flag.data_ptr(), sizeof(bad), cudaMemcpyDeviceToHost, ctx.stream()));
   ctx.synchronize();
@@ -196,9 +196,8 @@ void CudaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const 
   DeviceContext& ctx = context_of(x);
   dispatch_sm(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    softmax_fwd_kernel<T><<<warp_grid(L.outer * L.inner), 32 * kWarpsPerBlock, 0, ctx.stream()>>>(
-        static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), L, log);
-    MINIDL_CUDA_LAUNCH_CHECK(op);
+    MINIDL_LAUNCH(op, (softmax_fwd_kernel<T>), warp_grid(L.outer * L.inner), 32 * kWarpsPerBlock, 0, ctx.stream(),
+                  static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), L, log);
   });
 }
 
@@ -223,10 +222,9 @@ void CudaBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t di
   DeviceContext& ctx = context_of(y);
   dispatch_sm(y.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    softmax_bwd_kernel<T><<<warp_grid(L.outer * L.inner), 32 * kWarpsPerBlock, 0, ctx.stream()>>>(
-        static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(y.data_ptr()), static_cast<T*>(gx.data_ptr()), L,
-        log);
-    MINIDL_CUDA_LAUNCH_CHECK(op);
+    MINIDL_LAUNCH(op, (softmax_bwd_kernel<T>), warp_grid(L.outer * L.inner), 32 * kWarpsPerBlock, 0, ctx.stream(),
+                  static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(y.data_ptr()),
+                  static_cast<T*>(gx.data_ptr()), L, log);
   });
 }
 
@@ -251,10 +249,9 @@ void CudaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, con
   if (N == 0) return;
   dispatch_sm(log_probs.dtype(), "nll_loss", [&](auto tag) {
     using T = decltype(tag);
-    nll_fwd_kernel<T><<<grid_for(N), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(log_probs.data_ptr()), static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N,
-        C, static_cast<T*>(losses.data_ptr()), losses.stride(0));
-    MINIDL_CUDA_LAUNCH_CHECK("nll_loss");
+    MINIDL_LAUNCH("nll_loss", (nll_fwd_kernel<T>), grid_for(N), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(log_probs.data_ptr()), static_cast<const int64_t*>(target.data_ptr()),
+                  target.stride(0), N, C, static_cast<T*>(losses.data_ptr()), losses.stride(0));
   });
 }
 
@@ -279,10 +276,10 @@ void CudaBackend::nll_backward(const Tensor& g, const Tensor& target, const Tens
   if (N * C == 0) return;
   dispatch_sm(glogp.dtype(), "nll_loss_backward", [&](auto tag) {
     using T = decltype(tag);
-    nll_bwd_kernel<T><<<grid_for(N * C), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(g.data_ptr()), g.dim() == 0 ? 0 : g.stride(0),
-        static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N, C, static_cast<T*>(glogp.data_ptr()));
-    MINIDL_CUDA_LAUNCH_CHECK("nll_loss_backward");
+    MINIDL_LAUNCH("nll_loss_backward", (nll_bwd_kernel<T>), grid_for(N * C), kThreads, 0, ctx.stream(),
+                  static_cast<const T*>(g.data_ptr()), g.dim() == 0 ? 0 : g.stride(0),
+                  static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N, C,
+                  static_cast<T*>(glogp.data_ptr()));
   });
 }
 

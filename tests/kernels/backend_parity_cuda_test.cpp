@@ -119,8 +119,9 @@ TEST_F(Parity, CopiesAndCastsBetweenEveryDtype) {
   for (DType from : all) {
     Tensor src = (from == DType::u8) ? abs(base).to(from) : base.to(from);
     const Tensor sg = src.to(kGpu);
-    ASSERT_TRUE(close(src.to(DType::f64), sg.to(Device::cpu()).to(DType::f64), 0,
-                      std::string("host->device->host round trip of ") + dtype_name(from)));
+    // close() wants its second tensor on the device; the round trip ends on the host: compare values.
+    ASSERT_EQ(src.to_vector(), sg.to(Device::cpu()).to_vector())
+        << "host->device->host round trip of " << dtype_name(from);
     for (DType to : all) {
       // Negative floating values have no defined u8 conversion in C++: cast their magnitudes.
       const bool mag = to == DType::u8 && is_floating(from);
@@ -436,7 +437,10 @@ TEST_F(Parity, AllocatorStatsBudgetAndNoDriftAfterOoms) {
     Tensor a = empty({1 << 20}, {DType::f32, kGpu});   // 4 MiB
     const MemoryStats s1 = memory_stats(kGpu);
     EXPECT_EQ(s1.allocated_bytes - s0.allocated_bytes, 4 << 20);
-    EXPECT_GE(s1.reserved_bytes - s0.reserved_bytes, 4 << 20);
+    // Reserved need not grow: the block may come from a partly used segment (the 20 MiB segment
+    // holding cuBLAS's 8 MiB workspace has 12 MiB free once any matmul ran in this process).
+    EXPECT_GE(s1.reserved_bytes, s0.reserved_bytes);
+    EXPECT_GE(s1.reserved_bytes - s1.allocated_bytes, 0);
   }
   EXPECT_EQ(memory_stats(kGpu).allocated_bytes, s0.allocated_bytes);
   // Steady state: a repeated step allocates no new segments.

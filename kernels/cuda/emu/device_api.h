@@ -1,0 +1,153 @@
+// The CUDA device language for the emulated build, force-included (-include) before anything else
+// when g++ compiles kernels/cuda/*.cu: the qualifiers, the built-in variables (threadIdx, ... of
+// the running fiber), __syncthreads, warp shuffles and votes, atomics and the intrinsics our
+// kernels use. Each collective is a barrier of the fiber scheduler (runner.cpp).
+#pragma once
+
+// Before any CUDA header: host_defines.h keeps these when they are already defined.
+#define __host__
+#define __device__
+#define __global__
+#define __shared__ static thread_local   // one instance per OS thread, which runs one block at a time
+#define __constant__ static
+
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace minidl::cuda::emu {
+
+// Collectives: each returns once every participant has arrived (or reports a fault).
+void syncthreads(const void* site);
+enum class WarpOp : int { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All };
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width, const void* site);
+
+template <typename T>
+inline T shfl(WarpOp op, unsigned mask, T v, int param, int width, const void* site) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "shuffles move values of at most 8 bytes");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = warp_collective(op, mask, bits, param, width, site);
+  T r;
+  std::memcpy(static_cast<void*>(&r), &bits, sizeof(T));
+  return r;
+}
+
+}  // namespace minidl::cuda::emu
+
+// The built-in variables, set by the scheduler to the running fiber's before each resume (plain
+// variables, not macros: cuda_runtime.h names parameters gridDim and blockDim).
+extern thread_local uint3 threadIdx, blockIdx;
+extern thread_local dim3 blockDim, gridDim;
+constexpr int warpSize = 32;
+
+// The call site tells the scheduler whether every thread waits at the same barrier.
+__attribute__((noinline)) inline void __syncthreads() {
+  ::minidl::cuda::emu::syncthreads(__builtin_return_address(0));
+}
+
+#define MINIDL_EMU_SHFL(name, op)                                                                          \
+  template <typename T>                                                                                     \
+  __attribute__((noinline)) T name(unsigned mask, T v, int param, int width = 32) {                        \
+    return ::minidl::cuda::emu::shfl(::minidl::cuda::emu::WarpOp::op, mask, v, param, width,               \
+                                     __builtin_return_address(0));                                          \
+  }
+MINIDL_EMU_SHFL(__shfl_sync, ShflIdx)
+MINIDL_EMU_SHFL(__shfl_up_sync, ShflUp)
+MINIDL_EMU_SHFL(__shfl_down_sync, ShflDown)
+MINIDL_EMU_SHFL(__shfl_xor_sync, ShflXor)
+#undef MINIDL_EMU_SHFL
+
+__attribute__((noinline)) inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return static_cast<unsigned>(::minidl::cuda::emu::warp_collective(
+      ::minidl::cuda::emu::WarpOp::Ballot, mask, pred != 0, 0, 32, __builtin_return_address(0)));
+}
+__attribute__((noinline)) inline int __any_sync(unsigned mask, int pred) {
+  return static_cast<int>(::minidl::cuda::emu::warp_collective(::minidl::cuda::emu::WarpOp::Any, mask, pred != 0, 0,
+                                                               32, __builtin_return_address(0)));
+}
+__attribute__((noinline)) inline int __all_sync(unsigned mask, int pred) {
+  return static_cast<int>(::minidl::cuda::emu::warp_collective(::minidl::cuda::emu::WarpOp::All, mask, pred != 0, 0,
+                                                               32, __builtin_return_address(0)));
+}
+
+// ---- Atomics: the fibers of a launch share one OS thread, but two host threads may launch at once.
+
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+inline float atomicAdd(float* p, float v) {
+  float old = *p, want;
+  do {
+    want = old + v;
+  } while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return old;
+}
+inline double atomicAdd(double* p, double v) {
+  double old = *p, want;
+  do {
+    want = old + v;
+  } while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return old;
+}
+template <typename T>
+inline T atomicMin(T* p, T v) {
+  T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+template <typename T>
+inline T atomicMax(T* p, T v) {
+  T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+template <typename T>
+inline T atomicExch(T* p, T v) {
+  return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
+}
+
+// ---- Intrinsics: IEEE round-to-nearest single operations (the _rn ones), bit casts, loads.
+
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline float __expf(float x) { return std::exp(x); }   // the GPU's is an approximation (2 ulp)
+inline float __logf(float x) { return std::log(x); }
+inline double __longlong_as_double(long long v) {
+  double d;
+  std::memcpy(&d, &v, 8);
+  return d;
+}
+inline long long __double_as_longlong(double d) {
+  long long v;
+  std::memcpy(&v, &d, 8);
+  return v;
+}
+inline int __float_as_int(float f) {
+  int v;
+  std::memcpy(&v, &f, 4);
+  return v;
+}
+inline float __int_as_float(int v) {
+  float f;
+  std::memcpy(&f, &v, 4);
+  return f;
+}
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+using std::isfinite;
+using std::isinf;
+using std::isnan;

@@ -1,0 +1,59 @@
+# The emulated CUDA device (docs/cuda.md): minidl_emu is minidl with kernels/cuda/*.cu compiled by
+# the host compiler against the emulation layer (device_api.h, force-included) instead of nvcc,
+# the emulated runtime and kernel runner of this folder, and the cuBLAS / cuDNN stand-ins. Only
+# test executables link it; the real library never contains any of this.
+# Output: MINIDL_WITH_EMU, and the target minidl_emu when ON.
+set(MINIDL_WITH_EMU OFF)
+option(MINIDL_EMU_ASAN "Build the emulated device and its tests with AddressSanitizer (device memory no tensor owns is poisoned)" OFF)
+if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
+  find_package(Boost 1.74 CONFIG QUIET COMPONENTS context)   # Debian: libboost-context-dev
+  if(NOT Boost_FOUND)
+    message(STATUS "minidl: emulated CUDA device OFF: Boost.Context was not found (apt-get install libboost-context-dev)")
+  else()
+    # Each .cu is compiled through a one-line .cpp that includes it (a source file has one language).
+    set(_emu_sources "")
+    foreach(_cu IN LISTS MINIDL_CUDA_SOURCES)
+      get_filename_component(_name ${_cu} NAME_WE)
+      set(_cpp ${CMAKE_BINARY_DIR}/emu_src/${_name}.cpp)
+      file(CONFIGURE OUTPUT ${_cpp} CONTENT "// Generated: ${_cu} for the emulated device.\n#include \"${_cu}\"\n")
+      list(APPEND _emu_sources ${_cpp})
+    endforeach()
+    # -ffp-contract=off: __fadd_rn / __fmul_rn round each operation, as they do on the GPU.
+    # -Wno-sign-compare: threadIdx.x is unsigned; nvcc does not warn about comparing it with an int.
+    # -fsanitize=alignment: a misaligned typed access in a kernel (a float4, half2 or 16-byte Vec
+    # load from an address the type's alignment does not divide, which faults on a GPU) stops the
+    # program with UBSan's report naming the source line, the address and the type.
+    set(MINIDL_EMU_KERNEL_OPTIONS "-include;${CMAKE_CURRENT_LIST_DIR}/device_api.h;-ffp-contract=off;-Wno-sign-compare;-fsanitize=alignment;-fno-sanitize-recover=alignment")
+    if(MINIDL_EMU_ASAN)
+      # Kernels, runtime and runner instrumented; minidl's C++ objects stay as they are (ASan's
+      # interceptors still check their memcpy/memset).
+      list(APPEND MINIDL_EMU_KERNEL_OPTIONS -fsanitize=address -fno-omit-frame-pointer)
+    endif()
+    set_source_files_properties(${_emu_sources} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_KERNEL_OPTIONS}")
+    add_library(minidl_emu STATIC
+      $<TARGET_OBJECTS:minidl_host>
+      ${_emu_sources}
+      ${CMAKE_CURRENT_LIST_DIR}/runner.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp)
+    target_include_directories(minidl_emu PUBLIC ${PROJECT_SOURCE_DIR})
+    target_compile_definitions(minidl_emu PUBLIC MINIDL_WITH_CUDA=1 MINIDL_CUDA_EMU=1)
+    target_compile_features(minidl_emu PUBLIC cxx_std_20)
+    target_link_libraries(minidl_emu
+      PUBLIC Threads::Threads minidl_emu_libs
+      PRIVATE Eigen3::Eigen OpenMP::OpenMP_CXX minidl_warnings nlohmann_json::nlohmann_json Boost::context)
+    minidl_link_data_deps(minidl_emu)
+    target_link_options(minidl_emu INTERFACE -fsanitize=alignment)
+    if(MINIDL_EMU_ASAN)
+      set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/runner.cpp ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+        PROPERTIES COMPILE_OPTIONS "-fsanitize=address;-fno-omit-frame-pointer")
+      target_link_options(minidl_emu INTERFACE -fsanitize=address)
+    endif()
+    set(MINIDL_WITH_EMU ON)
+    message(STATUS "minidl: emulated CUDA device ON (minidl_emu, for the cuda-emu tests)")
+  endif()
+elseif(NOT MINIDL_WITH_CUDA)
+  # minidl's C++ objects are shared with minidl_emu and must be the CUDA build's (MINIDL_WITH_CUDA).
+  message(STATUS "minidl: emulated CUDA device OFF: it reuses the CUDA build's objects (MINIDL_CUDA is OFF or nvcc was not found)")
+else()
+  message(STATUS "minidl: emulated CUDA device OFF: the cuBLAS/cuDNN stand-ins are OFF")
+endif()

@@ -1,0 +1,48 @@
+// The emulated build's kernel launch (device/launch.cuh calls run_grid): the grid's blocks run one
+// after another on the calling thread, each block's threads as cooperative fibers (runner.cpp).
+// A bad configuration sets the runtime's last error, as a real launch does; a fault inside the
+// kernel throws minidl::Error naming the kernel, the block, the thread and the address.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+
+namespace minidl::cuda::emu {
+
+struct LaunchInfo {
+  const char* op;
+  const char* kernel;
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+};
+
+// Runs `body(arg)` once per thread of the grid (the body calls the kernel with its own copy of the
+// arguments, as each GPU thread reads the launch's parameters).
+void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg);
+
+template <typename... P>
+void run_grid(const char* op, const char* kernel_name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+              cudaStream_t stream, P... args) {
+  struct Call {
+    void (*kernel)(P...);
+    std::tuple<P...> args;
+  } call{kernel, std::tuple<P...>(args...)};
+  auto body = [](void* p) {
+    auto* c = static_cast<Call*>(p);
+    std::apply([c](const P&... a) { c->kernel(a...); }, c->args);
+  };
+  run_grid_erased(LaunchInfo{op, kernel_name, grid, block, smem, stream}, body, &call);
+}
+
+// The running block's dynamic shared memory (LaunchInfo::smem bytes, 16-byte aligned).
+unsigned char* dynamic_shared_bytes();
+
+// The fiber order between barriers: 0 runs threads in index order; any other seed runs them in
+// a seeded random order (a second valid schedule, for races). Default: MINIDL_EMU_SCHEDULE or 0.
+void set_schedule_seed(uint64_t seed);
+uint64_t schedule_seed();
+
+}  // namespace minidl::cuda::emu

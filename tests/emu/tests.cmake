@@ -1,0 +1,11 @@
+# The emulated device's own tests: small kernels with planted bugs (a divergent __syncthreads, a
+# bad shuffle mask, a launch the hardware rejects, a race) that the emulator must report, and the
+# warp collectives' exact semantics. Compiled like kernels/cuda/*.cu in minidl_emu (device_api.h
+# force-included). Label cuda-emu.
+if(MINIDL_WITH_EMU)
+  file(GLOB _emu_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*_test.cpp)
+  add_executable(emu_device ${_emu_tests})
+  set_source_files_properties(${_emu_tests} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_KERNEL_OPTIONS}")
+  target_link_libraries(emu_device PRIVATE minidl_emu GTest::gtest_main minidl_warnings)
+  gtest_discover_tests(emu_device TEST_PREFIX "emu_device." PROPERTIES LABELS "cuda-emu" DISCOVERY_TIMEOUT 120)
+endif()
