@@ -52,10 +52,10 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "minidl-memest: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-memest: error: %s\n", user_message(e, c.verbose).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "minidl-memest: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-memest: error: %s\n", user_message(e, c.verbose).c_str());
     return 1;
   }
 }

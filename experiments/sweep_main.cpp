@@ -82,10 +82,10 @@ int main(int argc, char** argv) {
     else std::printf("plot:    none (%s)\n", out.plot_note.c_str());
     return out.interrupted ? 130 : 0;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "minidl-sweep: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-sweep: error: %s\n", user_message(e, base.verbose).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "minidl-sweep: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-sweep: error: %s\n", user_message(e, base.verbose).c_str());
     return 1;
   }
 }

@@ -217,6 +217,7 @@ Study make_study(const std::string& name, bool quick, const TrainConfig& base) {
   for (auto& r : s.runs) {
     r.config.out.clear();
     r.config.save_weights.clear();
+    r.config.save_initial_weights.clear();
     r.config.resume.clear();
     r.config.summary = false;
   }
@@ -251,6 +252,7 @@ Study make_grid(const TrainConfig& base, const std::vector<int64_t>& batches, co
           r.config.checkpoint = ck;
           r.config.out.clear();
           r.config.save_weights.clear();
+          r.config.save_initial_weights.clear();
           r.id = b_id(b) + "-" + op + "-" + aug + "-" + ck;
           r.group = op + ", augment " + aug + (cks.size() > 1 ? ", checkpoint " + ck : "");
           if (!ids.insert(r.id).second) throw UsageError("the grid lists " + r.id + " twice");

@@ -80,7 +80,7 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           std::to_string(res ? res->steps : 0),
           fmt(res && !res->epochs.empty() ? res->epochs.back().train_loss : nan),
           fmt(ok && !run.throughput_only ? res->best_val_acc : nan),
-          ok && !run.throughput_only ? std::to_string(res->best_epoch) : "",
+          ok && !run.throughput_only && res->best_epoch > 0 ? std::to_string(res->best_epoch) : "",
           fmt(ok && !run.throughput_only ? res->test_acc : nan),
           res && res->time_to_target >= 0 ? fmt(res->time_to_target, 2) : "",
           fmt(epoch_s, 3),
@@ -147,9 +147,9 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose) {
   } catch (const Interrupted&) {
     ex.interrupted = true;  // not a result: the rerun starts this run again
   } catch (const std::exception& e) {
-    ex.row = make_row(st, run, c, nullptr, "error", e.what(), max_batch, predicted);
+    ex.row = make_row(st, run, c, nullptr, "error", user_message(e, c.verbose), max_batch, predicted);
     ex.json["status"] = "error";
-    ex.json["note"] = e.what();
+    ex.json["note"] = user_message(e, c.verbose);
   }
   return ex;
 }
