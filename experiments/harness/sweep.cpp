@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -271,6 +272,52 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   return out;
 }
 
+std::string run_setting(const Study& st, const std::string& device_kind) {
+  std::set<int64_t> sizes, epochs;
+  std::string data = "synthetic";
+  for (const auto& r : st.runs) {
+    sizes.insert(r.config.resolved_image_size());
+    epochs.insert(r.config.epochs);
+    data = r.config.data;
+  }
+  const auto join = [](const std::set<int64_t>& v) {
+    std::string s;
+    for (int64_t x : v) s += (s.empty() ? "" : "/") + std::to_string(x);
+    return s;
+  };
+  std::string s = data == "synthetic" ? std::string("synthetic images") : "photos in " + data;
+  s += ", " + join(sizes) + " px, " + join(epochs) + (epochs.size() == 1 && *epochs.begin() == 1 ? " epoch" : " epochs");
+  return s + ", " + device_kind;
+}
+
+std::string accuracy_cell(const std::string& value, int64_t n) {
+  if (value.empty()) return "-";
+  double v = 0;
+  try {
+    v = std::stod(value);
+  } catch (const std::exception&) {
+    return value;
+  }
+  const double band = n > 0 ? 2.0 * std::sqrt(0.25 / static_cast<double>(n)) : 0.05;
+  return std::fabs(v - 0.5) <= band ? value + " (chance)" : value;
+}
+
+namespace {
+
+// Images per part (train, val, test) of a run's split, when it is given as counts per class.
+std::array<int64_t, 3> evaluated_images(const TrainConfig& c) {
+  try {
+    const SplitSpec s = parse_split(c.split);
+    if (!s.counts) return {0, 0, 0};
+    return {2 * static_cast<int64_t>(s.parts[0]), 2 * static_cast<int64_t>(s.parts[1]),
+            2 * static_cast<int64_t>(s.parts[2])};
+  } catch (const std::exception&) {
+    return {0, 0, 0};
+  }
+}
+
+}  // namespace
+
 std::string write_study_outputs(const Study& st, const std::filesystem::path& out) {
   const CsvTable t = read_csv(out / "results.csv");
   // results.json: provenance, the study, and every run's full record (latest record per id).
@@ -306,8 +353,10 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
 
   // Study-specific outputs, or the plot: one series per group, x = (effective) batch size.
   const std::string extra_md = st.extra_outputs ? st.extra_outputs(st, t, runs, out) : "";
+  const std::string device_kind = device.rfind("cuda", 0) == 0 ? device.substr(0, device.find(' ')) : "cpu";
+  const std::string setting = run_setting(st, device_kind);
   PlotSpec plot;
-  plot.title = st.title + (st.quick ? " (quick)" : "");
+  plot.title = st.title + " [" + setting + (st.quick ? "; scaled-down check" : "") + "]";
   plot.xlabel = st.name == "techniques" ? "technique (row order)" : "batch size";
   plot.ylabel = st.plot_ylabel;
   plot.logx = st.name != "techniques";
@@ -331,7 +380,13 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
     for (size_t i = 0; i < t.rows.size(); ++i) {
       if (t.get(i, "run_id") != run.id) continue;
       Row r;
-      for (const auto& col : st.summary_columns) r.push_back(t.get(i, col));
+      const auto n = evaluated_images(run.config);
+      for (const auto& col : st.summary_columns) {
+        const std::string v = t.get(i, col);
+        if (col == "test_acc") r.push_back(accuracy_cell(v, n[2]));
+        else if (col == "best_val_acc") r.push_back(accuracy_cell(v, n[1]));
+        else r.push_back(v.empty() ? "-" : v);
+      }
       rows.push_back(r);
     }
   }
@@ -339,11 +394,24 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   md += "- study: `" + st.name + "`" + (st.quick ? " with `--quick`" : "") + "\n";
   md += "- commit: " + j["commit"].get<std::string>() + "\n- device: " + device + "\n- date: " +
         j["date"].get<std::string>() + "\n";
-  md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n\n";
+  md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n";
+  md += "- what ran: " + setting + "\n";
+  if (!st.published_setup.empty()) {
+    const bool synthetic = !st.runs.empty() && st.runs.front().config.data == "synthetic";
+    md += "- setting: " +
+          (st.quick ? "**a scaled-down check, not a reproduction** (--quick); published: " + st.published_setup
+           : synthetic ? "the published sizes and epochs, but on synthetic images, not the photos; published: " +
+                             st.published_setup
+                       : "the published one (" + st.published_setup + ")") +
+          "\n";
+  }
+  md += "- `-`: no value (no validation or test split, or a run that stopped); `(chance)`: within two standard "
+        "errors of 50% for the images evaluated\n\n";
   md += markdown_table(st.summary_columns, rows) + "\n";
   if (st.extra_outputs) md += extra_md;
   else md += note.empty() ? "![" + st.plot_ylabel + "](" + png + ")\n\n" : "No plot: " + note + "\n\n";
-  md += st.notes + "\n";
+  md += (st.quick && !st.published_setup.empty() ? "Beside a scaled-down check, not a reproduction: " : "") + st.notes +
+        "\n";
   write_file_atomic(out / "summary.md", md);
   return note;
 }

@@ -136,7 +136,12 @@ TEST(ExperimentsSweep, BatchScheduleStudyComparesLikeWithLike) {
   EXPECT_TRUE(full.extra_outputs) << "its own plots and means";
   TrainConfig photos;
   photos.data = "/photos";
-  EXPECT_EQ(make_study("batch-schedule", false, photos).runs[0].config.normalize, "unit") << "as keras-batch";
+  EXPECT_EQ(make_study("batch-schedule", false, photos).runs[0].config.normalize, "imagenet")
+      << "zero-mean photos: at 1/255 plain SGD stays at chance for epochs";
+  EXPECT_EQ(make_study("keras-batch", false, photos).runs[0].config.normalize, "unit") << "the article's rescale";
+  for (const std::string name : {"keras-batch", "batch-schedule"})
+    for (const auto& r : make_study(name, false, photos).runs)
+      EXPECT_EQ(r.config.diverge_loss, TrainConfig{}.diverge_loss) << name << ": the default safety net, not overridden";
   const Study quick = make_study("batch-schedule", true, TrainConfig{});
   EXPECT_EQ(quick.runs.size(), 9u) << "three variants x three seeds";
   EXPECT_EQ(quick.runs[3].id, "decay-lr-s1");
