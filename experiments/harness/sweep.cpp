@@ -225,6 +225,14 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     else append_csv_row(csv, results_header(), row);
   };
   bool found_only = o.only.empty();
+  // The plan first; then "run k/N" and an ETA from the runs finished so far in this session.
+  int to_do = 0;
+  for (const SweepRun& run : st.runs)
+    if ((o.only.empty() || run.id == o.only) && !done.count(run.id)) ++to_do;
+  if (o.verbose && o.only.empty()) std::printf("%s\n", study_plan(st, done).c_str()), std::fflush(stdout);
+  int k = 0;
+  double finished_seconds = 0.0;
+  int finished = 0;
   for (const SweepRun& run : st.runs) {
     if (!o.only.empty() && run.id != o.only) continue;
     found_only = true;
@@ -236,7 +244,20 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       out.interrupted = true;
       break;
     }
-    if (o.verbose) std::printf("== %s / %s\n", st.name.c_str(), run.id.c_str()), std::fflush(stdout);
+    ++k;
+    if (o.verbose) {
+      const std::string eta = finished > 0 ? ", ETA " + format_duration(finished_seconds / finished * (to_do - k + 1)) : "";
+      if (o.only.empty())
+        std::printf("== %s / %s (run %d/%d%s)\n", st.name.c_str(), run.id.c_str(), k, to_do, eta.c_str());
+      else
+        std::printf("== %s / %s\n", st.name.c_str(), run.id.c_str());
+      std::fflush(stdout);
+    }
+    const auto t_run = std::chrono::steady_clock::now();
+    const auto run_done = [&] {
+      finished_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+      ++finished;
+    };
     if (o.process_per_run && o.only.empty()) {
       const std::string before = row_text(csv, run.id);   // a failed row being retried, else ""
       const int rc = spawn_child(o.argv, run.id);
@@ -250,6 +271,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       }
       ++out.ran;
       out.retried += retry.count(run.id) ? 1 : 0;
+      run_done();
       continue;
     }
     Executed ex = execute(st, run, o.verbose);
@@ -264,12 +286,44 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       f << ex.json.dump() << "\n";
     }
     record(run.id, ex.row);
+    run_done();
     ++out.ran;
     out.retried += retry.count(run.id) ? 1 : 0;
   }
   if (!found_only) throw UsageError("--only " + o.only + ": no such run in " + st.name);
   if (o.only.empty()) out.plot_note = write_study_outputs(st, o.out);
   return out;
+}
+
+std::string study_plan(const Study& st, const std::set<std::string>& done) {
+  std::set<std::string> models, optimizers;
+  std::set<int64_t> batches, epochs;
+  int left = 0;
+  for (const auto& r : st.runs) {
+    models.insert(r.config.model);
+    optimizers.insert(r.config.optimizer);
+    batches.insert(r.config.effective_batch());
+    epochs.insert(r.config.epochs);
+    left += done.count(r.id) ? 0 : 1;
+  }
+  const auto words = [](const std::set<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+    return s;
+  };
+  const auto nums = [](const std::set<int64_t>& v) {
+    std::string s;
+    for (int64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+  };
+  std::string s = "plan: " + st.name + (st.quick ? " --quick" : "") + ": " + std::to_string(st.runs.size()) +
+                  " runs (" + std::to_string(st.runs.size() - static_cast<size_t>(left)) + " already done, " +
+                  std::to_string(left) + " to run); model " + words(models) + ", optimizer " + words(optimizers) +
+                  ", batch " + nums(batches) + ", epochs " + nums(epochs) + "; " +
+                  run_setting(st, st.runs.empty() ? "cpu" : st.runs.front().config.device);
+  if (std::any_of(st.runs.begin(), st.runs.end(), [](const SweepRun& r) { return r.find_max_batch; }))
+    s += "; each run searches its maximum batch first";
+  return s + "; the ETA follows from the first finished run";
 }
 
 std::string run_setting(const Study& st, const std::string& device_kind) {

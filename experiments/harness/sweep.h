@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,9 @@ Study batch_schedule_study(bool quick, const TrainConfig& base);
 // keras-batch-quick-cpu.
 std::string study_folder(const Study& st, const std::string& device_kind);
 
+// The line a sweep prints before its first run: runs (done and to run), models, optimizers,
+// (effective) batches, epochs and run_setting().
+std::string study_plan(const Study& st, const std::set<std::string>& done);
 // What summary.md and every plot title say was run: the data (synthetic or the folder), image
 // size(s), epochs and device, e.g. "synthetic, 32 px, 3 epochs, cpu". The summary adds whether the
 // setting is the published one; a --quick study is "a scaled-down check, not a reproduction".
