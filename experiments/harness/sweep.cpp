@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
@@ -295,6 +296,21 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   return out;
 }
 
+namespace {
+
+template <typename T>
+std::string joined(const std::set<T>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) {
+    if (!s.empty()) s += sep;
+    if constexpr (std::is_same_v<T, std::string>) s += x;
+    else s += std::to_string(x);
+  }
+  return s;
+}
+
+}  // namespace
+
 std::string study_plan(const Study& st, const std::set<std::string>& done) {
   std::set<std::string> models, optimizers;
   std::set<int64_t> batches, epochs;
@@ -306,20 +322,10 @@ std::string study_plan(const Study& st, const std::set<std::string>& done) {
     epochs.insert(r.config.epochs);
     left += done.count(r.id) ? 0 : 1;
   }
-  const auto words = [](const std::set<std::string>& v) {
-    std::string s;
-    for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-    return s;
-  };
-  const auto nums = [](const std::set<int64_t>& v) {
-    std::string s;
-    for (int64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-    return s;
-  };
   std::string s = "plan: " + st.name + (st.quick ? " --quick" : "") + ": " + std::to_string(st.runs.size()) +
                   " runs (" + std::to_string(st.runs.size() - static_cast<size_t>(left)) + " already done, " +
-                  std::to_string(left) + " to run); model " + words(models) + ", optimizer " + words(optimizers) +
-                  ", batch " + nums(batches) + ", epochs " + nums(epochs) + "; " +
+                  std::to_string(left) + " to run); model " + joined(models, ",") + ", optimizer " +
+                  joined(optimizers, ",") + ", batch " + joined(batches, ",") + ", epochs " + joined(epochs, ",") + "; " +
                   run_setting(st, st.runs.empty() ? "cpu" : st.runs.front().config.device);
   if (std::any_of(st.runs.begin(), st.runs.end(), [](const SweepRun& r) { return r.find_max_batch; }))
     s += "; each run searches its maximum batch first";
@@ -334,13 +340,8 @@ std::string run_setting(const Study& st, const std::string& device_kind) {
     epochs.insert(r.config.epochs);
     data = r.config.data;
   }
-  const auto join = [](const std::set<int64_t>& v) {
-    std::string s;
-    for (int64_t x : v) s += (s.empty() ? "" : "/") + std::to_string(x);
-    return s;
-  };
   std::string s = data == "synthetic" ? std::string("synthetic images") : "photos in " + data;
-  s += ", " + join(sizes) + " px, " + join(epochs) + (epochs.size() == 1 && *epochs.begin() == 1 ? " epoch" : " epochs");
+  s += ", " + joined(sizes, "/") + " px, " + joined(epochs, "/") + (epochs.size() == 1 && *epochs.begin() == 1 ? " epoch" : " epochs");
   return s + ", " + device_kind;
 }
 
@@ -464,7 +465,7 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   md += markdown_table(st.summary_columns, rows) + "\n";
   if (st.extra_outputs) md += extra_md;
   else md += note.empty() ? "![" + st.plot_ylabel + "](" + png + ")\n\n" : "No plot: " + note + "\n\n";
-  md += (st.quick && !st.published_setup.empty() ? "Beside a scaled-down check, not a reproduction: " : "") + st.notes +
+  md += (st.quick && !st.published_setup.empty() ? "**This table is a scaled-down check, not a reproduction.** " : "") + st.notes +
         "\n";
   write_file_atomic(out / "summary.md", md);
   return note;
