@@ -151,15 +151,13 @@ std::string class_counts(const data::Dataset& d, const std::vector<int64_t>& n) 
 void check_classes(const data::Dataset& d, const std::string& what, const std::string& split,
                    const data::Split* parts) {
   const std::vector<int64_t> all = per_class(d, nullptr);
-  const auto with_images = std::count_if(all.begin(), all.end(), [](int64_t n) { return n > 0; });
-  if (with_images < 2)
-    throw UsageError("--data '" + what + "': " + std::to_string(with_images) + " class with images (" +
-                     class_counts(d, all) + "); training needs at least two classes (a folder per class, or a "
-                     "Kaggle / PetImages layout)");
+  if (all.size() < 2)
+    throw UsageError("--data '" + what + "': " + std::to_string(all.size()) + " class (" + class_counts(d, all) +
+                     "); training needs at least two classes (a folder per class, or a Kaggle / PetImages layout)");
   for (size_t c = 0; c < all.size(); ++c)
     if (all[c] == 0)
       throw UsageError("--data '" + what + "': class '" + d.class_names()[c] + "' has no usable images (" +
-                       class_counts(d, all) + ")");
+                       class_counts(d, all) + "); training needs images of every class");
   if (!parts) return;
   const std::pair<const char*, const std::vector<int64_t>*> named[] = {
       {"training", &parts->train}, {"validation", &parts->val}, {"test", &parts->test}};
