@@ -84,8 +84,10 @@ struct Progress {
   int64_t batch_size = 0;       // the plan of a partial epoch depends on these two (the micro-batch
   int64_t accumulation_steps = 0;  //   and accumulation used, after a batch schedule's fallback)
   int64_t scheduled_batch = 0;  // the batch the schedule asked for in `epoch` (0: batch_size)
-  double best_val_acc = std::numeric_limits<double>::quiet_NaN();  // over complete epochs only (a partial epoch's evaluation is not
-  int64_t best_epoch = 0;       //   one the uninterrupted run would have made)
+  // The best validation accuracy (NaN: none yet) and its epoch, over complete epochs only (a
+  // partial epoch's evaluation is not one the uninterrupted run would have made).
+  double best_val_acc = std::numeric_limits<double>::quiet_NaN();
+  int64_t best_epoch = 0;
   double time_to_target = -1.0;
   double train_seconds = 0.0;   // training time of every session so far
   uint64_t rng_seed = 0;        // the default generator (dropout draws), as checkpoint() replays it
@@ -173,6 +175,10 @@ int64_t param_bytes(nn::Module& m) {
 
 void install_sigint_handler() { std::signal(SIGINT, on_sigint); }
 
+bool stop_requested() { return g_stop.load(); }
+void request_stop() { g_stop.store(true); }
+void clear_stop() { g_stop.store(false); }
+
 std::string value_or_dash(double v, int digits, double scale, const char* suffix) {
   if (!std::isfinite(v)) return "-";
   char b[64];
@@ -188,9 +194,6 @@ std::string format_duration(double seconds) {
   else std::snprintf(b, sizeof(b), "%lldh%02lldm", s / 3600, (s % 3600) / 60);
   return b;
 }
-bool stop_requested() { return g_stop.load(); }
-void request_stop() { g_stop.store(true); }
-void clear_stop() { g_stop.store(false); }
 
 std::string device_description(Device d) {
   if (d.is_cuda()) return "cuda:" + std::to_string(d.index) + " (" + backend(d).name() + ")";

@@ -320,3 +320,27 @@ TEST(ExperimentsMemest, EstimateAddsUpAndTracksTheMeasuredPeak) {
 
 }  // namespace
 }  // namespace minidl::harness
+
+namespace minidl::harness {
+namespace {
+
+// summary.md's honesty: chance-level accuracies are marked (two binomial standard errors around
+// 50%), missing values are '-', and the setting line names data, size, epochs and device.
+TEST(ExperimentsSweep, SummaryMarksChanceAndSaysWhatRan) {
+  EXPECT_EQ(accuracy_cell("0.5400", 400), "0.5400 (chance)") << "2 x sqrt(0.25 / 400) = 5 points";
+  EXPECT_EQ(accuracy_cell("0.5600", 400), "0.5600");
+  EXPECT_EQ(accuracy_cell("0.4500", 400), "0.4500 (chance)");
+  EXPECT_EQ(accuracy_cell("0.9000", 20), "0.9000");
+  EXPECT_EQ(accuracy_cell("", 400), "-");
+  const Study quick = make_study("keras-batch", true, TrainConfig{});
+  EXPECT_EQ(run_setting(quick, "cpu"), "synthetic images, 32 px, 3 epochs, cpu");
+  TrainConfig photos;
+  photos.data = "/photos";
+  EXPECT_EQ(run_setting(make_study("keras-batch", false, photos), "cuda:0"), "photos in /photos, 200 px, 5 epochs, cuda:0");
+  const std::string plan = study_plan(quick, {"b16-sgd-none"});
+  EXPECT_NE(plan.find("20 runs (1 already done, 19 to run)"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("batch 16,32,64,128,256"), std::string::npos) << plan;
+}
+
+}  // namespace
+}  // namespace minidl::harness
