@@ -73,9 +73,9 @@ std::string outputs(const Study& st, const CsvTable& t, const std::map<std::stri
   for (const auto& [axis, xlabel] : {std::pair<std::string, std::string>{"updates", "parameter updates (optimizer steps)"},
                                      {"time", "training time (s)"}}) {
     PlotSpec plot;
-    plot.title = st.name + ": validation accuracy against " + axis + " [" +
+    plot.title = st.name + ": val. accuracy vs " + axis + " (" +
                  run_setting(st, st.runs.empty() ? "cpu" : st.runs.front().config.device) +
-                 (st.quick ? "; scaled-down check" : "") + "]";
+                 (st.quick ? ", scaled-down check" : "") + ")";
     plot.xlabel = xlabel;
     plot.ylabel = "validation accuracy (mean over seeds)";
     plot.logx = false;

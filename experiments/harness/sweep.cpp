@@ -411,7 +411,8 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   const std::string device_kind = device.rfind("cuda", 0) == 0 ? device.substr(0, device.find(' ')) : "cpu";
   const std::string setting = run_setting(st, device_kind);
   PlotSpec plot;
-  plot.title = st.title + " [" + setting + (st.quick ? "; scaled-down check" : "") + "]";
+  // Short enough for the plot's width; summary.md has the study's full title.
+  plot.title = st.name + ": " + setting + (st.quick ? ", a scaled-down check" : "");
   plot.xlabel = st.name == "techniques" ? "technique (row order)" : "batch size";
   plot.ylabel = st.plot_ylabel;
   plot.logx = st.name != "techniques";
