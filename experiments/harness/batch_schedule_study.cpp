@@ -73,9 +73,9 @@ std::string outputs(const Study& st, const CsvTable& t, const std::map<std::stri
   for (const auto& [axis, xlabel] : {std::pair<std::string, std::string>{"updates", "parameter updates (optimizer steps)"},
                                      {"time", "training time (s)"}}) {
     PlotSpec plot;
-    plot.title = st.name + ": val. accuracy vs " + axis + " (" +
-                 run_setting(st, st.runs.empty() ? "cpu" : st.runs.front().config.device) +
-                 (st.quick ? ", scaled-down check" : "") + ")";
+    // The axes say what is plotted; the title says what ran (short enough for the plot's width).
+    plot.title = st.name + ": " + run_setting(st, st.runs.empty() ? "cpu" : st.runs.front().config.device) +
+                 (st.quick ? ", a scaled-down check" : "");
     plot.xlabel = xlabel;
     plot.ylabel = "validation accuracy (mean over seeds)";
     plot.logx = false;
