@@ -187,14 +187,12 @@ def build_model(torch, name, image_size):
     nn = torch.nn
     if name == "smallcnn":
         # minidl's nn/keras_cnn.cpp: conv 32 3x3 'same' + ReLU, max-pool 2, dense 128 + ReLU, dense 1
-        # (the sigmoid folded into BCE-with-logits); He-uniform conv/fc1, Glorot-uniform fc2, zero biases.
+        # (the sigmoid folded into BCE-with-logits); Glorot-uniform kernels (Keras' default), zero biases.
         pooled = image_size // 2
         m = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                           nn.Linear(32 * pooled * pooled, 128), nn.ReLU(), nn.Linear(128, 1))
-        nn.init.kaiming_uniform_(m[0].weight, a=0, mode="fan_in", nonlinearity="relu")
-        nn.init.kaiming_uniform_(m[4].weight, a=0, mode="fan_in", nonlinearity="relu")
-        nn.init.xavier_uniform_(m[6].weight)
         for layer in (m[0], m[4], m[6]):
+            nn.init.xavier_uniform_(layer.weight)
             nn.init.zeros_(layer.bias)
         return m
     import torchvision

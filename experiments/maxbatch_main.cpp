@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   CLI::App app{"minidl-maxbatch: find the largest batch that fits a memory budget, and the one to use"};
   add_config_flag(app);
   add_train_flags(app, c);
+  app.get_option("--out")->description("folder for maxbatch.json; empty: print only");
   app.add_option("--steps", o.steps, "full training steps (forward, backward, optimizer) per trial");
   app.add_option("--margin", o.margin, "safety margin: recommended batch = max x (1 - margin)");
   app.add_option("--effective-batch", o.effective_batch,
@@ -43,10 +44,10 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "minidl-maxbatch: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-maxbatch: error: %s\n", user_message(e, c.verbose).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "minidl-maxbatch: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-maxbatch: error: %s\n", user_message(e, c.verbose).c_str());
     return 1;
   }
 }

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   CLI::App app{"minidl-memest: parameters + gradients + optimizer state + activations + workspace vs measured peak"};
   add_config_flag(app);
   add_train_flags(app, c);
+  app.get_option("--out")->description("folder for memest.json and memest.md; empty: print only");
   app.add_option("--batch-sizes", batches, "comma-separated batch sizes to estimate and measure");
   if (const int rc = parse_command_line(app, argc, argv, "minidl-memest"); rc >= 0) return rc;
   try {
@@ -52,10 +53,10 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "minidl-memest: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-memest: error: %s\n", user_message(e, c.verbose).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "minidl-memest: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-memest: error: %s\n", user_message(e, c.verbose).c_str());
     return 1;
   }
 }

@@ -15,7 +15,10 @@ int main(int argc, char** argv) {
   bool quick = false, process_per_run = false, list = false, retry_failed = false;
   CLI::App app{"minidl-sweep: run a grid of training runs or a predefined batch-size study, resumably"};
   add_config_flag(app);
+  base.out = "results";
   add_train_flags(app, base);
+  app.get_option("--out")->description("root folder of the study folders (<out>/<study>[-quick-cpu|-quick-cuda]/ "
+                                       "with results.csv, results.json, summary.md and the plots)");
   app.add_option("--study", study_name, "keras-batch, utilization, techniques, lr-scaling or batch-schedule (published settings); "
                                         "empty: a grid over the lists below");
   app.add_flag("--quick", quick,
@@ -49,7 +52,7 @@ int main(int argc, char** argv) {
       c.memory_budget.clear();  // validated below with the study's own budget when it has one
       validate(c);
     }
-    const std::string root = base.out.empty() ? "results" : base.out;
+    const std::string root = base.out.empty() ? "." : base.out;
     const std::string dev = resolve_device(base.device).is_cuda() ? "cuda" : "cpu";
     SweepOptions o;
     o.out = std::filesystem::path(root) / study_folder(st, dev);
@@ -82,10 +85,10 @@ int main(int argc, char** argv) {
     else std::printf("plot:    none (%s)\n", out.plot_note.c_str());
     return out.interrupted ? 130 : 0;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "minidl-sweep: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-sweep: error: %s\n", user_message(e, base.verbose).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "minidl-sweep: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-sweep: error: %s\n", user_message(e, base.verbose).c_str());
     return 1;
   }
 }

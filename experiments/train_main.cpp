@@ -22,12 +22,13 @@ int main(int argc, char** argv) {
     }
     install_sigint_handler();
     const RunResult r = run_training(c);
-    std::printf("%s: %s%s%s; %lld steps, best val acc %.2f%% (epoch %lld), test acc %.2f%%, %.1f img/s, "
+    std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s), test acc %s, %.1f img/s, "
                 "peak allocated %.1f MiB, %.1f s\n",
                 c.model.c_str(), r.status.c_str(), r.note.empty() ? "" : " (", r.note.empty() ? "" : (r.note + ")").c_str(),
-                static_cast<long long>(r.steps), 100 * r.best_val_acc, static_cast<long long>(r.best_epoch),
-                100 * r.test_acc, r.mean_images_per_second(), static_cast<double>(r.peak_allocated) / (1 << 20),
-                r.total_seconds);
+                static_cast<long long>(r.steps), value_or_dash(r.best_val_acc, 2, 100.0, "%").c_str(),
+                r.best_epoch > 0 ? std::to_string(r.best_epoch).c_str() : "-",
+                value_or_dash(r.test_acc, 2, 100.0, "%").c_str(), r.mean_images_per_second(),
+                static_cast<double>(r.peak_allocated) / (1 << 20), r.total_seconds);
     if (!c.out.empty()) {
       const std::filesystem::path out(c.out);
       // A resumed run continues the earlier session's table instead of replacing it.
@@ -43,10 +44,10 @@ int main(int argc, char** argv) {
     }
     return r.status == "ok" ? 0 : (r.status == "interrupted" ? 130 : 1);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "minidl-train: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-train: error: %s\n", user_message(e, c.verbose).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "minidl-train: error: %s\n", e.what());
+    std::fprintf(stderr, "minidl-train: error: %s\n", user_message(e, c.verbose).c_str());
     return 1;
   }
 }

@@ -57,6 +57,12 @@ Tensor kaiming_uniform_(Tensor t, double a, FanMode mode, Generator* gen) {
   return uniform_(t, -bound, bound, gen);
 }
 
+Tensor xavier_uniform_(Tensor t, double gain, Generator* gen) {
+  const auto [fan_in, fan_out] = fans(t);
+  const double bound = gain * std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+  return uniform_(t, -bound, bound, gen);
+}
+
 void pytorch_default_(Tensor weight, Tensor bias, Generator* gen) {
   kaiming_uniform_(weight, std::sqrt(5.0), FanMode::FanIn, gen);
   if (bias.defined()) {

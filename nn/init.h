@@ -24,6 +24,9 @@ Tensor kaiming_normal_(Tensor t, double a = 0.0, FanMode mode = FanMode::FanIn, 
 // bound = gain * sqrt(3 / fan).
 Tensor kaiming_uniform_(Tensor t, double a = 0.0, FanMode mode = FanMode::FanIn, Generator* gen = nullptr);
 
+// Glorot (Xavier) uniform, Keras' default kernel initialiser: bound = gain * sqrt(6 / (fan_in + fan_out)).
+Tensor xavier_uniform_(Tensor t, double gain = 1.0, Generator* gen = nullptr);
+
 // PyTorch's default for Conv2d / Linear (reset_parameters): weight kaiming_uniform(a = sqrt(5)),
 // i.e. uniform(+-1/sqrt(fan_in)), and bias uniform(+-1/sqrt(fan_in)) when defined.
 void pytorch_default_(Tensor weight, Tensor bias, Generator* gen = nullptr);

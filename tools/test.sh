@@ -21,4 +21,12 @@ cmake --build "$build" -j "$jobs"
 
 status=0
 ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@" || status=$?
+# Why tests were skipped (GTEST_SKIP's message, which ctest prints only under -V), one line per
+# reason with the number of tests it skipped.
+log=$build/Testing/Temporary/LastTest.log
+if [[ -f $log ]]; then
+  awk 'reason_next { reasons[$0]++; reason_next = 0 }
+       /: Skipped$/ { reason_next = 1 }
+       END { for (r in reasons) printf "skipped: %d test(s): %s\n", reasons[r], r }' "$log" | sort
+fi
 exit "$status"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -81,6 +82,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--split", c.split, "train,val,test per class: integers are counts (the Keras study's "
                                      "600,200,200), decimals are fractions (0.8,0.1,0.1)");
   app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written; empty: none");
+  app.add_flag("--validate-data", c.validate_data, "decode every file of a --data folder before the split, print the "
+                                                   "report, and leave unreadable files out; off by default");
   app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip) or rrc "
                                          "(random resized crop + flip)");
   app.add_option("--resize", c.resize,
@@ -119,7 +122,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--schedule", c.schedule, "constant | step:SIZE:GAMMA | multistep:M1,M2:GAMMA | cosine[:MIN]; SIZE and M "
                                        "in optimizer steps, or in epochs as 4e");
   app.add_option("--epochs", c.epochs, "training epochs");
-  app.add_option("--max-steps", c.max_steps, "stop after this many optimizer steps; 0: no limit");
+  app.add_option("--max-steps", c.max_steps, "stop after this many optimizer steps; 0: no limit (not 'no steps': "
+                                             "--save-initial-weights saves the untrained model)");
   app.add_flag("--amp", c.amp, "mixed precision (f16 autocast + gradient scaler); off by default");
   app.add_option("--amp-init-scale", c.amp_init_scale, "with --amp: the gradient scaler's initial loss scale");
   app.add_option("--amp-growth-interval", c.amp_growth_interval,
@@ -136,6 +140,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--save-weights", c.save_weights, "at the end (or on SIGINT) save the model here and optimizer + "
                                                    "gradient-scaler state and progress beside it (safetensors); "
                                                    "empty: none");
+  app.add_option("--save-initial-weights", c.save_initial_weights,
+                 "save the model as initialised (random, or --init-weights), before the first step (safetensors); "
+                 "empty: none");
   app.add_option("--resume", c.resume, "continue a --save-weights file exactly where it stopped (weights, optimizer, "
                                        "scaler, epoch and micro-batch, RNG); empty: start fresh");
   app.add_flag("--summary", c.summary,
@@ -146,6 +153,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
                  "record the training time to reach this validation accuracy (0-1); 0: off");
   app.add_option("--progress-every", c.progress_every, "steps between progress lines; 0: one line per epoch");
   app.add_flag("--quiet", c.quiet, "no progress lines; off by default");
+  app.add_flag("--verbose", c.verbose, "error lines keep the source location (file:line) of the failed check; "
+                                       "off by default");
 }
 
 SplitSpec parse_split(const std::string& s) {
@@ -309,16 +318,30 @@ void validate(const TrainConfig& c) {
       usage("--memory-budget '" + c.memory_budget + "': expected a size such as 11GiB, 512MiB or 1.5GB");
     }
   }
+  if (c.validate_data && c.data == "synthetic")
+    usage("--validate-data checks the files of a --data folder; the synthetic set has none");
   if (c.data != "synthetic") {
     std::error_code ec;
+    if (std::filesystem::exists(c.data, ec) && !std::filesystem::is_directory(c.data, ec))
+      usage("--data '" + c.data + "' is a file; give the folder that holds the class folders (or Kaggle's train/)");
     if (!std::filesystem::is_directory(c.data, ec)) usage("--data '" + c.data + "': no such folder");
     if (std::filesystem::is_empty(c.data, ec)) usage("--data '" + c.data + "': the folder is empty");
   }
+  if (!c.save_initial_weights.empty() && !c.resume.empty())
+    usage("--save-initial-weights with --resume: a resumed run has no initial weights (they are in the --resume "
+          "file's history); drop one of the two");
   for (const auto* f : {&c.init_weights, &c.resume}) {
     if (!f->empty() && !std::filesystem::is_regular_file(*f))
       usage("'" + *f + "': no such file (--init-weights / --resume)");
   }
   resolve_device(c.device);
+}
+
+std::string user_message(const std::exception& e, bool verbose) {
+  const std::string msg = e.what();
+  if (verbose) return msg;
+  static const std::regex location(R"( \[[A-Za-z0-9_./+-]+\.(cpp|h|cu|cuh):[0-9]+\])");
+  return std::regex_replace(msg, location, "");
 }
 
 int parse_command_line(CLI::App& app, int argc, const char* const* argv, const std::string& program) {
@@ -330,6 +353,21 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv, const s
   } catch (const CLI::CallForAllHelp&) {
     std::printf("%s", app.help("", CLI::AppFormatMode::All).c_str());
     return 0;
+  } catch (const CLI::ConfigError& e) {
+    // CLI11 says "INI was not able to parse KEY": name the key and the file instead.
+    std::string file;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--config" && i + 1 < argc) file = argv[i + 1];
+      else if (a.rfind("--config=", 0) == 0) file = a.substr(9);
+    }
+    std::string msg = e.what();
+    const std::string prefix = "INI was not able to parse ";
+    if (msg.rfind(prefix, 0) == 0)
+      msg = "unknown key '" + msg.substr(prefix.size()) + "'; keys are the flags' long names without the dashes "
+            "(batch-size = 64), see --help";
+    std::fprintf(stderr, "%s: error: --config %s: %s\n", program.c_str(), file.c_str(), msg.c_str());
+    return 2;
   } catch (const CLI::ParseError& e) {
     std::string msg = e.what();
     for (char& ch : msg) if (ch == '\n') ch = ' ';

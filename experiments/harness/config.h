@@ -31,6 +31,7 @@ struct TrainConfig {
   double synthetic_difficulty = 0.6;
   std::string split = "600,200,200";  // train,val,test per class (integers) or fractions (0.8,0.1,0.1)
   std::string manifest;               // write (or, when it exists, read) the split here
+  bool validate_data = false;         // decode every file before the split; leave unreadable ones out
   std::string augment = "none";       // none | keras | rrc
   std::string resize = "auto";        // auto | center | imagenet | squash | keras (docs/data.md, "Resizing")
   std::string normalize = "imagenet"; // imagenet (mean/std) | unit (pixels / 255, as Keras rescale)
@@ -69,6 +70,7 @@ struct TrainConfig {
   // Weights and outputs.
   std::string init_weights;
   std::string save_weights;
+  std::string save_initial_weights; // the model as initialised (after --init-weights), before any step
   std::string resume;               // a file written by --save-weights (model + optimizer)
   bool summary = false;
   std::string out;                  // folder for metrics.csv and results.json; empty: none
@@ -77,6 +79,7 @@ struct TrainConfig {
   double target_accuracy = 0.0;     // > 0: record the time to reach this validation accuracy
   int64_t progress_every = 20;      // steps between progress lines; 0: per epoch only
   bool quiet = false;
+  bool verbose = false;             // error lines keep the source location of the failed check
 
   // Resolved values (after validate()).
   int64_t resolved_image_size() const;
@@ -113,6 +116,10 @@ CheckpointSpec parse_checkpoint(const std::string& s);
 
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& s);
 std::vector<std::string> parse_word_list(const std::string& s);
+
+// An error's message for a user's line: without `verbose`, the " [data/split.cpp:49]" source
+// locations that MINIDL_CHECK appends are removed (kept with --verbose, for a bug report).
+std::string user_message(const std::exception& e, bool verbose);
 
 // Parses argv into `app`. Returns -1 to go on, 0 after printing --help, 2 after printing one line
 // "<program>: error: ..." for a parse error.

@@ -138,11 +138,48 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   return src;
 }
 
+std::vector<int64_t> per_class(const data::Dataset& d, const std::vector<int64_t>* idx) {
+  std::vector<int64_t> n(d.class_names().size(), 0);
+  const int64_t count = idx ? static_cast<int64_t>(idx->size()) : d.size();
+  for (int64_t k = 0; k < count; ++k) ++n[static_cast<size_t>(d.label(idx ? (*idx)[static_cast<size_t>(k)] : k))];
+  return n;
+}
+
+std::string class_counts(const data::Dataset& d, const std::vector<int64_t>& n) {
+  std::string s;
+  for (size_t c = 0; c < n.size(); ++c) s += (c ? ", " : "") + d.class_names()[c] + " " + std::to_string(n[c]);
+  return s;
+}
+
 }  // namespace
 
 std::string resolved_resize_mode(const TrainConfig& c) {
   if (c.resize != "auto") return c.resize;
   return c.model == "smallcnn" ? "keras" : "center";
+}
+
+void check_classes(const data::Dataset& d, const std::string& what, const std::string& split,
+                   const data::Split* parts) {
+  const std::vector<int64_t> all = per_class(d, nullptr);
+  if (all.size() < 2)
+    throw UsageError("--data '" + what + "': " + std::to_string(all.size()) + " class (" + class_counts(d, all) +
+                     "); training needs at least two classes (a folder per class, or a Kaggle / PetImages layout)");
+  for (size_t c = 0; c < all.size(); ++c)
+    if (all[c] == 0)
+      throw UsageError("--data '" + what + "': class '" + d.class_names()[c] + "' has no usable images (" +
+                       class_counts(d, all) + "); training needs images of every class");
+  if (!parts) return;
+  const std::pair<const char*, const std::vector<int64_t>*> named[] = {
+      {"training", &parts->train}, {"validation", &parts->val}, {"test", &parts->test}};
+  for (const auto& [name, idx] : named) {
+    if (idx->empty()) continue;   // a part the split does not ask for
+    const std::vector<int64_t> n = per_class(d, idx);
+    for (size_t c = 0; c < n.size(); ++c)
+      if (n[c] == 0)
+        throw UsageError("--split " + split + " leaves class '" + d.class_names()[c] + "' without " + name +
+                         " images in '" + what + "' (" + name + " part: " + class_counts(d, n) + "; usable: " +
+                         class_counts(d, all) + ")");
+  }
 }
 
 std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
@@ -181,11 +218,32 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
       throw UsageError("--data '" + c.data + "': " + e.what());
     }
     what = c.data;
+    check_classes(*d, what, c.split);
+    if (c.validate_data) {
+      // Every file decoded once, up front: the unreadable ones leave the dataset before the split,
+      // so no part is short of images and the counts below are usable images.
+      const data::ValidationReport rep = data::validate_dataset(*d, std::max(1, c.workers));
+      r.validation_report = rep.text();
+      if (!rep.unreadable.empty()) {
+        std::vector<int64_t> keep;
+        size_t u = 0;
+        for (int64_t i = 0; i < d->size(); ++i) {
+          if (u < rep.unreadable.size() && rep.unreadable[u].index == i) ++u;
+          else keep.push_back(i);
+        }
+        d = data::subset(d, std::move(keep));
+        check_classes(*d, what, c.split);
+      }
+    }
   }
   const SplitSpec s = parse_split(c.split);
   data::Split split;
   if (!c.manifest.empty() && std::filesystem::exists(c.manifest)) {
-    split = data::read_manifest(c.manifest, *d);
+    try {
+      split = data::read_manifest(c.manifest, *d);
+    } catch (const Error& e) {
+      throw UsageError("--manifest '" + c.manifest + "': " + e.what());
+    }
   } else {
     try {
       split = s.counts ? data::split_by_counts(*d, static_cast<int64_t>(s.parts[0]), static_cast<int64_t>(s.parts[1]),
@@ -194,9 +252,20 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
     } catch (const Error& e) {
       throw UsageError("--split " + c.split + " does not fit " + what + ": " + e.what());
     }
-    if (!c.manifest.empty()) data::write_manifest(c.manifest, *d, split);
+    if (!c.manifest.empty()) {
+      try {
+        data::write_manifest(c.manifest, *d, split);
+      } catch (const Error& e) {
+        throw UsageError("--manifest '" + c.manifest + "' cannot be written (" + e.what() + "); give a path in a "
+                         "writable folder");
+      }
+    }
   }
-  r.description = what + " (" + std::to_string(d->size()) + " images), " + std::to_string(split.train.size()) +
+  if (c.data != "synthetic") check_classes(*d, what, c.split, &split);
+  // Without --validate-data an unreadable file is only found when first read (then skipped): the
+  // count is of files, not of usable images.
+  const std::string counted = c.data == "synthetic" ? " images" : c.validate_data ? " usable images" : " files";
+  r.description = what + " (" + std::to_string(d->size()) + counted + "), " + std::to_string(split.train.size()) +
                   " train / " + std::to_string(split.val.size()) + " val / " + std::to_string(split.test.size()) +
                   " test, augment " + c.augment + ", resize " + resolved_resize_mode(c);
   r.train = loader_source(d, split.train, c, device, image_size, true, c.seed);

@@ -10,6 +10,7 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
+#include "data/dataset.h"
 #include "experiments/harness/config.h"
 
 namespace minidl::harness {
@@ -41,6 +42,7 @@ std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t
 struct RunData {
   std::unique_ptr<BatchSource> train, val, test;  // val / test may hold 0 images (then null)
   std::string description;                        // one line for the log
+  std::string validation_report;                  // --validate-data's report ("" without it)
 };
 
 // The --resize mode in force: the flag, or for auto the convention of the model's world (keras
@@ -48,7 +50,12 @@ struct RunData {
 std::string resolved_resize_mode(const TrainConfig& c);
 
 // The train / val / test sources of a run per c (--data, --split, --augment, ...), batches of
-// c.batch_size (evaluation uses the same size). Throws UsageError for a missing or empty folder.
+// c.batch_size (evaluation uses the same size). Throws UsageError, one line naming the folder and
+// the counts, for a missing or empty folder, fewer than two classes, a class left with no readable
+// image (--validate-data decodes every file first and leaves the unreadable ones out) or a split
+// that leaves a class without images in a part that asks for some.
+void check_classes(const data::Dataset& d, const std::string& what, const std::string& split,
+                   const data::Split* parts = nullptr);
 RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size);
 
 }  // namespace minidl::harness

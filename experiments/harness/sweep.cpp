@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
@@ -80,7 +82,7 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           std::to_string(res ? res->steps : 0),
           fmt(res && !res->epochs.empty() ? res->epochs.back().train_loss : nan),
           fmt(ok && !run.throughput_only ? res->best_val_acc : nan),
-          ok && !run.throughput_only ? std::to_string(res->best_epoch) : "",
+          ok && !run.throughput_only && res->best_epoch > 0 ? std::to_string(res->best_epoch) : "",
           fmt(ok && !run.throughput_only ? res->test_acc : nan),
           res && res->time_to_target >= 0 ? fmt(res->time_to_target, 2) : "",
           fmt(epoch_s, 3),
@@ -147,9 +149,9 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose) {
   } catch (const Interrupted&) {
     ex.interrupted = true;  // not a result: the rerun starts this run again
   } catch (const std::exception& e) {
-    ex.row = make_row(st, run, c, nullptr, "error", e.what(), max_batch, predicted);
+    ex.row = make_row(st, run, c, nullptr, "error", user_message(e, c.verbose), max_batch, predicted);
     ex.json["status"] = "error";
-    ex.json["note"] = e.what();
+    ex.json["note"] = user_message(e, c.verbose);
   }
   return ex;
 }
@@ -224,6 +226,14 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     else append_csv_row(csv, results_header(), row);
   };
   bool found_only = o.only.empty();
+  // The plan first; then "run k/N" and an ETA from the runs finished so far in this session.
+  int to_do = 0;
+  for (const SweepRun& run : st.runs)
+    if ((o.only.empty() || run.id == o.only) && !done.count(run.id)) ++to_do;
+  if (o.verbose && o.only.empty()) std::printf("%s\n", study_plan(st, done).c_str()), std::fflush(stdout);
+  int k = 0;
+  double finished_seconds = 0.0;
+  int finished = 0;
   for (const SweepRun& run : st.runs) {
     if (!o.only.empty() && run.id != o.only) continue;
     found_only = true;
@@ -235,7 +245,20 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       out.interrupted = true;
       break;
     }
-    if (o.verbose) std::printf("== %s / %s\n", st.name.c_str(), run.id.c_str()), std::fflush(stdout);
+    ++k;
+    if (o.verbose) {
+      const std::string eta = finished > 0 ? ", ETA " + format_duration(finished_seconds / finished * (to_do - k + 1)) : "";
+      if (o.only.empty())
+        std::printf("== %s / %s (run %d/%d%s)\n", st.name.c_str(), run.id.c_str(), k, to_do, eta.c_str());
+      else
+        std::printf("== %s / %s\n", st.name.c_str(), run.id.c_str());
+      std::fflush(stdout);
+    }
+    const auto t_run = std::chrono::steady_clock::now();
+    const auto run_done = [&] {
+      finished_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+      ++finished;
+    };
     if (o.process_per_run && o.only.empty()) {
       const std::string before = row_text(csv, run.id);   // a failed row being retried, else ""
       const int rc = spawn_child(o.argv, run.id);
@@ -249,6 +272,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       }
       ++out.ran;
       out.retried += retry.count(run.id) ? 1 : 0;
+      run_done();
       continue;
     }
     Executed ex = execute(st, run, o.verbose);
@@ -263,6 +287,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       f << ex.json.dump() << "\n";
     }
     record(run.id, ex.row);
+    run_done();
     ++out.ran;
     out.retried += retry.count(run.id) ? 1 : 0;
   }
@@ -270,6 +295,83 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   if (o.only.empty()) out.plot_note = write_study_outputs(st, o.out);
   return out;
 }
+
+namespace {
+
+template <typename T>
+std::string joined(const std::set<T>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) {
+    if (!s.empty()) s += sep;
+    if constexpr (std::is_same_v<T, std::string>) s += x;
+    else s += std::to_string(x);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string study_plan(const Study& st, const std::set<std::string>& done) {
+  std::set<std::string> models, optimizers;
+  std::set<int64_t> batches, epochs;
+  int left = 0;
+  for (const auto& r : st.runs) {
+    models.insert(r.config.model);
+    optimizers.insert(r.config.optimizer);
+    batches.insert(r.config.effective_batch());
+    epochs.insert(r.config.epochs);
+    left += done.count(r.id) ? 0 : 1;
+  }
+  std::string s = "plan: " + st.name + (st.quick ? " --quick" : "") + ": " + std::to_string(st.runs.size()) +
+                  " runs (" + std::to_string(st.runs.size() - static_cast<size_t>(left)) + " already done, " +
+                  std::to_string(left) + " to run); model " + joined(models, ",") + ", optimizer " +
+                  joined(optimizers, ",") + ", batch " + joined(batches, ",") + ", epochs " + joined(epochs, ",") + "; " +
+                  run_setting(st, st.runs.empty() ? "cpu" : st.runs.front().config.device);
+  if (std::any_of(st.runs.begin(), st.runs.end(), [](const SweepRun& r) { return r.find_max_batch; }))
+    s += "; each run searches its maximum batch first";
+  return s + "; the ETA follows from the first finished run";
+}
+
+std::string run_setting(const Study& st, const std::string& device_kind) {
+  std::set<int64_t> sizes, epochs;
+  std::string data = "synthetic";
+  for (const auto& r : st.runs) {
+    sizes.insert(r.config.resolved_image_size());
+    epochs.insert(r.config.epochs);
+    data = r.config.data;
+  }
+  std::string s = data == "synthetic" ? std::string("synthetic images") : "photos in " + data;
+  s += ", " + joined(sizes, "/") + " px, " + joined(epochs, "/") + (epochs.size() == 1 && *epochs.begin() == 1 ? " epoch" : " epochs");
+  return s + ", " + device_kind;
+}
+
+std::string accuracy_cell(const std::string& value, int64_t n) {
+  if (value.empty()) return "-";
+  double v = 0;
+  try {
+    v = std::stod(value);
+  } catch (const std::exception&) {
+    return value;
+  }
+  const double band = n > 0 ? 2.0 * std::sqrt(0.25 / static_cast<double>(n)) : 0.05;
+  return std::fabs(v - 0.5) <= band ? value + " (chance)" : value;
+}
+
+namespace {
+
+// Images per part (train, val, test) of a run's split, when it is given as counts per class.
+std::array<int64_t, 3> evaluated_images(const TrainConfig& c) {
+  try {
+    const SplitSpec s = parse_split(c.split);
+    if (!s.counts) return {0, 0, 0};
+    return {2 * static_cast<int64_t>(s.parts[0]), 2 * static_cast<int64_t>(s.parts[1]),
+            2 * static_cast<int64_t>(s.parts[2])};
+  } catch (const std::exception&) {
+    return {0, 0, 0};
+  }
+}
+
+}  // namespace
 
 std::string write_study_outputs(const Study& st, const std::filesystem::path& out) {
   const CsvTable t = read_csv(out / "results.csv");
@@ -306,8 +408,11 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
 
   // Study-specific outputs, or the plot: one series per group, x = (effective) batch size.
   const std::string extra_md = st.extra_outputs ? st.extra_outputs(st, t, runs, out) : "";
+  const std::string device_kind = device.rfind("cuda", 0) == 0 ? device.substr(0, device.find(' ')) : "cpu";
+  const std::string setting = run_setting(st, device_kind);
   PlotSpec plot;
-  plot.title = st.title + (st.quick ? " (quick)" : "");
+  // Short enough for the plot's width; summary.md has the study's full title.
+  plot.title = st.name + ": " + setting + (st.quick ? ", a scaled-down check" : "");
   plot.xlabel = st.name == "techniques" ? "technique (row order)" : "batch size";
   plot.ylabel = st.plot_ylabel;
   plot.logx = st.name != "techniques";
@@ -331,7 +436,13 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
     for (size_t i = 0; i < t.rows.size(); ++i) {
       if (t.get(i, "run_id") != run.id) continue;
       Row r;
-      for (const auto& col : st.summary_columns) r.push_back(t.get(i, col));
+      const auto n = evaluated_images(run.config);
+      for (const auto& col : st.summary_columns) {
+        const std::string v = t.get(i, col);
+        if (col == "test_acc") r.push_back(accuracy_cell(v, n[2]));
+        else if (col == "best_val_acc") r.push_back(accuracy_cell(v, n[1]));
+        else r.push_back(v.empty() ? "-" : v);
+      }
       rows.push_back(r);
     }
   }
@@ -339,11 +450,24 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   md += "- study: `" + st.name + "`" + (st.quick ? " with `--quick`" : "") + "\n";
   md += "- commit: " + j["commit"].get<std::string>() + "\n- device: " + device + "\n- date: " +
         j["date"].get<std::string>() + "\n";
-  md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n\n";
+  md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n";
+  md += "- what ran: " + setting + "\n";
+  if (!st.published_setup.empty()) {
+    const bool synthetic = !st.runs.empty() && st.runs.front().config.data == "synthetic";
+    md += "- setting: " +
+          (st.quick ? "**a scaled-down check, not a reproduction** (--quick); published: " + st.published_setup
+           : synthetic ? "the published sizes and epochs, but on synthetic images, not the photos; published: " +
+                             st.published_setup
+                       : "the published one (" + st.published_setup + ")") +
+          "\n";
+  }
+  md += "- `-`: no value (no validation or test split, or a run that stopped); `(chance)`: within two standard "
+        "errors of 50% for the images evaluated\n\n";
   md += markdown_table(st.summary_columns, rows) + "\n";
   if (st.extra_outputs) md += extra_md;
   else md += note.empty() ? "![" + st.plot_ylabel + "](" + png + ")\n\n" : "No plot: " + note + "\n\n";
-  md += st.notes + "\n";
+  md += (st.quick && !st.published_setup.empty() ? "**This table is a scaled-down check, not a reproduction.** " : "") + st.notes +
+        "\n";
   write_file_atomic(out / "summary.md", md);
   return note;
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct Study {
   std::string plot_ylabel = "test accuracy";
   std::vector<std::string> summary_columns; // results.csv columns shown in summary.md
   std::string notes;                        // what the published study found, for summary.md
+  std::string published_setup;              // the published runs' data, size and epochs ("" for a grid)
   // Study-specific outputs (the batch-schedule study's curves and per-variant means): given the
   // study, results.csv, every run's latest record (runs.jsonl) and the folder, it writes its plots
   // and returns Markdown for summary.md, placed after the table; the plot against the batch size
@@ -63,6 +65,17 @@ Study batch_schedule_study(bool quick, const TrainConfig& base);
 // The study's folder under --out: <name>[-<variant>][-quick-<cpu|cuda>], e.g. utilization-amp,
 // keras-batch-quick-cpu.
 std::string study_folder(const Study& st, const std::string& device_kind);
+
+// The line a sweep prints before its first run: runs (done and to run), models, optimizers,
+// (effective) batches, epochs and run_setting().
+std::string study_plan(const Study& st, const std::set<std::string>& done);
+// What summary.md and every plot title say was run: the data (synthetic or the folder), image
+// size(s), epochs and device, e.g. "synthetic, 32 px, 3 epochs, cpu". The summary adds whether the
+// setting is the published one; a --quick study is "a scaled-down check, not a reproduction".
+std::string run_setting(const Study& st, const std::string& device_kind);
+// An accuracy cell for summary.md: "0.5125 (chance)" when it is within two binomial standard
+// errors of 50% (two balanced classes) for `n` evaluated images (n <= 0: within 5 points).
+std::string accuracy_cell(const std::string& value, int64_t n);
 
 // A grid over the base configuration: every combination of the lists (empty: the base's value).
 Study make_grid(const TrainConfig& base, const std::vector<int64_t>& batches, const std::vector<std::string>& optimizers,

@@ -84,8 +84,10 @@ struct Progress {
   int64_t batch_size = 0;       // the plan of a partial epoch depends on these two (the micro-batch
   int64_t accumulation_steps = 0;  //   and accumulation used, after a batch schedule's fallback)
   int64_t scheduled_batch = 0;  // the batch the schedule asked for in `epoch` (0: batch_size)
-  double best_val_acc = 0.0;    // over complete epochs only (a partial epoch's evaluation is not
-  int64_t best_epoch = 0;       //   one the uninterrupted run would have made)
+  // The best validation accuracy (NaN: none yet) and its epoch, over complete epochs only (a
+  // partial epoch's evaluation is not one the uninterrupted run would have made).
+  double best_val_acc = std::numeric_limits<double>::quiet_NaN();
+  int64_t best_epoch = 0;
   double time_to_target = -1.0;
   double train_seconds = 0.0;   // training time of every session so far
   uint64_t rng_seed = 0;        // the default generator (dropout draws), as checkpoint() replays it
@@ -172,9 +174,26 @@ int64_t param_bytes(nn::Module& m) {
 }  // namespace
 
 void install_sigint_handler() { std::signal(SIGINT, on_sigint); }
+
 bool stop_requested() { return g_stop.load(); }
 void request_stop() { g_stop.store(true); }
 void clear_stop() { g_stop.store(false); }
+
+std::string value_or_dash(double v, int digits, double scale, const char* suffix) {
+  if (!std::isfinite(v)) return "-";
+  char b[64];
+  std::snprintf(b, sizeof(b), "%.*f%s", digits, v * scale, suffix);
+  return b;
+}
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(std::llround(std::max(0.0, seconds)));
+  char b[48];
+  if (s < 60) std::snprintf(b, sizeof(b), "%lld s", s);
+  else if (s < 3600) std::snprintf(b, sizeof(b), "%lldm%02llds", s / 60, s % 60);
+  else std::snprintf(b, sizeof(b), "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  return b;
+}
 
 std::string device_description(Device d) {
   if (d.is_cuda()) return "cuda:" + std::to_string(d.index) + " (" + backend(d).name() + ")";
@@ -236,6 +255,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   Model m = make_model(c, c.seed * 4 + 3);
   if (!c.init_weights.empty()) m.module->load_state_dict(nn::load_safetensors(c.init_weights).tensors);
   if (!c.resume.empty()) m.module->load_state_dict(nn::load_safetensors(c.resume).tensors);
+  if (!c.save_initial_weights.empty()) {
+    nn::save_safetensors(c.save_initial_weights, m.module->state_dict(), {{"model", c.model}, {"steps", "0"}});
+    log("saved the initial weights to " + c.save_initial_weights);
+  }
   m.module->to(device);
   m.module->train();
   r.parameters = m.module->num_parameters();
@@ -273,6 +296,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     if (optimal_under_budget && limit > 0) m.recomputer->set_memory_limit(static_cast<int64_t>(limit));
   };
   set_optimal_limit(c.batch_size);
+  if (!data.validation_report.empty()) log(data.validation_report);
   r.data_description = data.description;
   const EpochBatches batches(c, data.train->size());   // --batch-schedule (a fixed batch without it)
   int64_t total_steps = batches.total_steps();
@@ -374,6 +398,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   log(head.str());
 
   double train_seconds = prog.train_seconds;
+  // The progress lines' ETA: wall time per optimizer step so far in this session (evaluations
+  // and phase trials included), times the steps left.
+  const auto t_loop = Clock::now();
+  const int64_t steps_at_start = opt->step_count();
   bool stop = false;
   for (int64_t epoch = first_epoch; epoch <= c.epochs && !stop; ++epoch) {
     if (epoch > first_epoch && stop_requested()) {  // SIGINT during the last evaluation
@@ -472,15 +500,18 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         if (!c.quiet && c.progress_every > 0 && step % c.progress_every == 0) {
           const double dt = seconds_since(t0);
           const auto ms = memory_stats(device);
-          char line[256];
+          const double eta = seconds_since(t_loop) / static_cast<double>(step - steps_at_start) *
+                             static_cast<double>(std::max<int64_t>(0, total_steps - step));
+          char line[288];
           std::snprintf(line, sizeof(line),
-                        "epoch %lld step %lld  loss %.4f  acc %.2f%%  %.1f img/s  data wait %.1f%%  "
-                        "mem %.1f / %.1f MiB",
+                        "epoch %lld step %lld/%lld  loss %.4f  acc %.2f%%  %.1f img/s  data wait %.1f%%  "
+                        "mem %.1f / %.1f MiB  ETA %s",
                         static_cast<long long>(epoch), static_cast<long long>(step),
+                        static_cast<long long>(total_steps),
                         loss_sum / static_cast<double>(em.images),
                         100.0 * static_cast<double>(correct) / static_cast<double>(em.images),
                         static_cast<double>(em.images) / dt, 100.0 * (data.train->wait_seconds() - wait0) / dt,
-                        mib(ms.allocated_bytes), mib(ms.peak_allocated_bytes));
+                        mib(ms.allocated_bytes), mib(ms.peak_allocated_bytes), format_duration(eta).c_str());
           log(line + phase_note);
         }
         if (stop_requested()) {
@@ -533,7 +564,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       const EvalResult v = evaluate(m, data.val.get());
       em.val_loss = v.loss;
       em.val_acc = v.acc;
-      if (std::isfinite(v.acc) && v.acc > r.best_val_acc) r.best_val_acc = v.acc, r.best_epoch = epoch;
+      if (std::isfinite(v.acc) && !(v.acc <= r.best_val_acc)) r.best_val_acc = v.acc, r.best_epoch = epoch;
       if (c.target_accuracy > 0 && r.time_to_target < 0 && v.acc >= c.target_accuracy) r.time_to_target = train_seconds;
       if (complete) {
         prog.best_val_acc = r.best_val_acc;
@@ -547,10 +578,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       r.epochs.push_back(em);
       char line[320];
       std::snprintf(line, sizeof(line),
-                    "epoch %lld/%lld done: loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.1f img/s  "
+                    "epoch %lld/%lld done: loss %.4f  acc %.2f%%  val loss %s  val acc %s  %.1f img/s  "
                     "data wait %.1f%%  peak %.1f MiB  %.1f s",
                     static_cast<long long>(epoch), static_cast<long long>(c.epochs), em.train_loss,
-                    100.0 * em.train_acc, em.val_loss, 100.0 * em.val_acc, em.images_per_second,
+                    100.0 * em.train_acc, value_or_dash(em.val_loss, 4).c_str(),
+                    value_or_dash(em.val_acc, 2, 100.0, "%").c_str(), em.images_per_second,
                     100.0 * em.data_wait_fraction, mib(em.peak_allocated), em.train_seconds);
       log(line);
       if (hooks.on_epoch) hooks.on_epoch(em);

@@ -48,9 +48,9 @@ struct RunResult {
   int64_t parameters = 0;
   double lr = 0.0;                // the base lr after batch scaling
   int64_t warmup_steps = 0;
-  double best_val_acc = 0.0;
-  int64_t best_epoch = 0;
-  double test_acc = 0.0;          // NaN when there is no test set
+  double best_val_acc = std::numeric_limits<double>::quiet_NaN();  // NaN: no validation result
+  int64_t best_epoch = 0;         // 0 with a NaN best_val_acc
+  double test_acc = 0.0;          // NaN when there is no test set (or the run diverged)
   double test_loss = 0.0;
   double time_to_target = -1.0;   // training seconds to reach --target-accuracy; -1: never
   double total_seconds = 0.0;
@@ -91,6 +91,12 @@ void install_sigint_handler();
 bool stop_requested();
 void request_stop();   // as SIGINT (tests)
 void clear_stop();
+
+// For users' lines: v with `digits` decimals (times `scale`, then `suffix`), or "-" when v is not a
+// number (no validation split, a diverged run), never "nan" or a made-up 0.
+std::string value_or_dash(double v, int digits, double scale = 1.0, const char* suffix = "");
+// "45 s", "3m05s", "1h02m": an estimated time left.
+std::string format_duration(double seconds);
 
 // "cpu: <model name> (N threads)" or the CUDA device.
 std::string device_description(Device d);

@@ -9,3 +9,12 @@ if(MINIDL_WITH_EMU)
   target_link_libraries(emu_device PRIVATE minidl_emu GTest::gtest_main minidl_warnings)
   gtest_discover_tests(emu_device TEST_PREFIX "emu_device." PROPERTIES LABELS "cuda-emu" DISCOVERY_TIMEOUT 120)
 endif()
+
+# The race check of docs/cuda.md in every run: the kernel and optimizer suites again with the
+# fibers between barriers in another (seeded) order; deterministic kernels must not notice.
+foreach(_suite kernels_cuda_emu optim_cuda_emu)
+  if(TARGET ${_suite})
+    add_test(NAME ${_suite}.second_schedule COMMAND ${_suite} --gtest_brief=1)
+    set_tests_properties(${_suite}.second_schedule PROPERTIES ENVIRONMENT "MINIDL_EMU_SCHEDULE=7" LABELS "cuda-emu")
+  endif()
+endforeach()

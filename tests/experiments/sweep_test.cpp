@@ -136,7 +136,12 @@ TEST(ExperimentsSweep, BatchScheduleStudyComparesLikeWithLike) {
   EXPECT_TRUE(full.extra_outputs) << "its own plots and means";
   TrainConfig photos;
   photos.data = "/photos";
-  EXPECT_EQ(make_study("batch-schedule", false, photos).runs[0].config.normalize, "unit") << "as keras-batch";
+  EXPECT_EQ(make_study("batch-schedule", false, photos).runs[0].config.normalize, "imagenet")
+      << "zero-mean photos: at 1/255 plain SGD stays at chance for epochs";
+  EXPECT_EQ(make_study("keras-batch", false, photos).runs[0].config.normalize, "unit") << "the article's rescale";
+  for (const std::string name : {"keras-batch", "batch-schedule"})
+    for (const auto& r : make_study(name, false, photos).runs)
+      EXPECT_EQ(r.config.diverge_loss, TrainConfig{}.diverge_loss) << name << ": the default safety net, not overridden";
   const Study quick = make_study("batch-schedule", true, TrainConfig{});
   EXPECT_EQ(quick.runs.size(), 9u) << "three variants x three seeds";
   EXPECT_EQ(quick.runs[3].id, "decay-lr-s1");
@@ -311,6 +316,30 @@ TEST(ExperimentsMemest, EstimateAddsUpAndTracksTheMeasuredPeak) {
   EXPECT_GT(rows[1].measured_peak, rows[0].measured_peak);
   EXPECT_EQ(rows[1].estimate.optimizer_state, 2 * rows[1].estimate.parameters);
   EXPECT_LT(std::abs(rows[1].error_pct()), 50.0) << memest_table(rows);
+}
+
+}  // namespace
+}  // namespace minidl::harness
+
+namespace minidl::harness {
+namespace {
+
+// summary.md's honesty: chance-level accuracies are marked (two binomial standard errors around
+// 50%), missing values are '-', and the setting line names data, size, epochs and device.
+TEST(ExperimentsSweep, SummaryMarksChanceAndSaysWhatRan) {
+  EXPECT_EQ(accuracy_cell("0.5400", 400), "0.5400 (chance)") << "2 x sqrt(0.25 / 400) = 5 points";
+  EXPECT_EQ(accuracy_cell("0.5600", 400), "0.5600");
+  EXPECT_EQ(accuracy_cell("0.4500", 400), "0.4500 (chance)");
+  EXPECT_EQ(accuracy_cell("0.9000", 20), "0.9000");
+  EXPECT_EQ(accuracy_cell("", 400), "-");
+  const Study quick = make_study("keras-batch", true, TrainConfig{});
+  EXPECT_EQ(run_setting(quick, "cpu"), "synthetic images, 32 px, 3 epochs, cpu");
+  TrainConfig photos;
+  photos.data = "/photos";
+  EXPECT_EQ(run_setting(make_study("keras-batch", false, photos), "cuda:0"), "photos in /photos, 200 px, 5 epochs, cuda:0");
+  const std::string plan = study_plan(quick, {"b16-sgd-none"});
+  EXPECT_NE(plan.find("20 runs (1 already done, 19 to run)"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("batch 16,32,64,128,256"), std::string::npos) << plan;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The Keras study's small CNN: its parameter count at 200x200 equals the Keras model's, its
-// initialisation follows Keras (He-uniform, Glorot-uniform output, zero biases), names are stable,
+// initialisation follows Keras' defaults (Glorot-uniform kernels, zero biases), names are stable,
 // bad input sizes are refused with the fix, and it learns (loss falls with SGD on a fixed batch).
 #include <gtest/gtest.h>
 
@@ -44,8 +44,9 @@ TEST(KerasSmallCnn, InitialisationFollowsKeras) {
     EXPECT_NEAR(std::sqrt(sq / static_cast<double>(v.size())), bound / std::sqrt(3.0), 0.1 * bound) << what;
     EXPECT_GT(hi, 0.9 * bound) << what;
   };
-  check_uniform(sd.at("conv.weight"), std::sqrt(6.0 / 27.0), "conv he_uniform");
-  check_uniform(sd.at("fc1.weight"), std::sqrt(6.0 / (32.0 * 16 * 16)), "fc1 he_uniform");
+  // glorot_uniform: fan_in + fan_out, with the receptive field in both for the convolution.
+  check_uniform(sd.at("conv.weight"), std::sqrt(6.0 / (27.0 + 288.0)), "conv glorot_uniform");
+  check_uniform(sd.at("fc1.weight"), std::sqrt(6.0 / (32.0 * 16 * 16 + 128.0)), "fc1 glorot_uniform");
   check_uniform(sd.at("fc2.weight"), std::sqrt(6.0 / 129.0), "fc2 glorot_uniform");
   for (const char* b : {"conv.bias", "fc1.bias", "fc2.bias"}) {
     for (double x : sd.at(b).to_vector()) ASSERT_EQ(x, 0.0) << b;

@@ -4,7 +4,7 @@
 # test executables link it; the real library never contains any of this.
 # Output: MINIDL_WITH_EMU, and the target minidl_emu when ON.
 set(MINIDL_WITH_EMU OFF)
-option(MINIDL_EMU_ASAN "Build the emulated device and its tests with AddressSanitizer (device memory no tensor owns is poisoned)" OFF)
+option(MINIDL_EMU_ASAN "Build the emulated device and its tests with AddressSanitizer (device memory no tensor owns is poisoned)" ON)
 if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
   find_package(Boost 1.74 CONFIG QUIET COMPONENTS context)   # Debian: libboost-context-dev
   if(NOT Boost_FOUND)
