@@ -15,16 +15,12 @@
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "tests/nn/small_net.h"
 
 namespace minidl::nn {
 namespace {
 
-std::shared_ptr<Sequential> small_net(Generator& gen) {
-  return std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-      std::make_shared<Conv2d>(3, 4, 3, 1, 1, 1, true, &gen), std::make_shared<BatchNorm2d>(4),
-      std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2), std::make_shared<Flatten>(),
-      std::make_shared<Linear>(4 * 4 * 4, 5, true, &gen)});
-}
+using testing::small_net;
 
 std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tensor>>& v) {
   std::vector<std::string> out;
@@ -127,24 +123,6 @@ TEST(ModuleTest, ZeroGrad) {
   for (const Tensor& p : net->parameters()) EXPECT_TRUE(p.grad().defined());
   net->zero_grad();
   for (const Tensor& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
-}
-
-TEST(ModuleTest, ToCudaKeepsParameterIdentity) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the cross-device move is not exercised";
-  Generator gen(4);
-  auto net = small_net(gen);
-  sum((*net)(randn({2, 3, 8, 8}, {}, &gen))).backward();
-  const Tensor w = net->named_parameters()[0].second;
-  const Tensor before = w.detach().clone();
-  net->to(Device::cuda(0));
-  EXPECT_TRUE(w.device().is_cuda());
-  EXPECT_TRUE(w.grad().device().is_cuda());
-  const Tensor y = (*net)(randn({2, 3, 8, 8}, {}, &gen).to(Device::cuda(0)));
-  EXPECT_EQ(y.shape(), (Shape{2, 5}));
-  EXPECT_TRUE(w.is_leaf() && w.requires_grad());
-  EXPECT_TRUE(net->named_buffers()[2].second.device().is_cuda());
-  net->to(Device::cpu());
-  EXPECT_TRUE(allclose(w, before, 0, 0));
 }
 
 // to(DType) converts in place like to(Device): an optimizer holding parameters() before the

@@ -153,17 +153,6 @@ TEST(SafetensorsRoundTrip, NonContiguousInputsAreWrittenContiguous) {
   }
 }
 
-TEST(SafetensorsRoundTrip, CudaTensorsAreCopiedToTheCpu) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const fs::path dir = temp_dir("cuda");
-  const Tensor cpu = from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
-  save_safetensors((dir / "t.safetensors").string(),
-                   {{"w", cpu.to(Device::cuda()).t()}, {"h", cpu.to(DType::f16).to(Device::cuda())}});
-  const SafetensorsFile f = load_safetensors((dir / "t.safetensors").string());
-  EXPECT_EQ(f.tensors.at("w").to_vector(), cpu.t().to_vector());
-  EXPECT_EQ(f.tensors.at("h").to_vector(), cpu.to_vector());
-}
-
 TEST(SafetensorsRoundTrip, Metadata) {
   const fs::path dir = temp_dir("metadata");
   const std::map<std::string, std::string> meta = {
