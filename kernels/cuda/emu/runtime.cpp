@@ -99,6 +99,30 @@ const bool g_hooks = [] {
   return true;
 }();
 
+// Streams and events are heap objects whose addresses are the handles, kept in a registry so a
+// destroyed or foreign handle gets CUDA's cudaErrorInvalidResourceHandle instead of a crash.
+using Registry = std::set<const void*> State::*;
+
+template <typename T, typename Handle>
+cudaError_t create_handle(Handle* out, T init, Registry registry, const char* call) {
+  if (out == nullptr) return fail(cudaErrorInvalidValue, std::string(call) + ": NULL");
+  auto* h = new T(init);
+  *out = reinterpret_cast<Handle>(h);
+  State& s = st();
+  std::lock_guard<std::mutex> lock(s.mu);
+  (s.*registry).insert(h);
+  return cudaSuccess;
+}
+
+template <typename T, typename Handle>
+cudaError_t destroy_handle(Handle h, Registry registry, const char* why) {
+  State& s = st();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if ((s.*registry).erase(h) == 0) return fail(cudaErrorInvalidResourceHandle, why);
+  delete reinterpret_cast<T*>(h);
+  return cudaSuccess;
+}
+
 }  // namespace
 
 void set_last_error(cudaError_t e, const std::string& detail) {
@@ -320,23 +344,13 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
 cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
-  if (s == nullptr) return fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: NULL");
-  auto* e = new EmuStream{flags};
-  *s = reinterpret_cast<cudaStream_t>(e);
-  State& st_ = st();
-  std::lock_guard<std::mutex> lock(st_.mu);
-  st_.streams.insert(e);
-  return cudaSuccess;
+  return create_handle(s, EmuStream{flags}, &State::streams, "cudaStreamCreateWithFlags");
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  State& st_ = st();
-  std::lock_guard<std::mutex> lock(st_.mu);
-  if (st_.streams.erase(s) == 0) return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a live stream");
-  delete reinterpret_cast<EmuStream*>(s);
-  return cudaSuccess;
+  return destroy_handle<EmuStream>(s, &State::streams, "cudaStreamDestroy: not a live stream");
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
@@ -358,23 +372,13 @@ static bool event_live(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
-  if (e == nullptr) return fail(cudaErrorInvalidValue, "cudaEventCreate: NULL");
-  auto* ev = new EmuEvent{flags};
-  *e = reinterpret_cast<cudaEvent_t>(ev);
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.events.insert(ev);
-  return cudaSuccess;
+  return create_handle(e, EmuEvent{flags}, &State::events, "cudaEventCreate");
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (s.events.erase(e) == 0) return fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not a live event");
-  delete reinterpret_cast<EmuEvent*>(e);
-  return cudaSuccess;
+  return destroy_handle<EmuEvent>(e, &State::events, "cudaEventDestroy: not a live event");
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
