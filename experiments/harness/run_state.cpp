@@ -1,0 +1,78 @@
+// Saving and reading back a run's progress for --save-weights / --resume (see run_state.h).
+#include "experiments/harness/run_state.h"
+
+#include <cstdio>
+#include <exception>
+
+#include "experiments/harness/config.h"
+#include "nn/safetensors.h"
+
+namespace minidl::harness {
+
+namespace {
+
+std::string exact(double v) {
+  char b[40];
+  std::snprintf(b, sizeof(b), "%.17g", v);
+  return b;
+}
+
+}  // namespace
+
+std::string optimizer_state_path(const std::string& weights) { return weights + ".optimizer.safetensors"; }
+
+std::map<std::string, std::string> progress_metadata(const std::string& model, const Progress& p, int64_t steps) {
+  return {{"model", model},
+          {"epoch", std::to_string(p.epoch)},
+          {"micro_batches", std::to_string(p.micro_batches)},
+          {"batch_size", std::to_string(p.batch_size)},
+          {"accumulation_steps", std::to_string(p.accumulation_steps)},
+          {"scheduled_batch", std::to_string(p.scheduled_batch)},
+          {"steps", std::to_string(steps)},
+          {"best_val_acc", exact(p.best_val_acc)},
+          {"best_epoch", std::to_string(p.best_epoch)},
+          {"time_to_target", exact(p.time_to_target)},
+          {"train_seconds", exact(p.train_seconds)},
+          {"rng_seed", std::to_string(p.rng_seed)},
+          {"rng_offset", std::to_string(p.rng_offset)}};
+}
+
+// Files saved before these keys existed carry only "epoch" (and "steps"): a complete epoch.
+Progress progress_from(const std::map<std::string, std::string>& meta, const std::string& path) {
+  Progress p;
+  const auto get = [&](const char* k) -> const std::string* {
+    auto it = meta.find(k);
+    return it == meta.end() ? nullptr : &it->second;
+  };
+  try {
+    if (auto v = get("epoch")) p.epoch = std::stoll(*v);
+    if (auto v = get("micro_batches")) p.micro_batches = std::stoll(*v);
+    if (auto v = get("batch_size")) p.batch_size = std::stoll(*v);
+    if (auto v = get("accumulation_steps")) p.accumulation_steps = std::stoll(*v);
+    p.scheduled_batch = p.batch_size;
+    if (auto v = get("scheduled_batch")) p.scheduled_batch = std::stoll(*v);
+    if (auto v = get("best_val_acc")) p.best_val_acc = std::stod(*v);
+    if (auto v = get("best_epoch")) p.best_epoch = std::stoll(*v);
+    if (auto v = get("time_to_target")) p.time_to_target = std::stod(*v);
+    if (auto v = get("train_seconds")) p.train_seconds = std::stod(*v);
+    if (get("rng_seed") && get("rng_offset")) {
+      p.rng_seed = std::stoull(*get("rng_seed"));
+      p.rng_offset = std::stoull(*get("rng_offset"));
+      p.has_rng = true;
+    }
+  } catch (const std::exception&) {
+    throw UsageError("--resume " + path + ": its metadata is not what --save-weights writes");
+  }
+  return p;
+}
+
+void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, const optim::GradScaler& scaler,
+                const Progress& p) {
+  // Model weights under torchvision's names (loadable by torchvision); optimizer and gradient
+  // scaler ("scaler.*" keys, only with --amp) beside them, both with the same progress metadata.
+  const auto meta = progress_metadata(m.name, p, opt.step_count());
+  nn::save_safetensors(path, m.module->state_dict(), meta);
+  nn::save_safetensors(optimizer_state_path(path), optim::training_state_dict(opt, scaler), meta);
+}
+
+}  // namespace minidl::harness

@@ -1,0 +1,47 @@
+// The state --save-weights writes and --resume reads beside the tensors: where the optimizer file
+// goes, and the run's progress as safetensors metadata (strings), so a resumed run continues
+// exactly where the saved one stopped. Internal to the harness (train.cpp).
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "experiments/harness/model.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+
+namespace minidl::harness {
+
+// What --resume needs beyond the tensors, kept as safetensors metadata (strings) in both files.
+struct Progress {
+  int64_t epoch = 0;            // the last epoch trained, fully or partly
+  int64_t micro_batches = 0;    // micro-batches of `epoch` done; 0: the epoch is complete
+  int64_t batch_size = 0;       // the plan of a partial epoch depends on these two (the micro-batch
+  int64_t accumulation_steps = 0;  //   and accumulation used, after a batch schedule's fallback)
+  int64_t scheduled_batch = 0;  // the batch the schedule asked for in `epoch` (0: batch_size)
+  // The best validation accuracy (NaN: none yet) and its epoch, over complete epochs only (a
+  // partial epoch's evaluation is not one the uninterrupted run would have made).
+  double best_val_acc = std::numeric_limits<double>::quiet_NaN();
+  int64_t best_epoch = 0;
+  double time_to_target = -1.0;
+  double train_seconds = 0.0;   // training time of every session so far
+  uint64_t rng_seed = 0;        // the default generator (dropout draws), as checkpoint() replays it
+  uint64_t rng_offset = 0;
+  bool has_rng = false;
+};
+
+// The optimizer + gradient-scaler file saved beside the weights file.
+std::string optimizer_state_path(const std::string& weights);
+
+// The metadata both files carry, and its reading back (older files carry only "epoch" and
+// "steps"); a malformed value is a UsageError naming the file.
+std::map<std::string, std::string> progress_metadata(const std::string& model, const Progress& p, int64_t steps);
+Progress progress_from(const std::map<std::string, std::string>& meta, const std::string& path);
+
+// Writes the model's weights (torchvision's names) to path and the optimizer and scaler state
+// beside it, both with the progress metadata.
+void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, const optim::GradScaler& scaler,
+                const Progress& p);
+
+}  // namespace minidl::harness
