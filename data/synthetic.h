@@ -18,7 +18,8 @@ struct SyntheticImages {
 // 22-35% of the size, period 3-8 pixels, phase and colour), pixel noise and a distracting Gaussian
 // blob. Class 0 stripes vary along x (orientation 0 deg), class 1 along y (90 deg), each jittered by
 // up to difficulty * 45 deg, so at difficulty 1 the classes touch at the diagonal and some images
-// are ambiguous. difficulty (in [0, 1]) also scales the noise (std 0.15 + 0.6 * difficulty) and the
+// are ambiguous. difficulty (in [0, 1]) also scales the noise (std 0.15 + 0.6 * difficulty, times
+// 64 / size above 64 px, so the total noise energy stops growing with the pixel count) and the
 // blob, and lowers the contrast. At the default, the SmallCnn of nn/functional_cnn.h reaches ~99% at
 // 32x32 in five epochs of 2048 images. The same (n, size, seed, difficulty) gives the same images on
 // any thread count.
