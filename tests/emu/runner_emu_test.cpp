@@ -14,40 +14,12 @@
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/emu/runner.h"
 #include "kernels/cuda/emu/runtime_state.h"
+#include "tests/emu/emu_test_util.h"
 
 namespace minidl::cuda {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
-
-// Device buffer of n Ts, copied back with host().
-template <typename T>
-struct Buf {
-  explicit Buf(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p, 0, n * sizeof(T)), cudaSuccess);
-  }
-  ~Buf() { cudaFree(p); }
-  T* get() const { return static_cast<T*>(p); }
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-  void* p = nullptr;
-  size_t n;
-};
-
-// The message of the error `f` throws ("" when none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // ---- Kernels ----
 
@@ -67,7 +39,7 @@ __global__ void votes_kernel(unsigned* out) {
 }
 
 __global__ void block_sum_kernel(const float* x, float* out, int n) {
-  __shared__ float s[32];
+  MINIDL_SHARED_ARRAY(float, s, 32);
   float v = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[i];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(kFull, v, o);
@@ -82,7 +54,7 @@ __global__ void block_sum_kernel(const float* x, float* out, int n) {
 
 // The same block sum staged through dynamic shared memory (the launch's smem bytes).
 __global__ void dynamic_block_sum_kernel(const float* x, float* out, int n) {
-  float* s = dynamic_shared<float>();
+  const auto s = dynamic_shared<float>();
   float v = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[i];
   s[threadIdx.x] = v;
@@ -126,7 +98,7 @@ __global__ void noop_kernel(int* out) {
 }
 
 __global__ void last_writer_kernel(int* out) {
-  __shared__ int s;
+  MINIDL_SHARED_VAR(int, s);
   s = static_cast<int>(threadIdx.x);   // planted race: every thread writes, the last one wins
   __syncthreads();
   if (threadIdx.x == 0) out[blockIdx.x] = s;

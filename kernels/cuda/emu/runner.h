@@ -37,9 +37,6 @@ void run_grid(const char* op, const char* kernel_name, void (*kernel)(P...), dim
   run_grid_erased(LaunchInfo{op, kernel_name, grid, block, smem, stream}, body, &call);
 }
 
-// The running block's dynamic shared memory (LaunchInfo::smem bytes, 16-byte aligned).
-unsigned char* dynamic_shared_bytes();
-
 // The fiber order between barriers: 0 runs threads in index order; any other seed runs them in
 // a seeded random order (a second valid schedule, for races). Default: MINIDL_EMU_SCHEDULE or 0.
 void set_schedule_seed(uint64_t seed);
