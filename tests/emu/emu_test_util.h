@@ -1,5 +1,5 @@
 // What the emulated device's own tests share: a device buffer copied back to the host, and the
-// message of the minidl::Error a launch throws.
+// message of the minidl::Error a launch throws (at the launch, or when its stream runs).
 #pragma once
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -29,15 +29,23 @@ struct Buf {
   size_t n;
 };
 
-// The message of the error `f` throws ("" when none).
+// The message of the error `f` throws ("" when none), its kernels run (deferred streams) included.
 template <typename F>
 std::string error_of(F&& f) {
   try {
     f();
+    cudaDeviceSynchronize();
   } catch (const Error& e) {
     return e.what();
   }
   return "";
+}
+
+// Runs `f` and the device work it queued (deferred streams).
+template <typename F>
+void run_now(F&& f) {
+  f();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 }  // namespace minidl::cuda

@@ -223,7 +223,7 @@ TEST(EmuChecksDeathTest, MisalignedVectorLoadsStopTheProgram) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   Buf<float> x(64), out(32);
   // The load from x + 1 ends the process with UBSan's alignment report, which names the type.
-  EXPECT_DEATH(MINIDL_LAUNCH("test", misaligned_float4_kernel, 1, 32, 0, nullptr, x.get(), out.get()),
+  EXPECT_DEATH(run_now([&] { MINIDL_LAUNCH("test", misaligned_float4_kernel, 1, 32, 0, nullptr, x.get(), out.get()); }),
                "misaligned address .* for type 'const (struct )?float4', which requires 16 byte alignment");
 }
 
@@ -233,8 +233,11 @@ TEST(EmuChecksDeathTest, OverrunInsideACachedSegmentIsReportedUnderAsan) {
   if (!emu::asan_build()) GTEST_SKIP() << "needs the ASan build of the emulator (-DMINIDL_EMU_ASAN=ON)";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const Tensor t = empty({10}, {DType::f32, Device::cuda(0)});
-  MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 9);   // in bounds
-  EXPECT_DEATH(MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 10),
+  // The block is handed out in its (non-blocking) context stream's order; the legacy stream below
+  // does not wait for that stream, so synchronize first (as on a GPU).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  run_now([&] { MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 9); });   // in bounds
+  EXPECT_DEATH(run_now([&] { MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 10); }),
                "AddressSanitizer: use-after-poison");
 }
 
@@ -244,7 +247,7 @@ TEST(EmuChecks, ASecondScheduleExposesARace) {
   auto run = [&](uint64_t seed) {
     emu::set_schedule_seed(seed);
     Buf<int> out(blocks);
-    MINIDL_LAUNCH("test", last_writer_kernel, blocks, threads, 0, nullptr, out.get());
+    run_now([&] { MINIDL_LAUNCH("test", last_writer_kernel, blocks, threads, 0, nullptr, out.get()); });
     emu::set_schedule_seed(prev);
     return out.host();
   };
@@ -258,9 +261,9 @@ TEST(EmuChecks, ASecondScheduleExposesARace) {
   Buf<float> dx(n), a(2), b(2);
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   emu::set_schedule_seed(0);
-  MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), a.get(), n);
+  run_now([&] { MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), a.get(), n); });
   emu::set_schedule_seed(777);
-  MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), b.get(), n);
+  run_now([&] { MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), b.get(), n); });
   emu::set_schedule_seed(prev);
   EXPECT_EQ(a.host(), b.host());
 }

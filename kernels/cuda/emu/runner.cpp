@@ -446,7 +446,11 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, in
   return f.result;
 }
 
-void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
+namespace {
+void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg);
+}  // namespace
+
+void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_ptr<void> arg) {
   // A launch the hardware rejects runs nothing and leaves the error for cudaGetLastError.
   if (const std::string why = config_error(info); !why.empty()) return set_last_error(cudaErrorInvalidConfiguration, why);
   if (!stream_live(info.stream)) {
@@ -458,6 +462,11 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
     std::fprintf(stderr, "[minidl emu] launch %s (%s) grid %s block %s\n", info.kernel, info.op,
                  dim_str(info.grid).c_str(), dim_str(info.block).c_str());
   }
+  enqueue(info.stream, [info, body, arg = std::move(arg)] { execute_grid(info, body, arg.get()); });
+}
+
+namespace {
+void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
   const int nthreads = static_cast<int>(info.block.x * info.block.y * info.block.z);
   Block b;
   b.info = &info;
@@ -539,5 +548,7 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
     }
   }
 }
+
+}  // namespace
 
 }  // namespace minidl::cuda::emu
