@@ -28,7 +28,7 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 #include "kernels/cuda/emu/runtime_state.h"
-#include "kernels/cuda/emu/shared_memory.h"
+#include "kernels/cuda/emu/shared_arena.h"
 
 thread_local uint3 threadIdx, blockIdx;
 thread_local dim3 blockDim, gridDim;
@@ -111,16 +111,6 @@ struct WarpState {
   const void* site = nullptr;
 };
 
-// A static shared variable's place in the block's arena.
-struct SharedSlot {
-  const void* site;
-  size_t offset, bytes;
-  const char* name;
-};
-
-// The 48 KiB of shared memory a block may use without the opt-in attribute (static + dynamic).
-constexpr size_t kSharedLimit = 48 * 1024;
-
 struct Block {
   const LaunchInfo* info = nullptr;
   std::vector<Fiber> threads;
@@ -129,11 +119,7 @@ struct Block {
   const void* barrier_site = nullptr;
   std::exception_ptr error;
   bool aborting = false;   // a fault: every suspended fiber is resumed to leave through AbortBlock
-  // Shared memory: the launch's dynamic bytes at offset 0, then the static variables in the order
-  // threads first reach their declarations; `written` marks the bytes a thread of this block wrote.
-  std::vector<unsigned char> smem, written;
-  size_t static_end = 0;   // end of the placed static variables (the high-water mark of the arena)
-  std::vector<SharedSlot> slots;
+  SharedArena shared;
 };
 
 // Thrown into the suspended fibers of a faulted block so they finish through their own frames
@@ -323,77 +309,12 @@ std::string config_error(const LaunchInfo& info) {
 void set_schedule_seed(uint64_t seed) { g_seed = seed; }
 uint64_t schedule_seed() { return g_seed; }
 
-unsigned char* dynamic_shared_bytes() {
-  MINIDL_CHECK(t_block != nullptr, "dynamic_shared(): called outside a kernel of the emulated device");
-  return t_block->smem.data();
-}
-size_t dynamic_shared_size() { return t_block->info->smem; }
-
-unsigned char* shared_slot(const void* site, size_t bytes, const char* name) {
-  MINIDL_CHECK(t_block != nullptr, "shared variable ", name, " declared outside a kernel of the emulated device");
-  Block& b = *t_block;
-  for (const SharedSlot& s : b.slots) {
-    if (s.site == site) return b.smem.data() + s.offset;
-  }
-  const size_t offset = (b.static_end + 15) / 16 * 16;
-  if (offset + bytes > kSharedLimit) {
-    std::ostringstream os;
-    os << "static shared memory over the 48 KiB (49152 bytes) a block may use: `" << name << "` (" << bytes
-       << " bytes) after the static";
-    for (const SharedSlot& s : b.slots) os << " `" << s.name << "` (" << s.bytes << " bytes)";
-    os << " and " << b.info->smem << " bytes of dynamic shared memory. Static alone over 48 KiB: ptxas rejects "
-       << "the kernel ('uses too much shared data (0x... bytes, 0xc000 max)'); with the dynamic bytes: the launch "
-       << "fails (cudaErrorInvalidValue) unless cudaFuncSetAttribute raised the kernel's limit";
-    kernel_fault(os.str());
-  }
-  b.slots.push_back(SharedSlot{site, offset, bytes, name});
-  b.static_end = offset + bytes;
-  return b.smem.data() + offset;
+SharedArena& running_arena(const char* what) {
+  MINIDL_CHECK(t_block != nullptr, what, ": used outside a kernel of the emulated device");
+  return t_block->shared;
 }
 
-namespace {
-// The name of the shared array holding `base` (for reports).
-std::string shared_name(const Block& b, const unsigned char* base) {
-  const size_t off = static_cast<size_t>(base - b.smem.data());
-  for (const SharedSlot& s : b.slots) {
-    if (s.offset == off) return "`" + std::string(s.name) + "`";
-  }
-  return "dynamic shared memory";
-}
-
-void check_shared(const char* access, const void* p, size_t n, const void* base, size_t bytes) {
-  const Block& b = *t_block;
-  const auto* pb = static_cast<const unsigned char*>(p);
-  const auto* bb = static_cast<const unsigned char*>(base);
-  if (pb < bb || pb + n > bb + bytes) {
-    kernel_fault(std::string("shared memory ") + access + " out of bounds: " + std::to_string(n) + " bytes at offset " +
-                 std::to_string(pb - bb) + " of " + shared_name(b, bb) + " (" + std::to_string(bytes) + " bytes)");
-  }
-}
-}  // namespace
-
-void shared_read(const void* p, size_t n, const void* base, size_t bytes) {
-  check_shared("read", p, n, base, bytes);
-  const Block& b = *t_block;
-  const size_t at = static_cast<size_t>(static_cast<const unsigned char*>(p) - b.smem.data());
-  for (size_t i = 0; i < n; ++i) {
-    if (b.written[at + i] == 0) {
-      const auto* bb = static_cast<const unsigned char*>(base);
-      kernel_fault("shared memory read before any thread of the block wrote it: " + std::to_string(n) +
-                   " bytes at offset " + std::to_string(static_cast<const unsigned char*>(p) - bb) + " of " +
-                   shared_name(b, bb) + " (" + std::to_string(bytes) + " bytes; byte " +
-                   std::to_string(static_cast<const unsigned char*>(p) - bb + static_cast<long>(i)) +
-                   " was never written in this block)");
-    }
-  }
-}
-
-void shared_write(const void* p, size_t n, const void* base, size_t bytes) {
-  check_shared("write", p, n, base, bytes);
-  Block& b = *t_block;
-  const size_t at = static_cast<size_t>(static_cast<const unsigned char*>(p) - b.smem.data());
-  std::fill_n(b.written.begin() + static_cast<std::ptrdiff_t>(at), n, static_cast<unsigned char>(1));
-}
+void running_kernel_fault(const std::string& what) { kernel_fault(what); }
 
 void syncthreads(const void* site) {
   Block& b = *t_block;
@@ -472,9 +393,7 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
   b.info = &info;
   b.threads.resize(static_cast<size_t>(nthreads));
   b.warps.resize(static_cast<size_t>((nthreads + 31) / 32));
-  b.smem.assign(kSharedLimit, 0);
-  b.written.assign(kSharedLimit, 0);
-  b.static_end = info.smem;
+  b.shared.start_launch(info.smem);
   std::vector<int> order(static_cast<size_t>(nthreads));
   std::mt19937_64 rng(g_seed);
   struct Reset {
@@ -487,9 +406,7 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
   for (unsigned bz = 0; bz < info.grid.z; ++bz) {
     for (unsigned by = 0; by < info.grid.y; ++by) {
       for (unsigned bx = 0; bx < info.grid.x; ++bx) {
-        // Each block starts with shared memory nothing wrote (0xCD bytes, none marked written).
-        std::fill_n(b.smem.begin(), b.static_end, static_cast<unsigned char>(0xCD));
-        std::fill_n(b.written.begin(), b.static_end, static_cast<unsigned char>(0));
+        b.shared.start_block();   // shared memory nothing of this block wrote
         for (int t = 0; t < nthreads; ++t) {
           Fiber& f = b.threads[static_cast<size_t>(t)];
           f = Fiber{};
