@@ -71,6 +71,27 @@ TEST(EmuStreams, DeferredWorkRunsAtSynchronizationPointsInStreamAndEventOrder) {
   EXPECT_EQ(pageable, 9);
 }
 
+TEST(EmuStreams, TheLegacyDefaultStreamAndBlockingStreamsWaitForEachOther) {
+  const DeferredStreams deferred;
+  cudaStream_t blocking = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
+  Stream nonblocking;
+  Buf<int> x(1), y(1), z(1);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(x.get(), 1, sizeof(int), blocking), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(z.get(), 3, sizeof(int), nonblocking.s), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(y.get(), 2, sizeof(int), nullptr), cudaSuccess);   // waits for `blocking` only
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(emu::pending_work(blocking), 0u);
+  EXPECT_EQ(emu::pending_work(nonblocking.s), 1u);
+  ASSERT_EQ(cudaMemsetAsync(x.get(), 4, sizeof(int), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(y.get(), 5, sizeof(int), blocking), cudaSuccess);   // after the legacy memset
+  ASSERT_EQ(cudaStreamSynchronize(blocking), cudaSuccess);
+  EXPECT_EQ(emu::pending_work(nullptr), 0u);
+  EXPECT_EQ(x.host()[0], 0x04040404);
+  cudaStreamDestroy(blocking);
+}
+
 TEST(EmuStreams, EventTimesNeedTheirWorkToHaveRun) {
   const DeferredStreams deferred;
   Stream a;
