@@ -71,12 +71,14 @@ __global__ void static_plus_dynamic_kernel(float* out) {
 
 TEST(EmuSharedMemory, ReadBeforeWriteIsReportedWithArrayOffsetAndThread) {
   Buf<float> out(64);
-  const std::string e = error_of([&] { MINIDL_LAUNCH("planted", read_before_write_kernel, 1, 64, 0, nullptr, out.get()); });
+  const std::string e =
+      error_of([&] { MINIDL_LAUNCH("planted", read_before_write_kernel, 1, 64, 0, nullptr, out.get()); });
   // Index order: every s[t + 1] was written before the barrier, so it passes...
   EXPECT_EQ(e, "");
   Buf<float> out2(64);
   // ...but 64 threads writing only s[0..62] (one element too few) is caught.
-  const std::string e2 = error_of([&] { MINIDL_LAUNCH("planted", read_before_write_kernel, 1, 63, 0, nullptr, out2.get()); });
+  const std::string e2 =
+      error_of([&] { MINIDL_LAUNCH("planted", read_before_write_kernel, 1, 63, 0, nullptr, out2.get()); });
   EXPECT_NE(e2.find("read_before_write_kernel (planted)"), std::string::npos) << e2;
   EXPECT_NE(e2.find("shared memory read before any thread of the block wrote it"), std::string::npos) << e2;
   EXPECT_NE(e2.find("4 bytes at offset 252 of `s` (256 bytes"), std::string::npos) << e2;
@@ -88,8 +90,10 @@ TEST(EmuSharedMemory, WrittenMarksAreClearedAtEachBlocksStart) {
   EXPECT_EQ(error_of([&] { MINIDL_LAUNCH("ok", only_first_block_writes_kernel, 1, 32, 0, nullptr, out.get()); }), "");
   EXPECT_EQ(out.host()[0], 31 + 1);
   Buf<int> out2(64);
-  const std::string e = error_of([&] { MINIDL_LAUNCH("planted", only_first_block_writes_kernel, 2, 32, 0, nullptr, out2.get()); });
-  EXPECT_NE(e.find("read before any thread of the block wrote it: 4 bytes at offset 124 of `s`"), std::string::npos) << e;
+  const std::string e =
+      error_of([&] { MINIDL_LAUNCH("planted", only_first_block_writes_kernel, 2, 32, 0, nullptr, out2.get()); });
+  EXPECT_NE(e.find("read before any thread of the block wrote it: 4 bytes at offset 124 of `s`"), std::string::npos)
+      << e;
   EXPECT_NE(e.find("block (1, 0, 0) thread (0, 0, 0)"), std::string::npos) << e;
 }
 
@@ -105,13 +109,16 @@ TEST(EmuSharedMemory, DynamicSharedMemoryIsCheckedToo) {
 TEST(EmuSharedMemory, AccessOutsideASharedArrayIsReported) {
   Buf<int> out(1);
   EXPECT_EQ(error_of([&] { MINIDL_LAUNCH("ok", shared_overrun_kernel, 1, 32, 0, nullptr, out.get(), 15); }), "");
-  const std::string e = error_of([&] { MINIDL_LAUNCH("planted", shared_overrun_kernel, 1, 32, 0, nullptr, out.get(), 16); });
-  EXPECT_NE(e.find("shared memory write out of bounds: 4 bytes at offset 64 of `s` (64 bytes)"), std::string::npos) << e;
+  const std::string e =
+      error_of([&] { MINIDL_LAUNCH("planted", shared_overrun_kernel, 1, 32, 0, nullptr, out.get(), 16); });
+  EXPECT_NE(e.find("shared memory write out of bounds: 4 bytes at offset 64 of `s` (64 bytes)"), std::string::npos)
+      << e;
 }
 
 TEST(EmuSharedMemory, StaticSharedMemoryOver48KiBIsRejected) {
   Buf<float> out(32);
-  const std::string e = error_of([&] { MINIDL_LAUNCH("planted", too_much_static_kernel, 1, 32, 0, nullptr, out.get()); });
+  const std::string e =
+      error_of([&] { MINIDL_LAUNCH("planted", too_much_static_kernel, 1, 32, 0, nullptr, out.get()); });
   EXPECT_NE(e.find("too_much_static_kernel (planted)"), std::string::npos) << e;
   EXPECT_NE(e.find("static shared memory over the 48 KiB"), std::string::npos) << e;
   EXPECT_NE(e.find("`b` (24576 bytes) after the static `a` (32768 bytes)"), std::string::npos) << e;

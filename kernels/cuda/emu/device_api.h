@@ -10,7 +10,9 @@
 #define __global__
 // Shared memory is declared with MINIDL_SHARED_ARRAY / MINIDL_SHARED_VAR (device/shared.cuh), whose
 // accesses the runner checks; a bare __shared__ does not compile here.
-#define __shared__ static_assert(false, "emulated device: declare shared memory with MINIDL_SHARED_ARRAY or MINIDL_SHARED_VAR (kernels/cuda/device/shared.cuh)");
+#define __shared__                                                                              \
+  static_assert(false, "emulated device: declare shared memory with MINIDL_SHARED_ARRAY or " \
+                       "MINIDL_SHARED_VAR (kernels/cuda/device/shared.cuh)");
 #define __constant__ static
 
 #include <vector_functions.h>

@@ -1,18 +1,18 @@
 // The emulated CUDA runtime: the cuda* entry points the backend calls (cuda_runtime_api.h's own
 // signatures), on host memory. One device; device memory is aligned host memory filled with 0xFF
 // bytes (NaN / -1) so a read of memory nothing wrote shows; its capacity is MINIDL_EMU_MEMORY_MB
-// (default 4096) so cudaMalloc can run out as a GPU does. Work goes through streams.cpp: run when
-// deferred to the next synchronization point (the default) or run when queued (MINIDL_EMU_DEFER_STREAMS=0);
+// (default 4096) so cudaMalloc can run out as a GPU does. Work goes through streams.cpp: deferred
+// to the next synchronization point (the default) or run when queued (MINIDL_EMU_DEFER_STREAMS=0);
 // events mark a stream position and record the host time when their stream reaches it.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
-#include <vector>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/emu/emu_libs.h"
 #include "kernels/cuda/emu/runtime_state.h"
@@ -347,7 +347,9 @@ cudaError_t cudaFreeHost(void* p) {
   synchronize_all();   // as cudaFree
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.pinned.erase(reinterpret_cast<uintptr_t>(p)) == 0) return fail(cudaErrorInvalidValue, "cudaFreeHost: not a live pinned allocation");
+  if (s.pinned.erase(reinterpret_cast<uintptr_t>(p)) == 0) {
+    return fail(cudaErrorInvalidValue, "cudaFreeHost: not a live pinned allocation");
+  }
   std::free(p);
   return cudaSuccess;
 }
@@ -482,7 +484,9 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was created without timing");
   }
   if (!ea->stamp || !eb->stamp) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not recorded");
-  if (!ea->stamp->set || !eb->stamp->set) return fail(cudaErrorNotReady, "cudaEventElapsedTime: an event's work has not run");
+  if (!ea->stamp->set || !eb->stamp->set) {
+    return fail(cudaErrorNotReady, "cudaEventElapsedTime: an event's stream has not reached it yet");
+  }
   *ms = std::chrono::duration<float, std::milli>(eb->stamp->at - ea->stamp->at).count();
   return cudaSuccess;
 }
