@@ -57,8 +57,8 @@ template <typename T>
 __global__ void stats_kernel(const T* x, Layout L, double eps, double momentum, Channel save_mean,
                              Channel save_invstd, Channel running_mean, Channel running_var, double* mean_out,
                              double* alpha_out, Channel weight) {
-  __shared__ double scratch[32];
-  __shared__ double s_mean;
+  MINIDL_SHARED_ARRAY(double, scratch, 32);
+  MINIDL_SHARED_VAR(double, s_mean);
   const int64_t c = blockIdx.x;
   const int64_t n = L.N * L.S;
   double s = 0;
@@ -116,7 +116,7 @@ __global__ void apply_kernel(const T* x, T* y, Layout L, const double* mean, con
 template <typename T>
 __global__ void grad_sums_kernel(const T* gy, const T* x, Layout L, Channel mean, Channel invstd, Channel gweight,
                                  Channel gbias, double* coef) {
-  __shared__ double scratch[32];
+  MINIDL_SHARED_ARRAY(double, scratch, 32);
   const int64_t c = blockIdx.x;
   const int64_t n = L.N * L.S;
   const double m = mean.get(c, 0.0);

@@ -29,7 +29,7 @@ class CudaSegmentSource final : public SegmentSource {
     }
     MINIDL_CUDA_CHECK(e);
 #ifdef MINIDL_CUDA_EMU
-    emu::poison_device(p, bytes);   // nothing of a new segment is a tensor's until block_live
+    emu::poison_device(p, bytes, stream_);   // nothing of a new segment is a tensor's until block_live
 #endif
     return p;
   }
@@ -41,10 +41,10 @@ class CudaSegmentSource final : public SegmentSource {
 #ifdef MINIDL_CUDA_EMU
   // The emulated device's ASan build poisons what no tensor owns (kernels/cuda/emu/runtime_state.h).
   void block_live(void* p, size_t requested, size_t block_size) override {
-    emu::unpoison_device(p, requested);
-    emu::poison_device(static_cast<char*>(p) + requested, block_size - requested);
+    emu::unpoison_device(p, requested, stream_);   // in stream order, as the allocator hands blocks out
+    emu::poison_device(static_cast<char*>(p) + requested, block_size - requested, stream_);
   }
-  void block_free(void* p, size_t block_size) override { emu::poison_device(p, block_size); }
+  void block_free(void* p, size_t block_size) override { emu::poison_device(p, block_size, stream_); }
 #endif
 
  private:

@@ -41,9 +41,9 @@ __device__ __forceinline__ bool better(bool is_max, T vt, int64_t i, T bt, int64
 template <typename T, typename Out>
 __global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out) {
   using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;   // f16 sums in double too
-  __shared__ Acc s_sum[32];
-  __shared__ T s_best[32];
-  __shared__ int64_t s_idx[32];
+  MINIDL_SHARED_ARRAY(Acc, s_sum, 32);
+  MINIDL_SHARED_ARRAY(T, s_best, 32);
+  MINIDL_SHARED_ARRAY(int64_t, s_idx, 32);
   const bool ext = op != ReduceOp::Sum && op != ReduceOp::Mean;
   const bool is_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

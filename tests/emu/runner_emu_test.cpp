@@ -14,40 +14,12 @@
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/emu/runner.h"
 #include "kernels/cuda/emu/runtime_state.h"
+#include "tests/emu/emu_test_util.h"
 
 namespace minidl::cuda {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
-
-// Device buffer of n Ts, copied back with host().
-template <typename T>
-struct Buf {
-  explicit Buf(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p, 0, n * sizeof(T)), cudaSuccess);
-  }
-  ~Buf() { cudaFree(p); }
-  T* get() const { return static_cast<T*>(p); }
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-  void* p = nullptr;
-  size_t n;
-};
-
-// The message of the error `f` throws ("" when none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // ---- Kernels ----
 
@@ -67,7 +39,7 @@ __global__ void votes_kernel(unsigned* out) {
 }
 
 __global__ void block_sum_kernel(const float* x, float* out, int n) {
-  __shared__ float s[32];
+  MINIDL_SHARED_ARRAY(float, s, 32);
   float v = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[i];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(kFull, v, o);
@@ -82,7 +54,7 @@ __global__ void block_sum_kernel(const float* x, float* out, int n) {
 
 // The same block sum staged through dynamic shared memory (the launch's smem bytes).
 __global__ void dynamic_block_sum_kernel(const float* x, float* out, int n) {
-  float* s = dynamic_shared<float>();
+  const auto s = dynamic_shared<float>();
   float v = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[i];
   s[threadIdx.x] = v;
@@ -126,7 +98,7 @@ __global__ void noop_kernel(int* out) {
 }
 
 __global__ void last_writer_kernel(int* out) {
-  __shared__ int s;
+  MINIDL_SHARED_VAR(int, s);
   s = static_cast<int>(threadIdx.x);   // planted race: every thread writes, the last one wins
   __syncthreads();
   if (threadIdx.x == 0) out[blockIdx.x] = s;
@@ -251,7 +223,7 @@ TEST(EmuChecksDeathTest, MisalignedVectorLoadsStopTheProgram) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   Buf<float> x(64), out(32);
   // The load from x + 1 ends the process with UBSan's alignment report, which names the type.
-  EXPECT_DEATH(MINIDL_LAUNCH("test", misaligned_float4_kernel, 1, 32, 0, nullptr, x.get(), out.get()),
+  EXPECT_DEATH(run_now([&] { MINIDL_LAUNCH("test", misaligned_float4_kernel, 1, 32, 0, nullptr, x.get(), out.get()); }),
                "misaligned address .* for type 'const (struct )?float4', which requires 16 byte alignment");
 }
 
@@ -261,8 +233,11 @@ TEST(EmuChecksDeathTest, OverrunInsideACachedSegmentIsReportedUnderAsan) {
   if (!emu::asan_build()) GTEST_SKIP() << "needs the ASan build of the emulator (-DMINIDL_EMU_ASAN=ON)";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const Tensor t = empty({10}, {DType::f32, Device::cuda(0)});
-  MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 9);   // in bounds
-  EXPECT_DEATH(MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 10),
+  // The block is handed out in its (non-blocking) context stream's order; the legacy stream below
+  // does not wait for that stream, so synchronize first (as on a GPU).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  run_now([&] { MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 9); });   // in bounds
+  EXPECT_DEATH(run_now([&] { MINIDL_LAUNCH("test", write_one_past_kernel, 1, 32, 0, nullptr, t.data<float>(), 10); }),
                "AddressSanitizer: use-after-poison");
 }
 
@@ -272,7 +247,7 @@ TEST(EmuChecks, ASecondScheduleExposesARace) {
   auto run = [&](uint64_t seed) {
     emu::set_schedule_seed(seed);
     Buf<int> out(blocks);
-    MINIDL_LAUNCH("test", last_writer_kernel, blocks, threads, 0, nullptr, out.get());
+    run_now([&] { MINIDL_LAUNCH("test", last_writer_kernel, blocks, threads, 0, nullptr, out.get()); });
     emu::set_schedule_seed(prev);
     return out.host();
   };
@@ -286,9 +261,9 @@ TEST(EmuChecks, ASecondScheduleExposesARace) {
   Buf<float> dx(n), a(2), b(2);
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   emu::set_schedule_seed(0);
-  MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), a.get(), n);
+  run_now([&] { MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), a.get(), n); });
   emu::set_schedule_seed(777);
-  MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), b.get(), n);
+  run_now([&] { MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), b.get(), n); });
   emu::set_schedule_seed(prev);
   EXPECT_EQ(a.host(), b.host());
 }

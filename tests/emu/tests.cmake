@@ -11,10 +11,13 @@ if(MINIDL_WITH_EMU)
 endif()
 
 # The race check of docs/cuda.md in every run: the kernel and optimizer suites again with the
-# fibers between barriers in another (seeded) order; deterministic kernels must not notice.
+# fibers between barriers in another (seeded) order; deterministic kernels must not notice. These
+# runs also use the immediate stream mode (work runs when queued), the other valid stream schedule
+# (every other cuda-emu test defers stream work to the synchronization points).
 foreach(_suite kernels_cuda_emu optim_cuda_emu)
   if(TARGET ${_suite})
     add_test(NAME ${_suite}.second_schedule COMMAND ${_suite} --gtest_brief=1)
-    set_tests_properties(${_suite}.second_schedule PROPERTIES ENVIRONMENT "MINIDL_EMU_SCHEDULE=7" LABELS "cuda-emu")
+    set_tests_properties(${_suite}.second_schedule PROPERTIES ENVIRONMENT "MINIDL_EMU_SCHEDULE=7;MINIDL_EMU_DEFER_STREAMS=0"
+                         LABELS "cuda-emu")
   endif()
 endforeach()

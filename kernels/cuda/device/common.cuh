@@ -164,9 +164,9 @@ __device__ __forceinline__ T warp_sum(T v) {
 }
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); the result is valid in thread 0.
-// `scratch` holds 32 values of T in shared memory.
-template <typename T>
-__device__ __forceinline__ T block_sum(T v, T* scratch) {
+// `scratch` holds 32 values of T in shared memory (a T* under nvcc, a checked view in the emulator).
+template <typename T, typename SharedT>
+__device__ __forceinline__ T block_sum(T v, SharedT scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = warp_sum(v);
   __syncthreads();   // scratch may still be read by a previous call

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device/shared.cuh"   // shared memory, with the launch that sizes it
 
 #ifdef MINIDL_CUDA_EMU
 #include "kernels/cuda/emu/runner.h"
@@ -28,20 +29,6 @@ inline void launch_kernel(const char* op, const char* kernel_name, void (*kernel
 #endif
   MINIDL_CUDA_LAUNCH_CHECK(op);
 }
-
-// Dynamic shared memory of the running block (the launch's `smem` bytes), as T*.
-#ifdef MINIDL_CUDA_EMU
-template <typename T>
-__device__ __forceinline__ T* dynamic_shared() {
-  return reinterpret_cast<T*>(emu::dynamic_shared_bytes());
-}
-#else
-template <typename T>
-__device__ __forceinline__ T* dynamic_shared() {
-  extern __shared__ __align__(16) unsigned char minidl_dynamic_smem[];
-  return reinterpret_cast<T*>(minidl_dynamic_smem);
-}
-#endif
 
 }  // namespace minidl::cuda
 

@@ -149,6 +149,7 @@ cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p,
                      " is not a live stream (destroyed since cudnnSetStream?)"));
     return CUDNN_STATUS_EXECUTION_FAILED;
   }
+  flush_stream(h->stream);   // the work queued before this call has run (deferred streams)
   for (const Operand* op : {&a, &b, &o}) {
     if (!range_ok(op->ptr, op->span(p.elem))) {
       report_fault(cat(fn, ": ", op->name, " = [", op->ptr, ", +", op->span(p.elem), " bytes) (", elem_name(p.elem),

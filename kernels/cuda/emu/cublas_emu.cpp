@@ -334,6 +334,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
       if (cublasStatus_t st = check_ranges(fn, *in, batchCount); st != CUBLAS_STATUS_SUCCESS) return st;
   if (cublasStatus_t st = check_ranges(fn, mc, batchCount); st != CUBLAS_STATUS_SUCCESS) return st;
 
+  flush_stream(handle->stream);   // the work queued before this call has run (deferred streams)
   // A split-K GEMM keeps partial sums in the workspace: scribble over what it would use, so a
   // workspace that overlaps live data shows up as corrupted data.
   if (ws.user && ws.bytes > 0) {

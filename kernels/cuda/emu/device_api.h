@@ -8,7 +8,11 @@
 #define __host__
 #define __device__
 #define __global__
-#define __shared__ static thread_local   // one instance per OS thread, which runs one block at a time
+// Shared memory is declared with MINIDL_SHARED_ARRAY / MINIDL_SHARED_VAR (device/shared.cuh), whose
+// accesses the runner checks; a bare __shared__ does not compile here.
+#define __shared__                                                                              \
+  static_assert(false, "emulated device: declare shared memory with MINIDL_SHARED_ARRAY or " \
+                       "MINIDL_SHARED_VAR (kernels/cuda/device/shared.cuh)");
 #define __constant__ static
 
 #include <vector_functions.h>

@@ -34,7 +34,9 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
       $<TARGET_OBJECTS:minidl_host>
       ${_emu_sources}
       ${CMAKE_CURRENT_LIST_DIR}/runner.cpp
-      ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp)
+      ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/streams.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/shared_arena.cpp)
     target_include_directories(minidl_emu PUBLIC ${PROJECT_SOURCE_DIR})
     target_compile_definitions(minidl_emu PUBLIC MINIDL_WITH_CUDA=1 MINIDL_CUDA_EMU=1)
     target_compile_features(minidl_emu PUBLIC cxx_std_20)

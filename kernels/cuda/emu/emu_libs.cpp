@@ -14,6 +14,7 @@ namespace {
 
 std::atomic<RangeChecker> g_range_checker{nullptr};
 std::atomic<StreamChecker> g_stream_checker{nullptr};
+std::atomic<StreamFlusher> g_stream_flusher{nullptr};
 std::atomic<FaultReporter> g_fault_reporter{nullptr};
 thread_local std::string t_detail;
 
@@ -21,6 +22,7 @@ thread_local std::string t_detail;
 
 void set_device_range_checker(RangeChecker f) { g_range_checker.store(f); }
 void set_stream_checker(StreamChecker f) { g_stream_checker.store(f); }
+void set_stream_flusher(StreamFlusher f) { g_stream_flusher.store(f); }
 void set_fault_reporter(FaultReporter f) { g_fault_reporter.store(f); }
 const char* last_error_detail() { return t_detail.c_str(); }
 void clear_last_error_detail() { t_detail.clear(); }
@@ -51,6 +53,10 @@ bool range_ok(const void* p, size_t bytes) {
 bool stream_ok(cudaStream_t s) {
   const StreamChecker f = g_stream_checker.load();
   return f == nullptr || f(s);
+}
+
+void flush_stream(cudaStream_t s) {
+  if (const StreamFlusher f = g_stream_flusher.load()) f(s);
 }
 
 const char* state_word(ObjState s) {

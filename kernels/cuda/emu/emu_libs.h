@@ -14,6 +14,9 @@ using RangeChecker = bool (*)(const void* p, size_t bytes);   // true when [p, p
 void set_device_range_checker(RangeChecker);
 using StreamChecker = bool (*)(cudaStream_t s);               // true for a live stream (or the legacy default stream 0)
 void set_stream_checker(StreamChecker);
+// Runs the stream's queued work (the runtime's deferred mode) before a call computes on it.
+using StreamFlusher = void (*)(cudaStream_t s);
+void set_stream_flusher(StreamFlusher);
 
 // Called, when installed, for what a GPU reports as a fault of the launched work rather than as
 // a status: a buffer the call would touch outside live device memory, a misaligned element, a

@@ -38,6 +38,8 @@ void report_fault(const std::string& s);
 // accepted; an empty range always is.
 bool range_ok(const void* p, size_t bytes);
 bool stream_ok(cudaStream_t s);
+// Runs the work queued on `s` before a call computes (the libraries' work is in stream order).
+void flush_stream(cudaStream_t s);
 
 // Handles and descriptors: each a heap object whose address is the handle. A destroyed object is
 // kept (up to kTombstones per kind, oldest freed first) so that its address is not reused while a

@@ -28,6 +28,7 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 #include "kernels/cuda/emu/runtime_state.h"
+#include "kernels/cuda/emu/shared_arena.h"
 
 thread_local uint3 threadIdx, blockIdx;
 thread_local dim3 blockDim, gridDim;
@@ -118,7 +119,7 @@ struct Block {
   const void* barrier_site = nullptr;
   std::exception_ptr error;
   bool aborting = false;   // a fault: every suspended fiber is resumed to leave through AbortBlock
-  std::vector<unsigned char> dyn_smem;
+  SharedArena shared;
 };
 
 // Thrown into the suspended fibers of a faulted block so they finish through their own frames
@@ -308,10 +309,12 @@ std::string config_error(const LaunchInfo& info) {
 void set_schedule_seed(uint64_t seed) { g_seed = seed; }
 uint64_t schedule_seed() { return g_seed; }
 
-unsigned char* dynamic_shared_bytes() {
-  MINIDL_CHECK(t_block != nullptr, "dynamic_shared(): called outside a kernel of the emulated device");
-  return t_block->dyn_smem.data();
+SharedArena& running_arena(const char* what) {
+  MINIDL_CHECK(t_block != nullptr, what, ": used outside a kernel of the emulated device");
+  return t_block->shared;
 }
+
+void running_kernel_fault(const std::string& what) { kernel_fault(what); }
 
 void syncthreads(const void* site) {
   Block& b = *t_block;
@@ -364,7 +367,11 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, in
   return f.result;
 }
 
-void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
+namespace {
+void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg);
+}  // namespace
+
+void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_ptr<void> arg) {
   // A launch the hardware rejects runs nothing and leaves the error for cudaGetLastError.
   if (const std::string why = config_error(info); !why.empty()) return set_last_error(cudaErrorInvalidConfiguration, why);
   if (!stream_live(info.stream)) {
@@ -376,12 +383,17 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
     std::fprintf(stderr, "[minidl emu] launch %s (%s) grid %s block %s\n", info.kernel, info.op,
                  dim_str(info.grid).c_str(), dim_str(info.block).c_str());
   }
+  enqueue(info.stream, [info, body, arg = std::move(arg)] { execute_grid(info, body, arg.get()); });
+}
+
+namespace {
+void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
   const int nthreads = static_cast<int>(info.block.x * info.block.y * info.block.z);
   Block b;
   b.info = &info;
   b.threads.resize(static_cast<size_t>(nthreads));
   b.warps.resize(static_cast<size_t>((nthreads + 31) / 32));
-  b.dyn_smem.resize(info.smem + 16);
+  b.shared.start_launch(info.smem);
   std::vector<int> order(static_cast<size_t>(nthreads));
   std::mt19937_64 rng(g_seed);
   struct Reset {
@@ -394,7 +406,7 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
   for (unsigned bz = 0; bz < info.grid.z; ++bz) {
     for (unsigned by = 0; by < info.grid.y; ++by) {
       for (unsigned bx = 0; bx < info.grid.x; ++bx) {
-        std::fill(b.dyn_smem.begin(), b.dyn_smem.end(), static_cast<unsigned char>(0xCD));   // uninitialised
+        b.shared.start_block();   // shared memory nothing of this block wrote
         for (int t = 0; t < nthreads; ++t) {
           Fiber& f = b.threads[static_cast<size_t>(t)];
           f = Fiber{};
@@ -453,5 +465,7 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg) {
     }
   }
 }
+
+}  // namespace
 
 }  // namespace minidl::cuda::emu

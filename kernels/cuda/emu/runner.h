@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <tuple>
 
 namespace minidl::cuda::emu {
@@ -20,8 +21,9 @@ struct LaunchInfo {
 };
 
 // Runs `body(arg)` once per thread of the grid (the body calls the kernel with its own copy of the
-// arguments, as each GPU thread reads the launch's parameters).
-void run_grid_erased(const LaunchInfo& info, void (*body)(void*), void* arg);
+// arguments, as each GPU thread reads the launch's parameters), in the stream's order: now, or at
+// the next synchronization point in the deferred mode (runtime_state.h), so `arg` is shared.
+void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_ptr<void> arg);
 
 template <typename... P>
 void run_grid(const char* op, const char* kernel_name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
@@ -29,16 +31,14 @@ void run_grid(const char* op, const char* kernel_name, void (*kernel)(P...), dim
   struct Call {
     void (*kernel)(P...);
     std::tuple<P...> args;
-  } call{kernel, std::tuple<P...>(args...)};
+  };
+  auto call = std::make_shared<Call>(Call{kernel, std::tuple<P...>(args...)});
   auto body = [](void* p) {
     auto* c = static_cast<Call*>(p);
     std::apply([c](const P&... a) { c->kernel(a...); }, c->args);
   };
-  run_grid_erased(LaunchInfo{op, kernel_name, grid, block, smem, stream}, body, &call);
+  run_grid_erased(LaunchInfo{op, kernel_name, grid, block, smem, stream}, body, std::move(call));
 }
-
-// The running block's dynamic shared memory (LaunchInfo::smem bytes, 16-byte aligned).
-unsigned char* dynamic_shared_bytes();
 
 // The fiber order between barriers: 0 runs threads in index order; any other seed runs them in
 // a seeded random order (a second valid schedule, for races). Default: MINIDL_EMU_SCHEDULE or 0.

@@ -1,15 +1,18 @@
 // The emulated CUDA runtime: the cuda* entry points the backend calls (cuda_runtime_api.h's own
 // signatures), on host memory. One device; device memory is aligned host memory filled with 0xFF
 // bytes (NaN / -1) so a read of memory nothing wrote shows; its capacity is MINIDL_EMU_MEMORY_MB
-// (default 4096) so cudaMalloc can run out as a GPU does. A stream executes each piece of work when
-// it is queued, which is a valid schedule of a real stream; events record the host time.
+// (default 4096) so cudaMalloc can run out as a GPU does. Work goes through streams.cpp: deferred
+// to the next synchronization point (the default) or run when queued (MINIDL_EMU_DEFER_STREAMS=0);
+// events mark a stream position and record the host time when their stream reaches it.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/emu/emu_libs.h"
 #include "kernels/cuda/emu/runtime_state.h"
@@ -24,16 +27,21 @@ namespace {
 struct EmuStream {
   unsigned flags = 0;
 };
+// The host time at which the stream reached the event's position (unset until it did).
+struct Stamp {
+  bool set = false;
+  std::chrono::steady_clock::time_point at{};
+};
 struct EmuEvent {
   unsigned flags = 0;
-  bool recorded = false;
-  std::chrono::steady_clock::time_point at{};
+  StreamPos pos{};                 // the recording stream's work up to the last cudaEventRecord
+  std::shared_ptr<Stamp> stamp;    // shared with the queued work that sets it
 };
 
 struct State {
   std::mutex mu;
   std::map<uintptr_t, size_t> device;   // base -> bytes asked for, of live cudaMalloc allocations
-  std::set<void*> pinned;
+  std::map<uintptr_t, size_t> pinned;   // base -> bytes of live cudaHostAlloc allocations
   std::set<const void*> streams, events;
   size_t used = 0;
   size_t capacity = [] {
@@ -60,6 +68,16 @@ bool range_live_locked(State& s, const void* p, size_t bytes) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = s.device.upper_bound(a);
   if (it == s.device.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second;
+}
+
+bool is_pinned(const void* p, size_t bytes) {
+  State& s = st();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = s.pinned.upper_bound(a);
+  if (it == s.pinned.begin()) return false;
   --it;
   return a >= it->first && a + bytes <= it->first + it->second;
 }
@@ -96,6 +114,7 @@ cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 const bool g_hooks = [] {
   set_device_range_checker([](const void* p, size_t n) { return device_range_live(p, n); });
   set_stream_checker([](cudaStream_t s) { return stream_live(s); });
+  set_stream_flusher([](cudaStream_t s) { synchronize_stream(s); });
   return true;
 }();
 
@@ -139,13 +158,25 @@ bool stream_live(cudaStream_t s) {
 }
 
 #if defined(__SANITIZE_ADDRESS__)
-void poison_device(const void* p, size_t bytes) { ASAN_POISON_MEMORY_REGION(p, bytes); }
-void unpoison_device(const void* p, size_t bytes) { ASAN_UNPOISON_MEMORY_REGION(p, bytes); }
+void poison_device(const void* p, size_t bytes, cudaStream_t stream) {
+  enqueue(stream, [p, bytes] { ASAN_POISON_MEMORY_REGION(p, bytes); });
+}
+void unpoison_device(const void* p, size_t bytes, cudaStream_t stream) {
+  enqueue(stream, [p, bytes] { ASAN_UNPOISON_MEMORY_REGION(p, bytes); });
+}
 bool asan_build() { return true; }
+namespace {
+void poison_host(const void* p, size_t bytes) { ASAN_POISON_MEMORY_REGION(p, bytes); }
+void unpoison_host(const void* p, size_t bytes) { ASAN_UNPOISON_MEMORY_REGION(p, bytes); }
+}  // namespace
 #else
-void poison_device(const void*, size_t) {}
-void unpoison_device(const void*, size_t) {}
+void poison_device(const void*, size_t, cudaStream_t) {}
+void unpoison_device(const void*, size_t, cudaStream_t) {}
 bool asan_build() { return false; }
+namespace {
+void poison_host(const void*, size_t) {}
+void unpoison_host(const void*, size_t) {}
+}  // namespace
 #endif
 
 bool device_range_live(const void* p, size_t bytes) {
@@ -279,12 +310,13 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  synchronize_all();   // cudaFree waits for the device's work, as on a GPU
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.device.find(reinterpret_cast<uintptr_t>(p));
   if (it == s.device.end()) return fail(cudaErrorInvalidValue, "cudaFree: not the start of a live allocation");
   s.used -= (it->second + 255) / 256 * 256;
-  unpoison_device(p, (it->second + 255) / 256 * 256);
+  unpoison_host(p, (it->second + 255) / 256 * 256);
   s.device.erase(it);
   std::free(p);
   return cudaSuccess;
@@ -304,7 +336,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   if (*p == nullptr) return fail(cudaErrorMemoryAllocation, "cudaHostAlloc: out of host memory");
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
-  s.pinned.insert(*p);
+  s.pinned[reinterpret_cast<uintptr_t>(*p)] = bytes;
   return cudaSuccess;
 }
 
@@ -312,9 +344,12 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, byt
 
 cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
+  synchronize_all();   // as cudaFree
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.pinned.erase(p) == 0) return fail(cudaErrorInvalidValue, "cudaFreeHost: not a live pinned allocation");
+  if (s.pinned.erase(reinterpret_cast<uintptr_t>(p)) == 0) {
+    return fail(cudaErrorInvalidValue, "cudaFreeHost: not a live pinned allocation");
+  }
   std::free(p);
   return cudaSuccess;
 }
@@ -322,12 +357,36 @@ cudaError_t cudaFreeHost(void* p) {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
   if (!stream_live(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: stream is not live");
   if (const cudaError_t e = check_copy(dst, src, n, kind, "cudaMemcpyAsync"); e != cudaSuccess) return e;
-  if (n != 0) std::memmove(dst, src, n);
+  if (n == 0) return cudaSuccess;
+  const bool dst_dev = is_device(dst), src_dev = is_device(src);
+  if (!dst_dev && !is_pinned(dst, n)) {
+    // Into pageable host memory the call returns once the copy is done (CUDA's API sync notes).
+    synchronize_stream(stream);
+    std::memmove(dst, src, n);
+  } else if (!src_dev && !is_pinned(src, n)) {
+    // From pageable host memory the bytes are staged before the call returns.
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                               static_cast<const unsigned char*>(src) + n);
+    enqueue(stream, [dst, staged] { std::memmove(dst, staged->data(), staged->size()); });
+  } else if (!dst_dev) {
+    // Into pinned memory: the host must not read it before a synchronization; under ASan it is
+    // poisoned until the copy runs, so a read without one is reported.
+    if (deferred_streams()) poison_host(dst, n);
+    enqueue(stream, [dst, src, n] {
+      unpoison_host(dst, n);
+      std::memmove(dst, src, n);
+    });
+  } else {
+    enqueue(stream, [dst, src, n] { std::memmove(dst, src, n); });
+  }
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-  return cudaMemcpyAsync(dst, src, n, kind, nullptr);
+  if (const cudaError_t e = check_copy(dst, src, n, kind, "cudaMemcpy"); e != cudaSuccess) return e;
+  synchronize_all();   // the legacy default stream after every blocking stream; returns when done
+  if (n != 0) std::memmove(dst, src, n);
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
@@ -337,33 +396,41 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync: range of " + std::to_string(n) +
                                            " bytes is not inside one live device allocation");
   }
-  std::memset(p, value, n);
+  enqueue(stream, [p, value, n] { std::memset(p, value, n); });
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
-  return create_handle(s, EmuStream{flags}, &State::streams, "cudaStreamCreateWithFlags");
+  const cudaError_t e = create_handle(s, EmuStream{flags}, &State::streams, "cudaStreamCreateWithFlags");
+  if (e == cudaSuccess) register_stream(*s, (flags & cudaStreamNonBlocking) == 0);
+  return e;
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s != nullptr && stream_live(s)) forget_stream(s);
   return destroy_handle<EmuStream>(s, &State::streams, "cudaStreamDestroy: not a live stream");
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (!stream_live(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a live stream");
-  return cudaSuccess;   // work runs when queued
+  synchronize_stream(s);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (!stream_live(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery: not a live stream");
+  synchronize_stream(s);   // a valid answer: the device may have finished it by now
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  synchronize_all();
+  return cudaSuccess;
+}
 
 static bool event_live(cudaEvent_t e) {
   State& s = st();
@@ -372,7 +439,7 @@ static bool event_live(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
-  return create_handle(e, EmuEvent{flags}, &State::events, "cudaEventCreate");
+  return create_handle(e, EmuEvent{flags, {}, nullptr}, &State::events, "cudaEventCreate");
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
@@ -386,18 +453,25 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: event or stream not live");
   }
   auto* ev = reinterpret_cast<EmuEvent*>(e);
-  ev->recorded = true;
-  ev->at = std::chrono::steady_clock::now();
+  auto stamp = std::make_shared<Stamp>();
+  ev->stamp = stamp;
+  enqueue(s, [stamp] {
+    stamp->at = std::chrono::steady_clock::now();
+    stamp->set = true;
+  });
+  ev->pos = stream_tail(s);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!event_live(e)) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not a live event");
+  run_until(reinterpret_cast<EmuEvent*>(e)->pos);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!event_live(e)) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not a live event");
+  run_until(reinterpret_cast<EmuEvent*>(e)->pos);   // a valid answer, as cudaStreamQuery
   return cudaSuccess;
 }
 
@@ -409,8 +483,11 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   if ((ea->flags & cudaEventDisableTiming) != 0 || (eb->flags & cudaEventDisableTiming) != 0) {
     return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was created without timing");
   }
-  if (!ea->recorded || !eb->recorded) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not recorded");
-  *ms = std::chrono::duration<float, std::milli>(eb->at - ea->at).count();
+  if (!ea->stamp || !eb->stamp) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not recorded");
+  if (!ea->stamp->set || !eb->stamp->set) {
+    return fail(cudaErrorNotReady, "cudaEventElapsedTime: an event's stream has not reached it yet");
+  }
+  *ms = std::chrono::duration<float, std::milli>(eb->stamp->at - ea->stamp->at).count();
   return cudaSuccess;
 }
 
@@ -418,7 +495,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   if (!event_live(e) || !stream_live(s)) {
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: event or stream not live");
   }
-  return cudaSuccess;   // the event's work is done already
+  enqueue_wait(s, reinterpret_cast<EmuEvent*>(e)->pos);
+  return cudaSuccess;
 }
 
 }  // extern "C"
