@@ -179,7 +179,9 @@ Study batch_schedule_study(bool quick, const TrainConfig& base) {
       // validation 50.00%, against 60.00% with zero-mean inputs), which would leave nothing to compare.
       c.normalize = "imagenet";
       if (quick) c.progress_every = 0;
-      if (quick && c.data == "synthetic") c.synthetic_difficulty = 0.7;
+      // 0.85, not the default 0.6: at 0.7 every variant of a seed ended at the same 98-99% test accuracy
+      // (the task saturated, so the table could not tell the schedules apart); 0.85 ends near 86-91%.
+      if (quick && c.data == "synthetic") c.synthetic_difficulty = 0.85;
       r.id = v.id + "-s" + std::to_string(c.seed);
       r.group = v.group;
       s.runs.push_back(r);
