@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/transform.h"
+#include "dist/sampler.h"
 
 namespace minidl::harness {
 namespace {
@@ -23,21 +24,38 @@ using Clock = std::chrono::steady_clock;
 
 class TensorSource final : public BatchSource {
  public:
-  TensorSource(Tensor images, Tensor labels, int64_t batch, bool shuffle, uint64_t seed, Device device)
+  TensorSource(Tensor images, Tensor labels, int64_t batch, bool shuffle, uint64_t seed, Device device, Shard shard,
+               bool pad)
       : images_(images.contiguous()), labels_(labels.to(DType::i64).contiguous()), batch_(batch),
-        shuffle_(shuffle), seed_(seed), device_(device) {
+        shuffle_(shuffle), seed_(seed), device_(device), shard_(shard), pad_(pad) {
     MINIDL_CHECK(images_.dim() == 4 && images_.size(0) == labels_.size(0), "harness: tensor_source expects images "
                  "[N, C, H, W] and labels [N], got ", shape_str(images_.shape()), " and ", shape_str(labels_.shape()));
+    MINIDL_CHECK(shard.world >= 1 && shard.rank >= 0 && shard.rank < shard.world, "harness: tensor_source: rank ",
+                 shard.rank, " is outside the world of ", shard.world);
     order_.resize(static_cast<size_t>(images_.size(0)));
   }
-  int64_t size() const override { return images_.size(0); }
+  // This rank's images per epoch: ceil(n / world) when padded, else its stride's count.
+  int64_t size() const override {
+    const int64_t n = images_.size(0), w = shard_.world;
+    return pad_ ? (n + w - 1) / w : (n - shard_.rank + w - 1) / w;
+  }
   int64_t batches_per_epoch() const override { return (size() + batch_ - 1) / batch_; }
   void set_batch_size(int64_t size) override { batch_ = size; }
   void start_epoch(int64_t epoch) override {
+    order_.resize(static_cast<size_t>(images_.size(0)));
     std::iota(order_.begin(), order_.end(), int64_t{0});
     if (shuffle_) {
       std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
       std::shuffle(order_.begin(), order_.end(), rng);
+    }
+    if (shard_.world > 1) {
+      // The epoch's order is the same on every rank (same seed): rank r takes positions r, r + W, ...
+      // of it, padded from its start, as dist::DistributedSampler does with the loader's order.
+      std::vector<int64_t> full = order_;
+      const auto n = static_cast<int64_t>(full.size());
+      order_.clear();
+      for (int64_t p = shard_.rank; p < (pad_ ? size() * shard_.world : n); p += shard_.world)
+        order_.push_back(full[static_cast<size_t>(p % n)]);
     }
     pos_ = 0;
   }
@@ -45,6 +63,7 @@ class TensorSource final : public BatchSource {
     const auto t0 = Clock::now();
     if (pos_ >= size()) return std::nullopt;
     const int64_t n = std::min(batch_, size() - pos_);
+    MINIDL_CHECK(static_cast<int64_t>(order_.size()) >= pos_ + n, "harness: tensor_source: next() before start_epoch()");
     Shape shape = images_.shape();
     shape[0] = n;
     Tensor x = empty(shape, images_.options());
@@ -73,6 +92,8 @@ class TensorSource final : public BatchSource {
   bool shuffle_;
   uint64_t seed_;
   Device device_;
+  Shard shard_;
+  bool pad_;
   std::vector<int64_t> order_;
   int64_t pos_ = 0;
   double wait_ = 0.0;
@@ -110,10 +131,60 @@ class LoaderSource final : public BatchSource {
   data::Loader loader_;
 };
 
+// Training on several ranks: each epoch a loader over this rank's shard of the epoch's order
+// (dist::DistributedSampler with the loader's own shuffle, so the ranks' union is the one-process
+// order), made per epoch with its shuffle off. The RAM cache therefore does not carry across epochs.
+class ShardedLoaderSource final : public BatchSource {
+ public:
+  ShardedLoaderSource(std::shared_ptr<const data::Dataset> d, data::LoaderOptions o, Shard shard)
+      : dataset_(std::move(d)), o_(std::move(o)),
+        sampler_(dataset_->size(), shard.rank, shard.world, {o_.shuffle, o_.seed, dist::Tail::Pad}) {
+    o_.shuffle = false;
+  }
+  int64_t size() const override { return sampler_.num_samples(); }
+  int64_t batches_per_epoch() const override { return (size() + o_.batch_size - 1) / o_.batch_size; }
+  void start_epoch(int64_t epoch) override {
+    add_stats();
+    loader_ = std::make_unique<data::Loader>(dist::shard(dataset_, sampler_, epoch), o_);
+    loader_->start_epoch(epoch);
+  }
+  void set_batch_size(int64_t size) override { o_.batch_size = size; }
+  std::optional<TensorBatch> next() override {
+    MINIDL_CHECK(loader_ != nullptr, "harness: the sharded loader's next() before start_epoch()");
+    auto b = loader_->next();
+    if (!b) return std::nullopt;
+    return TensorBatch{b->images, b->labels};
+  }
+  double wait_seconds() const override { return wait_ + (loader_ ? loader_->stats().wait_seconds : 0.0); }
+  int64_t skipped() const override { return skipped_ + (loader_ ? loader_->stats().skipped : 0); }
+
+ private:
+  void add_stats() {
+    if (!loader_) return;
+    wait_ += loader_->stats().wait_seconds;
+    skipped_ += loader_->stats().skipped;
+    loader_.reset();
+  }
+  std::shared_ptr<const data::Dataset> dataset_;
+  data::LoaderOptions o_;
+  dist::DistributedSampler sampler_;
+  std::unique_ptr<data::Loader> loader_;
+  double wait_ = 0.0;
+  int64_t skipped_ = 0;
+};
+
 std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> base, std::vector<int64_t> idx,
                                            const TrainConfig& c, Device device, int64_t image_size, bool training,
-                                           uint64_t seed) {
+                                           uint64_t seed, Shard shard) {
   if (idx.empty()) return nullptr;
+  if (!training && shard.world > 1) {
+    // Evaluation: this rank's stride of the part, unpadded (every image counts once over the ranks).
+    std::vector<int64_t> mine;
+    for (size_t p = static_cast<size_t>(shard.rank); p < idx.size(); p += static_cast<size_t>(shard.world))
+      mine.push_back(idx[p]);
+    idx = std::move(mine);
+    if (idx.empty()) return nullptr;
+  }
   const int64_t n = static_cast<int64_t>(idx.size());
   data::LoaderOptions o;
   o.batch_size = c.batch_size;
@@ -133,6 +204,8 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   } else if (training && c.augment == "rrc") {
     o.transform.augment = data::Augment::RandomResizedCrop;
   }
+  if (training && shard.world > 1)
+    return std::make_unique<ShardedLoaderSource>(data::subset(std::move(base), std::move(idx)), o, shard);
   auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
   src->size_ = n;
   return src;
@@ -183,11 +256,12 @@ void check_classes(const data::Dataset& d, const std::string& what, const std::s
 }
 
 std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
-                                           uint64_t seed, Device device) {
-  return std::make_unique<TensorSource>(std::move(images), std::move(labels), batch_size, shuffle, seed, device);
+                                           uint64_t seed, Device device, Shard shard, bool pad) {
+  return std::make_unique<TensorSource>(std::move(images), std::move(labels), batch_size, shuffle, seed, device, shard,
+                                        pad);
 }
 
-RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
+RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, Shard shard) {
   RunData r;
   const bool shuffle = !c.no_shuffle;
   if (c.data == "synthetic" && c.augment == "none") {
@@ -195,7 +269,7 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
     auto make = [&](int64_t per_class, uint64_t stream, bool train) -> std::unique_ptr<BatchSource> {
       if (per_class <= 0) return nullptr;
       auto s = data::make_synthetic_images(2 * per_class, image_size, c.seed * 4 + stream, c.synthetic_difficulty);
-      return tensor_source(s.images, s.labels, c.batch_size, train && shuffle, c.seed * 4 + 4, device);
+      return tensor_source(s.images, s.labels, c.batch_size, train && shuffle, c.seed * 4 + 4, device, shard, train);
     };
     r.train = make(n[0], 1, true);
     r.val = make(n[1], 2, false);
@@ -268,9 +342,9 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
   r.description = what + " (" + std::to_string(d->size()) + counted + "), " + std::to_string(split.train.size()) +
                   " train / " + std::to_string(split.val.size()) + " val / " + std::to_string(split.test.size()) +
                   " test, augment " + c.augment + ", resize " + resolved_resize_mode(c);
-  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed);
-  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed);
-  r.test = loader_source(d, split.test, c, device, image_size, false, c.seed);
+  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed, shard);
+  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard);
+  r.test = loader_source(d, split.test, c, device, image_size, false, c.seed, shard);
   if (!r.train) throw UsageError("--split " + c.split + " leaves no training images in " + what);
   return r;
 }
