@@ -131,48 +131,6 @@ class LoaderSource final : public BatchSource {
   data::Loader loader_;
 };
 
-// Training on several ranks: each epoch a loader over this rank's shard of the epoch's order
-// (dist::DistributedSampler with the loader's own shuffle, so the ranks' union is the one-process
-// order), made per epoch with its shuffle off. The RAM cache therefore does not carry across epochs.
-class ShardedLoaderSource final : public BatchSource {
- public:
-  ShardedLoaderSource(std::shared_ptr<const data::Dataset> d, data::LoaderOptions o, Shard shard)
-      : dataset_(std::move(d)), o_(std::move(o)),
-        sampler_(dataset_->size(), shard.rank, shard.world, {o_.shuffle, o_.seed, dist::Tail::Pad}) {
-    o_.shuffle = false;
-  }
-  int64_t size() const override { return sampler_.num_samples(); }
-  int64_t batches_per_epoch() const override { return (size() + o_.batch_size - 1) / o_.batch_size; }
-  void start_epoch(int64_t epoch) override {
-    add_stats();
-    loader_ = std::make_unique<data::Loader>(dist::shard(dataset_, sampler_, epoch), o_);
-    loader_->start_epoch(epoch);
-  }
-  void set_batch_size(int64_t size) override { o_.batch_size = size; }
-  std::optional<TensorBatch> next() override {
-    MINIDL_CHECK(loader_ != nullptr, "harness: the sharded loader's next() before start_epoch()");
-    auto b = loader_->next();
-    if (!b) return std::nullopt;
-    return TensorBatch{b->images, b->labels};
-  }
-  double wait_seconds() const override { return wait_ + (loader_ ? loader_->stats().wait_seconds : 0.0); }
-  int64_t skipped() const override { return skipped_ + (loader_ ? loader_->stats().skipped : 0); }
-
- private:
-  void add_stats() {
-    if (!loader_) return;
-    wait_ += loader_->stats().wait_seconds;
-    skipped_ += loader_->stats().skipped;
-    loader_.reset();
-  }
-  std::shared_ptr<const data::Dataset> dataset_;
-  data::LoaderOptions o_;
-  dist::DistributedSampler sampler_;
-  std::unique_ptr<data::Loader> loader_;
-  double wait_ = 0.0;
-  int64_t skipped_ = 0;
-};
-
 std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> base, std::vector<int64_t> idx,
                                            const TrainConfig& c, Device device, int64_t image_size, bool training,
                                            uint64_t seed, Shard shard) {
@@ -204,8 +162,16 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   } else if (training && c.augment == "rrc") {
     o.transform.augment = data::Augment::RandomResizedCrop;
   }
-  if (training && shard.world > 1)
-    return std::make_unique<ShardedLoaderSource>(data::subset(std::move(base), std::move(idx)), o, shard);
+  if (training && shard.world > 1) {
+    // This rank's shard of each epoch's order (dist::DistributedSampler over the loader's own
+    // shuffle, padded): the union of the ranks' shards is the one-process epoch, and each sample's
+    // augmentation is drawn as in the one-process run (keyed by its index, not its position).
+    const dist::DistributedSampler sampler(n, shard.rank, shard.world, {o.shuffle, o.seed, dist::Tail::Pad});
+    o.sampler = [sampler](int64_t epoch) { return sampler.indices(epoch); };
+    auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
+    src->size_ = sampler.num_samples();
+    return src;
+  }
   auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
   src->size_ = n;
   return src;

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The experiment programs under mpirun with 2 ranks (ctest dist.mpi2.programs.*, labels cpu;mpi):
 #   parity       2 ranks x batch 8 give the weights of 1 rank x batch 16 (SGD with momentum and
-#                --lr-scaling linear, and Adam), and 2 x 4 x accumulation 2 as well
+#                --lr-scaling linear, Adam, Adam with augmentation), and 2 x 4 x accumulation 2 as well
 #   rank0_output only rank 0 prints and writes: rank 1 is given another --out and --save-weights
 #   failing_rank a bad --data on rank 1 ends the job non-zero with one message naming rank and cause
 #   killed_rank  kill -9 of rank 1 during training ends the job, non-zero, in bounded time
 #   resume       a 2-rank run stopped mid-epoch and resumed equals the uninterrupted one bit for bit
 #   maxbatch     both ranks agree on each trial: rank 1's smaller budget decides the maximum
+#   sweep        a 2-rank grid writes <grid>-2ranks/ from rank 0 alone, with world_size,
+#                per_device_batch and effective_batch, and the accuracies of the 1-process grid
 # Usage: programs_test.sh CASE MPIEXEC BIN_DIR COMPARE_TOOL. ctest's TIMEOUT fails a hang.
 set -euo pipefail
 case_name=$1 mpiexec=$2 bin=$3 compare=$4
@@ -21,7 +23,9 @@ tiny=(--model smallcnn --image-size 8 --split 32,8,8 --synthetic-difficulty 0.2 
 
 case $case_name in
 parity)
-  for opt in "--optimizer sgd --momentum 0.9 --lr 0.05 --lr-scaling linear --base-batch 8" "--optimizer adam"; do
+  # The third: through data::Loader with the Keras augmentation (each sample augmented as in one process).
+  for opt in "--optimizer sgd --momentum 0.9 --lr 0.05 --lr-scaling linear --base-batch 8" "--optimizer adam" \
+             "--optimizer adam --augment keras"; do
     read -r -a o <<< "$opt"
     "$bin/minidl-train" "${tiny[@]}" "${o[@]}" --epochs 2 --batch-size 16 --save-weights one.safetensors > one.log
     mpirun2 -np 2 "$bin/minidl-train" "${tiny[@]}" "${o[@]}" --epochs 2 --batch-size 8 --save-weights two.safetensors > two.log
@@ -111,6 +115,29 @@ maxbatch)
   [[ $mixed == "$small" ]] || fail "the ranks did not agree on rank 1's OOMs: $mixed, not $small"
   [[ ! -e mixed1 ]] || fail "rank 1 wrote maxbatch.json"
   grep -q "2 ranks" mixed.log || fail "the report does not say it ran on 2 ranks"
+  ;;
+sweep)
+  grid=("${tiny[@]}" --epochs 2 --batch-sizes 16,32 --optimizers sgd,adam --quiet)
+  "$bin/minidl-sweep" "${grid[@]}" --out one > one.log
+  mpirun2 -np 1 "$bin/minidl-sweep" "${grid[@]}" --out two : -np 1 "$bin/minidl-sweep" "${grid[@]}" --out other > two.log
+  [[ ! -e other ]] || fail "rank 1 wrote a results folder"
+  one_dir=$(dirname one/*/results.csv) two_dir=$(dirname two/*/results.csv)
+  [[ $two_dir == "two/$(basename "$one_dir")-2ranks" ]] || fail "the 2-rank folder is $two_dir (1 rank: $one_dir)"
+  [[ -f $two_dir/summary.md && -f $two_dir/results.json ]] || fail "no summary.md / results.json from rank 0"
+  col() {  # col FILE RUN_ID_PREFIX COLUMN: the column of the first row whose id starts with the prefix
+    python3 -c 'import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["run_id"].startswith(sys.argv[2])]
+print(rows[0][sys.argv[3]] if rows else "")' "$@"
+  }
+  for id in b16-sgd b32-sgd b16-adam b32-adam; do
+    b=$(col "$one_dir/results.csv" "$id" batch_size)
+    [[ $(col "$two_dir/results.csv" "$id" world_size) == 2 ]] || fail "$id: world_size is not 2"
+    [[ $(col "$two_dir/results.csv" "$id" per_device_batch) == $((b / 2)) ]] || fail "$id: per_device_batch is not $((b / 2))"
+    [[ $(col "$two_dir/results.csv" "$id" effective_batch) == "$b" ]] || fail "$id: effective_batch is not $b"
+    [[ $(col "$one_dir/results.csv" "$id" world_size) == 1 ]] || fail "$id: the 1-process row's world_size is not 1"
+    a1=$(col "$one_dir/results.csv" "$id" test_acc) a2=$(col "$two_dir/results.csv" "$id" test_acc)
+    [[ $a1 == "$a2" ]] || fail "$id: test accuracy $a1 on 1 rank, $a2 on 2"
+  done
   ;;
 *)
   fail "unknown case"
