@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   // Under mpirun -np N: the per-device maximum, every trial agreed across the ranks; rank 0 reports.
   return run_program("minidl-maxbatch", c.verbose, [&](const Ranks& ranks) {
     c.world_size = ranks.world_size;
+    c.device = rank_device(c.device, ranks);
     o.time_budget_s = parse_duration(time_budget);
     const MaxBatchReport rep = run_maxbatch(c, o, ranks.lead());
     if (!c.out.empty() && ranks.lead()) {

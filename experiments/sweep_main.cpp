@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   if (const int rc = parse_command_line(app, argc, argv, "minidl-sweep"); rc >= 0) return rc;
   // Under mpirun -np N every rank trains every run (each on its shard); rank 0 prints and writes.
   return run_program("minidl-sweep", base.verbose, [&](const Ranks& ranks) {
+    base.device = rank_device(base.device, ranks);
     validate(base);
     if (rank_batch != "split" && rank_batch != "each")
       throw UsageError("--rank-batch '" + rank_batch + "': expected split or each");

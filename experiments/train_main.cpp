@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   // Under mpirun -np N every rank trains on its shard (docs/distributed.md); rank 0 prints and writes.
   return run_program("minidl-train", c.verbose, [&](const Ranks& ranks) {
     c.world_size = ranks.world_size;
+    c.device = rank_device(c.device, ranks);
     if (c.summary) {
       if (ranks.lead()) std::printf("%s", model_summary(c).c_str());
       return 0;

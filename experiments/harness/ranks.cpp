@@ -9,6 +9,10 @@
 
 namespace minidl::harness {
 
+std::string rank_device(const std::string& device, const Ranks& ranks) {
+  return ranks.world_size > 1 && device == "cuda" ? "cuda:" + std::to_string(ranks.local_rank) : device;
+}
+
 int run_program(const std::string& program, const bool& verbose, const std::function<int(const Ranks&)>& body) {
   dist::ProcessGroup* group = nullptr;
   try {
@@ -17,7 +21,7 @@ int run_program(const std::string& program, const bool& verbose, const std::func
     std::fprintf(stderr, "%s: error: %s\n", program.c_str(), user_message(e, verbose).c_str());
     return 2;
   }
-  const Ranks ranks{group->rank(), group->world_size()};
+  const Ranks ranks{group->rank(), group->world_size(), group->local_rank()};
   if (ranks.world_size == 1) {
     try {
       return body(ranks);

@@ -11,8 +11,13 @@ namespace minidl::harness {
 struct Ranks {
   int rank = 0;
   int world_size = 1;
+  int local_rank = 0;                       // among the ranks on this machine: picks the GPU
   bool lead() const { return rank == 0; }   // the rank that prints and writes files
 };
+
+// The device a rank trains on: with several ranks a bare "cuda" becomes "cuda:<local rank>" (one
+// GPU per rank on each machine); anything else ("cpu", "cuda:1") is kept as given.
+std::string rank_device(const std::string& device, const Ranks& ranks);
 
 // Runs body(ranks). World 1: a UsageError prints "<program>: error: <message>" and returns 2, any
 // other exception returns 1 (source locations removed unless `verbose` is true when it is thrown).
