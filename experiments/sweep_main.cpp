@@ -18,7 +18,7 @@ namespace {
 void distribute(Study& st, int world, bool split) {
   for (SweepRun& run : st.runs) {
     TrainConfig& c = run.config;
-    if (split) {
+    if (split && !run.find_max_batch) {   // a searched batch is per device already
       if (c.batch_size % world != 0)
         throw UsageError("--rank-batch split: run " + run.id + "'s batch " + std::to_string(c.batch_size) +
                          " does not divide into " + std::to_string(world) + " ranks; use another -np or "

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -27,6 +26,7 @@
 #include "dist/process_group.h"
 #include "experiments/harness/batch_schedule.h"
 #include "experiments/harness/data_source.h"
+#include "experiments/harness/evaluate.h"
 #include "experiments/harness/gpu_monitor.h"
 #include "experiments/harness/model.h"
 #include "experiments/harness/run_state.h"
@@ -53,47 +53,6 @@ double cpu_seconds() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-struct EvalResult {
-  double loss = std::numeric_limits<double>::quiet_NaN();
-  double acc = std::numeric_limits<double>::quiet_NaN();
-};
-
-// Each value summed over the ranks in one allreduce (f64, so counts stay exact); nothing without
-// a group.
-void sum_over_ranks(dist::ProcessGroup* group, std::initializer_list<double*> values) {
-  if (group == nullptr) return;
-  Tensor t = empty({static_cast<int64_t>(values.size())}, {DType::f64, Device::cpu(), false});
-  double* d = t.data<double>();
-  for (double* v : values) *d++ = *v;
-  group->allreduce(t, dist::ReduceOp::Sum);
-  d = t.data<double>();
-  for (double* v : values) *v = *d++;
-}
-
-// Loss and accuracy over the source; with several ranks each evaluates its own unpadded stride
-// and the sums (loss x images, correct predictions, images) are added over the ranks, so the
-// accuracy is the whole set's, not a mean of the shards' accuracies. Every rank must call it.
-EvalResult evaluate(Model& m, BatchSource* src, dist::ProcessGroup* group) {
-  EvalResult r;
-  double loss = 0.0, correct = 0.0, n = 0.0;
-  if (src != nullptr && src->size() > 0) {
-    NoGradGuard no_grad;
-    m.module->eval();
-    src->start_epoch(0);
-    while (auto b = src->next()) {
-      const Tensor logits = m.forward(b->images);
-      const int64_t bn = b->labels.size(0);
-      loss += m.loss(logits, b->labels).item() * static_cast<double>(bn);
-      correct += static_cast<double>(m.correct(logits, b->labels));
-      n += static_cast<double>(bn);
-    }
-    m.module->train();
-  }
-  sum_over_ranks(group, {&loss, &correct, &n});
-  if (n > 0) r = {loss / n, correct / n};
-  return r;
 }
 
 // Removes the run's memory budget however run_training ends: an exception after the budget was
