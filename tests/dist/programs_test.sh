@@ -3,7 +3,8 @@
 #   parity       2 ranks x batch 8 give the weights of 1 rank x batch 16 (SGD with momentum and
 #                --lr-scaling linear, Adam, Adam with augmentation), and 2 x 4 x accumulation 2 as well
 #   rank0_output only rank 0 prints and writes: rank 1 is given another --out and --save-weights
-#   failing_rank a bad --data on rank 1 ends the job non-zero with one message naming rank and cause
+#   failing_rank a bad --data on rank 1 ends the job non-zero with one message naming rank and cause;
+#                MINIDL_WORLD_SIZE=2 without a launcher stops at once with status 2
 #   killed_rank  kill -9 of rank 1 during training ends the job, non-zero, in bounded time
 #   resume       a 2-rank run stopped mid-epoch and resumed equals the uninterrupted one bit for bit
 #   maxbatch     both ranks agree on each trial: rank 1's smaller budget decides the maximum
@@ -62,7 +63,11 @@ failing_rank)
   grep -q "minidl: rank 1 of 2 failed: minidl-train: error: --data '/nonexistent/catsdogs': no such folder" err.log ||
     fail "stderr does not name rank 1 and the cause"
   [[ $(grep -c "failed:" err.log) == 1 ]] || fail "more than one failure message"
-  (( SECONDS - start < 30 )) || fail "the job took $((SECONDS - start)) s to end"
+  (( SECONDS - start < 30 )) || fail "the job took $((SECONDS - start)) s to end"  # MINIDL_WORLD_SIZE on a process that no launcher started: a usage error at once, not a hang.
+  rc=0
+  MINIDL_RANK=0 MINIDL_WORLD_SIZE=2 "$bin/minidl-train" "${tiny[@]}" --epochs 1 > single.log 2> single.err || rc=$?
+  (( rc == 2 )) && grep -q "minidl-train: error: dist: .* MPI started this process as rank 0 of 1" single.err ||
+    fail "MINIDL_WORLD_SIZE=2 without mpirun: status $rc: $(cat single.err)"
   ;;
 killed_rank)
   # Rank 1 records its process id, then becomes minidl-train; it is killed once rank 0 trains.
