@@ -8,6 +8,7 @@
 #   killed_rank  kill -9 of rank 1 during training ends the job, non-zero, in bounded time
 #   resume       a 2-rank run stopped mid-epoch and resumed equals the uninterrupted one bit for bit
 #   maxbatch     both ranks agree on each trial: rank 1's smaller budget decides the maximum
+#   agreed_stop  a divergence seen on rank 1 alone stops both ranks at the same micro-batch
 #   sweep        a 2-rank grid writes <grid>-2ranks/ from rank 0 alone, with world_size,
 #                per_device_batch and effective_batch, and the accuracies of the 1-process grid
 # Usage: programs_test.sh CASE MPIEXEC BIN_DIR COMPARE_TOOL. ctest's TIMEOUT fails a hang.
@@ -120,6 +121,18 @@ maxbatch)
   [[ $mixed == "$small" ]] || fail "the ranks did not agree on rank 1's OOMs: $mixed, not $small"
   [[ ! -e mixed1 ]] || fail "rank 1 wrote maxbatch.json"
   grep -q "2 ranks" mixed.log || fail "the report does not say it ran on 2 ranks"
+  ;;
+agreed_stop)
+  # Only rank 1 sees its loss above --diverge-loss: both ranks stop at the same micro-batch (no
+  # rank left in the next step's allreduce), the job ends with the diverged status on both.
+  rc=0
+  mpirun2 -np 1 "$bin/minidl-train" "${tiny[@]}" --epochs 3 --batch-size 8 --out r0 : \
+          -np 1 "$bin/minidl-train" "${tiny[@]}" --epochs 3 --batch-size 8 --diverge-loss 0.01 > out.log 2> err.log || rc=$?
+  cat out.log
+  (( rc == 1 )) || fail "status $rc, not 1 (diverged)"
+  grep -q "smallcnn: diverged (another rank's training loss was NaN or above --diverge-loss at step 0)" out.log ||
+    fail "rank 0 does not report the divergence of rank 1"
+  grep -q '"status": "diverged"' r0/results.json || fail "results.json does not say diverged"
   ;;
 sweep)
   grid=("${tiny[@]}" --epochs 2 --batch-sizes 16,32 --optimizers sgd,adam --quiet)
