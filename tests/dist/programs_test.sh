@@ -94,7 +94,8 @@ killed_rank)
   (( rc != 0 )) || fail "the job exited 0 after a rank was killed"
   ;;
 resume)
-  args=("${tiny[@]}" --optimizer sgd --momentum 0.9 --warmup-steps 3 --epochs 3 --batch-size 8)
+  # Mixed precision with a short growth interval: the loss scale moves, so a lost scaler state shows.
+  args=("${tiny[@]}" --optimizer sgd --momentum 0.9 --warmup-steps 3 --epochs 3 --batch-size 8 --amp --amp-growth-interval 3)
   mpirun2 -np 2 "$bin/minidl-train" "${args[@]}" --save-weights full.safetensors > full.log
   # Stopped after 6 of the 12 steps (in the middle of epoch 2), then resumed to the end.
   mpirun2 -np 2 "$bin/minidl-train" "${args[@]}" --max-steps 6 --save-weights part.safetensors > part.log
