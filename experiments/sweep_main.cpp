@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   add_config_flag(app);
   base.out = "results";
   add_train_flags(app, base);
-  app.get_option("--out")->description("root folder of the study folders (<out>/<study>[-quick-cpu|-quick-cuda]/ "
+  app.get_option("--out")->description("root folder of the study folders (<out>/<study>[-quick-cpu|-quick-cuda][-Nranks]/ "
                                        "with results.csv, results.json, summary.md and the plots)");
   app.add_option("--study", study_name, "keras-batch, utilization, techniques, lr-scaling or batch-schedule (published settings); "
                                         "empty: a grid over the lists below");
