@@ -329,7 +329,9 @@ struct Loader::Impl {
                                       {opt.batch_size, opt.transform.size, opt.dtype, opt.channels_last},
                                       opt.prefetch_batches + 3);
     }
-    order = epoch_order(ds->size(), opt.shuffle, opt.seed, epoch);
+    order = opt.sampler ? opt.sampler(epoch) : epoch_order(ds->size(), opt.shuffle, opt.seed, epoch);
+    for (const int64_t i : order)
+      MINIDL_CHECK(i >= 0 && i < ds->size(), "Loader: the sampler gave index ", i, " for a dataset of ", ds->size());
     aug_key = epoch_key(opt.seed, epoch, kAugmentStream);
     stop = false;
     epoch_done = false;
@@ -391,7 +393,8 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
 Loader::~Loader() = default;
 
 int64_t Loader::batches_per_epoch() const {
-  const int64_t n = impl_->ds->size(), b = impl_->opt.batch_size;
+  const int64_t n = impl_->opt.sampler ? static_cast<int64_t>(impl_->opt.sampler(0).size()) : impl_->ds->size();
+  const int64_t b = impl_->opt.batch_size;
   return impl_->opt.drop_last ? n / b : (n + b - 1) / b;
 }
 

@@ -3,6 +3,7 @@
 // long the training loop waited for data ("data wait %" in the experiment programs).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -62,6 +63,11 @@ struct LoaderOptions {
   // The cache stops growing at this many bytes (later images are decoded every epoch). With
   // RandomResizedCrop it keeps whole decoded photos (~0.5 MB each for cats-vs-dogs).
   int64_t cache_limit_bytes = int64_t{16} << 30;
+  // When set, the epoch's samples in order (dataset indices, repeats allowed) instead of the
+  // shuffle: a distributed sampler's shard (dist::DistributedSampler). The augmentation draws stay
+  // keyed by the dataset index, so a sample is augmented alike whichever rank reads it.
+  // batches_per_epoch() counts epoch 0's list (a distributed sampler's lists all have one length).
+  std::function<std::vector<int64_t>(int64_t epoch)> sampler;
 };
 
 struct Batch {

@@ -64,11 +64,15 @@ void DataParallel::broadcast_state() {
   for (const Tensor& b : module_.buffers()) group_.broadcast(b, 0);
 }
 
-Tensor DataParallel::operator()(const Tensor& x) {
+void DataParallel::sync_buffers() {
   if (o_.broadcast_buffers && module_.is_training() && group_.world_size() > 1) {
     NoGradGuard no_grad;
     for (const Tensor& b : module_.buffers()) group_.broadcast(b, 0);
   }
+}
+
+Tensor DataParallel::operator()(const Tensor& x) {
+  sync_buffers();
   return module_(x);
 }
 

@@ -65,6 +65,10 @@ class DataParallel final : public optim::GradientSync {
   void finish_gradient_sync();
   // Parameters and buffers from rank 0 (the constructor does it).
   void broadcast_state();
+  // What operator() does before the forward: the buffers from rank 0 when broadcast_buffers is on,
+  // the module is training and the world is above 1. For callers that run the module's forward
+  // themselves (under autocast, or through a recomputation wrapper).
+  void sync_buffers();
 
   // optim::GradientSync, for AccumulatingTrainer.
   void before_backward(bool will_step) override { sync_enabled_ = will_step; }

@@ -6,6 +6,7 @@
 
 #include "experiments/harness/config.h"
 #include "experiments/harness/maxbatch.h"
+#include "experiments/harness/ranks.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/train.h"
 
@@ -31,10 +32,13 @@ int main(int argc, char** argv) {
   app.add_option("--probe-large", o.probe_large, "the larger probe batch of the memory model");
   app.add_option("--limit", o.limit, "never try a batch above this");
   if (const int rc = parse_command_line(app, argc, argv, "minidl-maxbatch"); rc >= 0) return rc;
-  try {
+  // Under mpirun -np N: the per-device maximum, every trial agreed across the ranks; rank 0 reports.
+  return run_program("minidl-maxbatch", c.verbose, [&](const Ranks& ranks) {
+    c.world_size = ranks.world_size;
+    c.device = rank_device(c.device, ranks);
     o.time_budget_s = parse_duration(time_budget);
-    const MaxBatchReport rep = run_maxbatch(c, o, true);
-    if (!c.out.empty()) {
+    const MaxBatchReport rep = run_maxbatch(c, o, ranks.lead());
+    if (!c.out.empty() && ranks.lead()) {
       nlohmann::json j = provenance(device_description(resolve_device(c.device)));
       j["program"] = "minidl-maxbatch";
       j["config"] = to_json(c);
@@ -43,11 +47,5 @@ int main(int argc, char** argv) {
       std::printf("wrote %s\n", (std::filesystem::path(c.out) / "maxbatch.json").c_str());
     }
     return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "minidl-maxbatch: error: %s\n", user_message(e, c.verbose).c_str());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "minidl-maxbatch: error: %s\n", user_message(e, c.verbose).c_str());
-    return 1;
-  }
+  });
 }

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "experiments/harness/config.h"
+#include "experiments/harness/ranks.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/train.h"
 
@@ -15,13 +16,18 @@ int main(int argc, char** argv) {
   add_config_flag(app);
   add_train_flags(app, c);
   if (const int rc = parse_command_line(app, argc, argv, "minidl-train"); rc >= 0) return rc;
-  try {
+  // Under mpirun -np N every rank trains on its shard (docs/distributed.md); rank 0 prints and writes.
+  return run_program("minidl-train", c.verbose, [&](const Ranks& ranks) {
+    c.world_size = ranks.world_size;
+    c.device = rank_device(c.device, ranks);
     if (c.summary) {
-      std::printf("%s", model_summary(c).c_str());
+      if (ranks.lead()) std::printf("%s", model_summary(c).c_str());
       return 0;
     }
     install_sigint_handler();
     const RunResult r = run_training(c);
+    const int status = r.status == "ok" ? 0 : (r.status == "interrupted" ? 130 : 1);
+    if (!ranks.lead()) return status;
     std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s), test acc %s, %.1f img/s, "
                 "peak allocated %.1f MiB, %.1f s\n",
                 c.model.c_str(), r.status.c_str(), r.note.empty() ? "" : " (", r.note.empty() ? "" : (r.note + ")").c_str(),
@@ -42,12 +48,6 @@ int main(int argc, char** argv) {
       write_file_atomic(out / "results.json", j.dump(2) + "\n");
       std::printf("wrote %s and %s\n", (out / "metrics.csv").c_str(), (out / "results.json").c_str());
     }
-    return r.status == "ok" ? 0 : (r.status == "interrupted" ? 130 : 1);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "minidl-train: error: %s\n", user_message(e, c.verbose).c_str());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "minidl-train: error: %s\n", user_message(e, c.verbose).c_str());
-    return 1;
-  }
+    return status;
+  });
 }

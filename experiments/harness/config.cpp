@@ -97,9 +97,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
                                              "already normalised");
   app.add_flag("--no-shuffle", c.no_shuffle, "keep the dataset order in training; off by default");
   app.add_option("--workers", c.workers, "data loader threads (0: decode on the training thread)");
-  app.add_option("--batch-size", c.batch_size, "micro-batch: images per forward/backward");
+  app.add_option("--batch-size", c.batch_size, "micro-batch per device: images per forward/backward of each rank "
+                                             "(under mpirun -np N the effective batch is N x this x accumulation)");
   app.add_option("--accumulation-steps", c.accumulation_steps,
-                 "micro-batches per optimizer step (effective batch = batch-size x this)");
+                 "micro-batches per optimizer step (effective batch = batch-size x ranks x this)");
   app.add_option("--batch-schedule", c.batch_schedule,
                  "batch by epoch: B@E,... (32@0,64@5: 32 from the first epoch, 64 after five), xF@every:N or "
                  "xF@E1,E2 (--batch-size times F); a batch that does not fit the budget is accumulated; empty: fixed");
@@ -259,6 +260,7 @@ void validate(const TrainConfig& c) {
   if (c.image_size > 0 && c.image_size < (is_resnet(c.model) ? 16 : 4))
     usage("--image-size " + std::to_string(c.image_size) + " is too small for " + c.model);
   if (c.batch_size <= 0) usage("--batch-size must be > 0, got " + std::to_string(c.batch_size));
+  if (c.world_size < 1) usage("the world size must be >= 1, got " + std::to_string(c.world_size));
   if (c.accumulation_steps <= 0) usage("--accumulation-steps must be >= 1, got " + std::to_string(c.accumulation_steps));
   if (c.optimizer != "sgd" && c.optimizer != "adam" && c.optimizer != "adamw")
     usage("--optimizer '" + c.optimizer + "': expected sgd, adam or adamw");

@@ -80,12 +80,16 @@ struct TrainConfig {
   int64_t progress_every = 20;      // steps between progress lines; 0: per epoch only
   bool quiet = false;
   bool verbose = false;             // error lines keep the source location of the failed check
+  // Not a flag: the processes training together (mpirun -np N, or MINIDL_WORLD_SIZE), set by the
+  // programs from dist::world(); each trains batch_size images per micro-batch on its own shard.
+  int64_t world_size = 1;
 
   // Resolved values (after validate()).
   int64_t resolved_image_size() const;
   double resolved_lr() const;            // before batch scaling
   double resolved_weight_decay() const;
-  int64_t effective_batch() const { return batch_size * accumulation_steps; }
+  // Images per optimizer step over all ranks: per-device batch x world size x accumulation.
+  int64_t effective_batch() const { return batch_size * world_size * accumulation_steps; }
   double scaled_lr() const;              // resolved_lr with --lr-scaling applied
 };
 

@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/transform.h"
+#include "dist/sampler.h"
 
 namespace minidl::harness {
 namespace {
@@ -23,21 +24,38 @@ using Clock = std::chrono::steady_clock;
 
 class TensorSource final : public BatchSource {
  public:
-  TensorSource(Tensor images, Tensor labels, int64_t batch, bool shuffle, uint64_t seed, Device device)
+  TensorSource(Tensor images, Tensor labels, int64_t batch, bool shuffle, uint64_t seed, Device device, Shard shard,
+               bool pad)
       : images_(images.contiguous()), labels_(labels.to(DType::i64).contiguous()), batch_(batch),
-        shuffle_(shuffle), seed_(seed), device_(device) {
+        shuffle_(shuffle), seed_(seed), device_(device), shard_(shard), pad_(pad) {
     MINIDL_CHECK(images_.dim() == 4 && images_.size(0) == labels_.size(0), "harness: tensor_source expects images "
                  "[N, C, H, W] and labels [N], got ", shape_str(images_.shape()), " and ", shape_str(labels_.shape()));
+    MINIDL_CHECK(shard.world >= 1 && shard.rank >= 0 && shard.rank < shard.world, "harness: tensor_source: rank ",
+                 shard.rank, " is outside the world of ", shard.world);
     order_.resize(static_cast<size_t>(images_.size(0)));
   }
-  int64_t size() const override { return images_.size(0); }
+  // This rank's images per epoch: ceil(n / world) when padded, else its stride's count.
+  int64_t size() const override {
+    const int64_t n = images_.size(0), w = shard_.world;
+    return pad_ ? (n + w - 1) / w : (n - shard_.rank + w - 1) / w;
+  }
   int64_t batches_per_epoch() const override { return (size() + batch_ - 1) / batch_; }
   void set_batch_size(int64_t size) override { batch_ = size; }
   void start_epoch(int64_t epoch) override {
+    order_.resize(static_cast<size_t>(images_.size(0)));
     std::iota(order_.begin(), order_.end(), int64_t{0});
     if (shuffle_) {
       std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
       std::shuffle(order_.begin(), order_.end(), rng);
+    }
+    if (shard_.world > 1) {
+      // The epoch's order is the same on every rank (same seed): rank r takes positions r, r + W, ...
+      // of it, padded from its start, as dist::DistributedSampler does with the loader's order.
+      std::vector<int64_t> full = order_;
+      const auto n = static_cast<int64_t>(full.size());
+      order_.clear();
+      for (int64_t p = shard_.rank; p < (pad_ ? size() * shard_.world : n); p += shard_.world)
+        order_.push_back(full[static_cast<size_t>(p % n)]);
     }
     pos_ = 0;
   }
@@ -45,6 +63,7 @@ class TensorSource final : public BatchSource {
     const auto t0 = Clock::now();
     if (pos_ >= size()) return std::nullopt;
     const int64_t n = std::min(batch_, size() - pos_);
+    MINIDL_CHECK(static_cast<int64_t>(order_.size()) >= pos_ + n, "harness: tensor_source: next() before start_epoch()");
     Shape shape = images_.shape();
     shape[0] = n;
     Tensor x = empty(shape, images_.options());
@@ -73,6 +92,8 @@ class TensorSource final : public BatchSource {
   bool shuffle_;
   uint64_t seed_;
   Device device_;
+  Shard shard_;
+  bool pad_;
   std::vector<int64_t> order_;
   int64_t pos_ = 0;
   double wait_ = 0.0;
@@ -112,8 +133,16 @@ class LoaderSource final : public BatchSource {
 
 std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> base, std::vector<int64_t> idx,
                                            const TrainConfig& c, Device device, int64_t image_size, bool training,
-                                           uint64_t seed) {
+                                           uint64_t seed, Shard shard) {
   if (idx.empty()) return nullptr;
+  if (!training && shard.world > 1) {
+    // Evaluation: this rank's stride of the part, unpadded (every image counts once over the ranks).
+    std::vector<int64_t> mine;
+    for (size_t p = static_cast<size_t>(shard.rank); p < idx.size(); p += static_cast<size_t>(shard.world))
+      mine.push_back(idx[p]);
+    idx = std::move(mine);
+    if (idx.empty()) return nullptr;
+  }
   const int64_t n = static_cast<int64_t>(idx.size());
   data::LoaderOptions o;
   o.batch_size = c.batch_size;
@@ -132,6 +161,16 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
     o.transform.resize = image_size * 250 / 200;
   } else if (training && c.augment == "rrc") {
     o.transform.augment = data::Augment::RandomResizedCrop;
+  }
+  if (training && shard.world > 1) {
+    // This rank's shard of each epoch's order (dist::DistributedSampler over the loader's own
+    // shuffle, padded): the union of the ranks' shards is the one-process epoch, and each sample's
+    // augmentation is drawn as in the one-process run (keyed by its index, not its position).
+    const dist::DistributedSampler sampler(n, shard.rank, shard.world, {o.shuffle, o.seed, dist::Tail::Pad});
+    o.sampler = [sampler](int64_t epoch) { return sampler.indices(epoch); };
+    auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
+    src->size_ = sampler.num_samples();
+    return src;
   }
   auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
   src->size_ = n;
@@ -183,11 +222,12 @@ void check_classes(const data::Dataset& d, const std::string& what, const std::s
 }
 
 std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
-                                           uint64_t seed, Device device) {
-  return std::make_unique<TensorSource>(std::move(images), std::move(labels), batch_size, shuffle, seed, device);
+                                           uint64_t seed, Device device, Shard shard, bool pad) {
+  return std::make_unique<TensorSource>(std::move(images), std::move(labels), batch_size, shuffle, seed, device, shard,
+                                        pad);
 }
 
-RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
+RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, Shard shard) {
   RunData r;
   const bool shuffle = !c.no_shuffle;
   if (c.data == "synthetic" && c.augment == "none") {
@@ -195,7 +235,7 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
     auto make = [&](int64_t per_class, uint64_t stream, bool train) -> std::unique_ptr<BatchSource> {
       if (per_class <= 0) return nullptr;
       auto s = data::make_synthetic_images(2 * per_class, image_size, c.seed * 4 + stream, c.synthetic_difficulty);
-      return tensor_source(s.images, s.labels, c.batch_size, train && shuffle, c.seed * 4 + 4, device);
+      return tensor_source(s.images, s.labels, c.batch_size, train && shuffle, c.seed * 4 + 4, device, shard, train);
     };
     r.train = make(n[0], 1, true);
     r.val = make(n[1], 2, false);
@@ -268,9 +308,9 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size) {
   r.description = what + " (" + std::to_string(d->size()) + counted + "), " + std::to_string(split.train.size()) +
                   " train / " + std::to_string(split.val.size()) + " val / " + std::to_string(split.test.size()) +
                   " test, augment " + c.augment + ", resize " + resolved_resize_mode(c);
-  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed);
-  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed);
-  r.test = loader_source(d, split.test, c, device, image_size, false, c.seed);
+  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed, shard);
+  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard);
+  r.test = loader_source(d, split.test, c, device, image_size, false, c.seed, shard);
   if (!r.train) throw UsageError("--split " + c.split + " leaves no training images in " + what);
   return r;
 }

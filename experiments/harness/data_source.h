@@ -34,10 +34,21 @@ class BatchSource {
   virtual int64_t skipped() const { return 0; }     // unreadable samples (folder data)
 };
 
+// This process's part of the data when several ranks train together (mpirun -np N): training
+// takes positions rank, rank + world, ... of each epoch's order, padded with the order's first
+// samples to ceil(n / world) on every rank (dist::Tail::Pad, so every rank steps as often);
+// evaluation takes the same stride without padding (dist::Tail::Uneven: every image counts once,
+// the metrics are summed over the ranks). The union of the ranks' k-th batches of b is then the
+// one-process k-th batch of world x b. world 1: all of it, as before.
+struct Shard {
+  int rank = 0;
+  int world = 1;
+};
+
 // In-memory tensors [N, 3, S, S] f32 and [N] i64 on the CPU; batches are gathered in a seeded
-// per-epoch order (or in order) and copied to `device`.
+// per-epoch order (or in order), restricted to `shard` (padded when `pad`), and copied to `device`.
 std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
-                                           uint64_t seed, Device device);
+                                           uint64_t seed, Device device, Shard shard = {}, bool pad = true);
 
 struct RunData {
   std::unique_ptr<BatchSource> train, val, test;  // val / test may hold 0 images (then null)
@@ -56,6 +67,6 @@ std::string resolved_resize_mode(const TrainConfig& c);
 // that leaves a class without images in a part that asks for some.
 void check_classes(const data::Dataset& d, const std::string& what, const std::string& split,
                    const data::Split* parts = nullptr);
-RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size);
+RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, Shard shard = {});
 
 }  // namespace minidl::harness

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "dist/process_group.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
 #include "experiments/harness/train.h"
@@ -19,6 +20,21 @@ int64_t train_images(const TrainConfig& c) {
   const SplitSpec s = parse_split(c.split);
   if (s.counts) return 2 * static_cast<int64_t>(s.parts[0]);
   return static_cast<int64_t>(2 * (c.synthetic_size > 0 ? c.synthetic_size : 1000) * s.parts[0]);
+}
+
+// A trial as every rank sees it (one allreduce per figure): ok only when it was ok everywhere (an
+// OOM on one rank is an OOM of the job), the largest peaks and step time, recovered everywhere. The
+// ranks therefore take the same decisions and try the same batches in the same order.
+Trial agree(dist::ProcessGroup* group, Trial t) {
+  if (group == nullptr) return t;
+  const auto max = [&](double v) { return group->allreduce(v, dist::ReduceOp::Max); };
+  t.ok = !group->any(!t.ok);
+  t.recovered = !group->any(!t.recovered);
+  t.peak_allocated = static_cast<int64_t>(max(static_cast<double>(t.peak_allocated)));
+  t.peak_reserved = static_cast<int64_t>(max(static_cast<double>(t.peak_reserved)));
+  t.activation_phase_reserved = static_cast<int64_t>(max(static_cast<double>(t.activation_phase_reserved)));
+  t.step_seconds = max(t.step_seconds);
+  return t;
 }
 
 }  // namespace
@@ -47,7 +63,17 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   if (o.effective_batch < 0) throw UsageError("--effective-batch must be > 0");
   MaxBatchReport rep;
   rep.budget_bytes = static_cast<int64_t>(parse_bytes(c.memory_budget));
+  // Several ranks: each searches its own device's maximum micro-batch with trials that do not
+  // communicate (an OOM inside one cannot leave another rank waiting in a collective), and the
+  // ranks agree on every trial's outcome afterwards. The trials hold, beside the model, a buffer
+  // as large as the gradients: DataParallel's buckets in training.
+  dist::ProcessGroup* group = c.world_size > 1 ? &dist::world() : nullptr;
+  if (group && group->world_size() != c.world_size)
+    throw UsageError("the configuration says " + std::to_string(c.world_size) + " ranks but this process is " +
+                     group->describe());
   StepRunner runner(c, rep.budget_bytes);
+  Tensor buckets;
+  if (group) buckets = zeros({std::max<int64_t>(1, runner.parameter_bytes())}, {DType::u8, runner.device(), false});
   std::ostringstream os;
   auto say = [&](const std::string& line) {
     os << line << "\n";
@@ -55,17 +81,24 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   };
   say("minidl-maxbatch: " + c.model + " at " + std::to_string(runner.model().image_size) + " px, " + c.optimizer +
       ", checkpoint " + c.checkpoint + ", budget " + mib(rep.budget_bytes) + ", " + std::to_string(o.steps) +
-      " steps per trial; weights + optimizer state " + mib(runner.baseline_allocated()));
+      " steps per trial; weights + optimizer state " + mib(runner.baseline_allocated()) +
+      (group ? "; " + std::to_string(group->world_size()) + " ranks: the maximum per device, each trial agreed "
+                      "across the ranks (gradient buckets " + mib(static_cast<int64_t>(buckets.nbytes())) + " held)"
+             : ""));
   FinderOptions fo;
-  fo.budget_bytes = rep.budget_bytes;
+  // The prediction aims at the smallest budget over the ranks (devices of different sizes), so that
+  // every rank tries the same batches.
+  fo.budget_bytes = group ? static_cast<int64_t>(group->allreduce(static_cast<double>(rep.budget_bytes), dist::ReduceOp::Min))
+                          : rep.budget_bytes;
   fo.probe_small = o.probe_small;
   fo.probe_large = o.probe_large;
   fo.limit = o.limit;
   rep.finder = find_max_batch(
       [&](int64_t b) {
         // A sweep stopped by SIGINT (a deadline) should not wait for the rest of the search.
-        if (stop_requested()) throw Interrupted("minidl-maxbatch: stopped (SIGINT) before trying batch " + std::to_string(b));
-        const Trial t = runner.run(b, o.steps);
+        const bool stop = group ? group->any(stop_requested()) : stop_requested();
+        if (stop) throw Interrupted("minidl-maxbatch: stopped (SIGINT) before trying batch " + std::to_string(b));
+        const Trial t = agree(group, runner.run(b, o.steps));
         say("  batch " + std::to_string(b) + ": " + (t.ok ? "ok" : "OOM") + ", peak allocated " +
             mib(t.peak_allocated) + ", reserved " + mib(t.peak_reserved) +
             (t.ok ? ", " + fmt(t.step_seconds, 3) + " s/step" : (t.recovered ? ", recovered" : ", NOT recovered")));
@@ -73,6 +106,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
       },
       fo);
   const FinderResult& f = rep.finder;
+  if (group) group->check_same("the maximum batch found", f.max_batch);   // agreed trials: never differs
   rep.recommended = recommended_batch(f.max_batch, o.margin);
   say("memory model: " + mib(static_cast<int64_t>(f.model.fixed_bytes)) + " + " +
       fmt(f.model.bytes_per_sample / 1024.0, 1) + " KiB per sample -> predicted maximum " +
@@ -90,6 +124,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
       ", fragmentation " + fmt(100 * frag, 1) + "%");
   say("recommended batch (" + fmt(100 * o.margin, 0) + "% margin): " + std::to_string(rep.recommended));
   rep.json = {{"budget_bytes", rep.budget_bytes},
+              {"world_size", c.world_size},
               {"steps_per_trial", o.steps},
               {"fixed_bytes", f.model.fixed_bytes},
               {"bytes_per_sample", f.model.bytes_per_sample},
@@ -108,10 +143,16 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
               {"margin", o.margin},
               {"recommended", rep.recommended}};
   if (o.effective_batch > 0 && rep.recommended > 0) {
-    rep.accumulation = accumulation_for(o.effective_batch, rep.recommended);
+    // Each rank's share of the effective batch (rounded up) is split into micro-batches.
+    const int64_t share = (o.effective_batch + c.world_size - 1) / c.world_size;
+    rep.accumulation = accumulation_for(share, rep.recommended);
     say("effective batch " + std::to_string(o.effective_batch) + ": --batch-size " +
         std::to_string(rep.accumulation.micro_batch) + " --accumulation-steps " +
-        std::to_string(rep.accumulation.steps) + " (= " + std::to_string(rep.accumulation.effective()) + ")");
+        std::to_string(rep.accumulation.steps) + " (= " +
+        (c.world_size > 1 ? std::to_string(rep.accumulation.effective()) + " per rank x " +
+                                std::to_string(c.world_size) + " ranks = "
+                          : "") +
+        std::to_string(rep.accumulation.effective() * c.world_size) + ")");
     rep.json["effective_batch"] = o.effective_batch;
     rep.json["accumulation_micro_batch"] = rep.accumulation.micro_batch;
     rep.json["accumulation_steps"] = rep.accumulation.steps;
@@ -122,11 +163,11 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
     say("  batch  images/s  peak allocated  epoch time  run time");
     nlohmann::json rows = nlohmann::json::array();
     for (int64_t b : profile_candidates(f.max_batch, rep.recommended)) {
-      const Trial t = runner.run(b, std::max(o.steps, 2));
+      const Trial t = agree(group, runner.run(b, std::max(o.steps, 2)));
       if (!t.ok) continue;
       ProfileRow r;
       r.batch = b;
-      r.images_per_second = static_cast<double>(b) / t.step_seconds;
+      r.images_per_second = static_cast<double>(b * c.world_size) / t.step_seconds;   // all ranks
       r.peak_allocated = t.peak_allocated;
       r.peak_reserved = t.peak_reserved;
       r.epoch_seconds = static_cast<double>(n) / r.images_per_second;

@@ -228,6 +228,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"validate_data", c.validate_data},
           {"batch_size", c.batch_size},
           {"accumulation_steps", c.accumulation_steps},
+          {"world_size", c.world_size},
           {"effective_batch", c.effective_batch()},
           {"batch_schedule", c.batch_schedule},
           {"batch_schedule_lr", c.batch_schedule_lr},

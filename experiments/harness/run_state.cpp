@@ -34,7 +34,8 @@ std::map<std::string, std::string> progress_metadata(const std::string& model, c
           {"time_to_target", exact(p.time_to_target)},
           {"train_seconds", exact(p.train_seconds)},
           {"rng_seed", std::to_string(p.rng_seed)},
-          {"rng_offset", std::to_string(p.rng_offset)}};
+          {"rng_offset", std::to_string(p.rng_offset)},
+          {"world_size", std::to_string(p.world_size)}};
 }
 
 // Files saved before these keys existed carry only "epoch" (and "steps"): a complete epoch.
@@ -55,6 +56,7 @@ Progress progress_from(const std::map<std::string, std::string>& meta, const std
     if (auto v = get("best_epoch")) p.best_epoch = std::stoll(*v);
     if (auto v = get("time_to_target")) p.time_to_target = std::stod(*v);
     if (auto v = get("train_seconds")) p.train_seconds = std::stod(*v);
+    if (auto v = get("world_size")) p.world_size = std::stoll(*v);
     if (get("rng_seed") && get("rng_offset")) {
       p.rng_seed = std::stoull(*get("rng_seed"));
       p.rng_offset = std::stoull(*get("rng_offset"));

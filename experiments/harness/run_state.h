@@ -29,6 +29,7 @@ struct Progress {
   uint64_t rng_seed = 0;        // the default generator (dropout draws), as checkpoint() replays it
   uint64_t rng_offset = 0;
   bool has_rng = false;
+  int64_t world_size = 1;       // the ranks that trained it (a partial epoch's shards depend on it)
 };
 
 // The optimizer + gradient-scaler file saved beside the weights file.

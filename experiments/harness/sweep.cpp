@@ -14,6 +14,7 @@
 #include <set>
 #include <type_traits>
 
+#include "dist/process_group.h"
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
 
@@ -99,7 +100,9 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           c.schedule,
           c.batch_schedule,
           res ? fmt(res->train_seconds, 2) : "",
-          res ? phase_rates(*res) : ""};
+          res ? phase_rates(*res) : "",
+          std::to_string(c.world_size),
+          std::to_string(c.batch_size)};
 }
 
 struct Executed {
@@ -108,7 +111,7 @@ struct Executed {
   bool interrupted = false;
 };
 
-Executed execute(const Study& st, const SweepRun& run, bool verbose) {
+Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distributed) {
   Executed ex;
   TrainConfig c = run.config;
   c.quiet = !verbose;
@@ -136,8 +139,9 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose) {
       // Train at the recommended batch (the margin below the maximum): the training loop also
       // holds the data and evaluation tensors that the finder's random batches do not.
       c.batch_size = std::max<int64_t>(1, rep.recommended);
-      max_batch = rep.finder.max_batch * c.accumulation_steps;
-      predicted = rep.finder.predicted * c.accumulation_steps;
+      // The effective batch: per device x accumulation x ranks.
+      max_batch = rep.finder.max_batch * c.accumulation_steps * c.world_size;
+      predicted = rep.finder.predicted * c.accumulation_steps * c.world_size;
     }
     const RunResult res = run_training(c);
     ex.interrupted = res.status == "interrupted";
@@ -149,6 +153,9 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose) {
   } catch (const Interrupted&) {
     ex.interrupted = true;  // not a result: the rerun starts this run again
   } catch (const std::exception& e) {
+    // With several ranks the others may wait in a collective of this run: the job ends (the
+    // program's run_or_abort names the rank), and a rerun of the sweep retries the run.
+    if (distributed) throw;
     ex.row = make_row(st, run, c, nullptr, "error", user_message(e, c.verbose), max_batch, predicted);
     ex.json["status"] = "error";
     ex.json["note"] = user_message(e, c.verbose);
@@ -208,7 +215,8 @@ const Row& results_header() {
                      "test_acc",      "time_to_target_s", "epoch_seconds", "images_per_s",     "cpu_util_pct",
                      "gpu_busy_pct",  "gpu_busy_source", "peak_allocated_mib", "peak_reserved_mib", "max_batch",  "predicted_max_batch",
                      "seconds",       "images_per_s_steady", "schedule", "batch_schedule", "train_seconds",
-                     "images_per_s_phases"};   // new columns go last: older files are upgraded
+                     "images_per_s_phases", "world_size", "per_device_batch"};   // new columns go last: older
+                                                                                  // files are upgraded
   return h;
 }
 
@@ -216,7 +224,13 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   SweepOutcome out;
   const auto csv = o.out / "results.csv";
   const auto jsonl = o.out / "runs.jsonl";
-  std::filesystem::create_directories(o.out);
+  // Several ranks (mpirun): every rank trains every run together; rank 0 alone prints and writes.
+  const int64_t world = st.runs.empty() ? 1 : st.runs.front().config.world_size;
+  dist::ProcessGroup* group = world > 1 ? &dist::world() : nullptr;
+  const bool lead = group == nullptr || group->rank() == 0;
+  if (group && o.process_per_run)
+    throw UsageError("--process-per-run under mpirun: the ranks are the processes; drop --process-per-run");
+  if (lead) std::filesystem::create_directories(o.out);
   std::set<std::string> done = done_ids(csv);
   const std::set<std::string> retry = o.retry_failed ? failed_ids(csv) : std::set<std::string>{};
   for (const auto& id : retry) done.erase(id);
@@ -230,6 +244,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   int to_do = 0;
   for (const SweepRun& run : st.runs)
     if ((o.only.empty() || run.id == o.only) && !done.count(run.id)) ++to_do;
+  if (group) group->check_same("the number of runs to do (read from " + csv.string() + ")", to_do);
   if (o.verbose && o.only.empty()) std::printf("%s\n", study_plan(st, done).c_str()), std::fflush(stdout);
   int k = 0;
   double finished_seconds = 0.0;
@@ -241,7 +256,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       ++out.done_before;
       continue;
     }
-    if (stop_requested()) {
+    if (group ? group->any(stop_requested()) : stop_requested()) {
       out.interrupted = true;
       break;
     }
@@ -275,24 +290,26 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
       run_done();
       continue;
     }
-    Executed ex = execute(st, run, o.verbose);
+    Executed ex = execute(st, run, o.verbose, group != nullptr);
     if (ex.interrupted) {
       // A partial run is not a result: the rerun starts it again.
       out.interrupted = true;
       break;
     }
     // runs.jsonl first: results.csv is the commit point that marks the run done.
-    {
+    if (lead) {
       std::ofstream f(jsonl, std::ios::app);
       f << ex.json.dump() << "\n";
+      f.close();
+      record(run.id, ex.row);
     }
-    record(run.id, ex.row);
     run_done();
     ++out.ran;
     out.retried += retry.count(run.id) ? 1 : 0;
   }
   if (!found_only) throw UsageError("--only " + o.only + ": no such run in " + st.name);
-  if (o.only.empty()) out.plot_note = write_study_outputs(st, o.out);
+  if (o.only.empty() && lead) out.plot_note = write_study_outputs(st, o.out);
+  if (group) group->barrier();   // the files are complete before any rank exits
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -21,8 +22,11 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/generator.h"
+#include "dist/data_parallel.h"
+#include "dist/process_group.h"
 #include "experiments/harness/batch_schedule.h"
 #include "experiments/harness/data_source.h"
+#include "experiments/harness/evaluate.h"
 #include "experiments/harness/gpu_monitor.h"
 #include "experiments/harness/model.h"
 #include "experiments/harness/run_state.h"
@@ -49,31 +53,6 @@ double cpu_seconds() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-struct EvalResult {
-  double loss = std::numeric_limits<double>::quiet_NaN();
-  double acc = std::numeric_limits<double>::quiet_NaN();
-};
-
-EvalResult evaluate(Model& m, BatchSource* src) {
-  EvalResult r;
-  if (src == nullptr || src->size() == 0) return r;
-  NoGradGuard no_grad;
-  m.module->eval();
-  src->start_epoch(0);
-  double loss = 0.0;
-  int64_t correct = 0, n = 0;
-  while (auto b = src->next()) {
-    const Tensor logits = m.forward(b->images);
-    const int64_t bn = b->labels.size(0);
-    loss += m.loss(logits, b->labels).item() * static_cast<double>(bn);
-    correct += m.correct(logits, b->labels);
-    n += bn;
-  }
-  m.module->train();
-  if (n > 0) r = {loss / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
-  return r;
 }
 
 // Removes the run's memory budget however run_training ends: an exception after the budget was
@@ -158,7 +137,16 @@ std::string model_summary(const TrainConfig& c) {
 
 RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   validate(c);
+  // Several ranks (mpirun -np N): each trains on its shard, gradients are averaged by DataParallel,
+  // every decision that ends a loop is agreed, and rank 0 alone logs and writes files.
+  dist::ProcessGroup* group = c.world_size > 1 ? &dist::world() : nullptr;
+  if (group && group->world_size() != c.world_size)
+    throw UsageError("the configuration says " + std::to_string(c.world_size) + " ranks but this process is " +
+                     group->describe());
+  const bool lead = group == nullptr || group->rank() == 0;
+  const auto agreed = [&](bool flag) { return group ? group->any(flag) : flag; };
   const auto log = [&](const std::string& s) {
+    if (!lead) return;
     if (hooks.log) hooks.log(s);
     else if (!c.quiet) std::printf("%s\n", s.c_str()), std::fflush(stdout);
   };
@@ -176,13 +164,17 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   Model m = make_model(c, c.seed * 4 + 3);
   if (!c.init_weights.empty()) m.module->load_state_dict(nn::load_safetensors(c.init_weights).tensors);
   if (!c.resume.empty()) m.module->load_state_dict(nn::load_safetensors(c.resume).tensors);
-  if (!c.save_initial_weights.empty()) {
+  if (!c.save_initial_weights.empty() && lead) {
     nn::save_safetensors(c.save_initial_weights, m.module->state_dict(), {{"model", c.model}, {"steps", "0"}});
     log("saved the initial weights to " + c.save_initial_weights);
   }
   m.module->to(device);
   m.module->train();
   r.parameters = m.module->num_parameters();
+  // The replicas start from rank 0's parameters and buffers; the gradients of every stepping
+  // micro-batch are averaged in buckets during backward (the trainer's .sync below).
+  std::unique_ptr<dist::DataParallel> dp;
+  if (group) dp = std::make_unique<dist::DataParallel>(*m.module, *group);
 
   // A budget that cannot even hold the weights, their gradients and the optimizer state is a
   // configuration error, not an out-of-memory result.
@@ -200,7 +192,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     budget_reset.armed = true;
   }
 
-  RunData data = make_run_data(c, device, m.image_size);
+  // Every rank reads the same split; rank 0 first when it writes the --manifest the others read.
+  const Shard shard{group ? group->rank() : 0, group ? group->world_size() : 1};
+  if (group && !c.manifest.empty() && !lead) group->barrier();
+  RunData data = make_run_data(c, device, m.image_size, shard);
+  if (group && !c.manifest.empty() && lead) group->barrier();
   // The optimal plan's limit, when derived by the Recomputer at the first forward, cannot know
   // that the optimizer's state is allocated only at the first step: leave room for it here. The
   // room is taken now, before the state exists; a batch schedule changes only the input's share.
@@ -244,6 +240,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   so.growth_interval = c.amp_growth_interval;
   optim::GradScaler scaler(so);
   if (c.amp) ao.scaler = &scaler;
+  ao.sync = dp.get();
   // Built before the saved optimizer state is loaded: the trainer keeps the configured learning
   // rates as the schedule's base, while the saved ones are already scheduled (warmup, decay).
   optim::AccumulatingTrainer trainer(*opt, ao);
@@ -269,6 +266,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         optim::load_training_state(*opt, scaler, state);
       }
     }
+    if (saved.micro_batches > 0 && saved.world_size != c.world_size)
+      throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) + " on " +
+                       std::to_string(saved.world_size) + " rank(s); the epoch's shards depend on the number of "
+                       "ranks: resume it with mpirun -np " + std::to_string(saved.world_size));
     const EpochBatch seb{saved.scheduled_batch, saved.batch_size, saved.accumulation_steps};
     const bool same_phase =
         saved.epoch >= 1 && saved.epoch <= c.epochs && batches.scheduled(saved.epoch) == seb.scheduled &&
@@ -309,9 +310,14 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   std::string phase_note;                 // the progress lines' suffix
 
   std::ostringstream head;
-  head << c.model << " (" << r.parameters << " parameters) on " << r.device_name << "; " << data.description
-       << "; batch " << batches.scheduled(1) << " x " << c.accumulation_steps << " accumulation = "
-       << batches.scheduled(1) * c.accumulation_steps;
+  head << c.model << " (" << r.parameters << " parameters) on " << r.device_name << "; " << data.description;
+  if (group)
+    head << "; " << group->world_size() << " ranks x batch " << batches.scheduled(1) << " per device x "
+         << c.accumulation_steps << " accumulation = effective batch "
+         << group->world_size() * batches.scheduled(1) * c.accumulation_steps;
+  else
+    head << "; batch " << batches.scheduled(1) << " x " << c.accumulation_steps << " accumulation = "
+         << batches.scheduled(1) * c.accumulation_steps;
   if (batches.schedule().active())
     head << " (--batch-schedule " << c.batch_schedule << ", lr " << c.batch_schedule_lr << ")";
   head << ", " << c.optimizer << " lr " << r.lr << " (" << c.lr_scaling << " scaling), schedule " << spec << ", "
@@ -325,7 +331,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   const int64_t steps_at_start = opt->step_count();
   bool stop = false;
   for (int64_t epoch = first_epoch; epoch <= c.epochs && !stop; ++epoch) {
-    if (epoch > first_epoch && stop_requested()) {  // SIGINT during the last evaluation
+    if (epoch > first_epoch && agreed(stop_requested())) {  // SIGINT during the last evaluation
       r.status = "interrupted";
       r.note = "SIGINT before epoch " + std::to_string(epoch);
       break;
@@ -341,7 +347,12 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       } else {
         eb = fit_scheduled_batch(want, c.accumulation_steps, [&](int64_t micro) {
           set_optimal_limit(micro);
-          return trial_step_fits(m, *opt, c, device, micro, micro < want || c.accumulation_steps > 1);
+          // Without communication (an OOM must not leave another rank in a collective); then the
+          // ranks agree: the batch fits when it fits on every one.
+          std::optional<dist::DataParallel::NoSyncGuard> local;
+          if (dp) local.emplace(*dp);
+          const bool fits = trial_step_fits(m, *opt, c, device, micro, micro < want || c.accumulation_steps > 1);
+          return !agreed(!fits);
         });
         trial_seconds = seconds_since(t_trial);
       }
@@ -391,6 +402,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
           for (size_t g = 0; g < opt->num_groups(); ++g) opt->set_lr(g, trainer.base_lrs()[g] * f);
         }
         gpu.step_begin();
+        if (dp) dp->sync_buffers();
         const Tensor logits = m.forward(b->images);
         const Tensor loss = m.loss(logits, b->labels);
         const double lv = loss.item();
@@ -398,10 +410,13 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         loss_sum += lv * static_cast<double>(n);
         correct += m.correct(logits, b->labels);
         em.images += n;
-        if (!std::isfinite(lv) || lv > c.diverge_loss) {
+        if (agreed(!std::isfinite(lv) || lv > c.diverge_loss)) {   // every rank stops at the same micro-batch
           r.status = "diverged";
-          r.note = "training loss " + std::to_string(lv) + " at step " + std::to_string(opt->step_count()) +
-                   (std::isfinite(lv) ? " above --diverge-loss " + std::to_string(c.diverge_loss) : "");
+          r.note = group && std::isfinite(lv) && lv <= c.diverge_loss
+                       ? "another rank's training loss was NaN or above --diverge-loss at step " +
+                             std::to_string(opt->step_count())
+                       : "training loss " + std::to_string(lv) + " at step " + std::to_string(opt->step_count()) +
+                             (std::isfinite(lv) ? " above --diverge-loss " + std::to_string(c.diverge_loss) : "");
           stop = cut = true;
           break;
         }
@@ -431,11 +446,13 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
                         static_cast<long long>(total_steps),
                         loss_sum / static_cast<double>(em.images),
                         100.0 * static_cast<double>(correct) / static_cast<double>(em.images),
-                        static_cast<double>(em.images) / dt, 100.0 * (data.train->wait_seconds() - wait0) / dt,
+                        // rank 0's shard's loss and accuracy; images/s of all ranks (equal shards)
+                        static_cast<double>(em.images * c.world_size) / dt,
+                        100.0 * (data.train->wait_seconds() - wait0) / dt,
                         mib(ms.allocated_bytes), mib(ms.peak_allocated_bytes), format_duration(eta).c_str());
           log(line + phase_note);
         }
-        if (stop_requested()) {
+        if (agreed(stop_requested())) {
           r.status = "interrupted";
           r.note = "SIGINT at step " + std::to_string(step);
           stop = cut = true;
@@ -447,6 +464,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         }
       }
     } catch (const OutOfMemoryError& e) {
+      if (group) throw;   // the other ranks may wait in a collective: the job ends (run_or_abort)
       r.status = "oom";
       r.note = e.what();
       stop = cut = true;
@@ -461,6 +479,17 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       em.steady_images = em.images - images_steady0;
       em.steady_seconds = steady_s;
       em.images_per_second_steady = steady_s > 0 ? static_cast<double>(em.steady_images) / steady_s : 0.0;
+    }
+    if (group) {
+      // The epoch's figures over all ranks: images (padding included), loss and accuracy of the union
+      // of the shards; the times are this rank's.
+      double images = static_cast<double>(em.images), steady = static_cast<double>(em.steady_images),
+             right = static_cast<double>(correct);
+      sum_over_ranks(group, {&images, &steady, &loss_sum, &right});
+      em.images = static_cast<int64_t>(images);
+      em.steady_images = static_cast<int64_t>(steady);
+      correct = static_cast<int64_t>(right);
+      if (em.steady_seconds > 0) em.images_per_second_steady = steady / em.steady_seconds;
     }
     em.gpu_busy = gpu.stop(em.train_seconds) / 100.0;
     em.gpu_busy_source = gpu.source();
@@ -482,7 +511,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     r.peak_allocated = std::max(r.peak_allocated, em.peak_allocated);
     r.peak_reserved = std::max(r.peak_reserved, em.peak_reserved);
     if (r.status == "ok" || r.status == "interrupted") {
-      const EvalResult v = evaluate(m, data.val.get());
+      const EvalResult v = evaluate(m, data.val.get(), group);
       em.val_loss = v.loss;
       em.val_acc = v.acc;
       if (std::isfinite(v.acc) && !(v.acc <= r.best_val_acc)) r.best_val_acc = v.acc, r.best_epoch = epoch;
@@ -511,14 +540,18 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   }
   r.steps = opt->step_count();
   r.train_seconds = train_seconds;
-  const EvalResult t = (r.status == "ok" || r.status == "interrupted") ? evaluate(m, data.test.get()) : EvalResult{};
+  const EvalResult t = (r.status == "ok" || r.status == "interrupted") ? evaluate(m, data.test.get(), group) : EvalResult{};
   r.test_acc = t.acc;
   r.test_loss = t.loss;
   if (!c.save_weights.empty() && r.status != "oom") {
     prog.train_seconds = train_seconds;
     prog.rng_seed = default_generator().seed();
     prog.rng_offset = default_generator().offset();
-    save_state(c.save_weights, m, *opt, scaler, prog);
+    prog.world_size = c.world_size;
+    // Rank 0 writes (each file atomically: a temporary renamed into place); the others wait, so the
+    // files are complete when any rank goes on (a sweep's next run, a resume).
+    if (lead) save_state(c.save_weights, m, *opt, scaler, prog);
+    if (group) group->barrier();
     log("saved weights to " + c.save_weights + " (optimizer state: " + optimizer_state_path(c.save_weights) + ")");
   }
   r.total_seconds = seconds_since(t_start);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <chrono>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -151,6 +152,53 @@ TEST(Loader, AugmentedBatchesIdenticalForZeroOneAndThreeWorkers) {
       EXPECT_NE(runs[0][0], runs[0][10]) << "epochs 0 and 1 should draw differently";
     }
   }
+}
+
+// LoaderOptions::sampler (a distributed sampler's shard): the loader reads exactly the given
+// indices in that order, repeats included, and augments each sample as the shuffled loader does
+// (the draws are keyed by the sample's index, not its position), so shards of one epoch's order
+// hold the images of the one-process epoch.
+TEST(Loader, SamplerGivesTheOrderAndKeepsEachSamplesAugmentation) {
+  const auto ds = std::make_shared<IndexedDataset>(12, 30, 40);
+  LoaderOptions o = plain(4, 2);
+  o.transform.augment = Augment::RandomResizedCrop;
+  o.transform.size = 16;
+  o.seed = 5;
+  // The shuffled epoch 1, one image per sample (batch 1), by sample index.
+  LoaderOptions one = o;
+  one.batch_size = 1;
+  Loader full(ds, one);
+  full.start_epoch(1);
+  std::map<int64_t, std::vector<double>> image_of;
+  while (auto b = full.next()) image_of[ids(*b)[0]] = b->images.to_vector();
+  ASSERT_EQ(image_of.size(), 12u);
+
+  const std::vector<int64_t> shard{7, 2, 11, 2, 0};   // repeats, as a padded shard has
+  o.sampler = [&](int64_t epoch) { return epoch == 1 ? shard : std::vector<int64_t>{3}; };
+  Loader l(ds, o);
+  EXPECT_EQ(l.batches_per_epoch(), 1) << "epoch 0's list: 1 sample";
+  l.start_epoch(1);
+  std::vector<int64_t> seen;
+  while (auto b = l.next()) {
+    const int64_t plane = b->images.numel() / b->images.size(0);
+    const auto v = b->images.to_vector();
+    const auto id = ids(*b);
+    for (size_t k = 0; k < id.size(); ++k) {
+      const std::vector<double> img(v.begin() + static_cast<int64_t>(k) * plane,
+                                    v.begin() + static_cast<int64_t>(k + 1) * plane);
+      EXPECT_EQ(img, image_of[id[k]]) << "sample " << id[k] << " augmented differently";
+    }
+    seen.insert(seen.end(), id.begin(), id.end());
+  }
+  EXPECT_EQ(seen, shard);
+  l.start_epoch(0);
+  auto b = l.next();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(ids(*b), std::vector<int64_t>{3});
+
+  o.sampler = [](int64_t) { return std::vector<int64_t>{12}; };
+  Loader bad(ds, o);
+  EXPECT_THROW(bad.start_epoch(0), Error);
 }
 
 TEST(Loader, SkipsUnreadableSamplesAndDropLast) {

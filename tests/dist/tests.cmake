@@ -35,5 +35,18 @@ if(MINIDL_WITH_MPI)
             -DNP=2 -DTIMEOUT=60 -P ${CMAKE_CURRENT_LIST_DIR}/run_fail_probe.cmake)
   set_tests_properties(dist.mpi2.failing_rank_ends_the_job PROPERTIES
     LABELS "cpu;mpi" TIMEOUT 90 PROCESSORS 2 ENVIRONMENT "${_mpi_env}")
+
+  # The experiment programs under mpirun (tests/dist/programs_test.sh): parity with one process,
+  # rank 0 alone writing, a failing and a killed rank ending the job, resume, maxbatch agreement,
+  # a sweep's folder and columns.
+  add_executable(dist_compare_weights ${CMAKE_CURRENT_LIST_DIR}/compare_weights.cpp)
+  target_link_libraries(dist_compare_weights PRIVATE minidl minidl_warnings)
+  foreach(_case parity rank0_output failing_rank killed_rank resume maxbatch agreed_stop sweep)
+    add_test(NAME dist.mpi2.programs.${_case}
+      COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/programs_test.sh ${_case} ${MPIEXEC_EXECUTABLE}
+              $<TARGET_FILE_DIR:minidl-train> $<TARGET_FILE:dist_compare_weights>)
+    set_tests_properties(dist.mpi2.programs.${_case} PROPERTIES
+      LABELS "cpu;mpi" TIMEOUT 120 PROCESSORS 2 ENVIRONMENT "${_mpi_env}")
+  endforeach()
   unset(_mpi_env)
 endif()
