@@ -85,20 +85,17 @@ template <typename T>
 inline T atomicAdd(T* p, T v) {
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
-inline float atomicAdd(float* p, float v) {
-  float old = *p, want;
+// Floating point has no fetch-add builtin: a compare-exchange loop, as CUDA documents for double.
+template <typename F>
+inline F atomic_add_float(F* p, F v) {
+  F old = *p, want;
   do {
     want = old + v;
   } while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   return old;
 }
-inline double atomicAdd(double* p, double v) {
-  double old = *p, want;
-  do {
-    want = old + v;
-  } while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-  return old;
-}
+inline float atomicAdd(float* p, float v) { return atomic_add_float(p, v); }
+inline double atomicAdd(double* p, double v) { return atomic_add_float(p, v); }
 template <typename T>
 inline T atomicMin(T* p, T v) {
   T old = __atomic_load_n(p, __ATOMIC_RELAXED);
