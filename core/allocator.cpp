@@ -21,7 +21,7 @@ void* CpuAllocator::allocate(size_t nbytes) {
     if (s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(block) > s_.budget_bytes) {
       ++s_.num_ooms;
       const size_t in_use = static_cast<size_t>(s_.reserved_bytes), budget = static_cast<size_t>(s_.budget_bytes);
-      throw OutOfMemoryError("out of memory on cpu: tried to allocate " + format_bytes(nbytes) + " with " +
+      throw OutOfMemoryError("out of memory on " + device_.str() + ": tried to allocate " + format_bytes(nbytes) + " with " +
                                  format_bytes(in_use) + " in use and a memory budget of " + format_bytes(budget) +
                                  ". Use a smaller batch, gradient accumulation or recomputation, or raise the budget.",
                              nbytes, in_use, budget);
@@ -29,13 +29,13 @@ void* CpuAllocator::allocate(size_t nbytes) {
     s_.reserved_bytes += static_cast<int64_t>(block);
     s_.allocated_bytes += static_cast<int64_t>(nbytes);
   }
-  void* p = std::aligned_alloc(kAlignment, block);
+  void* p = raw_alloc(block);
   std::lock_guard<std::mutex> lock(mu_);
   if (p == nullptr) {
     s_.reserved_bytes -= static_cast<int64_t>(block);
     s_.allocated_bytes -= static_cast<int64_t>(nbytes);
     ++s_.num_ooms;
-    throw OutOfMemoryError("out of memory on cpu: the system refused " + format_bytes(nbytes), nbytes,
+    throw OutOfMemoryError("out of memory on " + device_.str() + ": the system refused " + format_bytes(nbytes), nbytes,
                            static_cast<size_t>(s_.reserved_bytes), static_cast<size_t>(s_.budget_bytes));
   }
   ++s_.num_allocs;
@@ -44,9 +44,21 @@ void* CpuAllocator::allocate(size_t nbytes) {
   return p;
 }
 
+void* CpuAllocator::raw_alloc(size_t block) {
+  if (backed_) return std::aligned_alloc(kAlignment, block);
+  std::lock_guard<std::mutex> lock(mu_);
+  void* p = reinterpret_cast<void*>(next_address_);
+  next_address_ += block;
+  return p;
+}
+
+void CpuAllocator::raw_free(void* p) {
+  if (backed_) std::free(p);
+}
+
 void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   if (ptr == nullptr) return;
-  std::free(ptr);
+  raw_free(ptr);
   std::lock_guard<std::mutex> lock(mu_);
   s_.reserved_bytes -= static_cast<int64_t>(rounded(nbytes));
   s_.allocated_bytes -= static_cast<int64_t>(nbytes);

@@ -35,20 +35,32 @@ class Allocator {
 };
 
 // The host allocator: 64-byte aligned blocks, no cache (reserved = sum of rounded block sizes).
+// Built for the meta device (Device::meta(CPU)) it keeps the same books, budget and errors but
+// hands out address ranges with no memory behind them: the dry run's allocator is this class,
+// not a copy of its rules.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kAlignment = 64;
+  explicit CpuAllocator(Device device = Device::cpu()) : device_(device), backed_(!device.is_meta()) {}
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
   MemoryStats stats() const override;
   void reset_peak_stats() override;
   void set_budget(size_t bytes) override;
-  Device device() const override { return Device::cpu(); }
+  Device device() const override { return device_; }
   static size_t rounded(size_t nbytes) { return (nbytes + kAlignment - 1) / kAlignment * kAlignment; }
 
  private:
+  // The system side: aligned_alloc/free, or for the meta device an address range (never reused,
+  // never mapped, so a kernel that reads meta memory faults at once).
+  void* raw_alloc(size_t block);
+  void raw_free(void* p);
+
+  Device device_;
+  bool backed_ = true;
   mutable std::mutex mu_;
   MemoryStats s_;
+  uintptr_t next_address_ = uintptr_t{1} << 44;
 };
 
 CpuAllocator& cpu_allocator();

@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "kernels/cpu/conv_gemm.h"
 #include "kernels/cpu/conv_im2col.h"
+#include "kernels/cpu/workspace.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
 
@@ -65,7 +66,7 @@ struct Item {
   int64_t n0, gn, r0, r1;
 };
 
-enum class Pass { Forward, BackwardInput, BackwardWeight };
+using Pass = ConvPass;
 
 // How the batch is cut into items and spread over threads. Two modes: with enough items, items
 // run on OpenMP threads with single-threaded GEMMs (threads > 1); otherwise items run in order,
@@ -196,15 +197,37 @@ CMapR<T> item_rows(const T* y, const ConvGeom& g, const Plan& pl, const Item& it
   return CMapR<T>(buf, g.o, cols, Eigen::OuterStride<>(cols));
 }
 
+// One scratch allocation of a kernel: per-thread elements times threads (nothing when per is 0).
+struct ScratchSize {
+  int64_t per_thread = 0;
+  int threads = 1;
+  int64_t elements() const { return per_thread > 0 ? per_thread * threads : 0; }
+};
+
 // Per-thread scratch, allocated once through the minidl allocator so memory statistics see it.
 template <typename T>
 struct Scratch {
   Tensor t;
   int64_t per_thread = 0;
-  Scratch(int64_t per, int threads, const Tensor& like) : per_thread(per) {
-    if (per > 0) t = empty({per * threads}, like.options());
+  Scratch(const ScratchSize& sz, const Tensor& like) : per_thread(sz.per_thread) {
+    if (sz.elements() > 0) t = empty({sz.elements()}, like.options());
   }
   T* at(int tid) const { return per_thread > 0 ? t.data<T>() + tid * per_thread : nullptr; }
+};
+
+// The forward's plan and its scratch layout per thread: [columns | output of a group].
+template <typename T>
+struct ForwardLayout {
+  Plan pl;
+  int64_t max_cols, cc, kk, col_sz, out_sz;
+  explicit ForwardLayout(const ConvGeom& g) : pl(plan_batch<T>(g, Pass::Forward)) {
+    max_cols = pl.max_cols(g.ow);
+    cc = chunk_channels<T>(g, pl);
+    kk = g.kh * g.kw;
+    col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
+    out_sz = pl.group > 1 ? g.o * max_cols : 0;
+  }
+  ScratchSize scratch() const { return {col_sz + out_sz, pl.threads}; }
 };
 
 template <typename T>
@@ -214,11 +237,10 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Co
   T* yp = y.data<T>();
   const int64_t k = g.k(), p = g.p(), o = g.o;
   const CMapR<T> wm(w.data<T>(), o, k, Eigen::OuterStride<>(k));
-  const Plan pl = plan_batch<T>(g, Pass::Forward);
-  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl), kk = g.kh * g.kw;
-  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
-  const int64_t out_sz = pl.group > 1 ? o * max_cols : 0;
-  const Scratch<T> scratch(col_sz + out_sz, pl.threads, x);
+  const ForwardLayout<T> lay(g);
+  const Plan& pl = lay.pl;
+  const int64_t cc = lay.cc, kk = lay.kk, col_sz = lay.col_sz;
+  const Scratch<T> scratch(lay.scratch(), x);
 
   for_each_item(pl, g, [&](const Item& it, int tid) {
     T* buf = scratch.at(tid);
@@ -277,14 +299,24 @@ int64_t thread_chunk_channels(const ConvGeom& g, const Plan& pl, int nt) {
 // would each stream the whole weight for few columns, so all samples form one GEMM and threads
 // split the input channels, each multiplying its rows of the weight and scattering into its own
 // channels of the gradient.
+// The two scratch allocations of the by-channel paths: per-thread columns of a channel chunk, and
+// one gathered copy of a group's output gradient.
+template <typename T>
+std::pair<ScratchSize, ScratchSize> by_channel_scratch(const ConvGeom& g, const Plan& pl) {
+  const int nt = std::max(1, omp_get_max_threads());
+  const int64_t kk = g.kh * g.kw, max_cols = pl.max_cols(g.ow);
+  const int64_t cc = thread_chunk_channels<T>(g, pl, nt);
+  return {ScratchSize{cc * kk * max_cols, nt}, ScratchSize{pl.group > 1 ? g.o * max_cols : 0, 1}};
+}
+
 template <typename T>
 void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const ConvGeom& g, const Plan& pl, T* gxp,
                                     const Tensor& like) {
   const int nt = std::max(1, omp_get_max_threads());
-  const int64_t o = g.o, kk = g.kh * g.kw, max_cols = pl.max_cols(g.ow);
   const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
-  const Scratch<T> gcol_scratch(cc * kk * max_cols, nt, like);
-  const Scratch<T> gy_scratch(pl.group > 1 ? o * max_cols : 0, 1, like);
+  const auto sizes = by_channel_scratch<T>(g, pl);
+  const Scratch<T> gcol_scratch(sizes.first, like);
+  const Scratch<T> gy_scratch(sizes.second, like);
   Plan seq = pl;
   seq.inner = false;
   for (int64_t i = 0; i < pl.num_items(); ++i) {
@@ -307,11 +339,11 @@ template <typename T>
 void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& g, const Plan& pl, T* gwp,
                                      const Tensor& like) {
   const int nt = std::max(1, omp_get_max_threads());
-  const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw, max_cols = pl.max_cols(g.ow);
+  const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw;
   const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
-  const int64_t col_sz = cc * kk * max_cols;
-  const Scratch<T> cols_scratch(col_sz, nt, like);
-  const Scratch<T> gy_scratch(pl.group > 1 ? o * max_cols : 0, 1, like);
+  const auto sizes = by_channel_scratch<T>(g, pl);
+  const Scratch<T> cols_scratch(sizes.first, like);
+  const Scratch<T> gy_scratch(sizes.second, like);
   Plan seq = pl;  // copies inside a thread's chunk run on that thread
   seq.inner = false;
   MapR<T> acc(gwp, o, k, Eigen::OuterStride<>(k));
@@ -340,17 +372,22 @@ void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& 
 constexpr int64_t kTransposedMaxOut = 128;
 constexpr int64_t kTransposedMinIn = 16;
 
-inline bool transposed_ok(const ConvGeom& g) {
+bool transposed_ok(const ConvGeom& g) {
   const int64_t ph = (g.kh - 1) * g.dh - g.ph, pw = (g.kw - 1) * g.dw - g.pw;
   return g.sh == 1 && g.sw == 1 && !g.pointwise() && g.o < kTransposedMaxOut && g.c >= kTransposedMinIn &&
          ph >= 0 && pw >= 0 && g.h == g.oh + 2 * ph - (g.kh - 1) * g.dh &&
          g.w == g.ow + 2 * pw - (g.kw - 1) * g.dw;
 }
 
+// The forward convolution the transposed input gradient runs (of gy, with the flipped weight).
+ConvGeom transposed_geom(const ConvGeom& g) {
+  return ConvGeom{g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, g.h, g.w,
+                  1, 1, (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+}
+
 template <typename T>
 void conv_backward_input_transposed(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
-  const ConvGeom t{g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, g.h, g.w,
-                   1, 1, (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+  const ConvGeom t = transposed_geom(g);
   const Tensor wt = empty({g.c, g.o, g.kh, g.kw}, w.options());
   const T* src = w.data<T>();
   T* dst = wt.data<T>();
@@ -365,26 +402,55 @@ void conv_backward_input_transposed(const Tensor& gy, const Tensor& w, const Con
   conv_forward<T>(gy, wt, Tensor(), t, gx);
 }
 
+// Which of the three input-gradient paths a geometry takes, with its plan; the kernel and
+// conv2d_scratch_elements both decide here.
+template <typename T>
+struct BackwardInputLayout {
+  enum class Path { Transposed, ByChannel, Items } path = Path::Items;
+  Plan pl;   // the items' plan, or the weight-gradient plan of the by-channel path
+  int64_t cc = 0, kk = 0, gcol_sz = 0, gy_sz = 0;
+  bool direct = false;  // GEMM straight into gx
+  explicit BackwardInputLayout(const ConvGeom& g) {
+    kk = g.kh * g.kw;
+    if (transposed_ok(g)) {
+      path = Path::Transposed;
+      return;
+    }
+    pl = plan_batch<T>(g, Pass::BackwardInput);
+    // Small planes and a big weight: the weight-gradient plan (one group of all samples) with
+    // threads splitting channels.
+    const bool big_weight = g.o * g.k() * static_cast<int64_t>(sizeof(T)) > 2 * kTileBytes;
+    if (pl.group > 1 && big_weight && g.c >= 2 * omp_get_max_threads()) {
+      const Plan wpl = plan_batch<T>(g, Pass::BackwardWeight);
+      if (wpl.inner && wpl.group > pl.group) {
+        path = Path::ByChannel;
+        pl = wpl;
+        return;
+      }
+    }
+    const int64_t max_cols = pl.max_cols(g.ow);
+    cc = chunk_channels<T>(g, pl);
+    direct = g.pointwise() && pl.group == 1;
+    gcol_sz = direct ? 0 : cc * kk * max_cols;
+    gy_sz = pl.group > 1 ? g.o * max_cols : 0;
+  }
+  ScratchSize scratch() const { return {gcol_sz + gy_sz, pl.threads}; }
+};
+
 template <typename T>
 void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
   const T* gyp = gy.data<T>();
   T* gxp = gx.data<T>();
-  const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw;
+  const int64_t k = g.k(), o = g.o;
   const CMapR<T> wm(w.data<T>(), o, k, Eigen::OuterStride<>(k));
-  if (transposed_ok(g)) return conv_backward_input_transposed<T>(gy, w, g, gx);
-  const Plan pl = plan_batch<T>(g, Pass::BackwardInput);
-  // Small planes and a big weight: the weight-gradient plan (one group of all samples) with threads
-  // splitting channels.
-  const bool big_weight = o * k * static_cast<int64_t>(sizeof(T)) > 2 * kTileBytes;
-  if (pl.group > 1 && big_weight && g.c >= 2 * omp_get_max_threads()) {
-    const Plan wpl = plan_batch<T>(g, Pass::BackwardWeight);
-    if (wpl.inner && wpl.group > pl.group) return conv_backward_input_by_channel<T>(gyp, wm, g, wpl, gxp, gy);
-  }
-  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl);
-  const bool direct = g.pointwise() && pl.group == 1;  // GEMM straight into gx
-  const int64_t gcol_sz = direct ? 0 : cc * kk * max_cols;
-  const int64_t gy_sz = pl.group > 1 ? o * max_cols : 0;
-  const Scratch<T> scratch(gcol_sz + gy_sz, pl.threads, gy);
+  const BackwardInputLayout<T> lay(g);
+  using Path = typename BackwardInputLayout<T>::Path;
+  if (lay.path == Path::Transposed) return conv_backward_input_transposed<T>(gy, w, g, gx);
+  if (lay.path == Path::ByChannel) return conv_backward_input_by_channel<T>(gyp, wm, g, lay.pl, gxp, gy);
+  const Plan& pl = lay.pl;
+  const int64_t cc = lay.cc, gcol_sz = lay.gcol_sz;
+  const bool direct = lay.direct;
+  const Scratch<T> scratch(lay.scratch(), gy);
 
   for_each_item(pl, g, [&](const Item& it, int tid) {
     T* buf = scratch.at(tid);
@@ -399,22 +465,37 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, c
   });
 }
 
+// The weight gradient's path and per-thread scratch layout: [columns | gathered gy | partial sum].
+template <typename T>
+struct BackwardWeightLayout {
+  Plan pl;
+  bool by_channel = false;
+  int64_t cc = 0, kk = 0, col_sz = 0, gy_sz = 0, part_sz = 0;
+  explicit BackwardWeightLayout(const ConvGeom& g) : pl(plan_batch<T>(g, Pass::BackwardWeight)) {
+    kk = g.kh * g.kw;
+    by_channel = pl.inner && g.c >= 2 * omp_get_max_threads();
+    if (by_channel) return;
+    const int64_t max_cols = pl.max_cols(g.ow);
+    cc = chunk_channels<T>(g, pl);
+    col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
+    gy_sz = pl.group > 1 ? g.o * max_cols : 0;
+    // Thread 0 accumulates straight into gw, the others into private partial sums that are added
+    // in thread order afterwards: with static scheduling the result does not depend on timing.
+    part_sz = pl.threads > 1 ? g.o * g.k() : 0;
+  }
+  ScratchSize scratch() const { return {col_sz + gy_sz + part_sz, pl.threads}; }
+};
+
 template <typename T>
 void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, const Tensor& gw) {
   const T* gyp = gy.data<T>();
   const T* xp = x.data<T>();
   const int64_t k = g.k(), o = g.o;
-  const Plan pl = plan_batch<T>(g, Pass::BackwardWeight);
-  if (pl.inner && g.c >= 2 * omp_get_max_threads()) {
-    return conv_backward_weight_by_channel<T>(gyp, xp, g, pl, gw.data<T>(), x);
-  }
-  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl), kk = g.kh * g.kw;
-  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
-  const int64_t gy_sz = pl.group > 1 ? o * max_cols : 0;
-  // Thread 0 accumulates straight into gw, the others into private partial sums that are added in
-  // thread order afterwards: with static scheduling the result does not depend on timing.
-  const int64_t part_sz = pl.threads > 1 ? o * k : 0;
-  const Scratch<T> scratch(col_sz + gy_sz + part_sz, pl.threads, x);
+  const BackwardWeightLayout<T> lay(g);
+  const Plan& pl = lay.pl;
+  if (lay.by_channel) return conv_backward_weight_by_channel<T>(gyp, xp, g, pl, gw.data<T>(), x);
+  const int64_t cc = lay.cc, kk = lay.kk, col_sz = lay.col_sz, gy_sz = lay.gy_sz;
+  const Scratch<T> scratch(lay.scratch(), x);
   auto partial = [&](int tid) { return tid == 0 ? gw.data<T>() : scratch.at(tid) + col_sz + gy_sz; };
   for (int t = 0; t < pl.threads; ++t) std::fill(partial(t), partial(t) + o * k, T(0));
 
@@ -435,12 +516,52 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
   }
 }
 
+// The scratch element counts of one kernel call in allocation order (see conv_workspace.h).
+template <typename T>
+void scratch_of(ConvPass pass, const ConvGeom& g, std::vector<int64_t>& out) {
+  const auto push = [&](const ScratchSize& s) {
+    if (s.elements() > 0) out.push_back(s.elements());
+  };
+  if (pass == ConvPass::Forward) return push(ForwardLayout<T>(g).scratch());
+  if (pass == ConvPass::BackwardInput) {
+    const BackwardInputLayout<T> lay(g);
+    using Path = typename BackwardInputLayout<T>::Path;
+    if (lay.path == Path::Transposed) {
+      out.push_back(g.c * g.o * g.kh * g.kw);   // the flipped weight
+      return scratch_of<T>(ConvPass::Forward, transposed_geom(g), out);
+    }
+    if (lay.path == Path::ByChannel) {
+      const auto sizes = by_channel_scratch<T>(g, lay.pl);
+      push(sizes.first);
+      return push(sizes.second);
+    }
+    return push(lay.scratch());
+  }
+  const BackwardWeightLayout<T> lay(g);
+  if (lay.by_channel) {
+    const auto sizes = by_channel_scratch<T>(g, lay.pl);
+    push(sizes.first);
+    return push(sizes.second);
+  }
+  push(lay.scratch());
+}
+
 [[noreturn]] void unsupported_dtype(const char* op, const Tensor& t) {
   MINIDL_FAIL(op, " (cpu): dtype ", dtype_name(t.dtype()),
               " is not supported (f32 and f64 only); convert with .to(DType::f32)");
 }
 
 }  // namespace
+
+std::vector<int64_t> conv2d_scratch_elements(ConvPass pass, const Shape& x, const Shape& w, const Shape& y,
+                                             const Conv2dOptions& o, DType dtype) {
+  const ConvGeom g = make_geom(x, w, y, o, "conv2d_scratch_elements");
+  std::vector<int64_t> out;
+  if (g.n == 0 && pass != ConvPass::BackwardWeight) return out;
+  if (dtype == DType::f64) scratch_of<double>(pass, g, out);
+  else scratch_of<float>(pass, g, out);
+  return out;
+}
 
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
                                 const Tensor& y) {

@@ -5,6 +5,7 @@
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
 #include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
@@ -165,6 +166,17 @@ void dispatch_bn(DType t, const char* op, F&& f) {
 
 }  // namespace
 
+int64_t batch_norm_scratch_elements(BatchNormPass pass, const Shape& x) {
+  const int64_t C = x.size() >= 2 ? x[1] : 0;
+  if (C == 0) return 0;
+  switch (pass) {
+    case BatchNormPass::Train: return 2 * C;                              // mean, alpha
+    case BatchNormPass::Eval: return numel_of(x) == 0 ? 0 : 2 * C;       // mean, alpha
+    case BatchNormPass::Backward: return 3 * C;                          // per channel: 3 sums
+  }
+  return 0;
+}
+
 void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                            const Tensor& running_mean, const Tensor& running_var, double momentum,
                                            double eps, const Tensor& y, const Tensor& save_mean,
@@ -179,7 +191,7 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight
                 si = channel(save_invstd, L.C, op);
   if (L.C == 0) return;
   DeviceContext& ctx = context_of(x);
-  Tensor coeffs = empty({2, L.C}, {DType::f64, x.device(), false});   // mean, alpha
+  Tensor coeffs = empty({batch_norm_scratch_elements(BatchNormPass::Train, x.shape())}, {DType::f64, x.device(), false});
   double* mean_d = static_cast<double*>(coeffs.data_ptr());
   double* alpha_d = mean_d + L.C;
   dispatch_bn(x.dtype(), op, [&](auto tag) {
@@ -201,9 +213,9 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight,
   MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape(), op, " (cuda): y ", y.meta(), " must match x ", x.meta());
   const Channel w = channel(weight, L.C, op), b = channel(bias, L.C, op), m = channel(mean, L.C, op),
                 v = channel(var, L.C, op);
-  if (x.numel() == 0) return;
+  if (x.numel() == 0 || L.C == 0) return;
   DeviceContext& ctx = context_of(x);
-  Tensor coeffs = empty({2, L.C}, {DType::f64, x.device(), false});
+  Tensor coeffs = empty({batch_norm_scratch_elements(BatchNormPass::Eval, x.shape())}, {DType::f64, x.device(), false});
   double* mean_d = static_cast<double*>(coeffs.data_ptr());
   double* alpha_d = mean_d + L.C;
   MINIDL_LAUNCH("batch_norm eval coefficients", eval_coeff_kernel, grid_for(L.C), kThreads, 0, ctx.stream(), L.C, eps,
@@ -231,7 +243,7 @@ void CudaBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const T
                 gw = channel(gweight, L.C, op), gb = channel(gbias, L.C, op);
   if (L.C == 0) return;
   DeviceContext& ctx = context_of(x);
-  Tensor coef = empty({L.C, 3}, {DType::f64, x.device(), false});
+  Tensor coef = empty({batch_norm_scratch_elements(BatchNormPass::Backward, x.shape())}, {DType::f64, x.device(), false});
   double* coef_d = static_cast<double*>(coef.data_ptr());
   dispatch_bn(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
