@@ -247,7 +247,7 @@ Device resolve_device(const std::string& spec) {
 
 void apply_backend_switches(const TrainConfig& c, Device d) {
 #ifdef MINIDL_WITH_CUDA
-  if (d.is_cuda()) cuda::set_cudnn_benchmark(c.cudnn_benchmark == "on");
+  if (d.target() == DeviceType::CUDA) cuda::set_cudnn_benchmark(c.cudnn_benchmark == "on");   // meta:cuda too
 #else
   (void)c;
   (void)d;

@@ -10,8 +10,10 @@
 
 namespace minidl::harness {
 
-StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes)
-    : c_(c), device_(resolve_device(c.device)), model_(make_model(c, c.seed * 4 + 3)),
+Device dry_run_device(const TrainConfig& c) { return Device::meta(resolve_device(c.device).type); }
+
+StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional<Device> device)
+    : c_(c), device_(device ? *device : resolve_device(c.device)), model_(make_model(c, c.seed * 4 + 3)),
       scaler_(optim::GradScalerOptions{.init_scale = c.amp_init_scale, .enabled = c.amp}), budget_(budget_bytes) {
   apply_backend_switches(c_, device_);
   model_.module->to(device_);

@@ -8,7 +8,6 @@
 #include <map>
 
 #include "core/allocator.h"
-#include "experiments/harness/memest.h"
 #include "experiments/harness/step_runner.h"
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
@@ -297,25 +296,6 @@ TEST(ExperimentsMaxBatch, AmpTrialsIncludeTheOptimizerState) {
   StepRunner amp(c, 0);
   EXPECT_GE(amp.baseline_allocated(), 2 * amp.parameter_bytes())
       << "weights + momentum must be allocated before the AMP trials begin";
-}
-
-TEST(ExperimentsMemest, EstimateAddsUpAndTracksTheMeasuredPeak) {
-  MemoryModelInputs in;
-  in.parameter_bytes = 1000;
-  in.optimizer_state_factor = 2;
-  in.activation_bytes_per_sample = 300;
-  in.input_bytes_per_sample = 20;
-  in.largest_output_bytes_per_sample = 50;
-  const MemoryEstimate e = estimate_memory(in, 4);
-  EXPECT_EQ(e.total(), 1000 + 1000 + 2000 + 320 * 4 + 2 * 50 * 4);
-  TrainConfig c = testing::tiny_config();
-  c.image_size = 16;
-  c.optimizer = "adam";
-  const auto rows = run_memest(c, {4, 64});
-  ASSERT_EQ(rows.size(), 2u);
-  EXPECT_GT(rows[1].measured_peak, rows[0].measured_peak);
-  EXPECT_EQ(rows[1].estimate.optimizer_state, 2 * rows[1].estimate.parameters);
-  EXPECT_LT(std::abs(rows[1].error_pct()), 50.0) << memest_table(rows);
 }
 
 }  // namespace
