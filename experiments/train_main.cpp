@@ -29,12 +29,12 @@ int main(int argc, char** argv) {
     const int status = r.status == "ok" ? 0 : (r.status == "interrupted" ? 130 : 1);
     if (!ranks.lead()) return status;
     std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s), test acc %s, %.1f img/s, "
-                "peak allocated %.1f MiB, %.1f s\n",
+                "peak allocated %s, %.1f s\n",
                 c.model.c_str(), r.status.c_str(), r.note.empty() ? "" : " (", r.note.empty() ? "" : (r.note + ")").c_str(),
                 static_cast<long long>(r.steps), value_or_dash(r.best_val_acc, 2, 100.0, "%").c_str(),
                 r.best_epoch > 0 ? std::to_string(r.best_epoch).c_str() : "-",
                 value_or_dash(r.test_acc, 2, 100.0, "%").c_str(), r.mean_images_per_second(),
-                static_cast<double>(r.peak_allocated) / (1 << 20), r.total_seconds);
+                minidl::format_bytes(static_cast<size_t>(r.peak_allocated)).c_str(), r.total_seconds);
     if (!c.out.empty()) {
       const std::filesystem::path out(c.out);
       // A resumed run continues the earlier session's table instead of replacing it.

@@ -8,6 +8,7 @@
 #   f=results/keras-batch/keras-batch.png.dat
 #   gnuplot -e "datafile='$f'; outfile='${f%.dat}'; $(sed -n 's/^# plot: //p' "$f")" tools/plot_results.gnuplot
 # (tools/gpu_studies.sh --plot DIR does this for every .dat in DIR and links the PNG from summary.md).
+# Accuracy plots add band_lo, band_hi and chance_block to the settings (see below).
 if (!exists("plottitle")) plottitle = ""
 if (!exists("xlab")) xlab = "batch size"
 if (!exists("ylab")) ylab = ""
@@ -22,4 +23,21 @@ set key outside right top
 if (logx) set logscale x 2
 stats datafile using 1 nooutput
 nblocks = STATS_blocks
-plot for [i=0:nblocks-1] datafile index i using 1:2 with linespoints lw 2 pt 7 title columnheader(1)
+# An accuracy plot's chance band (band_lo, band_hi: 50% +- two binomial standard errors) is shaded;
+# with chance_block=1 the last block holds the points inside it, circled over the lines.
+if (!exists("chance_block")) chance_block = 0
+nlines = nblocks - chance_block
+if (exists("band_lo")) {
+  set object 1 rectangle from graph 0, first band_lo to graph 1, first band_hi behind \
+      fillcolor rgb "#dddddd" fillstyle solid 1.0 noborder
+  if (chance_block) {
+    plot for [i=0:nlines-1] datafile index i using 1:2 with linespoints lw 2 pt 7 title columnheader(1), \
+         keyentry with boxes fillcolor rgb "#dddddd" fillstyle solid 1.0 title "chance band", \
+         datafile index nblocks-1 using 1:2 with points pt 6 ps 2.5 lw 2 lc rgb "black" title columnheader(1)
+  } else {
+    plot for [i=0:nlines-1] datafile index i using 1:2 with linespoints lw 2 pt 7 title columnheader(1), \
+         keyentry with boxes fillcolor rgb "#dddddd" fillstyle solid 1.0 title "chance band"
+  }
+} else {
+  plot for [i=0:nblocks-1] datafile index i using 1:2 with linespoints lw 2 pt 7 title columnheader(1)
+}

@@ -15,7 +15,7 @@
 namespace minidl::harness {
 namespace {
 
-std::string mib(int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.0), 1) + " MiB"; }
+std::string mib(int64_t b) { return format_bytes(static_cast<size_t>(std::max<int64_t>(b, 0))); }   // one style
 
 int64_t train_images(const TrainConfig& c) {
   const SplitSpec s = parse_split(c.split);
@@ -79,8 +79,11 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   // not count against the real runner's budget.
   StepRunner dry(c, rep.budget_bytes, dry_run_device(c));
   StepRunner runner(c, rep.budget_bytes);
-  Tensor buckets;
-  if (group) buckets = zeros({std::max<int64_t>(1, runner.parameter_bytes())}, {DType::u8, runner.device(), false});
+  Tensor buckets, dry_buckets;   // the dry run holds them too
+  if (group) {
+    buckets = zeros({std::max<int64_t>(1, runner.parameter_bytes())}, {DType::u8, runner.device(), false});
+    dry_buckets = zeros({std::max<int64_t>(1, dry.parameter_bytes())}, {DType::u8, dry.device(), false});
+  }
   std::ostringstream os;
   auto say = [&](const std::string& line) {
     os << line << "\n";
@@ -113,7 +116,8 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   const auto t0 = std::chrono::steady_clock::now();
   FinderOptions dry_fo = fo;
   dry_fo.max_trials = 200;
-  const FinderResult dry_search = find_max_batch([&](int64_t b) { return dry.run(b, o.steps); }, dry_fo);
+  // Agreed across ranks like the real trials: ranks with different budgets search the same batches.
+  const FinderResult dry_search = find_max_batch([&](int64_t b) { return agree(group, dry.run(b, o.steps)); }, dry_fo);
   const double dry_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   say("dry run on " + dry_run_device(c).str() + ": maximum batch " + std::to_string(dry_search.max_batch) + " after " +
       std::to_string(dry_search.trials.size()) + " dry trials in " + fmt(dry_seconds, 1) + " s (peak allocated " +
@@ -140,10 +144,11 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   if (group) group->check_same("the maximum batch found", f.max_batch);   // agreed trials: never differs
   rep.recommended = recommended_batch(f.max_batch, o.margin);
   say("memory model: " + mib(static_cast<int64_t>(f.model.fixed_bytes)) + " + " +
-      fmt(f.model.bytes_per_sample / 1024.0, 1) + " KiB per sample -> predicted maximum " +
+      mib(static_cast<int64_t>(f.model.bytes_per_sample)) + " per sample -> predicted maximum " +
       std::to_string(f.predicted) +
-      (f.refined != f.predicted ? "; refit after the first trial: " + fmt(f.refined_model.bytes_per_sample / 1024.0, 1) +
-                                      " KiB per sample -> " + std::to_string(f.refined)
+      (f.refined != f.predicted ? "; refit after the first trial: " +
+                                      mib(static_cast<int64_t>(f.refined_model.bytes_per_sample)) + " per sample -> " +
+                                      std::to_string(f.refined)
                                 : ""));
   const double frag =
       f.at_max.peak_reserved > 0 ? 1.0 - static_cast<double>(f.at_max.peak_allocated) / f.at_max.peak_reserved : 0.0;

@@ -66,20 +66,20 @@ std::string memest_table(const MemestReport& rep) {
   std::vector<Row> out;
   for (const auto& r : rep.rows) {
     if (r.over_budget()) {
-      out.push_back({std::to_string(r.batch), "over the budget", "-", "-", "-", "-", "-", fmt(r.estimate.step_seconds, 3),
-                     "not run"});
+      out.push_back({std::to_string(r.batch), "over the budget", "-", "-", "-", "-", "-",
+                     fmt(1e3 * r.estimate.step_seconds, 1), "not run"});
       continue;
     }
     const bool m = r.measured;
     out.push_back({std::to_string(r.batch), mib(r.estimate.peak_allocated),
                    m ? mib(r.measurement.peak_allocated) : "-", m ? fmt(r.error_pct(), 2) : "-",
                    mib(r.estimate.peak_reserved), m ? mib(r.measurement.peak_reserved) : "-",
-                   m ? fmt(r.reserved_error_pct(), 2) : "-", fmt(r.estimate.step_seconds, 3),
-                   m ? fmt(r.measurement.step_seconds, 3) : "not run"});
+                   m ? fmt(r.reserved_error_pct(), 2) : "-", fmt(1e3 * r.estimate.step_seconds, 1),
+                   m ? fmt(1e3 * r.measurement.step_seconds, 1) : "not run"});
   }
   return markdown_table({"batch", "estimated peak allocated MiB", "measured peak allocated MiB", "error %",
-                         "estimated peak reserved MiB", "measured peak reserved MiB", "error %", "dry run s",
-                         "measured step s"},
+                         "estimated peak reserved MiB", "measured peak reserved MiB", "error %", "dry step ms",
+                         "measured step ms"},
                         out);
 }
 

@@ -343,13 +343,25 @@ std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png) {
     for (char& ch : s) if (ch == '\'' || ch == '"') ch = ' ';
     return "'" + s + "'";
   };
-  const std::string settings = "plottitle=" + quote(spec.title) + "; xlab=" + quote(spec.xlabel) +
-                               "; ylab=" + quote(spec.ylabel) + "; logx=" + (spec.logx ? "1" : "0");
+  // The points at chance, as one more block the script draws as circles over the lines.
+  Series at_chance{"at chance (50% +- " + fmt(100.0 * spec.chance_band, 1) + " points)", {}};
+  if (spec.chance_band > 0) {
+    for (const auto& s : spec.series)
+      for (const auto& p : s.points)
+        if (std::fabs(p.second - 0.5) <= spec.chance_band) at_chance.points.push_back(p);
+  }
+  std::string settings = "plottitle=" + quote(spec.title) + "; xlab=" + quote(spec.xlabel) +
+                         "; ylab=" + quote(spec.ylabel) + "; logx=" + (spec.logx ? "1" : "0");
+  if (spec.chance_band > 0)
+    settings += "; band_lo=" + fmt(0.5 - spec.chance_band, 6) + "; band_hi=" + fmt(0.5 + spec.chance_band, 6) +
+                "; chance_block=" + (at_chance.points.empty() ? "0" : "1");
+  std::vector<Series> series = spec.series;
+  if (!at_chance.points.empty()) series.push_back(at_chance);
   // The data first, whether or not gnuplot is here: a GPU machine has none, and the plot is then
   // drawn on another machine from the .dat alone (gnuplot skips the "#" line).
   std::string dat = "# plot: " + settings + "\n";
   int blocks = 0;
-  for (const auto& s : spec.series) {
+  for (const auto& s : series) {
     if (s.points.empty()) continue;
     if (blocks++) dat += "\n\n";
     std::string title = s.title;

@@ -1,10 +1,10 @@
 // The dry run against the measured step (issue 32): for three models, with and without AMP,
 // recomputation and accumulation, the shape-only device's peaks equal the peaks a real CPU step
-// measures; minidl-memest skips what the budget rules out and minidl-maxbatch's dry answer holds.
+// measures, and minidl-memest skips what the budget rules out (minidl-maxbatch's dry answer:
+// sweep_test.cpp, ExperimentsMaxBatch).
 #include <gtest/gtest.h>
 
 #include "core/allocator.h"
-#include "experiments/harness/maxbatch.h"
 #include "experiments/harness/memest.h"
 #include "experiments/harness/step_runner.h"
 #include "nn/recompute_profile.h"
@@ -90,24 +90,6 @@ TEST(ExperimentsMemest, MarksBatchesOverTheBudgetAndDoesNotRunThem) {
   const std::string md = memest_markdown(rep, "abc123", "2026-01-01");
   for (const char* s : {"resnet18-small at 16 px", "cpu", "abc123", "over the budget", "not run"})
     EXPECT_NE(md.find(s), std::string::npos) << s << " missing from\n" << md;
-}
-
-TEST(ExperimentsMaxBatch, DryRunAnswerIsConfirmedByOneRealTrial) {
-  TrainConfig c = testing::tiny_config();
-  c.image_size = 16;
-  c.memory_budget = "24MiB";
-  MaxBatchOptions o;
-  o.steps = 1;
-  o.limit = 4096;
-  const MaxBatchReport rep = run_maxbatch(c, o, false);
-  EXPECT_TRUE(rep.finder.confirmed) << rep.text;
-  EXPECT_EQ(rep.finder.trials.size(), 1u) << "one real trial";
-  EXPECT_EQ(rep.finder.max_batch, rep.finder.dry_max_batch);
-  EXPECT_GT(rep.finder.max_batch, 8);
-  EXPECT_EQ(rep.finder.at_max.peak_reserved, rep.finder.dry_at_max.peak_reserved) << rep.text;
-  // The dry run's claim that one more sample does not fit, checked for real.
-  StepRunner runner(c, static_cast<int64_t>(parse_bytes(c.memory_budget)));
-  EXPECT_FALSE(runner.run(rep.finder.max_batch + 1, 1).ok);
 }
 
 }  // namespace
