@@ -120,7 +120,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   const FinderResult dry_search = find_max_batch([&](int64_t b) { return agree(group, dry.run(b, o.steps)); }, dry_fo);
   const double dry_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   say("dry run on " + dry_run_device(c).str() + ": maximum batch " + std::to_string(dry_search.max_batch) + " after " +
-      std::to_string(dry_search.trials.size()) + " dry trials in " + fmt(dry_seconds, 1) + " s (peak allocated " +
+      std::to_string(dry_search.trials.size()) + " dry trials in " + fmt(dry_seconds, 3) + " s (peak allocated " +
       mib(dry_search.at_max.peak_allocated) + ", reserved " + mib(dry_search.at_max.peak_reserved) + ")");
   Trial confirm;
   if (dry_search.max_batch > 0) confirm = real_trial(dry_search.max_batch);

@@ -50,16 +50,6 @@ void MetaBackend::draw_cublas_workspace() {
   if (cublas_ptr_ == nullptr) cublas_ptr_ = a.allocate(cuda_model::cublas_workspace_bytes());
 }
 
-void MetaBackend::reset_cuda_model() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!cuda_) return;
-  if (cublas_ptr_ != nullptr) cuda_->deallocate(cublas_ptr_, cuda_model::cublas_workspace_bytes());
-  cublas_ptr_ = nullptr;
-  MINIDL_CHECK(cuda_->stats().allocated_bytes == 0, "meta device: reset_cuda_model with meta:cuda tensors alive (",
-               format_bytes(static_cast<size_t>(cuda_->stats().allocated_bytes)), ")");
-  cuda_.reset();
-}
-
 void MetaBackend::copy(const Tensor& src, const Tensor& dst) {
   if (models_cuda(src) || models_cuda(dst)) cuda_model::copy(src, dst);   // the device-side staging
   if (!dst.device().is_meta()) {

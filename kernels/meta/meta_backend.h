@@ -69,9 +69,6 @@ class MetaBackend final : public Backend {
 
   // The CUDA model's cuBLAS workspace: drawn at the first GEMM and held, as a device context does.
   void draw_cublas_workspace();
-  // Forgets the CUDA model's allocator (its cache, its cuBLAS workspace, its statistics), as a
-  // fresh process would start; no meta:cuda tensor may be alive.
-  void reset_cuda_model();
 
  private:
   std::mutex mu_;
