@@ -2,6 +2,7 @@
 // given batch, with the CPU time split into user and system time and the page faults per step, so
 // bench/compare_cpu.sh can put minidl beside PyTorch and Keras and say where the time goes; --peak
 // measures the machine's FMA peak with the same threads, the denominator of its "share of peak".
+#include <immintrin.h>
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -32,17 +33,35 @@ Usage usage_now() {
           static_cast<double>(r.ru_stime.tv_sec) + 1e-6 * static_cast<double>(r.ru_stime.tv_usec), r.ru_minflt};
 }
 
-// Independent multiply-add chains per thread, enough of them to cover the FMA latency on every
-// port; the compiler keeps them in vector registers (-march=native: AVX-512 or AVX2 + FMA).
-constexpr int kChains = 16;
-constexpr int kWidth = 16;  // floats per chain: one 512-bit or two 256-bit registers
-using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
+// Independent fused multiply-add chains per thread, enough of them to cover the FMA latency on
+// every port, written with intrinsics so each is one FMA instruction of the widest vector the
+// build targets (-march=native): AVX-512, else AVX2 + FMA.
+constexpr int kChains = 12;
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+inline Vec vset(float v) { return _mm512_set1_ps(v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
+#elif defined(__FMA__)
+using Vec = __m256;
+constexpr int kLanes = 8;
+inline Vec vset(float v) { return _mm256_set1_ps(v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(Vec a) {
+  alignas(32) float f[8];
+  _mm256_store_ps(f, a);
+  return f[0] + f[1] + f[2] + f[3] + f[4] + f[5] + f[6] + f[7];
+}
+#else
+#error "minidl_bench_step --peak needs FMA (build with MINIDL_NATIVE=ON on an FMA machine)"
+#endif
 
+// The best of three measurements of `seconds` / 3 each, in GFLOP/s (an FMA is 2 FLOP).
 double fma_peak_gflops(int threads, double seconds) {
+  constexpr int64_t kIters = 1'000'000;
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
-    const int64_t iters = 2'000'000;
-    double total_flops = 0;
     const auto t0 = Clock::now();
     double elapsed = 0;
     int64_t rounds = 0;
@@ -51,21 +70,19 @@ double fma_peak_gflops(int threads, double seconds) {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
       {
         Vec acc[kChains];
-        const float seed = 1e-7f * static_cast<float>(omp_get_thread_num() + 1);
-        for (int c = 0; c < kChains; ++c) acc[c] = Vec{} + seed * static_cast<float>(c);
-        const Vec a = Vec{} + 0.999999f, b = Vec{} + 1e-7f;
-        for (int64_t i = 0; i < iters; ++i) {
-          for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * a + b;
+        for (int c = 0; c < kChains; ++c) acc[c] = vset(1e-3f * static_cast<float>(c + omp_get_thread_num()));
+        const Vec a = vset(0.999999f), b = vset(1e-7f);
+        for (int64_t i = 0; i < kIters; ++i) {
+          for (int c = 0; c < kChains; ++c) acc[c] = vfma(acc[c], a, b);
         }
-        for (int c = 0; c < kChains; ++c)
-          for (int l = 0; l < kWidth; ++l) sink += acc[c][l];
+        for (int c = 0; c < kChains; ++c) sink += vsum(acc[c]);
       }
       ++rounds;
       elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     }
-    total_flops = 2.0 * kChains * kWidth * static_cast<double>(iters) * threads * static_cast<double>(rounds);
-    if (sink == 12345.0f) std::puts("");  // keep the chains alive
-    best = std::max(best, total_flops / elapsed / 1e9);
+    if (sink == 12345.0f) std::puts("");  // keeps the chains alive
+    const double flops = 2.0 * kChains * kLanes * static_cast<double>(kIters) * threads * static_cast<double>(rounds);
+    best = std::max(best, flops / elapsed / 1e9);
   }
   return best;
 }
@@ -104,11 +121,20 @@ int main(int argc, char** argv) {
   m.module->train();
   const Tensor x = randn(m.input_shape(batch));
   const Tensor labels = gt(rand({batch}), full({1}, 0.5)).to(DType::i64);
+  // Phase times of the last timed step: forward (with the loss), backward, optimizer step.
+  double t_fwd = 0, t_bwd = 0, t_opt = 0;
   auto one_step = [&] {
+    const auto t0 = Clock::now();
     const Tensor loss = m.loss(m.forward(x), labels);
+    const auto t1 = Clock::now();
     loss.backward();
+    const auto t2 = Clock::now();
     opt->step();
     opt->zero_grad();
+    const auto t3 = Clock::now();
+    t_fwd = std::chrono::duration<double>(t1 - t0).count();
+    t_bwd = std::chrono::duration<double>(t2 - t1).count();
+    t_opt = std::chrono::duration<double>(t3 - t2).count();
   };
   for (int i = 0; i < warmup; ++i) one_step();
   reset_peak_stats();
@@ -127,10 +153,11 @@ int main(int argc, char** argv) {
       "{\"framework\": \"minidl\", \"model\": \"%s\", \"image_size\": %lld, \"batch\": %lld, \"threads\": %d, "
       "\"steps\": %d, \"step_s_median\": %.5f, \"step_s_best\": %.5f, \"images_per_s\": %.2f, "
       "\"user_s_per_step\": %.4f, \"sys_s_per_step\": %.4f, \"minor_faults_per_step\": %.0f, "
-      "\"peak_allocated_mib\": %.1f, \"peak_reserved_mib\": %.1f}\n",
+      "\"peak_allocated_mib\": %.1f, \"peak_reserved_mib\": %.1f, \"last_step_forward_s\": %.4f, "
+      "\"last_step_backward_s\": %.4f, \"last_step_optimizer_s\": %.4f}\n",
       model.c_str(), static_cast<long long>(m.image_size), static_cast<long long>(batch), nt, steps, median, best,
       static_cast<double>(batch) / median, (u1.user - u0.user) / steps, (u1.sys - u0.sys) / steps,
       static_cast<double>(u1.minor_faults - u0.minor_faults) / steps, ms.peak_allocated_bytes / 1048576.0,
-      ms.peak_reserved_bytes / 1048576.0);
+      ms.peak_reserved_bytes / 1048576.0, t_fwd, t_bwd, t_opt);
   return 0;
 }
