@@ -122,7 +122,8 @@ TEST(ArticleAugment, CropIsTheTopLeftCornerOfTheUpscale) {
   resize_rgb(img.pixels.data(), 4, 4, 12, big.data(), 5, 5, ResampleFilter::Bicubic);
   const Image crop = article_crop(img);
   for (int64_t y = 0; y < 4; ++y)
-    for (int64_t x = 0; x < 12; ++x) ASSERT_EQ(crop.pixels[static_cast<size_t>(y * 12 + x)], big[static_cast<size_t>(y * 15 + x)]);
+    for (int64_t x = 0; x < 12; ++x)
+      ASSERT_EQ(crop.pixels[static_cast<size_t>(y * 12 + x)], big[static_cast<size_t>(y * 15 + x)]);
 }
 
 // Both copies are shuffled together: every epoch sees all 2n images once, in an order that mixes
