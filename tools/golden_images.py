@@ -3,7 +3,9 @@
 # u8 bytes and SAMPLES values at fixed positions (the shared photos' pixels stay out of the
 # repository), a small synthetic image as its full pixels; and a safetensors writer for numpy arrays
 # (tools/make_golden.py's writer takes torch tensors, which the article golden does not need).
+import argparse
 import json
+import os
 import struct
 
 import numpy as np
@@ -40,6 +42,15 @@ def image_entries(prefix: str, hwc: np.ndarray, full: bool) -> dict:
         e[prefix + ".fnv1a"] = np.array([h - (1 << 64) if h >= (1 << 63) else h], dtype=np.int64)
         e[prefix + ".samples"] = hwc.reshape(-1)[sample_positions(hwc.size)]
     return e
+
+
+def golden_args(doc: str, golden_folder: str) -> argparse.Namespace:
+    """--out (default tests/golden/<golden_folder>) and --photos (default ../shared/data/catsdogs)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "golden", golden_folder))
+    ap.add_argument("--photos", default=os.path.join(here, "..", "..", "shared", "data", "catsdogs"))
+    return ap.parse_args()
 
 
 def write_safetensors_arrays(path, arrays: dict, metadata: dict) -> None:

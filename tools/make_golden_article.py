@@ -19,7 +19,6 @@
 #    article's second copy). The script checks that Image.resize's default filter is BICUBIC for
 #    RGB in this Pillow (the default since Pillow 7.0; NEAREST before), so "crop" is both the
 #    article's call and an explicit BICUBIC.
-import argparse
 import os
 import sys
 
@@ -27,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from golden_images import image_entries, write_safetensors_arrays  # noqa: E402
+from golden_images import golden_args, image_entries, write_safetensors_arrays  # noqa: E402
 
 SIZE = 200     # the article's target_size
 BIG = round(SIZE * 250 / 200)
@@ -60,11 +59,7 @@ def article_crop(loaded: Image.Image) -> Image.Image:
 
 
 def main() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "golden", "data"))
-    ap.add_argument("--photos", default=os.path.join(here, "..", "..", "shared", "data", "catsdogs"))
-    args = ap.parse_args()
+    args = golden_args(__doc__, "data")
     entries = image_entries("pattern", pattern(), full=True)
     src = Image.fromarray(pattern(), "RGB")
     for w, h in PATTERN_SIZES:

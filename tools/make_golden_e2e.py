@@ -44,7 +44,6 @@
 #  float32 (no float32 rounding of their own); the script also runs them in float32 and fails if
 #  PyTorch's own float32 differs from the float64 reference by more than a tenth of the C++
 #  test's tolerance, so the test never compares an ill-conditioned number.
-import argparse
 import os
 import sys
 
@@ -57,7 +56,7 @@ from PIL import Image
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_golden import write_safetensors  # noqa: E402  (the repo's dependency-free writer)
 from make_golden_resnet import golden_value  # noqa: E402
-from golden_images import image_entries  # noqa: E402  (hash + samples of a photo stage)
+from golden_images import golden_args, image_entries  # noqa: E402  (hash + samples of a photo stage)
 
 SIZE = 64
 PHOTOS = ["cat/cat.1.jpg", "cat/cat.183.jpg", "cat/cat.596.jpg", "cat/cat.835.jpg",
@@ -162,11 +161,7 @@ def check_f32(name, ref64, got32):
 
 
 def main() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "golden", "e2e"))
-    ap.add_argument("--photos", default=os.path.join(here, "..", "..", "shared", "data", "catsdogs"))
-    args = ap.parse_args()
+    args = golden_args(__doc__, "e2e")
     torch.manual_seed(0)
     entries = {}
     for name in make_formats(os.path.join(args.out, "formats")):
