@@ -24,10 +24,12 @@ MINIDL_PACKAGES=(
   openmpi-bin
   libboost-context-dev
 )
-# Only for regenerating the golden files (tools/make_golden.py); never for building or testing.
+# Only for regenerating the golden files (tools/make_golden*.py); never for building or testing.
+# Pillow: the e2e golden's decoding and resizes, and the article augmentation's golden.
 MINIDL_GOLDEN_PACKAGES=(
   python3
   python3-numpy
+  python3-pil
   python3-torch
   python3-torchvision
 )
@@ -36,7 +38,7 @@ usage() {
   cat <<USAGE
 usage: bash tools/install_deps.sh [--golden] [--list]
   (no option)  install the missing build and test packages
-  --golden     also the PyTorch packages that tools/make_golden.py needs
+  --golden     also the Python packages (PyTorch, Pillow) that tools/make_golden*.py need
   --list       print the package list (with --golden: including those) and exit
 MINIDL_EXTRA_PACKAGES="a b" adds packages to the list for one run.
 USAGE

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "data/article_augment.h"
 #include "data/synthetic.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -131,9 +132,10 @@ class LoaderSource final : public BatchSource {
   data::Loader loader_;
 };
 
+// `article`: the part enters twice, as the article's offline augmentation saved it (--augment article).
 std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> base, std::vector<int64_t> idx,
                                            const TrainConfig& c, Device device, int64_t image_size, bool training,
-                                           uint64_t seed, Shard shard) {
+                                           uint64_t seed, Shard shard, bool article = false) {
   if (idx.empty()) return nullptr;
   if (!training && shard.world > 1) {
     // Evaluation: this rank's stride of the part, unpadded (every image counts once over the ranks).
@@ -143,7 +145,6 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
     idx = std::move(mine);
     if (idx.empty()) return nullptr;
   }
-  const int64_t n = static_cast<int64_t>(idx.size());
   data::LoaderOptions o;
   o.batch_size = c.batch_size;
   o.workers = c.workers;
@@ -162,17 +163,25 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   } else if (training && c.augment == "rrc") {
     o.transform.augment = data::Augment::RandomResizedCrop;
   }
+  std::shared_ptr<const data::Dataset> part = data::subset(std::move(base), std::move(idx));
+  if (article) {
+    // Both copies come out of the view at the final size, which the loader's squash leaves alone.
+    part = data::article_augmented(std::move(part), o.transform);
+    o.transform.fit = data::Fit::Squash;
+    o.transform.resize = 0;
+  }
+  const int64_t n = part->size();
   if (training && shard.world > 1) {
     // This rank's shard of each epoch's order (dist::DistributedSampler over the loader's own
     // shuffle, padded): the union of the ranks' shards is the one-process epoch, and each sample's
     // augmentation is drawn as in the one-process run (keyed by its index, not its position).
     const dist::DistributedSampler sampler(n, shard.rank, shard.world, {o.shuffle, o.seed, dist::Tail::Pad});
     o.sampler = [sampler](int64_t epoch) { return sampler.indices(epoch); };
-    auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
+    auto src = std::make_unique<LoaderSource>(std::move(part), o);
     src->size_ = sampler.num_samples();
     return src;
   }
-  auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
+  auto src = std::make_unique<LoaderSource>(std::move(part), o);
   src->size_ = n;
   return src;
 }
@@ -307,9 +316,12 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
   const std::string counted = c.data == "synthetic" ? " images" : c.validate_data ? " usable images" : " files";
   r.description = what + " (" + std::to_string(d->size()) + counted + "), " + std::to_string(split.train.size()) +
                   " train / " + std::to_string(split.val.size()) + " val / " + std::to_string(split.test.size()) +
-                  " test, augment " + c.augment + ", resize " + resolved_resize_mode(c);
-  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed, shard);
-  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard);
+                  " test, augment " + c.augment + (c.augment == "article" ? " (train and val twice)" : "") +
+                  ", resize " + resolved_resize_mode(c);
+  // --augment article doubles the training and validation parts (data/article_augment.h), not the test part.
+  const bool article = c.augment == "article";
+  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed, shard, article);
+  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard, article);
   r.test = loader_source(d, split.test, c, device, image_size, false, c.seed, shard);
   if (!r.train) throw UsageError("--split " + c.split + " leaves no training images in " + what);
   return r;

@@ -235,6 +235,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"optimizer", c.optimizer},
           {"lr", c.resolved_lr()},
           {"momentum", c.momentum},
+          {"eps", c.eps},
+          {"eps_mode", c.eps_mode},
           {"weight_decay", c.resolved_weight_decay()},
           {"lr_scaling", c.lr_scaling},
           {"base_batch", c.base_batch},
@@ -343,19 +345,39 @@ std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png) {
     for (char& ch : s) if (ch == '\'' || ch == '"') ch = ' ';
     return "'" + s + "'";
   };
-  const std::string settings = "plottitle=" + quote(spec.title) + "; xlab=" + quote(spec.xlabel) +
-                               "; ylab=" + quote(spec.ylabel) + "; logx=" + (spec.logx ? "1" : "0");
+  std::string settings = "plottitle=" + quote(spec.title) + "; xlab=" + quote(spec.xlabel) +
+                         "; ylab=" + quote(spec.ylabel) + "; logx=" + (spec.logx ? "1" : "0");
+  // Error bars or point sets: lines first (x y err), then the point sets (x y), with the colour of
+  // the line each belongs to in pointcolors.
+  const bool marked = std::any_of(spec.series.begin(), spec.series.end(),
+                                  [](const Series& s) { return !s.errors.empty() || s.line_of > 0; });
+  std::vector<const Series*> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (const auto& s : spec.series)
+      if (!s.points.empty() && (s.line_of > 0) == (pass == 1)) order.push_back(&s);
+  if (marked) {
+    int lines = 0;
+    std::string colors;
+    for (const Series* s : order) {
+      if (s->line_of == 0) ++lines;
+      else colors += (colors.empty() ? "" : " ") + std::to_string(s->line_of);
+    }
+    settings += "; errbars=1; nlines=" + std::to_string(lines) + "; pointcolors=" + quote(colors);
+  }
   // The data first, whether or not gnuplot is here: a GPU machine has none, and the plot is then
   // drawn on another machine from the .dat alone (gnuplot skips the "#" line).
   std::string dat = "# plot: " + settings + "\n";
   int blocks = 0;
-  for (const auto& s : spec.series) {
-    if (s.points.empty()) continue;
+  for (const Series* s : order) {
     if (blocks++) dat += "\n\n";
-    std::string title = s.title;
+    std::string title = s->title;
     for (char& ch : title) if (ch == '"') ch = '\'';
-    dat += "\"" + title + "\" \"y\"\n";
-    for (const auto& [x, y] : s.points) dat += fmt(x, 6) + " " + fmt(y, 6) + "\n";
+    dat += "\"" + title + "\" \"y\"" + (marked ? " \"error\"" : "") + "\n";
+    for (size_t i = 0; i < s->points.size(); ++i) {
+      dat += fmt(s->points[i].first, 6) + " " + fmt(s->points[i].second, 6);
+      if (marked) dat += " " + fmt(i < s->errors.size() ? s->errors[i] : 0.0, 6);
+      dat += "\n";
+    }
   }
   if (blocks == 0) return "nothing to plot";
   const std::filesystem::path datfile = png.string() + ".dat";

@@ -61,10 +61,14 @@ std::string epochs_csv(const std::vector<EpochMetrics>& epochs);
 std::string resumed_epochs_csv(const std::filesystem::path& existing, const std::vector<EpochMetrics>& epochs,
                                int64_t first_epoch);
 
-// One line per series: points (x, y) of a plot.
+// One line per series: points (x, y) of a plot. With `errors` (one per point, the same order) the
+// line gets error bars of +-error. A series with `line_of` > 0 is a set of points without a line
+// (published values) in the colour of the line series number line_of (1-based, counting lines).
 struct Series {
   std::string title;
   std::vector<std::pair<double, double>> points;
+  std::vector<double> errors;
+  int line_of = 0;
 };
 struct PlotSpec {
   std::string title, xlabel, ylabel;
@@ -72,7 +76,8 @@ struct PlotSpec {
   std::vector<Series> series;
 };
 // Writes the data as <png>.dat (its first line, "# plot: plottitle=...; xlab=...", holds the
-// settings) and renders the PNG with gnuplot (tools/plot_results.gnuplot). Returns "" on success,
+// settings; errbars=1, nlines and pointcolors when a series has error bars or is a point set) and
+// renders the PNG with gnuplot (tools/plot_results.gnuplot). Returns "" on success,
 // else why there is no plot; without gnuplot (the GPU machines) the .dat is still written, so the
 // plot can be drawn elsewhere (the script's header says how).
 std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png);

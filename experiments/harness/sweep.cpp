@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "dist/process_group.h"
+#include "experiments/harness/seed_summary.h"
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
 
@@ -438,12 +439,14 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
     const std::string y = t.get(i, st.plot_y);
     if (y.empty()) continue;
     const std::string g = t.get(i, "group");
-    if (!series.count(g)) series[g] = plot.series.size(), plot.series.push_back({g, {}});
+    if (!series.count(g)) series[g] = plot.series.size(), plot.series.push_back({g, {}, {}, 0});
     const double x = st.name == "techniques" ? static_cast<double>(plot.series[series[g]].points.size() + 1)
                                              : std::stod(t.get(i, "effective_batch"));
     plot.series[series[g]].points.emplace_back(x, std::stod(y));
   }
   for (auto& s : plot.series) std::sort(s.points.begin(), s.points.end());
+  const std::vector<SeedCell> cells = st.seeds > 1 ? seed_cells(st, t) : std::vector<SeedCell>{};
+  if (st.seeds > 1) plot.series = seed_series(cells), plot.ylabel += " (mean and sd over seeds)";
   const std::string png = st.name + ".png";
   const std::string note = st.extra_outputs ? "" : plot_png(plot, out / png);
 
@@ -480,6 +483,10 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   }
   md += "- `-`: no value (no validation or test split, or a run that stopped); `(chance)`: within two standard "
         "errors of 50% for the images evaluated\n\n";
+  if (st.seeds > 1) {
+    md += seed_means_markdown(st, cells, st.runs.empty() ? 0 : evaluated_images(st.runs.front().config)[2]);
+    md += "Every run:\n\n";
+  }
   md += markdown_table(st.summary_columns, rows) + "\n";
   if (st.extra_outputs) md += extra_md;
   else md += note.empty() ? "![" + st.plot_ylabel + "](" + png + ")\n\n" : "No plot: " + note + "\n\n";

@@ -30,7 +30,7 @@ TEST(ExperimentsSweep, GridIsTheCartesianProductWithStableIds) {
 TEST(ExperimentsSweep, StudiesHaveThePublishedSettings) {
   const TrainConfig base;
   const Study keras = make_study("keras-batch", false, base);
-  ASSERT_EQ(keras.runs.size(), 20u);  // 5 batches x SGD/Adam x augmentation on/off
+  ASSERT_EQ(keras.runs.size(), 42u);  // 3 seeds x (SGD 16-128, Adam 16-256, Adam + augmentation 16-256)
   EXPECT_EQ(keras.runs[0].config.image_size, 200);
   EXPECT_EQ(keras.runs[0].config.split, "600,200,200");
   EXPECT_EQ(keras.runs[0].config.epochs, 5);
@@ -352,8 +352,8 @@ TEST(ExperimentsSweep, SummaryMarksChanceAndSaysWhatRan) {
   TrainConfig photos;
   photos.data = "/photos";
   EXPECT_EQ(run_setting(make_study("keras-batch", false, photos), "cuda:0"), "photos in /photos, 200 px, 5 epochs, cuda:0");
-  const std::string plan = study_plan(quick, {"b16-sgd-none"});
-  EXPECT_NE(plan.find("20 runs (1 already done, 19 to run)"), std::string::npos) << plan;
+  const std::string plan = study_plan(quick, {"b16-sgd-none-s0"});
+  EXPECT_NE(plan.find("42 runs (1 already done, 41 to run)"), std::string::npos) << plan;
   EXPECT_NE(plan.find("batch 16,32,64,128,256"), std::string::npos) << plan;
 }
 
