@@ -261,27 +261,34 @@ TEST(EmuCounters, LaunchesAreListedInTheOrderTheyRanAndOnlyWhileProfiling) {
   cudaStreamDestroy(s);
 }
 
-// The backend's own kernels run instrumented in minidl_emu_prof: a contiguous f32 add loads and
-// stores 16-byte vectors (Vec<float, 4>), 16 sectors per full-warp request, each byte once.
+// The backend's own kernels run instrumented in minidl_emu_prof: a contiguous f32 add and a ReLU
+// load and store 16-byte vectors (Vec<float, 4>): one request per warp and vector, as nvcc's
+// LDG.128 / STG.128, 16 sectors each, each byte once, all 32 lanes in every request. (g++ -O3
+// split these: the vector into four 4-byte loads (scalar replacement of aggregates) and the
+// ReLU's store into two copies, one per sign, which halved the lanes per store; hence -O2
+// -fno-tree-sra in the profiling build.)
 TEST(EmuCounters, TheBackendsOwnKernelsAreCountedToo) {
-  constexpr int64_t n = 1 << 16;
-  const Tensor a = ones({n}, {DType::f32, Device::cuda(0)}), b = full({n}, 2.0, {DType::f32, Device::cuda(0)});
+  constexpr int64_t n = 1 << 16;   // 16384 vectors: 512 warp requests per operand
+  const TensorOptions on_device{DType::f32, Device::cuda(0)};
+  const Tensor a = ones({n}, on_device), b = full({n}, 2.0, on_device), x = randn({n}, on_device);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   emu::clear_profile();
   emu::set_profiling(true);
-  const Tensor c = add(a, b);
+  const Tensor c = add(a, b), r = relu(x);
   emu::set_profiling(false);
   const std::vector<emu::LaunchCounters>& p = emu::profile();
-  ASSERT_EQ(p.size(), 1u);
-  const emu::LaunchCounters& k = p[0];
-  EXPECT_NE(k.kernel.find("binary_vec_kernel"), std::string::npos) << k.kernel;
-  EXPECT_EQ(k.gld_bytes, uint64_t{2 * n * 4});
-  EXPECT_EQ(k.gst_bytes, uint64_t{n * 4});
-  EXPECT_EQ(k.gld_sectors, 16 * k.gld_requests);
-  EXPECT_EQ(k.gst_sectors, 16 * k.gst_requests);
-  EXPECT_EQ(k.unique_sectors_read, uint64_t{2 * n * 4 / 32});
-  EXPECT_EQ(k.unique_sectors_written, uint64_t{n * 4 / 32});
-  EXPECT_EQ(k.active_lanes, 32 * k.mem_instructions);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_NE(p[0].kernel.find("binary_vec_kernel"), std::string::npos) << p[0].kernel;
+  EXPECT_NE(p[1].kernel.find("unary_vec_kernel"), std::string::npos) << p[1].kernel;
+  for (uint64_t operands = 2; const emu::LaunchCounters& k : p) {
+    EXPECT_EQ(loads(k), (Traffic{512u * operands, 16, operands * n * 4})) << k.kernel;
+    EXPECT_EQ(stores(k), (Traffic{512, 16, uint64_t{n * 4}})) << k.kernel;
+    EXPECT_EQ(k.gld_sectors + k.gst_sectors, 16u * 512u * (operands + 1)) << k.kernel;
+    EXPECT_EQ(k.unique_sectors_read, operands * n * 4 / 32) << k.kernel;
+    EXPECT_EQ(k.unique_sectors_written, uint64_t{n * 4 / 32}) << k.kernel;
+    EXPECT_EQ(k.active_lanes, 32 * k.mem_instructions) << k.kernel;
+    operands = 1;
+  }
 }
 
 }  // namespace
