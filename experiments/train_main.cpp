@@ -28,13 +28,16 @@ int main(int argc, char** argv) {
     const RunResult r = run_training(c);
     const int status = r.status == "ok" ? 0 : (r.status == "interrupted" ? 130 : 1);
     if (!ranks.lead()) return status;
+    // Folder data: how many files were left out, always (a run of unreadable files must not look clean).
+    const std::string skipped = c.data == "synthetic" ? "" : "; " + std::to_string(r.skipped_files) +
+                                " unreadable file" + (r.skipped_files == 1 ? "" : "s") + " skipped";
     std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s), test acc %s, %.1f img/s, "
-                "peak allocated %.1f MiB, %.1f s\n",
+                "peak allocated %.1f MiB, %.1f s%s\n",
                 c.model.c_str(), r.status.c_str(), r.note.empty() ? "" : " (", r.note.empty() ? "" : (r.note + ")").c_str(),
                 static_cast<long long>(r.steps), value_or_dash(r.best_val_acc, 2, 100.0, "%").c_str(),
                 r.best_epoch > 0 ? std::to_string(r.best_epoch).c_str() : "-",
                 value_or_dash(r.test_acc, 2, 100.0, "%").c_str(), r.mean_images_per_second(),
-                static_cast<double>(r.peak_allocated) / (1 << 20), r.total_seconds);
+                static_cast<double>(r.peak_allocated) / (1 << 20), r.total_seconds, skipped.c_str());
     if (!c.out.empty()) {
       const std::filesystem::path out(c.out);
       // A resumed run continues the earlier session's table instead of replacing it.
@@ -48,6 +51,10 @@ int main(int argc, char** argv) {
       write_file_atomic(out / "results.json", j.dump(2) + "\n");
       std::printf("wrote %s and %s\n", (out / "metrics.csv").c_str(), (out / "results.json").c_str());
     }
+    if (r.skipped_files > 0)
+      std::printf("minidl-train: %lld unreadable file%s skipped (named above by 'minidl data: skipping'; "
+                  "--validate-data lists them all before training)\n",
+                  static_cast<long long>(r.skipped_files), r.skipped_files == 1 ? " was" : "s were");
     return status;
   });
 }

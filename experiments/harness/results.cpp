@@ -280,6 +280,7 @@ nlohmann::json to_json(const RunResult& r) {
   }
   return {{"status", r.status},
           {"note", r.note},
+          {"skipped_files", r.skipped_files},
           {"steps", r.steps},
           {"parameters", r.parameters},
           {"lr", r.lr},

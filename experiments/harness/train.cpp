@@ -158,6 +158,13 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   set_optimal_limit(c.batch_size);
   if (!data.validation_report.empty()) log(data.validation_report);
   r.data_description = data.description;
+  // Unreadable files found while loading are counted out after each pass; one that empties a
+  // class's part ends the run (UsageError) on every rank at once.
+  const auto settle_skips = [&] {
+    if (data.account)
+      r.skipped_files = settle_late_skips(*data.account, {data.train.get(), data.val.get(), data.test.get()}, group);
+  };
+  settle_skips();
   const EpochBatches batches(c, data.train->size());   // --batch-schedule (a fixed batch without it)
   int64_t total_steps = batches.total_steps();
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
@@ -467,6 +474,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     } else {
       em.val_loss = em.val_acc = std::numeric_limits<double>::quiet_NaN();
     }
+    settle_skips();
     if (em.images > 0) {
       r.epochs.push_back(em);
       char line[320];
@@ -484,6 +492,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   r.steps = opt->step_count();
   r.train_seconds = train_seconds;
   const EvalResult t = (r.status == "ok" || r.status == "interrupted") ? evaluate(m, data.test.get(), group) : EvalResult{};
+  settle_skips();
   r.test_acc = t.acc;
   r.test_loss = t.loss;
   if (!c.save_weights.empty() && r.status != "oom") {
