@@ -293,7 +293,7 @@ nlohmann::json to_json(const RunResult& r) {
           {"time_to_target_seconds", r.time_to_target >= 0 ? nlohmann::json(r.time_to_target) : nlohmann::json()},
           {"total_seconds", r.total_seconds},
           {"train_seconds", r.train_seconds},
-          {"images_per_second", r.mean_images_per_second()},
+          {"images_per_second", r.epochs.empty() ? nlohmann::json() : nlohmann::json(r.mean_images_per_second())},
           {"images_per_second_steady", num(r.steady_images_per_second())},
           {"peak_allocated_bytes", r.peak_allocated},
           {"peak_reserved_bytes", r.peak_reserved},

@@ -68,6 +68,25 @@ Progress progress_from(const std::map<std::string, std::string>& meta, const std
   return p;
 }
 
+nn::SafetensorsFile read_weights_file(const std::string& flag, const std::string& path) {
+  try {
+    return nn::load_safetensors(path);
+  } catch (const Error& e) {
+    throw UsageError(flag + " " + path + ": not a weights file minidl can read: " + e.what());
+  }
+}
+
+void load_weights(Model& m, const std::string& flag, const std::string& path, const nn::SafetensorsFile& file) {
+  const nn::StateDictDiff diff = m.module->compare_state_dict(file.tensors);
+  if (!diff.empty()) {
+    const auto saved = file.metadata.find("model");
+    throw UsageError(flag + " " + path + " does not fit --model " + m.name +
+                     (saved != file.metadata.end() ? " (it was saved from " + saved->second + ")" : "") + ": " +
+                     diff.summary(3));
+  }
+  m.module->load_state_dict(file.tensors);
+}
+
 void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, const optim::GradScaler& scaler,
                 const Progress& p) {
   // Model weights under torchvision's names (loadable by torchvision); optimizer and gradient

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "experiments/harness/model.h"
+#include "nn/safetensors.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 
@@ -39,6 +40,13 @@ std::string optimizer_state_path(const std::string& weights);
 // "steps"); a malformed value is a UsageError naming the file.
 std::map<std::string, std::string> progress_metadata(const std::string& model, const Progress& p, int64_t steps);
 Progress progress_from(const std::map<std::string, std::string>& meta, const std::string& path);
+
+// The tensors and metadata of the weights file given to `flag` (--resume, --init-weights): a file
+// that is missing or not safetensors (random bytes, truncated) is a UsageError naming both.
+nn::SafetensorsFile read_weights_file(const std::string& flag, const std::string& path);
+// Loads `file` into m. A file of another model or with other shapes is a UsageError of one short
+// line: the counts of missing, unexpected and mismatched tensors with the first three of each.
+void load_weights(Model& m, const std::string& flag, const std::string& path, const nn::SafetensorsFile& file);
 
 // Writes the model's weights (torchvision's names) to path and the optimizer and scaler state
 // beside it, both with the progress metadata.

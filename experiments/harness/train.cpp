@@ -105,8 +105,14 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   r.device_name = device_description(device);
 
   Model m = make_model(c, c.seed * 4 + 3);
-  if (!c.init_weights.empty()) m.module->load_state_dict(nn::load_safetensors(c.init_weights).tensors);
-  if (!c.resume.empty()) m.module->load_state_dict(nn::load_safetensors(c.resume).tensors);
+  // Read once: a file of another model or not safetensors at all is a usage error (exit 2).
+  std::optional<nn::SafetensorsFile> resumed_file;
+  if (!c.init_weights.empty())
+    load_weights(m, "--init-weights", c.init_weights, read_weights_file("--init-weights", c.init_weights));
+  if (!c.resume.empty()) {
+    resumed_file = read_weights_file("--resume", c.resume);
+    load_weights(m, "--resume", c.resume, *resumed_file);
+  }
   if (!c.save_initial_weights.empty() && lead) {
     nn::save_safetensors(c.save_initial_weights, m.module->state_dict(), {{"model", c.model}, {"steps", "0"}});
     log("saved the initial weights to " + c.save_initial_weights);
@@ -200,20 +206,39 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   // The saved epoch's micro-batch and accumulation, for the resumed epoch when it continues the
   // same phase of the batch schedule (the uninterrupted run would not have tried it again).
   std::optional<EpochBatch> resumed_batch;
+  std::string resumed_from;   // the log's line on where a resumed run continues
   if (!c.resume.empty()) {
-    const auto file = nn::load_safetensors(c.resume);
-    const Progress saved = progress_from(file.metadata, c.resume);
+    const Progress saved = progress_from(resumed_file->metadata, c.resume);
     const std::string opt_path = optimizer_state_path(c.resume);
     if (std::filesystem::exists(opt_path)) {
-      const auto state = nn::load_safetensors(opt_path).tensors;
+      const nn::SafetensorsFile opt_file = read_weights_file("--resume", opt_path);
+      // Both files carry the same progress metadata; a save killed between the two leaves a pair
+      // from two different points of the run.
+      if (!opt_file.metadata.empty() && opt_file.metadata != resumed_file->metadata) {
+        const auto steps = [](const nn::SafetensorsFile& f) {
+          const auto it = f.metadata.find("steps");
+          return it == f.metadata.end() ? std::string("?") : it->second;
+        };
+        throw UsageError("--resume " + c.resume + " and " + opt_path + " are from different saves (steps " +
+                         steps(*resumed_file) + " and " + steps(opt_file) + "): the save was cut short between "
+                         "the two files; resume from a complete pair");
+      }
+      const auto& state = opt_file.tensors;
       const bool has_scaler = std::any_of(state.begin(), state.end(),
                                           [](const auto& kv) { return kv.first.rfind("scaler.", 0) == 0; });
-      if (c.amp && !has_scaler) {
-        // Saved without --amp (or by an older minidl): the optimizer continues, the scaler starts fresh.
-        opt->load_state_dict(state);
-        log("--resume: " + opt_path + " has no gradient-scaler state; the loss scale starts at --amp-init-scale");
-      } else {
-        optim::load_training_state(*opt, scaler, state);
+      try {
+        if (c.amp && !has_scaler) {
+          // Saved without --amp (or by an older minidl): the optimizer continues, the scaler starts fresh.
+          opt->load_state_dict(state);
+          log("--resume: " + opt_path + " has no gradient-scaler state; the loss scale starts at --amp-init-scale");
+        } else {
+          optim::load_training_state(*opt, scaler, state);
+        }
+      } catch (const UsageError&) {
+        throw;
+      } catch (const Error& e) {
+        throw UsageError("--resume " + c.resume + ": its optimizer state " + opt_path + " does not fit --optimizer " +
+                         c.optimizer + ": " + e.what());
       }
     }
     if (saved.micro_batches > 0 && saved.world_size != c.world_size)
@@ -239,6 +264,13 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     if (same_phase && (saved.micro_batches > 0 ||
                        (first_epoch <= c.epochs && batches.scheduled(first_epoch) == seb.scheduled)))
       resumed_batch = seb;
+    resumed_from = "resumed from " + c.resume + ": " +
+                   (saved.micro_batches > 0 ? "inside epoch " + std::to_string(saved.epoch) + " after micro-batch " +
+                                                  std::to_string(saved.micro_batches)
+                                            : "after epoch " + std::to_string(saved.epoch)) +
+                   ", optimizer step " + std::to_string(opt->step_count()) + "; " +
+                   (first_epoch > c.epochs ? "nothing left to train with --epochs " + std::to_string(c.epochs)
+                                           : "continuing at epoch " + std::to_string(first_epoch));
     prog.epoch = saved.epoch;
     prog.micro_batches = saved.micro_batches;
     prog.best_val_acc = saved.best_val_acc;
@@ -273,6 +305,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   head << ", " << c.optimizer << " lr " << r.lr << " (" << c.lr_scaling << " scaling), schedule " << spec << ", "
        << total_steps << " optimizer steps";
   log(head.str());
+  if (!resumed_from.empty()) log(resumed_from);
 
   double train_seconds = prog.train_seconds;
   // The progress lines' ETA: wall time per optimizer step so far in this session (evaluations
