@@ -26,6 +26,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     install_sigint_handler();
+    if (ranks.lead()) {   // before training, not after: a read-only or full --out is found now
+      if (!c.out.empty()) check_writable("--out", std::filesystem::path(c.out) / "results.json");
+      if (!c.save_weights.empty()) check_writable("--save-weights", c.save_weights);
+      if (!c.save_initial_weights.empty()) check_writable("--save-initial-weights", c.save_initial_weights);
+    }
     const RunResult r = run_training(c);
     const int status = r.status == "ok" ? 0 : (r.status == "interrupted" ? 130 : 1);
     if (!ranks.lead()) return status;

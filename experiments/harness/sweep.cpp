@@ -230,7 +230,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   const bool lead = group == nullptr || group->rank() == 0;
   if (group && o.process_per_run)
     throw UsageError("--process-per-run under mpirun: the ranks are the processes; drop --process-per-run");
-  if (lead) std::filesystem::create_directories(o.out);
+  if (lead) check_writable("--out", csv);   // creates the folder; a read-only one stops here, not after a run
   std::set<std::string> done = done_ids(csv);
   const std::set<std::string> retry = o.retry_failed ? failed_ids(csv) : std::set<std::string>{};
   for (const auto& id : retry) done.erase(id);
@@ -298,9 +298,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     }
     // runs.jsonl first: results.csv is the commit point that marks the run done.
     if (lead) {
-      std::ofstream f(jsonl, std::ios::app);
-      f << ex.json.dump() << "\n";
-      f.close();
+      append_line(jsonl, ex.json.dump());
       record(run.id, ex.row);
     }
     run_done();

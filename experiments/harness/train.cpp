@@ -39,10 +39,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{SIGINT};   // the signal that asked to stop, for the run's note
 
-extern "C" void on_sigint(int) {
-  if (g_stop.exchange(true)) std::_Exit(130);  // the second Ctrl-C does not wait
+extern "C" void on_sigint(int sig) {
+  g_signal.store(sig);
+  if (g_stop.exchange(true)) std::_Exit(128 + sig);  // the second Ctrl-C does not wait
 }
+
+const char* stop_signal() { return g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT"; }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
@@ -72,7 +76,15 @@ int64_t param_bytes(nn::Module& m) {
 
 }  // namespace
 
-void install_sigint_handler() { std::signal(SIGINT, on_sigint); }
+void install_sigint_handler() {
+  // SIGTERM (kill, a scheduler's time limit, mpirun passing one on) stops at the next step
+  // boundary as Ctrl-C does: the run still saves and writes what it has.
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported like a full disk,
+  // instead of killing the process in the middle of it.
+  std::signal(SIGXFSZ, SIG_IGN);
+}
 
 bool stop_requested() { return g_stop.load(); }
 void request_stop() { g_stop.store(true); }
@@ -316,7 +328,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   for (int64_t epoch = first_epoch; epoch <= c.epochs && !stop; ++epoch) {
     if (epoch > first_epoch && agreed(stop_requested())) {  // SIGINT during the last evaluation
       r.status = "interrupted";
-      r.note = "SIGINT before epoch " + std::to_string(epoch);
+      r.note = std::string(stop_signal()) + " before epoch " + std::to_string(epoch);
       break;
     }
     double trial_seconds = 0.0;
@@ -437,7 +449,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         }
         if (agreed(stop_requested())) {
           r.status = "interrupted";
-          r.note = "SIGINT at step " + std::to_string(step);
+          r.note = std::string(stop_signal()) + " at step " + std::to_string(step);
           stop = cut = true;
           break;
         }
