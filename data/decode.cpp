@@ -58,6 +58,7 @@ std::string jpeg_header_problem(tjhandle tj, const uint8_t* data, size_t size, i
 
 std::string other_header_problem(const uint8_t* data, size_t size, int64_t max_pixels, int* w, int* h, int* comp) {
   if (size > static_cast<size_t>(std::numeric_limits<int>::max())) return "file too large";
+  if (std::string why = stb::refused(data, static_cast<int>(size)); !why.empty()) return why;
   if (!stb::info(data, static_cast<int>(size), w, h, comp))
     return "not an image in a supported format (JPEG, PNG, BMP, GIF, PNM, TGA)";
   if (*w <= 0 || *h <= 0) return detail::concat("image with invalid dimensions ", *w, " x ", *h);

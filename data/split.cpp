@@ -110,6 +110,10 @@ void write_manifest(const std::filesystem::path& file, const Dataset& d, const S
 Split read_manifest(const std::filesystem::path& file, const Dataset& d) {
   std::ifstream in(file, std::ios::binary);
   MINIDL_CHECK(in.good(), "read_manifest: cannot open ", file.string());
+  return read_manifest(in, file, d);
+}
+
+Split read_manifest(std::istream& in, const std::filesystem::path& file, const Dataset& d) {
   std::unordered_map<std::string, int64_t> index;
   index.reserve(static_cast<size_t>(d.size()));
   for (int64_t i = 0; i < d.size(); ++i) index.emplace(d.key(i), i);
