@@ -117,13 +117,15 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   r.device_name = device_description(device);
 
   Model m = make_model(c, c.seed * 4 + 3);
-  // Read once: a file of another model or not safetensors at all is a usage error (exit 2).
-  std::optional<nn::SafetensorsFile> resumed_file;
+  // A file of another model or not safetensors at all is a usage error (exit 2). Only the resumed
+  // file's metadata is kept: its tensors would count against --memory-budget for the whole run.
+  std::map<std::string, std::string> resumed_meta;
   if (!c.init_weights.empty())
     load_weights(m, "--init-weights", c.init_weights, read_weights_file("--init-weights", c.init_weights));
   if (!c.resume.empty()) {
-    resumed_file = read_weights_file("--resume", c.resume);
-    load_weights(m, "--resume", c.resume, *resumed_file);
+    nn::SafetensorsFile f = read_weights_file("--resume", c.resume);
+    load_weights(m, "--resume", c.resume, f);
+    resumed_meta = std::move(f.metadata);
   }
   if (!c.save_initial_weights.empty() && lead) {
     nn::save_safetensors(c.save_initial_weights, m.module->state_dict(), {{"model", c.model}, {"steps", "0"}});
@@ -220,39 +222,8 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   std::optional<EpochBatch> resumed_batch;
   std::string resumed_from;   // the log's line on where a resumed run continues
   if (!c.resume.empty()) {
-    const Progress saved = progress_from(resumed_file->metadata, c.resume);
-    const std::string opt_path = optimizer_state_path(c.resume);
-    if (std::filesystem::exists(opt_path)) {
-      const nn::SafetensorsFile opt_file = read_weights_file("--resume", opt_path);
-      // Both files carry the same progress metadata; a save killed between the two leaves a pair
-      // from two different points of the run.
-      if (!opt_file.metadata.empty() && opt_file.metadata != resumed_file->metadata) {
-        const auto steps = [](const nn::SafetensorsFile& f) {
-          const auto it = f.metadata.find("steps");
-          return it == f.metadata.end() ? std::string("?") : it->second;
-        };
-        throw UsageError("--resume " + c.resume + " and " + opt_path + " are from different saves (steps " +
-                         steps(*resumed_file) + " and " + steps(opt_file) + "): the save was cut short between "
-                         "the two files; resume from a complete pair");
-      }
-      const auto& state = opt_file.tensors;
-      const bool has_scaler = std::any_of(state.begin(), state.end(),
-                                          [](const auto& kv) { return kv.first.rfind("scaler.", 0) == 0; });
-      try {
-        if (c.amp && !has_scaler) {
-          // Saved without --amp (or by an older minidl): the optimizer continues, the scaler starts fresh.
-          opt->load_state_dict(state);
-          log("--resume: " + opt_path + " has no gradient-scaler state; the loss scale starts at --amp-init-scale");
-        } else {
-          optim::load_training_state(*opt, scaler, state);
-        }
-      } catch (const UsageError&) {
-        throw;
-      } catch (const Error& e) {
-        throw UsageError("--resume " + c.resume + ": its optimizer state " + opt_path + " does not fit --optimizer " +
-                         c.optimizer + ": " + e.what());
-      }
-    }
+    const Progress saved = progress_from(resumed_meta, c.resume);
+    load_optimizer_state(c, resumed_meta, *opt, scaler, log);
     if (saved.micro_batches > 0 && saved.world_size != c.world_size)
       throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) + " on " +
                        std::to_string(saved.world_size) + " rank(s); the epoch's shards depend on the number of "
@@ -276,13 +247,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     if (same_phase && (saved.micro_batches > 0 ||
                        (first_epoch <= c.epochs && batches.scheduled(first_epoch) == seb.scheduled)))
       resumed_batch = seb;
-    resumed_from = "resumed from " + c.resume + ": " +
-                   (saved.micro_batches > 0 ? "inside epoch " + std::to_string(saved.epoch) + " after micro-batch " +
-                                                  std::to_string(saved.micro_batches)
-                                            : "after epoch " + std::to_string(saved.epoch)) +
-                   ", optimizer step " + std::to_string(opt->step_count()) + "; " +
-                   (first_epoch > c.epochs ? "nothing left to train with --epochs " + std::to_string(c.epochs)
-                                           : "continuing at epoch " + std::to_string(first_epoch));
+    resumed_from = resume_line(c, saved, opt->step_count(), first_epoch);
     prog.epoch = saved.epoch;
     prog.micro_batches = saved.micro_batches;
     prog.best_val_acc = saved.best_val_acc;
@@ -545,10 +510,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     prog.rng_seed = default_generator().seed();
     prog.rng_offset = default_generator().offset();
     prog.world_size = c.world_size;
-    // Rank 0 writes (each file atomically: a temporary renamed into place); the others wait, so the
-    // files are complete when any rank goes on (a sweep's next run, a resume).
-    if (lead) save_state(c.save_weights, m, *opt, scaler, prog);
-    if (group) group->barrier();
+    save_state(c.save_weights, m, *opt, scaler, prog, group);
     log("saved weights to " + c.save_weights + " (optimizer state: " + optimizer_state_path(c.save_weights) + ")");
   }
   r.total_seconds = seconds_since(t_start);
