@@ -355,7 +355,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     int64_t correct = 0;
     bool cut = false;   // left the epoch early (divergence, SIGINT, --max-steps, OOM)
     try {
-      while (auto b = data.train->next()) {
+      for (;;) {
+        auto b = data.train->next();
+        // A file found unreadable while loading can leave one rank a batch short: all ranks end
+        // the epoch together rather than wait for it in the next allreduce.
+        if (group ? group->any(!b) : !b) break;
         if (i == plan.size()) break;  // the loader delivered more than planned: never step twice
         if (i % static_cast<size_t>(eb.accumulation) == 0) {
           const double f = schedule->factor(opt->step_count()) * batch_lr;
