@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -34,7 +36,13 @@ class Names final : public minidl::data::Dataset {
 
 void config(const std::string& text) {
   // Through a file, as --config reads it (CLI11's own reader, not a stream shortcut).
-  static const std::string path = "/tmp/minidl_config_fuzz." + std::to_string(::getpid()) + ".toml";
+  struct TempFile {   // removed when the fuzzer exits
+    std::string path = (std::filesystem::temp_directory_path() / ("minidl_config_fuzz." + std::to_string(::getpid()) +
+                                                                  ".toml")).string();
+    ~TempFile() { std::remove(path.c_str()); }
+  };
+  static const TempFile file;
+  const std::string& path = file.path;
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
   minidl::harness::TrainConfig c;
   CLI::App app{"config_fuzz"};

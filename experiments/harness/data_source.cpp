@@ -323,7 +323,9 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
     check_classes(*account, true);
   }
   const std::string counted =
-      account ? " usable images, " + std::to_string(account->upfront) + " unreadable files skipped" : " images";
+      account ? " usable images, " + std::to_string(account->upfront) + " unreadable file" +
+                    (account->upfront == 1 ? "" : "s") + " skipped"
+              : " images";
   r.description = what + " (" + std::to_string(d->size()) + counted + "), " + std::to_string(split.train.size()) +
                   " train / " + std::to_string(split.val.size()) + " val / " + std::to_string(split.test.size()) +
                   " test, augment " + c.augment + ", resize " + resolved_resize_mode(c);

@@ -74,7 +74,7 @@ nn::SafetensorsFile read_weights_file(const std::string& flag, const std::string
   try {
     return nn::load_safetensors(path);
   } catch (const Error& e) {
-    throw UsageError(flag + " " + path + ": not a weights file minidl can read: " + e.what());
+    throw RunInputError(flag + " " + path + ": not a weights file minidl can read: " + e.what());
   }
 }
 
@@ -82,7 +82,7 @@ void load_weights(Model& m, const std::string& flag, const std::string& path, co
   const nn::StateDictDiff diff = m.module->compare_state_dict(file.tensors);
   if (!diff.empty()) {
     const auto saved = file.metadata.find("model");
-    throw UsageError(flag + " " + path + " does not fit --model " + m.name +
+    throw RunInputError(flag + " " + path + " does not fit --model " + m.name +
                      (saved != file.metadata.end() ? " (it was saved from " + saved->second + ")" : "") + ": " +
                      diff.summary(3));
   }
@@ -100,7 +100,7 @@ void load_optimizer_state(const TrainConfig& c, const std::map<std::string, std:
       const auto it = meta.find("steps");
       return it == meta.end() ? std::string("?") : it->second;
     };
-    throw UsageError("--resume " + c.resume + " and " + path + " are from different saves (steps " +
+    throw RunInputError("--resume " + c.resume + " and " + path + " are from different saves (steps " +
                      steps(weights_meta) + " and " + steps(file.metadata) + "): the save was cut short between the "
                      "two files; resume from a complete pair");
   }
@@ -116,7 +116,7 @@ void load_optimizer_state(const TrainConfig& c, const std::map<std::string, std:
       optim::load_training_state(opt, scaler, state);
     }
   } catch (const Error& e) {
-    throw UsageError("--resume " + c.resume + ": its optimizer state " + path + " does not fit --optimizer " +
+    throw RunInputError("--resume " + c.resume + ": its optimizer state " + path + " does not fit --optimizer " +
                      c.optimizer + ": " + e.what());
   }
 }

@@ -180,6 +180,8 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
     ex.row = make_row(st, run, c, &res, res.status, res.note, max_batch, predicted);
     ex.json["result"] = to_json(res);
     ex.json["status"] = res.status;
+  } catch (const RunInputError& e) {
+    failure = "error\t" + user_message(e, c.verbose);   // this run's weights file: the others go on
   } catch (const UsageError&) {
     throw;
   } catch (const Interrupted&) {

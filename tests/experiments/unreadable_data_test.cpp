@@ -136,6 +136,23 @@ TEST(UnreadableData, SkippedFilesAreCountedInTheHeaderSummaryAndLastLine) {
   EXPECT_EQ(clean.output.find("were skipped"), std::string::npos) << clean.output;
 }
 
+// A manifest is read against every file: one that names a file which has since become unreadable
+// still loads, without that file.
+TEST(UnreadableData, AManifestNamingAnUnreadableFileLeavesItOut) {
+  NEED_TRAIN();
+  const fs::path root = testing::temp_dir();
+  good_jpegs(root / "cat", "c", 3, 0);
+  good_jpegs(root / "dog", "d", 3, 50);
+  const std::string args = "--data " + root.string() + " --model smallcnn --image-size 16 --epochs 1 --split 3,0,0 "
+                           "--batch-size 2 --workers 0 --manifest " + (root / "split.txt").string();
+  ASSERT_EQ(train(args).status, 0);
+  random_files(root / "cat", "c", 1);   // c1.jpg becomes random bytes
+  const Outcome o = train(args);
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("(5 usable images, 1 unreadable file skipped), 5 train / 0 val / 0 test"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("s; 1 unreadable file skipped\n"), std::string::npos) << o.output;
+}
+
 // Truncated JPEGs pass the header scan; the loader finds them. When they were all a class had for
 // training, the run ends after the epoch that found them, with status 2 and the counts.
 TEST(UnreadableData, AClassEmptiedWhileLoadingStopsTheRun) {
