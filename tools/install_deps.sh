@@ -7,7 +7,7 @@ set -euo pipefail
 # Build and test dependencies (compiler, CMake, Eigen, GoogleTest, Google Benchmark, JSON,
 # libjpeg-turbo and stb for image decoding, CLI11 for the experiment programs' flags, Open MPI for
 # dist/'s data-parallel training and its 2-rank tests, Boost.Context for the emulated CUDA device's
-# per-thread fibers).
+# per-thread fibers, clang and its libFuzzer runtime for the fuzz targets that ctest runs: fuzz/).
 MINIDL_PACKAGES=(
   cmake
   g++
@@ -23,6 +23,8 @@ MINIDL_PACKAGES=(
   libopenmpi-dev
   openmpi-bin
   libboost-context-dev
+  clang
+  libclang-rt-dev
 )
 # Only for regenerating the golden files (tools/make_golden*.py); never for building or testing.
 # Pillow: the e2e golden's decoding and resizes, and the article augmentation's golden.

@@ -82,8 +82,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--split", c.split, "train,val,test per class: integers are counts (the Keras study's "
                                      "600,200,200), decimals are fractions (0.8,0.1,0.1)");
   app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written; empty: none");
-  app.add_flag("--validate-data", c.validate_data, "decode every file of a --data folder before the split, print the "
-                                                   "report, and leave unreadable files out; off by default");
+  app.add_flag("--validate-data", c.validate_data, "decode every file of a --data folder before the split (every run "
+                                                   "reads their headers), print the report, and leave unreadable files "
+                                                   "out; off by default");
   app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip), article (the Keras "
                                          "article's offline copies: train and val sets twice, as loaded and as "
                                          "the top-left crop of a bicubic 250 upscale) or rrc (random resized "

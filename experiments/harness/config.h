@@ -21,6 +21,14 @@ class UsageError : public Error {
   explicit UsageError(const std::string& msg) : Error(msg) {}
 };
 
+// Bad input that concerns one run, not the whole command (an --init-weights or --resume file of
+// another model, or not safetensors): status 2 in minidl-train, an `error` row in a sweep (whose
+// other runs may not use that file), where any other UsageError ends the sweep.
+class RunInputError : public UsageError {
+ public:
+  explicit RunInputError(const std::string& msg) : UsageError(msg) {}
+};
+
 struct TrainConfig {
   // Model and input.
   std::string model = "smallcnn";  // smallcnn | resnet18 | resnet34 | resnet50 | resnet18-small | ...
