@@ -1,6 +1,7 @@
 // CUDA batch norm, hand-written to follow the CPU reference exactly: two-pass statistics in double
 // (one block per channel, warp-shuffle reductions), biased variance to normalise, unbiased to
 // update the running statistics (PyTorch's rule), per-channel tensors in f32 or f64 whatever x is.
+#include "kernels/cuda/batch_norm_act.cuh"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
@@ -8,35 +9,6 @@
 
 namespace minidl::cuda {
 namespace {
-
-// A per-channel tensor ([C], any stride) seen from the device: f32, f64, or absent (fallback).
-struct Channel {
-  void* p = nullptr;
-  int64_t stride = 0;
-  bool f64 = false;
-  __device__ __forceinline__ double get(int64_t c, double fallback) const {
-    if (p == nullptr) return fallback;
-    return f64 ? static_cast<const double*>(p)[c * stride] : static_cast<double>(static_cast<const float*>(p)[c * stride]);
-  }
-  __device__ __forceinline__ void set(int64_t c, double v) const {
-    if (p == nullptr) return;
-    if (f64) static_cast<double*>(p)[c * stride] = v;
-    else static_cast<float*>(p)[c * stride] = static_cast<float>(v);
-  }
-};
-
-Channel channel(const Tensor& t, int64_t C, const char* op) {
-  Channel ch;
-  if (!t.defined()) return ch;
-  MINIDL_CHECK(t.numel() == C, op, " (cuda): per-channel tensor ", t.meta(), " should have ", C, " elements");
-  MINIDL_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, " (cuda): per-channel tensor ", t.meta(),
-               " must be f32 or f64");
-  MINIDL_CHECK(t.device().is_cuda(), op, " (cuda): per-channel tensor ", t.meta(), " is not on the GPU");
-  ch.p = t.data_ptr();
-  ch.stride = t.dim() == 0 ? 0 : t.stride(0);
-  ch.f64 = t.dtype() == DType::f64;
-  return ch;
-}
 
 struct Layout {
   int64_t N, C, S;

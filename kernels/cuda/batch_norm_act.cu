@@ -1,0 +1,236 @@
+// Fused batch norm + (residual add) + ReLU, forward, in NCHW and NHWC: a statistics pass that
+// reads x once with many blocks per channel (per-block partial sums, summed in a fixed order: no
+// float atomics), a per-channel finalize, and one pass that reads x (and the residual) and writes
+// y. Shared pieces (walks, reductions, geometry) are in batch_norm_act.cuh; the backward is
+// batch_norm_act_backward.cu. Design and measurements: docs/cuda.md "Fused batch norm + ReLU".
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "core/ops.h"
+#include "kernels/cuda/batch_norm_act.cuh"
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/runtime.h"
+
+namespace minidl::cuda {
+namespace {
+
+std::atomic<int> g_split{0};
+
+}  // namespace
+
+void set_batch_norm_split(int blocks) { g_split = std::max(blocks, 0); }
+int batch_norm_split() { return g_split; }
+
+Channel channel(const Tensor& t, int64_t C, const char* op) {
+  Channel ch;
+  if (!t.defined()) return ch;
+  MINIDL_CHECK(t.numel() == C, op, " (cuda): per-channel tensor ", t.meta(), " should have ", C, " elements");
+  MINIDL_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, " (cuda): per-channel tensor ", t.meta(),
+               " must be f32 or f64");
+  MINIDL_CHECK(t.device().is_cuda(), op, " (cuda): per-channel tensor ", t.meta(), " is not on the GPU");
+  ch.p = t.data_ptr();
+  ch.stride = t.dim() == 0 ? 0 : t.stride(0);
+  ch.f64 = t.dtype() == DType::f64;
+  return ch;
+}
+
+namespace bn_act {
+
+Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const char* op) {
+  MINIDL_CHECK(x.dim() >= 2, op, " (cuda): x must be [N, C, ...], got ", x.meta());
+  const bool cl = !x.is_contiguous() && is_channels_last(x);
+  MINIDL_CHECK(x.is_contiguous() || cl, op, " (cuda): x ", x.meta(), " must be contiguous (NCHW) or channels-last "
+               "(NHWC), got strides ", shape_str(x.strides()));
+  for (const Tensor* t : same) {
+    if (!t->defined()) continue;
+    MINIDL_CHECK(t->shape() == x.shape() && t->dtype() == x.dtype(), op, " (cuda): ", t->meta(),
+                 " does not match x ", x.meta());
+    MINIDL_CHECK(cl ? is_channels_last(*t) : t->is_contiguous(), op, " (cuda): ", t->meta(), " must have x's layout (",
+                 cl ? "channels-last" : "contiguous", "), got strides ", shape_str(t->strides()));
+  }
+  Geo g;
+  g.C = x.size(1);
+  int64_t S = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) S *= x.size(d);
+  g.rows = cl || S == 1;
+  g.N = g.rows ? x.size(0) * S : x.size(0);
+  g.S = g.rows ? 1 : S;
+
+  // The widest access every operand allows: V divides the contiguous run (a plane, or a row of
+  // channels) and each base address is aligned to V elements.
+  const size_t esize = dtype_size(x.dtype());
+  const int vmax = x.dtype() == DType::f64 ? 1 : static_cast<int>(16 / esize);
+  const int64_t run = g.rows ? g.C : g.S;
+  auto aligned = [&](const Tensor& t, int v) {
+    return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % (esize * static_cast<size_t>(v)) == 0;
+  };
+  for (int v : {vmax, std::max(vmax / 2, 1), 1}) {
+    bool ok = run % v == 0 && aligned(x, v);
+    for (const Tensor* t : same) ok = ok && aligned(*t, v);
+    if (ok) {
+      g.V = v;
+      break;
+    }
+  }
+
+  // About two waves of 256-thread blocks on an H100 (132 SMs x 8 resident blocks), but at least
+  // kMinVectors vectors per thread so a block's fixed cost (its reduction) stays small.
+  constexpr int64_t kTargetBlocks = 2048;
+  constexpr int64_t kMinVectors = 4;
+  int64_t per_g, cap;
+  if (g.rows) {
+    g.cx = 1;
+    while (g.cx < 32 && g.cx * g.V < g.C) g.cx *= 2;
+    per_g = (g.C + g.cx * g.V - 1) / (g.cx * g.V);   // channel tiles
+    const int64_t ry = kBlock / g.cx;
+    cap = (g.N + ry * kMinVectors - 1) / (ry * kMinVectors);
+  } else {
+    per_g = g.C;
+    const int64_t nv = g.N * (g.S / g.V);
+    cap = (nv + kBlock * kMinVectors - 1) / (kBlock * kMinVectors);
+  }
+  int64_t G = std::min(std::max<int64_t>(1, kTargetBlocks / std::max<int64_t>(per_g, 1)), std::max<int64_t>(cap, 1));
+  if (g_split > 0) G = g_split;
+  g.G = static_cast<int>(std::min<int64_t>(G, 65535));
+  return g;
+}
+
+dim3 grid_of(const Geo& g) {
+  const int64_t x = g.rows ? (g.C + g.cx * g.V - 1) / (g.cx * g.V) : g.C;
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(g.G));
+}
+
+namespace {
+
+// Per channel, sums of d = x - K and d * d with K the channel's first value: shifting by a value
+// of the channel keeps E[d^2] - E[d]^2 free of the cancellation a large mean would cause.
+template <typename T, int V, bool kRows>
+__global__ void stats_kernel(const T* __restrict__ x, Geo g, double* __restrict__ part) {
+  using A = typename Compute<T>::type;
+  constexpr int L = kRows ? V : 1;
+  bool active;
+  const int64_t c0 = first_channel<kRows, V>(g, active);
+  A K[L];
+#pragma unroll
+  for (int j = 0; j < L; ++j) K[j] = active ? cvt<A>(x[first_offset(g, c0 + j)]) : A(0);
+  PairSums<A, L> ps;
+  if (active) {
+    walk<kRows, V>(g, c0, [&](int64_t off) {
+      const Pack<T, V> p = load<T, V>(x, off);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const int j = kRows ? k : 0;
+        const A d = cvt<A>(p.v[k]) - K[j];
+        ps.fs[j] += d;
+        ps.fq[j] = fma_rn(d, d, ps.fq[j]);
+      }
+      ps.end_vector();
+    });
+  }
+  write_block_sums<kRows>(ps, g, c0, part);
+}
+
+// Per channel: the G partial sums in order, mean and biased variance, saved mean and
+// 1 / sqrt(var + eps), and PyTorch's running-statistics update (unbiased variance). Evaluation:
+// the running statistics, snapshotted into the saved ones for the backward.
+template <typename T>
+__global__ void finalize_kernel(const T* x, Geo g, const double* part, Channel running_mean, Channel running_var,
+                                double momentum, double eps, bool training, Channel save_mean, Channel save_invstd) {
+  MINIDL_GRID_STRIDE(c, g.C) {
+    double mean, var;
+    if (training) {
+      double s = 0, q = 0;
+      for (int k = 0; k < g.G; ++k) {
+        s += part[(static_cast<int64_t>(k) * g.C + c) * 2];
+        q += part[(static_cast<int64_t>(k) * g.C + c) * 2 + 1];
+      }
+      const double n = static_cast<double>(g.count());
+      const double dm = s / n;
+      var = q / n - dm * dm;
+      if (!(var > 0)) var = var == var ? 0.0 : var;   // rounding below zero; NaN stays NaN
+      mean = cvt<double>(x[first_offset(g, c)]) + dm;
+      const double unbias = n > 1 ? n / (n - 1) : 1.0;
+      if (running_mean.p != nullptr) running_mean.set(c, (1.0 - momentum) * running_mean.get(c, 0.0) + momentum * mean);
+      if (running_var.p != nullptr)
+        running_var.set(c, (1.0 - momentum) * running_var.get(c, 1.0) + momentum * var * unbias);
+    } else {
+      mean = running_mean.get(c, 0.0);
+      var = running_var.get(c, 1.0);
+    }
+    save_mean.set(c, mean);
+    save_invstd.set(c, 1.0 / ::sqrt(var + eps));
+  }
+}
+
+// y = relu?(fma(x - m, a, b) [+ residual]) in the compute type, rounded once to T. Each thread
+// keeps its channels' coefficients in registers for its whole walk.
+template <typename T, int V, bool kRows>
+__global__ void apply_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y, Geo g, Affine aff,
+                             bool relu) {
+  using A = typename Compute<T>::type;
+  constexpr int L = kRows ? V : 1;
+  bool active;
+  const int64_t c0 = first_channel<kRows, V>(g, active);
+  if (!active) return;
+  A m[L], a[L], b[L];
+#pragma unroll
+  for (int j = 0; j < L; ++j) aff.at(c0 + j, m[j], a[j], b[j]);
+  walk<kRows, V>(g, c0, [&](int64_t off) {
+    const Pack<T, V> px = load<T, V>(x, off);
+    Pack<T, V> pr;
+    if (res != nullptr) pr = load<T, V>(res, off);
+    Pack<T, V> py;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int j = kRows ? k : 0;
+      A z = affine(cvt<A>(px.v[k]), m[j], a[j], b[j]);
+      if (res != nullptr) z = z + cvt<A>(pr.v[k]);
+      if (relu) z = z > A(0) ? z : A(0);
+      py.v[k] = cvt<T>(z);
+    }
+    store<T, V>(y, off, py);
+  });
+}
+
+}  // namespace
+}  // namespace bn_act
+
+void CudaBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                         const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                                         bool training, double momentum, double eps, const Tensor& y,
+                                         const Tensor& save_mean, const Tensor& save_invstd) {
+  using namespace bn_act;
+  const char* op = residual.defined() ? "batch_norm_add_relu" : "batch_norm_relu";
+  check_cuda(op, {&x, &residual, &y});
+  const Geo g = geometry(x, {&residual, &y}, op);
+  Affine aff;
+  aff.weight = channel(weight, g.C, op);
+  aff.bias = channel(bias, g.C, op);
+  aff.mean = channel(save_mean, g.C, op);
+  aff.invstd = channel(save_invstd, g.C, op);
+  const Channel rm = channel(running_mean, g.C, op), rv = channel(running_var, g.C, op);
+  MINIDL_CHECK(aff.mean.p != nullptr && aff.invstd.p != nullptr, op, " (cuda): save_mean and save_invstd are required");
+  MINIDL_CHECK(training || (rm.p != nullptr && rv.p != nullptr), op,
+               " (cuda): evaluation needs running_mean and running_var");
+  if (g.C == 0) return;
+  DeviceContext& ctx = context_of(x);
+  const Tensor part = training ? empty({g.G, g.C, 2}, {DType::f64, x.device(), false}) : Tensor();
+  double* part_d = training ? static_cast<double*>(part.data_ptr()) : nullptr;
+  dispatch(g, x.dtype(), op, [&](auto tag, auto vtag, auto rtag) {
+    using T = decltype(tag);
+    constexpr int V = decltype(vtag)::value;
+    constexpr bool R = decltype(rtag)::value;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    if (training) MINIDL_LAUNCH(op, (stats_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp, g, part_d);
+    MINIDL_LAUNCH(op, (finalize_kernel<T>), grid_for(g.C), kThreads, 0, ctx.stream(), xp, g, part_d, rm, rv, momentum,
+                  eps, training, aff.mean, aff.invstd);
+    if (x.numel() == 0) return;
+    MINIDL_LAUNCH(op, (apply_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp,
+                  residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr,
+                  static_cast<T*>(y.data_ptr()), g, aff, true);
+  });
+}
+
+}  // namespace minidl::cuda
