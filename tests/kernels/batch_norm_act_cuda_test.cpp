@@ -1,6 +1,6 @@
-// CPU-vs-CUDA parity of the fused batch norm + (residual add) + ReLU kernels
-// (kernels/cuda/batch_norm_act*.cu): the fused op against the CPU's, against the composed ops on
-// the GPU, and channels-last against NCHW, in f32, f16 (f32 parameters) and f64, training and
+// CPU-vs-CUDA parity of the fused batch norm + (residual add) + ReLU kernels (kernels/cuda/
+// batch_norm.cu, batch_norm_backward.cu): the fused op against the CPU's, against the composed ops
+// on the GPU, and channels-last against NCHW, in f32, f16 (f32 parameters) and f64, training and
 // evaluation, forward and backward, with plane sizes and channel counts that pick every vector
 // width and the scalar tails, and several blocks per channel (forced, so the cross-block sums run
 // on small tensors). kernels_cuda_emu runs it on the emulated device, where every GPU thread is a

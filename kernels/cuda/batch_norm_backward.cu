@@ -1,16 +1,17 @@
-// Fused batch norm + (residual add) + ReLU, backward, with ReLU's backward folded in: pass 1 reads
-// gy and x (and y when there is a residual), masks gy, writes the residual's gradient and sums
-// gm and gm * (x - mean) per channel over many blocks; a per-channel finalize; pass 2 reads the
-// masked gradient and x and writes gx. Without a residual the mask is rebuilt from x with the
-// forward's own arithmetic, which equals y > 0 bit for bit, so y is never read.
+// Batch norm backward on the GPU, plain and fused (ReLU's backward folded in, the residual's
+// gradient written on the way): pass 1 reads gy and x (and y when there is a residual), masks gy,
+// writes the residual's gradient and sums gm and gm * (x - mean) per channel over many blocks; a
+// per-channel finalize; pass 2 reads the masked gradient and x and writes gx. Without a residual
+// the mask is rebuilt from x with the forward's own arithmetic, equal to y > 0 bit for bit, so y
+// is never read.
 #include <cstdint>
 
-#include "kernels/cuda/batch_norm_act.cuh"
+#include "kernels/cuda/batch_norm.cuh"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 
 namespace minidl::cuda {
-namespace bn_act {
+namespace bn {
 namespace {
 
 // Whether element k of a vector keeps its gradient: y > 0, or (FromX) the forward's rounded
@@ -114,15 +115,17 @@ __global__ void grad_input_kernel(const T* __restrict__ gsrc, const T* __restric
 }
 
 }  // namespace
-}  // namespace bn_act
+}  // namespace bn
 
-void CudaBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& weight,
-                                          const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
-                                          bool training, const Tensor& gx, const Tensor& gresidual,
-                                          const Tensor& gweight, const Tensor& gbias) {
-  using namespace bn_act;
+namespace {
+
+// Every backward. mask: None (plain batch norm), FromX (batch_norm_relu) or FromY (with a residual:
+// gresidual receives the masked gradient, which pass 2 then reads instead of gy).
+void backward(const char* op, const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& weight,
+              const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd, bool training, bn::Mask mask,
+              const Tensor& gx, const Tensor& gresidual, const Tensor& gweight, const Tensor& gbias, Backend& be) {
+  using namespace bn;
   const bool with_res = gresidual.defined();
-  const char* op = with_res ? "batch_norm_add_relu backward" : "batch_norm_relu backward";
   check_cuda(op, {&gy, &x, &y, &gx, &gresidual});
   const Geo g = geometry(x, {&gy, &y, &gx, &gresidual}, op);
   Affine aff;
@@ -132,11 +135,12 @@ void CudaBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, con
   aff.bias = channel(bias, g.C, op);
   const Channel gw = channel(gweight, g.C, op), gb = channel(gbias, g.C, op);
   MINIDL_CHECK(aff.mean.p != nullptr && aff.invstd.p != nullptr, op, " (cuda): save_mean and save_invstd are required");
-  MINIDL_CHECK(!with_res || y.defined(), op, " (cuda): with a residual the ReLU's mask comes from y; pass it");
+  MINIDL_CHECK(mask != Mask::FromY || (y.defined() && with_res), op,
+               " (cuda): with a residual the ReLU's mask comes from y and the masked gradient goes to gresidual");
   if (g.C == 0) return;
   if (x.numel() == 0) {   // nothing to sum: the per-channel gradients are zero
-    if (gweight.defined()) fill(gweight, 0.0);
-    if (gbias.defined()) fill(gbias, 0.0);
+    if (gweight.defined()) be.fill(gweight, 0.0);
+    if (gbias.defined()) be.fill(gbias, 0.0);
     return;
   }
   DeviceContext& ctx = context_of(x);
@@ -157,15 +161,32 @@ void CudaBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, con
     T* grp = with_res ? static_cast<T*>(gresidual.data_ptr()) : nullptr;
     if (sums) {
       MINIDL_LAUNCH(op, (grad_sums_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), gyp, xp,
-                    with_res ? static_cast<const T*>(y.data_ptr()) : nullptr, grp, g, aff,
-                    with_res ? Mask::FromY : Mask::FromX, part_d);
+                    mask == Mask::FromY ? static_cast<const T*>(y.data_ptr()) : nullptr, grp, g, aff, mask, part_d);
       MINIDL_LAUNCH(op, grad_finalize_kernel, grid_for(g.C), kThreads, 0, ctx.stream(), g, part_d, aff.invstd, gw, gb,
                     training, coef_d);
     }
     if (!gx.defined()) return;
     MINIDL_LAUNCH(op, (grad_input_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), with_res ? grp : gyp, xp,
-                  static_cast<T*>(gx.data_ptr()), g, aff, with_res ? Mask::None : Mask::FromX, coef_d);
+                  static_cast<T*>(gx.data_ptr()), g, aff, mask == Mask::FromY ? Mask::None : mask, coef_d);
   });
+}
+
+}  // namespace
+
+void CudaBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                                      const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,
+                                      const Tensor& gbias) {
+  backward("batch_norm_backward", gy, x, Tensor(), weight, Tensor(), save_mean, save_invstd, true, bn::Mask::None, gx,
+           Tensor(), gweight, gbias, *this);
+}
+
+void CudaBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& weight,
+                                          const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
+                                          bool training, const Tensor& gx, const Tensor& gresidual,
+                                          const Tensor& gweight, const Tensor& gbias) {
+  const bool with_res = gresidual.defined();
+  backward(with_res ? "batch_norm_add_relu backward" : "batch_norm_relu backward", gy, x, y, weight, bias, save_mean,
+           save_invstd, training, with_res ? bn::Mask::FromY : bn::Mask::FromX, gx, gresidual, gweight, gbias, *this);
 }
 
 }  // namespace minidl::cuda

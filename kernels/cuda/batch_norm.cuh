@@ -1,6 +1,6 @@
-// Device pieces shared by the batch-norm kernels: the per-channel tensor view, and for the fused
-// batch norm + (add) + ReLU kernels (batch_norm_act.cu forward, batch_norm_act_backward.cu
-// backward) the two layouts' walks over x, vector loads, and deterministic per-block reductions.
+// Device pieces of the batch-norm kernels, plain and fused with the residual add and ReLU
+// (batch_norm.cu forward, batch_norm_backward.cu): the per-channel tensor view, the two layouts'
+// walks over x, vector accesses, deterministic per-block reductions and the launch geometry.
 // docs/cuda.md "Fused batch norm + ReLU" explains the passes and why the work is split this way.
 #pragma once
 #include <cstdint>
@@ -32,7 +32,7 @@ struct Channel {
 // Checks t ([C] f32/f64 on the GPU, or undefined: absent) and views it.
 Channel channel(const Tensor& t, int64_t C, const char* op);
 
-namespace bn_act {
+namespace bn {
 
 constexpr int kBlock = 256;   // threads per block of every fused kernel (8 warps)
 
@@ -251,5 +251,5 @@ void dispatch(const Geo& g, DType dt, const char* op, F&& f) {
   }
 }
 
-}  // namespace bn_act
+}  // namespace bn
 }  // namespace minidl::cuda
