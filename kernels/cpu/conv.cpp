@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "kernels/cpu/conv_gemm.h"
 #include "kernels/cpu/conv_im2col.h"
+#include "kernels/cpu/conv_plan.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
 
@@ -18,7 +19,7 @@ namespace minidl::cpu {
 
 namespace {
 
-using namespace conv_detail;  // the im2col and GEMM helpers of this file (conv_im2col.h, conv_gemm.h)
+using namespace conv_detail;  // the planning, im2col and GEMM helpers (conv_plan.h, conv_im2col.h, conv_gemm.h)
 
 template <typename T>
 using MatR = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -28,28 +29,6 @@ using MapR = Eigen::Map<MatR<T>, 0, Eigen::OuterStride<>>;
 template <typename T>
 using CMapR = Eigen::Map<const MatR<T>, 0, Eigen::OuterStride<>>;
 
-// Column-matrix tile budget: about half of a typical L2, so im2col's writes are still cached when
-// the GEMM packs them. A GEMM with fewer columns than kMinCols wastes its pass over the weights, so
-// small planes are grouped across samples. The weight gradient sums over those columns into an
-// [O, K] result; when that does not fit in L2 either, every GEMM streams it from memory, so it
-// wants more columns per GEMM (kMinColsWeight) to amortise that.
-constexpr int64_t kTileBytes = 512 * 1024;
-constexpr int64_t kMinCols = 256;
-constexpr int64_t kMinColsWeight = 1024;
-// Below this many multiply-adds a parallel region costs more than it saves.
-constexpr int64_t kParallelWork = int64_t{1} << 21;
-
-ConvGeom make_geom(const Shape& x, const Shape& wt, const Shape& y, const Conv2dOptions& o, const char* op) {
-  MINIDL_CHECK(x.size() == 4 && wt.size() == 4 && y.size() == 4, op, " (cpu): expected 4-D tensors, got input ",
-               shape_str(x), ", weight ", shape_str(wt), ", output ", shape_str(y));
-  MINIDL_CHECK(o.groups == 1, op, " (cpu): groups=", o.groups, " is not supported yet");
-  ConvGeom g{x[0], x[1], x[2], x[3], wt[0], wt[2], wt[3], y[2], y[3],
-             o.stride[0], o.stride[1], o.padding[0], o.padding[1], o.dilation[0], o.dilation[1]};
-  MINIDL_CHECK(wt[1] == g.c && y[0] == g.n && y[1] == g.o, op, " (cpu): inconsistent shapes: input ", shape_str(x),
-               ", weight ", shape_str(wt), ", output ", shape_str(y));
-  return g;
-}
-
 void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) {
     if (t->defined()) {
@@ -57,65 +36,6 @@ void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
                    " with strides ", shape_str(t->strides()));
     }
   }
-}
-
-// One GEMM's worth of work: samples [n0, n0 + gn) and output rows [r0, r1) of each. Either gn == 1
-// (a band of rows of one sample) or the rows are all of them (whole planes of gn samples).
-struct Item {
-  int64_t n0, gn, r0, r1;
-};
-
-enum class Pass { Forward, BackwardInput, BackwardWeight };
-
-// How the batch is cut into items and spread over threads. Two modes: with enough items, items
-// run on OpenMP threads with single-threaded GEMMs (threads > 1); otherwise items run in order,
-// gemm() splits each GEMM over the threads and the copies around it are split over (sample,
-// channel) (inner).
-struct Plan {
-  int64_t group = 1;         // samples per item
-  int64_t rows = 1;          // output rows per item (all of them when group > 1)
-  int64_t num_groups = 0;
-  int64_t tiles = 1;         // items per group
-  int threads = 1;
-  bool inner = false;
-  bool tiles_independent = true;  // false: a group's tiles must run in order on one thread
-  int64_t max_cols(int64_t ow) const { return group * rows * ow; }
-  int64_t num_items() const { return num_groups * tiles; }
-  Item item(int64_t i, int64_t n, int64_t oh) const {
-    const int64_t gi = i / tiles, ti = i % tiles;
-    const int64_t n0 = gi * group;
-    return {n0, std::min(group, n - n0), ti * rows, std::min(oh, (ti + 1) * rows)};
-  }
-};
-
-template <typename T>
-Plan plan_batch(const ConvGeom& g, Pass pass) {
-  Plan pl;
-  const int nt = std::max(1, omp_get_max_threads());
-  const int64_t p = g.p();
-  const bool big_result = g.o * g.k() * static_cast<int64_t>(sizeof(T)) > 2 * kTileBytes;
-  const int64_t min_cols = pass == Pass::BackwardWeight && big_result ? kMinColsWeight : kMinCols;
-  const int64_t tile_cols = std::max(min_cols, kTileBytes / static_cast<int64_t>(g.k() * sizeof(T)));
-  if (p >= min_cols || g.n <= 1) {
-    pl.group = 1;
-    pl.rows = std::clamp<int64_t>(tile_cols / g.ow, 1, g.oh);
-  } else {
-    pl.group = std::min(g.n, (min_cols + p - 1) / p);
-    // The forward and input-gradient GEMMs stay efficient on fewer columns: keep every thread busy.
-    if (pass != Pass::BackwardWeight && nt > 1 && g.n >= nt) {
-      pl.group = std::min<int64_t>(pl.group, (g.n + nt - 1) / nt);
-    }
-    pl.rows = g.oh;
-  }
-  pl.num_groups = (g.n + pl.group - 1) / pl.group;
-  pl.tiles = (g.oh + pl.rows - 1) / pl.rows;
-  // Tiles of one sample add into overlapping input rows in the input gradient.
-  pl.tiles_independent = pass != Pass::BackwardInput;
-  const int64_t units = pl.tiles_independent ? pl.num_items() : pl.num_groups;
-  const bool big = g.n * g.o * p * g.k() >= kParallelWork;
-  pl.threads = (nt > 1 && big && units >= nt) ? nt : 1;
-  pl.inner = nt > 1 && big && pl.threads == 1;
-  return pl;
 }
 
 // Runs body(item, thread_id) for every item.
@@ -169,21 +89,6 @@ CMapR<T> item_columns(const T* x, const ConvGeom& g, const Plan& pl, const Item&
   return CMapR<T>(buf, (c1 - c0) * kk, cols, Eigen::OuterStride<>(cols));
 }
 
-// Input channels per column chunk. A column matrix bigger than L2 is written to memory by im2col
-// and read back by the GEMM, so items are processed in chunks of channels whose columns fit in
-// kTileBytes (the GEMM's depth is split; Eigen blocks its depth anyway), but not so thin that a
-// GEMM's depth drops below kMinDepth. Chunks are evened out. A column view (no copy) is not split.
-constexpr int64_t kMinDepth = 256;
-template <typename T>
-int64_t chunk_channels(const ConvGeom& g, const Plan& pl) {
-  if (g.pointwise() && pl.group == 1) return g.c;
-  const int64_t kk = g.kh * g.kw;
-  const int64_t by_tile = kTileBytes / (kk * pl.max_cols(g.ow) * static_cast<int64_t>(sizeof(T)));
-  const int64_t cc = std::clamp<int64_t>(std::max(by_tile, (kMinDepth + kk - 1) / kk), 1, g.c);
-  const int64_t chunks = (g.c + cc - 1) / cc;
-  return (g.c + chunks - 1) / chunks;
-}
-
 // An item's slice of a [N, O, P] tensor (output gradient) as [O, cols]: a strided view for one
 // sample, a gathered copy in buf for a group.
 template <typename T>
@@ -217,8 +122,8 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Co
   const Plan pl = plan_batch<T>(g, Pass::Forward);
   const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl), kk = g.kh * g.kw;
   const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
-  const int64_t out_sz = pl.group > 1 ? o * max_cols : 0;
-  const Scratch<T> scratch(col_sz + out_sz, pl.threads, x);
+  const Workspace ws = forward_workspace<T>(g);  // col_sz + the output block of a group, per thread
+  const Scratch<T> scratch(ws.per_thread, ws.threads, x);
 
   for_each_item(pl, g, [&](const Item& it, int tid) {
     T* buf = scratch.at(tid);
@@ -264,15 +169,6 @@ void input_grad_chunk(const CMapR<T>& wm, const CMapR<T>& gym, const ConvGeom& g
   });
 }
 
-// Channels per chunk when threads split the channels: chunks that fit the tile budget, as many as
-// a multiple of the thread count so that static scheduling balances them.
-template <typename T>
-int64_t thread_chunk_channels(const ConvGeom& g, const Plan& pl, int nt) {
-  const int64_t cc = chunk_channels<T>(g, pl);
-  const int64_t chunks = std::min(g.c, ((g.c + cc - 1) / cc + nt - 1) / nt * nt);
-  return (g.c + chunks - 1) / chunks;
-}
-
 // The input gradient of small planes with a big weight (deep stages): per-thread groups of samples
 // would each stream the whole weight for few columns, so all samples form one GEMM and threads
 // split the input channels, each multiplying its rows of the weight and scattering into its own
@@ -281,10 +177,10 @@ template <typename T>
 void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const ConvGeom& g, const Plan& pl, T* gxp,
                                     const Tensor& like) {
   const int nt = std::max(1, omp_get_max_threads());
-  const int64_t o = g.o, kk = g.kh * g.kw, max_cols = pl.max_cols(g.ow);
   const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
-  const Scratch<T> gcol_scratch(cc * kk * max_cols, nt, like);
-  const Scratch<T> gy_scratch(pl.group > 1 ? o * max_cols : 0, 1, like);
+  const Workspace ws = input_workspace<T>(g);  // the gathered output gradient, then cc channels' columns per thread
+  const Scratch<T> gy_scratch(ws.shared, 1, like);
+  const Scratch<T> gcol_scratch(ws.per_thread, ws.threads, like);
   Plan seq = pl;
   seq.inner = false;
   for (int64_t i = 0; i < pl.num_items(); ++i) {
@@ -307,14 +203,14 @@ template <typename T>
 void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& g, const Plan& pl, T* gwp,
                                      const Tensor& like) {
   const int nt = std::max(1, omp_get_max_threads());
-  const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw, max_cols = pl.max_cols(g.ow);
+  const int64_t k = g.k(), kk = g.kh * g.kw;
   const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
-  const int64_t col_sz = cc * kk * max_cols;
-  const Scratch<T> cols_scratch(col_sz, nt, like);
-  const Scratch<T> gy_scratch(pl.group > 1 ? o * max_cols : 0, 1, like);
+  const Workspace ws = weight_workspace<T>(g);  // the gathered output gradient, then cc channels' columns per thread
+  const Scratch<T> gy_scratch(ws.shared, 1, like);
+  const Scratch<T> cols_scratch(ws.per_thread, ws.threads, like);
   Plan seq = pl;  // copies inside a thread's chunk run on that thread
   seq.inner = false;
-  MapR<T> acc(gwp, o, k, Eigen::OuterStride<>(k));
+  MapR<T> acc(gwp, g.o, k, Eigen::OuterStride<>(k));
   for (int64_t i = 0; i < pl.num_items(); ++i) {
     const Item it = pl.item(i, g.n, g.oh);
     const CMapR<T> gym = item_rows(gyp, g, pl, it, gy_scratch.at(0));
@@ -332,26 +228,10 @@ void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& 
   }
 }
 
-// With stride 1 the input gradient is itself a convolution: of gy with the weight transposed
-// ([C, O]) and flipped, padded by (kH-1)*dH - pH. Its GEMM is O*kH*kW deep instead of O deep, which
-// is what Eigen's kernel wants when O is small (ResNet stage 1: 64), and its im2col of gy replaces
-// col2im's scattered adds. Not for wide O (the GEMM is deep enough already) or few input channels
-// (the transposed GEMM would have only C rows).
-constexpr int64_t kTransposedMaxOut = 128;
-constexpr int64_t kTransposedMinIn = 16;
-
-inline bool transposed_ok(const ConvGeom& g) {
-  const int64_t ph = (g.kh - 1) * g.dh - g.ph, pw = (g.kw - 1) * g.dw - g.pw;
-  return g.sh == 1 && g.sw == 1 && !g.pointwise() && g.o < kTransposedMaxOut && g.c >= kTransposedMinIn &&
-         ph >= 0 && pw >= 0 && g.h == g.oh + 2 * ph - (g.kh - 1) * g.dh &&
-         g.w == g.ow + 2 * pw - (g.kw - 1) * g.dw;
-}
-
 template <typename T>
 void conv_backward_input_transposed(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
-  const ConvGeom t{g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, g.h, g.w,
-                   1, 1, (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
-  const Tensor wt = empty({g.c, g.o, g.kh, g.kw}, w.options());
+  const ConvGeom t = input_workspace<T>(g).inner;
+  const Tensor wt = empty({g.c, g.o, g.kh, g.kw}, w.options());  // the workspace's weight_copy
   const T* src = w.data<T>();
   T* dst = wt.data<T>();
   const int64_t kk = g.kh * g.kw;
@@ -383,8 +263,8 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, c
   const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl);
   const bool direct = g.pointwise() && pl.group == 1;  // GEMM straight into gx
   const int64_t gcol_sz = direct ? 0 : cc * kk * max_cols;
-  const int64_t gy_sz = pl.group > 1 ? o * max_cols : 0;
-  const Scratch<T> scratch(gcol_sz + gy_sz, pl.threads, gy);
+  const Workspace ws = input_workspace<T>(g);  // gcol_sz + the gathered output gradient, per thread
+  const Scratch<T> scratch(ws.per_thread, ws.threads, gy);
 
   for_each_item(pl, g, [&](const Item& it, int tid) {
     T* buf = scratch.at(tid);
@@ -413,8 +293,8 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
   const int64_t gy_sz = pl.group > 1 ? o * max_cols : 0;
   // Thread 0 accumulates straight into gw, the others into private partial sums that are added in
   // thread order afterwards: with static scheduling the result does not depend on timing.
-  const int64_t part_sz = pl.threads > 1 ? o * k : 0;
-  const Scratch<T> scratch(col_sz + gy_sz + part_sz, pl.threads, x);
+  const Workspace ws = weight_workspace<T>(g);  // col_sz + gy_sz + a partial gradient (o x k), per thread
+  const Scratch<T> scratch(ws.per_thread, ws.threads, x);
   auto partial = [&](int tid) { return tid == 0 ? gw.data<T>() : scratch.at(tid) + col_sz + gy_sz; };
   for (int t = 0; t < pl.threads; ++t) std::fill(partial(t), partial(t) + o * k, T(0));
 
