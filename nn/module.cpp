@@ -268,6 +268,8 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
   }
 }
 
+bool Module::summarizing() { return g_recorder != nullptr; }
+
 Summary Module::summary(const Shape& input_shape) {
   MINIDL_CHECK(!input_shape.empty(), type_name_,
                ".summary: input shape is empty; pass [N, C, H, W] (N is replaced by 1)");

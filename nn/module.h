@@ -115,6 +115,9 @@ class Module {
   // then an ordinary one for the total. Buffers (batch-norm statistics) are restored afterwards;
   // dropout layers do advance their generator.
   Summary summary(const Shape& input_shape);
+  // True on this thread while summary() runs its probe forward: a model with fused paths (ResNet's
+  // batch norm + ReLU) takes its module-by-module path then, so every leaf call gets its row.
+  static bool summarizing();
 
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
