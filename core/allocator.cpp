@@ -1,5 +1,6 @@
-// The host allocator and the device-independent memory front-ends. The budget check happens
-// before the system allocation, so a budgeted run fails the same way on any machine.
+// The host allocator (with its cache of large blocks, see allocator.h) and the device-independent
+// memory front-ends. The budget check happens before the system allocation, so a budgeted run fails
+// the same way on any machine.
 #include "core/allocator.h"
 
 #include <cctype>
@@ -13,32 +14,81 @@
 
 namespace minidl {
 
+CpuAllocator::CpuAllocator(Device device) : device_(device), backed_(!device.is_meta()) {
+  const char* env = std::getenv("MINIDL_CPU_CACHE");
+  cache_enabled_ = env == nullptr || std::string(env) != "0";
+}
+
+void CpuAllocator::evict_locked(const int64_t& used, int64_t block, int64_t limit) {
+  while (!cache_.empty() && used + block > limit) {
+    auto it = std::prev(cache_.end());
+    const auto size = static_cast<int64_t>(it->first);
+    raw_free(it->second);  // under the lock: no other allocation races the munmap
+    cache_.erase(it);
+    cached_bytes_ -= size;
+    large_reserved_ -= size;
+    s_.reserved_bytes -= size;
+  }
+}
+
+void CpuAllocator::oom_locked(size_t nbytes, const char* why) {
+  ++s_.num_ooms;
+  const size_t in_use = static_cast<size_t>(s_.reserved_bytes), budget = static_cast<size_t>(s_.budget_bytes);
+  if (why != nullptr) {
+    throw OutOfMemoryError("out of memory on " + device_.str() + ": " + why + format_bytes(nbytes), nbytes, in_use, budget);
+  }
+  throw OutOfMemoryError("out of memory on " + device_.str() + ": tried to allocate " + format_bytes(nbytes) + " with " +
+                             format_bytes(in_use) + " in use and a memory budget of " + format_bytes(budget) +
+                             ". Use a smaller batch, gradient accumulation or recomputation, or raise the budget.",
+                         nbytes, in_use, budget);
+}
+
 void* CpuAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   const size_t block = rounded(nbytes);
+  const auto b = static_cast<int64_t>(block);
+  const bool cacheable = cache_enabled_ && block >= kCacheMinBytes;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(block) > s_.budget_bytes) {
-      ++s_.num_ooms;
-      const size_t in_use = static_cast<size_t>(s_.reserved_bytes), budget = static_cast<size_t>(s_.budget_bytes);
-      throw OutOfMemoryError("out of memory on " + device_.str() + ": tried to allocate " + format_bytes(nbytes) + " with " +
-                                 format_bytes(in_use) + " in use and a memory budget of " + format_bytes(budget) +
-                                 ". Use a smaller batch, gradient accumulation or recomputation, or raise the budget.",
-                             nbytes, in_use, budget);
+    if (cacheable) {
+      const auto range = cache_.equal_range(block);
+      if (range.first != range.second) {
+        const auto it = std::prev(range.second);  // the most recently freed block of this size
+        void* p = it->second;
+        cache_.erase(it);
+        cached_bytes_ -= b;
+        ++cache_hits_;
+        s_.allocated_bytes += static_cast<int64_t>(nbytes);
+        ++s_.num_allocs;
+        s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
+        return p;
+      }
     }
-    s_.reserved_bytes += static_cast<int64_t>(block);
+    // A large block that the cache cannot serve: cached blocks of other sizes make room under the
+    // cache's limit. Then, for any block, under the budget.
+    if (cacheable) evict_locked(large_reserved_, b, std::max(large_limit_locked(), b));
+    if (s_.budget_bytes > 0) {
+      evict_locked(s_.reserved_bytes, b, s_.budget_bytes);
+      if (s_.reserved_bytes + b > s_.budget_bytes) oom_locked(nbytes, nullptr);
+    }
+    s_.reserved_bytes += b;
+    if (cacheable) large_reserved_ += b;
     s_.allocated_bytes += static_cast<int64_t>(nbytes);
   }
   void* p = raw_alloc(block);
+  if (p == nullptr) {  // the system is out of memory: give it the cache and try once more
+    empty_cache();
+    p = raw_alloc(block);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (p == nullptr) {
-    s_.reserved_bytes -= static_cast<int64_t>(block);
+    s_.reserved_bytes -= b;
+    if (cacheable) large_reserved_ -= b;
     s_.allocated_bytes -= static_cast<int64_t>(nbytes);
-    ++s_.num_ooms;
-    throw OutOfMemoryError("out of memory on " + device_.str() + ": the system refused " + format_bytes(nbytes), nbytes,
-                           static_cast<size_t>(s_.reserved_bytes), static_cast<size_t>(s_.budget_bytes));
+    oom_locked(nbytes, "the system refused ");
   }
   ++s_.num_allocs;
+  high_water_ = std::max(high_water_, large_reserved_ - cached_bytes_);
   s_.peak_reserved_bytes = std::max(s_.peak_reserved_bytes, s_.reserved_bytes);
   s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
   return p;
@@ -46,10 +96,7 @@ void* CpuAllocator::allocate(size_t nbytes) {
 
 void* CpuAllocator::raw_alloc(size_t block) {
   if (backed_) return std::aligned_alloc(kAlignment, block);
-  std::lock_guard<std::mutex> lock(mu_);
-  void* p = reinterpret_cast<void*>(next_address_);
-  next_address_ += block;
-  return p;
+  return reinterpret_cast<void*>(next_address_.fetch_add(block));  // called inside and outside mu_
 }
 
 void CpuAllocator::raw_free(void* p) {
@@ -58,11 +105,43 @@ void CpuAllocator::raw_free(void* p) {
 
 void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   if (ptr == nullptr) return;
+  const size_t block = rounded(nbytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s_.allocated_bytes -= static_cast<int64_t>(nbytes);
+    ++s_.num_frees;
+    if (cache_enabled_ && block >= kCacheMinBytes) {
+      cache_.emplace(block, ptr);
+      cached_bytes_ += static_cast<int64_t>(block);
+      return;
+    }
+    s_.reserved_bytes -= static_cast<int64_t>(block);
+  }
   raw_free(ptr);
+}
+
+void CpuAllocator::empty_cache() {
+  std::vector<void*> blocks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [size, p] : cache_) blocks.push_back(p);
+    s_.reserved_bytes -= cached_bytes_;
+    large_reserved_ -= cached_bytes_;
+    cached_bytes_ = 0;
+    cache_.clear();
+    high_water_ = large_reserved_;  // all live now
+  }
+  for (void* p : blocks) raw_free(p);
+}
+
+int64_t CpuAllocator::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  s_.reserved_bytes -= static_cast<int64_t>(rounded(nbytes));
-  s_.allocated_bytes -= static_cast<int64_t>(nbytes);
-  ++s_.num_frees;
+  return cached_bytes_;
+}
+
+int64_t CpuAllocator::cache_hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_hits_;
 }
 
 MemoryStats CpuAllocator::stats() const {

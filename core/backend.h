@@ -83,6 +83,28 @@ class Backend {
                                    const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,
                                    const Tensor& gbias) = 0;
 
+  // Fused batch norm + (residual add) + ReLU (core/ops_norm.cpp: batch_norm_relu,
+  // batch_norm_add_relu): y = relu((x - mean) * invstd * weight + bias [+ residual]) in one pass
+  // over x after the statistics. x, residual (undefined: no add) and y share one dtype (f32, f64,
+  // f16) and one layout: all contiguous (NCHW, [N, C, *]) or all channels-last (4-d NHWC, see
+  // is_channels_last); per-channel tensors as batch_norm's. training: batch statistics, written to
+  // save_mean / save_invstd, running statistics updated when defined (as batch_norm_forward_train).
+  // Otherwise mean = running_mean, var = running_var, and save_mean / save_invstd receive mean and
+  // 1 / sqrt(var + eps) for the backward. The default throws: a backend without the kernels says so.
+  virtual void batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                      const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                                      bool training, double momentum, double eps, const Tensor& y,
+                                      const Tensor& save_mean, const Tensor& save_invstd);
+  // Its backward, ReLU's folded in: gm = y > 0 ? gy : 0, then batch norm's backward of gm (training:
+  // through the batch statistics; otherwise gx = gm * invstd * weight). gy, x, y, gx, gresidual in
+  // x's layout and dtype. gresidual is defined exactly when the forward had a residual and
+  // receives gm; gx, gweight, gbias may be undefined (not wanted). bias is the forward's (a
+  // backend may rebuild the ReLU's mask from x instead of reading y). The default throws.
+  virtual void batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& weight,
+                                       const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
+                                       bool training, const Tensor& gx, const Tensor& gresidual,
+                                       const Tensor& gweight, const Tensor& gbias);
+
   // Softmax over the middle dim of x viewed as [outer, C, inner] (contiguous); log: log-softmax.
   virtual void softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) = 0;
   // gx from gy and the forward output y (same layout as the forward).

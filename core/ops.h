@@ -102,6 +102,22 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size =
 // (momentum as PyTorch: running = (1-m)*running + m*batch, unbiased variance); eval: running ones.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+// Fused forms of the ends of ResNet's layers: relu(batch_norm(x)) and relu(batch_norm(x) +
+// residual), with batch_norm's arguments, checks and running-statistics updates, in one pass over
+// x after the statistics and with ReLU's backward folded into batch norm's. residual has x's
+// shape, dtype and device; f16 x takes f32 per-channel tensors, as batch_norm. The output has x's
+// layout: contiguous, or channels-last when x is (is_channels_last); other strides are copied
+// to contiguous first. Values equal the composed ops' up to the intermediate f16 rounding they skip.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                       const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                           const Tensor& running_mean, const Tensor& running_var, bool training,
+                           double momentum = 0.1, double eps = 1e-5);
+// Channels-last (NHWC) memory of a logical [N, C, H, W] tensor: strides {H*W*C, 1, W*C, C} (size-1
+// dims ignored), as PyTorch's torch.channels_last. to_channels_last returns t itself when it
+// already is, else a copy with that memory (differentiable).
+bool is_channels_last(const Tensor& t);
+Tensor to_channels_last(const Tensor& t);
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 

@@ -1,7 +1,9 @@
 // The batch_norm front-end: argument checks, dispatch to the device kernels, the running-stat
 // update (training) and the backward node. Every ResNet layer goes through here, so the checks
 // name the channel counts involved, and the backward saves only what the wanted gradients need.
+// Also its fused forms with ReLU and the residual add (one node, ReLU's backward folded in).
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/autograd.h"
@@ -12,10 +14,10 @@ namespace minidl {
 namespace {
 
 // x may be f16 (autocast, pure f16) with f32 parameters and statistics on every backend.
-void check_input_dtype(const Tensor& x) {
+void check_input_dtype(const Tensor& x, const char* op) {
   const DType dt = x.dtype();
   const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
-  MINIDL_CHECK(ok, "batch_norm: input ", shape_str(x.shape()), " has dtype ", dtype_name(dt), " on ",
+  MINIDL_CHECK(ok, op, ": input ", shape_str(x.shape()), " has dtype ", dtype_name(dt), " on ",
                x.device().str(), ", but only f32, f64 and f16 are supported; convert it with "
                ".to(DType::f32)");
 }
@@ -23,17 +25,17 @@ void check_input_dtype(const Tensor& x) {
 // Dtype of the per-channel tensors: x's own, except f32 under f16 activations.
 DType param_dtype(const Tensor& x) { return x.dtype() == DType::f16 ? DType::f32 : x.dtype(); }
 
-void check_channel_tensor(const Tensor& t, const char* what, const Tensor& x) {
+void check_channel_tensor(const Tensor& t, const char* what, const Tensor& x, const char* op) {
   if (!t.defined()) return;
   const int64_t C = x.size(1);
-  MINIDL_CHECK(t.dim() == 1 && t.size(0) == C, "batch_norm: ", what, " has shape ", shape_str(t.shape()),
+  MINIDL_CHECK(t.dim() == 1 && t.size(0) == C, op, ": ", what, " has shape ", shape_str(t.shape()),
                " but the input ", shape_str(x.shape()), " has ", C, " channels (dim 1); ", what,
                " must be [", C, "] (was the layer built with num_features=", C, "?)");
   const DType want = param_dtype(x);
-  MINIDL_CHECK(t.dtype() == want, "batch_norm: ", what, " has dtype ", dtype_name(t.dtype()), " but the input ",
+  MINIDL_CHECK(t.dtype() == want, op, ": ", what, " has dtype ", dtype_name(t.dtype()), " but the input ",
                shape_str(x.shape()), " (", dtype_name(x.dtype()), ") needs ", dtype_name(want), "; convert it with .to(DType::",
                dtype_name(want), ")");
-  MINIDL_CHECK(t.device() == x.device(), "batch_norm: ", what, " is on ", t.device().str(), " but the input is on ",
+  MINIDL_CHECK(t.device() == x.device(), op, ": ", what, " is on ", t.device().str(), " but the input is on ",
                x.device().str(), "; move it with .to(Device)");
 }
 
@@ -51,25 +53,41 @@ Tensor channel_view(const Tensor& t, int64_t nd) {
   return t.reshape(s);
 }
 
+// The argument checks batch_norm and the fused forms share; `op` names the caller in messages.
+void check_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps) {
+  MINIDL_CHECK(x.defined(), op, ": the input is an undefined tensor");
+  MINIDL_CHECK(x.dim() >= 2, op, ": expected an input [N, C, ...] with at least 2 dims but got ",
+               shape_str(x.shape()), (x.dim() == 1 ? "; for one sample of C features use x.unsqueeze(0)" : ""));
+  check_input_dtype(x, op);
+  check_channel_tensor(weight, "weight", x, op);
+  check_channel_tensor(bias, "bias", x, op);
+  check_channel_tensor(running_mean, "running_mean", x, op);
+  check_channel_tensor(running_var, "running_var", x, op);
+  MINIDL_CHECK(running_mean.defined() == running_var.defined(), op, ": running_mean is ",
+               (running_mean.defined() ? "defined" : "undefined"), " but running_var is ",
+               (running_var.defined() ? "defined" : "undefined"), "; pass both (tracked statistics) or neither");
+  MINIDL_CHECK(momentum >= 0.0 && momentum <= 1.0, op, ": momentum ", momentum,
+               " must be in [0, 1] (PyTorch's default is 0.1)");
+  MINIDL_CHECK(eps >= 0.0 && std::isfinite(eps), op, ": eps ", eps,
+               " must be finite and non-negative (PyTorch's default is 1e-5)");
+  if (training) {
+    const int64_t C = x.size(1);
+    const int64_t per_channel = C > 0 ? x.numel() / C : 0;
+    MINIDL_CHECK(per_channel > 1, op, ": training needs more than 1 value per channel to compute a variance, "
+                 "but the input ", shape_str(x.shape()), " has ", per_channel,
+                 "; use a batch larger than 1 or evaluation mode (training=false)");
+  } else {
+    MINIDL_CHECK(running_mean.defined(), op, ": evaluation mode (training=false) normalises with running_mean "
+                 "and running_var, but they are undefined; pass them, or training=true to use batch statistics");
+  }
+}
+
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps) {
-  MINIDL_CHECK(x.defined(), "batch_norm: the input is an undefined tensor");
-  MINIDL_CHECK(x.dim() >= 2, "batch_norm: expected an input [N, C, ...] with at least 2 dims but got ",
-               shape_str(x.shape()), (x.dim() == 1 ? "; for one sample of C features use x.unsqueeze(0)" : ""));
-  check_input_dtype(x);
-  check_channel_tensor(weight, "weight", x);
-  check_channel_tensor(bias, "bias", x);
-  check_channel_tensor(running_mean, "running_mean", x);
-  check_channel_tensor(running_var, "running_var", x);
-  MINIDL_CHECK(running_mean.defined() == running_var.defined(), "batch_norm: running_mean is ",
-               (running_mean.defined() ? "defined" : "undefined"), " but running_var is ",
-               (running_var.defined() ? "defined" : "undefined"), "; pass both (tracked statistics) or neither");
-  MINIDL_CHECK(momentum >= 0.0 && momentum <= 1.0, "batch_norm: momentum ", momentum,
-               " must be in [0, 1] (PyTorch's default is 0.1)");
-  MINIDL_CHECK(eps >= 0.0 && std::isfinite(eps), "batch_norm: eps ", eps,
-               " must be finite and non-negative (PyTorch's default is 1e-5)");
+  check_args("batch_norm", x, weight, bias, running_mean, running_var, training, momentum, eps);
   const int64_t nd = x.dim();
   const int64_t C = x.size(1);
   const bool need_x = x.requires_grad();
@@ -83,10 +101,6 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   const TensorOptions popts{param_dtype(x), x.device(), false};
 
   if (training) {
-    const int64_t per_channel = C > 0 ? x.numel() / C : 0;
-    MINIDL_CHECK(per_channel > 1, "batch_norm: training needs more than 1 value per channel to compute a variance, "
-                 "but the input ", shape_str(x.shape()), " has ", per_channel,
-                 "; use a batch larger than 1 or evaluation mode (training=false)");
     Tensor save_mean = empty({C}, popts);
     Tensor save_invstd = empty({C}, popts);
     // The kernel updates the running statistics in place; they are buffers, never recorded. A
@@ -115,8 +129,6 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     return y;
   }
 
-  MINIDL_CHECK(running_mean.defined(), "batch_norm: evaluation mode (training=false) normalises with running_mean "
-               "and running_var, but they are undefined; pass them, or training=true to use batch statistics");
   be.batch_norm_forward_eval(xc, weight.defined() ? weight.detach() : Tensor(),
                              bias.defined() ? bias.detach() : Tensor(), running_mean.detach(), running_var.detach(),
                              eps, y);
@@ -153,6 +165,125 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
            });
   }
   return y;
+}
+
+// ---- Fused batch norm + (residual add) + ReLU ----
+
+bool is_channels_last(const Tensor& t) {
+  if (!t.defined() || t.dim() != 4) return false;
+  int64_t expected = 1;
+  for (int64_t d : {1, 3, 2, 0}) {   // C, W, H, N from the fastest-moving dim
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+Tensor to_channels_last(const Tensor& t) {
+  MINIDL_CHECK(t.defined() && t.dim() == 4, "to_channels_last: expected a 4-d tensor [N, C, H, W], got ",
+               t.defined() ? t.meta() : std::string("an undefined tensor"));
+  if (is_channels_last(t)) return t;
+  return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+}
+
+namespace {
+
+// The fused kernels run in x's layout: channels-last when x is (and is not also plain contiguous,
+// which a tensor with C == 1 or H * W == 1 is), contiguous NCHW otherwise.
+Tensor in_layout(const Tensor& t, bool channels_last) { return channels_last ? to_channels_last(t) : t.contiguous(); }
+
+Tensor empty_in_layout(const Shape& s, TensorOptions o, bool channels_last) {
+  if (!channels_last) return empty(s, o);
+  return empty({s[0], s[2], s[3], s[1]}, o).permute({0, 3, 1, 2});
+}
+
+Tensor batch_norm_act(const char* op, const Tensor& x, const Tensor& residual, bool with_residual,
+                      const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                      const Tensor& running_var, bool training, double momentum, double eps) {
+  check_args(op, x, weight, bias, running_mean, running_var, training, momentum, eps);
+  if (with_residual) {
+    MINIDL_CHECK(residual.defined(), op, ": the residual is an undefined tensor; without one call batch_norm_relu");
+    MINIDL_CHECK(residual.shape() == x.shape(), op, ": the residual ", shape_str(residual.shape()),
+                 " must have the input's shape ", shape_str(x.shape()),
+                 " (in a ResNet block a downsample branch makes the identity match the block's output)");
+    MINIDL_CHECK(residual.dtype() == x.dtype(), op, ": the residual ", residual.meta(), " and the input ", x.meta(),
+                 " must have one dtype; convert the residual with .to(DType::", dtype_name(x.dtype()), ")");
+    MINIDL_CHECK(residual.device() == x.device(), op, ": the residual is on ", residual.device().str(),
+                 " but the input is on ", x.device().str(), "; move it with .to(Device)");
+  }
+  const int64_t C = x.size(1);
+  const bool cl = !x.is_contiguous() && is_channels_last(x);
+  const bool need_x = x.requires_grad();
+  const bool need_r = with_residual && residual.requires_grad();
+  const bool need_w = weight.defined() && weight.requires_grad();
+  const bool need_b = bias.defined() && bias.requires_grad();
+
+  const Tensor xc = in_layout(x.detach(), cl);
+  const Tensor rc = with_residual ? in_layout(residual.detach(), cl) : Tensor();
+  const Tensor ws = weight.defined() ? weight.detach() : Tensor();
+  const Tensor bs = bias.defined() ? bias.detach() : Tensor();
+  Tensor y = empty_in_layout(x.shape(), x.options(), cl);
+  const TensorOptions popts{param_dtype(x), x.device(), false};
+  // Batch statistics in training, a snapshot of the running ones otherwise (a later training step
+  // overwrites those in place before this graph's backward may run).
+  Tensor save_mean = empty({C}, popts);
+  Tensor save_invstd = empty({C}, popts);
+  // Running statistics are read in evaluation, updated in training, except in a checkpoint rerun
+  // (recomputing()), whose real forward already updated them.
+  const bool pass_running = training ? running_mean.defined() && !recomputing() : true;
+  backend(x.device()).batch_norm_act_forward(xc, rc, ws, bs, pass_running ? running_mean.detach() : Tensor(),
+                                             pass_running ? running_var.detach() : Tensor(), training, momentum,
+                                             eps, y, save_mean, save_invstd);
+  if (needs_grad({&x, &residual, &weight, &bias})) {
+    record(op, {x, residual, weight, bias}, {y},
+           [xc, yd = y.detach(), ws, bs, save_mean, save_invstd, training, cl, with_residual, need_x, need_r, need_w,
+            need_b, C](const std::vector<Tensor>& g) {
+             if (!g[0].defined()) return std::vector<Tensor>(4);
+             const Tensor gy = in_layout(g[0].to(xc.dtype()), cl);
+             const TensorOptions po = save_mean.options();
+             Tensor gx = need_x ? empty_in_layout(xc.shape(), xc.options(), cl) : Tensor();
+             // The kernel contract always writes the residual's gradient when there is one: it is
+             // the masked gradient the input's backward reads back.
+             Tensor gr = with_residual ? empty_in_layout(xc.shape(), xc.options(), cl) : Tensor();
+             Tensor gw = need_w ? empty({C}, po) : Tensor();
+             Tensor gb = need_b ? empty({C}, po) : Tensor();
+             backend(xc.device()).batch_norm_act_backward(gy, xc, yd, ws, bs, save_mean, save_invstd, training, gx,
+                                                          gr, gw, gb);
+             return std::vector<Tensor>{gx, need_r ? gr : Tensor(), gw, gb};
+           });
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                       const Tensor& running_var, bool training, double momentum, double eps) {
+  return batch_norm_act("batch_norm_relu", x, Tensor(), false, weight, bias, running_mean, running_var, training,
+                        momentum, eps);
+}
+
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                           const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
+                           double eps) {
+  return batch_norm_act("batch_norm_add_relu", x, residual, true, weight, bias, running_mean, running_var, training,
+                        momentum, eps);
+}
+
+// The defaults of the fused virtuals (core/backend.h): a backend without the kernels says so.
+void Backend::batch_norm_act_forward(const Tensor& x, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, bool, double, double, const Tensor&, const Tensor&,
+                                     const Tensor&) {
+  MINIDL_FAIL("batch_norm_relu / batch_norm_add_relu: the fused batch-norm kernels are not supported on the ",
+              name(), " backend (input ", x.meta(), "); compose batch_norm, add and relu instead");
+}
+
+void Backend::batch_norm_act_backward(const Tensor& gy, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&) {
+  MINIDL_FAIL("batch_norm_relu / batch_norm_add_relu backward: the fused batch-norm kernels are not supported on "
+              "the ", name(), " backend (gradient ", gy.meta(), "); compose batch_norm, add and relu instead");
 }
 
 }  // namespace minidl

@@ -90,6 +90,10 @@ class FolderDataset final : public Dataset {
     const DecodeResult r = decode_file(files_.at(static_cast<size_t>(i)));
     return SampleCheck{r.ok(), r.error, r.note};
   }
+  SampleCheck probe(int64_t i) const override {
+    std::string why = probe_file(files_.at(static_cast<size_t>(i)));
+    return SampleCheck{why.empty(), std::move(why), ""};
+  }
   std::optional<Image> load(int64_t i) const override {
     DecodeResult r = decode_file(files_.at(static_cast<size_t>(i)));
     if (r.ok()) return std::move(r.image);
@@ -233,6 +237,7 @@ class SubsetDataset final : public Dataset {
   std::string describe(int64_t i) const override { return base_->describe(at(i)); }
   std::string key(int64_t i) const override { return base_->key(at(i)); }
   SampleCheck check(int64_t i) const override { return base_->check(at(i)); }
+  SampleCheck probe(int64_t i) const override { return base_->probe(at(i)); }
   const Dataset& base() const { return *base_; }
 
  private:
@@ -249,6 +254,8 @@ class SubsetDataset final : public Dataset {
 SampleCheck Dataset::check(int64_t i) const {
   return load(i) ? SampleCheck{true, "", ""} : SampleCheck{false, "unreadable", ""};
 }
+
+SampleCheck Dataset::probe(int64_t) const { return SampleCheck{true, "", ""}; }
 
 std::shared_ptr<Dataset> open_image_folder(const fs::path& root) {
   MINIDL_CHECK(fs::is_directory(root), "open_image_folder: ", root.string(), " is not a folder");

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +40,10 @@ class Dataset {
   // Decodes sample i without reporting it: whether it is readable, why not, and any conversion
   // (grayscale, CMYK, a PNG named .jpg). The default only knows what load() returns.
   virtual SampleCheck check(int64_t i) const;
+  // A quick look at sample i without decoding its pixels (a file's header: format, dimensions):
+  // what the experiment programs do to every file before they count and split (docs/data.md). The
+  // default, for datasets with nothing to look at (the synthetic set), says ok.
+  virtual SampleCheck probe(int64_t i) const;
 };
 
 struct SampleCheck {
@@ -75,6 +80,13 @@ Split split_by_fractions(const Dataset& d, double train, double val, double test
 // reproduced exactly. read_manifest checks it against the dataset and throws on a mismatch.
 void write_manifest(const std::filesystem::path& file, const Dataset& d, const Split& s);
 Split read_manifest(const std::filesystem::path& file, const Dataset& d);
+// The same from a stream; `file` only names it in messages (what fuzz/config_fuzz.cpp drives).
+Split read_manifest(std::istream& in, const std::filesystem::path& file, const Dataset& d);
+
+// Scan::Decode decodes every sample (check(), --validate-data); Scan::Header only reads each file's
+// header (probe(), what every folder run does first): it finds empty, non-image and random-bytes
+// files and absurd sizes, not a corrupt or truncated JPEG body.
+enum class Scan { Header, Decode };
 
 // The up-front scan behind the experiment programs' --validate-data: decodes every sample on
 // `threads` threads and lists the unreadable ones (which every loader skips) and the converted ones.
@@ -92,10 +104,11 @@ struct ValidationReport {
   std::vector<Entry> converted;   // in index order
   int threads = 1;
   double seconds = 0;
+  Scan scan = Scan::Decode;
   // A printable report: totals per class, then each unreadable and converted file (at most
   // max_listed of each, then a count of the rest).
   std::string text(size_t max_listed = 50) const;
 };
-ValidationReport validate_dataset(const Dataset& d, int threads = 2);
+ValidationReport validate_dataset(const Dataset& d, int threads = 2, Scan scan = Scan::Decode);
 
 }  // namespace minidl::data

@@ -43,6 +43,29 @@ std::string too_large(int64_t w, int64_t h, int64_t max_pixels) {
   return detail::concat("image of ", w, " x ", h, " pixels exceeds the limit of ", max_pixels, " pixels");
 }
 
+// What the header alone says against decoding (the file's size, a corrupt header, absurd or
+// too large dimensions): "" when the pixels may be decoded. Shared by the decoders and probe_image.
+std::string jpeg_header_problem(tjhandle tj, const uint8_t* data, size_t size, int64_t max_pixels, int* w, int* h,
+                                int* colorspace) {
+  if (size > static_cast<size_t>(std::numeric_limits<unsigned long>::max())) return "file too large";
+  int subsamp = 0;
+  if (tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), w, h, &subsamp, colorspace) != 0)
+    return std::string("corrupt JPEG header: ") + tjGetErrorStr2(tj);
+  if (*w <= 0 || *h <= 0) return detail::concat("corrupt JPEG header: invalid dimensions ", *w, " x ", *h);
+  if (static_cast<int64_t>(*w) * *h > max_pixels) return too_large(*w, *h, max_pixels);
+  return "";
+}
+
+std::string other_header_problem(const uint8_t* data, size_t size, int64_t max_pixels, int* w, int* h, int* comp) {
+  if (size > static_cast<size_t>(std::numeric_limits<int>::max())) return "file too large";
+  if (std::string why = stb::refused(data, static_cast<int>(size)); !why.empty()) return why;
+  if (!stb::info(data, static_cast<int>(size), w, h, comp))
+    return "not an image in a supported format (JPEG, PNG, BMP, GIF, PNM, TGA)";
+  if (*w <= 0 || *h <= 0) return detail::concat("image with invalid dimensions ", *w, " x ", *h);
+  if (static_cast<int64_t>(*w) * *h > max_pixels) return too_large(*w, *h, max_pixels);
+  return "";
+}
+
 DecodeResult decode_jpeg_once(const uint8_t* data, size_t size, int64_t max_pixels) {
   DecodeResult r;
   tjhandle tj = thread_decompressor();
@@ -50,23 +73,9 @@ DecodeResult decode_jpeg_once(const uint8_t* data, size_t size, int64_t max_pixe
     r.error = "cannot create a TurboJPEG decompressor";
     return r;
   }
-  if (size > static_cast<size_t>(std::numeric_limits<unsigned long>::max())) {
-    r.error = "file too large";
-    return r;
-  }
-  int w = 0, h = 0, subsamp = 0, colorspace = 0;
-  if (tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), &w, &h, &subsamp, &colorspace) != 0) {
-    r.error = std::string("corrupt JPEG header: ") + tjGetErrorStr2(tj);
-    return r;
-  }
-  if (w <= 0 || h <= 0) {
-    r.error = detail::concat("corrupt JPEG header: invalid dimensions ", w, " x ", h);
-    return r;
-  }
-  if (static_cast<int64_t>(w) * h > max_pixels) {
-    r.error = too_large(w, h, max_pixels);
-    return r;
-  }
+  int w = 0, h = 0, colorspace = 0;
+  r.error = jpeg_header_problem(tj, data, size, max_pixels, &w, &h, &colorspace);
+  if (!r.error.empty()) return r;
   const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
   const int channels = cmyk ? 4 : 3;
   std::vector<uint8_t> buf(static_cast<size_t>(w) * static_cast<size_t>(h) * static_cast<size_t>(channels));
@@ -117,23 +126,9 @@ DecodeResult decode_jpeg(const uint8_t* data, size_t size, int64_t max_pixels) {
 
 DecodeResult decode_other(const uint8_t* data, size_t size, int64_t max_pixels) {
   DecodeResult r;
-  if (size > static_cast<size_t>(std::numeric_limits<int>::max())) {
-    r.error = "file too large";
-    return r;
-  }
   int w = 0, h = 0, comp = 0;
-  if (!stb::info(data, static_cast<int>(size), &w, &h, &comp)) {
-    r.error = "not an image in a supported format (JPEG, PNG, BMP, GIF, PNM, TGA)";
-    return r;
-  }
-  if (w <= 0 || h <= 0) {
-    r.error = detail::concat("image with invalid dimensions ", w, " x ", h);
-    return r;
-  }
-  if (static_cast<int64_t>(w) * h > max_pixels) {
-    r.error = too_large(w, h, max_pixels);
-    return r;
-  }
+  r.error = other_header_problem(data, size, max_pixels, &w, &h, &comp);
+  if (!r.error.empty()) return r;
   std::string why;
   std::optional<Image> img = stb::load_rgb(data, static_cast<int>(size), &why);
   if (!img) {
@@ -153,19 +148,44 @@ DecodeResult decode_image(const uint8_t* data, size_t size, int64_t max_pixels) 
   return decode_other(data, size, max_pixels);
 }
 
-DecodeResult decode_file(const std::filesystem::path& path, int64_t max_pixels) {
+std::string probe_image(const uint8_t* data, size_t size, int64_t max_pixels) {
+  if (data == nullptr || size == 0) return "empty file";
+  int w = 0, h = 0, extra = 0;
+  if (!is_jpeg(data, size)) return other_header_problem(data, size, max_pixels, &w, &h, &extra);
+  tjhandle tj = thread_decompressor();
+  if (tj == nullptr) return "cannot create a TurboJPEG decompressor";
+  std::string why = jpeg_header_problem(tj, data, size, max_pixels, &w, &h, &extra);
+  if (!why.empty()) discard_decompressor();
+  return why;
+}
+
+namespace {
+
+// The whole file, or why it cannot be read ("" on success): a size check before any allocation.
+std::string read_file(const std::filesystem::path& path, std::vector<uint8_t>* bytes) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
-  if (ec) return DecodeResult{std::nullopt, "cannot read the file: " + ec.message(), ""};
-  if (size == 0) return DecodeResult{std::nullopt, "empty file", ""};
-  if (size > static_cast<uintmax_t>(kMaxFileBytes)) {
-    return DecodeResult{std::nullopt, detail::concat("file of ", size, " bytes exceeds the limit of ", kMaxFileBytes), ""};
-  }
+  if (ec) return "cannot read the file: " + ec.message();
+  if (size == 0) return "empty file";
+  if (size > static_cast<uintmax_t>(kMaxFileBytes))
+    return detail::concat("file of ", size, " bytes exceeds the limit of ", kMaxFileBytes);
   std::ifstream in(path, std::ios::binary);
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size))) {
-    return DecodeResult{std::nullopt, "cannot read the file", ""};
-  }
+  bytes->resize(static_cast<size_t>(size));
+  if (!in.read(reinterpret_cast<char*>(bytes->data()), static_cast<std::streamsize>(size))) return "cannot read the file";
+  return "";
+}
+
+}  // namespace
+
+std::string probe_file(const std::filesystem::path& path, int64_t max_pixels) {
+  std::vector<uint8_t> bytes;
+  const std::string why = read_file(path, &bytes);
+  return why.empty() ? probe_image(bytes.data(), bytes.size(), max_pixels) : why;
+}
+
+DecodeResult decode_file(const std::filesystem::path& path, int64_t max_pixels) {
+  std::vector<uint8_t> bytes;
+  if (std::string why = read_file(path, &bytes); !why.empty()) return DecodeResult{std::nullopt, why, ""};
   DecodeResult r = decode_image(bytes.data(), bytes.size(), max_pixels);
   // A PNG (or anything else) named .jpg decodes by its content; say so, it is worth renaming.
   std::string ext = path.extension().string();

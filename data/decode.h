@@ -31,4 +31,11 @@ struct DecodeResult {
 DecodeResult decode_image(const uint8_t* data, size_t size, int64_t max_pixels = kDefaultMaxPixels);
 DecodeResult decode_file(const std::filesystem::path& path, int64_t max_pixels = kDefaultMaxPixels);
 
+// The header alone, no pixels decoded: "" when the bytes start like an image of a supported format
+// with sane dimensions under max_pixels, else why not (the same words decode_image would use).
+// Catches empty, non-image and random-bytes files and absurd sizes at a small fraction of a
+// decode's cost; a file that passes can still fail to decode (a truncated or corrupt JPEG body).
+std::string probe_image(const uint8_t* data, size_t size, int64_t max_pixels = kDefaultMaxPixels);
+std::string probe_file(const std::filesystem::path& path, int64_t max_pixels = kDefaultMaxPixels);
+
 }  // namespace minidl::data

@@ -441,6 +441,13 @@ LoaderStats Loader::stats() const {
   return s;
 }
 
+std::vector<int64_t> Loader::skipped_indices() const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < impl_->ds->size(); ++i)
+    if (impl_->bad[static_cast<size_t>(i)].load(std::memory_order_relaxed) != 0) out.push_back(i);
+  return out;
+}
+
 void Loader::reset_stats() {
   impl_->stats_start = Clock::now();
   impl_->delivered = 0;

@@ -111,6 +111,8 @@ class Loader {
   // so a batch can be smaller than batch_size only at the end of an epoch (without drop_last).
   std::optional<Batch> next();
   LoaderStats stats() const;
+  // The dataset indices found unreadable so far (sorted): what stats().skipped counts.
+  std::vector<int64_t> skipped_indices() const;
   void reset_stats();
   const LoaderOptions& options() const;
 

@@ -1,7 +1,8 @@
 // Separable resampling as PIL's ImagingResample does it: per output pixel a window of source
-// pixels with normalised triangle weights (support scaled by the reduction factor, so
-// downscaling averages instead of aliasing), weights in 22-bit fixed point, a horizontal pass
-// into an 8-bit buffer over the rows the vertical pass needs, then the vertical pass.
+// pixels with normalised filter weights (triangle or Keys cubic, support scaled by the reduction
+// factor, so downscaling averages instead of aliasing), weights in 22-bit fixed point, a
+// horizontal pass into an 8-bit buffer over the rows the vertical pass needs, then the vertical
+// pass.
 #include "data/resize.h"
 
 #include <algorithm>
@@ -24,16 +25,28 @@ struct Coeffs {
   std::vector<int32_t> weights;     // out_size * taps
 };
 
-Coeffs coefficients(int64_t in_size, int64_t out_size) {
+// PIL's filters (Resample.c): the triangle of BILINEAR (support 1) and the Keys cubic with
+// a = -0.5 of BICUBIC (support 2).
+double filter_weight(ResampleFilter f, double x) {
+  x = std::abs(x);
+  if (f == ResampleFilter::Bilinear) return x < 1.0 ? 1.0 - x : 0.0;
+  constexpr double a = -0.5;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+Coeffs coefficients(int64_t in_size, int64_t out_size, ResampleFilter f) {
   const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
   const double filter_scale = std::max(scale, 1.0);
-  const double support = 1.0 * filter_scale;  // the triangle's support is 1
+  const double support = (f == ResampleFilter::Bilinear ? 1.0 : 2.0) * filter_scale;
   Coeffs c;
   c.taps = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
   c.first.resize(static_cast<size_t>(out_size));
   c.count.resize(static_cast<size_t>(out_size));
   c.weights.assign(static_cast<size_t>(out_size * c.taps), 0);
   std::vector<double> k(static_cast<size_t>(c.taps));
+  const double ss = 1.0 / filter_scale;  // PIL multiplies by the reciprocal (not the same rounding as dividing)
   for (int64_t x = 0; x < out_size; ++x) {
     const double center = (static_cast<double>(x) + 0.5) * scale;
     const auto lo = std::max<int64_t>(static_cast<int64_t>(center - support + 0.5), 0);
@@ -41,14 +54,16 @@ Coeffs coefficients(int64_t in_size, int64_t out_size) {
     const int64_t n = std::min(hi - lo, c.taps);
     double total = 0;
     for (int64_t j = 0; j < n; ++j) {
-      const double d = (static_cast<double>(j + lo) - center + 0.5) / filter_scale;
-      const double w = std::max(0.0, 1.0 - std::abs(d));
+      const double w = filter_weight(f, (static_cast<double>(j + lo) - center + 0.5) * ss);
       k[static_cast<size_t>(j)] = w;
       total += w;
     }
     for (int64_t j = 0; j < n; ++j) {
-      const double w = total > 0 ? k[static_cast<size_t>(j)] / total : 0.0;
-      c.weights[static_cast<size_t>(x * c.taps + j)] = static_cast<int32_t>(std::lround(w * (1 << kPrecision)));
+      // PIL divides only by a non-zero sum, then rounds as (int)(w * 2^22 +- 0.5), the sign of the
+      // 0.5 following w's (the cubic's lobes are negative).
+      const double w = total != 0 ? k[static_cast<size_t>(j)] / total : k[static_cast<size_t>(j)];
+      const double scaled = w * (1 << kPrecision);
+      c.weights[static_cast<size_t>(x * c.taps + j)] = static_cast<int32_t>(w < 0 ? -0.5 + scaled : 0.5 + scaled);
     }
     c.first[static_cast<size_t>(x)] = lo;
     c.count[static_cast<size_t>(x)] = n;
@@ -56,6 +71,7 @@ Coeffs coefficients(int64_t in_size, int64_t out_size) {
   return c;
 }
 
+// The cubic's negative lobes can take a sum below 0 or above 255 << kPrecision: clamp.
 inline uint8_t clip8(int32_t v) {
   v >>= kPrecision;
   return static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
@@ -63,9 +79,10 @@ inline uint8_t clip8(int32_t v) {
 
 }  // namespace
 
-void resize_rgb(const uint8_t* src, int64_t w, int64_t h, int64_t stride, uint8_t* dst, int64_t out_w, int64_t out_h) {
+void resize_rgb(const uint8_t* src, int64_t w, int64_t h, int64_t stride, uint8_t* dst, int64_t out_w, int64_t out_h,
+                ResampleFilter filter) {
   MINIDL_CHECK(w > 0 && h > 0 && out_w > 0 && out_h > 0, "resize_rgb: empty image ", w, "x", h, " -> ", out_w, "x", out_h);
-  const Coeffs cx = coefficients(w, out_w), cy = coefficients(h, out_h);
+  const Coeffs cx = coefficients(w, out_w, filter), cy = coefficients(h, out_h, filter);
   const int32_t half = 1 << (kPrecision - 1);
   const int64_t row_bytes = out_w * 3;
   // Only the source rows some output row reads. A pass whose size does not change is skipped,

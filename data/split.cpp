@@ -8,6 +8,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/philox.h"
 #include "data/dataset.h"
@@ -102,20 +103,17 @@ void write_manifest(const std::filesystem::path& file, const Dataset& d, const S
   part("train", s.train);
   part("val", s.val);
   part("test", s.test);
-  // Write then rename, so a crash never leaves half a manifest behind.
-  const std::filesystem::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    MINIDL_CHECK(out.good(), "write_manifest: cannot open ", tmp.string(), " for writing");
-    out << os.str();
-    MINIDL_CHECK(out.good(), "write_manifest: write to ", tmp.string(), " failed");
-  }
-  std::filesystem::rename(tmp, file);
+  // Through the atomic writer: a crash or a full disk never leaves half a manifest behind.
+  write_file_atomic(file, os.str());
 }
 
 Split read_manifest(const std::filesystem::path& file, const Dataset& d) {
   std::ifstream in(file, std::ios::binary);
   MINIDL_CHECK(in.good(), "read_manifest: cannot open ", file.string());
+  return read_manifest(in, file, d);
+}
+
+Split read_manifest(std::istream& in, const std::filesystem::path& file, const Dataset& d) {
   std::unordered_map<std::string, int64_t> index;
   index.reserve(static_cast<size_t>(d.size()));
   for (int64_t i = 0; i < d.size(); ++i) index.emplace(d.key(i), i);

@@ -19,16 +19,51 @@
 #define STB_IMAGE_RESIZE_IMPLEMENTATION
 #include <stb_image_resize.h>
 
+#include <cctype>
+#include <cstdint>
+
 #include "core/error.h"
 
 namespace minidl::data::stb {
 
+// stb_image's PGM / PPM reader has two faults (found by fuzz/decode_fuzz.cpp, inputs kept in
+// fuzz/corpus/decode/): it reads header numbers into an int without an overflow check ("P6
+// 4777777777777 3 255": undefined behaviour, pnm_huge_width), and it reads 16-bit samples in the
+// wrong byte order, then converts them to 3 channels with its 8-bit routine, writing past its
+// buffer (pgm16_channel_overflow). The header is read here first, the way stb tokenises it
+// (whitespace and '#' comments before each number), and such files are refused before stb sees them.
+std::string refused(const uint8_t* d, int size) {
+  if (size < 2 || d[0] != 'P' || (d[1] != '5' && d[1] != '6')) return "";   // not a PNM stb reads
+  int i = 2;
+  int64_t v = 0;
+  for (int number = 0; number < 3; ++number) {   // width, height, maxval
+    while (i < size && (std::isspace(d[i]) != 0 || d[i] == '#')) {
+      if (d[i] == '#') {
+        while (i < size && d[i] != '\n' && d[i] != '\r') ++i;
+      } else {
+        ++i;
+      }
+    }
+    v = 0;
+    for (; i < size && d[i] >= '0' && d[i] <= '9'; ++i) {
+      v = v * 10 + (d[i] - '0');
+      if (v > (int64_t{1} << 24)) return "PGM / PPM header with a number too large";
+    }
+  }
+  if (v > 255) return detail::concat("16-bit PGM / PPM (maxval ", v, ") is not supported; convert it to 8 bits");
+  return "";
+}
+
 bool info(const uint8_t* data, int size, int* w, int* h, int* comp) {
-  return stbi_info_from_memory(data, size, w, h, comp) != 0;
+  return refused(data, size).empty() && stbi_info_from_memory(data, size, w, h, comp) != 0;
 }
 
 std::optional<Image> load_rgb(const uint8_t* data, int size, std::string* why) {
   int w = 0, h = 0, comp = 0;
+  if (std::string r = refused(data, size); !r.empty()) {
+    if (why != nullptr) *why = r;
+    return std::nullopt;
+  }
   stbi_uc* px = stbi_load_from_memory(data, size, &w, &h, &comp, 3);
   if (px == nullptr) {
     if (why != nullptr) *why = stbi_failure_reason() != nullptr ? stbi_failure_reason() : "unknown stb_image error";

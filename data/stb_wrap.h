@@ -9,6 +9,9 @@
 
 namespace minidl::data::stb {
 
+// Why minidl refuses these bytes before stb reads them ("" when it does not): inputs that reach
+// known faults of stb_image (16-bit or absurd PGM / PPM headers, see stb_wrap.cpp).
+std::string refused(const uint8_t* data, int size);
 bool info(const uint8_t* data, int size, int* w, int* h, int* comp);
 // Decodes to 3 channels; nullopt with the reason in *why on failure.
 std::optional<Image> load_rgb(const uint8_t* data, int size, std::string* why);

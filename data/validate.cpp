@@ -13,7 +13,7 @@
 
 namespace minidl::data {
 
-ValidationReport validate_dataset(const Dataset& d, int threads) {
+ValidationReport validate_dataset(const Dataset& d, int threads, Scan scan) {
   MINIDL_CHECK(threads >= 1, "validate_dataset: threads must be >= 1, got ", threads);
   const auto t0 = std::chrono::steady_clock::now();
   ValidationReport r;
@@ -21,13 +21,14 @@ ValidationReport validate_dataset(const Dataset& d, int threads) {
   r.class_names = d.class_names();
   r.readable_per_class.assign(r.class_names.size(), 0);
   r.threads = threads;
+  r.scan = scan;
   std::vector<SampleCheck> checks(static_cast<size_t>(d.size()));
   std::atomic<int64_t> next{0};
   std::mutex err_mu;
   std::exception_ptr error;
   const auto work = [&] {
     try {
-      for (int64_t i; (i = next.fetch_add(1)) < d.size();) checks[static_cast<size_t>(i)] = d.check(i);
+      for (int64_t i; (i = next.fetch_add(1)) < d.size();) checks[static_cast<size_t>(i)] = scan == Scan::Decode ? d.check(i) : d.probe(i);
     } catch (...) {
       std::lock_guard<std::mutex> lock(err_mu);
       if (!error) error = std::current_exception();
@@ -67,7 +68,7 @@ std::string ValidationReport::text(size_t max_listed) const {
   };
   list("unreadable", unreadable);
   list("converted", converted);
-  os << "checked in " << std::fixed << std::setprecision(2) << seconds << " s on " << threads << " thread"
+  os << (scan == Scan::Decode ? "checked" : "headers checked") << " in " << std::fixed << std::setprecision(2) << seconds << " s on " << threads << " thread"
      << (threads == 1 ? "" : "s");
   if (seconds > 0) os << " (" << std::setprecision(0) << static_cast<double>(samples) / seconds << " files/s)";
   os << "\n";

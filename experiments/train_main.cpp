@@ -2,6 +2,7 @@
 // parsing, then harness::run_training, then the summary, metrics.csv and results.json.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <limits>
 
 #include "experiments/harness/config.h"
 #include "experiments/harness/ranks.h"
@@ -25,16 +26,29 @@ int main(int argc, char** argv) {
       return 0;
     }
     install_sigint_handler();
+    if (ranks.lead()) {   // before training, not after: a read-only or full --out is found now
+      if (!c.out.empty()) check_writable("--out", std::filesystem::path(c.out) / "results.json");
+      if (!c.save_weights.empty()) check_writable("--save-weights", c.save_weights);
+      if (!c.save_initial_weights.empty()) check_writable("--save-initial-weights", c.save_initial_weights);
+    }
     const RunResult r = run_training(c);
     const int status = r.status == "ok" ? 0 : (r.status == "interrupted" ? 130 : 1);
     if (!ranks.lead()) return status;
-    std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s), test acc %s, %.1f img/s, "
-                "peak allocated %s, %.1f s\n",
+    // Folder data: how many files were left out, always (a run of unreadable files must not look clean).
+    const std::string skipped = c.data == "synthetic" ? "" : "; " + std::to_string(r.skipped_files) +
+                                " unreadable file" + (r.skipped_files == 1 ? "" : "s") + " skipped";
+    // No epoch trained in this session (a resumed run that had already finished): nothing measured.
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const bool trained = !r.epochs.empty();
+    std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s), test acc %s, %s img/s, "
+                "peak allocated %s, %.1f s%s\n",
                 c.model.c_str(), r.status.c_str(), r.note.empty() ? "" : " (", r.note.empty() ? "" : (r.note + ")").c_str(),
                 static_cast<long long>(r.steps), value_or_dash(r.best_val_acc, 2, 100.0, "%").c_str(),
                 r.best_epoch > 0 ? std::to_string(r.best_epoch).c_str() : "-",
-                value_or_dash(r.test_acc, 2, 100.0, "%").c_str(), r.mean_images_per_second(),
-                minidl::format_bytes(static_cast<size_t>(r.peak_allocated)).c_str(), r.total_seconds);
+                value_or_dash(r.test_acc, 2, 100.0, "%").c_str(),
+                value_or_dash(trained ? r.mean_images_per_second() : nan, 1).c_str(),
+                trained ? minidl::format_bytes(static_cast<size_t>(r.peak_allocated)).c_str() : "-",
+                r.total_seconds, skipped.c_str());
     if (!c.out.empty()) {
       const std::filesystem::path out(c.out);
       // A resumed run continues the earlier session's table instead of replacing it.
@@ -48,6 +62,10 @@ int main(int argc, char** argv) {
       write_file_atomic(out / "results.json", j.dump(2) + "\n");
       std::printf("wrote %s and %s\n", (out / "metrics.csv").c_str(), (out / "results.json").c_str());
     }
+    if (r.skipped_files > 0)
+      std::printf("minidl-train: %lld unreadable file%s skipped (named above by 'minidl data: skipping'; "
+                  "--validate-data lists them all before training)\n",
+                  static_cast<long long>(r.skipped_files), r.skipped_files == 1 ? " was" : "s were");
     return status;
   });
 }

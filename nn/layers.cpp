@@ -40,16 +40,38 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum)
   num_batches_tracked_ = register_buffer("num_batches_tracked", zeros({}, {.dtype = DType::i64}));
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+void BatchNorm2d::check_input(const Tensor& x) const {
   MINIDL_CHECK(x.dim() == 4 && x.size(1) == num_features_, "BatchNorm2d(", num_features_, "): expected input [N, ",
                num_features_, ", H, W], got ", x.meta());
-  Tensor out = reduce_ && is_training()
-                   ? sync_forward(x)
-                   : batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_);
+}
+
+void BatchNorm2d::count_batch() {
   if (is_training() && !recomputing()) {  // a checkpoint rerun is not a new batch
     NoGradGuard no_grad;
     num_batches_tracked_.add_(scalar_tensor(1.0, num_batches_tracked_.options()));
   }
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  check_input(x);
+  Tensor out = reduce_ && is_training()
+                   ? sync_forward(x)
+                   : batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_);
+  count_batch();
+  return out;
+}
+
+Tensor BatchNorm2d::forward_relu(const Tensor& x, const Tensor& residual) {
+  if ((reduce_ && is_training()) || (residual.defined() && residual.dtype() != x.dtype())) {
+    const Tensor out = forward(x);
+    return relu(residual.defined() ? out + residual : out);
+  }
+  check_input(x);
+  Tensor out = residual.defined() ? batch_norm_add_relu(x, residual, weight_, bias_, running_mean_, running_var_,
+                                                        is_training(), momentum_, eps_)
+                                  : batch_norm_relu(x, weight_, bias_, running_mean_, running_var_, is_training(),
+                                                    momentum_, eps_);
+  count_batch();
   return out;
 }
 

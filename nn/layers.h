@@ -37,6 +37,11 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
   Tensor forward(const Tensor& x) override;
+  // relu(this(x) + residual), or relu(this(x)) when residual is undefined, in one fused op
+  // (core batch_norm_add_relu / batch_norm_relu): the same parameters, buffers, running-statistics
+  // and num_batches_tracked updates as calling the layer, the add and a ReLU. A synchronised layer,
+  // or a residual whose dtype differs from x's, takes that composed path instead.
+  Tensor forward_relu(const Tensor& x, const Tensor& residual = Tensor());
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   const Tensor& running_mean() const { return running_mean_; }
@@ -53,6 +58,8 @@ class BatchNorm2d : public Module {
 
  private:
   Tensor sync_forward(const Tensor& x);
+  void check_input(const Tensor& x) const;
+  void count_batch();   // num_batches_tracked += 1 in a training forward (not in a checkpoint rerun)
   int64_t num_features_;
   double eps_, momentum_;
   StatsReducer reduce_;

@@ -4,6 +4,7 @@
 // sizes from.
 #include "nn/module.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -211,47 +212,63 @@ std::map<std::string, Tensor> Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+std::string StateDictDiff::summary(size_t first) const {
+  const auto list = [first](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < first; ++i) s += (i ? ", " : "") + v[i];
+    return "[" + s + (v.size() > first ? ", ..." : "") + "]";
+  };
+  return std::to_string(missing.size()) + " missing keys " + list(missing) + ", " + std::to_string(unexpected.size()) +
+         " unexpected keys " + list(unexpected) + ", " + std::to_string(mismatched.size()) + " shape/dtype mismatches " +
+         list(mismatched);
+}
+
+StateDictDiff Module::compare_state_dict(const std::map<std::string, Tensor>& state) const {
   std::vector<std::pair<std::string, Tensor>> own;
   collect_state("", own, true, true, true);
-  std::vector<std::string> missing, unexpected, mismatched;
+  StateDictDiff d;
   std::map<std::string, bool> known;
   for (const auto& [name, target] : own) {
     known[name] = true;
     auto it = state.find(name);
     if (it == state.end()) {
-      missing.push_back(name);
+      d.missing.push_back(name);
       continue;
     }
     const Tensor& src = it->second;
     if (!src.defined() || src.shape() != target.shape() || src.dtype() != target.dtype()) {
-      mismatched.push_back(name + " (expected " + dtype_name(target.dtype()) + shape_str(target.shape()) + ", got " +
-                           (src.defined() ? std::string(dtype_name(src.dtype())) + shape_str(src.shape())
-                                          : std::string("undefined")) +
-                           ")");
+      d.mismatched.push_back(name + " (expected " + dtype_name(target.dtype()) + shape_str(target.shape()) + ", got " +
+                             (src.defined() ? std::string(dtype_name(src.dtype())) + shape_str(src.shape())
+                                            : std::string("undefined")) +
+                             ")");
     }
   }
   for (const auto& [name, t] : state) {
-    if (!known.count(name)) unexpected.push_back(name);
+    if (!known.count(name)) d.unexpected.push_back(name);
   }
-  auto list = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-    return s;
-  };
-  const bool key_problems = strict && (!missing.empty() || !unexpected.empty());
-  MINIDL_CHECK(!key_problems && mismatched.empty(), "load_state_dict(", type_name_, ", strict=", strict ? "true" : "false",
-               "): ", missing.size(), " missing keys [", list(missing), "], ", unexpected.size(),
-               " unexpected keys [", list(unexpected), "], ", mismatched.size(), " shape/dtype mismatches [",
-               list(mismatched),
-               "]. Check that the checkpoint is for this architecture and class count (replace or skip the "
-               "classifier entries), or pass strict=false to skip missing and unexpected keys");
+  std::sort(d.missing.begin(), d.missing.end());
+  std::sort(d.mismatched.begin(), d.mismatched.end());
+  return d;
+}
+
+void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+  const StateDictDiff d = compare_state_dict(state);
+  const bool key_problems = strict && (!d.missing.empty() || !d.unexpected.empty());
+  MINIDL_CHECK(!key_problems && d.mismatched.empty(), "load_state_dict(", type_name_, ", strict=",
+               strict ? "true" : "false", "): ", d.summary(),
+               ". Check that the checkpoint is for this architecture and class count (replace or skip the "
+               "classifier entries), or call load_state_dict(state, /*strict=*/false) to skip missing and "
+               "unexpected keys");
+  std::vector<std::pair<std::string, Tensor>> own;
+  collect_state("", own, true, true, true);
   NoGradGuard no_grad;
   for (auto& [name, target] : own) {
     auto it = state.find(name);
     if (it != state.end()) target.copy_(it->second);
   }
 }
+
+bool Module::summarizing() { return g_recorder != nullptr; }
 
 Summary Module::summary(const Shape& input_shape) {
   MINIDL_CHECK(!input_shape.empty(), type_name_,

@@ -38,6 +38,17 @@ struct Summary {
   std::string str() const;           // the printable table
 };
 
+// How a state dict differs from a module's own: the keys it lacks, the keys the module does not
+// have, and the entries whose shape or dtype differ ("fc.weight (expected f32[1, 128], got
+// f32[2, 128])"), each in key order.
+struct StateDictDiff {
+  std::vector<std::string> missing, unexpected, mismatched;
+  bool empty() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
+  // "122 missing keys [a, b, c, ...], 4 unexpected keys [...], 0 shape/dtype mismatches []": the
+  // counts with the first `first` of each, one short line however large the model.
+  std::string summary(size_t first = 3) const;
+};
+
 class Module {
  public:
   explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
@@ -96,12 +107,17 @@ class Module {
   // Copies values in place (converting device, not dtype). strict: missing and unexpected keys are
   // errors; shape and dtype mismatches always are. One error lists every problem found.
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+  // What load_state_dict would complain of, without loading anything.
+  StateDictDiff compare_state_dict(const std::map<std::string, Tensor>& state) const;
 
   // Runs two forwards on zeros of input_shape with its batch dimension replaced by 1 (grad on, the
   // current train/eval mode, the parameters' device): a probe that reports one row per leaf call,
   // then an ordinary one for the total. Buffers (batch-norm statistics) are restored afterwards;
   // dropout layers do advance their generator.
   Summary summary(const Shape& input_shape);
+  // True on this thread while summary() runs its probe forward: a model with fused paths (ResNet's
+  // batch norm + ReLU) takes its module-by-module path then, so every leaf call gets its row.
+  static bool summarizing();
 
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> m);

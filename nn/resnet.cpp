@@ -31,6 +31,10 @@ BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::sh
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
+  if (fused_ && !Module::summarizing()) {
+    const Tensor out = (*conv2_)(bn1_->forward_relu((*conv1_)(x)));
+    return bn2_->forward_relu(out, downsample_ ? (*downsample_)(x) : x);
+  }
   Tensor out = (*relu_)((*bn1_)((*conv1_)(x)));
   out = (*bn2_)((*conv2_)(out));
   const Tensor identity = downsample_ ? (*downsample_)(x) : x;
@@ -51,6 +55,11 @@ Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::sh
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
+  if (fused_ && !Module::summarizing()) {
+    Tensor out = bn1_->forward_relu((*conv1_)(x));
+    out = (*conv3_)(bn2_->forward_relu((*conv2_)(out)));
+    return bn3_->forward_relu(out, downsample_ ? (*downsample_)(x) : x);
+  }
   Tensor out = (*relu_)((*bn1_)((*conv1_)(x)));
   out = (*relu_)((*bn2_)((*conv2_)(out)));
   out = (*bn3_)((*conv3_)(out));
@@ -95,6 +104,15 @@ ResNet::ResNet(const ResNetOptions& opts, Generator* gen) : Module("ResNet"), op
       if (auto* b = dynamic_cast<Bottleneck*>(m)) init::constant_(b->last_bn()->weight(), 0.0);
     }
   }
+  set_fused_bn_relu(opts.fused_bn_relu);
+}
+
+void ResNet::set_fused_bn_relu(bool on) {
+  opts_.fused_bn_relu = on;
+  for (auto& [name, m] : named_modules()) {
+    if (auto* b = dynamic_cast<BasicBlock*>(m)) b->set_fused_bn_relu(on);
+    if (auto* b = dynamic_cast<Bottleneck*>(m)) b->set_fused_bn_relu(on);
+  }
 }
 
 std::shared_ptr<Sequential> ResNet::make_layer(int64_t planes, int64_t blocks, int64_t stride, Generator* gen) {
@@ -120,7 +138,8 @@ ChainLink ResNet::stem() {
   ChainLink link{"stem", nullptr, {conv1_, bn1_, relu_}};
   if (maxpool_) link.modules.push_back(maxpool_);
   link.run = [this](const Tensor& x) {
-    Tensor h = (*relu_)((*bn1_)((*conv1_)(x)));
+    const bool fused = opts_.fused_bn_relu && !Module::summarizing();
+    Tensor h = fused ? bn1_->forward_relu((*conv1_)(x)) : (*relu_)((*bn1_)((*conv1_)(x)));
     return maxpool_ ? (*maxpool_)(h) : h;
   };
   return link;

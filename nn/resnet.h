@@ -21,12 +21,16 @@ class BasicBlock : public Module {
   BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample, Generator* gen);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<BatchNorm2d> last_bn() const { return bn2_; }
+  // bn1 + relu and bn2 + add + relu through the fused ops (BatchNorm2d::forward_relu); default on.
+  void set_fused_bn_relu(bool on) { fused_ = on; }
+  bool fused_bn_relu() const { return fused_; }
 
  private:
   std::shared_ptr<Conv2d> conv1_, conv2_;
   std::shared_ptr<BatchNorm2d> bn1_, bn2_;
   std::shared_ptr<ReLU> relu_;
   std::shared_ptr<Module> downsample_;
+  bool fused_ = true;
 };
 
 // v1.5 (torchvision): 1x1 reduce -> 3x3 carrying the stride -> 1x1 expand (x4).
@@ -36,12 +40,16 @@ class Bottleneck : public Module {
   Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample, Generator* gen);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<BatchNorm2d> last_bn() const { return bn3_; }
+  // bn1 + relu, bn2 + relu and bn3 + add + relu through the fused ops; default on.
+  void set_fused_bn_relu(bool on) { fused_ = on; }
+  bool fused_bn_relu() const { return fused_; }
 
  private:
   std::shared_ptr<Conv2d> conv1_, conv2_, conv3_;
   std::shared_ptr<BatchNorm2d> bn1_, bn2_, bn3_;
   std::shared_ptr<ReLU> relu_;
   std::shared_ptr<Module> downsample_;
+  bool fused_ = true;
 };
 
 enum class BlockKind { Basic, Bottleneck };
@@ -55,6 +63,12 @@ struct ResNetOptions {
   // 3x3 stride-1 stem and no max-pool, for 32-96 px inputs. The state_dict keys stay the same
   // (conv1.weight becomes [64, 3, 3, 3]; maxpool has no state and is simply not registered).
   bool small_input = false;
+  // Each batch norm followed by a ReLU (the stem's, each block's inner ones) and each block's tail
+  // (last batch norm + identity or downsample + ReLU) run as one fused op (core batch_norm_relu /
+  // batch_norm_add_relu: fewer passes over the activations, ReLU's backward folded into batch
+  // norm's). The module tree, state_dict and values are the composed ops' (in f32 and f64 on the
+  // CPU, bit for bit); off runs the modules one by one. summary() always does.
+  bool fused_bn_relu = true;
 };
 
 // One link of ResNet::chain(): composing the links in order is forward().
@@ -78,6 +92,9 @@ class ResNet : public Module {
   std::shared_ptr<Sequential> stage(int i) const;   // layer1..layer4 for i = 1..4
   ChainLink head();
   const ResNetOptions& options() const { return opts_; }
+  // Switches ResNetOptions::fused_bn_relu for the stem and every block (between steps: the
+  // parameters and buffers are the same either way).
+  void set_fused_bn_relu(bool on);
 
  private:
   std::shared_ptr<Sequential> make_layer(int64_t planes, int64_t blocks, int64_t stride, Generator* gen);

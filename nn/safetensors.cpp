@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/autograd.h"
 
 namespace minidl::nn {
@@ -57,7 +58,7 @@ bool dtype_from_code(const std::string& code, DType* out) {
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-// Closes on every exit path, so an exception in the middle of a load or save leaks no descriptor.
+// Closes on every exit path, so an exception in the middle of a load leaks no descriptor.
 class Fd {
  public:
   explicit Fd(int fd) : fd_(fd) {}
@@ -67,12 +68,6 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
-  // Closes now and reports the result: close() is where some file systems report a failed write.
-  int close_now() {
-    const int r = ::close(fd_);
-    fd_ = -1;
-    return r;
-  }
 
  private:
   int fd_;
@@ -92,19 +87,6 @@ bool pread_all(int fd, void* buf, uint64_t n, uint64_t offset) {
     p += r;
     n -= static_cast<uint64_t>(r);
     offset += static_cast<uint64_t>(r);
-  }
-  return true;
-}
-
-bool write_all(int fd, const void* buf, uint64_t n) {
-  const auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, 1u << 30));
-    const ssize_t r = ::write(fd, p, chunk);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<uint64_t>(r);
   }
   return true;
 }
@@ -329,32 +311,13 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xffu);
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  MINIDL_CHECK(fd.get() >= 0, "save_safetensors: cannot create the temporary file '", tmp, "' for '", path,
-               "': ", errno_text(errno));
-  // Removes the temporary file on any failure below, so a failed save leaves nothing behind.
-  struct RemoveTmp {
-    const std::string& tmp;
-    bool keep = false;
-    ~RemoveTmp() {
-      if (!keep) ::unlink(tmp.c_str());
-    }
-  } remove_tmp{tmp};
-  bool ok = write_all(fd.get(), len_bytes, 8) && write_all(fd.get(), text.data(), text.size());
-  for (size_t i = 0; ok && i < blobs.size(); ++i) ok = write_all(fd.get(), blobs[i].data_ptr(), blobs[i].nbytes());
-  MINIDL_CHECK(ok, "save_safetensors: writing '", tmp, "' failed: ", errno_text(errno));
-  MINIDL_CHECK(::fsync(fd.get()) == 0, "save_safetensors: fsync of '", tmp, "' failed: ", errno_text(errno));
-  MINIDL_CHECK(fd.close_now() == 0, "save_safetensors: closing '", tmp, "' failed: ", errno_text(errno));
-  MINIDL_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "save_safetensors: cannot rename '", tmp, "' to '", path,
-               "': ", errno_text(errno));
-  remove_tmp.keep = true;
-  // Best effort: make the rename itself durable. A failure here cannot be undone and the file is
-  // already complete, so it is not an error.
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() >= 0) (void)::fsync(dir_fd.get());
+  // Through the one atomic writer: a kill, a full disk or a read-only folder leaves an existing
+  // file as it was, and a failed save leaves no temporary file behind.
+  AtomicFile out(path);
+  out.write(len_bytes, 8);
+  out.write(text);
+  for (const Tensor& b : blobs) out.write(b.data_ptr(), b.nbytes());
+  out.commit();
 }
 
 }  // namespace minidl::nn

@@ -13,13 +13,20 @@ namespace minidl::optim {
 namespace {
 
 std::map<std::string, double> adam_defaults(const AdamOptions& o) {
-  return {{"lr", o.lr},
-          {"weight_decay", o.weight_decay},
-          {"beta1", o.beta1},
-          {"beta2", o.beta2},
-          {"eps", o.eps},
-          {"amsgrad", o.amsgrad ? 1.0 : 0.0},
-          {"maximize", o.maximize ? 1.0 : 0.0}};
+  std::map<std::string, double> d{{"lr", o.lr},
+                                  {"weight_decay", o.weight_decay},
+                                  {"beta1", o.beta1},
+                                  {"beta2", o.beta2},
+                                  {"eps", o.eps},
+                                  {"amsgrad", o.amsgrad ? 1.0 : 0.0},
+                                  {"maximize", o.maximize ? 1.0 : 0.0}};
+  if (o.keras_eps) d["keras_eps"] = 1.0;  // absent when off: state files and their keys as PyTorch's
+  return d;
+}
+
+bool keras_eps(const ParamGroup& group) {
+  const auto it = group.options.find("keras_eps");
+  return it != group.options.end() && it->second != 0.0;
 }
 
 }  // namespace
@@ -97,7 +104,7 @@ void Adam::update(const ParamGroup& group, Tensor& param, const Tensor& grad, Pa
   } else {
     denom = sqrt(exp_avg_sq) / bias_correction2_sqrt;
   }
-  denom = denom + eps;
+  denom = denom + (keras_eps(group) ? eps / bias_correction2_sqrt : eps);
   param.add_(exp_avg / denom, -step_size);
 }
 
@@ -106,6 +113,7 @@ void Adam::update(const ParamGroup& group, Tensor& param, const Tensor& grad, Pa
 // declined group goes through update() exactly as before.
 bool Adam::fused_group_step(size_t g) {
   std::vector<size_t> idx;
+  if (keras_eps(groups_[g])) return false;  // the fused kernel adds eps as PyTorch does
   if (!group_on_one_cuda_device(g, idx)) return false;
   if (idx.empty()) return true;
   const ParamGroup& group = groups_[g];

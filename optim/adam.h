@@ -16,6 +16,11 @@ struct AdamOptions {
   double weight_decay = 0.0;  // AdamW's default in PyTorch is 1e-2: see AdamW below
   bool amsgrad = false;
   bool maximize = false;
+  // Keras / TensorFlow's placement of eps ("epsilon hat" of Kingma and Ba, before their Section
+  // 2.1): p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps), i.e. PyTorch's update
+  // with eps / sqrt(1 - beta2^t) (31.6x eps at the first step, eps after a few thousand). Keras'
+  // default eps is 1e-7. Kept out of the state_dict when false, so PyTorch-style files are as before.
+  bool keras_eps = false;
 };
 
 // Per parameter, with g its gradient (negated when maximize) and t its own step count (+1 first):
@@ -23,6 +28,7 @@ struct AdamOptions {
 //   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
 //   amsgrad: vmax = max(vmax, v), used instead of v below
 //   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//   keras_eps: eps / sqrt(1 - beta2^t) in place of eps (Keras' update, rounded as PyTorch's)
 // State: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad) and the per-parameter step.
 class Adam : public Optimizer {
  public:

@@ -1,37 +1,40 @@
 #!/usr/bin/env bash
-# One command for a machine with an NVIDIA GPU: runs the CUDA parity suite (the `cuda` ctest label:
-# every *_cuda test executable), runs it again under compute-sanitizer memcheck, runs the short GPU
-# benchmarks and writes bench/results/gpu_check_<date>_<commit>.md (GPU, driver, commit, date,
-# pass/fail counts, benchmark table). A device call lasts at most 600 s, so the whole check runs
-# under one deadline that budgets the phases, and the report is rewritten (and copied to $OUT)
-# after every phase: a run cut short still returns what it measured. It uses a build made
-# elsewhere (a GPU machine often lacks Eigen, GoogleTest, Google Benchmark) and finds the
-# machine's cuDNN/cuBLAS/cudart (e.g. inside its PyTorch wheels) through tools/gpu_env.sh.
+# A GPU session in one device call: a lent GPU comes with 15 minutes of device time in all (starts,
+# idle time and transfers included), so everything is built and staged on the build machine and
+# this script runs the checks in priority order under one deadline (about 8 minutes), cutting from
+# the bottom what does not fit:
+#   1 tests      every `cuda` test executable (kernels_cuda, optim_cuda, nn_cuda, e2e_cuda)
+#   2 step       ResNet-50 224 px batch 128 training steps, minidl beside PyTorch at its best
+#                (channels_last, autocast + GradScaler, cudnn.benchmark, fused SGD): AMP, then TF32
+#   3 sanitizer  compute-sanitizer memcheck on kernels_cuda
+#   4 model      each kernel of the step-time model, modelled against measured (when staged)
+#   5 bench      the short benchmarks: copy bandwidth, elementwise and reductions as a share of it
+#   6 maxbatch   the largest AMP batch under an 11 GiB budget, minidl and PyTorch
+# The report (bench/results/gpu_check_<date>_<commit>.md) and a state tarball are rewritten after
+# every phase and copied to $OUT, so a call cut at any point returns what it measured, and a second,
+# shorter call (--resume) runs only the phases the first did not finish (tools' plan: docs/cuda.md,
+# "A GPU session: the plan").
 #
-#   tools/gpu_check.sh --stage [DIR]   on the build machine (no GPU needed): tools/gpu_stage.sh,
-#                                      which builds and stages the test executables into DIR (default
-#                                      build-gpu-stage), the experiment programs into build-gpu-studies
-#                                      and the photos into .data/catsdogs, and prints each call's carry size.
-#   tools/gpu_check.sh [--rehearse] [DIR]
-#                                      on the GPU machine: check with DIR (default: the first of
-#                                      build-gpu-stage, build-gpu, build-cuda that has the executables;
-#                                      else it tries to build build-gpu itself, inside the deadline).
-#   --rehearse                         on a machine without a GPU: the same plumbing with the parity
-#                                      suite run CPU against CPU (MINIDL_PARITY_SELF_TEST=1); the
-#                                      sanitizer and benchmarks then fail or skip, which is expected.
+#   tools/gpu_check.sh --stage [DIR]    build machine: tools/gpu_stage.sh (DIR/stage.tar.xz, default
+#                                       build-gpu-stage; also the studies stage and the photos)
+#   tools/gpu_check.sh [--rehearse] [--resume STATE] [DIR]
+#                                       GPU machine: the check with DIR's stage (default
+#                                       build-gpu-stage). --resume STATE: gpu_check_state.tar.gz of an
+#                                       earlier call (carried in .gpu-results/): its finished phases
+#                                       are kept, the others run. --rehearse: no GPU, the same
+#                                       plumbing on the CPU (tests CPU against CPU, tiny step runs).
 # Environment:
-#   GPU_CHECK_DEADLINE (seconds, default 540; 90 with --rehearse): everything, report included, ends
-#     by then. Phases get at most: tests GPU_CHECK_TEST_TIMEOUT (default 420) and never the last
-#     30% + 25% of the deadline while the sanitizer / benchmarks still have to run; sanitizer
-#     GPU_CHECK_SANITIZER_TIMEOUT (300) and never the last 25%; benchmarks GPU_CHECK_BENCH_TIMEOUT
-#     (360) or what is left. Time a phase does not use goes to the next.
-#   GPU_CHECK_SKIP_SANITIZER=1, GPU_CHECK_SKIP_BENCH=1: skip a phase (its share goes to the others).
-#   GPU_CHECK_BENCH_FILTER (regex, default .), GPU_CHECK_SANITIZER_FILTER (gtest filter for
-#     kernels_cuda under memcheck; default: all but the two cuDNN autotune cases).
-#   OUT (set by the device tool): the report and gpu_check_logs.tar.gz (every log) are copied there,
-#     after every phase and on SIGTERM (which also stops the running program).
-# Exit status: 0 all passed, 1 a test, sanitizer or benchmark failure, 2 no usable GPU, 3 setup
-# problem, 4 nothing failed but the deadline cut a phase short (the report says which).
+#   GPU_CHECK_DEADLINE   seconds for everything, report included (default 450; --rehearse 240)
+#   GPU_CHECK_PHASES     the phases, in priority order (default tests,step,sanitizer,model,bench,maxbatch)
+#   GPU_CHECK_CAP_<PHASE> a phase's own cap in seconds (defaults: TESTS 110, STEP 190, SANITIZER 75,
+#                        MODEL 45, BENCH 40, MAXBATCH 100); a phase gets min(cap, time left)
+#   GPU_CHECK_STEP_SECONDS  timed seconds per step run (default 30; --rehearse 2)
+#   GPU_CHECK_STEP_RUNS  step runs in order (default "minidl:amp pytorch:amp minidl:tf32 pytorch:tf32
+#                        minidl:amp:nhwc"; FRAMEWORK:PRECISION[:nhwc])
+#   GPU_CHECK_STEP_MIN   seconds a step run needs at least to be started (default 20)
+#   GPU_CHECK_SANITIZER_FILTER, GPU_CHECK_BENCH_FILTER: see tools/gpu_phases.sh
+# Exit status: 0 all ran and passed, 1 a failure, 2 no usable GPU, 3 setup (stage, libraries),
+# 4 nothing failed but a phase was cut or not reached (run the --resume call).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,13 +46,31 @@ source "$ROOT/tools/gpu_env.sh"
 if [[ "${1:-}" == "--stage" ]]; then
   exec bash "$ROOT/tools/gpu_stage.sh" --tests-dir "${2:-build-gpu-stage}"
 fi
-REHEARSE=0
 ARGS="$*"
-if [[ "${1:-}" == "--rehearse" ]]; then REHEARSE=1; shift; fi
-DEADLINE="${GPU_CHECK_DEADLINE:-$([[ $REHEARSE == 1 ]] && echo 90 || echo 540)}"
+REHEARSE=0; RESUME=""; DIR=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --rehearse) REHEARSE=1; shift ;;
+    --resume) RESUME="${2:?--resume needs the gpu_check_state.tar.gz of an earlier call}"; shift 2 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -*) die 3 "unknown option '$1' (see --help)" ;;
+    *) DIR="$1"; shift ;;
+  esac
+done
+DEADLINE="${GPU_CHECK_DEADLINE:-$([[ $REHEARSE == 1 ]] && echo 240 || echo 450)}"
+PHASES="${GPU_CHECK_PHASES:-tests,step,sanitizer,model,bench,maxbatch}"
 START=$SECONDS
 left() { echo $((DEADLINE - (SECONDS - START))); }
-# SIGTERM (the device tool's own limit): stop the running step, write the report, exit 4.
+REPORT_RESERVE=10   # seconds kept for the last report
+PHASE_MIN=15        # a phase is not started with less than this
+
+# shellcheck source=tools/gpu_phases.sh
+source "$ROOT/tools/gpu_phases.sh"
+for p in ${PHASES//,/ }; do
+  declare -F "phase_$p" >/dev/null || die 3 "GPU_CHECK_PHASES: '$p' is not one of tests, step, sanitizer, model, bench, maxbatch"
+done
+
+# SIGTERM (the device tool's own limit): stop the running program, write the report, exit 4.
 # shellcheck disable=SC2317  # reached through the trap
 on_term() {
   trap '' TERM
@@ -60,59 +81,48 @@ on_term() {
 trap on_term TERM
 
 gpu_env_detect_gpu || exit 2
-say "GPU: $GPU_LINE; deadline ${DEADLINE} s"
+say "GPU: $GPU_LINE; deadline ${DEADLINE} s; phases $PHASES"
 
-# ---------------------------------------------------------------- the executables
-DIR="${1:-}"
-if [[ -z "$DIR" ]]; then
-  for d in build-gpu-stage build-gpu build-cuda; do
-    if [[ -x "$d/bin/kernels_cuda" ]]; then DIR="$d"; break; fi
-  done
-fi
-if [[ -z "$DIR" ]]; then
-  say "no staged or built CUDA executables found; trying to build build-gpu here (inside the deadline)"
-  mkdir -p build-gpu
-  if command -v cmake >/dev/null && cmake -S . -B build-gpu -DMINIDL_CUDA=ON -DMINIDL_NATIVE=OFF >build-gpu/gpu_check.configure.log 2>&1 \
-     && gpu_env_run_until TERM "$(($(left) - 60))" 10 build-gpu/gpu_check.build.log \
-          cmake --build build-gpu -j"$(nproc)" --target kernels_cuda optim_cuda minidl_bench_cuda; then
-    DIR=build-gpu
-  else
-    die 3 "could not build here (see build-gpu/gpu_check.configure.log and gpu_check.build.log: the GPU machine may lack Eigen, GoogleTest or Google Benchmark). Stage a build on the build machine with 'tools/gpu_check.sh --stage' and carry build-gpu-stage."
-  fi
-fi
-[[ -x "$DIR/bin/kernels_cuda" ]] || die 3 "$DIR/bin/kernels_cuda not found; stage it with 'tools/gpu_check.sh --stage' and carry $DIR"
-DIR="$(cd "$DIR" && pwd)"
-COMMIT="$(head -1 "$DIR/COMMIT" 2>/dev/null || true)"
-[[ -n "$COMMIT" ]] || COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-say "executables from $DIR (commit $COMMIT)"
-
-# ---------------------------------------------------------------- libraries
-gpu_env_lib_path "$DIR/lib"
-MISSING="$(gpu_env_missing_libs "$DIR"/bin/*)"
+# ---------------------------------------------------------------- the stage
+DIR="${DIR:-build-gpu-stage}"
+[[ -f "$DIR/stage.tar.xz" ]] || die 3 "$DIR/stage.tar.xz not found: stage it on the build machine with 'tools/gpu_check.sh --stage' and carry $DIR"
+WORK="$(mktemp -d /tmp/gpu_check.XXXXXX)"
+gpu_env_unpack "$DIR/stage.tar.xz" "$WORK" || die 3 "cannot unpack $DIR/stage.tar.xz (needs xz or python3 with lzma)"
+BIN="$WORK/bin"
+COMMIT="$(head -1 "$WORK/COMMIT" 2>/dev/null || echo unknown)"
+say "executables from $DIR (commit $COMMIT), unpacked in $WORK after $((SECONDS - START)) s"
+gpu_env_lib_path "$WORK/lib"
+MISSING="$(gpu_env_missing_libs "$BIN"/*)"
 if [[ -n "$MISSING" ]]; then
   die 3 "libraries not found with LD_LIBRARY_PATH=$LD_LIBRARY_PATH:
 $MISSING
-(cuDNN 9 / cuBLAS 13 / cudart 13 are expected from the machine's PyTorch or CUDA toolkit; the others from $DIR/lib, made by --stage)"
+(cuDNN 9 / cuBLAS 13 / cudart 13 are expected from the machine's PyTorch or CUDA toolkit; the others from the stage)"
 fi
-CUDA_LIBS="$(gpu_env_cuda_libs "$DIR/bin/kernels_cuda")"
+CUDA_LIBS="$(gpu_env_cuda_libs "$BIN/kernels_cuda")"
 say "$CUDA_LIBS"
+gpu_env_torch_python
+say "PyTorch: $TORCH_LINE"
 [[ $REHEARSE == 1 ]] && export MINIDL_PARITY_SELF_TEST=1
 
-LOGDIR="$(mktemp -d /tmp/gpu_check.XXXXXX)"
+LOGDIR="$WORK/logs"; SEC="$WORK/sections"; mkdir -p "$LOGDIR" "$SEC"
+STATE="$SEC/state"   # one line per finished phase: "phase status seconds call"
+CALL=1
+if [[ -n "$RESUME" ]]; then
+  [[ -f "$RESUME" ]] || die 3 "--resume $RESUME: no such file (the gpu_check_state.tar.gz an earlier call returned)"
+  tar -C "$SEC" -xzf "$RESUME" || die 3 "--resume $RESUME: cannot unpack"
+  CALL=$(( $(awk '{print $4}' "$STATE" 2>/dev/null | sort -n | tail -1) + 1 ))
+  [[ -f "$SEC/commit" && "$(cat "$SEC/commit")" != "$COMMIT" ]] \
+    && die 3 "--resume $RESUME: it holds results of commit $(cat "$SEC/commit"), this stage is $COMMIT"
+  say "resuming: phases already done: $(awk '{printf "%s(%s) ", $1, $2}' "$STATE" 2>/dev/null)"
+fi
+echo "$COMMIT" >"$SEC/commit"
 DATE="$(date -u +%Y-%m-%d)"
 mkdir -p bench/results
-REPORT="bench/results/gpu_check_${DATE}_${COMMIT%% *}$([[ $REHEARSE == 1 ]] && echo _rehearsal).md"
-STATUS=0   # 1 once something failed
-CUT=""     # the phases the deadline cut short
+REPORT="bench/results/gpu_check_${DATE}_${COMMIT%%[ +]*}$([[ $REHEARSE == 1 ]] && echo _rehearsal).md"
+STATUS=0; CUT=""
 
-SAN_ON=1; [[ "${GPU_CHECK_SKIP_SANITIZER:-0}" == 1 ]] && SAN_ON=0
-BENCH_ON=1; [[ "${GPU_CHECK_SKIP_BENCH:-0}" == 1 || ! -x "$DIR/bin/minidl_bench_cuda" ]] && BENCH_ON=0
-SAN_SHARE=$((SAN_ON * DEADLINE * 30 / 100)); BENCH_SHARE=$((BENCH_ON * DEADLINE * 25 / 100))
-REPORT_RESERVE=10
-
-TESTS_STATE="not run yet"; TESTS_MD=""; TOTAL_PASS=0; TOTAL_FAIL=0; TOTAL_SKIP=0
-SAN_MD="not run yet"; [[ $SAN_ON == 0 ]] && SAN_MD="skipped (GPU_CHECK_SKIP_SANITIZER=1)"
-BENCH_MD="not run yet"; [[ $BENCH_ON == 0 ]] && BENCH_MD="skipped (GPU_CHECK_SKIP_BENCH=1 or no minidl_bench_cuda)"
+# A phase is done when its latest line is not "cut" (a cut phase runs again in the --resume call).
+done_phase() { awk -v p="$1" '$1 == p {last = $2} END {exit !(last != "" && last != "cut")}' "$STATE" 2>/dev/null; }
 
 # Rewritten after every phase, so a run stopped at any point has a report.
 write_report() {
@@ -120,173 +130,68 @@ write_report() {
     echo "# GPU check, $DATE"
     echo
     [[ $REHEARSE == 1 ]] && echo "**CPU rehearsal (--rehearse): no GPU was used; these are not GPU results.**" && echo
-    echo "- command: \`tools/gpu_check.sh $ARGS\` (deadline ${DEADLINE} s; report written at $((SECONDS - START)) s: $1)"
-    echo "- commit: $COMMIT (executables from \`$(basename "$DIR")\`)"
+    echo "- command: \`tools/gpu_check.sh $ARGS\` (call $CALL; deadline ${DEADLINE} s; report written at $((SECONDS - START)) s: $1)"
+    echo "- commit: $COMMIT"
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     gpu_env_machine_md
     echo "- libraries: $CUDA_LIBS"
+    echo "- PyTorch: $TORCH_LINE"
+    echo "- phases (priority order): $PHASES"
     echo
-    echo "## Tests (the \`cuda\` label: every *_cuda executable)"
-    echo
-    echo "$TOTAL_PASS passed, $TOTAL_FAIL failed, $TOTAL_SKIP skipped ($TESTS_STATE)."
-    if [[ -n "$TESTS_MD" ]]; then
+    echo "| phase | status | seconds | call |"
+    echo "| --- | --- | ---: | ---: |"
+    local p
+    for p in ${PHASES//,/ }; do
+      if grep -q "^$p " "$STATE" 2>/dev/null; then
+        awk -v p="$p" '$1 == p {line = sprintf("| %s | %s | %s | %s |", $1, $2, $3, $4)} END {print line}' "$STATE"
+      else echo "| $p | not run yet | | |"; fi
+    done
+    for p in ${PHASES//,/ }; do
       echo
-      echo "| executable | passed | failed | skipped | exit | seconds |"
-      echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-      printf '%s' "$TESTS_MD"
-    fi
-    if [[ $TOTAL_FAIL -gt 0 ]]; then
-      echo
-      echo '```'
-      grep -hE '^\[  FAILED  \].*\([0-9]+ ms\)$|Failure$|normalised error|Error|error:' "$LOGDIR"/*_cuda.log 2>/dev/null | head -60
-      echo '```'
-    fi
-    echo
-    echo "## compute-sanitizer memcheck"
-    echo
-    echo "$SAN_MD"
-    echo
-    echo "## Benchmarks (CUDA events, after warm-up; GB/s counts bytes read + written)"
-    echo
-    echo "$BENCH_MD"
+      if [[ -f "$SEC/$p.md" ]]; then cat "$SEC/$p.md"; else echo "## $p"; echo; echo "not run yet"; fi
+    done
   } >"$REPORT"
+  tar -C "$SEC" -czf "$WORK/gpu_check_state.tar.gz" . 2>/dev/null
   if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
     cp "$REPORT" "$OUT/$(basename "$REPORT" | tr -c 'A-Za-z0-9._\n-' '-')" 2>/dev/null
+    cp "$WORK/gpu_check_state.tar.gz" "$OUT/" 2>/dev/null
     tar -C "$LOGDIR" -czf "$OUT/gpu_check_logs.tar.gz" . 2>/dev/null
   fi
+  return 0
 }
 write_report "starting"
 REPORT_READY=1
 
-# ---------------------------------------------------------------- tests
-# Counted from the per-test lines, so a run cut by its timeout still counts what it finished.
-count() { grep -cE "$1" "$2" 2>/dev/null || true; }
-EXES=()
-for exe in "$DIR"/bin/*_cuda; do [[ "$(basename "$exe")" != minidl_bench_cuda ]] && EXES+=("$exe"); done
-TESTS_END=$((SECONDS + $(gpu_env_min "${GPU_CHECK_TEST_TIMEOUT:-420}" $(($(left) - REPORT_RESERVE - SAN_SHARE - BENCH_SHARE)))))
-TESTS_STATE="running"
-for i in "${!EXES[@]}"; do
-  exe="${EXES[$i]}"; name="$(basename "$exe")"
-  later=$(( ${#EXES[@]} - i - 1 ))
-  # Leave each later executable 20 s at least, or its even share when less is left.
-  budget=$(( TESTS_END - SECONDS - 20 * later ))
-  (( budget < (TESTS_END - SECONDS) / (later + 1) )) && budget=$(( (TESTS_END - SECONDS) / (later + 1) ))
-  say "running $name (at most ${budget} s)"
+# ---------------------------------------------------------------- the phases, in priority order
+for p in ${PHASES//,/ }; do
+  if done_phase "$p"; then say "$p: done in an earlier call"; continue; fi
+  cap_var="GPU_CHECK_CAP_${p^^}"
+  budget=$(gpu_env_min "${!cap_var:-$(phase_default_cap "$p")}" $(($(left) - REPORT_RESERVE)))
+  if (( budget < PHASE_MIN )); then
+    say "$p: not started (${budget} s left)"; CUT+=" $p"; echo "$p cut 0 $CALL" >>"$STATE"; continue
+  fi
+  say "$p: at most ${budget} s"
   t0=$SECONDS
-  gpu_env_run_until TERM "$budget" 10 "$LOGDIR/$name.log" "$exe" --gtest_color=no
-  rc=$?
-  pass="$(count '^\[       OK \]' "$LOGDIR/$name.log")"
-  fail="$(count '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$LOGDIR/$name.log")"
-  skip="$(count '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$LOGDIR/$name.log")"
-  if [[ $REHEARSE == 0 ]] && grep -q "no CUDA device" "$LOGDIR/$name.log" && [[ "$pass" -le 1 ]]; then
-    tail -5 "$LOGDIR/$name.log"
-    TESTS_STATE="stopped: nvidia-smi sees a GPU but minidl does not"
-    write_report "$TESTS_STATE"
-    die 2 "nvidia-smi sees a GPU but minidl does not (its CUDA cases skipped: see $name.log); check the driver/runtime versions"
-  fi
-  note=$rc
-  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
-    if (( budget > 0 )); then note="$rc (cut at ${budget} s by the deadline)"; else note="not run: no time left"; fi
-    [[ "$CUT" == *tests* ]] || CUT+=" tests"
-    say "$name: $note"
-    # the test that was running when it was cut
-    grep -E '^\[ RUN      \]' "$LOGDIR/$name.log" | tail -1
-  elif [[ $rc -ne 0 ]]; then
-    STATUS=1
-  fi
-  TOTAL_PASS=$((TOTAL_PASS + pass)); TOTAL_FAIL=$((TOTAL_FAIL + fail)); TOTAL_SKIP=$((TOTAL_SKIP + skip))
-  TESTS_MD+="| $name | $pass | $fail | $skip | $note | $((SECONDS - t0)) |"$'\n'
-  grep -E '^\[  FAILED  \].*\([0-9]+ ms\)$|Failure$' "$LOGDIR/$name.log" | head -40
+  PHASE_RC=0
+  "phase_$p" "$budget"
+  case $PHASE_RC in
+    0) status=passed ;;
+    1) status=failed; STATUS=1 ;;
+    4) status=cut; CUT+=" $p" ;;
+    5) status=skipped ;;
+    *) status="exit $PHASE_RC"; STATUS=1 ;;
+  esac
+  echo "$p $status $((SECONDS - t0)) $CALL" >>"$STATE"
+  say "$p: $status after $((SECONDS - t0)) s"
+  write_report "after $p"
 done
-[[ $TOTAL_FAIL -gt 0 ]] && STATUS=1
-TESTS_STATE="$([[ "$CUT" == *tests* ]] && echo "cut by the deadline" || echo "complete")"
-say "tests: $TOTAL_PASS passed, $TOTAL_FAIL failed, $TOTAL_SKIP skipped ($TESTS_STATE)"
-write_report "after the tests"
 
-# ---------------------------------------------------------------- compute-sanitizer memcheck
-if [[ $SAN_ON == 1 ]]; then
-  SAN="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)"
-  if [[ -z "$SAN" ]]; then
-    SAN_MD="not run: compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
-    say "$SAN_MD"
-  else
-    SAN_END=$((START + DEADLINE - REPORT_RESERVE - BENCH_SHARE))
-    # cuDNN autotuning under memcheck takes minutes; the autotune cases are left to the plain run.
-    FILTER="${GPU_CHECK_SANITIZER_FILTER:-*-Parity.Conv2dAutotuneNhwcAndTf32:Parity.AutotuneWorkspaceStaysInsideTheBudget}"
-    budget=$(gpu_env_min "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" $((SAN_END - SECONDS)))
-    say "compute-sanitizer memcheck on kernels_cuda ($FILTER), at most ${budget} s"
-    t0=$SECONDS
-    gpu_env_run_until TERM "$budget" 10 "$LOGDIR/sanitizer.log" \
-      "$SAN" --tool memcheck --leak-check no --error-exitcode 99 "$DIR/bin/kernels_cuda" --gtest_color=no --gtest_filter="$FILTER"
-    rc=$?
-    # The fused optimizer kernels live in optim_cuda; check them too (a failure there wins if the first was clean).
-    if [[ $rc -eq 0 && -x "$DIR/bin/optim_cuda" ]]; then
-      budget=$(gpu_env_min $(("${GPU_CHECK_SANITIZER_TIMEOUT:-300}" - (SECONDS - t0))) $((SAN_END - SECONDS)))
-      say "compute-sanitizer memcheck on optim_cuda, at most ${budget} s"
-      gpu_env_run_until TERM "$budget" 10 "$LOGDIR/sanitizer_optim.log" \
-        "$SAN" --tool memcheck --leak-check no --error-exitcode 99 "$DIR/bin/optim_cuda" --gtest_color=no
-      rc=$?
-      cat "$LOGDIR/sanitizer_optim.log" >>"$LOGDIR/sanitizer.log"
-    fi
-    errs="$(grep -oE 'ERROR SUMMARY: [0-9]+' "$LOGDIR/sanitizer.log" | tail -1)"
-    tests="$(count '^\[       OK \]' "$LOGDIR/sanitizer.log") tests passed under memcheck"
-    case $rc in
-      0) SAN_MD="clean (${errs:-no summary}; $tests), filter \`$FILTER\`" ;;
-      124|137) SAN_MD="cut by the deadline after $((SECONDS - t0)) s (${errs:-no summary so far}; $tests; last: $(grep -E '^\[ RUN      \]' "$LOGDIR/sanitizer.log" | tail -1))"
-               CUT+=" sanitizer"; grep -q 'ERROR SUMMARY: [1-9]' "$LOGDIR/sanitizer.log" && STATUS=1 ;;
-      99) SAN_MD="memcheck errors: ${errs}"; STATUS=1; grep -m 20 -E '=========' "$LOGDIR/sanitizer.log" ;;
-      *) SAN_MD="exit $rc (${errs:-no summary}; $tests); test failures under the sanitizer"; STATUS=1 ;;
-    esac
-    say "sanitizer: $SAN_MD"
-  fi
-  write_report "after the sanitizer"
-fi
-
-# ---------------------------------------------------------------- benchmarks
-if [[ $BENCH_ON == 1 ]]; then
-  budget=$(gpu_env_min "${GPU_CHECK_BENCH_TIMEOUT:-360}" $(($(left) - REPORT_RESERVE)))
-  say "benchmarks, at most ${budget} s"
-  gpu_env_run_until TERM "$budget" 10 "$LOGDIR/bench.log" "$DIR/bin/minidl_bench_cuda" \
-    --benchmark_filter="${GPU_CHECK_BENCH_FILTER:-.}" --benchmark_out="$LOGDIR/bench.json" --benchmark_out_format=json
-  rc=$?
-  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
-    CUT+=" benchmarks"; say "benchmarks cut by the deadline after ${budget} s"
-  elif [[ $rc -ne 0 ]]; then
-    say "benchmarks exited $rc (see bench.log)"; tail -5 "$LOGDIR/bench.log"; STATUS=1
-  fi
-  # A cut run leaves the JSON unfinished (unreadable): then the console lines are the table.
-  if [[ -s "$LOGDIR/bench.json" ]] && command -v python3 >/dev/null && BENCH_MD="$(python3 - "$LOGDIR/bench.json" 2>/dev/null <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-rows = ["| benchmark | time (ms) | GB/s | vs D2D copy | TFLOP/s | img/s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-for b in d.get("benchmarks", []):
-    if b.get("run_type") == "aggregate":
-        continue
-    t = b.get("real_time", 0) * {"ns": 1e-6, "us": 1e-3, "ms": 1, "s": 1e3}[b.get("time_unit", "ns")]
-    f = lambda k, fmt: (fmt % b[k]) if k in b else ""
-    rows.append(f"| {b['name']} | {t:.3f} | {f('GB/s', '%.0f')} | {f('vs_copy', '%.2f')} | {f('TFLOP/s', '%.1f')} | {f('img/s', '%.0f')} |")
-print("\n".join(rows))
-PY
-)"; then
-    :
-  elif grep -qE '^[A-Za-z0-9_/:.]+ +[0-9.]+ [mun]?s ' "$LOGDIR/bench.log"; then
-    BENCH_MD="$([[ $rc -eq 124 || $rc -eq 137 ]] && echo "cut by the deadline after ${budget} s; the console lines so far:" || echo "exit $rc; no JSON; the console lines:")"$'\n\n```\n'"$(grep -E '^(Benchmark|-{10}|[A-Za-z0-9_/:.]+ +[0-9.]+ [mun]?s )' "$LOGDIR/bench.log")"$'\n```'
-  else
-    BENCH_MD="no results (exit $rc): $(tail -3 "$LOGDIR/bench.log" | tr '\n' ' ')"
-  fi
-  write_report "after the benchmarks"
-fi
-
-write_report "finished$([[ -n "$CUT" ]] && echo ", cut by the deadline:$CUT")"
-say "report: $REPORT (logs: $LOGDIR$([[ -n "${OUT:-}" ]] && echo "; copied to \$OUT with gpu_check_logs.tar.gz"))"
-# The device tool returns only the output's tail: the report without the benchmark table comes last.
+write_report "finished$([[ -n "$CUT" ]] && echo "; cut or not reached:$CUT")"
+say "report: $REPORT (logs and state: $WORK$([[ -n "${OUT:-}" ]] && echo "; copied to \$OUT"))"
+# The device tool returns only the output's tail: the report's summary comes last.
 echo
-sed '/^## Benchmarks/,$d' "$REPORT"
-echo "## Benchmarks"
-echo
-head -8 <<<"$BENCH_MD"
-rows=$(grep -c '^| [^-]' <<<"$BENCH_MD")
-(( rows > 7 )) && echo "... $((rows - 1)) benchmark rows in all: see the report"
+sed -n '1,/^## /p' "$REPORT" | sed '$d'
+for p in ${PHASES//,/ }; do [[ -f "$SEC/$p.md" ]] && head -c 1500 "$SEC/$p.md" && echo; done
 if [[ $STATUS -ne 0 ]]; then exit 1; fi
 [[ -n "$CUT" ]] && exit 4
 exit 0

@@ -24,6 +24,11 @@
 #                                 (its SIG, then SIGKILL after GRACE seconds).
 #   say MSG / die CODE MSG        "<GPU_ENV_PROG>: MSG" on stdout / on stderr, then exit CODE.
 #   gpu_env_min N...              the smallest of the whole numbers.
+#   gpu_env_unpack TARBALL DIR    unpacks a .tar.xz stage into DIR (xz, or Python's lzma where a
+#                                 minimal image has no xz-utils); returns non-zero on failure.
+#   gpu_env_torch_python          sets TORCH_PY (the first of python3, /opt/*/.venv/bin/python3 that
+#                                 imports torch; python3 when none does) and TORCH_LINE (its torch,
+#                                 CUDA and cuDNN versions, or "not importable").
 # Needs bash and coreutils' timeout; uses python3 only to list site-packages.
 
 say() { printf '%s: %s\n' "${GPU_ENV_PROG:-gpu_env}" "$*"; }
@@ -132,5 +137,29 @@ gpu_env_stop_child() {
   kill -s "$sig" -- "-$pid" 2>/dev/null || kill -s "$sig" "$pid" 2>/dev/null
   for ((i = 0; i < grace * 10; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
   kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null
+  return 0
+}
+
+gpu_env_unpack() {
+  local tarball=$1 dir=$2
+  if command -v xz >/dev/null 2>&1; then
+    tar -C "$dir" -xJf "$tarball"
+  else
+    python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1], "r:xz")
+try: t.extractall(sys.argv[2], filter="tar")  # Python >= 3.12 warns without a filter
+except TypeError: t.extractall(sys.argv[2])' "$tarball" "$dir"
+  fi
+}
+
+gpu_env_torch_python() {
+  local p t
+  TORCH_PY=python3; TORCH_LINE="not importable"
+  for p in python3 /opt/*/.venv/bin/python3; do
+    command -v "$p" >/dev/null 2>&1 || continue
+    if t="$(timeout 60 "$p" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>/dev/null)"; then
+      TORCH_PY="$p"; TORCH_LINE="$t ($p)"; return 0
+    fi
+  done
   return 0
 }

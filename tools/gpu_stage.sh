@@ -3,8 +3,11 @@
 # has no Eigen, GoogleTest, Google Benchmark or libjpeg-turbo, and each device call carries at most
 # 64 MiB, so everything it runs is built here, portable (-DMINIDL_NATIVE=OFF), and packed to travel:
 #
-#   build-gpu-stage/    (tests DIR)  kernels_cuda, optim_cuda, minidl_bench_cuda unstripped (memcheck
-#                       reports name functions) + their non-CUDA libraries + COMMIT -> tools/gpu_check.sh
+#   build-gpu-stage/    (tests DIR)  stage.tar.xz: the `cuda` test executables (kernels_cuda, optim_cuda,
+#                       nn_cuda, e2e_cuda) and minidl_bench_cuda unstripped (memcheck reports name
+#                       functions), minidl_bench_step and minidl-maxbatch stripped, their non-CUDA
+#                       libraries and COMMIT (xz -9: seven static executables of 7-8 MB each, mostly
+#                       the same cubins, pack into a few MB) + COMMIT -> tools/gpu_check.sh
 #   build-gpu-studies/  studies.tar.xz: minidl-sweep, -train, -maxbatch, -memest stripped + libraries
 #                       (xz -9: the photos leave no room for them uncompressed) + COMMIT -> tools/gpu_studies.sh
 #   .data/catsdogs/     the photos (copied from ../shared/data/catsdogs; git-ignored, never committed)
@@ -64,7 +67,11 @@ stage_libs() {
 
 # ---------------------------------------------------------------- build
 targets=()
-want tests && targets+=(kernels_cuda optim_cuda minidl_bench_cuda)
+# The one-call GPU check (tools/gpu_check.sh): the tests, the benchmarks, the step and max-batch
+# programs; GPU_STAGE_EXTRA_TARGETS adds more (each lands in bin/, stripped).
+TEST_EXES=(kernels_cuda optim_cuda nn_cuda e2e_cuda minidl_bench_cuda)
+TOOL_EXES=(minidl_bench_step minidl-maxbatch ${GPU_STAGE_EXTRA_TARGETS:-})
+want tests && targets+=("${TEST_EXES[@]}" "${TOOL_EXES[@]}")
 want studies && targets+=(minidl-sweep minidl-train minidl-maxbatch minidl-memest)
 if [[ ${#targets[@]} -gt 0 ]]; then
   mkdir -p "$BUILD" || die 3 "cannot create $BUILD"
@@ -77,15 +84,24 @@ if [[ ${#targets[@]} -gt 0 ]]; then
     || die 3 "build failed; see $BUILD/gpu_stage.build.log"
 fi
 
-# ---------------------------------------------------------------- tests stage (unstripped, uncompressed)
+# ---------------------------------------------------------------- tests stage (one xz tarball)
 if want tests; then
-  rm -rf "$TESTS_DIR" && mkdir -p "$TESTS_DIR/bin" "$TESTS_DIR/lib" || die 3 "cannot create $TESTS_DIR"
-  for t in kernels_cuda optim_cuda minidl_bench_cuda; do
-    cp "$BUILD/bin/$t" "$TESTS_DIR/bin/" || die 3 "$BUILD/bin/$t is missing; see $BUILD/gpu_stage.build.log"
+  tmp="$(mktemp -d /tmp/gpu_stage.XXXXXX)" || die 3 "mktemp failed"
+  mkdir -p "$tmp/bin" "$tmp/lib"
+  for t in "${TEST_EXES[@]}"; do
+    cp "$BUILD/bin/$t" "$tmp/bin/" || die 3 "$BUILD/bin/$t is missing; see $BUILD/gpu_stage.build.log"
   done
-  stage_libs "$TESTS_DIR/lib" "$TESTS_DIR"/bin/*
+  for t in "${TOOL_EXES[@]}"; do
+    strip -o "$tmp/bin/$t" "$BUILD/bin/$t" || die 3 "$BUILD/bin/$t is missing or cannot be stripped; see $BUILD/gpu_stage.build.log"
+  done
+  stage_libs "$tmp/lib" "$tmp"/bin/*
+  echo "$COMMIT" >"$tmp/COMMIT"
+  rm -rf "$TESTS_DIR" && mkdir -p "$TESTS_DIR" || die 3 "cannot create $TESTS_DIR"
+  say "compressing the check stage (xz -9)"
+  tar -C "$tmp" -cf - COMMIT bin lib | xz -9 -T2 >"$TESTS_DIR/stage.tar.xz" || die 3 "packing the check stage failed"
   echo "$COMMIT" >"$TESTS_DIR/COMMIT"
-  say "tests stage: $TESTS_DIR ($(du -sh "$TESTS_DIR" | cut -f1)); on the GPU machine: tools/gpu_check.sh $TESTS_DIR"
+  say "check stage: $TESTS_DIR/stage.tar.xz ($(du -sh "$TESTS_DIR/stage.tar.xz" | cut -f1); unpacked $(du -sh "$tmp" | cut -f1)); on the GPU machine: tools/gpu_check.sh $TESTS_DIR"
+  rm -rf "$tmp"
 fi
 
 # ---------------------------------------------------------------- studies stage (stripped, one xz tarball)

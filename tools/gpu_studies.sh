@@ -189,15 +189,7 @@ say "GPU: $GPU_LINE; plan ${STEPS[*]}; deadline ${DEADLINE} s"
 [[ -f "$STAGE/studies.tar.xz" ]] \
   || die 3 "no $STAGE/studies.tar.xz: run 'tools/gpu_check.sh --stage' on the build machine and carry $STAGE"
 WORK="$(mktemp -d /tmp/gpu_studies.XXXXXX)"
-# xz-utils is not in every minimal image; Python's lzma reads the same file.
-if command -v xz >/dev/null 2>&1; then
-  tar -C "$WORK" -xJf "$STAGE/studies.tar.xz"
-else
-  python3 -c 'import sys, tarfile
-t = tarfile.open(sys.argv[1], "r:xz")
-try: t.extractall(sys.argv[2], filter="tar")  # Python >= 3.12 warns without a filter
-except TypeError: t.extractall(sys.argv[2])' "$STAGE/studies.tar.xz" "$WORK"
-fi || die 3 "cannot unpack $STAGE/studies.tar.xz (needs xz or python3 with lzma)"
+gpu_env_unpack "$STAGE/studies.tar.xz" "$WORK" || die 3 "cannot unpack $STAGE/studies.tar.xz (needs xz or python3 with lzma)"
 BIN="$WORK/bin"
 STAGED_COMMIT="$(head -1 "$WORK/COMMIT" 2>/dev/null || echo unknown)"
 gpu_env_lib_path "$WORK/lib"
@@ -224,13 +216,8 @@ fi
 
 # ---------------------------------------------------------------- provenance (written first)
 # The Python that holds PyTorch (the PyTorch baseline runs with it): python3, else a venv in /opt.
-PY=python3; TORCH="not importable"
-for p in python3 /opt/*/.venv/bin/python3; do
-  command -v "$p" >/dev/null 2>&1 || continue
-  if t="$(timeout 60 "$p" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>/dev/null)"; then
-    PY="$p"; TORCH="$t ($p)"; break
-  fi
-done
+gpu_env_torch_python
+PY="$TORCH_PY"; TORCH="$TORCH_LINE"
 {
   echo "# GPU studies call $STAMP"
   echo

@@ -7,7 +7,7 @@ set -euo pipefail
 # Build and test dependencies (compiler, CMake, Eigen, GoogleTest, Google Benchmark, JSON,
 # libjpeg-turbo and stb for image decoding, CLI11 for the experiment programs' flags, Open MPI for
 # dist/'s data-parallel training and its 2-rank tests, Boost.Context for the emulated CUDA device's
-# per-thread fibers).
+# per-thread fibers, clang and its libFuzzer runtime for the fuzz targets that ctest runs: fuzz/).
 MINIDL_PACKAGES=(
   cmake
   g++
@@ -23,11 +23,15 @@ MINIDL_PACKAGES=(
   libopenmpi-dev
   openmpi-bin
   libboost-context-dev
+  clang
+  libclang-rt-dev
 )
-# Only for regenerating the golden files (tools/make_golden.py); never for building or testing.
+# Only for regenerating the golden files (tools/make_golden*.py); never for building or testing.
+# Pillow: the e2e golden's decoding and resizes, and the article augmentation's golden.
 MINIDL_GOLDEN_PACKAGES=(
   python3
   python3-numpy
+  python3-pil
   python3-torch
   python3-torchvision
 )
@@ -36,7 +40,7 @@ usage() {
   cat <<USAGE
 usage: bash tools/install_deps.sh [--golden] [--list]
   (no option)  install the missing build and test packages
-  --golden     also the PyTorch packages that tools/make_golden.py needs
+  --golden     also the Python packages (PyTorch, Pillow) that tools/make_golden*.py need
   --list       print the package list (with --golden: including those) and exit
 MINIDL_EXTRA_PACKAGES="a b" adds packages to the list for one run.
 USAGE

@@ -44,7 +44,6 @@
 #  float32 (no float32 rounding of their own); the script also runs them in float32 and fails if
 #  PyTorch's own float32 differs from the float64 reference by more than a tenth of the C++
 #  test's tolerance, so the test never compares an ill-conditioned number.
-import argparse
 import os
 import sys
 
@@ -57,12 +56,12 @@ from PIL import Image
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_golden import write_safetensors  # noqa: E402  (the repo's dependency-free writer)
 from make_golden_resnet import golden_value  # noqa: E402
+from golden_images import golden_args, image_entries  # noqa: E402  (hash + samples of a photo stage)
 
 SIZE = 64
 PHOTOS = ["cat/cat.1.jpg", "cat/cat.183.jpg", "cat/cat.596.jpg", "cat/cat.835.jpg",
           "dog/dog.1.jpg", "dog/dog.11.jpg", "dog/dog.296.jpg", "dog/dog.927.jpg"]
 LABELS = [0, 0, 0, 0, 1, 1, 1, 1]
-SAMPLES = 64
 R18_KEYS = ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.bn1.bias", "layer3.1.bn1.bias", "fc.weight", "fc.bias"]
 SMALLCNN_KEYS = ["conv.weight", "conv.bias", "fc2.weight", "fc2.bias"]
 SGD_LR, ADAM_LR = 0.1, 1e-3
@@ -70,35 +69,6 @@ SGD_LR, ADAM_LR = 0.1, 1e-3
 # with tests/e2e/e2e_golden_test.cpp.
 TOL = {"logits": 1e-4, "loss": 1e-5, "grad": 2e-3, "sgd": 1e-4, "adam": 1e-4, "running_mean": 1e-4}
 SETTINGS = ["center", "imagenet", "squash", "keras"]
-
-
-def fnv1a64(b: bytes) -> int:
-    h = 0xCBF29CE484222325
-    for byte in b:  # a few hundred kB in all: fast enough in pure Python
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def sample_positions(n: int) -> np.ndarray:
-    """SAMPLES flat u8 indices in [0, n): the LCG the C++ test repeats (x = x * 6364136223846793005
-    + 1442695040888963407 mod 2^64, index = (x >> 33) % n)."""
-    x, out = 0, []
-    for _ in range(SAMPLES):
-        x = (x * 6364136223846793005 + 1442695040888963407) & 0xFFFFFFFFFFFFFFFF
-        out.append((x >> 33) % n)
-    return np.array(out, dtype=np.int64)
-
-
-def image_entries(prefix: str, hwc: np.ndarray, full: bool) -> dict:
-    hwc = np.ascontiguousarray(hwc, dtype=np.uint8)
-    e = {prefix + ".shape": np.array(hwc.shape, dtype=np.int64)}
-    if full:
-        e[prefix + ".pixels"] = hwc
-    else:
-        h = fnv1a64(hwc.tobytes())
-        e[prefix + ".fnv1a"] = np.array([h - (1 << 64) if h >= (1 << 63) else h], dtype=np.int64)
-        e[prefix + ".samples"] = hwc.reshape(-1)[sample_positions(hwc.size)]
-    return e
 
 
 def transform(img: Image.Image, setting: str) -> Image.Image:
@@ -191,11 +161,7 @@ def check_f32(name, ref64, got32):
 
 
 def main() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "golden", "e2e"))
-    ap.add_argument("--photos", default=os.path.join(here, "..", "..", "shared", "data", "catsdogs"))
-    args = ap.parse_args()
+    args = golden_args(__doc__, "e2e")
     torch.manual_seed(0)
     entries = {}
     for name in make_formats(os.path.join(args.out, "formats")):

@@ -94,7 +94,7 @@ std::string outputs(const Study& st, const CsvTable& t, const std::map<std::stri
     for (const auto& g : groups) {
       auto it = curves.find(g);
       if (it == curves.end()) continue;
-      Series s{g, {}};
+      Series s{g, {}, {}, 0};
       const auto& xs = axis == "updates" ? it->second.updates : it->second.seconds;
       for (size_t k = 0; k < xs.size(); ++k) s.points.emplace_back(xs[k], it->second.val_acc[k]);
       plot.series.push_back(s);

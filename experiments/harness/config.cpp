@@ -82,10 +82,13 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--split", c.split, "train,val,test per class: integers are counts (the Keras study's "
                                      "600,200,200), decimals are fractions (0.8,0.1,0.1)");
   app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written; empty: none");
-  app.add_flag("--validate-data", c.validate_data, "decode every file of a --data folder before the split, print the "
-                                                   "report, and leave unreadable files out; off by default");
-  app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip) or rrc "
-                                         "(random resized crop + flip)");
+  app.add_flag("--validate-data", c.validate_data, "decode every file of a --data folder before the split (every run "
+                                                   "reads their headers), print the report, and leave unreadable files "
+                                                   "out; off by default");
+  app.add_option("--augment", c.augment, "none, keras (resize 250, random crop, flip), article (the Keras "
+                                         "article's offline copies: train and val sets twice, as loaded and as "
+                                         "the top-left crop of a bicubic 250 upscale) or rrc (random resized "
+                                         "crop + flip)");
   app.add_option("--resize", c.resize,
                  "how photos become --image-size squares for evaluation and --augment none: center (shorter side to "
                  "the size, centre crop; torchvision Resize(s) + CenterCrop(s)), imagenet (shorter side to size x "
@@ -115,6 +118,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--beta1", c.beta1, "Adam beta1");
   app.add_option("--beta2", c.beta2, "Adam beta2");
   app.add_option("--eps", c.eps, "Adam epsilon");
+  app.add_option("--eps-mode", c.eps_mode, "where Adam adds --eps: torch (to the bias-corrected sqrt(v), "
+                                           "PyTorch) or keras (to sqrt(v) before the bias correction, Keras)");
   app.add_option("--max-grad-norm", c.max_grad_norm, "clip the global gradient norm to this; 0: off");
   app.add_option("--lr-scaling", c.lr_scaling, "none, linear or sqrt: lr x (effective batch / base batch)^(1 or 1/2)");
   app.add_option("--base-batch", c.base_batch, "the batch --lr was tuned for (with --lr-scaling)");
@@ -303,8 +308,9 @@ void validate(const TrainConfig& c) {
   if (c.resize != "auto" && c.resize != "center" && c.resize != "imagenet" && c.resize != "squash" &&
       c.resize != "keras")
     usage("--resize '" + c.resize + "': expected auto, center, imagenet, squash or keras");
-  if (c.augment != "none" && c.augment != "keras" && c.augment != "rrc")
-    usage("--augment '" + c.augment + "': expected none, keras or rrc");
+  if (c.augment != "none" && c.augment != "keras" && c.augment != "article" && c.augment != "rrc")
+    usage("--augment '" + c.augment + "': expected none, keras, article or rrc");
+  if (c.eps_mode != "torch" && c.eps_mode != "keras") usage("--eps-mode '" + c.eps_mode + "': expected torch or keras");
   if (c.cudnn_benchmark != "on" && c.cudnn_benchmark != "off")
     usage("--cudnn-benchmark '" + c.cudnn_benchmark + "': expected on or off");
   if (c.synthetic_size < 0) usage("--synthetic-size must be >= 0");

@@ -21,6 +21,14 @@ class UsageError : public Error {
   explicit UsageError(const std::string& msg) : Error(msg) {}
 };
 
+// Bad input that concerns one run, not the whole command (an --init-weights or --resume file of
+// another model, or not safetensors): status 2 in minidl-train, an `error` row in a sweep (whose
+// other runs may not use that file), where any other UsageError ends the sweep.
+class RunInputError : public UsageError {
+ public:
+  explicit RunInputError(const std::string& msg) : UsageError(msg) {}
+};
+
 struct TrainConfig {
   // Model and input.
   std::string model = "smallcnn";  // smallcnn | resnet18 | resnet34 | resnet50 | resnet18-small | ...
@@ -32,7 +40,7 @@ struct TrainConfig {
   std::string split = "600,200,200";  // train,val,test per class (integers) or fractions (0.8,0.1,0.1)
   std::string manifest;               // write (or, when it exists, read) the split here
   bool validate_data = false;         // decode every file before the split; leave unreadable ones out
-  std::string augment = "none";       // none | keras | rrc
+  std::string augment = "none";       // none | keras | article | rrc
   std::string resize = "auto";        // auto | center | imagenet | squash | keras (docs/data.md, "Resizing")
   std::string normalize = "imagenet"; // imagenet (mean/std) | unit (pixels / 255, as Keras rescale)
   bool no_shuffle = false;
@@ -50,6 +58,7 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  std::string eps_mode = "torch";  // torch | keras: where Adam adds eps (optim/adam.h, keras_eps)
   double max_grad_norm = 0.0;
   std::string lr_scaling = "none";  // none | linear | sqrt
   int64_t base_batch = 32;

@@ -5,16 +5,19 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "data/article_augment.h"
 #include "data/synthetic.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/transform.h"
+#include "dist/process_group.h"
 #include "dist/sampler.h"
 
 namespace minidl::harness {
@@ -113,7 +116,10 @@ std::array<int64_t, 3> synthetic_counts(const TrainConfig& c) {
 
 class LoaderSource final : public BatchSource {
  public:
-  LoaderSource(std::shared_ptr<const data::Dataset> d, data::LoaderOptions o) : loader_(std::move(d), std::move(o)) {}
+  // part: what the loader reads; its sample k is the base dataset's sample idx[k % idx.size()]
+  // (subset(base, idx), or with --augment article that subset twice over: data/article_augment.h).
+  LoaderSource(std::shared_ptr<const data::Dataset> part, std::vector<int64_t> idx, data::LoaderOptions o)
+      : idx_(std::move(idx)), loader_(std::move(part), std::move(o)) {}
   int64_t size() const override { return size_; }
   int64_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
   void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
@@ -125,15 +131,25 @@ class LoaderSource final : public BatchSource {
   }
   double wait_seconds() const override { return loader_.stats().wait_seconds; }
   int64_t skipped() const override { return loader_.stats().skipped; }
+  std::vector<int64_t> skipped_samples() const override {
+    std::vector<int64_t> out;
+    for (const int64_t k : loader_.skipped_indices()) out.push_back(idx_[static_cast<size_t>(k) % idx_.size()]);
+    // Both article copies of an unreadable file fail: the file counts once.
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
   int64_t size_ = 0;
 
  private:
+  std::vector<int64_t> idx_;
   data::Loader loader_;
 };
 
+// `article`: the part enters twice, as the article's offline augmentation saved it (--augment article).
 std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> base, std::vector<int64_t> idx,
                                            const TrainConfig& c, Device device, int64_t image_size, bool training,
-                                           uint64_t seed, Shard shard) {
+                                           uint64_t seed, Shard shard, bool article = false) {
   if (idx.empty()) return nullptr;
   if (!training && shard.world > 1) {
     // Evaluation: this rank's stride of the part, unpadded (every image counts once over the ranks).
@@ -143,7 +159,6 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
     idx = std::move(mine);
     if (idx.empty()) return nullptr;
   }
-  const int64_t n = static_cast<int64_t>(idx.size());
   data::LoaderOptions o;
   o.batch_size = c.batch_size;
   o.workers = c.workers;
@@ -162,32 +177,68 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   } else if (training && c.augment == "rrc") {
     o.transform.augment = data::Augment::RandomResizedCrop;
   }
+  std::shared_ptr<const data::Dataset> part = data::subset(std::move(base), idx);   // idx: kept for the source
+  if (article) {
+    // Both copies come out of the view at the final size, which the loader's squash leaves alone.
+    part = data::article_augmented(std::move(part), o.transform);
+    o.transform.fit = data::Fit::Squash;
+    o.transform.resize = 0;
+  }
+  const int64_t n = part->size();
   if (training && shard.world > 1) {
     // This rank's shard of each epoch's order (dist::DistributedSampler over the loader's own
     // shuffle, padded): the union of the ranks' shards is the one-process epoch, and each sample's
     // augmentation is drawn as in the one-process run (keyed by its index, not its position).
     const dist::DistributedSampler sampler(n, shard.rank, shard.world, {o.shuffle, o.seed, dist::Tail::Pad});
     o.sampler = [sampler](int64_t epoch) { return sampler.indices(epoch); };
-    auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
+    auto src = std::make_unique<LoaderSource>(std::move(part), std::move(idx), o);
     src->size_ = sampler.num_samples();
     return src;
   }
-  auto src = std::make_unique<LoaderSource>(data::subset(std::move(base), std::move(idx)), o);
+  auto src = std::make_unique<LoaderSource>(std::move(part), std::move(idx), o);
   src->size_ = n;
   return src;
 }
 
-std::vector<int64_t> per_class(const data::Dataset& d, const std::vector<int64_t>* idx) {
-  std::vector<int64_t> n(d.class_names().size(), 0);
-  const int64_t count = idx ? static_cast<int64_t>(idx->size()) : d.size();
-  for (int64_t k = 0; k < count; ++k) ++n[static_cast<size_t>(d.label(idx ? (*idx)[static_cast<size_t>(k)] : k))];
-  return n;
+// Every file of the folder looked at before anything is counted: its header (cheap: catches empty,
+// non-image and random-bytes files), or with --validate-data its pixels (the report goes to
+// *report). The unreadable files are named on stderr (rank 0; at most kListed) and left out;
+// with several ranks the list is the union of the ranks' scans, so every rank splits, shards and
+// steps alike. Returns the indices of the usable files.
+std::vector<int64_t> scan_folder(const data::Dataset& folder, const TrainConfig& c, Shard shard, std::string* report) {
+  constexpr size_t kListed = 20;
+  const data::ValidationReport rep = data::validate_dataset(
+      folder, std::max(1, c.workers), c.validate_data ? data::Scan::Decode : data::Scan::Header);
+  Tensor bad = zeros({folder.size()}, {.dtype = DType::u8});
+  uint8_t* b = bad.data<uint8_t>();
+  for (const auto& e : rep.unreadable) b[e.index] = 1;
+  if (shard.world > 1 && folder.size() > 0) dist::world().allreduce(bad, dist::ReduceOp::Max);
+  if (c.validate_data) {
+    *report = rep.text();
+  } else if (shard.rank == 0) {
+    for (size_t k = 0; k < rep.unreadable.size() && k < kListed; ++k)
+      std::fprintf(stderr, "minidl data: skipping %s: %s\n", rep.unreadable[k].what.c_str(), rep.unreadable[k].why.c_str());
+    if (rep.unreadable.size() > kListed)
+      std::fprintf(stderr, "minidl data: ... and %zu more unreadable files (--validate-data lists them all)\n",
+                   rep.unreadable.size() - kListed);
+  }
+  std::vector<int64_t> usable;
+  for (int64_t i = 0; i < folder.size(); ++i)
+    if (b[i] == 0) usable.push_back(i);
+  return usable;
 }
 
-std::string class_counts(const data::Dataset& d, const std::vector<int64_t>& n) {
-  std::string s;
-  for (size_t c = 0; c < n.size(); ++c) s += (c ? ", " : "") + d.class_names()[c] + " " + std::to_string(n[c]);
-  return s;
+// A split of the whole folder restricted to its usable files, as indices among them.
+data::Split usable_part(const data::Split& all, const std::vector<int64_t>& usable, int64_t files) {
+  std::vector<int64_t> at(static_cast<size_t>(files), -1);
+  for (size_t k = 0; k < usable.size(); ++k) at[static_cast<size_t>(usable[k])] = static_cast<int64_t>(k);
+  const auto keep = [&](const std::vector<int64_t>& part) {
+    std::vector<int64_t> out;
+    for (const int64_t i : part)
+      if (at[static_cast<size_t>(i)] >= 0) out.push_back(at[static_cast<size_t>(i)]);
+    return out;
+  };
+  return {keep(all.train), keep(all.val), keep(all.test)};
 }
 
 }  // namespace
@@ -195,30 +246,6 @@ std::string class_counts(const data::Dataset& d, const std::vector<int64_t>& n) 
 std::string resolved_resize_mode(const TrainConfig& c) {
   if (c.resize != "auto") return c.resize;
   return c.model == "smallcnn" ? "keras" : "center";
-}
-
-void check_classes(const data::Dataset& d, const std::string& what, const std::string& split,
-                   const data::Split* parts) {
-  const std::vector<int64_t> all = per_class(d, nullptr);
-  if (all.size() < 2)
-    throw UsageError("--data '" + what + "': " + std::to_string(all.size()) + " class (" + class_counts(d, all) +
-                     "); training needs at least two classes (a folder per class, or a Kaggle / PetImages layout)");
-  for (size_t c = 0; c < all.size(); ++c)
-    if (all[c] == 0)
-      throw UsageError("--data '" + what + "': class '" + d.class_names()[c] + "' has no usable images (" +
-                       class_counts(d, all) + "); training needs images of every class");
-  if (!parts) return;
-  const std::pair<const char*, const std::vector<int64_t>*> named[] = {
-      {"training", &parts->train}, {"validation", &parts->val}, {"test", &parts->test}};
-  for (const auto& [name, idx] : named) {
-    if (idx->empty()) continue;   // a part the split does not ask for
-    const std::vector<int64_t> n = per_class(d, idx);
-    for (size_t c = 0; c < n.size(); ++c)
-      if (n[c] == 0)
-        throw UsageError("--split " + split + " leaves class '" + d.class_names()[c] + "' without " + name +
-                         " images in '" + what + "' (" + name + " part: " + class_counts(d, n) + "; usable: " +
-                         class_counts(d, all) + ")");
-  }
 }
 
 std::unique_ptr<BatchSource> tensor_source(Tensor images, Tensor labels, int64_t batch_size, bool shuffle,
@@ -245,42 +272,42 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
                     std::to_string(2 * n[2]) + " test images";
     return r;
   }
-  std::shared_ptr<data::Dataset> d;
+  std::shared_ptr<const data::Dataset> d;
   std::string what;
+  std::optional<DataAccount> account;
+  std::vector<int64_t> usable;   // folder data: the indices of the usable files
+  std::shared_ptr<data::Dataset> folder;
   if (c.data == "synthetic") {
     const auto n = synthetic_counts(c);
     d = data::synthetic_dataset(2 * (n[0] + n[1] + n[2]), image_size, c.seed * 4 + 1, c.synthetic_difficulty);
     what = "synthetic";
   } else {
     try {
-      d = data::open_image_folder(c.data);
+      folder = data::open_image_folder(c.data);
     } catch (const Error& e) {
       throw UsageError("--data '" + c.data + "': " + e.what());
     }
     what = c.data;
-    check_classes(*d, what, c.split);
-    if (c.validate_data) {
-      // Every file decoded once, up front: the unreadable ones leave the dataset before the split,
-      // so no part is short of images and the counts below are usable images.
-      const data::ValidationReport rep = data::validate_dataset(*d, std::max(1, c.workers));
-      r.validation_report = rep.text();
-      if (!rep.unreadable.empty()) {
-        std::vector<int64_t> keep;
-        size_t u = 0;
-        for (int64_t i = 0; i < d->size(); ++i) {
-          if (u < rep.unreadable.size() && rep.unreadable[u].index == i) ++u;
-          else keep.push_back(i);
-        }
-        d = data::subset(d, std::move(keep));
-        check_classes(*d, what, c.split);
-      }
-    }
+    account.emplace();
+    account->what = what;
+    account->split = c.split;
+    account->classes = folder->class_names();
+    account->files = account->usable = class_counts(*folder);
+    check_classes(*account, false);
+    usable = scan_folder(*folder, c, shard, &r.validation_report);
+    account->upfront = folder->size() - static_cast<int64_t>(usable.size());
+    account->usable = class_counts(*folder, &usable);
+    check_classes(*account, false);
+    d = static_cast<int64_t>(usable.size()) == folder->size() ? folder : data::subset(folder, usable);
   }
   const SplitSpec s = parse_split(c.split);
   data::Split split;
   if (!c.manifest.empty() && std::filesystem::exists(c.manifest)) {
     try {
-      split = data::read_manifest(c.manifest, *d);
+      // Read against every file, so a manifest naming a file that has since become unreadable
+      // still loads: that file is left out of its part, as it would be of a new split.
+      split = folder ? usable_part(data::read_manifest(c.manifest, *folder), usable, folder->size())
+                     : data::read_manifest(c.manifest, *d);
     } catch (const Error& e) {
       throw UsageError("--manifest '" + c.manifest + "': " + e.what());
     }
@@ -290,7 +317,8 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
                                                static_cast<int64_t>(s.parts[2]), c.seed)
                        : data::split_by_fractions(*d, s.parts[0], s.parts[1], s.parts[2], c.seed);
     } catch (const Error& e) {
-      throw UsageError("--split " + c.split + " does not fit " + what + ": " + e.what());
+      throw UsageError("--split " + c.split + " does not fit " + what + (account ? " (usable / files: " +
+                       account->counts() + ")" : "") + ": " + e.what());
     }
     if (!c.manifest.empty()) {
       try {
@@ -301,16 +329,26 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
       }
     }
   }
-  if (c.data != "synthetic") check_classes(*d, what, c.split, &split);
-  // Without --validate-data an unreadable file is only found when first read (then skipped): the
-  // count is of files, not of usable images.
-  const std::string counted = c.data == "synthetic" ? " images" : c.validate_data ? " usable images" : " files";
+  if (account) {
+    account->dataset = d;
+    account->parts = split;
+    account->late.assign(static_cast<size_t>(d->size()), 0);
+    check_classes(*account, true);
+  }
+  const std::string counted =
+      account ? " usable images, " + std::to_string(account->upfront) + " unreadable file" +
+                    (account->upfront == 1 ? "" : "s") + " skipped"
+              : " images";
   r.description = what + " (" + std::to_string(d->size()) + counted + "), " + std::to_string(split.train.size()) +
                   " train / " + std::to_string(split.val.size()) + " val / " + std::to_string(split.test.size()) +
-                  " test, augment " + c.augment + ", resize " + resolved_resize_mode(c);
-  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed, shard);
-  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard);
+                  " test, augment " + c.augment + (c.augment == "article" ? " (train and val twice)" : "") +
+                  ", resize " + resolved_resize_mode(c);
+  // --augment article doubles the training and validation parts (data/article_augment.h), not the test part.
+  const bool article = c.augment == "article";
+  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed, shard, article);
+  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard, article);
   r.test = loader_source(d, split.test, c, device, image_size, false, c.seed, shard);
+  r.account = std::move(account);
   if (!r.train) throw UsageError("--split " + c.split + " leaves no training images in " + what);
   return r;
 }

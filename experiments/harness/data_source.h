@@ -7,11 +7,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
 #include "experiments/harness/config.h"
+#include "experiments/harness/data_account.h"
 
 namespace minidl::harness {
 
@@ -32,6 +34,8 @@ class BatchSource {
   virtual std::optional<TensorBatch> next() = 0;
   virtual double wait_seconds() const = 0;          // cumulative time next() spent
   virtual int64_t skipped() const { return 0; }     // unreadable samples (folder data)
+  // Those samples as indices into the run's usable dataset (DataAccount::dataset).
+  virtual std::vector<int64_t> skipped_samples() const { return {}; }
 };
 
 // This process's part of the data when several ranks train together (mpirun -np N): training
@@ -54,6 +58,7 @@ struct RunData {
   std::unique_ptr<BatchSource> train, val, test;  // val / test may hold 0 images (then null)
   std::string description;                        // one line for the log
   std::string validation_report;                  // --validate-data's report ("" without it)
+  std::optional<DataAccount> account;             // folder data: files, usable images, the split
 };
 
 // The --resize mode in force: the flag, or for auto the convention of the model's world (keras
@@ -61,12 +66,11 @@ struct RunData {
 std::string resolved_resize_mode(const TrainConfig& c);
 
 // The train / val / test sources of a run per c (--data, --split, --augment, ...), batches of
-// c.batch_size (evaluation uses the same size). Throws UsageError, one line naming the folder and
-// the counts, for a missing or empty folder, fewer than two classes, a class left with no readable
-// image (--validate-data decodes every file first and leaves the unreadable ones out) or a split
-// that leaves a class without images in a part that asks for some.
-void check_classes(const data::Dataset& d, const std::string& what, const std::string& split,
-                   const data::Split* parts = nullptr);
+// c.batch_size (evaluation uses the same size). A folder's files are all looked at first (their
+// headers; every pixel with --validate-data) and the unreadable ones left out before anything is
+// counted or split; with several ranks they agree on that list. Throws UsageError, one line naming
+// the folder and the counts, for a missing or empty folder, fewer than two classes, a class left
+// with no usable image or a split that leaves a class without images in a part that asks for some.
 RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, Shard shard = {});
 
 }  // namespace minidl::harness

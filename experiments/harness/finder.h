@@ -17,7 +17,9 @@ struct Trial {
   bool ok = false;               // K full steps ran without an OOM
   int64_t peak_allocated = 0;    // bytes, over the K steps (up to the OOM when !ok)
   int64_t peak_reserved = 0;
-  // The peak of the forward + backward phase alone (0: not measured, use peak_reserved). It grows
+  // The peak of the forward + backward phase alone, in the bytes the batch needs (reserved on a GPU,
+  // live blocks on the CPU, whose allocator releases its cache before failing; 0: not measured, use
+  // peak_reserved). It grows
   // linearly with the batch; the optimizer step's own peak (weights + gradients + state +
   // update temporaries) does not, and dominates small batches, so the fit uses this one.
   int64_t activation_phase_reserved = 0;

@@ -78,6 +78,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Modul
   o.beta1 = c.beta1;
   o.beta2 = c.beta2;
   o.eps = c.eps;
+  o.keras_eps = c.eps_mode == "keras";
   o.weight_decay = c.resolved_weight_decay();
   if (c.optimizer == "adamw") return std::make_unique<optim::AdamW>(model.parameters(), o);
   return std::make_unique<optim::Adam>(model.parameters(), o);

@@ -1,9 +1,7 @@
-// CSV, JSON, Markdown and plot writers (see results.h). Appends are one write() of a whole line on
-// an O_APPEND descriptor followed by fsync, so a killed sweep loses at most the run in progress.
+// CSV, JSON, Markdown and plot writers (see results.h). Every write, an appended row included, goes
+// through the atomic writer (core/atomic_file.h), so a killed sweep loses at most the run in
+// progress and a full disk never tears a table.
 #include "experiments/harness/results.h"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +10,8 @@
 #include <ctime>
 #include <fstream>
 #include <sstream>
+
+#include "core/atomic_file.h"
 
 namespace minidl::harness {
 namespace {
@@ -100,14 +100,22 @@ CsvTable read_csv(const std::filesystem::path& file) {
 }
 
 void write_file_atomic(const std::filesystem::path& file, const std::string& content) {
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-  const std::string tmp = file.string() + ".tmp." + std::to_string(getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  MINIDL_CHECK(fd >= 0, "results: cannot create ", tmp);
-  const bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) &&
-                  ::fsync(fd) == 0;
-  ::close(fd);
-  MINIDL_CHECK(ok && std::rename(tmp.c_str(), file.c_str()) == 0, "results: cannot write ", file.string());
+  std::error_code ec;
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
+  if (ec) MINIDL_FAIL("cannot create the folder '", file.parent_path().string(), "' for ", file.filename().string(),
+                      ": ", ec.message());
+  minidl::write_file_atomic(file, content);
+}
+
+void check_writable(const std::string& flag, const std::filesystem::path& file) {
+  try {
+    std::error_code ec;
+    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
+    if (ec) MINIDL_FAIL("cannot create the folder '", file.parent_path().string(), "': ", ec.message());
+    const AtomicFile probe(file);   // removed again: nothing is written
+  } catch (const Error& e) {
+    throw UsageError(flag + " " + file.string() + ": " + e.what() + "; give a path in a writable folder");
+  }
 }
 
 bool upgrade_columns(CsvTable& t, const Row& header) {
@@ -137,24 +145,17 @@ void append_csv_row(const std::filesystem::path& file, const Row& header, const 
     // with the new columns empty in its rows, so a resumed sweep keeps what it had.
     MINIDL_CHECK(upgrade_columns(existing, header), "results: ", file.string(),
                  " has other columns than this program writes; move it away or use another --out");
-    write_file_atomic(file, csv_text(existing) + csv_line(row));
-    return;
   }
-  // A torn last line left by a kill is cut off first, so it can never be read back as a row.
-  {
-    std::ifstream f(file, std::ios::binary);
-    const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (!all.empty() && all.back() != '\n') {
-      const size_t keep = all.find_last_of('\n') + 1;  // npos + 1 == 0: nothing complete
-      std::filesystem::resize_file(file, keep);
-    }
-  }
-  const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND);
-  MINIDL_CHECK(fd >= 0, "results: cannot open ", file.string(), " for appending");
-  const std::string line = csv_line(row);
-  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
-  ::close(fd);
-  MINIDL_CHECK(ok, "results: cannot append to ", file.string());
+  // The whole file rewritten through the atomic writer: a kill or a full disk in the middle leaves
+  // the rows already there as they were (read_csv has dropped a torn line an older minidl left).
+  write_file_atomic(file, csv_text(existing) + csv_line(row));
+}
+
+void append_line(const std::filesystem::path& file, const std::string& line) {
+  std::string all;
+  if (std::ifstream f{file, std::ios::binary}) all.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  if (!all.empty() && all.back() != '\n') all.erase(all.find_last_of('\n') + 1);   // npos + 1 == 0
+  write_file_atomic(file, all + line + "\n");
 }
 
 void replace_csv_row(const std::filesystem::path& file, const Row& header, const std::string& key, const Row& row) {
@@ -235,6 +236,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"optimizer", c.optimizer},
           {"lr", c.resolved_lr()},
           {"momentum", c.momentum},
+          {"eps", c.eps},
+          {"eps_mode", c.eps_mode},
           {"weight_decay", c.resolved_weight_decay()},
           {"lr_scaling", c.lr_scaling},
           {"base_batch", c.base_batch},
@@ -280,6 +283,7 @@ nlohmann::json to_json(const RunResult& r) {
   }
   return {{"status", r.status},
           {"note", r.note},
+          {"skipped_files", r.skipped_files},
           {"steps", r.steps},
           {"parameters", r.parameters},
           {"lr", r.lr},
@@ -292,7 +296,7 @@ nlohmann::json to_json(const RunResult& r) {
           {"time_to_target_seconds", r.time_to_target >= 0 ? nlohmann::json(r.time_to_target) : nlohmann::json()},
           {"total_seconds", r.total_seconds},
           {"train_seconds", r.train_seconds},
-          {"images_per_second", r.mean_images_per_second()},
+          {"images_per_second", r.epochs.empty() ? nlohmann::json() : nlohmann::json(r.mean_images_per_second())},
           {"images_per_second_steady", num(r.steady_images_per_second())},
           {"peak_allocated_bytes", r.peak_allocated},
           {"peak_reserved_bytes", r.peak_reserved},
@@ -343,31 +347,50 @@ std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png) {
     for (char& ch : s) if (ch == '\'' || ch == '"') ch = ' ';
     return "'" + s + "'";
   };
-  // The points at chance, as one more block the script draws as circles over the lines.
-  Series at_chance{"at chance (50% +- " + fmt(100.0 * spec.chance_band, 1) + " points)", {}};
-  if (spec.chance_band > 0) {
-    for (const auto& s : spec.series)
-      for (const auto& p : s.points)
-        if (std::fabs(p.second - 0.5) <= spec.chance_band) at_chance.points.push_back(p);
-  }
   std::string settings = "plottitle=" + quote(spec.title) + "; xlab=" + quote(spec.xlabel) +
                          "; ylab=" + quote(spec.ylabel) + "; logx=" + (spec.logx ? "1" : "0");
-  if (spec.chance_band > 0)
+  // Error bars or point sets: lines first (x y err), then the point sets (x y), with the colour of
+  // the line each belongs to in pointcolors.
+  const bool marked = std::any_of(spec.series.begin(), spec.series.end(),
+                                  [](const Series& s) { return !s.errors.empty() || s.line_of > 0; });
+  std::vector<const Series*> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (const auto& s : spec.series)
+      if (!s.points.empty() && (s.line_of > 0) == (pass == 1)) order.push_back(&s);
+  if (marked) {
+    int lines = 0;
+    std::string colors;
+    for (const Series* s : order) {
+      if (s->line_of == 0) ++lines;
+      else colors += (colors.empty() ? "" : " ") + std::to_string(s->line_of);
+    }
+    settings += "; errbars=1; nlines=" + std::to_string(lines) + "; pointcolors=" + quote(colors);
+  }
+  // The lines' points at chance, as one more block, last, that the script circles over the lines.
+  Series at_chance{"at chance (50% +- " + fmt(100.0 * spec.chance_band, 1) + " points)", {}, {}, 0};
+  if (spec.chance_band > 0) {
+    for (const Series* s : order)
+      if (s->line_of == 0)
+        for (const auto& p : s->points)
+          if (std::fabs(p.second - 0.5) <= spec.chance_band) at_chance.points.push_back(p);
     settings += "; band_lo=" + fmt(0.5 - spec.chance_band, 6) + "; band_hi=" + fmt(0.5 + spec.chance_band, 6) +
                 "; chance_block=" + (at_chance.points.empty() ? "0" : "1");
-  std::vector<Series> series = spec.series;
-  if (!at_chance.points.empty()) series.push_back(at_chance);
+  }
+  if (!at_chance.points.empty()) order.push_back(&at_chance);
   // The data first, whether or not gnuplot is here: a GPU machine has none, and the plot is then
   // drawn on another machine from the .dat alone (gnuplot skips the "#" line).
   std::string dat = "# plot: " + settings + "\n";
   int blocks = 0;
-  for (const auto& s : series) {
-    if (s.points.empty()) continue;
+  for (const Series* s : order) {
     if (blocks++) dat += "\n\n";
-    std::string title = s.title;
+    std::string title = s->title;
     for (char& ch : title) if (ch == '"') ch = '\'';
-    dat += "\"" + title + "\" \"y\"\n";
-    for (const auto& [x, y] : s.points) dat += fmt(x, 6) + " " + fmt(y, 6) + "\n";
+    dat += "\"" + title + "\" \"y\"" + (marked ? " \"error\"" : "") + "\n";
+    for (size_t i = 0; i < s->points.size(); ++i) {
+      dat += fmt(s->points[i].first, 6) + " " + fmt(s->points[i].second, 6);
+      if (marked) dat += " " + fmt(i < s->errors.size() ? s->errors[i] : 0.0, 6);
+      dat += "\n";
+    }
   }
   if (blocks == 0) return "nothing to plot";
   const std::filesystem::path datfile = png.string() + ".dat";

@@ -29,11 +29,20 @@ std::string csv_line(const Row& row);            // with the trailing newline
 // a kill) and lines with the wrong number of fields are dropped.
 CsvTable read_csv(const std::filesystem::path& file);
 
-// Writes `content` to a temporary file beside `file`, fsyncs and renames it over `file`.
+// Creates the folder if needed, then minidl::write_file_atomic (core/atomic_file.h): a temporary
+// file beside `file`, fsynced and renamed over it, so `file` is the old or the new content, never
+// a mix. Throws minidl::Error naming the file and the reason (full disk, read-only folder).
 void write_file_atomic(const std::filesystem::path& file, const std::string& content);
-// Appends one row: a new file gets the header first (written atomically together); an existing
-// file must have the same header (else throws) and gets the row with one O_APPEND write + fsync.
+// Appends one row: a new file gets the header first; an existing file must have the same header
+// (else throws; an older file whose columns are a prefix is upgraded). The whole table is written
+// again atomically, so a failed append leaves every earlier row as it was.
 void append_csv_row(const std::filesystem::path& file, const Row& header, const Row& row);
+// Throws UsageError ("<flag> <file>: cannot create ...: Read-only file system") unless `file`
+// could be written now (its folder created if needed, a temporary file made and removed): what a
+// program checks before it trains, not after hours of training.
+void check_writable(const std::string& flag, const std::filesystem::path& file);
+// Appends one line (runs.jsonl) the same way, dropping a torn last line an older writer left.
+void append_line(const std::filesystem::path& file, const std::string& line);
 
 // Replaces the row(s) whose `key` column equals the new row's (appends when there is none), keeping
 // every other row as it was, and rewrites the file atomically; an older file's columns are upgraded
@@ -61,10 +70,14 @@ std::string epochs_csv(const std::vector<EpochMetrics>& epochs);
 std::string resumed_epochs_csv(const std::filesystem::path& existing, const std::vector<EpochMetrics>& epochs,
                                int64_t first_epoch);
 
-// One line per series: points (x, y) of a plot.
+// One line per series: points (x, y) of a plot. With `errors` (one per point, the same order) the
+// line gets error bars of +-error. A series with `line_of` > 0 is a set of points without a line
+// (published values) in the colour of the line series number line_of (1-based, counting lines).
 struct Series {
   std::string title;
   std::vector<std::pair<double, double>> points;
+  std::vector<double> errors;
+  int line_of = 0;
 };
 struct PlotSpec {
   std::string title, xlabel, ylabel;
@@ -76,7 +89,8 @@ struct PlotSpec {
   double chance_band = 0.0;
 };
 // Writes the data as <png>.dat (its first line, "# plot: plottitle=...; xlab=...", holds the
-// settings) and renders the PNG with gnuplot (tools/plot_results.gnuplot). Returns "" on success,
+// settings; errbars=1, nlines and pointcolors when a series has error bars or is a point set) and
+// renders the PNG with gnuplot (tools/plot_results.gnuplot). Returns "" on success,
 // else why there is no plot; without gnuplot (the GPU machines) the .dat is still written, so the
 // plot can be drawn elsewhere (the script's header says how).
 std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png);

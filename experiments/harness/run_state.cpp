@@ -1,8 +1,10 @@
 // Saving and reading back a run's progress for --save-weights / --resume (see run_state.h).
 #include "experiments/harness/run_state.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 
 #include "experiments/harness/config.h"
 #include "nn/safetensors.h"
@@ -68,13 +70,85 @@ Progress progress_from(const std::map<std::string, std::string>& meta, const std
   return p;
 }
 
+nn::SafetensorsFile read_weights_file(const std::string& flag, const std::string& path) {
+  try {
+    return nn::load_safetensors(path);
+  } catch (const Error& e) {
+    throw RunInputError(flag + " " + path + ": not a weights file minidl can read: " + e.what());
+  }
+}
+
+void load_weights(Model& m, const std::string& flag, const std::string& path, const nn::SafetensorsFile& file) {
+  const nn::StateDictDiff diff = m.module->compare_state_dict(file.tensors);
+  if (!diff.empty()) {
+    const auto saved = file.metadata.find("model");
+    throw RunInputError(flag + " " + path + " does not fit --model " + m.name +
+                     (saved != file.metadata.end() ? " (it was saved from " + saved->second + ")" : "") + ": " +
+                     diff.summary(3));
+  }
+  m.module->load_state_dict(file.tensors);
+}
+
+void load_optimizer_state(const TrainConfig& c, const std::map<std::string, std::string>& weights_meta,
+                          optim::Optimizer& opt, optim::GradScaler& scaler,
+                          const std::function<void(const std::string&)>& log) {
+  const std::string path = optimizer_state_path(c.resume);
+  if (!std::filesystem::exists(path)) return;
+  const nn::SafetensorsFile file = read_weights_file("--resume", path);
+  if (!file.metadata.empty() && file.metadata != weights_meta) {
+    const auto steps = [](const std::map<std::string, std::string>& meta) {
+      const auto it = meta.find("steps");
+      return it == meta.end() ? std::string("?") : it->second;
+    };
+    throw RunInputError("--resume " + c.resume + " and " + path + " are from different saves (steps " +
+                     steps(weights_meta) + " and " + steps(file.metadata) + "): the save was cut short between the "
+                     "two files; resume from a complete pair");
+  }
+  const auto& state = file.tensors;
+  const bool has_scaler =
+      std::any_of(state.begin(), state.end(), [](const auto& kv) { return kv.first.rfind("scaler.", 0) == 0; });
+  try {
+    if (c.amp && !has_scaler) {
+      // Saved without --amp (or by an older minidl): the optimizer continues, the scaler starts fresh.
+      opt.load_state_dict(state);
+      log("--resume: " + path + " has no gradient-scaler state; the loss scale starts at --amp-init-scale");
+    } else {
+      optim::load_training_state(opt, scaler, state);
+    }
+  } catch (const Error& e) {
+    throw RunInputError("--resume " + c.resume + ": its optimizer state " + path + " does not fit --optimizer " +
+                     c.optimizer + ": " + e.what());
+  }
+}
+
+std::string resume_line(const TrainConfig& c, const Progress& saved, int64_t steps, int64_t first_epoch) {
+  return "resumed from " + c.resume + ": " +
+         (saved.micro_batches > 0
+              ? "inside epoch " + std::to_string(saved.epoch) + " after micro-batch " + std::to_string(saved.micro_batches)
+              : "after epoch " + std::to_string(saved.epoch)) +
+         ", optimizer step " + std::to_string(steps) + "; " +
+         (first_epoch > c.epochs ? "nothing left to train with --epochs " + std::to_string(c.epochs)
+                                 : "continuing at epoch " + std::to_string(first_epoch));
+}
+
 void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, const optim::GradScaler& scaler,
-                const Progress& p) {
+                const Progress& p, dist::ProcessGroup* group) {
   // Model weights under torchvision's names (loadable by torchvision); optimizer and gradient
   // scaler ("scaler.*" keys, only with --amp) beside them, both with the same progress metadata.
-  const auto meta = progress_metadata(m.name, p, opt.step_count());
-  nn::save_safetensors(path, m.module->state_dict(), meta);
-  nn::save_safetensors(optimizer_state_path(path), optim::training_state_dict(opt, scaler), meta);
+  const bool lead = group == nullptr || group->rank() == 0;
+  std::string failed;
+  if (lead) {
+    try {
+      const auto meta = progress_metadata(m.name, p, opt.step_count());
+      nn::save_safetensors(path, m.module->state_dict(), meta);
+      nn::save_safetensors(optimizer_state_path(path), optim::training_state_dict(opt, scaler), meta);
+    } catch (const Error& e) {
+      if (group == nullptr) throw;
+      failed = e.what();
+    }
+  }
+  if (group && group->any(!failed.empty()))
+    throw Error(lead ? failed : "rank 0 could not write --save-weights " + path);
 }
 
 }  // namespace minidl::harness

@@ -3,11 +3,15 @@
 // exactly where the saved one stopped. Internal to the harness (train.cpp).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
 
+#include "dist/process_group.h"
+#include "experiments/harness/config.h"
 #include "experiments/harness/model.h"
+#include "nn/safetensors.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 
@@ -40,9 +44,29 @@ std::string optimizer_state_path(const std::string& weights);
 std::map<std::string, std::string> progress_metadata(const std::string& model, const Progress& p, int64_t steps);
 Progress progress_from(const std::map<std::string, std::string>& meta, const std::string& path);
 
+// The tensors and metadata of the weights file given to `flag` (--resume, --init-weights): a file
+// that is missing or not safetensors (random bytes, truncated) is a UsageError naming both.
+nn::SafetensorsFile read_weights_file(const std::string& flag, const std::string& path);
+// Loads `file` into m. A file of another model or with other shapes is a UsageError of one short
+// line: the counts of missing, unexpected and mismatched tensors with the first three of each.
+void load_weights(Model& m, const std::string& flag, const std::string& path, const nn::SafetensorsFile& file);
+
+// The optimizer and gradient-scaler state saved beside the --resume file (whose metadata is
+// `weights_meta`), loaded into opt and scaler when that file exists. A file of another --optimizer, or from another save than the
+// weights (their progress metadata differ: a save cut short between the two files), is a
+// UsageError; a file without scaler state for an --amp run starts the scaler afresh (said in `log`).
+void load_optimizer_state(const TrainConfig& c, const std::map<std::string, std::string>& weights_meta,
+                          optim::Optimizer& opt,
+                          optim::GradScaler& scaler, const std::function<void(const std::string&)>& log);
+// The log's line on where a resumed run continues: "resumed from FILE: inside epoch 2 after
+// micro-batch 2, optimizer step 6; continuing at epoch 2" (or "... nothing left to train ...").
+std::string resume_line(const TrainConfig& c, const Progress& saved, int64_t steps, int64_t first_epoch);
+
 // Writes the model's weights (torchvision's names) to path and the optimizer and scaler state
-// beside it, both with the progress metadata.
+// beside it, both with the progress metadata. With a group, rank 0 writes and the ranks then agree
+// whether it did: the files are complete when any rank goes on (a sweep's next run, a resume), and
+// a failed write (a full disk) throws on every rank instead of leaving the others waiting.
 void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, const optim::GradScaler& scaler,
-                const Progress& p);
+                const Progress& p, dist::ProcessGroup* group = nullptr);
 
 }  // namespace minidl::harness

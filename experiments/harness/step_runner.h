@@ -33,7 +33,8 @@ class StepRunner {
   int64_t parameter_bytes() const;
 
  private:
-  // One step; returns the peak reserved bytes of its forward + backward phase.
+  // One step; returns the peak bytes of its forward + backward phase that the batch needs (reserved on
+  // a GPU, live blocks on the CPU: see step_runner.cpp).
   int64_t step(int64_t batch);
 
   TrainConfig c_;

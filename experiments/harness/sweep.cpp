@@ -12,10 +12,12 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 #include <type_traits>
 
 #include "dist/process_group.h"
 #include "experiments/harness/eta.h"
+#include "experiments/harness/seed_summary.h"
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
 
@@ -112,6 +114,36 @@ struct Executed {
   bool interrupted = false;
 };
 
+// Under mpirun, after each run: whether any rank's run failed, and how ("oom\t<message>" or
+// "error\t<message>", "" when none did), the lowest failing rank's on every rank, so all of them
+// write (rank 0) or skip the same row and go on to the next run together. A rank that failed waits
+// at most kAgreeSeconds for the others: when they do not come (it failed alone, the others are
+// still inside the run's collectives) it ends the job, as before this agreement, never a hang.
+constexpr double kAgreeSeconds = 60.0;
+
+std::string agree_on_failure(dist::ProcessGroup& g, const std::string& local) {
+  Tensor who = scalar_tensor(local.empty() ? g.world_size() : g.rank(), {.dtype = DType::f64});
+  const auto work = g.allreduce_async(who, dist::ReduceOp::Min);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kAgreeSeconds);
+  while (!local.empty() && !work->test()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      g.abort("minidl-sweep: error: " + local.substr(local.find('\t') + 1) + " (this rank alone: the others did "
+              "not reach the end of the run within " + std::to_string(static_cast<int>(kAgreeSeconds)) + " s)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  work->wait();
+  const auto root = static_cast<int>(who.item());
+  if (root >= g.world_size()) return "";
+  Tensor n = scalar_tensor(g.rank() == root ? static_cast<double>(local.size()) : 0.0, {.dtype = DType::f64});
+  g.allreduce(n, dist::ReduceOp::Max);
+  Tensor text = zeros({static_cast<int64_t>(n.item())}, {.dtype = DType::u8});
+  if (g.rank() == root) std::copy(local.begin(), local.end(), text.data<uint8_t>());
+  if (text.numel() > 0) g.broadcast(text, root);
+  std::string msg(text.data<uint8_t>(), text.data<uint8_t>() + text.numel());
+  if (root != 0) msg.insert(msg.find('\t') + 1, "rank " + std::to_string(root) + ": ");
+  return msg;
+}
+
 Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distributed) {
   Executed ex;
   TrainConfig c = run.config;
@@ -124,6 +156,7 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
     return ex;
   }
   int64_t max_batch = 0, predicted = 0;
+  std::string failure;   // "<status>\t<note>" of a run that threw
   try {
     if (run.find_max_batch) {
       const MaxBatchReport rep = run_maxbatch(c, st.maxbatch, verbose);
@@ -149,17 +182,26 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
     ex.row = make_row(st, run, c, &res, res.status, res.note, max_batch, predicted);
     ex.json["result"] = to_json(res);
     ex.json["status"] = res.status;
+  } catch (const RunInputError& e) {
+    failure = "error\t" + user_message(e, c.verbose);   // this run's weights file: the others go on
   } catch (const UsageError&) {
     throw;
   } catch (const Interrupted&) {
     ex.interrupted = true;  // not a result: the rerun starts this run again
   } catch (const std::exception& e) {
-    // With several ranks the others may wait in a collective of this run: the job ends (the
-    // program's run_or_abort names the rank), and a rerun of the sweep retries the run.
-    if (distributed) throw;
-    ex.row = make_row(st, run, c, nullptr, "error", user_message(e, c.verbose), max_batch, predicted);
-    ex.json["status"] = "error";
-    ex.json["note"] = user_message(e, c.verbose);
+    // In one process an out-of-memory run is caught inside run_training (status oom); with several
+    // ranks it leaves it, so that no rank steps on alone, and is agreed below like any failure.
+    const std::string status = dynamic_cast<const OutOfMemoryError*>(&e) ? "oom" : "error";
+    failure = status + "\t" + user_message(e, c.verbose);
+  }
+  if (distributed) failure = agree_on_failure(dist::world(), failure);
+  if (!failure.empty()) {
+    const std::string status = failure.substr(0, failure.find('\t')), note = failure.substr(failure.find('\t') + 1);
+    ex.row = make_row(st, run, c, nullptr, status, note, max_batch, predicted);
+    ex.json.erase("result");
+    ex.json["status"] = status;
+    ex.json["note"] = note;
+    ex.interrupted = false;
   }
   return ex;
 }
@@ -231,7 +273,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   const bool lead = group == nullptr || group->rank() == 0;
   if (group && o.process_per_run)
     throw UsageError("--process-per-run under mpirun: the ranks are the processes; drop --process-per-run");
-  if (lead) std::filesystem::create_directories(o.out);
+  if (lead) check_writable("--out", csv);   // creates the folder; a read-only one stops here, not after a run
   std::set<std::string> done = done_ids(csv);
   const std::set<std::string> retry = o.retry_failed ? failed_ids(csv) : std::set<std::string>{};
   for (const auto& id : retry) done.erase(id);
@@ -301,9 +343,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     }
     // runs.jsonl first: results.csv is the commit point that marks the run done.
     if (lead) {
-      std::ofstream f(jsonl, std::ios::app);
-      f << ex.json.dump() << "\n";
-      f.close();
+      append_line(jsonl, ex.json.dump());
       record(run.id, ex.row);
     }
     run_done();
@@ -452,12 +492,14 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
     const std::string y = t.get(i, st.plot_y);
     if (y.empty()) continue;
     const std::string g = t.get(i, "group");
-    if (!series.count(g)) series[g] = plot.series.size(), plot.series.push_back({g, {}});
+    if (!series.count(g)) series[g] = plot.series.size(), plot.series.push_back({g, {}, {}, 0});
     const double x = st.name == "techniques" ? static_cast<double>(plot.series[series[g]].points.size() + 1)
                                              : std::stod(t.get(i, "effective_batch"));
     plot.series[series[g]].points.emplace_back(x, std::stod(y));
   }
   for (auto& s : plot.series) std::sort(s.points.begin(), s.points.end());
+  const std::vector<SeedCell> cells = st.seeds > 1 ? seed_cells(st, t) : std::vector<SeedCell>{};
+  if (st.seeds > 1) plot.series = seed_series(cells), plot.ylabel += " (mean and sd over seeds)";
   if ((st.plot_y == "best_val_acc" || st.plot_y == "test_acc") && !st.runs.empty()) {
     // The same band summary.md's "(chance)" marks: two standard errors of 50% for the images evaluated.
     const int64_t n = evaluated_images(st.runs.front().config)[st.plot_y == "test_acc" ? 2 : 1];
@@ -499,6 +541,10 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   }
   md += "- `-`: no value (no validation or test split, or a run that stopped); `(chance)`: within two standard "
         "errors of 50% for the images evaluated\n\n";
+  if (st.seeds > 1) {
+    md += seed_means_markdown(st, cells, st.runs.empty() ? 0 : evaluated_images(st.runs.front().config)[2]);
+    md += "Every run:\n\n";
+  }
   md += markdown_table(st.summary_columns, rows) + "\n";
   if (st.extra_outputs) md += extra_md;
   else md += note.empty() ? "![" + st.plot_ylabel + "](" + png + ")\n\n" : "No plot: " + note + "\n\n";

@@ -29,6 +29,13 @@ struct SweepRun {
   std::string unavailable;     // non-empty: recorded as skipped with this reason
 };
 
+// A published value to put beside ours: the study's `group` at effective batch `batch`.
+struct PublishedPoint {
+  std::string group;
+  int64_t batch = 0;
+  double value = 0;
+};
+
 struct Study {
   std::string name;
   std::string title;
@@ -41,6 +48,10 @@ struct Study {
   std::vector<std::string> summary_columns; // results.csv columns shown in summary.md
   std::string notes;                        // what the published study found, for summary.md
   std::string published_setup;              // the published runs' data, size and epochs ("" for a grid)
+  // > 1: each (group, effective batch) is run this many times with seeds --seed, --seed + 1, ...
+  // summary.md then leads with their mean and spread (seed_summary.h) and the plot has error bars.
+  int seeds = 1;
+  std::vector<PublishedPoint> published;    // drawn beside ours (means table and plot)
   // Study-specific outputs (the batch-schedule study's curves and per-variant means): given the
   // study, results.csv, every run's latest record (runs.jsonl) and the folder, it writes its plots
   // and returns Markdown for summary.md, placed after the table; the plot against the batch size

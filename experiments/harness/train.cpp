@@ -40,10 +40,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{SIGINT};   // the signal that asked to stop, for the run's note
 
-extern "C" void on_sigint(int) {
-  if (g_stop.exchange(true)) std::_Exit(130);  // the second Ctrl-C does not wait
+extern "C" void on_sigint(int sig) {
+  g_signal.store(sig);
+  if (g_stop.exchange(true)) std::_Exit(128 + sig);  // the second Ctrl-C does not wait
 }
+
+const char* stop_signal() { return g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT"; }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -72,7 +76,15 @@ int64_t param_bytes(nn::Module& m) {
 
 }  // namespace
 
-void install_sigint_handler() { std::signal(SIGINT, on_sigint); }
+void install_sigint_handler() {
+  // SIGTERM (kill, a scheduler's time limit, mpirun passing one on) stops at the next step
+  // boundary as Ctrl-C does: the run still saves and writes what it has.
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported like a full disk,
+  // instead of killing the process in the middle of it.
+  std::signal(SIGXFSZ, SIG_IGN);
+}
 
 bool stop_requested() { return g_stop.load(); }
 void request_stop() { g_stop.store(true); }
@@ -105,8 +117,16 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   r.device_name = device_description(device);
 
   Model m = make_model(c, c.seed * 4 + 3);
-  if (!c.init_weights.empty()) m.module->load_state_dict(nn::load_safetensors(c.init_weights).tensors);
-  if (!c.resume.empty()) m.module->load_state_dict(nn::load_safetensors(c.resume).tensors);
+  // A file of another model or not safetensors at all is a usage error (exit 2). Only the resumed
+  // file's metadata is kept: its tensors would count against --memory-budget for the whole run.
+  std::map<std::string, std::string> resumed_meta;
+  if (!c.init_weights.empty())
+    load_weights(m, "--init-weights", c.init_weights, read_weights_file("--init-weights", c.init_weights));
+  if (!c.resume.empty()) {
+    nn::SafetensorsFile f = read_weights_file("--resume", c.resume);
+    load_weights(m, "--resume", c.resume, f);
+    resumed_meta = std::move(f.metadata);
+  }
   if (!c.save_initial_weights.empty() && lead) {
     nn::save_safetensors(c.save_initial_weights, m.module->state_dict(), {{"model", c.model}, {"steps", "0"}});
     log("saved the initial weights to " + c.save_initial_weights);
@@ -158,6 +178,13 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   set_optimal_limit(c.batch_size);
   if (!data.validation_report.empty()) log(data.validation_report);
   r.data_description = data.description;
+  // Unreadable files found while loading are counted out after each pass; one that empties a
+  // class's part ends the run (UsageError) on every rank at once.
+  const auto settle_skips = [&] {
+    if (data.account)
+      r.skipped_files = settle_late_skips(*data.account, {data.train.get(), data.val.get(), data.test.get()}, group);
+  };
+  settle_skips();
   const EpochBatches batches(c, data.train->size());   // --batch-schedule (a fixed batch without it)
   int64_t total_steps = batches.total_steps();
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
@@ -193,22 +220,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   // The saved epoch's micro-batch and accumulation, for the resumed epoch when it continues the
   // same phase of the batch schedule (the uninterrupted run would not have tried it again).
   std::optional<EpochBatch> resumed_batch;
+  std::string resumed_from;   // the log's line on where a resumed run continues
   if (!c.resume.empty()) {
-    const auto file = nn::load_safetensors(c.resume);
-    const Progress saved = progress_from(file.metadata, c.resume);
-    const std::string opt_path = optimizer_state_path(c.resume);
-    if (std::filesystem::exists(opt_path)) {
-      const auto state = nn::load_safetensors(opt_path).tensors;
-      const bool has_scaler = std::any_of(state.begin(), state.end(),
-                                          [](const auto& kv) { return kv.first.rfind("scaler.", 0) == 0; });
-      if (c.amp && !has_scaler) {
-        // Saved without --amp (or by an older minidl): the optimizer continues, the scaler starts fresh.
-        opt->load_state_dict(state);
-        log("--resume: " + opt_path + " has no gradient-scaler state; the loss scale starts at --amp-init-scale");
-      } else {
-        optim::load_training_state(*opt, scaler, state);
-      }
-    }
+    const Progress saved = progress_from(resumed_meta, c.resume);
+    load_optimizer_state(c, resumed_meta, *opt, scaler, log);
     if (saved.micro_batches > 0 && saved.world_size != c.world_size)
       throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) + " on " +
                        std::to_string(saved.world_size) + " rank(s); the epoch's shards depend on the number of "
@@ -232,6 +247,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     if (same_phase && (saved.micro_batches > 0 ||
                        (first_epoch <= c.epochs && batches.scheduled(first_epoch) == seb.scheduled)))
       resumed_batch = seb;
+    resumed_from = resume_line(c, saved, opt->step_count(), first_epoch);
     prog.epoch = saved.epoch;
     prog.micro_batches = saved.micro_batches;
     prog.best_val_acc = saved.best_val_acc;
@@ -266,6 +282,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   head << ", " << c.optimizer << " lr " << r.lr << " (" << c.lr_scaling << " scaling), schedule " << spec << ", "
        << total_steps << " optimizer steps";
   log(head.str());
+  if (!resumed_from.empty()) log(resumed_from);
 
   double train_seconds = prog.train_seconds;
   // The progress lines: every --progress-every steps and every --progress-seconds; their ETA
@@ -278,7 +295,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   for (int64_t epoch = first_epoch; epoch <= c.epochs && !stop; ++epoch) {
     if (epoch > first_epoch && agreed(stop_requested())) {  // SIGINT during the last evaluation
       r.status = "interrupted";
-      r.note = "SIGINT before epoch " + std::to_string(epoch);
+      r.note = std::string(stop_signal()) + " before epoch " + std::to_string(epoch);
       break;
     }
     double trial_seconds = 0.0;
@@ -340,7 +357,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     int64_t correct = 0;
     bool cut = false;   // left the epoch early (divergence, SIGINT, --max-steps, OOM)
     try {
-      while (auto b = data.train->next()) {
+      for (;;) {
+        auto b = data.train->next();
+        // A file found unreadable while loading can leave one rank a batch short: all ranks end
+        // the epoch together rather than wait for it in the next allreduce.
+        if (group ? group->any(!b) : !b) break;
         if (i == plan.size()) break;  // the loader delivered more than planned: never step twice
         if (i % static_cast<size_t>(eb.accumulation) == 0) {
           const double f = schedule->factor(opt->step_count()) * batch_lr;
@@ -403,7 +424,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         }
         if (agreed(stop_requested())) {
           r.status = "interrupted";
-          r.note = "SIGINT at step " + std::to_string(step);
+          r.note = std::string(stop_signal()) + " at step " + std::to_string(step);
           stop = cut = true;
           break;
         }
@@ -475,6 +496,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     } else {
       em.val_loss = em.val_acc = std::numeric_limits<double>::quiet_NaN();
     }
+    settle_skips();
     if (em.images > 0) {
       r.epochs.push_back(em);
       char line[320];
@@ -493,6 +515,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   r.steps = opt->step_count();
   r.train_seconds = train_seconds;
   const EvalResult t = (r.status == "ok" || r.status == "interrupted") ? evaluate(m, data.test.get(), group) : EvalResult{};
+  settle_skips();
   r.test_acc = t.acc;
   r.test_loss = t.loss;
   if (!c.save_weights.empty() && r.status != "oom") {
@@ -500,10 +523,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     prog.rng_seed = default_generator().seed();
     prog.rng_offset = default_generator().offset();
     prog.world_size = c.world_size;
-    // Rank 0 writes (each file atomically: a temporary renamed into place); the others wait, so the
-    // files are complete when any rank goes on (a sweep's next run, a resume).
-    if (lead) save_state(c.save_weights, m, *opt, scaler, prog);
-    if (group) group->barrier();
+    save_state(c.save_weights, m, *opt, scaler, prog, group);
     log("saved weights to " + c.save_weights + " (optimizer state: " + optimizer_state_path(c.save_weights) + ")");
   }
   r.total_seconds = seconds_since(t_start);

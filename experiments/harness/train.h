@@ -60,6 +60,7 @@ struct RunResult {
   std::string data_description;
   std::string device_name;
   int64_t first_epoch = 1;        // > 1 (or a partial epoch) when --resume continued a saved run
+  int64_t skipped_files = 0;      // folder data: unreadable files left out, up front and while loading
   bool diverged() const { return status == "diverged"; }
   double mean_images_per_second() const;
   double steady_images_per_second() const;   // over the epochs' steady parts; NaN when none had one

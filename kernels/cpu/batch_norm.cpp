@@ -1,12 +1,17 @@
-// CPU batch norm: the reference the cuDNN path is checked against, and what the CPU experiments
+// CPU batch norm: the reference the CUDA kernels are checked against, and what the CPU experiments
 // train with. Statistics accumulate in double so f32 results match PyTorch's to rounding, and the
 // running-stat update follows PyTorch exactly (biased variance to normalise, unbiased to track).
+// The fused forms (+ residual add + ReLU) run the same loops with the add and the mask inside, so
+// in f32 and f64 they give the composed ops' values bit for bit.
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/workspace.h"
 
 namespace minidl::cpu {
 namespace {
@@ -59,11 +64,12 @@ Layout layout_of(const Tensor& x, const char* what) {
   return {x.size(0), x.size(1), S};
 }
 
-// y = (x - mean[c]) * alpha[c] + bias[c], parallel over (n, c) planes. Subtracting the mean
-// first keeps f32 outputs accurate when |mean| is much larger than the spread.
+// y = (x - mean[c]) * alpha[c] + bias[c], then + residual and ReLU when asked (residual null: no
+// add), parallel over (n, c) planes. Subtracting the mean first keeps f32 outputs accurate when
+// |mean| is much larger than the spread. Each variant is its own loop so each vectorises.
 template <typename T>
 void apply_affine(const T* x, T* y, const Layout& L, const std::vector<double>& mean, const std::vector<double>& alpha,
-                  const std::vector<double>& bias) {
+                  const std::vector<double>& bias, const T* residual = nullptr, bool relu = false) {
   const int64_t planes = L.N * L.C;
 #pragma omp parallel for schedule(static) if (planes * L.S > 32768)
   for (int64_t p = 0; p < planes; ++p) {
@@ -73,7 +79,21 @@ void apply_affine(const T* x, T* y, const Layout& L, const std::vector<double>& 
     const T b = static_cast<T>(bias[c]);
     const T* xp = x + p * L.S;
     T* yp = y + p * L.S;
-    for (int64_t s = 0; s < L.S; ++s) yp[s] = (xp[s] - m) * a + b;
+    const T* rp = residual != nullptr ? residual + p * L.S : nullptr;
+    if (rp != nullptr) {
+      for (int64_t s = 0; s < L.S; ++s) {
+        const T z = (xp[s] - m) * a + b;
+        const T t = z + rp[s];
+        yp[s] = relu ? (t > T(0) ? t : T(0)) : t;
+      }
+    } else if (relu) {
+      for (int64_t s = 0; s < L.S; ++s) {
+        const T z = (xp[s] - m) * a + b;
+        yp[s] = z > T(0) ? z : T(0);
+      }
+    } else {
+      for (int64_t s = 0; s < L.S; ++s) yp[s] = (xp[s] - m) * a + b;
+    }
   }
 }
 
@@ -131,10 +151,27 @@ void plane_grad_sums(const T* g, const T* x, int64_t n, double m, double& sg, do
   sd += (b[0] + b[1]) + (b[2] + b[3]);
 }
 
+// What the fused forms add around batch norm: a residual (undefined: none) and the ReLU, forward;
+// the ReLU's output whose sign masks the incoming gradient (undefined: no mask) and where the
+// masked gradient goes (the residual's gradient), backward. Tensors contiguous, of x's dtype.
+struct Tail {
+  Tensor residual;
+  bool relu = false;
+};
+struct GradTail {
+  Tensor y;      // the forward's output: gm = y > 0 ? gy : 0
+  Tensor gres;   // receives gm (the residual's gradient)
+};
+
+template <typename T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 template <typename T>
 void forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                    const Tensor& running_var, double momentum, double eps, const Tensor& y,
-                   const Tensor& save_mean, const Tensor& save_invstd) {
+                   const Tensor& save_mean, const Tensor& save_invstd, const Tail& tail) {
   const Layout L = layout_of(x, "x");
   const std::vector<double> w = load_channels(weight, L.C, 1.0);
   const std::vector<double> b = load_channels(bias, L.C, 0.0);
@@ -156,7 +193,7 @@ void forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   }
   std::vector<double> alpha(static_cast<size_t>(L.C));
   for (int64_t c = 0; c < L.C; ++c) alpha[c] = invstd[c] * w[c];
-  apply_affine<T>(xd, y.data<T>(), L, mean, alpha, b);
+  apply_affine<T>(xd, y.data<T>(), L, mean, alpha, b, data_or_null<T>(tail.residual), tail.relu);
   store_channels(save_mean, mean);
   store_channels(save_invstd, invstd);
 
@@ -177,22 +214,40 @@ void forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   }
 }
 
+// save_mean / save_invstd (may be undefined) receive the statistics used, for a fused backward.
 template <typename T>
 void forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean_t,
-                  const Tensor& var_t, double eps, const Tensor& y) {
+                  const Tensor& var_t, double eps, const Tensor& y, const Tensor& save_mean,
+                  const Tensor& save_invstd, const Tail& tail) {
   const Layout L = layout_of(x, "x");
   const std::vector<double> w = load_channels(weight, L.C, 1.0);
   const std::vector<double> b = load_channels(bias, L.C, 0.0);
   const std::vector<double> mean = load_channels(mean_t, L.C, 0.0);
   const std::vector<double> var = load_channels(var_t, L.C, 1.0);
-  std::vector<double> alpha(static_cast<size_t>(L.C));
-  for (int64_t c = 0; c < L.C; ++c) alpha[c] = w[c] / std::sqrt(var[c] + eps);
-  apply_affine<T>(x.data<T>(), y.data<T>(), L, mean, alpha, b);
+  std::vector<double> alpha(static_cast<size_t>(L.C)), invstd(static_cast<size_t>(L.C));
+  for (int64_t c = 0; c < L.C; ++c) {
+    invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+    alpha[c] = w[c] / std::sqrt(var[c] + eps);
+  }
+  apply_affine<T>(x.data<T>(), y.data<T>(), L, mean, alpha, b, data_or_null<T>(tail.residual), tail.relu);
+  store_channels(save_mean, mean);
+  store_channels(save_invstd, invstd);
 }
 
+// One plane's gradient as batch norm sees it: gy itself, or gm = y > 0 ? gy : 0 written to `out`
+// (the residual's gradient, or scratch), which is then returned.
+template <typename T>
+const T* masked_plane(const T* g, const T* y, T* out, int64_t n) {
+  if (y == nullptr) return g;
+  for (int64_t k = 0; k < n; ++k) out[k] = y[k] > T(0) ? g[k] : T(0);
+  return out;
+}
+
+// training: gx through the batch statistics; otherwise gx = gm * invstd * w (running statistics).
 template <typename T>
 void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-              const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight, const Tensor& gbias) {
+              const Tensor& save_invstd, bool training, const Tensor& gx, const Tensor& gweight,
+              const Tensor& gbias, const GradTail& tail) {
   const Layout L = layout_of(x, "x");
   const Layout G = layout_of(gy, "gy");
   MINIDL_CHECK(G.N == L.N && G.C == L.C && G.S == L.S, "batch_norm_backward (cpu): gy ", gy.meta(),
@@ -203,30 +258,39 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
   std::vector<double> sum_gy(static_cast<size_t>(L.C)), dot(static_cast<size_t>(L.C));
   const T* xd = x.data<T>();
   const T* gd = gy.data<T>();
+  const T* yd = data_or_null<T>(tail.y);
+  T* gres = tail.gres.defined() ? tail.gres.data<T>() : nullptr;
   T* gxd = gx.defined() ? gx.data<T>() : nullptr;
   const int64_t n = L.N * L.S;
   const double inv_n = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
 #pragma omp parallel for schedule(dynamic, 1) if (L.C > 1 && L.N * L.C * L.S > 32768)
   for (int64_t c = 0; c < L.C; ++c) {
+    // Without a residual's gradient to hold the masked planes, they are rebuilt per pass here.
+    std::vector<T> scratch(yd != nullptr && gres == nullptr ? static_cast<size_t>(L.S) : 0);
+    auto plane_grad = [&](int64_t base) {
+      return masked_plane(gd + base, yd != nullptr ? yd + base : nullptr,
+                          gres != nullptr ? gres + base : scratch.data(), L.S);
+    };
     const double m = mean[c];
     double sg = 0.0, sd = 0.0;
     for (int64_t i = 0; i < L.N; ++i) {
       const int64_t base = (i * L.C + c) * L.S;
-      plane_grad_sums(gd + base, xd + base, L.S, m, sg, sd);
+      plane_grad_sums(plane_grad(base), xd + base, L.S, m, sg, sd);
     }
     sum_gy[c] = sg;
     dot[c] = sd;
     if (gxd != nullptr) {
       // gx = (gy - mean(gy) - xhat * mean(gy * xhat)) * invstd * w, with xhat = (x - m) * invstd.
       const double is = invstd[c];
-      const double grad_mean = sg * inv_n;
-      const double proj = sd * is * is * inv_n;
+      const double grad_mean = training ? sg * inv_n : 0.0;
+      const double proj = training ? sd * is * is * inv_n : 0.0;
       const double scale = is * w[c];
       for (int64_t i = 0; i < L.N; ++i) {
         const int64_t base = (i * L.C + c) * L.S;
+        const T* g = gres != nullptr ? gres + base : plane_grad(base);
         for (int64_t k = 0; k < L.S; ++k) {
           const double xm = static_cast<double>(xd[base + k]) - m;
-          gxd[base + k] = static_cast<T>((static_cast<double>(gd[base + k]) - grad_mean - xm * proj) * scale);
+          gxd[base + k] = static_cast<T>((static_cast<double>(g[k]) - grad_mean - xm * proj) * scale);
         }
       }
     }
@@ -244,7 +308,53 @@ void check_float(const Tensor& x, const char* op) {
                " must be f32 or f64; convert with .to(DType::f32)");
 }
 
+void unstage(const Tensor& tmp, const Tensor& dst) { narrow_into(tmp, dst); }
+
+void check_act_layout(const char* op, const Tensor& x, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    MINIDL_CHECK(t->shape() == x.shape() && t->dtype() == x.dtype(), op, " (cpu): ", t->meta(),
+                 " does not match the input ", x.meta());
+  }
+}
+
 }  // namespace
+
+namespace {
+
+// An operand as the loops above read it: contiguous NCHW, f16 widened to f32 (a channels-last
+// tensor is copied to NCHW; the reference favours one code path over speed).
+Tensor staged_input(const Tensor& t) {
+  if (!t.defined()) return t;
+  return is_half(t) ? widen_half(t) : t.contiguous();
+}
+// An output the loops can write: t itself when contiguous and not f16, else a contiguous
+// temporary (f32 for f16) that unstage copies back.
+Tensor staged_output(const Tensor& t) {
+  if (!t.defined() || (t.is_contiguous() && !is_half(t))) return t;
+  return empty(t.shape(), {is_half(t) ? DType::f32 : t.dtype(), t.device(), false});
+}
+
+}  // namespace
+
+BatchNormActForwardStage stage_batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& y) {
+  BatchNormActForwardStage s;
+  s.x = staged_input(x);
+  s.y = staged_output(y);
+  s.residual = staged_input(residual);
+  return s;
+}
+
+BatchNormActBackwardStage stage_batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y,
+                                                        const Tensor& gx, const Tensor& gresidual) {
+  BatchNormActBackwardStage s;
+  s.gy = staged_input(gy);
+  s.x = staged_input(x);
+  s.gx = staged_output(gx);
+  s.y = staged_input(y);
+  s.gresidual = staged_output(gresidual);
+  return s;
+}
 
 void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& running_mean, const Tensor& running_var, double momentum,
@@ -258,9 +368,9 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight,
   }
   check_float(x, "batch_norm");
   if (x.dtype() == DType::f32) {
-    forward_train<float>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd);
+    forward_train<float>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd, {});
   } else {
-    forward_train<double>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd);
+    forward_train<double>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd, {});
   }
 }
 
@@ -273,9 +383,9 @@ void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, 
   }
   check_float(x, "batch_norm");
   if (x.dtype() == DType::f32) {
-    forward_eval<float>(x, weight, bias, mean, var, eps, y);
+    forward_eval<float>(x, weight, bias, mean, var, eps, y, {}, {}, {});
   } else {
-    forward_eval<double>(x, weight, bias, mean, var, eps, y);
+    forward_eval<double>(x, weight, bias, mean, var, eps, y, {}, {}, {});
   }
 }
 
@@ -291,10 +401,55 @@ void CpuBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Te
   MINIDL_CHECK(gy.dtype() == x.dtype(), "batch_norm_backward (cpu): gy ", gy.meta(), " and x ", x.meta(),
                " must have the same dtype");
   if (x.dtype() == DType::f32) {
-    backward<float>(gy, x, weight, save_mean, save_invstd, gx, gweight, gbias);
+    backward<float>(gy, x, weight, save_mean, save_invstd, true, gx, gweight, gbias, {});
   } else {
-    backward<double>(gy, x, weight, save_mean, save_invstd, gx, gweight, gbias);
+    backward<double>(gy, x, weight, save_mean, save_invstd, true, gx, gweight, gbias, {});
   }
+}
+
+void CpuBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                        const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                                        bool training, double momentum, double eps, const Tensor& y,
+                                        const Tensor& save_mean, const Tensor& save_invstd) {
+  const char* op = "batch_norm_relu";
+  check_act_layout(op, x, {&residual, &y});
+  const BatchNormActForwardStage st = stage_batch_norm_act_forward(x, residual, y);
+  const Tensor &xs = st.x, &ys = st.y;
+  const Tail tail{st.residual, true};
+  check_float(xs, op);
+  dispatch_float_half(xs.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, Half>) {
+      MINIDL_FAIL(op, " (cpu): f16 is staged through f32");
+    } else if (training) {
+      forward_train<T>(xs, weight, bias, running_mean, running_var, momentum, eps, ys, save_mean, save_invstd, tail);
+    } else {
+      forward_eval<T>(xs, weight, bias, running_mean, running_var, eps, ys, save_mean, save_invstd, tail);
+    }
+  });
+  unstage(ys, y);
+}
+
+void CpuBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& weight,
+                                         const Tensor& /*bias*/, const Tensor& save_mean, const Tensor& save_invstd,
+                                         bool training, const Tensor& gx, const Tensor& gresidual,
+                                         const Tensor& gweight, const Tensor& gbias) {
+  const char* op = "batch_norm_relu backward";
+  check_act_layout(op, x, {&gy, &y, &gx, &gresidual});
+  const BatchNormActBackwardStage st = stage_batch_norm_act_backward(gy, x, y, gx, gresidual);
+  const Tensor &gys = st.gy, &xs = st.x, &gxs = st.gx;
+  const GradTail tail{st.y, st.gresidual};
+  check_float(xs, op);
+  dispatch_float_half(xs.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, Half>) {
+      MINIDL_FAIL(op, " (cpu): f16 is staged through f32");
+    } else {
+      backward<T>(gys, xs, weight, save_mean, save_invstd, training, gxs, gweight, gbias, tail);
+    }
+  });
+  unstage(gxs, gx);
+  unstage(tail.gres, gresidual);
 }
 
 }  // namespace minidl::cpu

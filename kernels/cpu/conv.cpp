@@ -14,13 +14,12 @@
 #include "kernels/cpu/conv_plan.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
-#include "kernels/cpu/workspace.h"
 
 namespace minidl::cpu {
 
 namespace {
 
-using namespace conv_detail;  // im2col, GEMM and the plans of this file (conv_im2col.h, conv_gemm.h, conv_plan.h)
+using namespace conv_detail;  // the planning, im2col and GEMM helpers (conv_plan.h, conv_im2col.h, conv_gemm.h)
 
 template <typename T>
 using MatR = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -29,17 +28,6 @@ template <typename T>
 using MapR = Eigen::Map<MatR<T>, 0, Eigen::OuterStride<>>;
 template <typename T>
 using CMapR = Eigen::Map<const MatR<T>, 0, Eigen::OuterStride<>>;
-
-ConvGeom make_geom(const Shape& x, const Shape& wt, const Shape& y, const Conv2dOptions& o, const char* op) {
-  MINIDL_CHECK(x.size() == 4 && wt.size() == 4 && y.size() == 4, op, " (cpu): expected 4-D tensors, got input ",
-               shape_str(x), ", weight ", shape_str(wt), ", output ", shape_str(y));
-  MINIDL_CHECK(o.groups == 1, op, " (cpu): groups=", o.groups, " is not supported yet");
-  ConvGeom g{x[0], x[1], x[2], x[3], wt[0], wt[2], wt[3], y[2], y[3],
-             o.stride[0], o.stride[1], o.padding[0], o.padding[1], o.dilation[0], o.dilation[1]};
-  MINIDL_CHECK(wt[1] == g.c && y[0] == g.n && y[1] == g.o, op, " (cpu): inconsistent shapes: input ", shape_str(x),
-               ", weight ", shape_str(wt), ", output ", shape_str(y));
-  return g;
-}
 
 void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) {
@@ -118,8 +106,8 @@ template <typename T>
 struct Scratch {
   Tensor t;
   int64_t per_thread = 0;
-  Scratch(const ScratchSize& sz, const Tensor& like) : per_thread(sz.per_thread) {
-    if (sz.elements() > 0) t = empty({sz.elements()}, like.options());
+  Scratch(int64_t per, int threads, const Tensor& like) : per_thread(per) {
+    if (per > 0) t = empty({per * threads}, like.options());
   }
   T* at(int tid) const { return per_thread > 0 ? t.data<T>() + tid * per_thread : nullptr; }
 };
@@ -131,10 +119,11 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Co
   T* yp = y.data<T>();
   const int64_t k = g.k(), p = g.p(), o = g.o;
   const CMapR<T> wm(w.data<T>(), o, k, Eigen::OuterStride<>(k));
-  const ForwardLayout<T> lay(g);
-  const Plan& pl = lay.pl;
-  const int64_t cc = lay.cc, kk = lay.kk, col_sz = lay.col_sz;
-  const Scratch<T> scratch(lay.scratch(), x);
+  const Plan pl = plan_batch<T>(g, Pass::Forward);
+  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl), kk = g.kh * g.kw;
+  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
+  const Workspace ws = forward_workspace<T>(g);  // col_sz + the output block of a group, per thread
+  const Scratch<T> scratch(ws.per_thread, ws.threads, x);
 
   for_each_item(pl, g, [&](const Item& it, int tid) {
     T* buf = scratch.at(tid);
@@ -189,9 +178,9 @@ void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const Conv
                                     const Tensor& like) {
   const int nt = std::max(1, omp_get_max_threads());
   const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
-  const auto sizes = by_channel_scratch<T>(g, pl);
-  const Scratch<T> gcol_scratch(sizes.first, like);
-  const Scratch<T> gy_scratch(sizes.second, like);
+  const Workspace ws = input_workspace<T>(g);  // the gathered output gradient, then cc channels' columns per thread
+  const Scratch<T> gy_scratch(ws.shared, 1, like);
+  const Scratch<T> gcol_scratch(ws.per_thread, ws.threads, like);
   Plan seq = pl;
   seq.inner = false;
   for (int64_t i = 0; i < pl.num_items(); ++i) {
@@ -214,14 +203,14 @@ template <typename T>
 void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& g, const Plan& pl, T* gwp,
                                      const Tensor& like) {
   const int nt = std::max(1, omp_get_max_threads());
-  const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw;
+  const int64_t k = g.k(), kk = g.kh * g.kw;
   const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
-  const auto sizes = by_channel_scratch<T>(g, pl);
-  const Scratch<T> cols_scratch(sizes.first, like);
-  const Scratch<T> gy_scratch(sizes.second, like);
+  const Workspace ws = weight_workspace<T>(g);  // the gathered output gradient, then cc channels' columns per thread
+  const Scratch<T> gy_scratch(ws.shared, 1, like);
+  const Scratch<T> cols_scratch(ws.per_thread, ws.threads, like);
   Plan seq = pl;  // copies inside a thread's chunk run on that thread
   seq.inner = false;
-  MapR<T> acc(gwp, o, k, Eigen::OuterStride<>(k));
+  MapR<T> acc(gwp, g.o, k, Eigen::OuterStride<>(k));
   for (int64_t i = 0; i < pl.num_items(); ++i) {
     const Item it = pl.item(i, g.n, g.oh);
     const CMapR<T> gym = item_rows(gyp, g, pl, it, gy_scratch.at(0));
@@ -241,8 +230,8 @@ void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& 
 
 template <typename T>
 void conv_backward_input_transposed(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
-  const ConvGeom t = transposed_geom(g);
-  const Tensor wt = empty({g.c, g.o, g.kh, g.kw}, w.options());
+  const ConvGeom t = input_workspace<T>(g).inner;
+  const Tensor wt = empty({g.c, g.o, g.kh, g.kw}, w.options());  // the workspace's weight_copy
   const T* src = w.data<T>();
   T* dst = wt.data<T>();
   const int64_t kk = g.kh * g.kw;
@@ -260,16 +249,22 @@ template <typename T>
 void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
   const T* gyp = gy.data<T>();
   T* gxp = gx.data<T>();
-  const int64_t k = g.k(), o = g.o;
+  const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw;
   const CMapR<T> wm(w.data<T>(), o, k, Eigen::OuterStride<>(k));
-  const BackwardInputLayout<T> lay(g);
-  using Path = typename BackwardInputLayout<T>::Path;
-  if (lay.path == Path::Transposed) return conv_backward_input_transposed<T>(gy, w, g, gx);
-  if (lay.path == Path::ByChannel) return conv_backward_input_by_channel<T>(gyp, wm, g, lay.pl, gxp, gy);
-  const Plan& pl = lay.pl;
-  const int64_t cc = lay.cc, gcol_sz = lay.gcol_sz;
-  const bool direct = lay.direct;
-  const Scratch<T> scratch(lay.scratch(), gy);
+  if (transposed_ok(g)) return conv_backward_input_transposed<T>(gy, w, g, gx);
+  const Plan pl = plan_batch<T>(g, Pass::BackwardInput);
+  // Small planes and a big weight: the weight-gradient plan (one group of all samples) with threads
+  // splitting channels.
+  const bool big_weight = o * k * static_cast<int64_t>(sizeof(T)) > 2 * kTileBytes;
+  if (pl.group > 1 && big_weight && g.c >= 2 * omp_get_max_threads()) {
+    const Plan wpl = plan_batch<T>(g, Pass::BackwardWeight);
+    if (wpl.inner && wpl.group > pl.group) return conv_backward_input_by_channel<T>(gyp, wm, g, wpl, gxp, gy);
+  }
+  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl);
+  const bool direct = g.pointwise() && pl.group == 1;  // GEMM straight into gx
+  const int64_t gcol_sz = direct ? 0 : cc * kk * max_cols;
+  const Workspace ws = input_workspace<T>(g);  // gcol_sz + the gathered output gradient, per thread
+  const Scratch<T> scratch(ws.per_thread, ws.threads, gy);
 
   for_each_item(pl, g, [&](const Item& it, int tid) {
     T* buf = scratch.at(tid);
@@ -289,11 +284,17 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
   const T* gyp = gy.data<T>();
   const T* xp = x.data<T>();
   const int64_t k = g.k(), o = g.o;
-  const BackwardWeightLayout<T> lay(g);
-  const Plan& pl = lay.pl;
-  if (lay.by_channel) return conv_backward_weight_by_channel<T>(gyp, xp, g, pl, gw.data<T>(), x);
-  const int64_t cc = lay.cc, kk = lay.kk, col_sz = lay.col_sz, gy_sz = lay.gy_sz;
-  const Scratch<T> scratch(lay.scratch(), x);
+  const Plan pl = plan_batch<T>(g, Pass::BackwardWeight);
+  if (pl.inner && g.c >= 2 * omp_get_max_threads()) {
+    return conv_backward_weight_by_channel<T>(gyp, xp, g, pl, gw.data<T>(), x);
+  }
+  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl), kk = g.kh * g.kw;
+  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
+  const int64_t gy_sz = pl.group > 1 ? o * max_cols : 0;
+  // Thread 0 accumulates straight into gw, the others into private partial sums that are added in
+  // thread order afterwards: with static scheduling the result does not depend on timing.
+  const Workspace ws = weight_workspace<T>(g);  // col_sz + gy_sz + a partial gradient (o x k), per thread
+  const Scratch<T> scratch(ws.per_thread, ws.threads, x);
   auto partial = [&](int tid) { return tid == 0 ? gw.data<T>() : scratch.at(tid) + col_sz + gy_sz; };
   for (int t = 0; t < pl.threads; ++t) std::fill(partial(t), partial(t) + o * k, T(0));
 
@@ -320,16 +321,6 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
 }
 
 }  // namespace
-
-std::vector<int64_t> conv2d_scratch_elements(ConvPass pass, const Shape& x, const Shape& w, const Shape& y,
-                                             const Conv2dOptions& o, DType dtype) {
-  const ConvGeom g = make_geom(x, w, y, o, "conv2d_scratch_elements");
-  std::vector<int64_t> out;
-  if (g.n == 0 && pass != ConvPass::BackwardWeight) return out;
-  if (dtype == DType::f64) scratch_of<double>(pass, g, out);
-  else scratch_of<float>(pass, g, out);
-  return out;
-}
 
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
                                 const Tensor& y) {

@@ -1,21 +1,19 @@
-// How the CPU convolution (conv.cpp) cuts a batch into GEMMs and which scratch each pass needs:
-// the plans and layouts the kernels run, and scratch_of, which lists the same scratch for
-// cpu::conv2d_scratch_elements (kernels/cpu/workspace.h), so the meta device's dry run allocates
-// exactly what the kernels do. Kept apart from the compute so both read one set of decisions.
+// How the CPU convolution (conv.cpp) cuts a batch into GEMMs and which temporaries that needs:
+// the planning half of the kernels, shared with conv_workspace.cpp so the workspace a dry run is
+// told about is computed by the very functions the kernels size their allocations with.
 #pragma once
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/tensor.h"
 #include "kernels/cpu/conv_im2col.h"
-#include "kernels/cpu/workspace.h"
 
 namespace minidl::cpu::conv_detail {
-
-using Pass = ConvPass;
 
 // Column-matrix tile budget: about half of a typical L2, so im2col's writes are still cached when
 // the GEMM packs them. A GEMM with fewer columns than kMinCols wastes its pass over the weights, so
@@ -28,11 +26,24 @@ constexpr int64_t kMinColsWeight = 1024;
 // Below this many multiply-adds a parallel region costs more than it saves.
 constexpr int64_t kParallelWork = int64_t{1} << 21;
 
+inline ConvGeom make_geom(const Shape& x, const Shape& wt, const Shape& y, const Conv2dOptions& o, const char* op) {
+  MINIDL_CHECK(x.size() == 4 && wt.size() == 4 && y.size() == 4, op, " (cpu): expected 4-D tensors, got input ",
+               shape_str(x), ", weight ", shape_str(wt), ", output ", shape_str(y));
+  MINIDL_CHECK(o.groups == 1, op, " (cpu): groups=", o.groups, " is not supported yet");
+  ConvGeom g{x[0], x[1], x[2], x[3], wt[0], wt[2], wt[3], y[2], y[3],
+             o.stride[0], o.stride[1], o.padding[0], o.padding[1], o.dilation[0], o.dilation[1]};
+  MINIDL_CHECK(wt[1] == g.c && y[0] == g.n && y[1] == g.o, op, " (cpu): inconsistent shapes: input ", shape_str(x),
+               ", weight ", shape_str(wt), ", output ", shape_str(y));
+  return g;
+}
+
 // One GEMM's worth of work: samples [n0, n0 + gn) and output rows [r0, r1) of each. Either gn == 1
 // (a band of rows of one sample) or the rows are all of them (whole planes of gn samples).
 struct Item {
   int64_t n0, gn, r0, r1;
 };
+
+enum class Pass { Forward, BackwardInput, BackwardWeight };
 
 // How the batch is cut into items and spread over threads. Two modes: with enough items, items
 // run on OpenMP threads with single-threaded GEMMs (threads > 1); otherwise items run in order,
@@ -100,28 +111,6 @@ int64_t chunk_channels(const ConvGeom& g, const Plan& pl) {
   return (g.c + chunks - 1) / chunks;
 }
 
-// One scratch allocation of a kernel: per-thread elements times threads (nothing when per is 0).
-struct ScratchSize {
-  int64_t per_thread = 0;
-  int threads = 1;
-  int64_t elements() const { return per_thread > 0 ? per_thread * threads : 0; }
-};
-
-// The forward's plan and its scratch layout per thread: [columns | output of a group].
-template <typename T>
-struct ForwardLayout {
-  Plan pl;
-  int64_t max_cols, cc, kk, col_sz, out_sz;
-  explicit ForwardLayout(const ConvGeom& g) : pl(plan_batch<T>(g, Pass::Forward)) {
-    max_cols = pl.max_cols(g.ow);
-    cc = chunk_channels<T>(g, pl);
-    kk = g.kh * g.kw;
-    col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
-    out_sz = pl.group > 1 ? g.o * max_cols : 0;
-  }
-  ScratchSize scratch() const { return {col_sz + out_sz, pl.threads}; }
-};
-
 // Channels per chunk when threads split the channels: chunks that fit the tile budget, as many as
 // a multiple of the thread count so that static scheduling balances them.
 template <typename T>
@@ -129,16 +118,6 @@ int64_t thread_chunk_channels(const ConvGeom& g, const Plan& pl, int nt) {
   const int64_t cc = chunk_channels<T>(g, pl);
   const int64_t chunks = std::min(g.c, ((g.c + cc - 1) / cc + nt - 1) / nt * nt);
   return (g.c + chunks - 1) / chunks;
-}
-
-// The two scratch allocations of the by-channel paths: per-thread columns of a channel chunk, and
-// one gathered copy of a group's output gradient.
-template <typename T>
-std::pair<ScratchSize, ScratchSize> by_channel_scratch(const ConvGeom& g, const Plan& pl) {
-  const int nt = std::max(1, omp_get_max_threads());
-  const int64_t kk = g.kh * g.kw, max_cols = pl.max_cols(g.ow);
-  const int64_t cc = thread_chunk_channels<T>(g, pl, nt);
-  return {ScratchSize{cc * kk * max_cols, nt}, ScratchSize{pl.group > 1 ? g.o * max_cols : 0, 1}};
 }
 
 // With stride 1 the input gradient is itself a convolution: of gy with the weight transposed
@@ -156,96 +135,95 @@ inline bool transposed_ok(const ConvGeom& g) {
          g.w == g.ow + 2 * pw - (g.kw - 1) * g.dw;
 }
 
-// The forward convolution the transposed input gradient runs (of gy, with the flipped weight).
-inline ConvGeom transposed_geom(const ConvGeom& g) {
-  return ConvGeom{g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, g.h, g.w,
-                  1, 1, (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+// The temporaries of one pass, in elements of T and in allocation order: the flipped weight of the
+// transposed input gradient, one shared block (a gathered output gradient), then per-thread scratch.
+// The kernels size their allocations from this, and conv2d_workspace_bytes() reports the same
+// numbers, so a dry run that asks for them reproduces the peak exactly.
+struct Workspace {
+  enum class Path { Forward, Transposed, ByChannel, Items } path = Path::Items;
+  int64_t weight_copy = 0;
+  int64_t shared = 0;
+  int64_t per_thread = 0;
+  int threads = 1;
+  ConvGeom inner{};  // Transposed: the forward convolution it runs (whose workspace follows)
+};
+
+template <typename T>
+Workspace forward_workspace(const ConvGeom& g) {
+  const Plan pl = plan_batch<T>(g, Pass::Forward);
+  const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl);
+  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * g.kh * g.kw * max_cols;
+  Workspace ws;
+  ws.path = Workspace::Path::Forward;
+  ws.per_thread = col_sz + (pl.group > 1 ? g.o * max_cols : 0);
+  ws.threads = pl.threads;
+  return ws;
 }
 
-// Which of the three input-gradient paths a geometry takes, with its plan; the kernel and
-// conv2d_scratch_elements both decide here.
 template <typename T>
-struct BackwardInputLayout {
-  enum class Path { Transposed, ByChannel, Items } path = Path::Items;
-  Plan pl;   // the items' plan, or the weight-gradient plan of the by-channel path
-  int64_t cc = 0, kk = 0, gcol_sz = 0, gy_sz = 0;
-  bool direct = false;  // GEMM straight into gx
-  explicit BackwardInputLayout(const ConvGeom& g) {
-    kk = g.kh * g.kw;
-    if (transposed_ok(g)) {
-      path = Path::Transposed;
-      return;
-    }
-    pl = plan_batch<T>(g, Pass::BackwardInput);
-    // Small planes and a big weight: the weight-gradient plan (one group of all samples) with
-    // threads splitting channels.
-    const bool big_weight = g.o * g.k() * static_cast<int64_t>(sizeof(T)) > 2 * kTileBytes;
-    if (pl.group > 1 && big_weight && g.c >= 2 * omp_get_max_threads()) {
-      const Plan wpl = plan_batch<T>(g, Pass::BackwardWeight);
-      if (wpl.inner && wpl.group > pl.group) {
-        path = Path::ByChannel;
-        pl = wpl;
-        return;
-      }
-    }
-    const int64_t max_cols = pl.max_cols(g.ow);
-    cc = chunk_channels<T>(g, pl);
-    direct = g.pointwise() && pl.group == 1;
-    gcol_sz = direct ? 0 : cc * kk * max_cols;
-    gy_sz = pl.group > 1 ? g.o * max_cols : 0;
+Workspace input_workspace(const ConvGeom& g) {
+  Workspace ws;
+  const int64_t kk = g.kh * g.kw;
+  if (transposed_ok(g)) {
+    ws.path = Workspace::Path::Transposed;
+    ws.weight_copy = g.c * g.o * kk;
+    ws.inner = ConvGeom{g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, g.h, g.w,
+                        1, 1, (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+    return ws;
   }
-  ScratchSize scratch() const { return {gcol_sz + gy_sz, pl.threads}; }
-};
-
-// The weight gradient's path and per-thread scratch layout: [columns | gathered gy | partial sum].
-template <typename T>
-struct BackwardWeightLayout {
-  Plan pl;
-  bool by_channel = false;
-  int64_t cc = 0, kk = 0, col_sz = 0, gy_sz = 0, part_sz = 0;
-  explicit BackwardWeightLayout(const ConvGeom& g) : pl(plan_batch<T>(g, Pass::BackwardWeight)) {
-    kk = g.kh * g.kw;
-    by_channel = pl.inner && g.c >= 2 * omp_get_max_threads();
-    if (by_channel) return;
-    const int64_t max_cols = pl.max_cols(g.ow);
-    cc = chunk_channels<T>(g, pl);
-    col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * kk * max_cols;
-    gy_sz = pl.group > 1 ? g.o * max_cols : 0;
-    // Thread 0 accumulates straight into gw, the others into private partial sums that are added
-    // in thread order afterwards: with static scheduling the result does not depend on timing.
-    part_sz = pl.threads > 1 ? g.o * g.k() : 0;
+  const Plan pl = plan_batch<T>(g, Pass::BackwardInput);
+  // Small planes and a big weight: the weight-gradient plan (one group of all samples) with
+  // threads splitting channels.
+  const bool big_weight = g.o * g.k() * static_cast<int64_t>(sizeof(T)) > 2 * kTileBytes;
+  const int nt = std::max(1, omp_get_max_threads());
+  if (pl.group > 1 && big_weight && g.c >= 2 * nt) {
+    const Plan wpl = plan_batch<T>(g, Pass::BackwardWeight);
+    if (wpl.inner && wpl.group > pl.group) {
+      const int64_t max_cols = wpl.max_cols(g.ow);
+      ws.path = Workspace::Path::ByChannel;
+      ws.shared = wpl.group > 1 ? g.o * max_cols : 0;
+      ws.per_thread = thread_chunk_channels<T>(g, wpl, nt) * kk * max_cols;
+      ws.threads = nt;
+      return ws;
+    }
   }
-  ScratchSize scratch() const { return {col_sz + gy_sz + part_sz, pl.threads}; }
-};
+  const int64_t max_cols = pl.max_cols(g.ow);
+  const bool direct = g.pointwise() && pl.group == 1;
+  ws.per_thread = (direct ? 0 : chunk_channels<T>(g, pl) * kk * max_cols) + (pl.group > 1 ? g.o * max_cols : 0);
+  ws.threads = pl.threads;
+  return ws;
+}
 
-// The scratch element counts of one kernel call in allocation order (kernels/cpu/workspace.h).
 template <typename T>
-void scratch_of(ConvPass pass, const ConvGeom& g, std::vector<int64_t>& out) {
-  const auto push = [&](const ScratchSize& s) {
-    if (s.elements() > 0) out.push_back(s.elements());
+Workspace weight_workspace(const ConvGeom& g) {
+  Workspace ws;
+  const Plan pl = plan_batch<T>(g, Pass::BackwardWeight);
+  const int nt = std::max(1, omp_get_max_threads());
+  const int64_t max_cols = pl.max_cols(g.ow), kk = g.kh * g.kw;
+  const int64_t gy_sz = pl.group > 1 ? g.o * max_cols : 0;
+  if (pl.inner && g.c >= 2 * nt) {
+    ws.path = Workspace::Path::ByChannel;
+    ws.shared = gy_sz;
+    ws.per_thread = thread_chunk_channels<T>(g, pl, nt) * kk * max_cols;
+    ws.threads = nt;
+    return ws;
+  }
+  const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : chunk_channels<T>(g, pl) * kk * max_cols;
+  ws.per_thread = col_sz + gy_sz + (pl.threads > 1 ? g.o * g.k() : 0);
+  ws.threads = pl.threads;
+  return ws;
+}
+
+// Bytes of each block the workspace allocates, in order (blocks of 0 elements allocate nothing).
+template <typename T>
+void workspace_blocks(const Workspace& ws, std::vector<int64_t>& out) {
+  const auto add = [&out](int64_t elems) {
+    if (elems > 0) out.push_back(elems * static_cast<int64_t>(sizeof(T)));
   };
-  if (pass == ConvPass::Forward) return push(ForwardLayout<T>(g).scratch());
-  if (pass == ConvPass::BackwardInput) {
-    const BackwardInputLayout<T> lay(g);
-    using Path = typename BackwardInputLayout<T>::Path;
-    if (lay.path == Path::Transposed) {
-      out.push_back(g.c * g.o * g.kh * g.kw);   // the flipped weight
-      return scratch_of<T>(ConvPass::Forward, transposed_geom(g), out);
-    }
-    if (lay.path == Path::ByChannel) {
-      const auto sizes = by_channel_scratch<T>(g, lay.pl);
-      push(sizes.first);
-      return push(sizes.second);
-    }
-    return push(lay.scratch());
-  }
-  const BackwardWeightLayout<T> lay(g);
-  if (lay.by_channel) {
-    const auto sizes = by_channel_scratch<T>(g, lay.pl);
-    push(sizes.first);
-    return push(sizes.second);
-  }
-  push(lay.scratch());
+  add(ws.weight_copy);
+  if (ws.path == Workspace::Path::Transposed) return workspace_blocks<T>(forward_workspace<T>(ws.inner), out);
+  add(ws.shared);
+  add(ws.per_thread * ws.threads);
 }
 
 }  // namespace minidl::cpu::conv_detail

@@ -189,6 +189,9 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
                         switch (op) {  // the common contiguous cases get vectorisable loops
                           case BinaryOp::Add: for (int64_t i = 0; i < n; ++i) o[i] = T(C(x[i]) + al * C(y[i])); return;
                           case BinaryOp::Mul: for (int64_t i = 0; i < n; ++i) o[i] = T(C(x[i]) * C(y[i])); return;
+                          case BinaryOp::ReluGrad:
+                            for (int64_t i = 0; i < n; ++i) o[i] = C(y[i]) > C(0) ? x[i] : T(C(0));
+                            return;
                           default:
                             for (int64_t i = 0; i < n; ++i) o[i] = T(apply_arith<C>(op, C(x[i]), C(y[i]), al));
                             return;

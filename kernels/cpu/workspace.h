@@ -9,21 +9,29 @@
 
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "kernels/cpu/conv_workspace.h"
 
 namespace minidl::cpu {
 
-enum class ConvPass { Forward, BackwardInput, BackwardWeight };
-
-// The element counts (of the compute dtype: f64 for f64, f32 otherwise) of the scratch tensors one
-// call of the f32/f64 kernel allocates, in allocation order; all are alive until it returns.
-// Shapes are the forward's x, w and y, as the backend receives them. The answer depends on the
-// OpenMP thread count at the call, as the kernel's does. f16 operands are widened by the caller
-// first (kernels/cpu/half.h), which is not counted here.
-std::vector<int64_t> conv2d_scratch_elements(ConvPass pass, const Shape& x, const Shape& w, const Shape& y,
-                                             const Conv2dOptions& o, DType dtype);
+// The convolution's scratch: conv2d_workspace_bytes (conv_workspace.h, from the planners the
+// kernels size their scratch with).
 
 // Whether the GEMM copies a (first) and b (second) to contiguous memory before multiplying: an
 // operand whose matrices are neither row- nor column-major with unit stride. a [B,M,K], b [B,K,N].
 std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b);
+
+// batch_norm.cpp: the fused batch norm's (batch_norm_relu, batch_norm_add_relu) operands as its
+// loops read them, staged in this order: contiguous NCHW, f16 widened to f32; an output that is
+// f16 or not contiguous gets a contiguous temporary, copied back (narrow_into) before the
+// temporaries go. Undefined operands stay undefined; one that needs no staging is itself.
+struct BatchNormActForwardStage {
+  Tensor x, y, residual;
+};
+BatchNormActForwardStage stage_batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& y);
+struct BatchNormActBackwardStage {
+  Tensor gy, x, gx, y, gresidual;
+};
+BatchNormActBackwardStage stage_batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y,
+                                                        const Tensor& gx, const Tensor& gresidual);
 
 }  // namespace minidl::cpu

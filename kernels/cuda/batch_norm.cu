@@ -1,30 +1,28 @@
-// CUDA batch norm, hand-written to follow the CPU reference exactly: two-pass statistics in double
-// (one block per channel, warp-shuffle reductions), biased variance to normalise, unbiased to
-// update the running statistics (PyTorch's rule), per-channel tensors in f32 or f64 whatever x is.
+// Batch norm forward on the GPU, plain and fused with the residual add and ReLU, in NCHW and NHWC:
+// a statistics pass that reads x once with many blocks per channel (per-block partial sums, summed
+// in a fixed order: no float atomics), a per-channel finalize, and one pass that reads x (and the
+// residual) and writes y. Shared pieces (walks, reductions, geometry) are in batch_norm.cuh; the
+// backward is batch_norm_backward.cu. Design: docs/cuda.md "Fused batch norm + ReLU".
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "core/ops.h"
+#include "kernels/cuda/batch_norm.cuh"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
-#include "kernels/cuda/device/common.cuh"
-#include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/runtime.h"
 #include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
 
-// A per-channel tensor ([C], any stride) seen from the device: f32, f64, or absent (fallback).
-struct Channel {
-  void* p = nullptr;
-  int64_t stride = 0;
-  bool f64 = false;
-  __device__ __forceinline__ double get(int64_t c, double fallback) const {
-    if (p == nullptr) return fallback;
-    return f64 ? static_cast<const double*>(p)[c * stride] : static_cast<double>(static_cast<const float*>(p)[c * stride]);
-  }
-  __device__ __forceinline__ void set(int64_t c, double v) const {
-    if (p == nullptr) return;
-    if (f64) static_cast<double*>(p)[c * stride] = v;
-    else static_cast<float*>(p)[c * stride] = static_cast<float>(v);
-  }
-};
+std::atomic<int> g_split{0};
+
+}  // namespace
+
+void set_batch_norm_split(int blocks) { g_split = std::max(blocks, 0); }
+int batch_norm_split() { return g_split; }
 
 Channel channel(const Tensor& t, int64_t C, const char* op) {
   Channel ch;
@@ -39,222 +37,259 @@ Channel channel(const Tensor& t, int64_t C, const char* op) {
   return ch;
 }
 
-struct Layout {
-  int64_t N, C, S;
-};
+namespace bn {
 
-Layout layout_of(const Tensor& x, const char* op) {
+Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const char* op) {
   MINIDL_CHECK(x.dim() >= 2, op, " (cuda): x must be [N, C, ...], got ", x.meta());
-  MINIDL_CHECK(x.is_contiguous(), op, " (cuda): x must be contiguous, got strides ", shape_str(x.strides()));
+  const bool cl = !x.is_contiguous() && is_channels_last(x);
+  MINIDL_CHECK(x.is_contiguous() || cl, op, " (cuda): x ", x.meta(), " must be contiguous (NCHW) or channels-last "
+               "(NHWC), got strides ", shape_str(x.strides()));
+  for (const Tensor* t : same) {
+    if (!t->defined()) continue;
+    MINIDL_CHECK(t->shape() == x.shape() && t->dtype() == x.dtype(), op, " (cuda): ", t->meta(),
+                 " does not match x ", x.meta());
+    MINIDL_CHECK(cl ? is_channels_last(*t) : t->is_contiguous(), op, " (cuda): ", t->meta(), " must have x's layout (",
+                 cl ? "channels-last" : "contiguous", "), got strides ", shape_str(t->strides()));
+  }
+  Geo g;
+  g.C = x.size(1);
   int64_t S = 1;
   for (int64_t d = 2; d < x.dim(); ++d) S *= x.size(d);
-  return {x.size(0), x.size(1), S};
+  g.rows = cl || S == 1;
+  g.N = g.rows ? x.size(0) * S : x.size(0);
+  g.S = g.rows ? 1 : S;
+
+  // The widest access every operand allows: V divides the contiguous run (a plane, or a row of
+  // channels) and each base address is aligned to V elements.
+  const size_t esize = dtype_size(x.dtype());
+  const int vmax = x.dtype() == DType::f64 ? 1 : static_cast<int>(16 / esize);
+  const int64_t run = g.rows ? g.C : g.S;
+  auto aligned = [&](const Tensor& t, int v) {
+    return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % (esize * static_cast<size_t>(v)) == 0;
+  };
+  for (int v : {vmax, std::max(vmax / 2, 1), 1}) {
+    bool ok = run % v == 0 && aligned(x, v);
+    for (const Tensor* t : same) ok = ok && aligned(*t, v);
+    if (ok) {
+      g.V = v;
+      break;
+    }
+  }
+
+  // About two waves of 256-thread blocks on an H100 (132 SMs x 8 resident blocks), but at least
+  // kMinVectors vectors per thread so a block's fixed cost (its reduction) stays small.
+  constexpr int64_t kTargetBlocks = 2048;
+  constexpr int64_t kMinVectors = 4;
+  int64_t per_g, cap;
+  if (g.rows) {
+    g.cx = 1;
+    while (g.cx < 32 && g.cx * g.V < g.C) g.cx *= 2;
+    per_g = (g.C + g.cx * g.V - 1) / (g.cx * g.V);   // channel tiles
+    const int64_t ry = kBlock / g.cx;
+    cap = (g.N + ry * kMinVectors - 1) / (ry * kMinVectors);
+  } else {
+    per_g = g.C;
+    const int64_t nv = g.N * (g.S / g.V);
+    cap = (nv + kBlock * kMinVectors - 1) / (kBlock * kMinVectors);
+  }
+  int64_t G = std::min(std::max<int64_t>(1, kTargetBlocks / std::max<int64_t>(per_g, 1)), std::max<int64_t>(cap, 1));
+  if (g_split > 0) G = g_split;
+  g.G = static_cast<int>(std::min<int64_t>(G, 65535));
+  return g;
 }
 
-constexpr int kStatThreads = 512;
+BatchNormScratch forward_scratch(const Geo& g, DType dt, bool training, bool keeps_mean, bool keeps_invstd) {
+  BatchNormScratch s;
+  const bool snapshot = training || keeps_mean;   // evaluation without save_mean reads the running ones
+  s.make_mean = snapshot && !keeps_mean;
+  s.make_invstd = snapshot && !keeps_invstd;
+  s.stats = g.C;
+  s.stats_dtype = dt == DType::f16 ? DType::f32 : dt;
+  s.partials = training ? int64_t{g.G} * g.C * 2 : 0;
+  return s;
+}
 
-// One block per channel: mean, biased variance, invstd; running-stat update.
+dim3 grid_of(const Geo& g) {
+  const int64_t x = g.rows ? (g.C + g.cx * g.V - 1) / (g.cx * g.V) : g.C;
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(g.G));
+}
+
+namespace {
+
+// Per channel, sums of d = x - K and d * d with K the channel's first value: shifting by a value
+// of the channel keeps E[d^2] - E[d]^2 free of the cancellation a large mean would cause.
+template <typename T, int V, bool kRows>
+__global__ void stats_kernel(const T* __restrict__ x, Geo g, double* __restrict__ part) {
+  using A = typename Compute<T>::type;
+  constexpr int L = kRows ? V : 1;
+  bool active;
+  const int64_t c0 = first_channel<kRows, V>(g, active);
+  A K[L];
+#pragma unroll
+  for (int j = 0; j < L; ++j) K[j] = active ? cvt<A>(x[first_offset(g, c0 + j)]) : A(0);
+  PairSums<A, L> ps;
+  if (active) {
+    walk<kRows, V>(g, c0, [&](int64_t off) {
+      const Pack<T, V> p = load<T, V>(x, off);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const int j = kRows ? k : 0;
+        const A d = cvt<A>(p.v[k]) - K[j];
+        ps.fs[j] += d;
+        ps.fq[j] = fma_rn(d, d, ps.fq[j]);
+      }
+      ps.end_vector();
+    });
+  }
+  write_block_sums<kRows>(ps, g, c0, part);
+}
+
+// Per channel: the G partial sums in order, mean and biased variance, saved mean and
+// 1 / sqrt(var + eps), and PyTorch's running-statistics update (unbiased variance). Evaluation:
+// the running statistics, snapshotted into the saved ones for the backward.
 template <typename T>
-__global__ void stats_kernel(const T* x, Layout L, double eps, double momentum, Channel save_mean,
-                             Channel save_invstd, Channel running_mean, Channel running_var, double* mean_out,
-                             double* alpha_out, Channel weight) {
-  MINIDL_SHARED_ARRAY(double, scratch, 32);
-  MINIDL_SHARED_VAR(double, s_mean);
-  const int64_t c = blockIdx.x;
-  const int64_t n = L.N * L.S;
-  double s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int64_t b = i / L.S, k = i % L.S;
-    s += cvt<double>(x[(b * L.C + c) * L.S + k]);
-  }
-  s = block_sum<double>(s, scratch);
-  if (threadIdx.x == 0) s_mean = n > 0 ? s / static_cast<double>(n) : 0.0;
-  __syncthreads();
-  const double m = s_mean;
-  double sq = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int64_t b = i / L.S, k = i % L.S;
-    const double d = cvt<double>(x[(b * L.C + c) * L.S + k]) - m;
-    sq += d * d;
-  }
-  sq = block_sum<double>(sq, scratch);
-  if (threadIdx.x == 0) {
-    const double var = n > 0 ? sq / static_cast<double>(n) : 0.0;
-    const double invstd = 1.0 / ::sqrt(var + eps);
-    save_mean.set(c, m);
-    save_invstd.set(c, invstd);
-    mean_out[c] = m;
-    alpha_out[c] = invstd * weight.get(c, 1.0);
-    const double unbias = n > 1 ? static_cast<double>(n) / static_cast<double>(n - 1) : 1.0;
-    if (running_mean.p != nullptr) running_mean.set(c, (1.0 - momentum) * running_mean.get(c, 0.0) + momentum * m);
-    if (running_var.p != nullptr)
-      running_var.set(c, (1.0 - momentum) * running_var.get(c, 1.0) + momentum * var * unbias);
+__global__ void finalize_kernel(const T* x, Geo g, const double* part, Channel running_mean, Channel running_var,
+                                double momentum, double eps, bool training, Channel save_mean, Channel save_invstd) {
+  MINIDL_GRID_STRIDE(c, g.C) {
+    double mean, var;
+    if (training) {
+      double s = 0, q = 0;
+      for (int k = 0; k < g.G; ++k) {
+        s += part[(static_cast<int64_t>(k) * g.C + c) * 2];
+        q += part[(static_cast<int64_t>(k) * g.C + c) * 2 + 1];
+      }
+      const double n = static_cast<double>(g.count());
+      const double dm = s / n;
+      var = q / n - dm * dm;
+      if (!(var > 0)) var = var == var ? 0.0 : var;   // rounding below zero; NaN stays NaN
+      mean = cvt<double>(x[first_offset(g, c)]) + dm;
+      const double unbias = n > 1 ? n / (n - 1) : 1.0;
+      if (running_mean.p != nullptr) running_mean.set(c, (1.0 - momentum) * running_mean.get(c, 0.0) + momentum * mean);
+      if (running_var.p != nullptr)
+        running_var.set(c, (1.0 - momentum) * running_var.get(c, 1.0) + momentum * var * unbias);
+    } else {
+      mean = running_mean.get(c, 0.0);
+      var = running_var.get(c, 1.0);
+    }
+    save_mean.set(c, mean);
+    save_invstd.set(c, 1.0 / ::sqrt(var + eps));
   }
 }
 
-// alpha[c] = weight[c] / sqrt(var[c] + eps) with the given statistics (evaluation).
-__global__ void eval_coeff_kernel(int64_t C, double eps, Channel mean, Channel var, Channel weight, double* mean_out,
-                                  double* alpha_out) {
-  MINIDL_GRID_STRIDE(c, C) {
-    mean_out[c] = mean.get(c, 0.0);
-    alpha_out[c] = weight.get(c, 1.0) / ::sqrt(var.get(c, 1.0) + eps);
-  }
+// y = relu?(fma(x - m, a, b) [+ residual]) in the compute type, rounded once to T. Each thread
+// keeps its channels' coefficients in registers for its whole walk.
+template <typename T, int V, bool kRows>
+__global__ void apply_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y, Geo g, Affine aff,
+                             bool relu) {
+  using A = typename Compute<T>::type;
+  constexpr int L = kRows ? V : 1;
+  bool active;
+  const int64_t c0 = first_channel<kRows, V>(g, active);
+  if (!active) return;
+  A m[L], a[L], b[L];
+#pragma unroll
+  for (int j = 0; j < L; ++j) aff.at(c0 + j, m[j], a[j], b[j]);
+  walk<kRows, V>(g, c0, [&](int64_t off) {
+    const Pack<T, V> px = load<T, V>(x, off);
+    Pack<T, V> pr;
+    if (res != nullptr) pr = load<T, V>(res, off);
+    Pack<T, V> py;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int j = kRows ? k : 0;
+      A z = affine(cvt<A>(px.v[k]), m[j], a[j], b[j]);
+      if (res != nullptr) z = z + cvt<A>(pr.v[k]);
+      if (relu) z = z > A(0) ? z : A(0);
+      py.v[k] = cvt<T>(z);
+    }
+    store<T, V>(y, off, py);
+  });
 }
 
-// y = (x - mean[c]) * alpha[c] + bias[c], in T's compute type as the CPU does.
-template <typename T>
-__global__ void apply_kernel(const T* x, T* y, Layout L, const double* mean, const double* alpha, Channel bias) {
-  using C = typename Compute<T>::type;
-  const int64_t total = L.N * L.C * L.S;
-  MINIDL_GRID_STRIDE(i, total) {
-    const int64_t c = (i / L.S) % L.C;
-    const C m = static_cast<C>(mean[c]), a = static_cast<C>(alpha[c]), b = static_cast<C>(bias.get(c, 0.0));
-    y[i] = cvt<T>((cvt<C>(x[i]) - m) * a + b);
-  }
-}
+}  // namespace
+}  // namespace bn
 
-// One block per channel: sum(gy) and sum(gy * (x - mean)), then gweight, gbias and the gx coefficients.
-template <typename T>
-__global__ void grad_sums_kernel(const T* gy, const T* x, Layout L, Channel mean, Channel invstd, Channel gweight,
-                                 Channel gbias, double* coef) {
-  MINIDL_SHARED_ARRAY(double, scratch, 32);
-  const int64_t c = blockIdx.x;
-  const int64_t n = L.N * L.S;
-  const double m = mean.get(c, 0.0);
-  double sg = 0, sd = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int64_t at = ((i / L.S) * L.C + c) * L.S + i % L.S;
-    const double g = cvt<double>(gy[at]);
-    sg += g;
-    sd += g * (cvt<double>(x[at]) - m);
-  }
-  sg = block_sum<double>(sg, scratch);
-  sd = block_sum<double>(sd, scratch);
-  if (threadIdx.x == 0) {
-    const double is = invstd.get(c, 1.0);
-    const double inv_n = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
-    gweight.set(c, sd * is);
-    gbias.set(c, sg);
-    coef[3 * c + 0] = m;
-    coef[3 * c + 1] = sg * inv_n;                          // mean(gy)
-    coef[3 * c + 2] = sd * is * is * inv_n;                // projection on xhat
-  }
-}
+namespace {
 
-// gx = (gy - mean(gy) - (x - m) * proj) * invstd * w, in double as the CPU does.
-template <typename T>
-__global__ void grad_input_kernel(const T* gy, const T* x, T* gx, Layout L, const double* coef, Channel invstd,
-                                  Channel weight) {
-  const int64_t total = L.N * L.C * L.S;
-  MINIDL_GRID_STRIDE(i, total) {
-    const int64_t c = (i / L.S) % L.C;
-    const double scale = invstd.get(c, 1.0) * weight.get(c, 1.0);
-    const double xm = cvt<double>(x[i]) - coef[3 * c];
-    gx[i] = cvt<T>((cvt<double>(gy[i]) - coef[3 * c + 1] - xm * coef[3 * c + 2]) * scale);
+// Every forward: relu?(batch_norm(x) [+ residual]). Training: batch statistics into save_mean /
+// save_invstd (temporaries when the caller wants none), running statistics updated when given.
+// Evaluation: running statistics, snapshotted into save_mean / save_invstd when given (the fused
+// backward reads them), else read directly by the apply pass.
+void forward(const char* op, const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+             const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps,
+             const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
+  using namespace bn;
+  check_cuda(op, {&x, &residual, &y});
+  const Geo g = geometry(x, {&residual, &y}, op);
+  const BatchNormScratch scratch = forward_scratch(g, x.dtype(), training, save_mean.defined(), save_invstd.defined());
+  const TensorOptions popts{scratch.stats_dtype, x.device(), false};
+  const bool snapshot = training || save_mean.defined();
+  const Tensor sm = scratch.make_mean ? empty({scratch.stats}, popts) : save_mean;
+  const Tensor si = scratch.make_invstd ? empty({scratch.stats}, popts) : save_invstd;
+  Affine aff;
+  aff.weight = channel(weight, g.C, op);
+  aff.bias = channel(bias, g.C, op);
+  const Channel rm = channel(running_mean, g.C, op), rv = channel(running_var, g.C, op);
+  MINIDL_CHECK(training || (rm.p != nullptr && rv.p != nullptr), op,
+               " (cuda): evaluation needs running_mean and running_var");
+  if (snapshot) {
+    aff.mean = channel(sm, g.C, op);
+    aff.invstd = channel(si, g.C, op);
+  } else {
+    aff.mean = rm;
+    aff.var = rv;
+    aff.eps = eps;
   }
-}
-
-template <typename F>
-void dispatch_bn(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16: f(__half{}); return;
-    default: MINIDL_FAIL(op, " (cuda): x must be f32, f64 or f16, got ", dtype_name(t), "; convert with .to(DType::f32)");
-  }
+  if (g.C == 0) return;
+  DeviceContext& ctx = context_of(x);
+  const Tensor part = training ? empty({scratch.partials}, {DType::f64, x.device(), false}) : Tensor();
+  double* part_d = training ? static_cast<double*>(part.data_ptr()) : nullptr;
+  dispatch(g, x.dtype(), op, [&](auto tag, auto vtag, auto rtag) {
+    using T = decltype(tag);
+    constexpr int V = decltype(vtag)::value;
+    constexpr bool R = decltype(rtag)::value;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    if (training) MINIDL_LAUNCH(op, (stats_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp, g, part_d);
+    if (snapshot) {
+      MINIDL_LAUNCH(op, (finalize_kernel<T>), grid_for(g.C), kThreads, 0, ctx.stream(), xp, g, part_d, rm, rv,
+                    momentum, eps, training, aff.mean, aff.invstd);
+    }
+    if (x.numel() == 0) return;
+    MINIDL_LAUNCH(op, (apply_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp,
+                  residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr,
+                  static_cast<T*>(y.data_ptr()), g, aff, relu);
+  });
 }
 
 }  // namespace
 
-int64_t batch_norm_scratch_elements(BatchNormPass pass, const Shape& x) {
-  const int64_t C = x.size() >= 2 ? x[1] : 0;
-  if (C == 0) return 0;
-  switch (pass) {
-    case BatchNormPass::Train: return 2 * C;                              // mean, alpha
-    case BatchNormPass::Eval: return numel_of(x) == 0 ? 0 : 2 * C;       // mean, alpha
-    case BatchNormPass::Backward: return 3 * C;                          // per channel: 3 sums
-  }
-  return 0;
+BatchNormScratch batch_norm_forward_scratch(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,
+                                            bool keeps_mean, bool keeps_invstd) {
+  const bn::Geo g = bn::geometry(x, {&residual, &y}, "batch_norm");
+  return bn::forward_scratch(g, x.dtype(), training, keeps_mean, keeps_invstd);
 }
 
 void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                            const Tensor& running_mean, const Tensor& running_var, double momentum,
                                            double eps, const Tensor& y, const Tensor& save_mean,
                                            const Tensor& save_invstd) {
-  const char* op = "batch_norm";
-  check_cuda(op, {&x, &y});
-  check_contiguous(op, {&y});
-  const Layout L = layout_of(x, op);
-  MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape(), op, " (cuda): y ", y.meta(), " must match x ", x.meta());
-  const Channel w = channel(weight, L.C, op), b = channel(bias, L.C, op), rm = channel(running_mean, L.C, op),
-                rv = channel(running_var, L.C, op), sm = channel(save_mean, L.C, op),
-                si = channel(save_invstd, L.C, op);
-  if (L.C == 0) return;
-  DeviceContext& ctx = context_of(x);
-  Tensor coeffs = empty({batch_norm_scratch_elements(BatchNormPass::Train, x.shape())}, {DType::f64, x.device(), false});
-  double* mean_d = static_cast<double*>(coeffs.data_ptr());
-  double* alpha_d = mean_d + L.C;
-  dispatch_bn(x.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    MINIDL_LAUNCH("batch_norm statistics", (stats_kernel<T>), static_cast<unsigned>(L.C), kStatThreads, 0, ctx.stream(),
-                  static_cast<const T*>(x.data_ptr()), L, eps, momentum, sm, si, rm, rv, mean_d, alpha_d, w);
-    if (x.numel() == 0) return;
-    MINIDL_LAUNCH("batch_norm apply", (apply_kernel<T>), grid_for(x.numel()), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), L, mean_d, alpha_d, b);
-  });
+  forward("batch_norm", x, Tensor(), weight, bias, running_mean, running_var, true, momentum, eps, y, save_mean,
+          save_invstd, false);
 }
 
 void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& mean, const Tensor& var, double eps, const Tensor& y) {
-  const char* op = "batch_norm";
-  check_cuda(op, {&x, &y});
-  check_contiguous(op, {&y});
-  const Layout L = layout_of(x, op);
-  MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape(), op, " (cuda): y ", y.meta(), " must match x ", x.meta());
-  const Channel w = channel(weight, L.C, op), b = channel(bias, L.C, op), m = channel(mean, L.C, op),
-                v = channel(var, L.C, op);
-  if (x.numel() == 0 || L.C == 0) return;
-  DeviceContext& ctx = context_of(x);
-  Tensor coeffs = empty({batch_norm_scratch_elements(BatchNormPass::Eval, x.shape())}, {DType::f64, x.device(), false});
-  double* mean_d = static_cast<double*>(coeffs.data_ptr());
-  double* alpha_d = mean_d + L.C;
-  MINIDL_LAUNCH("batch_norm eval coefficients", eval_coeff_kernel, grid_for(L.C), kThreads, 0, ctx.stream(), L.C, eps,
-                m, v, w, mean_d, alpha_d);
-  dispatch_bn(x.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    MINIDL_LAUNCH("batch_norm apply", (apply_kernel<T>), grid_for(x.numel()), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), L, mean_d, alpha_d, b);
-  });
+  forward("batch_norm", x, Tensor(), weight, bias, mean, var, false, 0.0, eps, y, Tensor(), Tensor(), false);
 }
 
-void CudaBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                                      const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,
-                                      const Tensor& gbias) {
-  const char* op = "batch_norm_backward";
-  check_cuda(op, {&gy, &x, &gx});
-  check_contiguous(op, {&gx});
-  const Layout L = layout_of(x, op);
-  const Layout G = layout_of(gy, op);
-  MINIDL_CHECK(G.N == L.N && G.C == L.C && G.S == L.S && gy.dtype() == x.dtype(), op, " (cuda): gy ", gy.meta(),
-               " does not match x ", x.meta());
-  MINIDL_CHECK(!gx.defined() || (gx.shape() == x.shape() && gx.dtype() == x.dtype()), op, " (cuda): gx ", gx.meta(),
-               " does not match x ", x.meta());
-  const Channel w = channel(weight, L.C, op), m = channel(save_mean, L.C, op), is = channel(save_invstd, L.C, op),
-                gw = channel(gweight, L.C, op), gb = channel(gbias, L.C, op);
-  if (L.C == 0) return;
-  DeviceContext& ctx = context_of(x);
-  Tensor coef = empty({batch_norm_scratch_elements(BatchNormPass::Backward, x.shape())}, {DType::f64, x.device(), false});
-  double* coef_d = static_cast<double*>(coef.data_ptr());
-  dispatch_bn(x.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    MINIDL_LAUNCH("batch_norm_backward sums", (grad_sums_kernel<T>), static_cast<unsigned>(L.C), kStatThreads, 0,
-                  ctx.stream(), static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(x.data_ptr()), L, m, is, gw,
-                  gb, coef_d);
-    if (!gx.defined() || x.numel() == 0) return;
-    MINIDL_LAUNCH("batch_norm_backward input", (grad_input_kernel<T>), grid_for(x.numel()), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(x.data_ptr()),
-                  static_cast<T*>(gx.data_ptr()), L, coef_d, is, w);
-  });
+void CudaBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                         const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                                         bool training, double momentum, double eps, const Tensor& y,
+                                         const Tensor& save_mean, const Tensor& save_invstd) {
+  const char* op = residual.defined() ? "batch_norm_add_relu" : "batch_norm_relu";
+  MINIDL_CHECK(save_mean.defined() && save_invstd.defined(), op, " (cuda): save_mean and save_invstd are required");
+  forward(op, x, residual, weight, bias, running_mean, running_var, training, momentum, eps, y, save_mean, save_invstd,
+          true);
 }
 
 }  // namespace minidl::cuda

@@ -39,6 +39,16 @@ class CudaBackend final : public Backend {
                            const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,
                            const Tensor& gbias) override;
 
+  // Fused batch norm + (residual add) + ReLU (core/backend.h).
+  void batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                              const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
+                              double eps, const Tensor& y, const Tensor& save_mean,
+                              const Tensor& save_invstd) override;
+  void batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& weight,
+                               const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                               const Tensor& gx, const Tensor& gresidual, const Tensor& gweight,
+                               const Tensor& gbias) override;
+
   void softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) override;
   void softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) override;
   void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) override;

@@ -37,6 +37,12 @@ bool allow_tf32_cudnn();
 void set_conv_nhwc(bool on);
 bool conv_nhwc();
 
+// Blocks per channel (or per channel tile, channels-last) of the fused batch-norm kernels'
+// reductions (batch_norm_act.cu). 0, the default, sizes them to fill the GPU; tests force several
+// on small tensors so the cross-block sums run on the emulated device.
+void set_batch_norm_split(int blocks);
+int batch_norm_split();
+
 // Waits for all work queued on the device's stream.
 void synchronize(int device = 0);
 // The caching allocator's full statistics (fragmentation, segments, cudaMalloc calls).

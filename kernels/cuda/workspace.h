@@ -30,9 +30,25 @@ std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const
 // runtime.cu: convolutions run in NHWC (each operand copied to channels-last and back).
 bool conv_nhwc();
 
-// batch_norm.cu: the f64 coefficients a batch-norm kernel computes into (elements; 0: none).
-enum class BatchNormPass { Train, Eval, Backward };
-int64_t batch_norm_scratch_elements(BatchNormPass pass, const Shape& x);
+// batch_norm.cu, batch_norm_backward.cu: the temporaries of one batch-norm pass, plain or fused
+// (batch_norm_relu, batch_norm_add_relu), allocated in this order. The forward makes save_mean and
+// save_invstd itself when it computes statistics the caller does not keep, then (training) the
+// per-block partial sums; the backward, when it sums, the partial sums and the per-channel
+// coefficients. The number of blocks per channel comes from the launch geometry (layout, vector
+// width, which depends on the operands' addresses, and batch_norm_split), so the operands are
+// passed as the kernel receives them.
+struct BatchNormScratch {
+  bool make_mean = false, make_invstd = false;   // forward: temporaries of `stats` elements
+  int64_t stats = 0;
+  DType stats_dtype = DType::f32;
+  int64_t partials = 0;       // f64 elements (blocks x C x 2); 0: none
+  int64_t coefficients = 0;   // backward: f64 elements (C x 2); 0: none
+};
+BatchNormScratch batch_norm_forward_scratch(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,
+                                            bool keeps_mean, bool keeps_invstd);
+BatchNormScratch batch_norm_backward_scratch(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& gx,
+                                             const Tensor& gresidual, bool training, bool wants_gweight,
+                                             bool wants_gbias);
 
 // amp.cu: the chunk table of the fused unscale (bytes; 0 when no gradient has elements). Strided
 // gradients are unscaled in contiguous copies besides.

@@ -102,12 +102,25 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
                          0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
 }
 
-void batch_norm(BatchNormPass pass, const Tensor& x) {
-  const auto p = pass == BatchNormPass::Train  ? cuda::BatchNormPass::Train
-                 : pass == BatchNormPass::Eval ? cuda::BatchNormPass::Eval
-                                               : cuda::BatchNormPass::Backward;
-  const int64_t n = cuda::batch_norm_scratch_elements(p, x.shape());
-  if (n > 0) Tensor coeffs = empty({n}, {DType::f64, x.device(), false});
+// batch_norm.cu's forward(): the statistics it makes itself, then (training) the partial sums;
+// batch_norm_backward.cu's backward(): the partial sums and the coefficients.
+void batch_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,
+                        const Tensor& save_mean, const Tensor& save_invstd) {
+  const cuda::BatchNormScratch s =
+      cuda::batch_norm_forward_scratch(x, residual, y, training, save_mean.defined(), save_invstd.defined());
+  const TensorOptions stats{s.stats_dtype, x.device(), false};
+  const Tensor sm = s.make_mean ? empty({s.stats}, stats) : Tensor();
+  const Tensor si = s.make_invstd ? empty({s.stats}, stats) : Tensor();
+  if (s.partials > 0) Tensor part = empty({s.partials}, {DType::f64, x.device(), false});
+}
+
+void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& gx, const Tensor& gresidual,
+                         bool training, bool wants_gweight, bool wants_gbias) {
+  const cuda::BatchNormScratch s =
+      cuda::batch_norm_backward_scratch(gy, x, y, gx, gresidual, training, wants_gweight, wants_gbias);
+  if (s.partials == 0) return;
+  const Tensor part = empty({s.partials}, {DType::f64, x.device(), false});
+  const Tensor coef = empty({s.coefficients}, {DType::f64, x.device(), false});
 }
 
 void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
@@ -156,7 +169,12 @@ size_t cublas_workspace_bytes() { no_backend("cuBLAS workspace"); }
 void copy(const Tensor&, const Tensor&) {}
 void matmul(const Tensor&, const Tensor&, const Tensor&, MetaBackend&) { no_backend("matmul"); }
 void conv(ConvDir, const Tensor&, const Tensor&, const Tensor&, const Conv2dOptions&) { no_backend("conv2d"); }
-void batch_norm(BatchNormPass, const Tensor&) { no_backend("batch_norm"); }
+void batch_norm_forward(const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&) {
+  no_backend("batch_norm");
+}
+void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, bool, bool) {
+  no_backend("batch_norm backward");
+}
 void nll_forward(const Tensor&, const Tensor&, const Tensor&) { no_backend("nll_loss"); }
 void cross_entropy_forward(const Tensor&) { no_backend("cross_entropy"); }
 void unscale_grads(const std::vector<Tensor>&) { no_backend("unscale_grads"); }

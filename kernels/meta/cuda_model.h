@@ -13,14 +13,18 @@ class MetaBackend;
 namespace minidl::meta::cuda_model {
 
 enum class ConvDir { Forward, BackwardData, BackwardFilter };
-enum class BatchNormPass { Train, Eval, Backward };
 
 size_t cublas_workspace_bytes();
 void copy(const Tensor& src, const Tensor& dst);
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MetaBackend& backend);
 // x: the input (or its gradient), w: the weight (or its gradient), y: the output (or its gradient).
 void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o);
-void batch_norm(BatchNormPass pass, const Tensor& x);
+// Plain and fused batch norm (residual undefined: none); save_mean / save_invstd as the caller
+// passes them (undefined: the kernel makes its own when it needs them).
+void batch_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,
+                        const Tensor& save_mean, const Tensor& save_invstd);
+void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& gx, const Tensor& gresidual,
+                         bool training, bool wants_gweight, bool wants_gbias);
 Tensor f32_like(const Tensor& t);
 void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses);
 void cross_entropy_forward(const Tensor& logits);

@@ -20,12 +20,13 @@ using cpu::widen_half;
 
 bool models_cuda(const Tensor& t) { return t.device().target() == DeviceType::CUDA; }
 
-// The CPU kernel's conv scratch, allocated and held for the call (x: the f32/f64 input or gy).
+// The CPU kernel's conv scratch, allocated and held for the call (like: the f32/f64 input or gy;
+// f16 operands were widened by the caller as the kernel widens them).
 void hold_conv_scratch(cpu::ConvPass pass, const Shape& x, const Shape& w, const Shape& y, const Conv2dOptions& o,
                        const Tensor& like) {
   std::vector<Tensor> held;
-  for (int64_t n : cpu::conv2d_scratch_elements(pass, x, w, y, o, like.dtype()))
-    held.push_back(empty({n}, like.options()));
+  for (int64_t bytes : cpu::conv2d_workspace_bytes(pass, x, w, y, o, like.dtype()))
+    held.push_back(empty({bytes}, TensorOptions{DType::u8, like.device(), false}));
 }
 
 }  // namespace
@@ -132,7 +133,7 @@ void MetaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight
                                            const Tensor& running_mean, const Tensor& running_var, double momentum,
                                            double eps, const Tensor& y, const Tensor& save_mean,
                                            const Tensor& save_invstd) {
-  if (models_cuda(y)) return cuda_model::batch_norm(cuda_model::BatchNormPass::Train, x);
+  if (models_cuda(y)) return cuda_model::batch_norm_forward(x, Tensor(), y, true, save_mean, save_invstd);
   if (!(is_half(x) || is_half(y))) return;
   const Tensor yf = f32_output_for(y);
   batch_norm_forward_train(widen_half(x), weight, bias, running_mean, running_var, momentum, eps, yf, save_mean,
@@ -141,7 +142,7 @@ void MetaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight
 
 void MetaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& mean, const Tensor& var, double eps, const Tensor& y) {
-  if (models_cuda(y)) return cuda_model::batch_norm(cuda_model::BatchNormPass::Eval, x);
+  if (models_cuda(y)) return cuda_model::batch_norm_forward(x, Tensor(), y, false, Tensor(), Tensor());
   if (!(is_half(x) || is_half(y))) return;
   const Tensor yf = f32_output_for(y);
   batch_norm_forward_eval(widen_half(x), weight, bias, mean, var, eps, yf);
@@ -150,10 +151,36 @@ void MetaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight,
 void MetaBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight,
                                       const Tensor& save_mean, const Tensor& save_invstd, const Tensor& gx,
                                       const Tensor& gweight, const Tensor& gbias) {
-  if (models_cuda(x)) return cuda_model::batch_norm(cuda_model::BatchNormPass::Backward, x);
+  if (models_cuda(x)) {
+    return cuda_model::batch_norm_backward(gy, x, Tensor(), gx, Tensor(), true, gweight.defined(), gbias.defined());
+  }
   if (!(is_half(gy) || is_half(x) || is_half(gx))) return;
   const Tensor gxf = f32_output_for(gx);
   batch_norm_backward(widen_half(gy), widen_half(x), weight, save_mean, save_invstd, gxf, gweight, gbias);
+}
+
+// The fused forms: on the CPU the operands staged as the kernel stages them (the same function),
+// on a GPU the fused kernels' scratch.
+void MetaBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& /*weight*/,
+                                         const Tensor& /*bias*/, const Tensor& /*running_mean*/,
+                                         const Tensor& /*running_var*/, bool training, double /*momentum*/,
+                                         double /*eps*/, const Tensor& y, const Tensor& save_mean,
+                                         const Tensor& save_invstd) {
+  if (models_cuda(y)) return cuda_model::batch_norm_forward(x, residual, y, training, save_mean, save_invstd);
+  const cpu::BatchNormActForwardStage st = cpu::stage_batch_norm_act_forward(x, residual, y);
+  cpu::narrow_into(st.y, y);
+}
+
+void MetaBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& /*weight*/,
+                                          const Tensor& /*bias*/, const Tensor& /*save_mean*/,
+                                          const Tensor& /*save_invstd*/, bool training, const Tensor& gx,
+                                          const Tensor& gresidual, const Tensor& gweight, const Tensor& gbias) {
+  if (models_cuda(x)) {
+    return cuda_model::batch_norm_backward(gy, x, y, gx, gresidual, training, gweight.defined(), gbias.defined());
+  }
+  const cpu::BatchNormActBackwardStage st = cpu::stage_batch_norm_act_backward(gy, x, y, gx, gresidual);
+  cpu::narrow_into(st.gx, gx);
+  cpu::narrow_into(st.gresidual, gresidual);
 }
 
 void MetaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) {

@@ -46,6 +46,14 @@ class MetaBackend final : public Backend {
   void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
                            const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,
                            const Tensor& gbias) override;
+  void batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                              const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
+                              double eps, const Tensor& y, const Tensor& save_mean,
+                              const Tensor& save_invstd) override;
+  void batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& weight,
+                               const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                               const Tensor& gx, const Tensor& gresidual, const Tensor& gweight,
+                               const Tensor& gbias) override;
 
   void softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) override;
   void softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) override;

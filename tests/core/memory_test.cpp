@@ -3,6 +3,13 @@
 // its earlier values after the caller drops its tensors (the maximum-batch finder relies on it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/ops.h"
@@ -100,6 +107,122 @@ TEST_F(Memory, ParseBytes) {
   EXPECT_EQ(parse_bytes("4096"), 4096ull);
   EXPECT_THROW(parse_bytes("lots"), Error);
   EXPECT_THROW(parse_bytes("3 parsecs"), Error);
+}
+
+// The cache of large host blocks (core/allocator.h), on private allocators so the sequence is known.
+constexpr size_t kMiB = size_t{1} << 20;
+
+TEST(CpuAllocatorCache, FreedLargeBlockStaysReservedAndIsReused) {
+  CpuAllocator a;
+  void* p = a.allocate(4 * kMiB);
+  a.deallocate(p, 4 * kMiB);
+  EXPECT_EQ(a.stats().allocated_bytes, 0);
+  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(4 * kMiB));
+  EXPECT_EQ(a.cached_bytes(), static_cast<int64_t>(4 * kMiB));
+  void* q = a.allocate(4 * kMiB - 10);  // the same rounded size: the same block, no new pages
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(a.cache_hits(), 1);
+  EXPECT_EQ(a.stats().allocated_bytes, static_cast<int64_t>(4 * kMiB - 10));
+  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(4 * kMiB));
+  EXPECT_EQ(a.cached_bytes(), 0);
+  a.deallocate(q, 4 * kMiB - 10);
+  void* small = a.allocate(1000);  // small blocks are not cached and leave the cache alone
+  a.deallocate(small, 1000);
+  EXPECT_EQ(a.cached_bytes(), static_cast<int64_t>(4 * kMiB));
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
+  EXPECT_EQ(a.cached_bytes(), 0);
+}
+
+TEST(CpuAllocatorCache, ReservedStaysWithinHalfAgainTheLiveHighWaterMark) {
+  CpuAllocator a;
+  void* p8 = a.allocate(8 * kMiB);
+  a.deallocate(p8, 8 * kMiB);
+  // 8 MiB cached + 4 MiB new fits in 1.5 x the live peak (8 MiB): the cached block stays.
+  void* p4 = a.allocate(4 * kMiB);
+  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(12 * kMiB));
+  // 2 MiB more would not: the largest cached block goes back to the system.
+  void* r2 = a.allocate(2 * kMiB);
+  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(6 * kMiB));
+  EXPECT_EQ(a.cached_bytes(), 0);
+  EXPECT_EQ(a.stats().peak_reserved_bytes, static_cast<int64_t>(12 * kMiB));
+  a.deallocate(p4, 4 * kMiB);
+  a.deallocate(r2, 2 * kMiB);
+  // empty_cache() lowers the mark to what is live (nothing): 3 MiB then sets it.
+  a.empty_cache();
+  a.reset_peak_stats();
+  void* x = a.allocate(3 * kMiB);
+  a.deallocate(x, 3 * kMiB);
+  void* y = a.allocate(2 * kMiB);  // 3 cached + 2 > 4.5: the 3 MiB block goes
+  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(2 * kMiB));
+  EXPECT_EQ(a.stats().peak_reserved_bytes, static_cast<int64_t>(3 * kMiB));
+  a.deallocate(y, 2 * kMiB);
+  a.empty_cache();
+}
+
+TEST(CpuAllocatorCache, RandomSequenceKeepsTheBound) {
+  CpuAllocator a;
+  std::mt19937 rng(7);
+  std::vector<std::pair<void*, size_t>> live;
+  int64_t live_bytes = 0, live_peak = 0;
+  for (int i = 0; i < 2000; ++i) {
+    if (live.empty() || rng() % 2 == 0) {
+      const size_t n = (1 + rng() % 8) * kMiB + 64 * (rng() % 3);
+      live.emplace_back(a.allocate(n), n);
+      live_bytes += static_cast<int64_t>(CpuAllocator::rounded(n));
+      live_peak = std::max(live_peak, live_bytes);
+    } else {
+      const size_t k = rng() % live.size();
+      a.deallocate(live[k].first, live[k].second);
+      live_bytes -= static_cast<int64_t>(CpuAllocator::rounded(live[k].second));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    const MemoryStats s = a.stats();
+    ASSERT_EQ(s.reserved_bytes, live_bytes + a.cached_bytes()) << "step " << i;
+    ASSERT_LE(s.reserved_bytes, static_cast<int64_t>(CpuAllocator::kCacheSlack * static_cast<double>(live_peak)))
+        << "step " << i;
+  }
+  EXPECT_GT(a.cache_hits(), 100);
+  for (const auto& [p, n] : live) a.deallocate(p, n);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
+}
+
+TEST(CpuAllocatorCache, BudgetReleasesTheCacheBeforeAnOom) {
+  CpuAllocator a;
+  void* p8 = a.allocate(8 * kMiB);
+  void* p6 = a.allocate(6 * kMiB);
+  a.deallocate(p8, 8 * kMiB);
+  a.deallocate(p6, 6 * kMiB);
+  ASSERT_EQ(a.cached_bytes(), static_cast<int64_t>(14 * kMiB));
+  // A budget below what the cache holds: a small request makes room by releasing cached blocks.
+  a.set_budget(14 * kMiB + 512 * 1024);
+  void* s = a.allocate(600 * 1024);
+  EXPECT_EQ(a.cached_bytes(), static_cast<int64_t>(6 * kMiB));
+  EXPECT_LE(a.stats().reserved_bytes, static_cast<int64_t>(14 * kMiB + 512 * 1024));
+  // A request that does not fit even with the cache empty is an OOM, and the cache is gone.
+  try {
+    a.allocate(14 * kMiB);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.in_use(), CpuAllocator::rounded(600 * 1024));
+  }
+  EXPECT_EQ(a.cached_bytes(), 0);
+  EXPECT_EQ(a.stats().num_ooms, 1);
+  EXPECT_EQ(a.stats().allocated_bytes, static_cast<int64_t>(600 * 1024));
+  a.deallocate(s, 600 * 1024);
+}
+
+TEST(CpuAllocatorCache, EnvironmentTurnsItOff) {
+  const char* old = std::getenv("MINIDL_CPU_CACHE");
+  const std::string saved = old ? old : "";
+  setenv("MINIDL_CPU_CACHE", "0", 1);
+  CpuAllocator a;
+  if (old) setenv("MINIDL_CPU_CACHE", saved.c_str(), 1); else unsetenv("MINIDL_CPU_CACHE");
+  void* p = a.allocate(4 * kMiB);
+  a.deallocate(p, 4 * kMiB);
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
+  EXPECT_EQ(a.cached_bytes(), 0);
 }
 
 }  // namespace

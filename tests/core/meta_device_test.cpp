@@ -5,6 +5,9 @@
 
 #include <cstdlib>
 #include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/autograd.h"
@@ -19,8 +22,10 @@ struct Peaks {
   int64_t allocated = 0, reserved = 0, left = 0;
 };
 
-// The peaks of fn above what the device held before, and what it left allocated.
+// The peaks of fn above what the device held before, and what it left allocated. Both allocators
+// start with an empty cache (the host one keeps freed blocks of 1 MiB and more).
 Peaks peaks_of(Device d, const std::function<void(Device)>& fn) {
+  empty_cache(d);
   const MemoryStats before = memory_stats(d);
   reset_peak_stats(d);
   fn(d);
@@ -36,6 +41,37 @@ void expect_same_peaks(const std::function<void(Device)>& fn) {
   EXPECT_EQ(meta.allocated, cpu.allocated) << "peak allocated";
   EXPECT_EQ(meta.reserved, cpu.reserved) << "peak reserved";
   EXPECT_EQ(meta.left, cpu.left) << "allocated after";
+}
+
+// One request made of a real allocator and of its model on address ranges.
+struct Twin {
+  void* r = nullptr;
+  void* m = nullptr;
+  size_t n = 0;
+};
+// Both blocks, or nullopt when both ran out of the budget (one side alone fails the test).
+std::optional<Twin> allocate_both(Allocator& real, Allocator& model, size_t n) {
+  Twin t{nullptr, nullptr, n};
+  bool r_oom = false, m_oom = false;
+  try {
+    t.r = real.allocate(n);
+  } catch (const OutOfMemoryError&) {
+    r_oom = true;
+  }
+  try {
+    t.m = model.allocate(n);
+  } catch (const OutOfMemoryError&) {
+    m_oom = true;
+  }
+  EXPECT_EQ(r_oom, m_oom) << "a request of " << n << " bytes";
+  if (!r_oom && !m_oom) return t;
+  if (!r_oom) real.deallocate(t.r, n);
+  if (!m_oom) model.deallocate(t.m, n);
+  return std::nullopt;
+}
+void free_both(Allocator& real, Allocator& model, const Twin& t) {
+  real.deallocate(t.r, t.n);
+  model.deallocate(t.m, t.n);
 }
 
 TEST(MetaDevice, ParsesPrintsAndHasNoData) {
@@ -54,6 +90,7 @@ TEST(MetaDevice, ParsesPrintsAndHasNoData) {
 
 TEST(MetaDevice, BudgetThrowsLikeTheHostAllocator) {
   const Device m = Device::meta();
+  empty_cache(m);   // else the budget check would first release cached blocks, as the host's does
   set_memory_budget(m, memory_stats(m).reserved_bytes + (1 << 20));
   EXPECT_THROW(empty({1 << 20}, {DType::f32, m, false}), OutOfMemoryError);
   const Tensor fits = empty({1 << 10}, {DType::f32, m, false});
@@ -110,6 +147,77 @@ TEST(MetaDevice, StridedMatmulCopiesEqualTheCpu) {
   });
 }
 
+TEST(MetaDevice, FusedBatchNormPeaksEqualTheCpu) {
+  // batch_norm_relu and batch_norm_add_relu, forward and backward, training and evaluation: in
+  // NCHW f32 the kernel stages nothing; channels-last operands are copied to NCHW and the outputs
+  // back, f16 ones widened to f32 (cpu::stage_batch_norm_act_*). 2.4 MB activations: blocks in the
+  // host cache's range.
+  for (DType dt : {DType::f32, DType::f16}) {
+    for (bool cl : {false, true}) {
+      for (bool residual : {false, true}) {
+        for (bool training : {true, false}) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + (cl ? " NHWC" : " NCHW") + (residual ? " +residual" : "") +
+                       (training ? " train" : " eval"));
+          expect_same_peaks([&](Device d) {
+            const Shape s{8, 32, 48, 48};
+            const auto act = [&] {
+              Tensor v = empty(s, {DType::f32, d}).to(dt);
+              if (cl) v = to_channels_last(v);
+              v = v.detach();
+              v.set_requires_grad(true);
+              return v;
+            };
+            const Tensor x = act(), r = residual ? act() : Tensor();
+            const Tensor w = ones({32}, {DType::f32, d, true}), b = zeros({32}, {DType::f32, d, true});
+            const Tensor rm = zeros({32}, {DType::f32, d}), rv = ones({32}, {DType::f32, d});
+            const Tensor y = residual ? batch_norm_add_relu(x, r, w, b, rm, rv, training)
+                                      : batch_norm_relu(x, w, b, rm, rv, training);
+            y.backward(act().detach());
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(MetaDevice, HostCacheKeepsTheSameBooks) {
+  // The host allocator's cache of large blocks on memory and on address ranges: the same requests
+  // (sizes around and above the cache's 1 MiB, frees in another order, a budget that forces
+  // releases and OOMs) give the same books after every request.
+  CpuAllocator real, model(Device::meta());
+  for (CpuAllocator* a : {&real, &model}) a->set_budget(size_t{40} << 20);
+  uint64_t state = 12345;
+  const auto next = [&] { return (state = state * 6364136223846793005ULL + 1442695040888963407ULL) >> 33; };
+  std::vector<Twin> live;
+  int ooms = 0;
+  for (int i = 0; i < 400; ++i) {
+    if (!live.empty() && next() % 3 == 0) {
+      const size_t k = next() % live.size();
+      free_both(real, model, live[k]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    } else {
+      const size_t n = next() % 4 == 0 ? 100 + next() % 5000 : (1 + next() % 6) * (size_t{1} << 20) + 64 * (next() % 3);
+      const std::optional<Twin> t = allocate_both(real, model, n);
+      ASSERT_FALSE(HasFailure()) << "request " << i;
+      if (t) live.push_back(*t);
+      else ++ooms;
+    }
+    const MemoryStats rs = real.stats(), ms = model.stats();
+    ASSERT_EQ(ms.allocated_bytes, rs.allocated_bytes) << "after request " << i;
+    ASSERT_EQ(ms.reserved_bytes, rs.reserved_bytes) << "after request " << i;
+    ASSERT_EQ(ms.peak_reserved_bytes, rs.peak_reserved_bytes) << "after request " << i;
+    ASSERT_EQ(model.cached_bytes(), real.cached_bytes()) << "after request " << i;
+    ASSERT_EQ(model.cache_hits(), real.cache_hits()) << "after request " << i;
+  }
+  EXPECT_GT(real.cache_hits(), 0);
+  EXPECT_GT(ooms, 0);
+  for (const Twin& t : live) free_both(real, model, t);
+  real.empty_cache();
+  model.empty_cache();
+  EXPECT_EQ(model.stats().reserved_bytes, 0);
+  EXPECT_EQ(real.stats().reserved_bytes, 0);
+}
+
 TEST(MetaDevice, CachingAllocatorOnAddressRangesKeepsTheSameBooks) {
   // The same requests on a host-memory segment source and on address ranges: the books agree.
   struct HostSource final : SegmentSource {
@@ -120,33 +228,14 @@ TEST(MetaDevice, CachingAllocatorOnAddressRangesKeepsTheSameBooks) {
   CachingAllocator model(std::make_unique<AddressRangeSource>(), Device::meta(DeviceType::CUDA));
   for (CachingAllocator* a : {&real, &model}) a->set_budget(size_t{64} << 20);
   const std::vector<size_t> sizes = {100, 3 << 20, 700, 12 << 20, 1 << 20, 5000, 25 << 20, 33};
-  struct Live {
-    void* r;
-    void* m;
-    size_t n;
-  };
-  std::vector<Live> live;
+  std::vector<Twin> live;
   for (int round = 0; round < 3; ++round) {
     for (size_t s : sizes) {
-      const size_t n = s * static_cast<size_t>(round + 1);
-      void* r = nullptr;
-      void* m = nullptr;
-      bool r_oom = false, m_oom = false;
-      try {
-        r = real.allocate(n);
-      } catch (const OutOfMemoryError&) {
-        r_oom = true;
-      }
-      try {
-        m = model.allocate(n);
-      } catch (const OutOfMemoryError&) {
-        m_oom = true;
-      }
-      ASSERT_EQ(r_oom, m_oom) << "request " << n;
-      if (!r_oom) live.push_back({r, m, n});
+      const std::optional<Twin> t = allocate_both(real, model, s * static_cast<size_t>(round + 1));
+      ASSERT_FALSE(HasFailure());
+      if (t) live.push_back(*t);
       if (live.size() > 4) {
-        real.deallocate(live.front().r, live.front().n);
-        model.deallocate(live.front().m, live.front().n);
+        free_both(real, model, live.front());
         live.erase(live.begin());
       }
       const CachingStats rs = real.detailed_stats(), ms = model.detailed_stats();
@@ -156,10 +245,7 @@ TEST(MetaDevice, CachingAllocatorOnAddressRangesKeepsTheSameBooks) {
       ASSERT_EQ(rs.segments, ms.segments);
     }
   }
-  for (const Live& l : live) {
-    real.deallocate(l.r, l.n);
-    model.deallocate(l.m, l.n);
-  }
+  for (const Twin& t : live) free_both(real, model, t);
 }
 
 }  // namespace

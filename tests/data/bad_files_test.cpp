@@ -120,6 +120,23 @@ TEST(Decode, RefusesWithoutCrashing) {
   }
 }
 
+// What fuzz/decode_fuzz.cpp found in stb_image's PGM / PPM reader (issue 30): 16-bit samples read
+// in the wrong byte order and converted past the end of a buffer, and header numbers that
+// overflow an int. Such files are refused with a reason; 8-bit ones still decode.
+TEST(Decode, SixteenBitAndAbsurdPnmHeadersAreRefused) {
+  const auto decode = [](const std::string& b) { return decode_image(reinterpret_cast<const uint8_t*>(b.data()), b.size()); };
+  const DecodeResult pgm16 = decode(std::string("P5\n3 1\n65535\n") + std::string("\x00\x00\x80\x00\xff\xff", 6));
+  EXPECT_FALSE(pgm16.ok());
+  EXPECT_EQ(pgm16.error, "16-bit PGM / PPM (maxval 65535) is not supported; convert it to 8 bits");
+  const DecodeResult huge = decode("P6\n4777777777777777 3\n255\n" + std::string(64, 'x'));
+  EXPECT_EQ(huge.error, "PGM / PPM header with a number too large");
+  const DecodeResult ppm8 = decode(std::string("P6\n# a comment\n1 1\n255\n") + std::string("\xff\x80\x00", 3));
+  ASSERT_TRUE(ppm8.ok()) << ppm8.error;
+  EXPECT_EQ(ppm8.image->pixels, (std::vector<uint8_t>{255, 128, 0}));
+  EXPECT_EQ(probe_image(reinterpret_cast<const uint8_t*>("P5 2 2 1000 "), 12),
+            "16-bit PGM / PPM (maxval 1000) is not supported; convert it to 8 bits");
+}
+
 TEST(BadFiles, SkippedOrConvertedReportedOnceAndCounted) {
   const Source s = source();
   fixtures::TempDir t;

@@ -11,9 +11,15 @@
 #   agreed_stop  a divergence seen on rank 1 alone stops both ranks at the same micro-batch
 #   sweep        a 2-rank grid writes <grid>-2ranks/ from rank 0 alone, with world_size,
 #                per_device_batch and effective_batch, and the accuracies of the 1-process grid
+#   unreadable   a photo folder with random-byte files and truncated images (found only while
+#                loading, on one rank's shard), no --validate-data: the ranks agree on what they skip
+#                and step together to the end (no hang), and count every skipped file
+#   sweep_failing_run  a run of a 2-rank sweep that fails on every rank (out of memory under the
+#                budget) writes its row (oom, as in one process) and the sweep goes on to the next
 # Usage: programs_test.sh CASE MPIEXEC BIN_DIR COMPARE_TOOL. ctest's TIMEOUT fails a hang.
 set -euo pipefail
 case_name=$1 mpiexec=$2 bin=$3 compare=$4
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/minidl-dist-programs.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -157,6 +163,48 @@ print(rows[0][sys.argv[3]] if rows else "")' "$@"
     a1=$(col "$one_dir/results.csv" "$id" test_acc) a2=$(col "$two_dir/results.csv" "$id" test_acc)
     [[ $a1 == "$a2" ]] || fail "$id: test accuracy $a1 on 1 rank, $a2 on 2"
   done
+  ;;
+unreadable)
+  # 8x8 PPM images (header, then noise; the content does not matter here), random bytes named
+  # .jpg (the header scan drops them), and a JPEG cut inside its pixel data (its header is whole:
+  # only the loader finds it, on whichever rank's shard holds it).
+  ppm() { { printf 'P6\n8 8\n255\n'; head -c 192 /dev/urandom; } > "$1"; }
+  cut() { head -c 650 "$here/../../fuzz/corpus/decode/rgb444.jpg" > "$1"; }
+  for class in cat dog; do
+    mkdir -p photos/$class
+    for i in 1 2 3 4 5; do ppm photos/$class/$i.ppm; done
+    head -c 3000 /dev/urandom | tr '\377' x > photos/$class/random.jpg
+  done
+  cut photos/cat/cut1.jpg; cut photos/cat/cut2.jpg; rm photos/cat/5.ppm
+  cut photos/dog/cut1.jpg
+  head -c 3000 /dev/urandom | tr '\377' x > photos/dog/random2.jpg
+  # 12 usable by their headers (6 per class), all in training; 6 per rank, batches of 2.
+  rc=0
+  timeout 100 "$mpiexec" --oversubscribe --allow-run-as-root --bind-to none -np 2 "$bin/minidl-train" --data photos \
+    --model smallcnn --image-size 8 --split 6,0,0 --batch-size 2 --epochs 3 --workers 0 > out.log 2> err.log || rc=$?
+  cat out.log err.log
+  (( rc != 124 )) || fail "the job hung"
+  (( rc == 0 )) || fail "status $rc"
+  grep -q "(12 usable images, 3 unreadable files skipped)" out.log || fail "the header does not count the 3 random files"
+  grep -q "s; 6 unreadable files skipped$" out.log || fail "the summary does not count all 6 unreadable files"
+  [[ $(grep -c "^epoch [0-9]/3 done" out.log) == 3 ]] || fail "not every epoch ended"
+  ;;
+sweep_failing_run)
+  # Batch 256 does not fit the budget, batch 32 does: the 256 row says oom on 1 and 2 ranks (each
+  # rank trains the batch), and the sweep goes on to batch 32 (listed after it).
+  grid=(--model smallcnn --image-size 8 --split 128,4,4 --synthetic-difficulty 0.2 --workers 0 --epochs 1 --quiet
+        --memory-budget 3MiB --batch-sizes 256,32 --optimizers sgd)
+  "$bin/minidl-sweep" "${grid[@]}" --out one > one.log
+  rc=0
+  mpirun2 -np 2 "$bin/minidl-sweep" "${grid[@]}" --rank-batch each --out two > two.log 2> two.err || rc=$?
+  cat two.log two.err
+  (( rc == 0 )) || fail "status $rc: the failing run ended the job"
+  for d in one/*/ two/*/; do
+    st=$(python3 -c 'import csv, sys
+print(",".join(r["status"] for r in csv.DictReader(open(sys.argv[1]))))' "$d/results.csv")
+    [[ $st == "oom,ok" ]] || fail "$d: statuses $st, not oom,ok"
+  done
+  grep -q "2 runs done now" two.log || fail "the sweep did not finish"
   ;;
 *)
   fail "unknown case"

@@ -41,7 +41,8 @@ if(MINIDL_WITH_MPI)
   # a sweep's folder and columns.
   add_executable(dist_compare_weights ${CMAKE_CURRENT_LIST_DIR}/compare_weights.cpp)
   target_link_libraries(dist_compare_weights PRIVATE minidl minidl_warnings)
-  foreach(_case parity rank0_output failing_rank killed_rank resume maxbatch agreed_stop sweep)
+  foreach(_case parity rank0_output failing_rank killed_rank resume maxbatch agreed_stop sweep unreadable
+                sweep_failing_run)
     add_test(NAME dist.mpi2.programs.${_case}
       COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/programs_test.sh ${_case} ${MPIEXEC_EXECUTABLE}
               $<TARGET_FILE_DIR:minidl-train> $<TARGET_FILE:dist_compare_weights>)

@@ -14,17 +14,21 @@ namespace minidl::harness {
 namespace {
 
 // Peaks of one trial above what the device held before its runner existed (a test process keeps
-// other tensors alive; memest's own process starts empty, where the absolute peaks agree too).
+// other tensors alive; memest's own process starts empty, where the absolute peaks agree too), and
+// the bytes the max-batch finder fits on. Both start with an empty host cache (the trial empties
+// it too).
 struct Measured {
-  int64_t allocated = 0, reserved = 0;
+  int64_t allocated = 0, reserved = 0, fit = 0;
 };
 
 Measured trial_peaks(const TrainConfig& c, Device d, int64_t batch) {
+  empty_cache(d);
   const MemoryStats before = memory_stats(d);
   StepRunner r(c, 0, d);
   const Trial t = r.run(batch, 1);
   EXPECT_TRUE(t.ok);
-  return {t.peak_allocated - before.allocated_bytes, t.peak_reserved - before.reserved_bytes};
+  return {t.peak_allocated - before.allocated_bytes, t.peak_reserved - before.reserved_bytes,
+          t.fit_bytes() - before.allocated_bytes};
 }
 
 void expect_dry_run_exact(const TrainConfig& c, int64_t batch) {
@@ -36,6 +40,7 @@ void expect_dry_run_exact(const TrainConfig& c, int64_t batch) {
   EXPECT_GT(real.allocated, 0);
   EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
   EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+  EXPECT_EQ(dry.fit, real.fit) << "the bytes maxbatch fits on (live blocks on the CPU, on meta:cpu too)";
 }
 
 // Three models, each FP32 and with a second configuration (AMP, accumulation, recomputation).

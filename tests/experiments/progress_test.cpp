@@ -86,7 +86,7 @@ TEST(ExperimentsProgress, SummaryStatesDifficultyAndSeeds) {
 TEST(ExperimentsProgress, AccuracyPlotsShadeTheChanceBandAndCircleThePointsInIt) {
   const auto dir = testing::temp_dir();
   PlotSpec spec;
-  spec.series = {{"sgd", {{16, 0.5}, {32, 0.8}}}, {"adam", {{16, 0.56}, {32, 0.46}}}};
+  spec.series = {{"sgd", {{16, 0.5}, {32, 0.8}}, {}, 0}, {"adam", {{16, 0.56}, {32, 0.46}}, {}, 0}};
   spec.chance_band = 0.05;
   plot_png(spec, dir / "p.png");
   std::ifstream in(dir / "p.png.dat");
@@ -95,6 +95,30 @@ TEST(ExperimentsProgress, AccuracyPlotsShadeTheChanceBandAndCircleThePointsInIt)
   EXPECT_NE(s.find("\"at chance (50% +- 5.0 points)\" \"y\"\n16.000000 0.500000\n32.000000 0.460000\n"),
             std::string::npos)
       << s;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ExperimentsProgress, ChanceBandWithErrorBarsAndPublishedPoints) {
+  // A study with seeds: mean lines with error bars, the published values as point sets, and the
+  // chance band: the lines first, then the point sets, the lines' points at chance last (the
+  // published ones are not circled), every row with its error column.
+  const auto dir = testing::temp_dir();
+  PlotSpec spec;
+  spec.series = {{"published", {{16, 0.52}}, {}, 1}, {"sgd", {{16, 0.53}, {32, 0.8}}, {0.02, 0.01}, 0}};
+  spec.chance_band = 0.05;
+  plot_png(spec, dir / "p.png");
+  std::ifstream in(dir / "p.png.dat");
+  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(s.find("errbars=1; nlines=1; pointcolors='1'; band_lo=0.450000; band_hi=0.550000; chance_block=1\n"),
+            std::string::npos)
+      << s;
+  const size_t sgd = s.find("\"sgd\""), published = s.find("\"published\""), chance = s.find("\"at chance");
+  EXPECT_LT(sgd, published) << s;
+  EXPECT_LT(published, chance) << s;
+  EXPECT_NE(s.find("\"at chance (50% +- 5.0 points)\" \"y\" \"error\"\n16.000000 0.530000 0.000000\n"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.find("0.520000", chance), std::string::npos) << "a published value is not circled as at chance";
   std::filesystem::remove_all(dir);
 }
 

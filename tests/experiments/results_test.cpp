@@ -97,7 +97,7 @@ TEST(ExperimentsResults, PlotDataKeepsItsSettingsAndIsWrittenWithoutGnuplot) {
   spec.title = "Accuracy \"quoted\"";
   spec.xlabel = "batch size";
   spec.ylabel = "test accuracy";
-  spec.series = {{"sgd, augment none", {{16, 0.5}, {32, 0.625}}}, {"empty", {}}};
+  spec.series = {{"sgd, augment none", {{16, 0.5}, {32, 0.625}}, {}, 0}, {"empty", {}, {}, 0}};
   const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
   setenv("PATH", "/nonexistent", 1);
   const std::string note = plot_png(spec, dir / "p.png");

@@ -1,11 +1,13 @@
 // The dry run for a GPU (meta:cuda, docs/memory.md) against a measured step on the CUDA backend:
 // the caching allocator's model on address ranges, cuDNN's workspaces (heuristic order, the first
 // that fits), cuBLAS's workspace, batch norm's coefficients and the fused optimizer's tables give
-// the device's peak allocated and reserved bytes. As kernels_cuda_emu it checks the model against
+// the device's peak allocated and reserved bytes; the fused batch norm's scratch (per-block partial
+// sums whose block count follows the launch geometry) too. As kernels_cuda_emu it checks the model against
 // the emulated device (its cuDNN stand-in defines the algorithms); as kernels_cuda, on a GPU.
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -16,6 +18,9 @@
 #include "nn/layers.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
 
 namespace minidl {
 namespace {
@@ -96,6 +101,63 @@ TEST(MetaDeviceCuda, ConvolutionWorkspacesEqualTheDevices) {
   const Peaks dry = peak(Device::meta(DeviceType::CUDA)), real = peak(Device::cuda(0));
   EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated (the workspaces are part of it)";
   EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+}
+
+// relu(batch_norm(x) [+ r]) fused, forward and backward, from values made on the host; the peaks
+// above the start.
+Peaks fused_bn(Device d, const Shape& s, DType dt, bool channels_last, bool residual, bool training) {
+  Generator gen(5);
+  const auto leaf = [&](const Shape& shape, DType t, bool cl) {
+    Tensor v = randn(shape, {DType::f32, Device::cpu()}, &gen).to(t).to(d);
+    if (cl) v = to_channels_last(v).detach();
+    v.set_requires_grad(true);
+    return v;
+  };
+  const Tensor x = leaf(s, dt, channels_last), r = residual ? leaf(s, dt, channels_last) : Tensor();
+  const Tensor w = leaf({s[1]}, DType::f32, false), b = leaf({s[1]}, DType::f32, false);
+  const Tensor rm = zeros({s[1]}, {DType::f32, d}), rv = ones({s[1]}, {DType::f32, d});
+  const Tensor gy = leaf(s, dt, channels_last).detach();
+  empty_cache(d);
+  const MemoryStats before = memory_stats(d);
+  reset_peak_stats(d);
+  {
+    const Tensor y = residual ? batch_norm_add_relu(x, r, w, b, rm, rv, training)
+                              : batch_norm_relu(x, w, b, rm, rv, training);
+    y.backward(gy);
+  }
+  const MemoryStats after = memory_stats(d);
+  return {after.peak_allocated_bytes - before.allocated_bytes, after.peak_reserved_bytes - before.reserved_bytes};
+}
+
+TEST(MetaDeviceCuda, FusedBatchNormScratchEqualsTheDevices) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one)";
+#ifdef MINIDL_WITH_CUDA
+  // Planar (NCHW) and rows (NHWC), f32 and f16 (other vector widths), with and without the
+  // residual, training (partial sums) and evaluation (none in the forward); then 3 blocks per
+  // channel forced, as a GPU-sized tensor would get, on a shape that stays small for the emulated
+  // device.
+  for (int split : {0, 3}) {
+    cuda::set_batch_norm_split(split);
+    for (DType dt : {DType::f32, DType::f16}) {
+      for (bool cl : {false, true}) {
+        for (bool residual : {false, true}) {
+          for (bool training : {true, false}) {
+            if (split > 0 && !training) continue;   // evaluation's forward has no partial sums
+            SCOPED_TRACE(std::string(dtype_name(dt)) + (cl ? " NHWC" : " NCHW") + (residual ? " +residual" : "") +
+                         (training ? " train" : " eval") + " split " + std::to_string(split));
+            const Shape s{4, 6, 4, 8};
+            const Peaks dry = fused_bn(Device::meta(DeviceType::CUDA), s, dt, cl, residual, training);
+            const Peaks real = fused_bn(Device::cuda(0), s, dt, cl, residual, training);
+            EXPECT_GT(real.allocated, 0);
+            EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
+            EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+          }
+        }
+      }
+    }
+  }
+  cuda::set_batch_norm_split(0);
+#endif
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cmath>
 #include <functional>
 #include <memory>
 
@@ -348,6 +349,49 @@ TEST(OptimizerStateDict, LoadValidatesAndChangesNothingOnError) {
   other.load_state_dict(good);
   EXPECT_EQ(other.lr(0), 0.01);
   EXPECT_EQ(other.state(0, 1).step, 1);
+}
+
+}  // namespace
+}  // namespace minidl::optim
+
+namespace minidl::optim {
+namespace {
+
+// Keras' Adam (keras_eps, the "epsilon hat" placement) against its own formula in double:
+// lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t); p -= lr_t * m / (sqrt(v) + eps). A large eps and
+// small gradients make the placement visible (PyTorch's placement lands elsewhere); the option
+// stays out of the state of a default Adam.
+TEST(Optimizer, AdamKerasEpsilonFollowsKerasUpdate) {
+  const std::vector<double> grads{1e-3, -2e-3, 5e-4};
+  const double lr = 0.1, b1 = 0.9, b2 = 0.999, eps = 1e-3;
+  Tensor w = zeros({3}, {.dtype = DType::f64});
+  Tensor torch_w = zeros({3}, {.dtype = DType::f64});
+  w.set_requires_grad(true);
+  torch_w.set_requires_grad(true);
+  Adam keras({w}, AdamOptions{.lr = lr, .eps = eps, .keras_eps = true});
+  Adam torch({torch_w}, AdamOptions{.lr = lr, .eps = eps});
+  std::vector<double> p(3, 0.0), m(3, 0.0), v(3, 0.0);
+  for (int t = 1; t <= 3; ++t) {
+    const Tensor g = from_vector(grads, {3}, {.dtype = DType::f64}) * static_cast<double>(t);
+    w.set_grad(g.clone());
+    torch_w.set_grad(g.clone());
+    keras.step();
+    torch.step();
+    const double lr_t = lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+    for (size_t i = 0; i < 3; ++i) {
+      const double gi = grads[i] * t;
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      p[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+    }
+  }
+  const auto got = w.to_vector(), other = torch_w.to_vector();
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(got[i], p[i], 1e-12 * std::abs(p[i]) + 1e-15) << i;
+    EXPECT_GT(std::abs(other[i] - p[i]), 1e-3 * std::abs(p[i])) << "PyTorch's placement should differ here, " << i;
+  }
+  EXPECT_EQ(torch.state_dict().count("group.0.keras_eps"), 0u);
+  EXPECT_EQ(keras.state_dict().count("group.0.keras_eps"), 1u);
 }
 
 }  // namespace

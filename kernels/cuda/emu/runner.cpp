@@ -27,6 +27,8 @@
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
 #endif
+#include "kernels/cuda/emu/access_recorder.h"
+#include "kernels/cuda/emu/profiler.h"
 #include "kernels/cuda/emu/runtime_state.h"
 #include "kernels/cuda/emu/shared_arena.h"
 
@@ -191,6 +193,7 @@ void yield_until_released(Fiber& f) {
     if (t_block->aborting) throw AbortBlock{};
   }
   t_fiber = &f;
+  t_record_thread = f.linear;
   enter(f.coords);
 }
 
@@ -243,6 +246,7 @@ void complete_warp(Block& b, int warp, WarpState& w) {
     f.wait = Wait::None;
   }
   w.arrived = 0;
+  recorder_warp_collective();
 }
 
 // Why the block cannot go on: the threads waiting at each collective and those that never come.
@@ -298,7 +302,13 @@ std::string config_error(const LaunchInfo& info) {
   if (g.x == 0 || g.y == 0 || g.z == 0 || threads == 0) why = "an empty grid or block";
   else if (bl.x > 1024 || bl.y > 1024 || bl.z > 64 || threads > 1024) why = "more than 1024 threads per block";
   else if (g.x > 2147483647u || g.y > 65535u || g.z > 65535u) why = "grid y or z over 65535 (or x over 2^31 - 1)";
-  else if (info.smem > 48 * 1024) why = "more than 48 KiB of dynamic shared memory without the opt-in attribute";
+  else if (const size_t limit = max_dynamic_shared(info.func); info.smem > limit) {
+    why = limit == kSharedLimit
+              ? "more than 48 KiB of dynamic shared memory without the opt-in attribute (cudaFuncSetAttribute("
+                "kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), up to 227 KiB on an H100)"
+              : "more than the " + std::to_string(limit) +
+                    " bytes of dynamic shared memory cudaFuncSetAttribute allowed this kernel";
+  }
   if (why.empty()) return why;
   return "kernel " + std::string(info.kernel) + " launched with grid " + dim_str(g) + ", block " + dim_str(bl) +
          ", " + std::to_string(info.smem) + " bytes of dynamic shared memory: " + why;
@@ -328,6 +338,7 @@ void syncthreads(const void* site) {
   if (++b.arrived == static_cast<int>(b.threads.size())) {
     for (Fiber& g : b.threads) g.wait = Wait::None;
     b.arrived = 0;
+    recorder_barrier();
   }
   yield_until_released(f);
 }
@@ -372,6 +383,7 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg);
 }  // namespace
 
 void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_ptr<void> arg) {
+  if (device_error() != cudaSuccess) return;   // a faulted device: the launch check reports the fault
   // A launch the hardware rejects runs nothing and leaves the error for cudaGetLastError.
   if (const std::string why = config_error(info); !why.empty()) return set_last_error(cudaErrorInvalidConfiguration, why);
   if (!stream_live(info.stream)) {
@@ -383,7 +395,10 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_pt
     std::fprintf(stderr, "[minidl emu] launch %s (%s) grid %s block %s\n", info.kernel, info.op,
                  dim_str(info.grid).c_str(), dim_str(info.block).c_str());
   }
-  enqueue(info.stream, [info, body, arg = std::move(arg)] { execute_grid(info, body, arg.get()); });
+  LaunchInfo issued = info;
+  issued.profiled = profiling();   // launches issued while profiling is on are counted when they run
+  enqueue(info.stream, [issued, body, arg = std::move(arg)] { execute_grid(issued, body, arg.get()); },
+          "kernel " + std::string(info.kernel) + " (" + info.op + ")");
 }
 
 namespace {
@@ -393,16 +408,18 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
   b.info = &info;
   b.threads.resize(static_cast<size_t>(nthreads));
   b.warps.resize(static_cast<size_t>((nthreads + 31) / 32));
-  b.shared.start_launch(info.smem);
+  b.shared.start_launch(info.smem, max_dynamic_shared(info.func) > kSharedLimit ? kSharedOptInLimit : kSharedLimit);
   std::vector<int> order(static_cast<size_t>(nthreads));
   std::mt19937_64 rng(g_seed);
   struct Reset {
     ~Reset() {
       t_block = nullptr;
       t_fiber = nullptr;
+      recorder_launch_abort();   // after a fault (a finished launch has handed its recorder on)
     }
   } reset;
   t_block = &b;
+  recorder_launch_begin(info, nthreads);
   for (unsigned bz = 0; bz < info.grid.z; ++bz) {
     for (unsigned by = 0; by < info.grid.y; ++by) {
       for (unsigned bx = 0; bx < info.grid.x; ++bx) {
@@ -445,6 +462,7 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
             all_done = false;
             if (f.wait != Wait::None) continue;
             t_fiber = &f;
+            t_record_thread = f.linear;
             enter(f.coords);
             resume(f);
             ran = true;
@@ -461,9 +479,12 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
             kernel_fault(why);
           }
         }
+        recorder_block_end();
       }
     }
   }
+  note_static_shared(info.func, b.shared.static_bytes());
+  recorder_launch_end(b.shared.static_bytes());
 }
 
 }  // namespace

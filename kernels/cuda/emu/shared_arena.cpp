@@ -6,13 +6,15 @@
 #include <algorithm>
 #include <sstream>
 
+#include "kernels/cuda/emu/access_recorder.h"
 #include "kernels/cuda/emu/shared_memory.h"
 
 namespace minidl::cuda::emu {
 
-void SharedArena::start_launch(size_t dynamic_bytes) {
-  bytes_.assign(kSharedLimit, 0);
-  written_.assign(kSharedLimit, 0);
+void SharedArena::start_launch(size_t dynamic_bytes, size_t limit) {
+  bytes_.assign(limit, 0);
+  written_.assign(limit, 0);
+  limit_ = limit;
   dynamic_ = dynamic_bytes;
   end_ = dynamic_bytes;
   slots_.clear();
@@ -28,14 +30,17 @@ unsigned char* SharedArena::slot(const void* site, size_t bytes, const char* nam
     if (s.site == site) return bytes_.data() + s.offset;
   }
   const size_t offset = (end_ + 15) / 16 * 16;
-  if (offset + bytes > kSharedLimit) {
+  if (offset + bytes > limit_) {
     std::ostringstream os;
-    os << "static shared memory over the 48 KiB (49152 bytes) a block may use: `" << name << "` (" << bytes
-       << " bytes) after the static";
+    os << (limit_ == kSharedLimit ? "static shared memory over the 48 KiB (49152 bytes) a block may use"
+                                  : "static and dynamic shared memory over the 232448 bytes (227 KiB) an H100 block "
+                                    "may opt in to")
+       << ": `" << name << "` (" << bytes << " bytes) after the static";
     for (const Slot& s : slots_) os << " `" << s.name << "` (" << s.bytes << " bytes)";
     os << " and " << dynamic_ << " bytes of dynamic shared memory. Static alone over 48 KiB: ptxas rejects "
        << "the kernel ('uses too much shared data (0x... bytes, 0xc000 max)'); with the dynamic bytes: the launch "
-       << "fails (cudaErrorInvalidValue) unless cudaFuncSetAttribute raised the kernel's limit";
+       << "fails (cudaErrorInvalidValue)"
+       << (limit_ == kSharedLimit ? " unless cudaFuncSetAttribute raised the kernel's limit" : "");
     running_kernel_fault(os.str());
   }
   slots_.push_back(Slot{site, offset, bytes, name});
@@ -88,11 +93,16 @@ size_t dynamic_shared_size() { return running_arena("dynamic_shared()").dynamic_
 unsigned char* shared_slot(const void* site, size_t bytes, const char* name) {
   return running_arena(name).slot(site, bytes, name);
 }
+// The address these return to is the access's instruction, for the counters (access_recorder.h).
 void shared_read(const void* p, size_t n, const void* base, size_t bytes) {
-  running_arena("a shared read").read(p, n, base, bytes);
+  SharedArena& a = running_arena("a shared read");
+  a.read(p, n, base, bytes);
+  if (t_recorder != nullptr) record_shared(a.offset_of(p), n, AccessKind::Load, __builtin_return_address(0));
 }
 void shared_write(const void* p, size_t n, const void* base, size_t bytes) {
-  running_arena("a shared write").write(p, n, base, bytes);
+  SharedArena& a = running_arena("a shared write");
+  a.write(p, n, base, bytes);
+  if (t_recorder != nullptr) record_shared(a.offset_of(p), n, AccessKind::Store, __builtin_return_address(0));
 }
 
 }  // namespace minidl::cuda::emu

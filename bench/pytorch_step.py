@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""PyTorch's side of bench/step_bench.cpp (minidl_bench_step): images/s of whole training steps on
+one device-resident batch, and the largest batch that fits a memory budget, with PyTorch at its best
+eager settings, so a GPU session can put the two side by side from one call (tools/gpu_check.sh,
+phases `step` and `maxbatch`).
+
+The step is minidl's: torchvision's ResNet (2 classes, as minidl's harness), cross-entropy, SGD
+lr 0.001 momentum 0.9 without weight decay (bench/pytorch_utilization.py's model and optimizer
+helpers), zero_grad(set_to_none) after each step, no host sync inside the loop other than the
+ones GradScaler.step makes itself. PyTorch's best settings, always on here:
+  - channels_last model and input (--no-channels-last to compare like for like with minidl's NCHW),
+  - cudnn.benchmark = True,
+  - the fused SGD kernel (torch >= 2.0 on CUDA),
+  - --precision amp: float16 autocast + GradScaler; tf32: float32 with TF32 in cuBLAS and cuDNN;
+    fp32: float32 without TF32 anywhere.
+Timing: --warmup untimed steps, a synchronize, then steps until --seconds have passed, a final
+synchronize, images / elapsed wall time (minidl_bench_step measures the same span).
+
+  python3 bench/pytorch_step.py --model resnet50 --batch 128 --precision amp --seconds 30 --json pt_amp.json
+  python3 bench/pytorch_step.py --model resnet50 --precision amp --max-batch-under 11GiB --json pt_max.json
+The largest batch: torch.cuda.set_per_process_memory_fraction(budget / total memory), then batches
+doubled from --batch until one runs out of memory, then bisected; each trial runs --trial-steps
+steps (3, as minidl-maxbatch's default) on a fresh model. Exit status 0, 1 on an error other than
+running out of memory, 2 for bad input.
+"""
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pytorch_utilization as pu  # noqa: E402  (the model, optimizer and scaler helpers)
+
+PROG = "pytorch_step"
+pu.PROG = PROG   # the helpers' log and error lines name this script
+
+
+def parse_bytes(s):
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*", s)
+    if not m:
+        pu.die(f"--max-batch-under '{s}': expected a size such as 11GiB, 512MiB or 1.5GB")
+    unit = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)]
+    return int(float(m.group(1)) * unit)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="pytorch_step.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: cuda)")
+    ap.add_argument("--model", default="resnet50", help="one of " + ", ".join(pu.MODELS) + " (default: resnet50)")
+    ap.add_argument("--image-size", type=int, default=224, help="input side (default: 224)")
+    ap.add_argument("--batch", type=int, default=128, help="batch size; with --max-batch-under, the first trial "
+                    "(default: 128)")
+    ap.add_argument("--precision", choices=("amp", "tf32", "fp32"), default="amp", help="default: amp")
+    ap.add_argument("--no-channels-last", dest="channels_last", action="store_false",
+                    help="NCHW model and input (default: channels_last, PyTorch's best)")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (default: 10)")
+    ap.add_argument("--seconds", type=float, default=30.0, help="time steps for about this long (default: 30)")
+    ap.add_argument("--max-batch-under", default="", help="find the largest batch under this memory budget "
+                    "(11GiB) instead of timing")
+    ap.add_argument("--trial-steps", type=int, default=3, help="steps per --max-batch-under trial (default: 3)")
+    ap.add_argument("--limit", type=int, default=4096, help="never try a batch above this (default: 4096)")
+    ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed (default: 0)")
+    ap.add_argument("--json", default="", help="also write the result, with provenance, to this file")
+    a = ap.parse_args(argv)
+    if a.model not in pu.MODELS:
+        pu.die(f"--model '{a.model}': expected one of {', '.join(pu.MODELS)}")
+    if a.batch < 1 or a.warmup < 0 or a.seconds <= 0 or a.trial_steps < 1:
+        pu.die("--batch and --trial-steps must be >= 1, --warmup >= 0 and --seconds > 0")
+    a.budget = parse_bytes(a.max_batch_under) if a.max_batch_under else 0
+    # What pytorch_utilization's helpers read.
+    a.lr, a.momentum, a.optimizer_impl = 0.001, 0.9, "fused"
+    return a
+
+
+class Step:
+    """One model, optimizer and scaler; run() does whole training steps on one resident batch."""
+
+    def __init__(self, torch, a, device, batch):
+        self.torch, self.device = torch, device
+        fmt = torch.channels_last if a.channels_last and device.type == "cuda" else torch.contiguous_format
+        self.model = pu.build_model(torch, a.model, a.image_size).to(device, memory_format=fmt).train()
+        self.opt, self.impl, self.note = pu.make_optimizer(torch, self.model.parameters(), a, device)
+        self.amp = a.precision == "amp" and device.type == "cuda"
+        self.scaler = pu.make_scaler(torch, device, self.amp)
+        self.x = torch.randn(batch, 3, a.image_size, a.image_size, device=device).contiguous(memory_format=fmt)
+        self.y = (torch.rand(batch, device=device) > 0.5).long()
+        self.binary = a.model == "smallcnn"
+
+    def run(self, steps):
+        torch = self.torch
+        for _ in range(steps):
+            # (torch 1.13's CPU autocast refuses float16 even when disabled: no context at all then.)
+            with torch.autocast(device_type="cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext():
+                out = self.model(self.x)
+            out = out.float()
+            if self.binary:
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), self.y.float())
+            else:
+                loss = torch.nn.functional.cross_entropy(out, self.y)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            self.opt.zero_grad(set_to_none=True)
+
+    def sync(self):
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+
+def time_steps(torch, a, device):
+    s = Step(torch, a, device, a.batch)
+    t = time.perf_counter()
+    s.run(a.warmup)
+    s.sync()
+    warmup_s = time.perf_counter() - t
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    steps, t0 = 0, time.perf_counter()
+    while steps == 0 or time.perf_counter() - t0 < a.seconds:
+        s.run(1)
+        steps += 1
+    s.sync()
+    secs = time.perf_counter() - t0
+    ips = steps * a.batch / secs
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    print(f"pytorch {a.model} batch {a.batch} {a.image_size}px {a.precision}"
+          f"{' channels-last' if a.channels_last and device.type == 'cuda' else ''}: {ips:.1f} images/s ({steps} steps in {secs:.2f} s after "
+          f"{a.warmup} warm-up steps in {warmup_s:.1f} s; SGD {s.impl}{'; ' + s.note if s.note else ''})", flush=True)
+    return {"images_per_s": ips, "steps": steps, "seconds": secs, "warmup_steps": a.warmup,
+            "warmup_seconds": warmup_s, "optimizer_impl": s.impl, "peak_allocated_bytes": peak}
+
+
+def fits(torch, a, device, batch):
+    """Whether --trial-steps steps at `batch` run under the budget; everything is freed after."""
+    s = None
+    try:
+        s = Step(torch, a, device, batch)
+        s.run(a.trial_steps)
+        s.sync()
+        return True
+    except Exception as e:  # noqa: BLE001 -- only an out-of-memory error is an answer
+        if not pu.is_oom(torch, e):
+            raise
+        return False
+    finally:
+        del s
+        torch.cuda.empty_cache()
+
+
+def max_batch(torch, a, device):
+    total = torch.cuda.get_device_properties(device).total_memory
+    if a.budget > total:
+        pu.die(f"--max-batch-under {a.max_batch_under} is more than this GPU's {total / 2**30:.1f} GiB")
+    torch.cuda.set_per_process_memory_fraction(a.budget / total, device)
+    good, bad, b, trials = 0, 0, a.batch, []
+    while b <= a.limit:   # doubling until the first failure
+        ok = fits(torch, a, device, b)
+        trials.append((b, ok))
+        pu.log(f"batch {b}: {'fits' if ok else 'out of memory'}")
+        if not ok:
+            bad = b
+            break
+        good, b = b, b * 2
+    if good == 0 and bad:   # the first trial failed: bisect below it
+        good = 0
+    if bad:
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            ok = fits(torch, a, device, mid)
+            trials.append((mid, ok))
+            pu.log(f"batch {mid}: {'fits' if ok else 'out of memory'}")
+            good, bad = (mid, bad) if ok else (good, mid)
+    print(f"pytorch {a.model} {a.image_size}px {a.precision}: largest batch under {a.max_batch_under}: {good}"
+          f"{' (the --limit)' if not bad else ''} ({len(trials)} trials of {a.trial_steps} steps)", flush=True)
+    return {"max_batch": good, "budget_bytes": a.budget, "trials": trials, "limit_reached": not bad}
+
+
+def main(argv=None):
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+    device = pu.resolve_device(torch, a.device)
+    torch.manual_seed(a.seed)
+    torch.backends.cudnn.benchmark = True
+    # amp: PyTorch's defaults for the f32 parts (TF32 convolutions, f32 GEMMs); tf32: TF32 everywhere;
+    # fp32: no TF32 at all. minidl_bench_step sets its switches of the same names the same way.
+    torch.backends.cudnn.allow_tf32 = a.precision != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    if a.budget and device.type != "cuda":
+        pu.die("--max-batch-under needs --device cuda (a memory fraction is a CUDA allocator setting)")
+    result = max_batch(torch, a, device) if a.budget else time_steps(torch, a, device)
+    if a.json:
+        prov = pu.provenance(torch, argparse.Namespace(
+            model=a.model, image_size=a.image_size, batch_list=[a.batch], steps=0, warmup_steps=a.warmup,
+            amp=a.precision == "amp", channels_last=a.channels_last, cudnn_benchmark=True, optimizer_impl="fused",
+            best=True, fresh_cache=False, keep_going_after_oom=False, time_limit=0, lr=a.lr,
+            momentum=a.momentum, seed=a.seed), device)
+        prov["program"] = "bench/pytorch_step.py"
+        prov.update(framework="pytorch", precision=a.precision, batch=a.batch, **result)
+        pu.write_json(a.json, prov)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

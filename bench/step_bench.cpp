@@ -1,0 +1,178 @@
+// minidl_bench_step: images/s of whole training steps (forward, loss, backward, SGD step, and the
+// gradient scaler under AMP) on one device-resident batch, the measurement a GPU session compares
+// with PyTorch's best eager loop (bench/pytorch_step.py, same model, batch, optimizer and
+// precision). The model, loss and optimizer are the experiment harness's own, so the step is the
+// one minidl-train runs, minus the data loader.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/backend.h"
+#include "core/ops.h"
+#include "experiments/harness/config.h"
+#include "experiments/harness/model.h"
+#include "experiments/harness/results.h"
+#include "experiments/harness/train.h"
+#include "optim/grad_scaler.h"
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
+
+namespace {
+using namespace minidl;
+using namespace minidl::harness;
+
+struct StepOptions {
+  std::string precision = "amp";   // amp | tf32 | fp32
+  bool channels_last = false;
+  int warmup = 10;
+  double seconds = 30.0;
+  int64_t max_steps = 0;
+  std::string json;
+};
+
+// The TF32 and layout switches of a precision mode, as PyTorch's flags of the same names.
+void apply_precision(const StepOptions& o, Device d) {
+#ifdef MINIDL_WITH_CUDA
+  if (d.is_cuda()) {
+    cuda::set_allow_tf32_matmul(o.precision == "tf32");
+    cuda::set_allow_tf32_cudnn(o.precision != "fp32");
+    cuda::set_conv_nhwc(o.channels_last);
+  }
+#else
+  (void)d;
+#endif
+  if (!d.is_cuda() && (o.precision == "tf32" || o.channels_last))
+    std::fprintf(stderr, "minidl_bench_step: --precision tf32 and --channels-last only change CUDA runs\n");
+}
+
+int run(TrainConfig& c, const StepOptions& o) {
+  if (o.precision != "amp" && o.precision != "tf32" && o.precision != "fp32")
+    throw UsageError("--precision must be amp, tf32 or fp32, got '" + o.precision + "'");
+  c.amp = o.precision == "amp";
+  validate(c);
+  const Device dev = resolve_device(c.device);
+  apply_backend_switches(c, dev);
+  apply_precision(o, dev);
+
+  Model m = make_model(c, c.seed * 4 + 3);
+  m.module->to(dev);
+  m.module->train();
+  auto opt = make_optimizer(c, *m.module, c.resolved_lr());
+  optim::GradScaler scaler({.init_scale = c.amp_init_scale, .enabled = c.amp});
+  const TensorOptions fo{DType::f32, dev, false};
+  const Tensor x = randn(m.input_shape(c.batch_size), fo);
+  const Tensor labels = gt(rand({c.batch_size}, fo), full({1}, 0.5, fo)).to(DType::i64);
+  int64_t skipped = 0;
+  auto step = [&] {
+    const Tensor loss = m.loss(m.forward(x), labels);
+    if (scaler.is_enabled()) {
+      scaler.scale(loss).backward();
+      skipped += scaler.step(*opt) ? 0 : 1;
+      scaler.update();
+    } else {
+      loss.backward();
+      opt->step();
+    }
+    opt->zero_grad();
+  };
+
+  using Clock = std::chrono::steady_clock;
+  const auto w0 = Clock::now();
+  for (int i = 0; i < o.warmup; ++i) step();   // cuDNN autotuning, allocator growth, the scaler's first skips
+  synchronize(dev);
+  const double warmup_s = std::chrono::duration<double>(Clock::now() - w0).count();
+  reset_peak_stats(dev);
+  skipped = 0;
+  int64_t steps = 0;
+  const auto t0 = Clock::now();
+  while ((o.max_steps == 0 || steps < o.max_steps) &&
+         (steps == 0 || std::chrono::duration<double>(Clock::now() - t0).count() < o.seconds)) {
+    step();
+    ++steps;
+  }
+  synchronize(dev);   // the host runs ahead of a GPU: the span ends when the last step's kernels do
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double ips = static_cast<double>(steps * c.batch_size) / secs;
+  const auto ms = memory_stats(dev);
+  std::printf("minidl %s batch %lld %dpx %s%s: %.1f images/s (%lld steps in %.2f s after %d warm-up steps in %.1f s; "
+              "%lld skipped by the scaler; peak allocated %s)\n",
+              c.model.c_str(), static_cast<long long>(c.batch_size), static_cast<int>(c.resolved_image_size()),
+              o.precision.c_str(), o.channels_last ? " channels-last" : "", ips, static_cast<long long>(steps), secs,
+              o.warmup, warmup_s, static_cast<long long>(skipped),
+              format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str());
+  if (!o.json.empty()) {
+    nlohmann::json j = provenance(device_description(dev));
+    j["program"] = "minidl_bench_step";
+    j["framework"] = "minidl";
+    j["model"] = c.model;
+    j["image_size"] = c.resolved_image_size();
+    j["batch"] = c.batch_size;
+    j["precision"] = o.precision;
+    j["channels_last"] = o.channels_last;
+    j["cudnn_benchmark"] = c.cudnn_benchmark;
+    j["optimizer"] = {{"name", c.optimizer}, {"lr", c.resolved_lr()}, {"momentum", c.momentum},
+                      {"weight_decay", c.resolved_weight_decay()}};
+    j["warmup_steps"] = o.warmup;
+    j["warmup_seconds"] = warmup_s;
+    j["steps"] = steps;
+    j["seconds"] = secs;
+    j["images_per_s"] = ips;
+    j["skipped_steps"] = skipped;
+    j["peak_allocated_bytes"] = ms.peak_allocated_bytes;
+    j["peak_reserved_bytes"] = ms.peak_reserved_bytes;
+    write_file_atomic(o.json, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TrainConfig c;
+  // The utilization study's optimizer (SGD lr 0.001, momentum 0.9, no weight decay), as
+  // bench/pytorch_step.py (and bench/pytorch_utilization.py) use it.
+  c.model = "resnet50";
+  c.batch_size = 128;
+  c.momentum = 0.9;
+  c.lr = 0.001;
+  c.weight_decay = 0.0;
+  c.device = "cuda";
+  StepOptions o;
+  CLI::App app{"minidl_bench_step: images/s of whole training steps on one device-resident batch "
+               "(compare: bench/pytorch_step.py)"};
+  app.add_option("--model", c.model, "smallcnn, resnet18/34/50, resnet18-small/34-small/50-small")->capture_default_str();
+  app.add_option("--image-size", c.image_size, "input side; 0: the model's default")->capture_default_str();
+  app.add_option("--batch", c.batch_size, "batch size")->capture_default_str();
+  app.add_option("--device", c.device, "cuda, cuda:N or cpu")->capture_default_str();
+  app.add_option("--precision", o.precision,
+                 "amp (f16 autocast + gradient scaler; the f32 parts as PyTorch's defaults: TF32 convolutions), "
+                 "tf32 (f32 with TF32 GEMMs and convolutions) or fp32 (no TF32 anywhere)")
+      ->capture_default_str();
+  app.add_flag("--channels-last", o.channels_last, "NHWC convolutions (kernels/cuda/runtime.h set_conv_nhwc)");
+  app.add_option("--cudnn-benchmark", c.cudnn_benchmark, "on: cuDNN autotuning (as torch.backends.cudnn.benchmark)")
+      ->capture_default_str();
+  app.add_option("--lr", c.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay, "SGD weight decay")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--seconds", o.seconds, "time steps for about this long (at least one step)")->capture_default_str();
+  app.add_option("--max-steps", o.max_steps, "stop after this many timed steps; 0: only --seconds")->capture_default_str();
+  app.add_option("--seed", c.seed, "initialisation seed")->capture_default_str();
+  app.add_option("--json", o.json, "also write the result (with provenance) to this JSON file");
+  if (const int rc = parse_command_line(app, argc, argv, "minidl_bench_step"); rc >= 0) return rc;
+  try {
+    return run(c, o);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "minidl_bench_step: error: %s\n", user_message(e, false).c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "minidl_bench_step: %s\n", user_message(e, true).c_str());
+    return 1;
+  }
+}

@@ -1,0 +1,30 @@
+# Finds a clang++ whose libFuzzer runtime links (Debian: clang and libclang-rt-dev, in
+# tools/install_deps.sh), for the fuzz targets of fuzz/ and their ctest tests. MINIDL_BUILD_FUZZ:
+# AUTO builds them when one is found (and the tests are built), ON requires one, OFF skips them.
+# Output: MINIDL_FUZZ_CLANG (the compiler, or empty).
+set(MINIDL_FUZZ_CLANG "")
+if(MINIDL_BUILD_FUZZ STREQUAL "OFF" OR (MINIDL_BUILD_FUZZ STREQUAL "AUTO" AND NOT MINIDL_BUILD_TESTS))
+  return()
+endif()
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  set(_clang ${CMAKE_CXX_COMPILER})
+else()
+  find_program(MINIDL_CLANGXX NAMES clang++ clang++-19 clang++-18 clang++-17 clang++-16 clang++-15 clang++-14)
+  set(_clang ${MINIDL_CLANGXX})
+endif()
+if(_clang)
+  set(_probe ${CMAKE_BINARY_DIR}/CMakeFiles/minidl_fuzz_probe.cpp)
+  file(WRITE ${_probe} "#include <cstddef>\n#include <cstdint>\nextern \"C\" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }\n")
+  execute_process(COMMAND ${_clang} -fsanitize=fuzzer,address,undefined ${_probe} -o ${CMAKE_BINARY_DIR}/CMakeFiles/minidl_fuzz_probe
+                  RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
+  if(_rc EQUAL 0)
+    set(MINIDL_FUZZ_CLANG ${_clang})
+  endif()
+endif()
+if(MINIDL_FUZZ_CLANG)
+  message(STATUS "minidl: fuzz targets ON (${MINIDL_FUZZ_CLANG}; ctest fuzz.*)")
+elseif(MINIDL_BUILD_FUZZ STREQUAL "ON")
+  message(FATAL_ERROR "MINIDL_BUILD_FUZZ=ON needs clang++ with libFuzzer: apt install clang libclang-rt-dev")
+else()
+  message(STATUS "minidl: fuzz targets OFF (no clang++ with libFuzzer; apt install clang libclang-rt-dev)")
+endif()

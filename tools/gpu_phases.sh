@@ -1,0 +1,230 @@
+# shellcheck shell=bash
+# The phases of tools/gpu_check.sh, one function each (sourced by it, not run on its own), so the
+# one-call plan reads as a list and a phase can be rehearsed or reordered alone. A phase gets its
+# budget in seconds, writes its Markdown section to $SEC/<phase>.md, its logs to $LOGDIR, and sets
+# PHASE_RC: 0 passed, 1 failed, 4 cut by its budget (run again by the --resume call), 5 skipped
+# (nothing to run here: no sanitizer, no model program, a rehearsal without a GPU).
+# Uses from gpu_check.sh: BIN, LOGDIR, SEC, REHEARSE, TORCH_PY, ROOT; from gpu_env.sh: say,
+# gpu_env_run_until, gpu_env_min.
+
+phase_default_cap() {
+  case $1 in tests) echo 110 ;; step) echo 190 ;; sanitizer) echo 75 ;; model) echo 45 ;; bench) echo 40 ;;
+    maxbatch) echo 100 ;; *) echo 60 ;; esac
+}
+
+count_lines() { grep -cE "$1" "$2" 2>/dev/null || true; }
+
+# ---------------------------------------------------------------- 1 tests
+phase_tests() {
+  local budget=$1 end=$((SECONDS + $1)) exes=() exe name later b t0 rc pass fail skip note md=""
+  local tpass=0 tfail=0 tskip=0 cut=0
+  for exe in "$BIN"/*_cuda; do [[ "$(basename "$exe")" != minidl_bench_cuda ]] && exes+=("$exe"); done
+  for i in "${!exes[@]}"; do
+    exe="${exes[$i]}"; name="$(basename "$exe")"; later=$(( ${#exes[@]} - i - 1 ))
+    # Each later executable keeps 15 s, or its even share when less is left.
+    b=$(( end - SECONDS - 15 * later ))
+    (( b < (end - SECONDS) / (later + 1) )) && b=$(( (end - SECONDS) / (later + 1) ))
+    say "  $name (at most ${b} s)"
+    t0=$SECONDS
+    gpu_env_run_until TERM "$b" 5 "$LOGDIR/$name.log" "$exe" --gtest_color=no
+    rc=$?
+    pass="$(count_lines '^\[       OK \]' "$LOGDIR/$name.log")"
+    fail="$(count_lines '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$LOGDIR/$name.log")"
+    skip="$(count_lines '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$LOGDIR/$name.log")"
+    note=$rc
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+      cut=1
+      note="$rc (cut at ${b} s; running: $(grep -E '^\[ RUN      \]' "$LOGDIR/$name.log" | tail -1 | sed 's/^\[ RUN      \] //'))"
+    elif [[ $REHEARSE == 0 && "$pass" -le 1 ]] && grep -q "no CUDA device" "$LOGDIR/$name.log"; then
+      note="$rc: nvidia-smi sees a GPU but minidl does not (its CUDA cases skipped)"; tfail=$((tfail + 1))
+    fi
+    tpass=$((tpass + pass)); tfail=$((tfail + fail)); tskip=$((tskip + skip))
+    md+="| $name | $pass | $fail | $skip | $note | $((SECONDS - t0)) |"$'\n'
+    grep -E '^\[  FAILED  \].*\([0-9]+ ms\)$' "$LOGDIR/$name.log" | head -20
+  done
+  {
+    echo "## 1. Tests (the \`cuda\` label: every *_cuda executable)"
+    echo
+    echo "$tpass passed, $tfail failed, $tskip skipped$([[ $cut == 1 ]] && echo " (cut by the phase's ${budget} s)")."
+    echo
+    echo "| executable | passed | failed | skipped | exit | seconds |"
+    echo "| --- | ---: | ---: | ---: | --- | ---: |"
+    printf '%s' "$md"
+    if [[ $tfail -gt 0 ]]; then
+      echo
+      echo '```'
+      grep -hE '^\[  FAILED  \].*\([0-9]+ ms\)$|Failure$|normalised error|error:' "$LOGDIR"/*_cuda.log 2>/dev/null | head -60
+      echo '```'
+    fi
+  } >"$SEC/tests.md"
+  if [[ $tfail -gt 0 ]]; then PHASE_RC=1; elif [[ $cut == 1 ]]; then PHASE_RC=4; else PHASE_RC=0; fi
+}
+
+# ---------------------------------------------------------------- 2 step: minidl beside PyTorch
+# One run: FRAMEWORK:PRECISION[:nhwc]. minidl_bench_step and bench/pytorch_step.py take the same
+# flags, model, optimizer and timing rule; PyTorch always runs channels_last (its best).
+step_run() {
+  local spec=$1 budget=$2 fw prec layout secs args log json rc
+  IFS=: read -r fw prec layout <<<"$spec"
+  secs=${GPU_CHECK_STEP_SECONDS:-$([[ $REHEARSE == 1 ]] && echo 2 || echo 30)}
+  if [[ $REHEARSE == 1 ]]; then
+    args=(--device cpu --model resnet18-small --image-size 32 --batch 4 --warmup 1 --seconds "$secs")
+  else
+    args=(--device cuda --model resnet50 --image-size 224 --batch 128 --warmup 15 --seconds "$secs")
+  fi
+  log="$LOGDIR/step_${fw}_${prec}${layout:+_$layout}.log"; json="${log%.log}.json"
+  case $fw in
+    minidl) gpu_env_run_until TERM "$budget" 5 "$log" "$BIN/minidl_bench_step" "${args[@]}" --precision "$prec" \
+              ${layout:+--channels-last} --json "$json" ;;
+    pytorch) PYTHONUNBUFFERED=1 gpu_env_run_until TERM "$budget" 5 "$log" "$TORCH_PY" "$ROOT/bench/pytorch_step.py" \
+              "${args[@]}" --precision "$prec" --json "$json" ;;
+    *) echo "unknown framework '$fw' in GPU_CHECK_STEP_RUNS" >"$log"; return 3 ;;
+  esac
+  rc=$?
+  tail -1 "$log"
+  return $rc
+}
+
+phase_step() {
+  local budget=$1 end=$((SECONDS + $1)) runs spec rc b rows="" failed=0 cut=0 fw prec layout ips
+  runs=${GPU_CHECK_STEP_RUNS:-minidl:amp pytorch:amp minidl:tf32 pytorch:tf32 minidl:amp:nhwc}
+  declare -A IPS=()
+  for spec in $runs; do
+    b=$((end - SECONDS))
+    # A run needs warm-up and some timed steps to mean anything (GPU_CHECK_STEP_MIN, default 20 s).
+    if (( b < ${GPU_CHECK_STEP_MIN:-20} )); then rows+="| $spec | not run: ${b} s left | |"$'\n'; cut=1; continue; fi
+    say "  step $spec (at most ${b} s)"
+    step_run "$spec" "$b"; rc=$?
+    IFS=: read -r fw prec layout <<<"$spec"
+    local json="$LOGDIR/step_${fw}_${prec}${layout:+_$layout}.json"
+    ips="$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["images_per_s"])' "$json" 2>/dev/null)"
+    if [[ -n "$ips" ]]; then
+      IPS[$spec]=$ips
+      rows+="| $spec | $ips | $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%d steps in %.1f s; peak %s MiB" % (d["steps"], d["seconds"], "%.0f" % (d["peak_allocated_bytes"] / 2**20) if d.get("peak_allocated_bytes") else "-"))' "$json" 2>/dev/null) |"$'\n'
+    elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
+      rows+="| $spec | cut by the budget | |"$'\n'; cut=1
+    else
+      rows+="| $spec | failed (exit $rc): $(tail -2 "$LOGDIR/step_${fw}_${prec}${layout:+_$layout}.log" | tr '|\n' '/ ' | cut -c1-200) | |"$'\n'; failed=1
+    fi
+  done
+  {
+    echo "## 2. Training step: minidl beside PyTorch"
+    echo
+    if [[ $REHEARSE == 1 ]]; then echo "Rehearsal: resnet18-small, 32 px, batch 4, on the CPU (not GPU numbers)."
+    else echo "ResNet-50, 224 px, batch 128, SGD lr 0.001 momentum 0.9, one device-resident batch, ${GPU_CHECK_STEP_SECONDS:-30} s of steps after 15 warm-up steps; PyTorch $TORCH_LINE at its best eager settings (channels_last, cudnn.benchmark, fused SGD; amp: autocast f16 + GradScaler; tf32: TF32 in cuBLAS and cuDNN)."; fi
+    echo
+    echo "| run | images/s | detail |"
+    echo "| --- | ---: | --- |"
+    printf '%s' "$rows"
+    local p
+    for p in amp tf32; do
+      if [[ -n "${IPS[minidl:$p]:-}" && -n "${IPS[pytorch:$p]:-}" ]]; then
+        echo
+        echo "minidl / PyTorch, $p: $(python3 -c "print('%.2f' % (${IPS[minidl:$p]} / ${IPS[pytorch:$p]}))")x"
+      fi
+    done
+  } >"$SEC/step.md"
+  if [[ $failed == 1 ]]; then PHASE_RC=1; elif [[ $cut == 1 ]]; then PHASE_RC=4; else PHASE_RC=0; fi
+}
+
+# ---------------------------------------------------------------- 3 compute-sanitizer memcheck
+phase_sanitizer() {
+  local budget=$1 san filter rc errs tests
+  san="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)"
+  if [[ -z "$san" ]]; then
+    printf '## 3. compute-sanitizer memcheck\n\nnot run: compute-sanitizer not found (PATH, /usr/local/cuda*/bin)\n' >"$SEC/sanitizer.md"
+    PHASE_RC=5; return
+  fi
+  # cuDNN autotuning under memcheck takes minutes; the autotune cases are left to the plain run.
+  filter="${GPU_CHECK_SANITIZER_FILTER:-*-Parity.Conv2dAutotuneNhwcAndTf32:Parity.AutotuneWorkspaceStaysInsideTheBudget}"
+  gpu_env_run_until TERM "$budget" 5 "$LOGDIR/sanitizer.log" \
+    "$san" --tool memcheck --leak-check no --error-exitcode 99 "$BIN/kernels_cuda" --gtest_color=no --gtest_filter="$filter"
+  rc=$?
+  errs="$(grep -oE 'ERROR SUMMARY: [0-9]+' "$LOGDIR/sanitizer.log" | tail -1)"
+  tests="$(count_lines '^\[       OK \]' "$LOGDIR/sanitizer.log") tests passed under memcheck"
+  {
+    echo "## 3. compute-sanitizer memcheck (kernels_cuda, filter \`$filter\`)"
+    echo
+    case $rc in
+      0) echo "clean (${errs:-no summary}; $tests)"; PHASE_RC=0 ;;
+      124|137) echo "cut at ${budget} s (${errs:-no summary so far}; $tests; running: $(grep -E '^\[ RUN      \]' "$LOGDIR/sanitizer.log" | tail -1))"
+               PHASE_RC=4; grep -q 'ERROR SUMMARY: [1-9]' "$LOGDIR/sanitizer.log" && PHASE_RC=1 ;;
+      99) echo "memcheck errors: ${errs}"; echo; echo '```'; grep -m 30 -E '=========' "$LOGDIR/sanitizer.log"; echo '```'; PHASE_RC=1 ;;
+      *) echo "exit $rc (${errs:-no summary}; $tests): test failures under the sanitizer"; PHASE_RC=1 ;;
+    esac
+  } >"$SEC/sanitizer.md"
+}
+
+# ---------------------------------------------------------------- 4 the step-time model, calibrated
+phase_model() {
+  printf '## 4. Step-time model: modelled against measured\n\nnot run: this stage has no calibration program (the step-time model of docs/cuda.md has not landed in this commit)\n' >"$SEC/model.md"
+  PHASE_RC=5
+}
+
+# ---------------------------------------------------------------- 5 short benchmarks
+phase_bench() {
+  local budget=$1 rc table
+  if [[ ! -x "$BIN/minidl_bench_cuda" || $REHEARSE == 1 ]]; then
+    printf '## 5. Benchmarks\n\nnot run: %s\n' "$([[ $REHEARSE == 1 ]] && echo "a rehearsal has no GPU to time" || echo "no minidl_bench_cuda in the stage")" >"$SEC/bench.md"
+    PHASE_RC=5; return
+  fi
+  gpu_env_run_until TERM "$budget" 5 "$LOGDIR/bench.log" "$BIN/minidl_bench_cuda" \
+    --benchmark_filter="${GPU_CHECK_BENCH_FILTER:-^(D2DCopy|Add|MulScalarInPlace|Relu|Cast|SumAll|SumRows)/}" \
+    --benchmark_out="$LOGDIR/bench.json" --benchmark_out_format=json
+  rc=$?
+  # A cut run leaves the JSON unfinished (unreadable): then the console lines are the table.
+  table="$(python3 - "$LOGDIR/bench.json" 2>/dev/null <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = ["| benchmark | time (ms) | GB/s | vs D2D copy | TFLOP/s |", "| --- | ---: | ---: | ---: | ---: |"]
+for b in d.get("benchmarks", []):
+    if b.get("run_type") == "aggregate":
+        continue
+    t = b.get("real_time", 0) * {"ns": 1e-6, "us": 1e-3, "ms": 1, "s": 1e3}[b.get("time_unit", "ns")]
+    f = lambda k, fmt: (fmt % b[k]) if k in b else ""
+    rows.append(f"| {b['name']} | {t:.3f} | {f('GB/s', '%.0f')} | {f('vs_copy', '%.2f')} | {f('TFLOP/s', '%.1f')} |")
+print("\n".join(rows))
+PY
+)" || table="exit $rc; no JSON; the console lines:"$'\n\n```\n'"$(grep -E '^[A-Za-z0-9_/:.]+ +[0-9.]+ [mun]?s ' "$LOGDIR/bench.log" | head -40)"$'\n```'
+  {
+    echo "## 5. Benchmarks (CUDA events after warm-up; 256 MiB operands; GB/s counts bytes read + written; target vs_copy >= 0.85)"
+    echo
+    echo "$table"
+  } >"$SEC/bench.md"
+  case $rc in 0) PHASE_RC=0 ;; 124|137) PHASE_RC=4 ;; *) PHASE_RC=1 ;; esac
+}
+
+# ---------------------------------------------------------------- 6 the largest AMP batch under 11 GiB
+phase_maxbatch() {
+  local budget=$1 end=$((SECONDS + $1)) rc1 rc2=0 m p args=()
+  if [[ $REHEARSE == 1 ]]; then
+    args=(--device cpu --model smallcnn --image-size 32 --memory-budget 64MiB --limit 64)
+  else
+    args=(--device cuda --model resnet50 --image-size 224 --memory-budget 11GiB)
+  fi
+  gpu_env_run_until INT "$(( (end - SECONDS) * 55 / 100 ))" 10 "$LOGDIR/maxbatch_minidl.log" \
+    "$BIN/minidl-maxbatch" "${args[@]}" --amp --steps 3
+  rc1=$?
+  m="$(grep -oE 'maximum batch: [0-9]+' "$LOGDIR/maxbatch_minidl.log" | grep -oE '[0-9]+$' | tail -1)"
+  if [[ $REHEARSE == 1 ]]; then
+    p="not run (rehearsal: a memory fraction is a CUDA allocator setting)"
+  else
+    PYTHONUNBUFFERED=1 gpu_env_run_until TERM "$((end - SECONDS))" 5 "$LOGDIR/maxbatch_pytorch.log" \
+      "$TORCH_PY" "$ROOT/bench/pytorch_step.py" --model resnet50 --precision amp --batch 128 --max-batch-under 11GiB \
+      --json "$LOGDIR/maxbatch_pytorch.json"
+    rc2=$?
+    p="$(grep -oE 'largest batch under [^:]*: [0-9]+' "$LOGDIR/maxbatch_pytorch.log" | grep -oE '[0-9]+$' | tail -1)"
+    p="${p:-no result (exit $rc2): $(tail -1 "$LOGDIR/maxbatch_pytorch.log" | cut -c1-160)}"
+  fi
+  {
+    echo "## 6. Largest AMP batch under an 11 GiB budget (ResNet-50, 224 px, 3 steps a trial)"
+    echo
+    echo "| framework | largest batch | how |"
+    echo "| --- | --- | --- |"
+    echo "| minidl | ${m:-no result (exit $rc1): $(tail -1 "$LOGDIR/maxbatch_minidl.log" | cut -c1-160)} | minidl-maxbatch --memory-budget (the allocator caps reserved bytes) |"
+    echo "| PyTorch | $p | torch.cuda.set_per_process_memory_fraction(11 GiB / total), doubling then bisection |"
+  } >"$SEC/maxbatch.md"
+  if [[ -z "$m" && $rc1 -ne 124 && $rc1 -ne 137 ]]; then PHASE_RC=1
+  elif [[ $rc1 -eq 124 || $rc1 -eq 137 || $rc2 -eq 124 || $rc2 -eq 137 ]]; then PHASE_RC=4
+  else PHASE_RC=0; fi
+}
