@@ -318,10 +318,6 @@ void check_act_layout(const char* op, const Tensor& x, std::initializer_list<con
   }
 }
 
-}  // namespace
-
-namespace {
-
 // An operand as the loops above read it: contiguous NCHW, f16 widened to f32 (a channels-last
 // tensor is copied to NCHW; the reference favours one code path over speed).
 Tensor staged_input(const Tensor& t) {
