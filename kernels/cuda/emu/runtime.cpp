@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/emu/call_log.h"
 #include "kernels/cuda/emu/emu_libs.h"
 #include "kernels/cuda/emu/runtime_state.h"
 
@@ -86,6 +87,13 @@ bool is_device(const void* p) {
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
   return range_live_locked(s, p, 1);
+}
+
+// The call log's name of a copy (call_log.h), from where its ends really are.
+const char* copy_op(cudaMemcpyKind kind, const void* src, const void* dst) {
+  if (kind == cudaMemcpyHostToHost) return "memcpy HtoH";
+  const bool s = is_device(src), d = is_device(dst);
+  return s && d ? "memcpy DtoD" : s ? "memcpy DtoH" : d ? "memcpy HtoD" : "memcpy HtoH";
 }
 
 // The checks a copy's direction implies: device sides inside live allocations, host sides not.
@@ -362,22 +370,30 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   if (!dst_dev && !is_pinned(dst, n)) {
     // Into pageable host memory the call returns once the copy is done (CUDA's API sync notes).
     synchronize_stream(stream);
+    log_transfer(copy_op(kind, src, dst), n, stream);
     std::memmove(dst, src, n);
   } else if (!src_dev && !is_pinned(src, n)) {
     // From pageable host memory the bytes are staged before the call returns.
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + n);
-    enqueue(stream, [dst, staged] { std::memmove(dst, staged->data(), staged->size()); });
+    enqueue(stream, [dst, staged, stream] {
+      log_transfer("memcpy HtoD", staged->size(), stream);
+      std::memmove(dst, staged->data(), staged->size());
+    });
   } else if (!dst_dev) {
     // Into pinned memory: the host must not read it before a synchronization; under ASan it is
     // poisoned until the copy runs, so a read without one is reported.
     if (deferred_streams()) poison_host(dst, n);
-    enqueue(stream, [dst, src, n] {
+    enqueue(stream, [dst, src, n, stream] {
+      log_transfer("memcpy DtoH", n, stream);
       unpoison_host(dst, n);
       std::memmove(dst, src, n);
     });
   } else {
-    enqueue(stream, [dst, src, n] { std::memmove(dst, src, n); });
+    enqueue(stream, [dst, src, n, stream, op = copy_op(kind, src, dst)] {
+      log_transfer(op, n, stream);
+      std::memmove(dst, src, n);
+    });
   }
   return cudaSuccess;
 }
@@ -385,6 +401,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   if (const cudaError_t e = check_copy(dst, src, n, kind, "cudaMemcpy"); e != cudaSuccess) return e;
   synchronize_all();   // the legacy default stream after every blocking stream; returns when done
+  if (n != 0) log_transfer(copy_op(kind, src, dst), n, nullptr);
   if (n != 0) std::memmove(dst, src, n);
   return cudaSuccess;
 }
@@ -396,7 +413,10 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync: range of " + std::to_string(n) +
                                            " bytes is not inside one live device allocation");
   }
-  enqueue(stream, [p, value, n] { std::memset(p, value, n); });
+  enqueue(stream, [p, value, n, stream] {
+    log_transfer("memset", n, stream);
+    std::memset(p, value, n);
+  });
   return cudaSuccess;
 }
 
