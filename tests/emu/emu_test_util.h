@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/emu/runtime_state.h"
 
 namespace minidl::cuda {
 
@@ -40,6 +41,13 @@ std::string error_of(F&& f) {
   }
   return "";
 }
+
+// Deferred streams for one test; the mode before it afterwards.
+struct DeferredStreams {
+  DeferredStreams() { emu::set_deferred_streams(true); }
+  ~DeferredStreams() { emu::set_deferred_streams(before); }
+  bool before = emu::deferred_streams();
+};
 
 // Runs `f` and the device work it queued (deferred streams).
 template <typename F>

@@ -15,13 +15,6 @@ namespace {
 
 __global__ void fill_kernel(int* out, int v) { out[threadIdx.x] = v; }
 
-// Deferred streams for one test; the mode before it afterwards.
-struct DeferredStreams {
-  DeferredStreams() { emu::set_deferred_streams(true); }
-  ~DeferredStreams() { emu::set_deferred_streams(before); }
-  bool before = emu::deferred_streams();
-};
-
 struct Stream {
   Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
   ~Stream() { cudaStreamDestroy(s); }

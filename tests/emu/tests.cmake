@@ -1,13 +1,22 @@
 # The emulated device's own tests: small kernels with planted bugs (a divergent __syncthreads, a
 # bad shuffle mask, a launch the hardware rejects, a race) that the emulator must report, and the
 # warp collectives' exact semantics. Compiled like kernels/cuda/*.cu in minidl_emu (device_api.h
-# force-included). Label cuda-emu.
+# force-included). Label cuda-emu. emu_prof: the counters of emu/profiler.h on planted kernels.
 if(MINIDL_WITH_EMU)
   file(GLOB _emu_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*_test.cpp)
+  list(FILTER _emu_tests EXCLUDE REGEX "_prof_test\\.cpp$")
   add_executable(emu_device ${_emu_tests})
   set_source_files_properties(${_emu_tests} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_KERNEL_OPTIONS}")
   target_link_libraries(emu_device PRIVATE minidl_emu GTest::gtest_main minidl_warnings)
   gtest_discover_tests(emu_device TEST_PREFIX "emu_device." PROPERTIES LABELS "cuda-emu" DISCOVERY_TIMEOUT 120)
+
+  # The counters' planted kernels (*_prof_test.cpp), built like minidl_emu_prof's kernels and
+  # linked against it: global loads and stores are instrumented there only.
+  file(GLOB _emu_prof_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*_prof_test.cpp)
+  add_executable(emu_prof ${_emu_prof_tests})
+  set_source_files_properties(${_emu_prof_tests} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_PROF_KERNEL_OPTIONS}")
+  target_link_libraries(emu_prof PRIVATE minidl_emu_prof GTest::gtest_main minidl_warnings)
+  gtest_discover_tests(emu_prof TEST_PREFIX "emu_prof." PROPERTIES LABELS "cuda-emu" DISCOVERY_TIMEOUT 120)
 endif()
 
 # The race check of docs/cuda.md in every run: the kernel and optimizer suites again with the

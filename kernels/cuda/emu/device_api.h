@@ -80,38 +80,65 @@ __attribute__((noinline)) inline int __all_sync(unsigned mask, int pred) {
 }
 
 // ---- Atomics: the fibers of a launch share one OS thread, but two host threads may launch at once.
+// In the profiling build (minidl_emu_prof: -fsanitize=thread instrumentation, __SANITIZE_THREAD__)
+// each atomic is one reported access at its call site, as on the GPU (one RED/ATOM instruction),
+// not the plain loads and compare-exchanges the emulation is made of: the functions are out of
+// line, uninstrumented, and report the address they return to.
+#if defined(__SANITIZE_THREAD__)
+namespace minidl::cuda::emu {
+void record_device_atomic(const void* p, size_t n, const void* pc);
+}  // namespace minidl::cuda::emu
+#define MINIDL_EMU_ATOMIC inline __attribute__((noinline, no_sanitize_thread))
+#define MINIDL_EMU_ATOMIC_HELPER inline __attribute__((no_sanitize_thread))
+#define MINIDL_EMU_NOTE_ATOMIC(p) \
+  ::minidl::cuda::emu::record_device_atomic(p, sizeof(*(p)), __builtin_return_address(0))
+#else
+#define MINIDL_EMU_ATOMIC inline
+#define MINIDL_EMU_ATOMIC_HELPER inline
+#define MINIDL_EMU_NOTE_ATOMIC(p) ((void)0)
+#endif
 
 template <typename T>
-inline T atomicAdd(T* p, T v) {
+MINIDL_EMU_ATOMIC T atomicAdd(T* p, T v) {
+  MINIDL_EMU_NOTE_ATOMIC(p);
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 // Floating point has no fetch-add builtin: a compare-exchange loop, as CUDA documents for double.
 template <typename F>
-inline F atomic_add_float(F* p, F v) {
+MINIDL_EMU_ATOMIC_HELPER F atomic_add_float(F* p, F v) {
   F old = *p, want;
   do {
     want = old + v;
   } while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   return old;
 }
-inline float atomicAdd(float* p, float v) { return atomic_add_float(p, v); }
-inline double atomicAdd(double* p, double v) { return atomic_add_float(p, v); }
+MINIDL_EMU_ATOMIC float atomicAdd(float* p, float v) {
+  MINIDL_EMU_NOTE_ATOMIC(p);
+  return atomic_add_float(p, v);
+}
+MINIDL_EMU_ATOMIC double atomicAdd(double* p, double v) {
+  MINIDL_EMU_NOTE_ATOMIC(p);
+  return atomic_add_float(p, v);
+}
 template <typename T>
-inline T atomicMin(T* p, T v) {
+MINIDL_EMU_ATOMIC T atomicMin(T* p, T v) {
+  MINIDL_EMU_NOTE_ATOMIC(p);
   T old = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
   return old;
 }
 template <typename T>
-inline T atomicMax(T* p, T v) {
+MINIDL_EMU_ATOMIC T atomicMax(T* p, T v) {
+  MINIDL_EMU_NOTE_ATOMIC(p);
   T old = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
   return old;
 }
 template <typename T>
-inline T atomicExch(T* p, T v) {
+MINIDL_EMU_ATOMIC T atomicExch(T* p, T v) {
+  MINIDL_EMU_NOTE_ATOMIC(p);
   return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
 }
 

@@ -27,6 +27,8 @@
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
 #endif
+#include "kernels/cuda/emu/access_recorder.h"
+#include "kernels/cuda/emu/profiler.h"
 #include "kernels/cuda/emu/runtime_state.h"
 #include "kernels/cuda/emu/shared_arena.h"
 
@@ -191,6 +193,7 @@ void yield_until_released(Fiber& f) {
     if (t_block->aborting) throw AbortBlock{};
   }
   t_fiber = &f;
+  t_record_thread = f.linear;
   enter(f.coords);
 }
 
@@ -243,6 +246,7 @@ void complete_warp(Block& b, int warp, WarpState& w) {
     f.wait = Wait::None;
   }
   w.arrived = 0;
+  recorder_warp_collective();
 }
 
 // Why the block cannot go on: the threads waiting at each collective and those that never come.
@@ -328,6 +332,7 @@ void syncthreads(const void* site) {
   if (++b.arrived == static_cast<int>(b.threads.size())) {
     for (Fiber& g : b.threads) g.wait = Wait::None;
     b.arrived = 0;
+    recorder_barrier();
   }
   yield_until_released(f);
 }
@@ -383,7 +388,9 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_pt
     std::fprintf(stderr, "[minidl emu] launch %s (%s) grid %s block %s\n", info.kernel, info.op,
                  dim_str(info.grid).c_str(), dim_str(info.block).c_str());
   }
-  enqueue(info.stream, [info, body, arg = std::move(arg)] { execute_grid(info, body, arg.get()); });
+  LaunchInfo issued = info;
+  issued.profiled = profiling();   // launches issued while profiling is on are counted when they run
+  enqueue(info.stream, [issued, body, arg = std::move(arg)] { execute_grid(issued, body, arg.get()); });
 }
 
 namespace {
@@ -400,9 +407,11 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
     ~Reset() {
       t_block = nullptr;
       t_fiber = nullptr;
+      recorder_launch_abort();   // after a fault (a finished launch has handed its recorder on)
     }
   } reset;
   t_block = &b;
+  recorder_launch_begin(info, nthreads);
   for (unsigned bz = 0; bz < info.grid.z; ++bz) {
     for (unsigned by = 0; by < info.grid.y; ++by) {
       for (unsigned bx = 0; bx < info.grid.x; ++bx) {
@@ -445,6 +454,7 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
             all_done = false;
             if (f.wait != Wait::None) continue;
             t_fiber = &f;
+            t_record_thread = f.linear;
             enter(f.coords);
             resume(f);
             ran = true;
@@ -461,9 +471,11 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
             kernel_fault(why);
           }
         }
+        recorder_block_end();
       }
     }
   }
+  recorder_launch_end(b.shared.static_bytes());
 }
 
 }  // namespace

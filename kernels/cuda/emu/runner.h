@@ -18,6 +18,8 @@ struct LaunchInfo {
   dim3 grid, block;
   size_t smem;
   cudaStream_t stream;
+  const void* func = nullptr;   // the kernel, as cudaFuncSetAttribute names it
+  bool profiled = false;        // profiling was on when the launch was issued (profiler.h)
 };
 
 // Runs `body(arg)` once per thread of the grid (the body calls the kernel with its own copy of the
@@ -37,7 +39,8 @@ void run_grid(const char* op, const char* kernel_name, void (*kernel)(P...), dim
     auto* c = static_cast<Call*>(p);
     std::apply([c](const P&... a) { c->kernel(a...); }, c->args);
   };
-  run_grid_erased(LaunchInfo{op, kernel_name, grid, block, smem, stream}, body, std::move(call));
+  run_grid_erased(LaunchInfo{op, kernel_name, grid, block, smem, stream, reinterpret_cast<const void*>(kernel)}, body,
+                  std::move(call));
 }
 
 // The fiber order between barriers: 0 runs threads in index order; any other seed runs them in

@@ -193,6 +193,15 @@ bool device_range_live(const void* p, size_t bytes) {
   return range_live_locked(s, p, bytes);
 }
 
+std::vector<std::pair<uintptr_t, size_t>> device_allocations() {
+  State& s = st();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<std::pair<uintptr_t, size_t>> v;
+  v.reserve(s.device.size());
+  for (const auto& [base, bytes] : s.device) v.emplace_back(base, (bytes + 255) / 256 * 256);
+  return v;
+}
+
 }  // namespace minidl::cuda::emu
 
 using namespace minidl::cuda::emu;   // NOLINT: the C entry points below are the runtime's

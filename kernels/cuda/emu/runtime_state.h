@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace minidl::cuda::emu {
 
@@ -15,6 +17,8 @@ void set_last_error(cudaError_t e, const std::string& detail);
 bool stream_live(cudaStream_t s);   // the legacy default stream 0 is always live
 // [p, p + bytes) inside one live cudaMalloc allocation.
 bool device_range_live(const void* p, size_t bytes);
+// The live cudaMalloc allocations (base, bytes rounded up to 256), sorted by base.
+std::vector<std::pair<uintptr_t, size_t>> device_allocations();
 
 // In the ASan build (-DMINIDL_EMU_ASAN=ON), marks device memory no tensor owns (the caching
 // allocator's free blocks, split remainders and rounding slack), so a kernel or copy touching it

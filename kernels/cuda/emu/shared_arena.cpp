@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "kernels/cuda/emu/access_recorder.h"
 #include "kernels/cuda/emu/shared_memory.h"
 
 namespace minidl::cuda::emu {
@@ -88,11 +89,16 @@ size_t dynamic_shared_size() { return running_arena("dynamic_shared()").dynamic_
 unsigned char* shared_slot(const void* site, size_t bytes, const char* name) {
   return running_arena(name).slot(site, bytes, name);
 }
+// The address these return to is the access's instruction, for the counters (access_recorder.h).
 void shared_read(const void* p, size_t n, const void* base, size_t bytes) {
-  running_arena("a shared read").read(p, n, base, bytes);
+  SharedArena& a = running_arena("a shared read");
+  a.read(p, n, base, bytes);
+  if (t_recorder != nullptr) record_shared(a.offset_of(p), n, AccessKind::Load, __builtin_return_address(0));
 }
 void shared_write(const void* p, size_t n, const void* base, size_t bytes) {
-  running_arena("a shared write").write(p, n, base, bytes);
+  SharedArena& a = running_arena("a shared write");
+  a.write(p, n, base, bytes);
+  if (t_recorder != nullptr) record_shared(a.offset_of(p), n, AccessKind::Store, __builtin_return_address(0));
 }
 
 }  // namespace minidl::cuda::emu

@@ -18,6 +18,8 @@ class SharedArena {
   void start_block();   // 0xCD bytes, none marked written
   unsigned char* dynamic() { return bytes_.data(); }
   size_t dynamic_size() const { return dynamic_; }
+  size_t static_bytes() const { return end_ - dynamic_; }   // placed so far, with alignment padding
+  size_t offset_of(const void* p) const { return static_cast<size_t>(static_cast<const unsigned char*>(p) - bytes_.data()); }
   // The arena bytes of the static variable declared at `site`, placed on first use.
   unsigned char* slot(const void* site, size_t bytes, const char* name);
   void read(const void* p, size_t n, const void* base, size_t bytes) const;
