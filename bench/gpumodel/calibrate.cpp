@@ -74,7 +74,8 @@ std::string comparison_table(const std::vector<ModelledRow>& modelled, const std
     return std::max(a.second.g_us, a.second.m_us) > std::max(b.second.g_us, b.second.m_us);
   });
   std::ostringstream os;
-  os << "| kernel or call | launches modelled | launches measured | modelled µs | measured µs | measured / modelled |\n";
+  os << "| kernel or call | launches modelled | launches measured | modelled µs | measured µs "
+        "| measured / modelled |\n";
   os << "| --- | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& [key, b] : order)
     os << "| `" << key << "` | " << fmt("%.0f", b.m_launches) << " | " << fmt("%.0f", b.g_launches) << " | "

@@ -67,15 +67,14 @@ Cost model_cost(const Work& w, const std::vector<KernelResources>& table, const 
   const double warps_per_block = (w.block_threads + s.warp_size - 1) / s.warp_size;
   const double grid_warps = w.v[kBlocks] * warps_per_block;
   const double resident = std::min(grid_warps, static_cast<double>(s.sms) * std::max(1, c.occupancy.warps_per_sm));
-  const double requests = w.v[kGldRequests] + w.v[kGstRequests];
-  const double bytes_per_request = requests > 0 ? (w.v[kGldBytes] + w.v[kGstBytes]) / requests : 128.0;
-  const double latency_bw = resident * bytes_per_request / s.dram_latency_s;
-  const double t_dram = c.dram_bytes / std::min(hbm, latency_bw);
+  const double share = std::min(1.0, resident / (static_cast<double>(s.sms) * s.warps_to_saturate_hbm_per_sm));
+  const double latency_bw = hbm * share;
+  const double t_dram = c.dram_bytes / latency_bw;
   const double t_l2 = c.l2_bytes / s.l2_bytes_per_s;
   const double wavefronts = w.v[kSharedLdWavefronts] + w.v[kSharedStWavefronts];
   const double t_shared = wavefronts / (static_cast<double>(s.sms) * s.clock_hz);
   const double t = std::max({t_dram, t_l2, t_shared});
-  c.bound = t == 0.0 ? "launch" : t == t_shared ? "shared" : t == t_l2 ? "L2" : latency_bw < hbm ? "latency" : "HBM";
+  c.bound = t == 0.0 ? "launch" : t == t_shared ? "shared" : t == t_l2 ? "L2" : share < 1.0 ? "latency" : "HBM";
   c.seconds = t + c.launch_s;
   return c;
 }

@@ -1,7 +1,7 @@
 // What one launch, library call or copy costs on the modelled H100 (h100.h), and the ideal step's
 // share of it. Kernels: max(DRAM bytes / achievable bandwidth, L2 sectors / L2 bandwidth, shared
-// wavefronts / shared bandwidth) + the launch cost, where the achievable DRAM bandwidth is capped
-// by the bytes the launch's resident warps can keep in flight (Little's law at the DRAM latency).
+// wavefronts / shared bandwidth) + the launch cost, where a launch with fewer resident warps than
+// it takes to keep HBM busy (h100.h) gets a proportional share of the bandwidth ("latency").
 // cuDNN / cuBLAS calls: max(FLOPs / (peak x efficiency), minimal bytes / bandwidth) + a launch.
 #pragma once
 #include <string>

@@ -33,7 +33,8 @@ std::string format_dims(const Work& w, const std::vector<double>& v) {
   auto d = [&](int i) { return static_cast<long long>(std::llround(v[kDims + i])); };
   std::ostringstream os;
   if (w.op.rfind("cuDNN conv", 0) == 0)
-    os << "x " << d(0) << "x" << d(1) << "x" << d(2) << "x" << d(3) << ", w " << d(4) << "x" << d(1) / std::max(1LL, d(9))
+    os << "x " << d(0) << "x" << d(1) << "x" << d(2) << "x" << d(3) << ", w " << d(4) << "x"
+       << d(1) / std::max(1LL, d(9))
        << "x" << d(5) << "x" << d(6) << ", y " << d(0) << "x" << d(4) << "x" << d(7) << "x" << d(8);
   else if (w.op == "cuBLAS gemm")
     os << "m " << d(0) << " n " << d(1) << " k " << d(2) << " batch " << d(3);
@@ -69,7 +70,8 @@ Fit fit_samples(const std::vector<StepProfile>& samples) {
     Eigen::MatrixXd b(a.rows(), a.cols() + 1);
     b.leftCols(a.cols()) = a;
     for (size_t r = 0; r < samples.size(); ++r)
-      b(static_cast<Eigen::Index>(r), a.cols()) = term_value(t, samples[r].batch / f.n_scale, samples[r].image / f.s_scale);
+      b(static_cast<Eigen::Index>(r), a.cols()) =
+          term_value(t, samples[r].batch / f.n_scale, samples[r].image / f.s_scale);
     if (Eigen::ColPivHouseholderQR<Eigen::MatrixXd>(b).rank() == b.cols()) {
       a = b;
       used.push_back(&t);

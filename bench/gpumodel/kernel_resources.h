@@ -11,7 +11,7 @@ namespace minidl::gpumodel {
 
 struct KernelResources {
   std::string mangled;
-  std::string name;         // the demangled name without namespaces, template arguments or parameters: "copy_contig_kernel"
+  std::string name;         // without namespaces, template arguments or parameters: "copy_contig_kernel"
   std::string parameters;   // the demangled parameter list: "(float*, __half const*, long)"
   std::string demangled;    // the whole demangled signature
   std::string source;       // the report it came from ("elementwise.cu")
@@ -29,7 +29,8 @@ std::vector<KernelResources> parse_ptxas_report(std::istream& in, const std::str
 // Every *.txt report in a folder (MINIDL_KERNEL_RESOURCES_DIR); empty when the folder is missing.
 std::vector<KernelResources> load_kernel_resources(const std::string& dir);
 
-// "(copy_contig_kernel<D, S>)" or "minidl::cuda::(anonymous namespace)::copy_contig_kernel<float>" -> "copy_contig_kernel".
+// "(copy_contig_kernel<D, S>)" or "minidl::cuda::(anonymous namespace)::copy_contig_kernel<float>"
+// -> "copy_contig_kernel".
 std::string kernel_base_name(const std::string& text);
 
 // The kernel a launch ran: the entry of that base name whose parameter list equals `parameters`

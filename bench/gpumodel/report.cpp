@@ -130,7 +130,8 @@ std::string markdown_report(const ModelledStep& m, const ReportInfo& info, const
        << (k && r.resources_known ? std::to_string(r.spill_bytes) : "-") << " | "
        << (k ? ratio(r.active_lanes, r.mem_instructions) : "-") << " |\n";
   }
-  if (top > 0 && static_cast<int>(rows.size()) > top) os << "\n(" << rows.size() - top << " more rows in the full table)\n";
+  if (top > 0 && static_cast<int>(rows.size()) > top)
+    os << "\n(" << rows.size() - top << " more rows in the full table)\n";
   (void)spec;
   return os.str();
 }
@@ -138,8 +139,8 @@ std::string markdown_report(const ModelledStep& m, const ReportInfo& info, const
 std::string per_kernel_tsv(const ModelledStep& m, const std::string& config) {
   std::ostringstream os;
   for (const KernelRow& r : kernel_rows(m))
-    os << config << "\t" << r.key << "\t" << r.launches << "\t" << fmt("%.3f", r.seconds * 1e6) << "\t" << fmt("%.0f", r.dram_bytes)
-       << "\t" << r.bound << "\n";
+    os << config << "\t" << r.key << "\t" << r.launches << "\t" << fmt("%.3f", r.seconds * 1e6) << "\t"
+       << fmt("%.0f", r.dram_bytes) << "\t" << r.bound << "\n";
   return os.str();
 }
 

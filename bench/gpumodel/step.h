@@ -3,6 +3,7 @@
 // extrapolation can scale from small shapes to the requested one (extrapolate.h).
 #pragma once
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -50,5 +51,13 @@ struct StepProfile {
   int64_t image = 0;        // image side, pixels
   std::vector<Work> work;   // in stream order
 };
+
+// A plain-text form of profiles, so the slow emulated runs can be kept and costed again after a
+// change of the model (minidl-gpumodel --save-profiles / --load-profiles): per profile a header
+// line "profile LABEL BATCH IMAGE COUNT", then one line per work item, numbers first, strings
+// tab-separated.
+void write_profiles(std::ostream& os, const std::string& label, const std::vector<StepProfile>& profiles);
+// The profiles saved under `label`, in the order written; empty when there are none.
+std::vector<StepProfile> read_profiles(std::istream& is, const std::string& label);
 
 }  // namespace minidl::gpumodel

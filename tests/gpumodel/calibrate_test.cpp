@@ -34,7 +34,8 @@ TEST(Calibration, TheModelsRowsOfOneConfigurationAreJoinedWithTheMeasuredOnes) {
   ASSERT_EQ(m.size(), 2u);
   EXPECT_DOUBLE_EQ(m[0].us, 5000.0);
   const std::string table =
-      comparison_table(m, {{"cuDNN conv forward", 53, 10000.0}, {"copy / (copy_contig_kernel<D, S>)", 2, 30.0}}, 20.0, 256);
+      comparison_table(m, {{"cuDNN conv forward", 53, 10000.0}, {"copy / (copy_contig_kernel<D, S>)", 2, 30.0}},
+                       20.0, 256);
   EXPECT_NE(table.find("| `cuDNN conv forward` | 53 | 53 | 5000.0 | 10000.0 | 2.00 |"), std::string::npos) << table;
   // A key on one side only is still listed, with no ratio.
   EXPECT_NE(table.find("| `relu / (unary_vec_kernel<T>)` | 49 | 0 | 2000.0 | 0.0 | - |"), std::string::npos) << table;

@@ -26,8 +26,6 @@ Work copy_kernel(double n, double blocks, double lane_bytes = 16) {
 }
 
 TEST(CostModel, ACoalescedCopyRunsAtTheAchievableHbmBandwidth) {
-  // float4 lanes at full occupancy: 132 SMs x 64 warps x 512 bytes in flight over 600 ns = 7.2 TB/s,
-  // more than HBM delivers: HBM-bound.
   const H100Spec s;
   const double n = 256e6;   // 1 GB read + 1 GB written
   const Cost c = model_cost(copy_kernel(n, 132 * 32), {}, s, LaunchMode::Eager);
@@ -40,17 +38,15 @@ TEST(CostModel, ACoalescedCopyRunsAtTheAchievableHbmBandwidth) {
   EXPECT_DOUBLE_EQ(ideal_fused_seconds(copy_kernel(n, 132 * 32), s), 0.0);   // fused into the convolutions
 }
 
-TEST(CostModel, TooFewBytesInFlightAreLatencyBound) {
-  // 64 blocks of 256 threads (8 warps each) of scalar lanes: 512 warps x 128 bytes / 600 ns = 109 GB/s.
+TEST(CostModel, TooFewResidentWarpsAreLatencyBound) {
+  // 64 blocks of 256 threads: 512 resident warps of the 132 x 32 it takes to keep HBM busy.
   const H100Spec s;
   const double n = 64e6;
-  Cost c = model_cost(copy_kernel(n, 64, 4), {}, s, LaunchMode::Eager);
+  const Cost c = model_cost(copy_kernel(n, 64), {}, s, LaunchMode::Eager);
   EXPECT_EQ(c.bound, "latency");
-  EXPECT_NEAR(c.seconds, 8 * n / (64 * 8 * 128.0 / 600e-9) + 4e-6, 1e-9);
-  // Scalar lanes at full occupancy still fall short of HBM: 8448 warps x 128 bytes / 600 ns = 1.8 TB/s.
-  c = model_cost(copy_kernel(n, 132 * 32, 4), {}, s, LaunchMode::Eager);
-  EXPECT_EQ(c.bound, "latency");
-  EXPECT_NEAR(c.seconds, 8 * n / (132 * 64 * 128.0 / 600e-9) + 4e-6, 1e-9);
+  EXPECT_NEAR(c.seconds, 8 * n / (3.35e12 * 0.9 * 512.0 / (132 * 32)) + 4e-6, 1e-9);
+  // 132 x 4 blocks of 8 warps is enough.
+  EXPECT_EQ(model_cost(copy_kernel(n, 132 * 4), {}, s, LaunchMode::Eager).bound, "HBM");
 }
 
 TEST(CostModel, UncoalescedAccessesAreL2Bound) {
