@@ -26,6 +26,10 @@
 #     GPU_CHECK_SANITIZER_TIMEOUT (300) and never the last 25%; benchmarks GPU_CHECK_BENCH_TIMEOUT
 #     (360) or what is left. Time a phase does not use goes to the next.
 #   GPU_CHECK_SKIP_SANITIZER=1, GPU_CHECK_SKIP_BENCH=1: skip a phase (its share goes to the others).
+#   The step-time model's calibration (between the sanitizer and the benchmarks): minidl-gpumodel-cuda
+#     times every launch of the modelled step and prints it beside the newest
+#     bench/results/gpu_model_*.tsv; GPU_CHECK_MODEL_TIMEOUT (default 90, at most 15% of the
+#     deadline), GPU_CHECK_MODEL_CONFIGS (default resnet50-amp), GPU_CHECK_SKIP_MODEL=1.
 #   GPU_CHECK_BENCH_FILTER (regex, default .), GPU_CHECK_SANITIZER_FILTER (gtest filter for
 #     kernels_cuda under memcheck; default: all but the two cuDNN autotune cases).
 #   OUT (set by the device tool): the report and gpu_check_logs.tar.gz (every log) are copied there,
@@ -108,6 +112,10 @@ CUT=""     # the phases the deadline cut short
 SAN_ON=1; [[ "${GPU_CHECK_SKIP_SANITIZER:-0}" == 1 ]] && SAN_ON=0
 BENCH_ON=1; [[ "${GPU_CHECK_SKIP_BENCH:-0}" == 1 || ! -x "$DIR/bin/minidl_bench_cuda" ]] && BENCH_ON=0
 SAN_SHARE=$((SAN_ON * DEADLINE * 30 / 100)); BENCH_SHARE=$((BENCH_ON * DEADLINE * 25 / 100))
+# The step-time model's calibration (docs/cuda.md, "The step-time model"), before the benchmarks.
+MODEL_ON=1; [[ "${GPU_CHECK_SKIP_MODEL:-0}" == 1 || ! -x "$DIR/bin/minidl-gpumodel-cuda" ]] && MODEL_ON=0
+MODEL_SHARE=$((MODEL_ON * $(gpu_env_min "${GPU_CHECK_MODEL_TIMEOUT:-90}" $((DEADLINE * 15 / 100)))))
+MODEL_MD="not run yet"; [[ $MODEL_ON == 0 ]] && MODEL_MD="skipped (GPU_CHECK_SKIP_MODEL=1 or no minidl-gpumodel-cuda)"
 REPORT_RESERVE=10
 
 TESTS_STATE="not run yet"; TESTS_MD=""; TOTAL_PASS=0; TOTAL_FAIL=0; TOTAL_SKIP=0
@@ -146,6 +154,10 @@ write_report() {
     echo
     echo "$SAN_MD"
     echo
+    echo "## The step-time model against this GPU (per kernel: modelled, then measured with CUDA events)"
+    echo
+    echo "$MODEL_MD"
+    echo
     echo "## Benchmarks (CUDA events, after warm-up; GB/s counts bytes read + written)"
     echo
     echo "$BENCH_MD"
@@ -163,7 +175,7 @@ REPORT_READY=1
 count() { grep -cE "$1" "$2" 2>/dev/null || true; }
 EXES=()
 for exe in "$DIR"/bin/*_cuda; do [[ "$(basename "$exe")" != minidl_bench_cuda ]] && EXES+=("$exe"); done
-TESTS_END=$((SECONDS + $(gpu_env_min "${GPU_CHECK_TEST_TIMEOUT:-420}" $(($(left) - REPORT_RESERVE - SAN_SHARE - BENCH_SHARE)))))
+TESTS_END=$((SECONDS + $(gpu_env_min "${GPU_CHECK_TEST_TIMEOUT:-420}" $(($(left) - REPORT_RESERVE - SAN_SHARE - MODEL_SHARE - BENCH_SHARE)))))
 TESTS_STATE="running"
 for i in "${!EXES[@]}"; do
   exe="${EXES[$i]}"; name="$(basename "$exe")"
@@ -210,7 +222,7 @@ if [[ $SAN_ON == 1 ]]; then
     SAN_MD="not run: compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
     say "$SAN_MD"
   else
-    SAN_END=$((START + DEADLINE - REPORT_RESERVE - BENCH_SHARE))
+    SAN_END=$((START + DEADLINE - REPORT_RESERVE - MODEL_SHARE - BENCH_SHARE))
     # cuDNN autotuning under memcheck takes minutes; the autotune cases are left to the plain run.
     FILTER="${GPU_CHECK_SANITIZER_FILTER:-*-Parity.Conv2dAutotuneNhwcAndTf32:Parity.AutotuneWorkspaceStaysInsideTheBudget}"
     budget=$(gpu_env_min "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" $((SAN_END - SECONDS)))
@@ -240,6 +252,24 @@ if [[ $SAN_ON == 1 ]]; then
     say "sanitizer: $SAN_MD"
   fi
   write_report "after the sanitizer"
+fi
+
+# ---------------------------------------------------------------- the step-time model, calibrated
+if [[ $MODEL_ON == 1 ]]; then
+  TSV="$(find bench/results -maxdepth 1 -name 'gpu_model_*.tsv' 2>/dev/null | sort | tail -1)"
+  budget=$(gpu_env_min "${GPU_CHECK_MODEL_TIMEOUT:-90}" $(($(left) - REPORT_RESERVE - BENCH_SHARE)))
+  say "the step-time model against this GPU (${GPU_CHECK_MODEL_CONFIGS:-resnet50-amp}, modelled: ${TSV:-none}), at most ${budget} s"
+  t0=$SECONDS
+  gpu_env_run_until TERM "$budget" 10 "$LOGDIR/model.log" "$DIR/bin/minidl-gpumodel-cuda" --measure \
+    --configs "${GPU_CHECK_MODEL_CONFIGS:-resnet50-amp}" ${TSV:+--modelled "$TSV"} --out "$LOGDIR/model.md"
+  rc=$?
+  case $rc in
+    0) MODEL_MD="modelled: \`${TSV:-none}\`"$'\n\n'"$(cat "$LOGDIR/model.md")" ;;
+    124|137) MODEL_MD="cut by the deadline after $((SECONDS - t0)) s: $(tail -2 "$LOGDIR/model.log" | tr '\n' ' ')"; CUT+=" model" ;;
+    *) MODEL_MD="exit $rc: $(tail -3 "$LOGDIR/model.log" | tr '\n' ' ')"; STATUS=1 ;;
+  esac
+  say "model: exit $rc after $((SECONDS - t0)) s"
+  write_report "after the model calibration"
 fi
 
 # ---------------------------------------------------------------- benchmarks

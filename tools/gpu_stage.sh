@@ -4,7 +4,8 @@
 # 64 MiB, so everything it runs is built here, portable (-DMINIDL_NATIVE=OFF), and packed to travel:
 #
 #   build-gpu-stage/    (tests DIR)  kernels_cuda, optim_cuda, minidl_bench_cuda unstripped (memcheck
-#                       reports name functions) + their non-CUDA libraries + COMMIT -> tools/gpu_check.sh
+#                       reports name functions), minidl-gpumodel-cuda (the step-time model's calibration)
+#                       + their non-CUDA libraries + COMMIT -> tools/gpu_check.sh
 #   build-gpu-studies/  studies.tar.xz: minidl-sweep, -train, -maxbatch, -memest stripped + libraries
 #                       (xz -9: the photos leave no room for them uncompressed) + COMMIT -> tools/gpu_studies.sh
 #   .data/catsdogs/     the photos (copied from ../shared/data/catsdogs; git-ignored, never committed)
@@ -64,7 +65,7 @@ stage_libs() {
 
 # ---------------------------------------------------------------- build
 targets=()
-want tests && targets+=(kernels_cuda optim_cuda minidl_bench_cuda)
+want tests && targets+=(kernels_cuda optim_cuda minidl_bench_cuda minidl-gpumodel-cuda)
 want studies && targets+=(minidl-sweep minidl-train minidl-maxbatch minidl-memest)
 if [[ ${#targets[@]} -gt 0 ]]; then
   mkdir -p "$BUILD" || die 3 "cannot create $BUILD"
@@ -80,7 +81,7 @@ fi
 # ---------------------------------------------------------------- tests stage (unstripped, uncompressed)
 if want tests; then
   rm -rf "$TESTS_DIR" && mkdir -p "$TESTS_DIR/bin" "$TESTS_DIR/lib" || die 3 "cannot create $TESTS_DIR"
-  for t in kernels_cuda optim_cuda minidl_bench_cuda; do
+  for t in kernels_cuda optim_cuda minidl_bench_cuda minidl-gpumodel-cuda; do
     cp "$BUILD/bin/$t" "$TESTS_DIR/bin/" || die 3 "$BUILD/bin/$t is missing; see $BUILD/gpu_stage.build.log"
   done
   stage_libs "$TESTS_DIR/lib" "$TESTS_DIR"/bin/*
