@@ -87,7 +87,8 @@ TEST(EmuCounters, TheseTestsRunOnTheInstrumentedKernels) {
 TEST(EmuCounters, CoalescedF32CopyTakesFourSectorsPerRequest) {
   constexpr int n = 4096;
   Buf<float> in(n), out(n);
-  const emu::LaunchCounters c = counters_of([&] { MINIDL_LAUNCH("copy", copy_f32_kernel, 16, 256, 0, nullptr, in.get(), out.get()); });
+  const emu::LaunchCounters c =
+      counters_of([&] { MINIDL_LAUNCH("copy", copy_f32_kernel, 16, 256, 0, nullptr, in.get(), out.get()); });
   EXPECT_EQ(c.kernel, "copy_f32_kernel");
   EXPECT_EQ(c.op, "copy");
   EXPECT_EQ(c.stream, nullptr);
@@ -201,7 +202,8 @@ TEST(EmuCounters, AtomicsCountOnePerLane) {
 
 TEST(EmuCounters, BarriersCountOnePerWarp) {
   Buf<float> out(2 * 96);
-  const emu::LaunchCounters c = counters_of([&] { MINIDL_LAUNCH("sync", barriers_kernel, 2, 96, 0, nullptr, out.get()); });
+  const emu::LaunchCounters c =
+      counters_of([&] { MINIDL_LAUNCH("sync", barriers_kernel, 2, 96, 0, nullptr, out.get()); });
   EXPECT_EQ(c.barriers, 2u * 2u * 3u);   // 2 blocks x 2 barriers x 3 warps
   EXPECT_EQ(c.shared_st_requests, 6u);
   EXPECT_EQ(c.shared_ld_requests, 6u);
@@ -237,15 +239,15 @@ TEST(EmuCounters, UniqueSectorsAreTheLaunchsDistinctBytesNotItsRequests) {
 
 TEST(EmuCounters, LaunchesAreListedInTheOrderTheyRanAndOnlyWhileProfiling) {
   const DeferredStreams deferred;
-  Buf<float> a(256), b(256);
+  Buf<float> a(256), b(256), c(256);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   emu::clear_profile();
-  MINIDL_LAUNCH("unprofiled", copy_f32_kernel, 1, 256, 0, nullptr, a.get(), b.get());
+  MINIDL_LAUNCH("unprofiled", copy_f32_kernel, 1, 256, 0, nullptr, a.get(), c.get());
   emu::set_profiling(true);
   MINIDL_LAUNCH("first", copy_f32_kernel, 1, 256, 0, s, a.get(), b.get());
-  MINIDL_LAUNCH("second", stride2_read_kernel, 1, 128, 0, nullptr, a.get(), b.get());
+  MINIDL_LAUNCH("second", stride2_read_kernel, 1, 128, 0, nullptr, a.get(), c.get());
   emu::set_profiling(false);
   ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);   // runs "second" (and "unprofiled")
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);         // then "first"

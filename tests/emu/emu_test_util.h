@@ -1,5 +1,5 @@
-// What the emulated device's own tests share: a device buffer copied back to the host, and the
-// message of the minidl::Error a launch throws (at the launch, or when its stream runs).
+// What the emulated device's own tests share: a device buffer copied back to the host, the report
+// of a launch's fault (at the launch, or when its stream runs), deferred streams for one test.
 #pragma once
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/emu/race_check.h"
 #include "kernels/cuda/emu/runtime_state.h"
 
 namespace minidl::cuda {
@@ -30,23 +31,48 @@ struct Buf {
   size_t n;
 };
 
-// The message of the error `f` throws ("" when none), its kernels run (deferred streams) included.
+// What went wrong in `f` and the device work it queued (deferred streams): the message of the
+// minidl::Error it throws (a launch check), else cudaGetErrorString of the device's fault ("" when
+// none). A fault is sticky, as on a GPU, so the device is then made fresh again for what follows,
+// as a new process would get one.
 template <typename F>
 std::string error_of(F&& f) {
+  std::string what;
   try {
     f();
-    cudaDeviceSynchronize();
+    if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) what = cudaGetErrorString(e);
   } catch (const Error& e) {
-    return e.what();
+    what = e.what();
   }
-  return "";
+  emu::clear_device_fault();
+  return what;
 }
+
+// Every test starts on a fresh device, as it does under ctest (one process per test): a fault a
+// test left behind is sticky and would fail every later test of a whole-binary run.
+class FreshDevicePerTest : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo&) override {
+    cudaDeviceSynchronize();
+    emu::clear_device_fault();
+  }
+};
+inline const bool kFreshDevicePerTest = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new FreshDevicePerTest);
+  return true;
+}();
 
 // Deferred streams for one test; the mode before it afterwards.
 struct DeferredStreams {
   DeferredStreams() { emu::set_deferred_streams(true); }
   ~DeferredStreams() { emu::set_deferred_streams(before); }
   bool before = emu::deferred_streams();
+};
+
+// The race check off for one test (a test that races on purpose); the setting before it afterwards.
+struct RaceCheckOff {
+  RaceCheckOff() { emu::set_race_check(false); }
+  ~RaceCheckOff() { emu::set_race_check(before); }
+  bool before = emu::race_check();
 };
 
 // Runs `f` and the device work it queued (deferred streams).

@@ -15,6 +15,7 @@
                        "MINIDL_SHARED_VAR (kernels/cuda/device/shared.cuh)");
 #define __constant__ static
 
+#include <cuda_runtime_api.h>
 #include <vector_functions.h>
 #include <vector_types.h>
 
@@ -42,6 +43,16 @@ inline T shfl(WarpOp op, unsigned mask, T v, int param, int width, const void* s
 }
 
 }  // namespace minidl::cuda::emu
+
+// cuda_runtime.h's overloads that take the kernel itself, which it declares for nvcc only.
+template <class T>
+inline cudaError_t cudaFuncSetAttribute(T* func, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
+}
+template <class T>
+inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, T* func) {
+  return ::cudaFuncGetAttributes(attr, reinterpret_cast<const void*>(func));
+}
 
 // The built-in variables, set by the scheduler to the running fiber's before each resume (plain
 // variables, not macros: cuda_runtime.h names parameters gridDim and blockDim).

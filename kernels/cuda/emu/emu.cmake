@@ -43,6 +43,8 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     add_library(minidl_emu_core OBJECT
       ${CMAKE_CURRENT_LIST_DIR}/runner.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/runtime_streams.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/kernel_attributes.cpp
       ${CMAKE_CURRENT_LIST_DIR}/streams.cpp
       ${CMAKE_CURRENT_LIST_DIR}/shared_arena.cpp
       ${CMAKE_CURRENT_LIST_DIR}/profiler.cpp
@@ -81,7 +83,8 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     # and runner still are). -fno-optimize-sibling-calls keeps each atomic and shared access a
     # call that returns to its own instruction.
     minidl_emu_kernel_sources(emu_prof_src _prof_sources)
-    set(MINIDL_EMU_PROF_KERNEL_OPTIONS "${_emu_language};-fsanitize=thread;--param=tsan-instrument-func-entry-exit=0;-fno-optimize-sibling-calls")
+    set(MINIDL_EMU_PROF_KERNEL_OPTIONS
+        "${_emu_language};-fsanitize=thread;--param=tsan-instrument-func-entry-exit=0;-fno-optimize-sibling-calls")
     set_source_files_properties(${_prof_sources} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_PROF_KERNEL_OPTIONS}")
     minidl_emu_library(minidl_emu_prof ${_prof_sources} ${CMAKE_CURRENT_LIST_DIR}/tsan_hooks.cpp)
     set(MINIDL_WITH_EMU ON)

@@ -302,7 +302,13 @@ std::string config_error(const LaunchInfo& info) {
   if (g.x == 0 || g.y == 0 || g.z == 0 || threads == 0) why = "an empty grid or block";
   else if (bl.x > 1024 || bl.y > 1024 || bl.z > 64 || threads > 1024) why = "more than 1024 threads per block";
   else if (g.x > 2147483647u || g.y > 65535u || g.z > 65535u) why = "grid y or z over 65535 (or x over 2^31 - 1)";
-  else if (info.smem > 48 * 1024) why = "more than 48 KiB of dynamic shared memory without the opt-in attribute";
+  else if (const size_t limit = max_dynamic_shared(info.func); info.smem > limit) {
+    why = limit == kSharedLimit
+              ? "more than 48 KiB of dynamic shared memory without the opt-in attribute (cudaFuncSetAttribute("
+                "kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), up to 227 KiB on an H100)"
+              : "more than the " + std::to_string(limit) +
+                    " bytes of dynamic shared memory cudaFuncSetAttribute allowed this kernel";
+  }
   if (why.empty()) return why;
   return "kernel " + std::string(info.kernel) + " launched with grid " + dim_str(g) + ", block " + dim_str(bl) +
          ", " + std::to_string(info.smem) + " bytes of dynamic shared memory: " + why;
@@ -377,6 +383,7 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg);
 }  // namespace
 
 void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_ptr<void> arg) {
+  if (device_error() != cudaSuccess) return;   // a faulted device: the launch check reports the fault
   // A launch the hardware rejects runs nothing and leaves the error for cudaGetLastError.
   if (const std::string why = config_error(info); !why.empty()) return set_last_error(cudaErrorInvalidConfiguration, why);
   if (!stream_live(info.stream)) {
@@ -390,7 +397,8 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_pt
   }
   LaunchInfo issued = info;
   issued.profiled = profiling();   // launches issued while profiling is on are counted when they run
-  enqueue(info.stream, [issued, body, arg = std::move(arg)] { execute_grid(issued, body, arg.get()); });
+  enqueue(info.stream, [issued, body, arg = std::move(arg)] { execute_grid(issued, body, arg.get()); },
+          "kernel " + std::string(info.kernel) + " (" + info.op + ")");
 }
 
 namespace {
@@ -400,7 +408,7 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
   b.info = &info;
   b.threads.resize(static_cast<size_t>(nthreads));
   b.warps.resize(static_cast<size_t>((nthreads + 31) / 32));
-  b.shared.start_launch(info.smem);
+  b.shared.start_launch(info.smem, max_dynamic_shared(info.func) > kSharedLimit ? kSharedOptInLimit : kSharedLimit);
   std::vector<int> order(static_cast<size_t>(nthreads));
   std::mt19937_64 rng(g_seed);
   struct Reset {
@@ -475,6 +483,7 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
       }
     }
   }
+  note_static_shared(info.func, b.shared.static_bytes());
   recorder_launch_end(b.shared.static_bytes());
 }
 

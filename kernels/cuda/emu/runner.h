@@ -1,7 +1,8 @@
 // The emulated build's kernel launch (device/launch.cuh calls run_grid): the grid's blocks run one
 // after another on the calling thread, each block's threads as cooperative fibers (runner.cpp).
 // A bad configuration sets the runtime's last error, as a real launch does; a fault inside the
-// kernel throws minidl::Error naming the kernel, the block, the thread and the address.
+// kernel is the device's sticky fault (runtime_state.h): the call that ran the kernel and every later
+// one return cudaErrorLaunchFailure, whose cudaGetErrorString names the kernel, block and thread.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -2,21 +2,23 @@
 // signatures), on host memory. One device; device memory is aligned host memory filled with 0xFF
 // bytes (NaN / -1) so a read of memory nothing wrote shows; its capacity is MINIDL_EMU_MEMORY_MB
 // (default 4096) so cudaMalloc can run out as a GPU does. Work goes through streams.cpp: deferred
-// to the next synchronization point (the default) or run when queued (MINIDL_EMU_DEFER_STREAMS=0);
-// events mark a stream position and record the host time when their stream reaches it.
-#include <chrono>
+// to the next synchronization point (the default) or run when queued (MINIDL_EMU_DEFER_STREAMS=0).
+// Streams and events are in runtime_streams.cpp. A fault of device work is sticky (runtime_state.h):
+// every later call returns it, and none of these throws.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/emu/call_log.h"
 #include "kernels/cuda/emu/emu_libs.h"
+#include "kernels/cuda/emu/race_check.h"
 #include "kernels/cuda/emu/runtime_state.h"
+#include "kernels/cuda/emu/shared_arena.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -25,25 +27,10 @@
 namespace minidl::cuda::emu {
 namespace {
 
-struct EmuStream {
-  unsigned flags = 0;
-};
-// The host time at which the stream reached the event's position (unset until it did).
-struct Stamp {
-  bool set = false;
-  std::chrono::steady_clock::time_point at{};
-};
-struct EmuEvent {
-  unsigned flags = 0;
-  StreamPos pos{};                 // the recording stream's work up to the last cudaEventRecord
-  std::shared_ptr<Stamp> stamp;    // shared with the queued work that sets it
-};
-
 struct State {
   std::mutex mu;
   std::map<uintptr_t, size_t> device;   // base -> bytes asked for, of live cudaMalloc allocations
   std::map<uintptr_t, size_t> pinned;   // base -> bytes of live cudaHostAlloc allocations
-  std::set<const void*> streams, events;
   size_t used = 0;
   size_t capacity = [] {
     const char* s = std::getenv("MINIDL_EMU_MEMORY_MB");
@@ -60,10 +47,7 @@ thread_local std::string t_detail;
 thread_local cudaError_t t_detail_code = cudaSuccess;
 thread_local int t_device = 0;
 
-cudaError_t fail(cudaError_t e, const std::string& detail) {
-  set_last_error(e, detail);
-  return e;
-}
+cudaError_t fail(cudaError_t e, const std::string& detail) { return runtime_fail(e, detail); }
 
 bool range_live_locked(State& s, const void* p, size_t bytes) {
   const auto a = reinterpret_cast<uintptr_t>(p);
@@ -89,13 +73,6 @@ bool is_device(const void* p) {
   return range_live_locked(s, p, 1);
 }
 
-// The call log's name of a copy (call_log.h), from where its ends really are.
-const char* copy_op(cudaMemcpyKind kind, const void* src, const void* dst) {
-  if (kind == cudaMemcpyHostToHost) return "memcpy HtoH";
-  const bool s = is_device(src), d = is_device(dst);
-  return s && d ? "memcpy DtoD" : s ? "memcpy DtoH" : d ? "memcpy HtoD" : "memcpy HtoH";
-}
-
 // The checks a copy's direction implies: device sides inside live allocations, host sides not.
 cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, const char* fn) {
   if (n == 0) return cudaSuccess;
@@ -118,6 +95,21 @@ cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
   return cudaSuccess;
 }
 
+// A copy as stream work: its device sides are told to the race check.
+void device_copy(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev) {
+  // The step-time model's call log (call_log.h), as the copy runs.
+  log_transfer(src_dev ? (dst_dev ? "memcpy DtoD" : "memcpy DtoH") : (dst_dev ? "memcpy HtoD" : "memcpy HtoH"), n,
+               nullptr);
+  if (src_dev) race_note(src, n, AccessKind::Load);
+  if (dst_dev) race_note(dst, n, AccessKind::Store);
+  std::memmove(dst, src, n);
+}
+
+std::string copy_label(const char* fn, bool dst_dev, bool src_dev, size_t n) {
+  return std::string(fn) + " (" + (src_dev ? "device" : "host") + " to " + (dst_dev ? "device" : "host") + ", " +
+         std::to_string(n) + " bytes)";
+}
+
 // The cuBLAS / cuDNN stand-ins ask the runtime which ranges and streams are live.
 const bool g_hooks = [] {
   set_device_range_checker([](const void* p, size_t n) { return device_range_live(p, n); });
@@ -126,43 +118,41 @@ const bool g_hooks = [] {
   return true;
 }();
 
-// Streams and events are heap objects whose addresses are the handles, kept in a registry so a
-// destroyed or foreign handle gets CUDA's cudaErrorInvalidResourceHandle instead of a crash.
-using Registry = std::set<const void*> State::*;
-
-template <typename T, typename Handle>
-cudaError_t create_handle(Handle* out, T init, Registry registry, const char* call) {
-  if (out == nullptr) return fail(cudaErrorInvalidValue, std::string(call) + ": NULL");
-  auto* h = new T(init);
-  *out = reinterpret_cast<Handle>(h);
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  (s.*registry).insert(h);
-  return cudaSuccess;
-}
-
-template <typename T, typename Handle>
-cudaError_t destroy_handle(Handle h, Registry registry, const char* why) {
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if ((s.*registry).erase(h) == 0) return fail(cudaErrorInvalidResourceHandle, why);
-  delete reinterpret_cast<T*>(h);
-  return cudaSuccess;
+// The device's sticky fault (runtime_state.h).
+struct Fault {
+  std::atomic<cudaError_t> code{cudaSuccess};
+  std::mutex mu;
+  std::string detail;
+};
+Fault& fault_state() {
+  static auto* f = new Fault();   // never destroyed: destructors of statics ask it after main returns
+  return *f;
 }
 
 }  // namespace
+
+void device_fault(const std::string& detail) {
+  Fault& f = fault_state();
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (f.code.load() != cudaSuccess) return;
+  f.detail = detail;
+  f.code.store(cudaErrorLaunchFailure);
+}
+
+cudaError_t device_error() { return fault_state().code.load(std::memory_order_relaxed); }
+
+void clear_device_fault() {
+  Fault& f = fault_state();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.code.store(cudaSuccess);
+  f.detail.clear();
+  t_last = cudaSuccess;
+}
 
 void set_last_error(cudaError_t e, const std::string& detail) {
   t_last = e;
   t_detail = detail;
   t_detail_code = e;
-}
-
-bool stream_live(cudaStream_t s) {
-  if (s == nullptr) return true;
-  State& st_ = st();
-  std::lock_guard<std::mutex> lock(st_.mu);
-  return st_.streams.count(s) != 0;
 }
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -232,6 +222,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   std::strncpy(p->name, "minidl emulated CUDA device (CPU)", sizeof(p->name) - 1);
   p->totalGlobalMem = st().capacity;
   p->sharedMemPerBlock = 48 * 1024;
+  p->sharedMemPerBlockOptin = kSharedOptInLimit;   // cudaFuncSetAttribute's ceiling (kernel_attributes.cpp)
+  p->sharedMemPerMultiprocessor = 228 * 1024;
   p->regsPerBlock = 65536;
   p->warpSize = 32;
   p->maxThreadsPerBlock = 1024;
@@ -259,13 +251,18 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
   return cudaSuccess;
 }
 
+// A sticky fault is every call's last error, and reading it does not clear it.
 cudaError_t cudaGetLastError(void) {
+  MINIDL_EMU_STICKY();
   const cudaError_t e = t_last;
   t_last = cudaSuccess;
   return e;
 }
 
-cudaError_t cudaPeekAtLastError(void) { return t_last; }
+cudaError_t cudaPeekAtLastError(void) {
+  MINIDL_EMU_STICKY();
+  return t_last;
+}
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
@@ -277,6 +274,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     default: return "cudaErrorUnknown";
   }
 }
@@ -292,13 +290,20 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: s = "invalid resource handle"; break;
     case cudaErrorInvalidMemcpyDirection: s = "invalid copy direction for memcpy"; break;
     case cudaErrorNotReady: s = "device not ready"; break;
+    case cudaErrorLaunchFailure: s = "unspecified launch failure"; break;
     default: s = "unknown error"; break;
   }
-  if (e == t_detail_code && !t_detail.empty()) s += " [emulator: " + t_detail + "]";
+  if (Fault& f = fault_state(); e != cudaSuccess && e == device_error()) {
+    std::lock_guard<std::mutex> lock(f.mu);
+    s += " [emulator: " + f.detail + "]";
+  } else if (e == t_detail_code && !t_detail.empty()) {
+    s += " [emulator: " + t_detail + "]";
+  }
   return s.c_str();
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  MINIDL_EMU_STICKY();
   if (p == nullptr) return fail(cudaErrorInvalidValue, "cudaMalloc: NULL output pointer");
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
@@ -328,6 +333,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
   synchronize_all();   // cudaFree waits for the device's work, as on a GPU
+  race_host_waits_all();
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.device.find(reinterpret_cast<uintptr_t>(p));
@@ -336,10 +342,11 @@ cudaError_t cudaFree(void* p) {
   unpoison_host(p, (it->second + 255) / 256 * 256);
   s.device.erase(it);
   std::free(p);
-  return cudaSuccess;
+  return device_error();   // freed even after a fault (a destructor's call), which it then reports
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  MINIDL_EMU_STICKY();
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
   if (free_bytes != nullptr) *free_bytes = s.capacity - s.used;
@@ -348,6 +355,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 }
 
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  MINIDL_EMU_STICKY();
   if (p == nullptr) return fail(cudaErrorInvalidValue, "cudaHostAlloc: NULL output pointer");
   *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (*p == nullptr) return fail(cudaErrorMemoryAllocation, "cudaHostAlloc: out of host memory");
@@ -362,170 +370,76 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, byt
 cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
   synchronize_all();   // as cudaFree
+  race_host_waits_all();
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.pinned.erase(reinterpret_cast<uintptr_t>(p)) == 0) {
     return fail(cudaErrorInvalidValue, "cudaFreeHost: not a live pinned allocation");
   }
   std::free(p);
-  return cudaSuccess;
+  return device_error();
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+  MINIDL_EMU_STICKY();
   if (!stream_live(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: stream is not live");
   if (const cudaError_t e = check_copy(dst, src, n, kind, "cudaMemcpyAsync"); e != cudaSuccess) return e;
   if (n == 0) return cudaSuccess;
   const bool dst_dev = is_device(dst), src_dev = is_device(src);
+  const std::string label = copy_label("cudaMemcpyAsync", dst_dev, src_dev, n);
   if (!dst_dev && !is_pinned(dst, n)) {
     // Into pageable host memory the call returns once the copy is done (CUDA's API sync notes).
-    synchronize_stream(stream);
-    log_transfer(copy_op(kind, src, dst), n, stream);
-    std::memmove(dst, src, n);
+    run_now(stream, [&] { device_copy(dst, src, n, dst_dev, src_dev); }, label);
+    race_host_waits_stream(stream);
   } else if (!src_dev && !is_pinned(src, n)) {
     // From pageable host memory the bytes are staged before the call returns.
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + n);
-    enqueue(stream, [dst, staged, stream] {
-      log_transfer("memcpy HtoD", staged->size(), stream);
-      std::memmove(dst, staged->data(), staged->size());
-    });
+    enqueue(stream, [dst, staged, dst_dev] { device_copy(dst, staged->data(), staged->size(), dst_dev, false); },
+            label);
   } else if (!dst_dev) {
     // Into pinned memory: the host must not read it before a synchronization; under ASan it is
     // poisoned until the copy runs, so a read without one is reported.
     if (deferred_streams()) poison_host(dst, n);
-    enqueue(stream, [dst, src, n, stream] {
-      log_transfer("memcpy DtoH", n, stream);
+    enqueue(stream, [dst, src, n, src_dev] {
       unpoison_host(dst, n);
-      std::memmove(dst, src, n);
-    });
+      device_copy(dst, src, n, false, src_dev);
+    }, label);
   } else {
-    enqueue(stream, [dst, src, n, stream, op = copy_op(kind, src, dst)] {
-      log_transfer(op, n, stream);
-      std::memmove(dst, src, n);
-    });
+    enqueue(stream, [dst, src, n, src_dev] { device_copy(dst, src, n, true, src_dev); }, label);
   }
-  return cudaSuccess;
+  return device_error();
 }
 
+// On the legacy default stream, returning when done: the emulator runs every stream first (a valid
+// schedule), but the race check orders the copy after what the legacy stream would wait for only.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  MINIDL_EMU_STICKY();
   if (const cudaError_t e = check_copy(dst, src, n, kind, "cudaMemcpy"); e != cudaSuccess) return e;
-  synchronize_all();   // the legacy default stream after every blocking stream; returns when done
-  if (n != 0) log_transfer(copy_op(kind, src, dst), n, nullptr);
-  if (n != 0) std::memmove(dst, src, n);
-  return cudaSuccess;
+  synchronize_all();
+  if (n == 0) return device_error();
+  const bool dst_dev = is_device(dst), src_dev = is_device(src);
+  run_now(nullptr, [&] { device_copy(dst, src, n, dst_dev, src_dev); }, copy_label("cudaMemcpy", dst_dev, src_dev, n));
+  race_host_waits_stream(nullptr);
+  return device_error();
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
+  MINIDL_EMU_STICKY();
   if (!stream_live(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: stream is not live");
   if (n == 0) return cudaSuccess;
   if (!device_range_live(p, n)) {
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync: range of " + std::to_string(n) +
-                                           " bytes is not inside one live device allocation");
+                                                   " bytes is not inside one live device allocation");
   }
-  enqueue(stream, [p, value, n, stream] {
-    log_transfer("memset", n, stream);
+  enqueue(stream, [p, value, n] {
+    log_transfer("memset", n, nullptr);
+    race_note(p, n, AccessKind::Store);
     std::memset(p, value, n);
-  });
-  return cudaSuccess;
+  }, "cudaMemsetAsync of " + std::to_string(n) + " bytes");
+  return device_error();
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
-  const cudaError_t e = create_handle(s, EmuStream{flags}, &State::streams, "cudaStreamCreateWithFlags");
-  if (e == cudaSuccess) register_stream(*s, (flags & cudaStreamNonBlocking) == 0);
-  return e;
-}
-
-cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
-
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  if (s != nullptr && stream_live(s)) forget_stream(s);
-  return destroy_handle<EmuStream>(s, &State::streams, "cudaStreamDestroy: not a live stream");
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  if (!stream_live(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a live stream");
-  synchronize_stream(s);
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamQuery(cudaStream_t s) {
-  if (!stream_live(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery: not a live stream");
-  synchronize_stream(s);   // a valid answer: the device may have finished it by now
-  return cudaSuccess;
-}
-
-cudaError_t cudaDeviceSynchronize(void) {
-  synchronize_all();
-  return cudaSuccess;
-}
-
-static bool event_live(cudaEvent_t e) {
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.events.count(e) != 0;
-}
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
-  return create_handle(e, EmuEvent{flags, {}, nullptr}, &State::events, "cudaEventCreate");
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
-
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  return destroy_handle<EmuEvent>(e, &State::events, "cudaEventDestroy: not a live event");
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  if (!event_live(e) || !stream_live(s)) {
-    return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: event or stream not live");
-  }
-  auto* ev = reinterpret_cast<EmuEvent*>(e);
-  auto stamp = std::make_shared<Stamp>();
-  ev->stamp = stamp;
-  enqueue(s, [stamp] {
-    stamp->at = std::chrono::steady_clock::now();
-    stamp->set = true;
-  });
-  ev->pos = stream_tail(s);
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  if (!event_live(e)) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not a live event");
-  run_until(reinterpret_cast<EmuEvent*>(e)->pos);
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t e) {
-  if (!event_live(e)) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not a live event");
-  run_until(reinterpret_cast<EmuEvent*>(e)->pos);   // a valid answer, as cudaStreamQuery
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
-  if (ms == nullptr) return fail(cudaErrorInvalidValue, "cudaEventElapsedTime: NULL");
-  if (!event_live(a) || !event_live(b)) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not live");
-  auto* ea = reinterpret_cast<EmuEvent*>(a);
-  auto* eb = reinterpret_cast<EmuEvent*>(b);
-  if ((ea->flags & cudaEventDisableTiming) != 0 || (eb->flags & cudaEventDisableTiming) != 0) {
-    return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was created without timing");
-  }
-  if (!ea->stamp || !eb->stamp) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not recorded");
-  if (!ea->stamp->set || !eb->stamp->set) {
-    return fail(cudaErrorNotReady, "cudaEventElapsedTime: an event's stream has not reached it yet");
-  }
-  *ms = std::chrono::duration<float, std::milli>(eb->stamp->at - ea->stamp->at).count();
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
-  if (!event_live(e) || !stream_live(s)) {
-    return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: event or stream not live");
-  }
-  enqueue_wait(s, reinterpret_cast<EmuEvent*>(e)->pos);
-  return cudaSuccess;
-}
 
 }  // extern "C"

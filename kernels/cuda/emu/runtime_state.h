@@ -14,7 +14,28 @@
 namespace minidl::cuda::emu {
 
 void set_last_error(cudaError_t e, const std::string& detail);
+// set_last_error, handing `e` back.
+inline cudaError_t runtime_fail(cudaError_t e, const std::string& detail) {
+  set_last_error(e, detail);
+  return e;
+}
 bool stream_live(cudaStream_t s);   // the legacy default stream 0 is always live
+
+// ---- Faults of device work are sticky, as on a GPU: the first fault of a kernel (or a race the
+// race check found) makes the call that ran it and every later runtime call return
+// cudaErrorLaunchFailure, with the fault's report in cudaGetErrorString; the device runs nothing
+// more. The runtime's C entry points never throw, so a fault surfacing in a cudaFree that a
+// destructor calls is a returned error, not std::terminate.
+void device_fault(const std::string& detail);   // the first report is kept
+cudaError_t device_error();                     // cudaSuccess until a fault
+void clear_device_fault();   // tests only: a fresh device for the next test, as a new process gets
+#define MINIDL_EMU_STICKY()                                                               \
+  do {                                                                                    \
+    if (const cudaError_t minidl_sticky_ = ::minidl::cuda::emu::device_error();          \
+        minidl_sticky_ != cudaSuccess) {                                                  \
+      return minidl_sticky_;                                                              \
+    }                                                                                     \
+  } while (0)
 // [p, p + bytes) inside one live cudaMalloc allocation.
 bool device_range_live(const void* p, size_t bytes);
 // The live cudaMalloc allocations (base, bytes rounded up to 256), sorted by base.
@@ -29,10 +50,17 @@ void poison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr);
 void unpoison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr);
 bool asan_build();
 
+// ---- Kernel attributes (kernel_attributes.cpp): the dynamic shared memory a launch of `func` may
+// ask for (48 KiB unless cudaFuncSetAttribute raised it), and the static bytes it was seen to use.
+size_t max_dynamic_shared(const void* func);
+void note_static_shared(const void* func, size_t bytes);
+
 // ---- Stream order (streams.cpp). Deferred mode (the default): work waits in its stream's queue
 // until a synchronization point runs it; the legacy default stream (nullptr) and the blocking
 // streams wait for each other's earlier work, as on a GPU. Immediate mode
 // (MINIDL_EMU_DEFER_STREAMS=0, or set_deferred_streams(false)): work runs when queued.
+// Running work never throws (a fault becomes device_fault). Synchronizing here only runs work:
+// the entry points that make the host wait tell the race check so (race_check.h).
 bool deferred_streams();
 void set_deferred_streams(bool on);   // runs all pending work first
 struct StreamPos {
@@ -41,7 +69,11 @@ struct StreamPos {
 };
 void register_stream(cudaStream_t s, bool blocking);
 void forget_stream(cudaStream_t s);   // runs its pending work first
-void enqueue(cudaStream_t s, std::function<void()> work);
+// `label` names the work in the race check's reports ("kernel copy_kernel (copy)").
+void enqueue(cudaStream_t s, std::function<void()> work, std::string label = {});
+// Runs `work` now as the next work of `s`, after the stream's queued work (a host-side copy that
+// returns when done, as CUDA's synchronous cases do).
+void run_now(cudaStream_t s, const std::function<void()>& work, std::string label);
 StreamPos stream_tail(cudaStream_t s);
 void enqueue_wait(cudaStream_t s, StreamPos p);   // cudaStreamWaitEvent
 bool reached(StreamPos p);

@@ -11,9 +11,10 @@
 
 namespace minidl::cuda::emu {
 
-void SharedArena::start_launch(size_t dynamic_bytes) {
-  bytes_.assign(kSharedLimit, 0);
-  written_.assign(kSharedLimit, 0);
+void SharedArena::start_launch(size_t dynamic_bytes, size_t limit) {
+  bytes_.assign(limit, 0);
+  written_.assign(limit, 0);
+  limit_ = limit;
   dynamic_ = dynamic_bytes;
   end_ = dynamic_bytes;
   slots_.clear();
@@ -29,14 +30,17 @@ unsigned char* SharedArena::slot(const void* site, size_t bytes, const char* nam
     if (s.site == site) return bytes_.data() + s.offset;
   }
   const size_t offset = (end_ + 15) / 16 * 16;
-  if (offset + bytes > kSharedLimit) {
+  if (offset + bytes > limit_) {
     std::ostringstream os;
-    os << "static shared memory over the 48 KiB (49152 bytes) a block may use: `" << name << "` (" << bytes
-       << " bytes) after the static";
+    os << (limit_ == kSharedLimit ? "static shared memory over the 48 KiB (49152 bytes) a block may use"
+                                  : "static and dynamic shared memory over the 232448 bytes (227 KiB) an H100 block "
+                                    "may opt in to")
+       << ": `" << name << "` (" << bytes << " bytes) after the static";
     for (const Slot& s : slots_) os << " `" << s.name << "` (" << s.bytes << " bytes)";
     os << " and " << dynamic_ << " bytes of dynamic shared memory. Static alone over 48 KiB: ptxas rejects "
        << "the kernel ('uses too much shared data (0x... bytes, 0xc000 max)'); with the dynamic bytes: the launch "
-       << "fails (cudaErrorInvalidValue) unless cudaFuncSetAttribute raised the kernel's limit";
+       << "fails (cudaErrorInvalidValue)"
+       << (limit_ == kSharedLimit ? " unless cudaFuncSetAttribute raised the kernel's limit" : "");
     running_kernel_fault(os.str());
   }
   slots_.push_back(Slot{site, offset, bytes, name});

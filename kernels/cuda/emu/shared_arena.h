@@ -9,17 +9,23 @@
 
 namespace minidl::cuda::emu {
 
-// The 48 KiB of shared memory a block may use without the opt-in attribute (static + dynamic).
+// The 48 KiB of shared memory a block may use without the opt-in attribute (static + dynamic), and
+// the most it may opt in to on an H100 (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB).
 constexpr size_t kSharedLimit = 48 * 1024;
+constexpr size_t kSharedOptInLimit = 227 * 1024;
 
 class SharedArena {
  public:
-  void start_launch(size_t dynamic_bytes);
+  // `limit`: the block's static plus dynamic bytes (kSharedLimit, or kSharedOptInLimit for a kernel
+  // whose dynamic limit cudaFuncSetAttribute raised).
+  void start_launch(size_t dynamic_bytes, size_t limit);
   void start_block();   // 0xCD bytes, none marked written
   unsigned char* dynamic() { return bytes_.data(); }
   size_t dynamic_size() const { return dynamic_; }
   size_t static_bytes() const { return end_ - dynamic_; }   // placed so far, with alignment padding
-  size_t offset_of(const void* p) const { return static_cast<size_t>(static_cast<const unsigned char*>(p) - bytes_.data()); }
+  size_t offset_of(const void* p) const {
+    return static_cast<size_t>(static_cast<const unsigned char*>(p) - bytes_.data());
+  }
   // The arena bytes of the static variable declared at `site`, placed on first use.
   unsigned char* slot(const void* site, size_t bytes, const char* name);
   void read(const void* p, size_t n, const void* base, size_t bytes) const;
@@ -35,6 +41,7 @@ class SharedArena {
   void check_bounds(const char* access, const void* p, size_t n, const void* base, size_t bytes) const;
   std::vector<unsigned char> bytes_, written_;
   size_t dynamic_ = 0;
+  size_t limit_ = kSharedLimit;
   size_t end_ = 0;   // end of the placed static variables (the high-water mark of the arena)
   std::vector<Slot> slots_;
 };

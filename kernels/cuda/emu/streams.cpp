@@ -3,8 +3,11 @@
 // queued) work waits in its stream's queue until a synchronization point needs it
 // (a stream, event or device synchronization, a synchronous copy, cudaFree, a cuBLAS / cuDNN call
 // on the stream), so host code that reads results without synchronizing sees stale memory, and
-// the runtime poisons the pinned destinations of pending device-to-host copies (ASan).
+// the runtime poisons the pinned destinations of pending device-to-host copies (ASan). Each piece of
+// work runs under the race check (race_check.h) and a fault in it (a kernel's, or a race) becomes
+// the device's sticky fault: the queues are dropped, as a faulted GPU context runs nothing more.
 #include <cstdlib>
+#include <exception>
 #include <deque>
 #include <functional>
 #include <map>
@@ -12,6 +15,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/cuda/emu/race_check.h"
 #include "kernels/cuda/emu/runtime_state.h"
 
 namespace minidl::cuda::emu {
@@ -20,6 +24,7 @@ namespace {
 struct Item {
   std::function<void()> work;   // empty for a wait
   StreamPos wait{};             // a wait: run `wait.stream` up to `wait.seq` first
+  RaceOpPtr op;                 // the work's place in the race check's order
 };
 
 struct Queue {
@@ -46,6 +51,28 @@ void push(Queue& q, Item it) {
   ++q.queued;
 }
 
+// A fault in running work: the device is faulted and the queued work will never run.
+void fault_locked(Executor& e, const std::string& what) {
+  device_fault(what);
+  for (auto& [s, q] : e.queues) {
+    q.items.clear();
+    q.done = q.queued;
+  }
+  race_drop_pending();
+}
+
+void run_item_locked(Executor& e, const std::function<void()>& work, RaceOpPtr op) {
+  try {
+    RaceScope scope(std::move(op));
+    work();
+    scope.finish();
+  } catch (const std::exception& x) {
+    fault_locked(e, x.what());
+  } catch (...) {
+    fault_locked(e, "device work threw an unknown exception");
+  }
+}
+
 // Runs `s`'s queue up to sequence number `seq` (waits first run the stream they wait for).
 void run_until_locked(Executor& e, const void* s, uint64_t seq) {
   auto it = e.queues.find(s);
@@ -55,7 +82,7 @@ void run_until_locked(Executor& e, const void* s, uint64_t seq) {
     Item item = std::move(q.items.front());
     q.items.pop_front();
     ++q.done;   // before running: work that throws is not run again
-    if (item.work) item.work();
+    if (item.work) run_item_locked(e, item.work, std::move(item.op));
     else run_until_locked(e, item.wait.stream, item.wait.seq);
   }
 }
@@ -75,6 +102,7 @@ void register_stream(cudaStream_t s, bool blocking) {
   Executor& e = ex();
   std::lock_guard<std::recursive_mutex> lock(e.mu);
   e.queues[s].blocking = blocking;
+  race_register_stream(s, blocking);
 }
 
 void forget_stream(cudaStream_t s) {
@@ -82,23 +110,36 @@ void forget_stream(cudaStream_t s) {
   std::lock_guard<std::recursive_mutex> lock(e.mu);
   synchronize_stream(s);   // pending work completes, as after cudaStreamDestroy on a GPU
   e.queues.erase(s);
+  race_forget_stream(s);
 }
 
-void enqueue(cudaStream_t s, std::function<void()> work) {
+void enqueue(cudaStream_t s, std::function<void()> work, std::string label) {
   Executor& e = ex();
-  if (!e.deferred) return work();
   std::lock_guard<std::recursive_mutex> lock(e.mu);
+  if (device_error() != cudaSuccess) return;   // a faulted device runs nothing more
+  RaceOpPtr op = race_issue(s, std::move(label));
+  if (!e.deferred) return run_item_locked(e, work, std::move(op));
   Queue& q = e.queues[s];
   // The legacy default stream waits for the blocking streams' work so far, and they for it.
   if (s == nullptr) {
     for (auto& [other, oq] : e.queues) {
-      if (other != nullptr && oq.blocking && oq.done < oq.queued) push(q, Item{{}, StreamPos{other, oq.queued}});
+      if (other != nullptr && oq.blocking && oq.done < oq.queued) {
+        push(q, Item{{}, StreamPos{other, oq.queued}, nullptr});
+      }
     }
   } else if (q.blocking) {
     const Queue& legacy = e.queues[nullptr];
-    if (legacy.done < legacy.queued) push(q, Item{{}, StreamPos{nullptr, legacy.queued}});
+    if (legacy.done < legacy.queued) push(q, Item{{}, StreamPos{nullptr, legacy.queued}, nullptr});
   }
-  push(q, Item{std::move(work), {}});
+  push(q, Item{std::move(work), {}, std::move(op)});
+}
+
+void run_now(cudaStream_t s, const std::function<void()>& work, std::string label) {
+  Executor& e = ex();
+  std::lock_guard<std::recursive_mutex> lock(e.mu);
+  synchronize_stream(s);
+  if (device_error() != cudaSuccess) return;
+  run_item_locked(e, work, race_issue(s, std::move(label)));
 }
 
 StreamPos stream_tail(cudaStream_t s) {
@@ -112,7 +153,7 @@ void enqueue_wait(cudaStream_t s, StreamPos p) {
   Executor& e = ex();
   std::lock_guard<std::recursive_mutex> lock(e.mu);
   if (!e.deferred || reached(p)) return;
-  push(e.queues[s], Item{{}, p});
+  push(e.queues[s], Item{{}, p, nullptr});
 }
 
 bool reached(StreamPos p) {
