@@ -2,20 +2,12 @@
 #include "bench/gpumodel/calibrate.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <sstream>
 
+#include "bench/gpumodel/step.h"
+
 namespace minidl::gpumodel {
-namespace {
-
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
-}  // namespace
 
 std::string launch_key(const std::string& op, const std::string& kernel) {
   return kernel.empty() ? op : op + " / " + kernel;

@@ -169,7 +169,7 @@ struct Modelled {
 Modelled model(const std::string& name, const StepConfig& c, Size target, const std::vector<Size>& samples,
                const std::vector<Size>& held_out, const std::vector<KernelResources>& table, LaunchMode mode,
                const ReportInfo& base, bool trace, const std::vector<StepProfile>& saved,
-               std::vector<StepProfile>& fresh) {
+               const std::string& save_to) {
   Stepper stepper(c);
   auto profile = [&](Size s) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -195,7 +195,10 @@ Modelled model(const std::string& name, const StepConfig& c, Size target, const 
     for (const StepProfile& p : saved)
       if (p.batch == s.batch && p.image == s.image) return p;
     StepProfile p = profile(s);
-    fresh.push_back(p);
+    if (!save_to.empty()) {   // kept at once: an emulated ResNet-50 step takes minutes
+      std::ofstream os(save_to, std::ios::app);
+      write_profiles(os, name, {p});
+    }
     return p;
   };
   std::vector<StepProfile> fitted;
@@ -329,18 +332,14 @@ int run(int argc, char** argv) {
     const std::vector<Size> v =
         validate == "none" ? std::vector<Size>{} : parse_sizes(!validate.empty() ? validate : resnet ? "3x64" : "4x24");
     std::fprintf(stderr, "minidl-gpumodel: %s\n", name.c_str());
-    std::vector<StepProfile> saved, fresh;
+    std::vector<StepProfile> saved;
     if (!load_profiles.empty()) {
       std::ifstream in(load_profiles);
       MINIDL_CHECK(in.good(), "gpumodel: cannot read ", load_profiles);
       saved = read_profiles(in, name);
     }
     const Modelled r = model(name, c, target, s, v, table, mode == "graph" ? LaunchMode::Graph : LaunchMode::Eager,
-                             base, trace, saved, fresh);
-    if (!save_profiles.empty()) {
-      std::ofstream os(save_profiles, std::ios::app);
-      write_profiles(os, name, fresh);
-    }
+                             base, trace, saved, save_profiles);
     md << r.markdown << "\n";
     summary << r.summary << "\n";
     tsv_text << r.tsv;

@@ -10,11 +10,6 @@
 namespace minidl::gpumodel {
 namespace {
 
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
 std::string bytes_str(double b) {
   if (b >= 1e9) return fmt("%.2f GB", b / 1e9);
   if (b >= 1e6) return fmt("%.1f MB", b / 1e6);

@@ -1,6 +1,7 @@
 // Names and identity of a step's work (step.h).
 #include "bench/gpumodel/step.h"
 
+#include <cstdio>
 #include <istream>
 #include <ostream>
 #include <sstream>
@@ -8,6 +9,12 @@
 #include "core/error.h"
 
 namespace minidl::gpumodel {
+
+std::string fmt(const char* format, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, format, v);
+  return b;
+}
 
 const char* math_name(Math m) {
   switch (m) {

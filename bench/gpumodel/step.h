@@ -52,6 +52,9 @@ struct StepProfile {
   std::vector<Work> work;   // in stream order
 };
 
+// One number formatted as printf would ("%.2f"): the tables' cells.
+std::string fmt(const char* format, double v);
+
 // A plain-text form of profiles, so the slow emulated runs can be kept and costed again after a
 // change of the model (minidl-gpumodel --save-profiles / --load-profiles): per profile a header
 // line "profile LABEL BATCH IMAGE COUNT", then one line per work item, numbers first, strings
