@@ -20,6 +20,24 @@ std::string ratio(double num, double den) { return den > 0 ? fmt("%.2f", num / d
 
 bool is_library(const Work& w) { return w.kind == Work::Kind::Library; }
 
+bool starts(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+// Where the time goes, in the groups the issue asks about.
+const char* category_of(const Work& w) {
+  const std::string& op = w.op;
+  if (starts(op, "cuDNN")) return "cuDNN convolutions";
+  if (starts(op, "cuBLAS")) return "cuBLAS GEMMs";
+  if (op == "copy (conv2d NHWC transpose)") return "NHWC transposes around the convolutions";
+  if (starts(op, "batch_norm")) return "batch norm";
+  if (starts(op, "relu")) return "ReLU (forward and backward)";
+  if (op == "add") return "adds (residuals, biases, gradient accumulation)";
+  if (starts(op, "copy f32->f16") || starts(op, "copy f16->f32")) return "AMP casts";
+  if (starts(op, "fused_") || op == "unscale_grads") return "optimizer step and gradient unscale";
+  if (op.find("pool") != std::string::npos || op == "reduce") return "pooling and reductions";
+  if (w.kind == Work::Kind::Transfer) return "copies and fills (runtime)";
+  return "other kernels (loss, fills, copies, ...)";
+}
+
 }  // namespace
 
 ModelledStep model_step(const StepProfile& step, const std::vector<KernelResources>& table, const H100Spec& spec,
@@ -104,8 +122,23 @@ std::string markdown_report(const ModelledStep& m, const ReportInfo& info, const
      << fmt("%.1f%%", m.seconds > 0 ? 100.0 * m.library_seconds / m.seconds : 0.0) << ") |\n";
   os << "| launch cost in the step | " << fmt("%.2f ms", m.launch_seconds * 1e3) << " ("
      << fmt("%.1f%%", m.seconds > 0 ? 100.0 * m.launch_seconds / m.seconds : 0.0) << ") |\n\n";
+  std::map<std::string, std::pair<double, double>> by_category;   // time without launch cost, launch cost
+  for (size_t i = 0; i < m.step.work.size(); ++i) {
+    auto& c = by_category[category_of(m.step.work[i])];
+    c.first += m.costs[i].seconds - m.costs[i].launch_s;
+    c.second += m.costs[i].launch_s;
+  }
+  std::vector<std::pair<std::string, std::pair<double, double>>> cats(by_category.begin(), by_category.end());
+  std::sort(cats.begin(), cats.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  os << "| where the time goes | modelled ms (without launch cost) | share | launch cost ms |\n";
+  os << "| --- | ---: | ---: | ---: |\n";
+  for (const auto& [name, t] : cats)
+    os << "| " << name << " | " << fmt("%.2f", t.first * 1e3) << " | "
+       << fmt("%.1f%%", m.seconds > 0 ? 100.0 * t.first / m.seconds : 0.0) << " | " << fmt("%.2f", t.second * 1e3)
+       << " |\n";
+  os << "\n";
   if (!info.samples.empty()) os << "Extrapolated from the emulated device's counters at " << info.samples << ". ";
-  if (!info.validation.empty()) os << info.validation;
+  os << (info.validation.empty() ? std::string("No size was held out for this configuration.") : info.validation);
   os << "\n\n";
   os << "| kernel (op / kernel) or call | launches | modelled µs | share | bound | DRAM bytes | ld sectors/req | "
         "st sectors/req | bank conflicts | occupancy | regs | spills | lanes/instr |\n";
