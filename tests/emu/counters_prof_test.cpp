@@ -6,11 +6,15 @@
 // against it. Every expected number below is worked out in the comment beside it.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <vector>
 
+#include "core/ops.h"
+#include "core/tensor.h"
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/emu/profiler.h"
 #include "tests/emu/emu_test_util.h"
+#include "tests/emu/planted_kernels.h"
 
 namespace minidl::cuda {
 namespace {
@@ -34,16 +38,6 @@ __global__ void copy_float4_kernel(const float4* in, float4* out) {
 __global__ void naive_transpose_kernel(const float* in, float* out, int rows, int cols) {
   const unsigned x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
   out[x * rows + y] = in[y * cols + x];
-}
-
-// A 32x32 tile written by rows and read by columns; `Pitch` 32 puts a column in one bank, 33 spreads it.
-template <int Pitch>
-__global__ void tile_transpose_kernel(const float* in, float* out) {
-  MINIDL_SHARED_ARRAY(float, tile, 32 * Pitch);
-  const unsigned tx = threadIdx.x, ty = threadIdx.y;
-  tile[ty * Pitch + tx] = in[ty * 32 + tx];
-  __syncthreads();
-  out[ty * 32 + tx] = tile[tx * Pitch + ty];
 }
 
 __global__ void atomics_kernel(float* sum, int* bins) {
@@ -80,6 +74,21 @@ emu::LaunchCounters counters_of(F&& launch) {
   return p.empty() ? emu::LaunchCounters{} : p.back();
 }
 
+// Global loads and stores as (warp-level requests, sectors per request, bytes the lanes asked for).
+struct Traffic {
+  uint64_t requests, sectors_per_request, bytes;
+  bool operator==(const Traffic&) const = default;
+};
+std::ostream& operator<<(std::ostream& os, const Traffic& t) {
+  return os << "{" << t.requests << " requests x " << t.sectors_per_request << " sectors, " << t.bytes << " bytes}";
+}
+Traffic loads(const emu::LaunchCounters& c) {
+  return {c.gld_requests, c.gld_requests == 0 ? 0 : c.gld_sectors / c.gld_requests, c.gld_bytes};
+}
+Traffic stores(const emu::LaunchCounters& c) {
+  return {c.gst_requests, c.gst_requests == 0 ? 0 : c.gst_sectors / c.gst_requests, c.gst_bytes};
+}
+
 TEST(EmuCounters, TheseTestsRunOnTheInstrumentedKernels) {
   EXPECT_TRUE(emu::global_accesses_instrumented());
 }
@@ -98,12 +107,9 @@ TEST(EmuCounters, CoalescedF32CopyTakesFourSectorsPerRequest) {
   EXPECT_EQ(c.threads, 4096u);
   EXPECT_EQ(c.blocks, 16u);
   // 128 warps, each one load and one store of 32 consecutive floats: 128 bytes, 4 sectors.
-  EXPECT_EQ(c.gld_requests, 128u);
-  EXPECT_EQ(c.gld_sectors, 512u);
-  EXPECT_EQ(c.gld_bytes, 16384u);
-  EXPECT_EQ(c.gst_requests, 128u);
-  EXPECT_EQ(c.gst_sectors, 512u);
-  EXPECT_EQ(c.gst_bytes, 16384u);
+  EXPECT_EQ(loads(c), (Traffic{128, 4, 16384}));
+  EXPECT_EQ(stores(c), (Traffic{128, 4, 16384}));
+  EXPECT_EQ(c.gld_sectors, 512u);           // exactly: no request took more
   EXPECT_EQ(c.unique_sectors_read, 512u);   // 16 KiB / 32 B
   EXPECT_EQ(c.unique_sectors_written, 512u);
   EXPECT_EQ(c.mem_instructions, 256u);
@@ -117,11 +123,10 @@ TEST(EmuCounters, StrideTwoReadTakesEightSectorsPerRequest) {
   const emu::LaunchCounters c =
       counters_of([&] { MINIDL_LAUNCH("stride", stride2_read_kernel, 16, 256, 0, nullptr, in.get(), out.get()); });
   // A warp's 32 loads span 256 bytes: 8 sectors, half of each unused. Every sector of `in` is hit.
-  EXPECT_EQ(c.gld_requests, 128u);
+  EXPECT_EQ(loads(c), (Traffic{128, 8, 16384}));
   EXPECT_EQ(c.gld_sectors, 128u * 8u);
-  EXPECT_EQ(c.gld_bytes, 16384u);
   EXPECT_EQ(c.unique_sectors_read, 1024u);
-  EXPECT_EQ(c.gst_sectors, 128u * 4u);
+  EXPECT_EQ(stores(c), (Traffic{128, 4, 16384}));
 }
 
 TEST(EmuCounters, Float4CopyTakesSixteenSectorsPerRequest) {
@@ -130,11 +135,9 @@ TEST(EmuCounters, Float4CopyTakesSixteenSectorsPerRequest) {
   const emu::LaunchCounters c =
       counters_of([&] { MINIDL_LAUNCH("copy", copy_float4_kernel, 4, 256, 0, nullptr, in.get(), out.get()); });
   // 32 warps, each one 16-byte load per lane: 512 bytes, 16 sectors.
-  EXPECT_EQ(c.gld_requests, 32u);
-  EXPECT_EQ(c.gld_sectors, 32u * 16u);
-  EXPECT_EQ(c.gld_bytes, 16384u);
-  EXPECT_EQ(c.gst_requests, 32u);
-  EXPECT_EQ(c.gst_sectors, 32u * 16u);
+  EXPECT_EQ(loads(c), (Traffic{32, 16, 16384}));
+  EXPECT_EQ(stores(c), (Traffic{32, 16, 16384}));
+  EXPECT_EQ(c.gld_sectors + c.gst_sectors, 2u * 32u * 16u);
 }
 
 TEST(EmuCounters, NaiveTransposeTakesThirtyTwoSectorsPerStoreRequest) {
@@ -146,9 +149,8 @@ TEST(EmuCounters, NaiveTransposeTakesThirtyTwoSectorsPerStoreRequest) {
   });
   // 128 warps. A warp's lanes read 32 consecutive floats of one row of `in` (4 sectors) and write
   // one column of `out`, 256 bytes apart: 32 sectors. The launch still writes each sector once.
-  EXPECT_EQ(c.gld_requests, 128u);
-  EXPECT_EQ(c.gld_sectors, 128u * 4u);
-  EXPECT_EQ(c.gst_requests, 128u);
+  EXPECT_EQ(loads(c), (Traffic{128, 4, 16384}));
+  EXPECT_EQ(stores(c), (Traffic{128, 32, 16384}));
   EXPECT_EQ(c.gst_sectors, 128u * 32u);
   EXPECT_EQ(c.unique_sectors_read, 512u);
   EXPECT_EQ(c.unique_sectors_written, 512u);
@@ -257,6 +259,36 @@ TEST(EmuCounters, LaunchesAreListedInTheOrderTheyRanAndOnlyWhileProfiling) {
   EXPECT_EQ(p[1].op, "first");
   EXPECT_EQ(p[1].stream, static_cast<const void*>(s));
   cudaStreamDestroy(s);
+}
+
+// The backend's own kernels run instrumented in minidl_emu_prof: a contiguous f32 add and a ReLU
+// load and store 16-byte vectors (Vec<float, 4>): one request per warp and vector, as nvcc's
+// LDG.128 / STG.128, 16 sectors each, each byte once, all 32 lanes in every request. (g++ -O3
+// split these: the vector into four 4-byte loads (scalar replacement of aggregates) and the
+// ReLU's store into two copies, one per sign, which halved the lanes per store; hence -O2
+// -fno-tree-sra in the profiling build.)
+TEST(EmuCounters, TheBackendsOwnKernelsAreCountedToo) {
+  constexpr int64_t n = 1 << 16;   // 16384 vectors: 512 warp requests per operand
+  const TensorOptions on_device{DType::f32, Device::cuda(0)};
+  const Tensor a = ones({n}, on_device), b = full({n}, 2.0, on_device), x = randn({n}, on_device);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  emu::clear_profile();
+  emu::set_profiling(true);
+  const Tensor c = add(a, b), r = relu(x);
+  emu::set_profiling(false);
+  const std::vector<emu::LaunchCounters>& p = emu::profile();
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_NE(p[0].kernel.find("binary_vec_kernel"), std::string::npos) << p[0].kernel;
+  EXPECT_NE(p[1].kernel.find("unary_vec_kernel"), std::string::npos) << p[1].kernel;
+  for (uint64_t operands = 2; const emu::LaunchCounters& k : p) {
+    EXPECT_EQ(loads(k), (Traffic{512u * operands, 16, operands * n * 4})) << k.kernel;
+    EXPECT_EQ(stores(k), (Traffic{512, 16, uint64_t{n * 4}})) << k.kernel;
+    EXPECT_EQ(k.gld_sectors + k.gst_sectors, 16u * 512u * (operands + 1)) << k.kernel;
+    EXPECT_EQ(k.unique_sectors_read, operands * n * 4 / 32) << k.kernel;
+    EXPECT_EQ(k.unique_sectors_written, uint64_t{n * 4 / 32}) << k.kernel;
+    EXPECT_EQ(k.active_lanes, 32 * k.mem_instructions) << k.kernel;
+    operands = 1;
+  }
 }
 
 }  // namespace

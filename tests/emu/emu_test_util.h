@@ -61,6 +61,23 @@ inline const bool kFreshDevicePerTest = [] {
   return true;
 }();
 
+// Two streams of one kind (non-blocking unless asked), destroyed with the object.
+struct StreamPair {
+  explicit StreamPair(unsigned flags = cudaStreamNonBlocking) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&a, flags), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&b, flags), cudaSuccess);
+  }
+  ~StreamPair() {
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+  }
+  StreamPair(const StreamPair&) = delete;
+  StreamPair& operator=(const StreamPair&) = delete;
+  cudaStream_t a = nullptr, b = nullptr;
+};
+
+inline bool mentions(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
 // Deferred streams for one test; the mode before it afterwards.
 struct DeferredStreams {
   DeferredStreams() { emu::set_deferred_streams(true); }

@@ -22,8 +22,6 @@ __global__ void divergent_barrier_kernel(int* out) {
 
 __global__ void fill_kernel(int* out, int v) { out[threadIdx.x] = v; }
 
-bool mentions(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
-
 TEST(EmuFaults, AKernelFaultIsStickyEveryLaterCallReturnsIt) {
   const DeferredStreams deferred;
   Buf<int> out(64);

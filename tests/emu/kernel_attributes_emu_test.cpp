@@ -33,8 +33,6 @@ __global__ void static_40k_kernel(float* out) {
   out[threadIdx.x] = a[threadIdx.x];
 }
 
-bool mentions(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
-
 TEST(EmuKernelAttributes, DynamicSharedMemoryAbove48KiBNeedsTheOptIn) {
   constexpr int n = 100 * 1024 / 4;   // 100 KiB of floats
   std::vector<float> x(n, 0.5f);

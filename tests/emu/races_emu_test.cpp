@@ -15,19 +15,7 @@
 namespace minidl::cuda {
 namespace {
 
-struct Streams {
-  explicit Streams(unsigned flags = cudaStreamNonBlocking) {
-    EXPECT_EQ(cudaStreamCreateWithFlags(&a, flags), cudaSuccess);
-    EXPECT_EQ(cudaStreamCreateWithFlags(&b, flags), cudaSuccess);
-  }
-  ~Streams() {
-    cudaStreamDestroy(a);
-    cudaStreamDestroy(b);
-  }
-  cudaStream_t a = nullptr, b = nullptr;
-};
-
-bool mentions(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+using Streams = StreamPair;
 
 // A memset on a and a copy out of the same bytes on b, ordered by `order` (or not).
 template <typename Order>

@@ -81,10 +81,12 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     # (the TSan runtime is never linked) and reports device-memory accesses to the counters. It
     # cannot be combined with -fsanitize=address, so these kernels are not under ASan (the runtime
     # and runner still are). -fno-optimize-sibling-calls keeps each atomic and shared access a
-    # call that returns to its own instruction.
+    # call that returns to its own instruction; -O2 -fno-tree-sra keep nvcc's memory instructions
+    # (at -O3 a 16-byte Vec load became four 4-byte loads, and -fsplit-paths copied a store into
+    # both arms of a branch, splitting a warp's lanes between two instructions).
     minidl_emu_kernel_sources(emu_prof_src _prof_sources)
-    set(MINIDL_EMU_PROF_KERNEL_OPTIONS
-        "${_emu_language};-fsanitize=thread;--param=tsan-instrument-func-entry-exit=0;-fno-optimize-sibling-calls")
+    set(MINIDL_EMU_PROF_KERNEL_OPTIONS "${_emu_language};-fsanitize=thread;--param=tsan-instrument-func-entry-exit=0")
+    list(APPEND MINIDL_EMU_PROF_KERNEL_OPTIONS -fno-optimize-sibling-calls -O2 -fno-tree-sra)
     set_source_files_properties(${_prof_sources} PROPERTIES COMPILE_OPTIONS "${MINIDL_EMU_PROF_KERNEL_OPTIONS}")
     minidl_emu_library(minidl_emu_prof ${_prof_sources} ${CMAKE_CURRENT_LIST_DIR}/tsan_hooks.cpp)
     set(MINIDL_WITH_EMU ON)
