@@ -280,12 +280,13 @@ int run(int argc, char** argv) {
   app.add_option("--batch", batch, "target batch (default: resnet50 256, smallcnn 64)");
   app.add_option("--image", image, "target image side in pixels (default: resnet50 224, smallcnn 200)");
   app.add_option("--samples", samples,
-                 "the small sizes to run, BATCHxIMAGE,... (default: resnet50 2x32,3x32,2x64, fitting 1, N and "
-                 "N*S^2, since every ResNet-50 counter is weights or activations; "
+                 "the small sizes to run, BATCHxIMAGE,... (default: resnet50 2x64,3x64,2x96, fitting 1, N and "
+                 "N*S^2, since every ResNet-50 counter is weights or activations; at 32 px its last stage is 1x1 "
+                 "and the average pool takes another path; "
                  "smallcnn 2x16,3x16,2x24,3x24,2x32,3x32; "
                  "batch 1 takes other code paths, e.g. broadcasts)");
   app.add_option("--validate", validate,
-                 "held-out sizes predicted and compared (default: resnet50 4x32, smallcnn 4x24; "
+                 "held-out sizes predicted and compared (default: resnet50 4x64, smallcnn 4x24; "
                                          "'none' to skip)");
   app.add_option("--mode", mode, "launch cost: eager or graph")->check(CLI::IsMember({"eager", "graph"}));
   app.add_option("--resources", resources, "folder of ptxas reports (the build's kernel_resources/)");
@@ -333,9 +334,9 @@ int run(int argc, char** argv) {
     }
 #ifdef MINIDL_CUDA_EMU
     const std::vector<Size> s =
-        parse_sizes(!samples.empty() ? samples : resnet ? "2x32,3x32,2x64" : "2x16,3x16,2x24,3x24,2x32,3x32");
+        parse_sizes(!samples.empty() ? samples : resnet ? "2x64,3x64,2x96" : "2x16,3x16,2x24,3x24,2x32,3x32");
     const std::vector<Size> v =
-        validate == "none" ? std::vector<Size>{} : parse_sizes(!validate.empty() ? validate : resnet ? "4x32" : "4x24");
+        validate == "none" ? std::vector<Size>{} : parse_sizes(!validate.empty() ? validate : resnet ? "4x64" : "4x24");
     std::fprintf(stderr, "minidl-gpumodel: %s\n", name.c_str());
     std::vector<StepProfile> saved;
     if (!load_profiles.empty()) {

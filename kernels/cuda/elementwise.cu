@@ -2,10 +2,6 @@
 // staging), fills, unary and binary ops with broadcasting. Contiguous operands take a 16-byte
 // vectorised grid-stride path; anything else goes through the strided offset calculator.
 #include <cmath>
-#include <cstring>
-#ifdef MINIDL_CUDA_EMU
-#include <emmintrin.h>   // load_vec / store_vec: one 16-byte access in the emulated build
-#endif
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/amp.cuh"
@@ -82,31 +78,6 @@ struct alignas(sizeof(T) * V) Vec {
   T v[V];
 };
 
-// One 16-byte access per lane, as nvcc compiles a Vec copy (LDG.128 / STG.128). In the emulated
-// build g++ would split the aggregate copy into one access per element, which the emulated
-// device's counters (kernels/cuda/emu/profiler.h) would see as 4-16 narrow requests at a 16-byte
-// stride; an SSE load / store keeps it one access there too. nvcc's code is the plain copy.
-template <typename VT>
-__device__ __forceinline__ VT load_vec(const VT* p) {
-  static_assert(sizeof(VT) == 16, "Vec is 16 bytes");
-#ifdef MINIDL_CUDA_EMU
-  const __m128i t = _mm_load_si128(reinterpret_cast<const __m128i*>(p));
-  VT v;
-  std::memcpy(&v, &t, sizeof v);
-  return v;
-#else
-  return *p;
-#endif
-}
-template <typename VT>
-__device__ __forceinline__ void store_vec(VT* p, const VT& v) {
-#ifdef MINIDL_CUDA_EMU
-  _mm_store_si128(reinterpret_cast<__m128i*>(p), _mm_loadu_si128(reinterpret_cast<const __m128i*>(&v)));
-#else
-  *p = v;
-#endif
-}
-
 template <typename T>
 __host__ __device__ constexpr int vec_width() { return 16 / static_cast<int>(sizeof(T)) > 0 ? 16 / static_cast<int>(sizeof(T)) : 1; }
 
@@ -142,11 +113,11 @@ __global__ void unary_vec_kernel(UnaryOp op, T* out, const T* x, int64_t n, doub
   const C sc = static_cast<C>(s);
   const int64_t nv = n / V;
   MINIDL_GRID_STRIDE(i, nv) {
-    Vec<T, V> a = load_vec(reinterpret_cast<const Vec<T, V>*>(x) + i);
+    Vec<T, V> a = reinterpret_cast<const Vec<T, V>*>(x)[i];
     Vec<T, V> r;
 #pragma unroll
     for (int k = 0; k < V; ++k) r.v[k] = cvt<T>(apply_unary<C>(op, cvt<C>(a.v[k]), sc));
-    store_vec(reinterpret_cast<Vec<T, V>*>(out) + i, r);
+    reinterpret_cast<Vec<T, V>*>(out)[i] = r;
   }
   MINIDL_GRID_STRIDE(j, n - nv * V) {
     const int64_t i = nv * V + j;
@@ -174,12 +145,12 @@ __global__ void binary_vec_kernel(BinaryOp op, T* out, const T* a, const T* b, i
   const C al = static_cast<C>(alpha);
   const int64_t nv = n / V;
   MINIDL_GRID_STRIDE(i, nv) {
-    const Vec<T, V> x = load_vec(reinterpret_cast<const Vec<T, V>*>(a) + i);
-    const Vec<T, V> y = load_vec(reinterpret_cast<const Vec<T, V>*>(b) + i);
+    const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(a)[i];
+    const Vec<T, V> y = reinterpret_cast<const Vec<T, V>*>(b)[i];
     Vec<T, V> r;
 #pragma unroll
     for (int k = 0; k < V; ++k) r.v[k] = cvt<T>(apply_arith<C>(op, cvt<C>(x.v[k]), cvt<C>(y.v[k]), al));
-    store_vec(reinterpret_cast<Vec<T, V>*>(out) + i, r);
+    reinterpret_cast<Vec<T, V>*>(out)[i] = r;
   }
   MINIDL_GRID_STRIDE(j, n - nv * V) {
     const int64_t i = nv * V + j;
@@ -196,11 +167,11 @@ __global__ void binary_scalar_vec_kernel(BinaryOp op, T* out, const T* a, const 
   const C y = cvt<C>(*b);
   const int64_t nv = n / V;
   MINIDL_GRID_STRIDE(i, nv) {
-    const Vec<T, V> x = load_vec(reinterpret_cast<const Vec<T, V>*>(a) + i);
+    const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(a)[i];
     Vec<T, V> r;
 #pragma unroll
     for (int k = 0; k < V; ++k) r.v[k] = cvt<T>(apply_arith<C>(op, cvt<C>(x.v[k]), y, al));
-    store_vec(reinterpret_cast<Vec<T, V>*>(out) + i, r);
+    reinterpret_cast<Vec<T, V>*>(out)[i] = r;
   }
   MINIDL_GRID_STRIDE(j, n - nv * V) {
     const int64_t i = nv * V + j;
