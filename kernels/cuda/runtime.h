@@ -53,6 +53,20 @@ void clear_conv_algo_cache();
 // "NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, driver 13000, runtime 13000"
 std::string device_description(int device = 0);
 
+// Per-launch GPU times (kernels/cuda/launch_timer.cu), to calibrate the H100 step-time model
+// (docs/cuda.md, "The step-time model"): while on (MINIDL_LAUNCH_TIMING=1 sets it at start-up),
+// every kernel launch, cuBLAS GEMM and cuDNN convolution records a CUDA event pair on its stream.
+// take_launch_times() waits for them and returns the launches since the last call, in launch
+// order: `op` is MINIDL_LAUNCH's op ("batch_norm apply") or the library call ("cuDNN conv
+// forward"), `kernel` the launched kernel's text ("(apply_kernel<T>)", "" for a library call).
+struct LaunchTime {
+  std::string op, kernel;
+  double ms = 0.0;
+};
+void set_launch_timing(bool on);
+bool launch_timing();
+std::vector<LaunchTime> take_launch_times();
+
 // Host->device copies of the data loader's batches from page-locked memory (Backend::pinned_alloc)
 // on a dedicated copy stream per device, so the transfer of the next batch overlaps the compute
 // stream's work (kernels/cuda/pinned.cu). One object is one set of copies in flight.
