@@ -176,7 +176,17 @@ Modelled model(const std::string& name, const StepConfig& c, Size target, const 
     const auto t0 = std::chrono::steady_clock::now();
     for (int attempt = 0; attempt < 4; ++attempt) {
       TrainStep& ts = stepper.at(s);
-      StepProfile p = profile_on_emulator([&] { ts.run(); }, s.batch, s.image);
+      // Grids a heuristic sizes from the work are planned for the target, not this small size
+      // (runtime.h, set_launch_plan_scale): every activation grows by this ratio exactly.
+      const double scale = static_cast<double>(target.batch * target.image * target.image) /
+                           static_cast<double>(s.batch * s.image * s.image);
+      StepProfile p = [&] {
+        struct Planned {
+          explicit Planned(double k) { cuda::set_launch_plan_scale(std::max(k, 1.0)); }
+          ~Planned() { cuda::set_launch_plan_scale(1.0); }
+        } planned(scale);
+        return profile_on_emulator([&] { ts.run(); }, s.batch, s.image);
+      }();
       if (ts.last_stepped()) {
         if (trace)
           for (const Work& w : p.work)
@@ -198,7 +208,7 @@ Modelled model(const std::string& name, const StepConfig& c, Size target, const 
     StepProfile p = profile(s);
     if (!save_to.empty()) {   // kept at once: an emulated ResNet-50 step takes minutes
       std::ofstream os(save_to, std::ios::app);
-      write_profiles(os, name, {p});
+      write_profiles(os, config_key(name, target), {p});   // planned for this target
     }
     return p;
   };
@@ -342,7 +352,7 @@ int run(int argc, char** argv) {
     if (!load_profiles.empty()) {
       std::ifstream in(load_profiles);
       MINIDL_CHECK(in.good(), "gpumodel: cannot read ", load_profiles);
-      saved = read_profiles(in, name);
+      saved = read_profiles(in, config_key(name, target));   // the grids were planned for the target
     }
     const Modelled r = model(name, c, target, s, v, table, mode == "graph" ? LaunchMode::Graph : LaunchMode::Eager,
                              base, trace, saved, save_profiles);

@@ -42,6 +42,15 @@ bool conv_nhwc();
 // on small tensors so the cross-block sums run on the emulated device.
 void set_batch_norm_split(int blocks);
 int batch_norm_split();
+// The step-time model (bench/gpumodel) profiles a step at small sizes on the emulated device and
+// extrapolates its counters to the target size. A launch whose grid a host heuristic sizes from
+// the work (the batch-norm reductions' blocks per channel, capped by the vectors each thread
+// walks) would be planned for the small size, and its block count, which no polynomial in the
+// batch carries past the cap, extrapolated wrong. The plan scale tells those heuristics the work
+// is this many times larger, so they plan the target's grid (the extra blocks find less work at
+// the small size). 1, the default, plans for the real size. Nothing else reads it.
+void set_launch_plan_scale(double scale);
+double launch_plan_scale();
 
 // Waits for all work queued on the device's stream.
 void synchronize(int device = 0);

@@ -110,5 +110,30 @@ TEST(GpuModelOnTheEmulator, TheLaunchTimerKeysLaunchesAsTheModelDoes) {
   EXPECT_TRUE(cuda::take_launch_times().empty());   // taken once
 }
 
+// The batch-norm reductions size their blocks per channel from the work (capped by the vectors a
+// thread walks), so at a small emulated size they launch one block per channel and at the target
+// many: a count no polynomial in the batch extrapolates. Planned with the target's scale, the
+// small run launches the target's grid, and the extrapolated block count is the real one.
+TEST(GpuModelOnTheEmulator, BatchNormGridsArePlannedForTheTargetSize) {
+  const TensorOptions o{DType::f32, Device::cuda(0), false};
+  const TensorOptions pc{DType::f32, Device::cuda(0), false};
+  auto stats_blocks = [&](int64_t batch, int64_t side) {
+    const Tensor x = randn({batch, 8, side, side}, o), w = ones({8}, pc), b = zeros({8}, pc);
+    const StepProfile p = profile_on_emulator([&] { (void)batch_norm_relu(x, w, b, Tensor(), Tensor(), true); },
+                                              batch, side);
+    for (const Work& wk : p.work)
+      if (wk.kernel.find("stats_kernel") != std::string::npos) return wk.v[kBlocks];
+    ADD_FAILURE() << "no stats_kernel launch";
+    return 0.0;
+  };
+  const double target = stats_blocks(32, 32);   // 8 channels x 8 blocks: 8,192 vectors of 4 floats
+  EXPECT_EQ(target, 64.0);
+  EXPECT_EQ(stats_blocks(2, 16), 8.0);           // one block per channel at the small size
+  cuda::set_launch_plan_scale(32.0 * 32 * 32 / (2.0 * 16 * 16));
+  const double planned = stats_blocks(2, 16);
+  cuda::set_launch_plan_scale(1.0);
+  EXPECT_EQ(planned, target);
+}
+
 }  // namespace
 }  // namespace minidl::gpumodel
