@@ -157,8 +157,25 @@ phase_sanitizer() {
 
 # ---------------------------------------------------------------- 4 the step-time model, calibrated
 phase_model() {
-  printf '## 4. Step-time model: modelled against measured\n\nnot run: this stage has no calibration program (the step-time model of docs/cuda.md has not landed in this commit)\n' >"$SEC/model.md"
-  PHASE_RC=5
+  local budget=$1 rc tsv
+  if [[ ! -x "$BIN/minidl-gpumodel-cuda" || $REHEARSE == 1 ]]; then
+    printf '## 4. Step-time model: modelled against measured\n\nnot run: %s\n' \
+      "$([[ $REHEARSE == 1 ]] && echo "a rehearsal has no GPU to time" || echo "no minidl-gpumodel-cuda in the stage")" >"$SEC/model.md"
+    PHASE_RC=5; return
+  fi
+  # The newest committed model table (bench/results/gpu_model_<date>_<commit>.tsv) is what the
+  # GPU calibrates: per kernel, its modelled microseconds beside the CUDA-event times of the same step.
+  tsv="$(find "$ROOT/bench/results" -maxdepth 1 -name 'gpu_model_*.tsv' 2>/dev/null | sort | tail -1)"
+  gpu_env_run_until TERM "$budget" 10 "$LOGDIR/model.log" "$BIN/minidl-gpumodel-cuda" --measure \
+    --configs "${GPU_CHECK_MODEL_CONFIGS:-resnet50-amp}" ${tsv:+--modelled "$tsv"} --out "$LOGDIR/model.md"
+  rc=$?
+  {
+    echo "## 4. Step-time model: modelled (\`${tsv#"$ROOT"/}\`) against measured (CUDA events per launch)"
+    echo
+    if [[ $rc == 0 && -s "$LOGDIR/model.md" ]]; then cat "$LOGDIR/model.md"
+    else echo "exit $rc after at most ${budget} s: $(tail -3 "$LOGDIR/model.log" | tr '\n' ' ')"; fi
+  } >"$SEC/model.md"
+  case $rc in 0) PHASE_RC=0 ;; 124|137) PHASE_RC=4 ;; *) PHASE_RC=1 ;; esac
 }
 
 # ---------------------------------------------------------------- 5 short benchmarks

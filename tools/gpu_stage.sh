@@ -5,7 +5,8 @@
 #
 #   build-gpu-stage/    (tests DIR)  stage.tar.xz: the `cuda` test executables (kernels_cuda, optim_cuda,
 #                       nn_cuda, e2e_cuda) and minidl_bench_cuda unstripped (memcheck reports name
-#                       functions), minidl_bench_step and minidl-maxbatch stripped, their non-CUDA
+#                       functions), minidl_bench_step, minidl-maxbatch and
+#                       minidl-gpumodel-cuda (the step-time model's calibration) stripped, their non-CUDA
 #                       libraries and COMMIT (xz -9: seven static executables of 7-8 MB each, mostly
 #                       the same cubins, pack into a few MB) + COMMIT -> tools/gpu_check.sh
 #   build-gpu-studies/  studies.tar.xz: minidl-sweep, -train, -maxbatch, -memest stripped + libraries
@@ -70,7 +71,7 @@ targets=()
 # The one-call GPU check (tools/gpu_check.sh): the tests, the benchmarks, the step and max-batch
 # programs; GPU_STAGE_EXTRA_TARGETS adds more (each lands in bin/, stripped).
 TEST_EXES=(kernels_cuda optim_cuda nn_cuda e2e_cuda minidl_bench_cuda)
-TOOL_EXES=(minidl_bench_step minidl-maxbatch ${GPU_STAGE_EXTRA_TARGETS:-})
+TOOL_EXES=(minidl_bench_step minidl-maxbatch minidl-gpumodel-cuda ${GPU_STAGE_EXTRA_TARGETS:-})
 want tests && targets+=("${TEST_EXES[@]}" "${TOOL_EXES[@]}")
 want studies && targets+=(minidl-sweep minidl-train minidl-maxbatch minidl-memest)
 if [[ ${#targets[@]} -gt 0 ]]; then

@@ -19,6 +19,11 @@ if [[ ! -f $build/CMakeCache.txt || ! ( -f $build/Makefile || -f $build/build.ni
 fi
 cmake --build "$build" -j "$jobs"
 
+# ctest runs test processes side by side; libgomp's default (active) waiting makes an OpenMP
+# thread spin on a core for ~0.2 s after each parallel region, so two OpenMP tests at once took
+# each other's cores (experiments_slow's BatchScheduleStudy: 33 s alone, 493 s beside another).
+# Passive waiting sleeps instead; a caller's own OMP_WAIT_POLICY is kept.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 status=0
 ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@" || status=$?
 # Why tests were skipped (GTEST_SKIP's message, which ctest prints only under -V), one line per

@@ -5,6 +5,7 @@
 // backward is batch_norm_backward.cu. Design: docs/cuda.md "Fused batch norm + ReLU".
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 
 #include "core/ops.h"
@@ -18,11 +19,17 @@ namespace minidl::cuda {
 namespace {
 
 std::atomic<int> g_split{0};
+std::atomic<double> g_plan_scale{1.0};
 
 }  // namespace
 
 void set_batch_norm_split(int blocks) { g_split = std::max(blocks, 0); }
 int batch_norm_split() { return g_split; }
+void set_launch_plan_scale(double scale) {
+  MINIDL_CHECK(scale >= 1.0, "set_launch_plan_scale: scale ", scale, " must be >= 1 (the target's work over the run's)");
+  g_plan_scale = scale;
+}
+double launch_plan_scale() { return g_plan_scale; }
 
 Channel channel(const Tensor& t, int64_t C, const char* op) {
   Channel ch;
@@ -80,16 +87,19 @@ Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const c
   // kMinVectors vectors per thread so a block's fixed cost (its reduction) stays small.
   constexpr int64_t kTargetBlocks = 2048;
   constexpr int64_t kMinVectors = 4;
+  // The work the grid is planned for: the real one, or the step-time model's target (runtime.h).
+  const double scale = g_plan_scale;
+  auto planned = [scale](int64_t n) { return static_cast<int64_t>(std::ceil(static_cast<double>(n) * scale)); };
   int64_t per_g, cap;
   if (g.rows) {
     g.cx = 1;
     while (g.cx < 32 && g.cx * g.V < g.C) g.cx *= 2;
     per_g = (g.C + g.cx * g.V - 1) / (g.cx * g.V);   // channel tiles
     const int64_t ry = kBlock / g.cx;
-    cap = (g.N + ry * kMinVectors - 1) / (ry * kMinVectors);
+    cap = (planned(g.N) + ry * kMinVectors - 1) / (ry * kMinVectors);
   } else {
     per_g = g.C;
-    const int64_t nv = g.N * (g.S / g.V);
+    const int64_t nv = planned(g.N * (g.S / g.V));
     cap = (nv + kBlock * kMinVectors - 1) / (kBlock * kMinVectors);
   }
   int64_t G = std::min(std::max<int64_t>(1, kTargetBlocks / std::max<int64_t>(per_g, 1)), std::max<int64_t>(cap, 1));

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/conv.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/workspace.h"
 
@@ -245,6 +246,11 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
       continue;   // a leaner algorithm may fit
     }
     cudnnStatus_t st;
+    // Keyed as the step-time model keys the emulated cuDNN's calls (launch_timer.cuh).
+    const ScopedLaunchTimer timer(dir == Dir::Fwd       ? "cuDNN conv forward"
+                                  : dir == Dir::BwdData ? "cuDNN conv backward data"
+                                                        : "cuDNN conv backward filter",
+                                  "", ctx.stream());
     if (dir == Dir::Fwd) {
       st = cudnnConvolutionForward(h, alpha, d.x, a, d.w, b, d.conv, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
                                    ws->get(), wsz, beta, d.y, out);
@@ -296,6 +302,10 @@ ConvShape shape_of(const Shape& xshape, DType dtype, const Shape& wshape, const 
 ConvShape shape_of(const Tensor& x, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o) {
   return shape_of(x.shape(), x.dtype(), wshape, yshape, o);
 }
+
+// What the copies into and out of channels-last are filed under (device/launch.cuh's LaunchScope):
+// the step-time model counts them apart from the other copies.
+constexpr const char* kNhwcTranspose = "copy (conv2d NHWC transpose)";
 
 // NCHW (or KCRS) tensor -> a contiguous channels-last copy; and back into an NCHW destination.
 Tensor to_nhwc(const Tensor& t) { return t.detach().permute({0, 2, 3, 1}).contiguous(); }
@@ -351,6 +361,7 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   if (x.numel() == 0 || w.numel() == 0) {
     fill(y, 0.0);
   } else if (cs.nhwc) {
+    const LaunchScope transposes(kNhwcTranspose);
     const Tensor xn = to_nhwc(x), wn = to_nhwc(w);
     const Tensor yn = empty_nhwc(y.shape(), y);
     conv_forward_raw(ctx, cs, xn.data_ptr(), wn.data_ptr(), yn.data_ptr());
@@ -373,6 +384,7 @@ void CudaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const
   const ConvShape cs = shape_of(gx, w.shape(), gy.shape(), o);
   if (gy.numel() == 0 || w.numel() == 0) return fill(gx, 0.0);   // nothing flows back
   if (cs.nhwc) {
+    const LaunchScope transposes(kNhwcTranspose);
     const Tensor gyn = to_nhwc(gy), wn = to_nhwc(w);
     const Tensor gxn = empty_nhwc(gx.shape(), gx);
     conv_backward_data_raw(ctx, cs, gyn.data_ptr(), wn.data_ptr(), gxn.data_ptr());
@@ -389,6 +401,7 @@ void CudaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, cons
   const ConvShape cs = shape_of(x, gw.shape(), gy.shape(), o);
   if (gy.numel() == 0 || x.numel() == 0) return fill(gw, 0.0);
   if (cs.nhwc) {
+    const LaunchScope transposes(kNhwcTranspose);
     const Tensor xn = to_nhwc(x), gyn = to_nhwc(gy);
     const Tensor gwn = empty_nhwc(gw.shape(), gw);
     conv_backward_filter_raw(ctx, cs, xn.data_ptr(), gyn.data_ptr(), gwn.data_ptr());

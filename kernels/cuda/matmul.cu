@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/launch_timer.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/workspace.h"
 
@@ -87,6 +88,7 @@ void CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& o
   cublasHandle_t h = ctx.cublas();
   MINIDL_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
   // Column-major: C^T [N, M] = B^T [N, K] * A^T [K, M].
+  const ScopedLaunchTimer timer("cuBLAS gemm", "", ctx.stream());   // keyed as the step-time model keys it
   MINIDL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       h, ob.op, oa.op, checked_int(N, "N"), checked_int(M, "M"), checked_int(K, "K"), alpha, b.data_ptr(), dt,
       checked_int(ob.ld, "ldb"), b.strides()[0], a.data_ptr(), dt, checked_int(oa.ld, "lda"), a.strides()[0], beta,

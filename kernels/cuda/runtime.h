@@ -42,6 +42,15 @@ bool conv_nhwc();
 // on small tensors so the cross-block sums run on the emulated device.
 void set_batch_norm_split(int blocks);
 int batch_norm_split();
+// The step-time model (bench/gpumodel) profiles a step at small sizes on the emulated device and
+// extrapolates its counters to the target size. A launch whose grid a host heuristic sizes from
+// the work (the batch-norm reductions' blocks per channel, capped by the vectors each thread
+// walks) would be planned for the small size, and its block count, which no polynomial in the
+// batch carries past the cap, extrapolated wrong. The plan scale tells those heuristics the work
+// is this many times larger, so they plan the target's grid (the extra blocks find less work at
+// the small size). 1, the default, plans for the real size. Nothing else reads it.
+void set_launch_plan_scale(double scale);
+double launch_plan_scale();
 
 // Waits for all work queued on the device's stream.
 void synchronize(int device = 0);
@@ -52,6 +61,20 @@ size_t conv_algo_cache_size();
 void clear_conv_algo_cache();
 // "NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, driver 13000, runtime 13000"
 std::string device_description(int device = 0);
+
+// Per-launch GPU times (kernels/cuda/launch_timer.cu), to calibrate the H100 step-time model
+// (docs/cuda.md, "The step-time model"): while on (MINIDL_LAUNCH_TIMING=1 sets it at start-up),
+// every kernel launch, cuBLAS GEMM and cuDNN convolution records a CUDA event pair on its stream.
+// take_launch_times() waits for them and returns the launches since the last call, in launch
+// order: `op` is MINIDL_LAUNCH's op ("batch_norm apply") or the library call ("cuDNN conv
+// forward"), `kernel` the launched kernel's text ("(apply_kernel<T>)", "" for a library call).
+struct LaunchTime {
+  std::string op, kernel;
+  double ms = 0.0;
+};
+void set_launch_timing(bool on);
+bool launch_timing();
+std::vector<LaunchTime> take_launch_times();
 
 // Host->device copies of the data loader's batches from page-locked memory (Backend::pinned_alloc)
 // on a dedicated copy stream per device, so the transfer of the next batch overlaps the compute

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/emu/call_log.h"
 #include "kernels/cuda/emu/cudnn_algos.h"
 
 namespace minidl::cuda::emu::detail {
@@ -174,6 +175,39 @@ cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p,
 
 namespace {
 
+// One executed convolution in the call log (call_log.h): its FLOPs (a multiply-add is 2) and the
+// bytes of its three operands, the output counted twice when beta != 0 (read and written).
+void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, const void* beta, cudaStream_t stream) {
+  const ConvGeometry& g = p.g;
+  const double e = static_cast<double>(elem_size(p.elem));
+  const double xb = e * static_cast<double>(g.n * g.c * g.h * g.w), yb = e * static_cast<double>(g.n * g.k * g.oh * g.ow);
+  const double wb = e * static_cast<double>(g.k * (g.c / g.groups) * g.r * g.s);
+  const Elem scale = p.dtype == CUDNN_DATA_DOUBLE ? Elem::F64 : Elem::F32;
+  const bool accumulate = read_elem(beta, scale, 0, InputRounding::None) != 0.0;
+  LibCall c;
+  c.lib = "cuDNN";
+  c.op = d == Dir::Fwd ? "conv forward" : d == Dir::BwdData ? "conv backward data" : "conv backward filter";
+  const double out = d == Dir::Fwd ? yb : d == Dir::BwdData ? xb : wb;
+  c.min_bytes = xb + yb + wb + (accumulate ? out : 0.0);
+  c.flops = 2.0 * static_cast<double>(g.n * g.k * g.oh * g.ow * (g.c / g.groups) * g.r * g.s);
+  c.dtype = elem_name(p.elem);
+  c.algo = algo;
+  c.layout = p.x->cs == 1 && g.c > 1 ? "NHWC" : "NCHW";
+  c.math = p.dtype == CUDNN_DATA_DOUBLE ? MathClass::Fp64
+           : p.dtype == CUDNN_DATA_FLOAT ? (uses_tf32(p) ? MathClass::Tf32Tensor : MathClass::Fp32)
+           : p.math == CUDNN_FMA_MATH    ? MathClass::Fp32
+                                         : MathClass::F16Tensor;
+  c.workspace = ws_bytes;
+  c.dims = {static_cast<double>(g.n), static_cast<double>(g.c),  static_cast<double>(g.h),
+            static_cast<double>(g.w), static_cast<double>(g.k),  static_cast<double>(g.r),
+            static_cast<double>(g.s), static_cast<double>(g.oh), static_cast<double>(g.ow),
+            static_cast<double>(g.groups)};
+  c.shapes = cat("x ", g.n, "x", g.c, "x", g.h, "x", g.w, " ", c.layout, ", w ", g.k, "x", g.c / g.groups, "x", g.r,
+                 "x", g.s, ", y ", g.n, "x", g.k, "x", g.oh, "x", g.ow, ", stride ", g.stride_h, " pad ", g.pad_h);
+  c.stream = stream;
+  log_call(std::move(c));
+}
+
 // The execution entry points: the algorithm must support the configuration and get at least the
 // workspace cudnnGet*WorkspaceSize gives for it under the descriptor's current math type.
 cudnnStatus_t execute(const char* fn, Dir d, cudnnHandle_t h, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
@@ -199,6 +233,7 @@ cudnnStatus_t execute(const char* fn, Dir d, cudnnHandle_t h, cudnnTensorDescrip
     return CUDNN_STATUS_EXECUTION_FAILED;
   }
   if (cudnnStatus_t st = run_conv(fn, h, d, p, alpha, in_a, in_b, beta, out); st != CUDNN_STATUS_SUCCESS) return st;
+  if (call_logging()) log_conv(d, p, info.name, ws_bytes, beta, h->stream);
   // The algorithm's scratch is garbage afterwards: scribble on it, so a workspace that overlaps
   // live data shows up as corrupted data.
   if (info.workspace > 0) std::fill_n(static_cast<unsigned char*>(ws), info.workspace, static_cast<unsigned char>(0xA5));

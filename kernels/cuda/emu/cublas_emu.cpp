@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cuda/emu/call_log.h"
 #include "kernels/cuda/emu/emu_libs_internal.h"
 
 struct cublasContext {
@@ -147,6 +148,47 @@ cublasStatus_t check_ranges(const char* fn, const Matrix& m, int64_t batch) {
     }
   }
   return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* compute_name(cublasComputeType_t ct) {
+  switch (ct) {
+    case CUBLAS_COMPUTE_16F: return "CUBLAS_COMPUTE_16F";
+    case CUBLAS_COMPUTE_32F: return "CUBLAS_COMPUTE_32F";
+    case CUBLAS_COMPUTE_32F_FAST_TF32: return "CUBLAS_COMPUTE_32F_FAST_TF32";
+    case CUBLAS_COMPUTE_32F_FAST_16F: return "CUBLAS_COMPUTE_32F_FAST_16F";
+    case CUBLAS_COMPUTE_32F_FAST_16BF: return "CUBLAS_COMPUTE_32F_FAST_16BF";
+    case CUBLAS_COMPUTE_64F: return "CUBLAS_COMPUTE_64F";
+    default: return "another cublasComputeType_t";
+  }
+}
+
+// One GEMM in the call log (call_log.h): 2mnk FLOPs per batch, and the bytes of A and B (once
+// when their batch stride is 0, as a broadcast operand is read once) and of C (twice with beta).
+void log_gemm(const Matrix& a, const Matrix& b, const Matrix& c, int64_t k, int64_t batch, cublasOperation_t ta,
+              cublasOperation_t tb, cublasComputeType_t ct, bool accumulate, cudaStream_t stream) {
+  const auto bytes = [batch](const Matrix& x) {
+    return static_cast<double>(x.rows * x.cols) * static_cast<double>(elem_size(x.e)) *
+           static_cast<double>(x.stride == 0 ? 1 : batch);
+  };
+  LibCall call;
+  call.lib = "cuBLAS";
+  call.op = "gemm";
+  call.dtype = cat(elem_name(a.e), "->", elem_name(c.e));
+  call.algo = compute_name(ct);
+  call.layout = cat(ta == CUBLAS_OP_N ? "N" : "T", tb == CUBLAS_OP_N ? "N" : "T");
+  call.math = ct == CUBLAS_COMPUTE_32F_FAST_TF32                    ? MathClass::Tf32Tensor
+              : a.e == Elem::F16 || a.e == Elem::BF16               ? MathClass::F16Tensor
+              : a.e == Elem::F64                                    ? MathClass::Fp64
+              : ct == CUBLAS_COMPUTE_32F_FAST_16F || ct == CUBLAS_COMPUTE_32F_FAST_16BF ? MathClass::F16Tensor
+                                                                    : MathClass::Fp32;
+  call.flops = 2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(k) *
+               static_cast<double>(batch);
+  call.min_bytes = bytes(a) + bytes(b) + bytes(c) * (accumulate ? 2.0 : 1.0);
+  call.dims = {static_cast<double>(c.rows), static_cast<double>(c.cols), static_cast<double>(k),
+               static_cast<double>(batch)};
+  call.shapes = cat("m ", c.rows, " n ", c.cols, " k ", k, " batch ", batch);
+  call.stream = stream;
+  log_call(std::move(call));
 }
 
 bool bounds_intersect(const Matrix& a, const Matrix& b, int64_t batch) {
@@ -364,6 +406,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
       }
     }
   }
+  if (minidl::cuda::emu::call_logging()) log_gemm(ma, mb, mc, k, batchCount, transa, transb, computeType, b_scale != 0.0, handle->stream);
   return CUBLAS_STATUS_SUCCESS;
 }
 

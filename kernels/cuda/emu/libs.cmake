@@ -31,6 +31,7 @@ endif()
 if(_minidl_emu_why STREQUAL "")
   add_library(minidl_emu_libs STATIC
     ${CMAKE_CURRENT_LIST_DIR}/emu_libs.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/call_log.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cublas_emu.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cudnn_emu.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cudnn_algos.cpp

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/emu/call_log.h"
 #include "kernels/cuda/emu/emu_libs.h"
 #include "kernels/cuda/emu/race_check.h"
 #include "kernels/cuda/emu/runtime_state.h"
@@ -96,6 +97,9 @@ cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 
 // A copy as stream work: its device sides are told to the race check.
 void device_copy(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev) {
+  // The step-time model's call log (call_log.h), as the copy runs.
+  log_transfer(src_dev ? (dst_dev ? "memcpy DtoD" : "memcpy DtoH") : (dst_dev ? "memcpy HtoD" : "memcpy HtoH"), n,
+               nullptr);
   if (src_dev) race_note(src, n, AccessKind::Load);
   if (dst_dev) race_note(dst, n, AccessKind::Store);
   std::memmove(dst, src, n);
@@ -429,6 +433,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
                                                    " bytes is not inside one live device allocation");
   }
   enqueue(stream, [p, value, n] {
+    log_transfer("memset", n, nullptr);
     race_note(p, n, AccessKind::Store);
     std::memset(p, value, n);
   }, "cudaMemsetAsync of " + std::to_string(n) + " bytes");

@@ -1,0 +1,42 @@
+// The calibration's join (tools/gpu_check.sh's model phase): per-launch GPU times from the real
+// build's launch timer (kernels/cuda/launch_timer.cuh), summed per kernel with the model's keys,
+// next to the modelled times of the same configuration read from the committed model table
+// (bench/results/gpu_model_<date>_<commit>.tsv). Plain C++: tested on the CPU.
+#pragma once
+#include <istream>
+#include <string>
+#include <vector>
+
+namespace minidl::gpumodel {
+
+// The model's key of a timed launch: "op / kernel", or the library call's op alone ("cuDNN conv forward").
+std::string launch_key(const std::string& op, const std::string& kernel);
+
+struct MeasuredRow {
+  std::string key;
+  double launches = 0;   // per step
+  double us = 0;         // per step, summed over its launches
+};
+struct TimedLaunch {
+  std::string key;
+  double ms = 0;
+};
+// Per key, per step (the launches of `steps` steps divided by steps); costliest first.
+std::vector<MeasuredRow> per_kernel_measured(const std::vector<TimedLaunch>& launches, int steps);
+
+struct ModelledRow {
+  std::string key;
+  double launches = 0;
+  double us = 0;
+};
+// The rows of one configuration ("resnet50-amp-b256-i224") from a model TSV (report.h's
+// per_kernel_tsv: config, key, launches, modelled_us, ...). Empty when the file lacks it.
+std::vector<ModelledRow> read_modelled(std::istream& tsv, const std::string& config);
+
+// Markdown: every key of either side, measured costliest first, with modelled and measured µs
+// per step and their ratio; then the totals. `measured_step_ms` is the step's wall time (events
+// around the whole step), 0 when unknown.
+std::string comparison_table(const std::vector<ModelledRow>& modelled, const std::vector<MeasuredRow>& measured,
+                             double measured_step_ms, double images_per_step);
+
+}  // namespace minidl::gpumodel

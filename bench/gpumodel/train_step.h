@@ -1,0 +1,55 @@
+// The training step the model costs and the GPU calibration times: the same code in both
+// programs (minidl-gpumodel on the emulated device, minidl-gpumodel-cuda on a GPU), mirroring
+// minidl-train's step (experiments/harness/model.cpp): ResNet-50 with 2 classes, cross-entropy,
+// SGD momentum 0.9 and weight decay 1e-4 (the batch-size techniques study), or the Keras study's
+// small CNN with one logit, BCE and plain SGD; --amp is autocast f16 with the gradient scaler.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "nn/module.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+
+namespace minidl::gpumodel {
+
+// A bad flag or configuration: the program prints it and exits with status 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct StepConfig {
+  std::string model = "resnet50";   // resnet50 | smallcnn
+  bool amp = false;
+  bool nhwc = false;                // cuda::set_conv_nhwc: convolutions in channels-last
+};
+
+class TrainStep {
+ public:
+  // Builds the model for `image` (the small CNN's dense layer depends on it) on `device`.
+  TrainStep(const StepConfig& c, int64_t image, Device device);
+  // One full step at (batch, image): forward, loss, backward, optimizer step. Inputs are made on
+  // the device beforehand by prepare() (a loader's copy runs on its own stream and is not costed).
+  // The ResNet takes any image size; the small CNN only the one it was built for.
+  void prepare(int64_t batch, int64_t image);
+  void run();
+  bool last_stepped() const { return stepped_; }   // false: AMP skipped the update (inf/NaN)
+  int64_t built_for() const { return image_; }
+
+ private:
+  StepConfig c_;
+  int64_t image_;
+  Device device_;
+  std::shared_ptr<nn::Module> model_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<optim::GradScaler> scaler_;
+  Tensor x_, labels_;
+  bool stepped_ = false;
+};
+
+}  // namespace minidl::gpumodel

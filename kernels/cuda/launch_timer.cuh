@@ -1,0 +1,30 @@
+// Per-launch GPU times for calibrating the H100 step-time model (bench/gpumodel, docs/cuda.md):
+// with MINIDL_LAUNCH_TIMING=1 (or cuda::set_launch_timing(true)) every kernel launch, cuBLAS GEMM
+// and cuDNN convolution is bracketed by a pair of CUDA events, keyed by its op and kernel as the
+// model keys them. Off, a launch pays one load and one predictable branch.
+#pragma once
+#include <cuda_runtime_api.h>
+
+namespace minidl::cuda {
+
+namespace detail {
+extern bool g_launch_timing;   // set once from MINIDL_LAUNCH_TIMING, then by set_launch_timing
+}
+inline bool launch_timing_on() { return detail::g_launch_timing; }
+
+// Records a start event on `stream` when constructed and the stop event when destroyed (both only
+// while timing is on). `op` and `kernel` must outlive the process (string literals, or names the
+// launch site keeps), as launch sites pass them.
+class ScopedLaunchTimer {
+ public:
+  ScopedLaunchTimer(const char* op, const char* kernel, cudaStream_t stream);
+  ~ScopedLaunchTimer();
+  ScopedLaunchTimer(const ScopedLaunchTimer&) = delete;
+  ScopedLaunchTimer& operator=(const ScopedLaunchTimer&) = delete;
+
+ private:
+  long slot_ = -1;   // index of this launch's record, -1 when timing is off
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace minidl::cuda

@@ -1,0 +1,47 @@
+// The calibration's join: per-launch times summed per kernel with the model's keys, and the
+// comparison table against the model's TSV rows of the same configuration.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "bench/gpumodel/calibrate.h"
+
+namespace minidl::gpumodel {
+namespace {
+
+TEST(Calibration, LaunchesAreKeyedAsTheModelKeysThem) {
+  EXPECT_EQ(launch_key("batch_norm apply", "(apply_kernel<T>)"), "batch_norm apply / (apply_kernel<T>)");
+  EXPECT_EQ(launch_key("cuDNN conv forward", ""), "cuDNN conv forward");
+}
+
+TEST(Calibration, TimesAreSummedPerKernelAndPerStep) {
+  const std::vector<TimedLaunch> t = {{"relu / (unary_vec_kernel<T>)", 0.010}, {"cuDNN conv forward", 0.500},
+                                      {"relu / (unary_vec_kernel<T>)", 0.030}, {"cuDNN conv forward", 0.700}};
+  const std::vector<MeasuredRow> rows = per_kernel_measured(t, 2);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].key, "cuDNN conv forward");   // costliest first
+  EXPECT_DOUBLE_EQ(rows[0].us, 600.0);            // (500 + 700) µs over 2 steps
+  EXPECT_DOUBLE_EQ(rows[0].launches, 1.0);
+  EXPECT_DOUBLE_EQ(rows[1].us, 20.0);
+}
+
+TEST(Calibration, TheModelsRowsOfOneConfigurationAreJoinedWithTheMeasuredOnes) {
+  std::istringstream tsv(
+      "resnet50-amp-b256-i224\tcuDNN conv forward\t53\t5000.000\t123\tf16 tensor\n"
+      "resnet50-amp-b256-i224\trelu / (unary_vec_kernel<T>)\t49\t2000.000\t456\tHBM\n"
+      "resnet50-fp32-b256-i224\tcuDNN conv forward\t53\t9000.000\t123\ttf32 tensor\n");
+  const std::vector<ModelledRow> m = read_modelled(tsv, "resnet50-amp-b256-i224");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_DOUBLE_EQ(m[0].us, 5000.0);
+  const std::string table =
+      comparison_table(m, {{"cuDNN conv forward", 53, 10000.0}, {"copy / (copy_contig_kernel<D, S>)", 2, 30.0}},
+                       20.0, 256);
+  EXPECT_NE(table.find("| `cuDNN conv forward` | 53 | 53 | 5000.0 | 10000.0 | 2.00 |"), std::string::npos) << table;
+  // A key on one side only is still listed, with no ratio.
+  EXPECT_NE(table.find("| `relu / (unary_vec_kernel<T>)` | 49 | 0 | 2000.0 | 0.0 | - |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| `copy / (copy_contig_kernel<D, S>)` | 0 | 2 | 0.0 | 30.0 | - |"), std::string::npos) << table;
+  EXPECT_NE(table.find("12800 images/s"), std::string::npos) << table;   // 256 images in 20 ms
+}
+
+}  // namespace
+}  // namespace minidl::gpumodel

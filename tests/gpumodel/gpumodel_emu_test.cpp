@@ -1,0 +1,139 @@
+// The step-time model on the emulated device with its counters (minidl_emu_prof): the call log
+// puts cuDNN / cuBLAS calls in stream order among the kernels; a real small-CNN training step,
+// profiled at six small sizes, predicts a held-out size's counters; the launch timer keys every
+// launch as the model does (the GPU calibration's plumbing, rehearsed on the emulator).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "bench/gpumodel/calibrate.h"
+#include "bench/gpumodel/emu_profile.h"
+#include "bench/gpumodel/extrapolate.h"
+#include "bench/gpumodel/train_step.h"
+#include "core/ops.h"
+#include "kernels/cuda/runtime.h"
+
+namespace minidl::gpumodel {
+namespace {
+
+Conv2dOptions pad1() {
+  Conv2dOptions o;
+  o.padding = {1, 1};
+  return o;
+}
+
+StepProfile profile_small_cnn(int64_t batch, int64_t image, bool amp) {
+  StepConfig c;
+  c.model = "smallcnn";
+  c.amp = amp;
+  TrainStep ts(c, image, Device::cuda(0));
+  ts.prepare(2, image);
+  ts.run();   // warm-up: the optimizer's first step
+  ts.prepare(batch, image);
+  StepProfile p = profile_on_emulator([&] { ts.run(); }, batch, image);
+  EXPECT_TRUE(ts.last_stepped());
+  return p;
+}
+
+TEST(GpuModelOnTheEmulator, LibraryCallsSitInStreamOrderAmongTheKernels) {
+  const TensorOptions o{DType::f32, Device::cuda(0), false};
+  const Tensor x = randn({2, 3, 8, 8}, o), w = randn({4, 3, 3, 3}, o), m = randn({5, 7}, o), n = randn({7, 6}, o);
+  Tensor y, z;
+  const StepProfile p = profile_on_emulator(
+      [&] {
+        y = relu(conv2d(x, w, Tensor(), pad1()));
+        z = matmul(m, n);
+      },
+      2, 8);
+  std::vector<std::string> ops;
+  for (const Work& wk : p.work) ops.push_back(wk.op);
+  const auto conv = std::find(ops.begin(), ops.end(), "cuDNN conv forward");
+  const auto gemm = std::find(ops.begin(), ops.end(), "cuBLAS gemm");
+  ASSERT_NE(conv, ops.end());
+  ASSERT_NE(gemm, ops.end());
+  EXPECT_LT(conv - ops.begin(), std::find(ops.begin(), ops.end(), "relu") - ops.begin());   // relu after the conv
+  const Work& c = p.work[static_cast<size_t>(conv - ops.begin())];
+  EXPECT_DOUBLE_EQ(c.v[kFlops], 2.0 * 2 * 4 * 8 * 8 * 3 * 3 * 3);
+  EXPECT_DOUBLE_EQ(c.v[kMinBytes], 4.0 * (2 * 3 * 8 * 8 + 4 * 3 * 3 * 3 + 2 * 4 * 8 * 8));
+  EXPECT_EQ(c.math, Math::Tf32Tensor);   // f32 convolutions use TF32 by default, as PyTorch's
+  const Work& g = p.work[static_cast<size_t>(gemm - ops.begin())];
+  EXPECT_DOUBLE_EQ(g.v[kFlops], 2.0 * 5 * 6 * 7);
+  EXPECT_EQ(g.math, Math::Fp32);   // TF32 is off for GEMMs by default
+  // The relu's counters are real: 128 f32 values in, 128 out, 16 sectors each way at least.
+  const Work& r = p.work[static_cast<size_t>(std::find(ops.begin(), ops.end(), "relu") - ops.begin())];
+  EXPECT_GE(r.v[kUniqueSectorsRead], 64.0 * 2 * 4 / 32);
+  // 512 f32 values as 128 16-byte Vec loads: 4 warp requests of 16 sectors, as nvcc's LDG.128
+  // makes them (g++ would split each Vec copy into 4 narrow loads: 16 requests).
+  EXPECT_EQ(r.v[kGldRequests], 4.0);
+  EXPECT_EQ(r.v[kGldSectors], 64.0);
+}
+
+TEST(GpuModelOnTheEmulator, ASmallCnnStepExtrapolatesToAHeldOutSize) {
+  for (const bool amp : {true}) {   // AMP: the casts and the gradient scaler's launches too
+    std::vector<StepProfile> samples;
+    // Batch 1 takes other paths (a broadcast bias is contiguous); reductions pick their block from
+    // the reduced length up to 256, which N*S*S passes from 16 px on.
+    for (int64_t s : {16, 24, 32})
+      for (int64_t b : {2, 3}) samples.push_back(profile_small_cnn(b, s, amp));
+    const Fit fit = fit_samples(samples);
+    EXPECT_EQ(fit.terms.size(), 6u);
+    const StepProfile held_out = profile_small_cnn(4, 24, amp);
+    const FitError e = compare(predict(fit, 4, 24), held_out);
+    // Every DRAM byte and FLOP of the step exactly, and 98% of the counters (a grid's block count
+    // is a ceiling, not a polynomial).
+    EXPECT_LT(e.dram_bytes_relative, 1e-9) << (amp ? "AMP: " : "FP32: ") << e.worst;
+    EXPECT_LT(e.flops_relative, 1e-9) << e.worst;
+    EXPECT_GE(e.exact_fields, e.fields * 98 / 100) << e.worst;
+  }
+}
+
+TEST(GpuModelOnTheEmulator, TheLaunchTimerKeysLaunchesAsTheModelDoes) {
+  const TensorOptions o{DType::f32, Device::cuda(0), false};
+  const Tensor x = randn({2, 3, 8, 8}, o), w = randn({4, 3, 3, 3}, o);
+  cuda::synchronize(0);
+  cuda::take_launch_times();
+  cuda::set_launch_timing(true);
+  cuda::set_conv_nhwc(true);
+  const Tensor y = relu(conv2d(x, w, Tensor(), pad1()));
+  cuda::set_conv_nhwc(false);
+  cuda::set_launch_timing(false);
+  std::vector<std::string> keys;
+  for (const cuda::LaunchTime& t : cuda::take_launch_times()) {
+    keys.push_back(launch_key(t.op, t.kernel));
+    EXPECT_GE(t.ms, 0.0);
+  }
+  // The transposes into and out of channels-last are filed apart from other copies.
+  const auto conv = std::find(keys.begin(), keys.end(), "cuDNN conv forward");
+  ASSERT_NE(conv, keys.end());
+  EXPECT_EQ(keys.front().rfind("copy (conv2d NHWC transpose) / ", 0), 0u) << keys.front();
+  EXPECT_EQ(keys.back(), "relu / (unary_vec_kernel<T>)");
+  EXPECT_TRUE(cuda::take_launch_times().empty());   // taken once
+}
+
+// The batch-norm reductions size their blocks per channel from the work (capped by the vectors a
+// thread walks), so at a small emulated size they launch one block per channel and at the target
+// many: a count no polynomial in the batch extrapolates. Planned with the target's scale, the
+// small run launches the target's grid, and the extrapolated block count is the real one.
+TEST(GpuModelOnTheEmulator, BatchNormGridsArePlannedForTheTargetSize) {
+  const TensorOptions o{DType::f32, Device::cuda(0), false};
+  const TensorOptions pc{DType::f32, Device::cuda(0), false};
+  auto stats_blocks = [&](int64_t batch, int64_t side) {
+    const Tensor x = randn({batch, 8, side, side}, o), w = ones({8}, pc), b = zeros({8}, pc);
+    const StepProfile p = profile_on_emulator([&] { (void)batch_norm_relu(x, w, b, Tensor(), Tensor(), true); },
+                                              batch, side);
+    for (const Work& wk : p.work)
+      if (wk.kernel.find("stats_kernel") != std::string::npos) return wk.v[kBlocks];
+    ADD_FAILURE() << "no stats_kernel launch";
+    return 0.0;
+  };
+  const double target = stats_blocks(32, 32);   // 8 channels x 8 blocks: 8,192 vectors of 4 floats
+  EXPECT_EQ(target, 64.0);
+  EXPECT_EQ(stats_blocks(2, 16), 8.0);           // one block per channel at the small size
+  cuda::set_launch_plan_scale(32.0 * 32 * 32 / (2.0 * 16 * 16));
+  const double planned = stats_blocks(2, 16);
+  cuda::set_launch_plan_scale(1.0);
+  EXPECT_EQ(planned, target);
+}
+
+}  // namespace
+}  // namespace minidl::gpumodel
