@@ -14,7 +14,7 @@
 
 namespace minidl {
 
-CpuAllocator::CpuAllocator() {
+CpuAllocator::CpuAllocator(Device device) : device_(device), backed_(!device.is_meta()) {
   const char* env = std::getenv("MINIDL_CPU_CACHE");
   cache_enabled_ = env == nullptr || std::string(env) != "0";
 }
@@ -23,7 +23,7 @@ void CpuAllocator::evict_locked(const int64_t& used, int64_t block, int64_t limi
   while (!cache_.empty() && used + block > limit) {
     auto it = std::prev(cache_.end());
     const auto size = static_cast<int64_t>(it->first);
-    std::free(it->second);  // under the lock: no other allocation races the munmap
+    raw_free(it->second);  // under the lock: no other allocation races the munmap
     cache_.erase(it);
     cached_bytes_ -= size;
     large_reserved_ -= size;
@@ -35,9 +35,9 @@ void CpuAllocator::oom_locked(size_t nbytes, const char* why) {
   ++s_.num_ooms;
   const size_t in_use = static_cast<size_t>(s_.reserved_bytes), budget = static_cast<size_t>(s_.budget_bytes);
   if (why != nullptr) {
-    throw OutOfMemoryError(std::string("out of memory on cpu: ") + why + format_bytes(nbytes), nbytes, in_use, budget);
+    throw OutOfMemoryError("out of memory on " + device_.str() + ": " + why + format_bytes(nbytes), nbytes, in_use, budget);
   }
-  throw OutOfMemoryError("out of memory on cpu: tried to allocate " + format_bytes(nbytes) + " with " +
+  throw OutOfMemoryError("out of memory on " + device_.str() + ": tried to allocate " + format_bytes(nbytes) + " with " +
                              format_bytes(in_use) + " in use and a memory budget of " + format_bytes(budget) +
                              ". Use a smaller batch, gradient accumulation or recomputation, or raise the budget.",
                          nbytes, in_use, budget);
@@ -75,10 +75,10 @@ void* CpuAllocator::allocate(size_t nbytes) {
     if (cacheable) large_reserved_ += b;
     s_.allocated_bytes += static_cast<int64_t>(nbytes);
   }
-  void* p = std::aligned_alloc(kAlignment, block);
+  void* p = raw_alloc(block);
   if (p == nullptr) {  // the system is out of memory: give it the cache and try once more
     empty_cache();
-    p = std::aligned_alloc(kAlignment, block);
+    p = raw_alloc(block);
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (p == nullptr) {
@@ -92,6 +92,15 @@ void* CpuAllocator::allocate(size_t nbytes) {
   s_.peak_reserved_bytes = std::max(s_.peak_reserved_bytes, s_.reserved_bytes);
   s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
   return p;
+}
+
+void* CpuAllocator::raw_alloc(size_t block) {
+  if (backed_) return std::aligned_alloc(kAlignment, block);
+  return reinterpret_cast<void*>(next_address_.fetch_add(block));  // called inside and outside mu_
+}
+
+void CpuAllocator::raw_free(void* p) {
+  if (backed_) std::free(p);
 }
 
 void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
@@ -108,7 +117,7 @@ void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
     }
     s_.reserved_bytes -= static_cast<int64_t>(block);
   }
-  std::free(ptr);
+  raw_free(ptr);
 }
 
 void CpuAllocator::empty_cache() {
@@ -122,7 +131,7 @@ void CpuAllocator::empty_cache() {
     cache_.clear();
     high_water_ = large_reserved_;  // all live now
   }
-  for (void* p : blocks) std::free(p);
+  for (void* p : blocks) raw_free(p);
 }
 
 int64_t CpuAllocator::cached_bytes() const {

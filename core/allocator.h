@@ -2,6 +2,7 @@
 // memory budget can make any machine behave like a smaller one (the maximum-batch experiments
 // rely on this). Names follow PyTorch's torch.cuda.memory_stats().
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -62,25 +63,32 @@ class Allocator {
 // After a caught OOM, allocated returns to its earlier value; reserved may keep the step's freed
 // blocks in the cache (as on CUDA) and stays within the budget. MINIDL_CPU_CACHE=0 in the
 // environment turns the cache off (reserved = live blocks, every large block from the system).
+// Built for the meta device (Device::meta(CPU)) it keeps the same books, cache, budget and errors
+// but hands out address ranges with no memory behind them: the dry run's allocator is this class,
+// not a copy of its rules, so meta:cpu's peaks (allocated and reserved) are the host's.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kAlignment = 64;
   static constexpr size_t kCacheMinBytes = size_t{1} << 20;
   static constexpr double kCacheSlack = 1.5;
-  CpuAllocator();
+  explicit CpuAllocator(Device device = Device::cpu());
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
   MemoryStats stats() const override;
   void reset_peak_stats() override;
   void set_budget(size_t bytes) override;
   void empty_cache() override;
-  Device device() const override { return Device::cpu(); }
+  Device device() const override { return device_; }
   static size_t rounded(size_t nbytes) { return (nbytes + kAlignment - 1) / kAlignment * kAlignment; }
   // Bytes held by the cache (part of reserved), and the requests it served since start.
   int64_t cached_bytes() const;
   int64_t cache_hits() const;
 
  private:
+  // The system side: aligned_alloc/free, or for the meta device an address range (never reused,
+  // never mapped, so a kernel that reads meta memory faults at once).
+  void* raw_alloc(size_t block);
+  void raw_free(void* p);
   // Releases cached blocks, largest first, until used + block <= limit or the cache is empty (used
   // is reserved_bytes or large_reserved_, which the release lowers). Needs mu_.
   void evict_locked(const int64_t& used, int64_t block, int64_t limit);
@@ -89,6 +97,8 @@ class CpuAllocator final : public Allocator {
     return static_cast<int64_t>(kCacheSlack * static_cast<double>(high_water_));
   }
 
+  Device device_;
+  bool backed_ = true;
   mutable std::mutex mu_;
   MemoryStats s_;
   bool cache_enabled_ = true;
@@ -97,6 +107,7 @@ class CpuAllocator final : public Allocator {
   int64_t large_reserved_ = 0;          // live large blocks + the cache
   int64_t high_water_ = 0;              // most bytes of live large blocks since the last empty_cache()
   int64_t cache_hits_ = 0;
+  std::atomic<uintptr_t> next_address_{uintptr_t{1} << 44};
 };
 
 CpuAllocator& cpu_allocator();

@@ -9,11 +9,11 @@ std::string format_bytes(size_t bytes) {
   char buf[96];
   const double b = static_cast<double>(bytes);
   if (bytes >= (1ull << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB (%zu bytes)", b / (1ull << 30), bytes);
+    std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1ull << 30));
   } else if (bytes >= (1ull << 20)) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB (%zu bytes)", b / (1ull << 20), bytes);
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1ull << 20));
   } else if (bytes >= (1ull << 10)) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB (%zu bytes)", b / (1ull << 10), bytes);
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / (1ull << 10));
   } else {
     std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
   }

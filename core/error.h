@@ -27,7 +27,9 @@ class OutOfMemoryError : public Error {
   size_t requested_, in_use_, budget_;
 };
 
-std::string format_bytes(size_t bytes);  // "1.50 GiB (1610612736 bytes)"
+// Every size minidl prints, in one style: binary units, one decimal ("1.5 GiB", "12.3 MiB",
+// "4.0 KiB", "100 bytes"). Tables give their unit in the column header and the same one decimal.
+std::string format_bytes(size_t bytes);
 
 namespace detail {
 template <typename T>

@@ -109,7 +109,6 @@ DemoOptions parse_args(int argc, char** argv) {
   return o;
 }
 
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 int run(const DemoOptions& o) {
   using minidl::data::make_synthetic_images;
@@ -128,8 +127,7 @@ int run(const DemoOptions& o) {
               o.momentum, o.weight_decay, static_cast<unsigned long long>(o.seed));
   // The peak figures below include these in-memory sets; print their size so the step's share is clear.
   const size_t data_bytes = train.images.nbytes() + train.labels.nbytes() + test.images.nbytes() + test.labels.nbytes();
-  std::printf("minidl-demo: the synthetic sets hold %.1f MiB (generated in %.2f s)\n",
-              mib(static_cast<int64_t>(data_bytes)),
+  std::printf("minidl-demo: the synthetic sets hold %s (generated in %.2f s)\n", minidl::format_bytes(data_bytes).c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 
   const minidl::nn::TrainOptions topts{o.batch_size, o.lr, o.momentum, o.weight_decay};
@@ -140,9 +138,10 @@ int run(const DemoOptions& o) {
     const auto r = minidl::nn::train_epoch(model, train.images, train.labels, topts, velocities, shuffle_gen);
     const int64_t peak = minidl::memory_stats().peak_allocated_bytes;
     test_acc = minidl::nn::evaluate_accuracy(model, test.images, test.labels, o.batch_size);
-    std::printf("epoch %lld/%lld  loss %.4f  train acc %.2f%%  test acc %.2f%%  %.0f images/s  peak allocated %.1f MiB\n",
+    std::printf("epoch %lld/%lld  loss %.4f  train acc %.2f%%  test acc %.2f%%  %.0f images/s  peak allocated %s\n",
                 static_cast<long long>(epoch), static_cast<long long>(o.epochs), r.mean_loss, 100.0 * r.accuracy,
-                100.0 * test_acc, static_cast<double>(r.images) / r.seconds, mib(peak));
+                100.0 * test_acc, static_cast<double>(r.images) / r.seconds,
+                minidl::format_bytes(static_cast<size_t>(peak)).c_str());
     std::fflush(stdout);
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

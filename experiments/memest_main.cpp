@@ -1,4 +1,5 @@
-// minidl-memest: estimated vs measured training memory per batch size (see docs/experiments.md).
+// minidl-memest: the dry-run estimate of training memory per batch size, beside the peak a real
+// step measures (see docs/experiments.md).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -12,43 +13,53 @@ using namespace minidl::harness;
 int main(int argc, char** argv) {
   TrainConfig c;
   std::string batches = "1,4,16,64";
-  CLI::App app{"minidl-memest: parameters + gradients + optimizer state + activations + workspace vs measured peak"};
+  bool no_measure = false;
+  CLI::App app{"minidl-memest: peak memory per batch size from a dry run on the shape-only device, beside the "
+               "peak a real training step measures"};
   add_config_flag(app);
   add_train_flags(app, c);
   app.get_option("--out")->description("folder for memest.json and memest.md; empty: print only");
   app.add_option("--batch-sizes", batches, "comma-separated batch sizes to estimate and measure");
+  app.add_flag("--no-measure", no_measure, "dry runs only: no real step (the estimate column alone)");
   if (const int rc = parse_command_line(app, argc, argv, "minidl-memest"); rc >= 0) return rc;
   try {
     const auto bs = parse_int_list("--batch-sizes", batches);
-    MemoryModelInputs in;
-    const auto rows = run_memest(c, bs, &in);
-    std::printf("%s at %lld px, %s: %.1f MiB of parameters, optimizer state x%.0f, %.1f KiB saved for backward "
-                "per sample (model summary), largest layer output %.1f KiB per sample\n\n",
-                c.model.c_str(), static_cast<long long>(c.resolved_image_size()), c.optimizer.c_str(),
-                static_cast<double>(in.parameter_bytes) / (1 << 20), in.optimizer_state_factor,
-                static_cast<double>(in.activation_bytes_per_sample) / 1024.0,
-                static_cast<double>(in.largest_output_bytes_per_sample) / 1024.0);
-    const std::string table = memest_table(rows);
-    std::printf("%s", table.c_str());
+    const MemestReport rep = run_memest(c, bs, !no_measure);
+    const std::string table = memest_table(rep);
+    std::printf("minidl-memest: %s\n%s\nweights + optimizer state: %.1f MiB\n\n%s", rep.title.c_str(),
+                rep.device.c_str(), static_cast<double>(rep.baseline_bytes) / (1 << 20), table.c_str());
+    for (const auto& r : rep.rows) {
+      if (r.over_budget())
+        std::printf("batch %lld exceeds --memory-budget %s in the dry run: not run\n", static_cast<long long>(r.batch),
+                    c.memory_budget.c_str());
+    }
     if (!c.out.empty()) {
-      nlohmann::json j = provenance(device_description(resolve_device(c.device)));
+      nlohmann::json j = provenance(rep.device);
       j["program"] = "minidl-memest";
       j["config"] = to_json(c);
+      j["title"] = rep.title;
+      j["baseline_bytes"] = rep.baseline_bytes;
       nlohmann::json arr = nlohmann::json::array();
-      for (const auto& r : rows)
-        arr.push_back({{"batch", r.estimate.batch},
-                       {"parameters", r.estimate.parameters},
-                       {"gradients", r.estimate.gradients},
-                       {"optimizer_state", r.estimate.optimizer_state},
-                       {"activations", r.estimate.activations},
-                       {"workspace", r.estimate.workspace},
-                       {"estimate", r.estimate.total()},
-                       {"measured_peak", r.measured_peak},
-                       {"error_pct", r.error_pct()}});
+      for (const auto& r : rep.rows) {
+        nlohmann::json row = {{"batch", r.batch},
+                              {"over_budget", r.over_budget()},
+                              {"estimated_peak_allocated", r.estimate.peak_allocated},
+                              {"estimated_peak_reserved", r.estimate.peak_reserved},
+                              {"dry_run_seconds", r.estimate.step_seconds},
+                              {"measured", r.measured}};
+        if (r.measured) {
+          row["measured_peak_allocated"] = r.measurement.peak_allocated;
+          row["measured_peak_reserved"] = r.measurement.peak_reserved;
+          row["measured_step_seconds"] = r.measurement.step_seconds;
+          row["error_pct"] = r.error_pct();
+          row["reserved_error_pct"] = r.reserved_error_pct();
+        }
+        arr.push_back(row);
+      }
       j["rows"] = arr;
       const std::filesystem::path out(c.out);
       write_file_atomic(out / "memest.json", j.dump(2) + "\n");
-      write_file_atomic(out / "memest.md", table);
+      write_file_atomic(out / "memest.md", memest_markdown(rep, j["commit"], j["date"]));
       std::printf("wrote %s and %s\n", (out / "memest.json").c_str(), (out / "memest.md").c_str());
     }
     return 0;

@@ -41,13 +41,13 @@ int main(int argc, char** argv) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     const bool trained = !r.epochs.empty();
     std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s), test acc %s, %s img/s, "
-                "peak allocated %s MiB, %.1f s%s\n",
+                "peak allocated %s, %.1f s%s\n",
                 c.model.c_str(), r.status.c_str(), r.note.empty() ? "" : " (", r.note.empty() ? "" : (r.note + ")").c_str(),
                 static_cast<long long>(r.steps), value_or_dash(r.best_val_acc, 2, 100.0, "%").c_str(),
                 r.best_epoch > 0 ? std::to_string(r.best_epoch).c_str() : "-",
                 value_or_dash(r.test_acc, 2, 100.0, "%").c_str(),
                 value_or_dash(trained ? r.mean_images_per_second() : nan, 1).c_str(),
-                value_or_dash(trained ? static_cast<double>(r.peak_allocated) / (1 << 20) : nan, 1).c_str(),
+                trained ? minidl::format_bytes(static_cast<size_t>(r.peak_allocated)).c_str() : "-",
                 r.total_seconds, skipped.c_str());
     if (!c.out.empty()) {
       const std::filesystem::path out(c.out);

@@ -10,6 +10,20 @@
 
 namespace minidl {
 
+void* AddressRangeSource::raw_alloc(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capacity_ > 0 && held_ + bytes > capacity_) return nullptr;
+  held_ += bytes;
+  void* p = reinterpret_cast<void*>(next_);
+  next_ += (bytes + CachingAllocator::kMinBlock - 1) / CachingAllocator::kMinBlock * CachingAllocator::kMinBlock;
+  return p;
+}
+
+void AddressRangeSource::raw_free(void* /*ptr*/, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_ -= bytes;
+}
+
 CachingAllocator::CachingAllocator(std::unique_ptr<SegmentSource> source, Device device)
     : source_(std::move(source)), device_(device) {}
 

@@ -30,6 +30,22 @@ class SegmentSource {
   virtual void block_free(void* /*p*/, size_t /*block_size*/) {}
 };
 
+// Segments that are address ranges with no memory behind them, handed out in increasing order
+// (never reused, never mapped): the meta device's model of a GPU (Device::meta(CUDA)) runs the
+// caching allocator below unchanged on it, so its rounding, caching and budget are the real ones.
+// capacity_bytes > 0: raw_alloc refuses what would hold more, as a device of that size would.
+class AddressRangeSource final : public SegmentSource {
+ public:
+  explicit AddressRangeSource(size_t capacity_bytes = 0) : capacity_(capacity_bytes) {}
+  void* raw_alloc(size_t bytes) override;
+  void raw_free(void* ptr, size_t bytes) override;
+
+ private:
+  std::mutex mu_;
+  size_t capacity_ = 0, held_ = 0;
+  uintptr_t next_ = uintptr_t{1} << 45;
+};
+
 // What the caching allocator knows beyond MemoryStats.
 struct CachingStats {
   MemoryStats base;

@@ -2,6 +2,7 @@
 // it elsewhere throws an error that says how to get one.
 #include "core/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/meta/meta_backend.h"
 
 #ifdef MINIDL_WITH_CUDA
 #include "kernels/cuda/runtime.h"
@@ -29,6 +30,7 @@ bool cuda_available() { return cuda_device_count() > 0; }
 
 Backend& backend(DeviceType t) {
   if (t == DeviceType::CPU) return cpu::cpu_backend();
+  if (t == DeviceType::Meta) return meta::meta_backend();
 #ifdef MINIDL_WITH_CUDA
   MINIDL_CHECK(cuda::device_count() > 0, "CUDA device requested but none is usable: ", cuda::runtime_status(),
                ". Use the cpu device (--device cpu) on this machine");

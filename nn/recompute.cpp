@@ -2,6 +2,7 @@
 // run_chain segments, and the optimal mode's profile -> limit -> plan sequence.
 #include "nn/recompute.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -15,11 +16,7 @@ namespace {
 
 const char* kForms = "use none, stages, sequential:N (N >= 1 segments) or optimal";
 
-std::string mib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
+std::string mib(int64_t bytes) { return format_bytes(static_cast<size_t>(std::max<int64_t>(bytes, 0))); }
 
 std::string shape_str(const Shape& s) {
   std::string out = "[";

@@ -4,6 +4,7 @@
 #include "nn/recompute_profile.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <utility>
@@ -88,7 +89,14 @@ class GradStash {
 };
 
 void sync(const Tensor& t) {
-  if (t.device().is_cuda()) (void)sum(t.detach()).item();
+  if (t.device().target() == DeviceType::CUDA) (void)sum(t.detach()).item();   // meta:cuda too: the same scalar
+}
+
+std::atomic<bool> g_modelled_times{false};
+
+// A link's modelled forward time: 1 s per 10 GB written.
+double modelled_seconds(const ChainStage& st) {
+  return static_cast<double>(st.output_bytes + st.saved_bytes) * 1e-10;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -154,11 +162,18 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
       const int64_t in_grad = x_in.grad().defined() ? static_cast<int64_t>(x_in.grad().storage()->nbytes()) : 0;
       st.backward_extra_bytes = std::max<int64_t>(0, peak - before_backward - in_grad - st.param_grad_bytes);
     }
+    if (dev.is_meta() || modelled_link_times()) {
+      st.forward_time = modelled_seconds(st);
+      st.backward_time = 2.0 * st.forward_time;
+    }
     grads.clear();
     prof.names.push_back(link.name);
     prof.stages.push_back(st);
   }
   return prof;
 }
+
+void set_modelled_link_times(bool on) { g_modelled_times = on; }
+bool modelled_link_times() { return g_modelled_times; }
 
 }  // namespace minidl::nn

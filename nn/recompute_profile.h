@@ -40,4 +40,11 @@ struct ChainProfile {
 // It resets the allocator's peak statistics (reset_peak_stats) to measure the backwards.
 ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x);
 
+// Modelled instead of measured link times: forward time proportional to the bytes the link
+// writes (its output and what it saves), backward twice that. Always so on the meta device, which
+// computes nothing; switched on for a real device by a program that compares a dry run with a
+// measured step (minidl-memest), so that both plan alike. Process-wide, off by default.
+void set_modelled_link_times(bool on);
+bool modelled_link_times();
+
 }  // namespace minidl::nn

@@ -108,7 +108,7 @@ bool Optimizer::group_on_one_cuda_device(size_t g, std::vector<size_t>& with_gra
   with_grad.clear();
   const std::vector<Tensor>& ps = groups_[g].params;
   const Device dev = ps.front().device();
-  if (!dev.is_cuda()) return false;
+  if (dev.target() != DeviceType::CUDA) return false;   // a GPU, or the meta device standing for one
   for (size_t i = 0; i < ps.size(); ++i) {
     if (ps[i].device() != dev) return false;
     const Tensor grad = ps[i].grad();

@@ -62,6 +62,17 @@ double mean_of(const CsvTable& t, const std::vector<size_t>& rows, const std::st
   return rows.empty() ? std::nan("") : s / static_cast<double>(rows.size());
 }
 
+// Two binomial standard errors of 50% for one run's validation images (summary.md's "(chance)").
+double chance_band(const Study& st) {
+  if (st.runs.empty()) return 0.0;
+  try {
+    const SplitSpec s = parse_split(st.runs.front().config.split);
+    if (s.counts && s.parts.size() > 1 && s.parts[1] > 0) return 2.0 * std::sqrt(0.25 / (2.0 * s.parts[1]));
+  } catch (const std::exception&) {
+  }
+  return 0.05;
+}
+
 std::string outputs(const Study& st, const CsvTable& t, const std::map<std::string, nlohmann::json>& runs,
                     const std::filesystem::path& out) {
   std::string md;
@@ -79,6 +90,7 @@ std::string outputs(const Study& st, const CsvTable& t, const std::map<std::stri
     plot.xlabel = xlabel;
     plot.ylabel = "validation accuracy (mean over seeds)";
     plot.logx = false;
+    plot.chance_band = chance_band(st);
     for (const auto& g : groups) {
       auto it = curves.find(g);
       if (it == curves.end()) continue;

@@ -158,6 +158,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--target-accuracy", c.target_accuracy,
                  "record the training time to reach this validation accuracy (0-1); 0: off");
   app.add_option("--progress-every", c.progress_every, "steps between progress lines; 0: one line per epoch");
+  app.add_option("--progress-seconds", c.progress_seconds,
+                 "also a progress line when this many seconds passed since the last one (the first within it); 0: off");
   app.add_flag("--quiet", c.quiet, "no progress lines; off by default");
   app.add_flag("--verbose", c.verbose, "error lines keep the source location (file:line) of the failed check; "
                                        "off by default");
@@ -241,6 +243,9 @@ Device resolve_device(const std::string& spec) {
   } catch (const Error&) {
     usage("--device '" + spec + "': expected cpu, cuda or cuda:N");
   }
+  if (d.is_meta())
+    usage("--device " + spec + ": the shape-only device computes nothing; minidl-memest and minidl-maxbatch dry-run "
+          "on it by themselves (use cpu or cuda)");
   if (d.is_cuda()) {
     if (!cuda_built()) usage("--device " + spec + ": this build has no CUDA backend (rebuild with -DMINIDL_CUDA=ON)");
     const int n = cuda_device_count();
@@ -252,7 +257,7 @@ Device resolve_device(const std::string& spec) {
 
 void apply_backend_switches(const TrainConfig& c, Device d) {
 #ifdef MINIDL_WITH_CUDA
-  if (d.is_cuda()) cuda::set_cudnn_benchmark(c.cudnn_benchmark == "on");
+  if (d.target() == DeviceType::CUDA) cuda::set_cudnn_benchmark(c.cudnn_benchmark == "on");   // meta:cuda too
 #else
   (void)c;
   (void)d;
@@ -313,6 +318,7 @@ void validate(const TrainConfig& c) {
   if (c.target_accuracy < 0 || c.target_accuracy > 1) usage("--target-accuracy must be in [0, 1]");
   if (!(c.diverge_loss > 0)) usage("--diverge-loss must be > 0");
   if (c.progress_every < 0) usage("--progress-every must be >= 0");
+  if (c.progress_seconds < 0) usage("--progress-seconds must be >= 0");
   parse_split(c.split);
   const CheckpointSpec ck = parse_checkpoint(c.checkpoint);
   if (ck.kind != CheckpointSpec::Kind::None && !is_resnet(c.model))

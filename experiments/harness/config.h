@@ -87,6 +87,7 @@ struct TrainConfig {
   double diverge_loss = 50.0;       // a training loss above this (or NaN) marks the run diverged
   double target_accuracy = 0.0;     // > 0: record the time to reach this validation accuracy
   int64_t progress_every = 20;      // steps between progress lines; 0: per epoch only
+  double progress_seconds = 15.0;   // also a line when this long passed since the last one; 0: off
   bool quiet = false;
   bool verbose = false;             // error lines keep the source location of the failed check
   // Not a flag: the processes training together (mpirun -np N, or MINIDL_WORLD_SIZE), set by the

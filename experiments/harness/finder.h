@@ -60,6 +60,13 @@ struct FinderResult {
   std::vector<std::pair<int64_t, Trial>> trials;  // in the order run
   int ooms = 0;
   bool all_recovered = true;
+  // The dry run (minidl-maxbatch): the search above on the shape-only device, then one real trial
+  // at its answer. Filled by run_maxbatch; trials/ooms above are then the real trials alone.
+  int64_t dry_max_batch = 0;
+  int dry_trials = 0;
+  double dry_seconds = 0.0;       // wall time of the whole dry search
+  Trial dry_at_max;               // the dry trial at dry_max_batch
+  bool confirmed = false;         // the real trial at dry_max_batch fitted
   double prediction_error_pct() const;  // (predicted - max) / max x 100, of the probes' prediction
   double refined_error_pct() const;     // the same for the second fit's prediction
 };

@@ -1,6 +1,7 @@
 // The maximum-batch report (see maxbatch.h).
 #include "experiments/harness/maxbatch.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -14,7 +15,7 @@
 namespace minidl::harness {
 namespace {
 
-std::string mib(int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.0), 1) + " MiB"; }
+std::string mib(int64_t b) { return format_bytes(static_cast<size_t>(std::max<int64_t>(b, 0))); }   // one style
 
 int64_t train_images(const TrainConfig& c) {
   const SplitSpec s = parse_split(c.split);
@@ -71,9 +72,18 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   if (group && group->world_size() != c.world_size)
     throw UsageError("the configuration says " + std::to_string(c.world_size) + " ranks but this process is " +
                      group->describe());
+  // The dry run: the same trials on the shape-only device standing for this one (each one a
+  // fraction of a real step's time), with the same budget. Its answer is then confirmed by one
+  // real trial; only when that fails does the search run on real trials.
+  // Built first: its model passes through host memory on the way to the meta device, which must
+  // not count against the real runner's budget.
+  StepRunner dry(c, rep.budget_bytes, dry_run_device(c));
   StepRunner runner(c, rep.budget_bytes);
-  Tensor buckets;
-  if (group) buckets = zeros({std::max<int64_t>(1, runner.parameter_bytes())}, {DType::u8, runner.device(), false});
+  Tensor buckets, dry_buckets;   // the dry run holds them too
+  if (group) {
+    buckets = zeros({std::max<int64_t>(1, runner.parameter_bytes())}, {DType::u8, runner.device(), false});
+    dry_buckets = zeros({std::max<int64_t>(1, dry.parameter_bytes())}, {DType::u8, dry.device(), false});
+  }
   std::ostringstream os;
   auto say = [&](const std::string& line) {
     os << line << "\n";
@@ -93,33 +103,62 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   fo.probe_small = o.probe_small;
   fo.probe_large = o.probe_large;
   fo.limit = o.limit;
-  rep.finder = find_max_batch(
-      [&](int64_t b) {
-        // A sweep stopped by SIGINT (a deadline) should not wait for the rest of the search.
-        const bool stop = group ? group->any(stop_requested()) : stop_requested();
-        if (stop) throw Interrupted("minidl-maxbatch: stopped (SIGINT) before trying batch " + std::to_string(b));
-        const Trial t = agree(group, runner.run(b, o.steps));
-        say("  batch " + std::to_string(b) + ": " + (t.ok ? "ok" : "OOM") + ", peak allocated " +
-            mib(t.peak_allocated) + ", reserved " + mib(t.peak_reserved) +
-            (t.ok ? ", " + fmt(t.step_seconds, 3) + " s/step" : (t.recovered ? ", recovered" : ", NOT recovered")));
-        return t;
-      },
-      fo);
+  const auto real_trial = [&](int64_t b) {
+    // A sweep stopped by SIGINT (a deadline) should not wait for the rest of the search.
+    const bool stop = group ? group->any(stop_requested()) : stop_requested();
+    if (stop) throw Interrupted("minidl-maxbatch: stopped (SIGINT) before trying batch " + std::to_string(b));
+    const Trial t = agree(group, runner.run(b, o.steps));
+    say("  batch " + std::to_string(b) + ": " + (t.ok ? "ok" : "OOM") + ", peak allocated " + mib(t.peak_allocated) +
+        ", reserved " + mib(t.peak_reserved) +
+        (t.ok ? ", " + fmt(t.step_seconds, 3) + " s/step" : (t.recovered ? ", recovered" : ", NOT recovered")));
+    return t;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  FinderOptions dry_fo = fo;
+  dry_fo.max_trials = 200;
+  // Agreed across ranks like the real trials: ranks with different budgets search the same batches.
+  const FinderResult dry_search = find_max_batch([&](int64_t b) { return agree(group, dry.run(b, o.steps)); }, dry_fo);
+  const double dry_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  say("dry run on " + dry_run_device(c).str() + ": maximum batch " + std::to_string(dry_search.max_batch) + " after " +
+      std::to_string(dry_search.trials.size()) + " dry trials in " + fmt(dry_seconds, 3) + " s (peak allocated " +
+      mib(dry_search.at_max.peak_allocated) + ", reserved " + mib(dry_search.at_max.peak_reserved) + ")");
+  Trial confirm;
+  if (dry_search.max_batch > 0) confirm = real_trial(dry_search.max_batch);
+  if (confirm.ok) {
+    rep.finder = dry_search;
+    rep.finder.trials = {{dry_search.max_batch, confirm}};
+    rep.finder.ooms = 0;
+    rep.finder.all_recovered = true;
+    rep.finder.at_max = confirm;
+    rep.finder.confirmed = true;
+  } else {
+    say(dry_search.max_batch > 0 ? "the real trial at the dry run's answer failed: searching on real trials"
+                                 : "the dry run fits no batch: searching on real trials");
+    rep.finder = find_max_batch(real_trial, fo);
+  }
+  rep.finder.dry_max_batch = dry_search.max_batch;
+  rep.finder.dry_trials = static_cast<int>(dry_search.trials.size());
+  rep.finder.dry_seconds = dry_seconds;
+  rep.finder.dry_at_max = dry_search.at_max;
   const FinderResult& f = rep.finder;
   if (group) group->check_same("the maximum batch found", f.max_batch);   // agreed trials: never differs
   rep.recommended = recommended_batch(f.max_batch, o.margin);
   say("memory model: " + mib(static_cast<int64_t>(f.model.fixed_bytes)) + " + " +
-      fmt(f.model.bytes_per_sample / 1024.0, 1) + " KiB per sample -> predicted maximum " +
+      mib(static_cast<int64_t>(f.model.bytes_per_sample)) + " per sample -> predicted maximum " +
       std::to_string(f.predicted) +
-      (f.refined != f.predicted ? "; refit after the first trial: " + fmt(f.refined_model.bytes_per_sample / 1024.0, 1) +
-                                      " KiB per sample -> " + std::to_string(f.refined)
+      (f.refined != f.predicted ? "; refit after the first trial: " +
+                                      mib(static_cast<int64_t>(f.refined_model.bytes_per_sample)) + " per sample -> " +
+                                      std::to_string(f.refined)
                                 : ""));
   const double frag =
       f.at_max.peak_reserved > 0 ? 1.0 - static_cast<double>(f.at_max.peak_allocated) / f.at_max.peak_reserved : 0.0;
   say("maximum batch: " + std::to_string(f.max_batch) + (f.hit_limit ? " (the --limit; memory allows more)" : "") +
-      " after " + std::to_string(f.trials.size()) + " trials (" + std::to_string(f.ooms) + " OOM, " +
-      (f.all_recovered ? "all recovered cleanly" : "NOT all recovered") + "); prediction error " +
-      fmt(f.prediction_error_pct(), 1) + "% (probes), " + fmt(f.refined_error_pct(), 1) + "% (refit)");
+      (f.confirmed ? " (the dry run's answer, confirmed by one real trial; the dry run says " +
+                         std::to_string(f.max_batch + 1) + " does not fit)"
+                   : " after " + std::to_string(f.trials.size()) + " real trials (" + std::to_string(f.ooms) +
+                         " OOM, " + (f.all_recovered ? "all recovered cleanly" : "NOT all recovered") + ")") +
+      "; linear-model prediction error " + fmt(f.prediction_error_pct(), 1) + "% (probes), " +
+      fmt(f.refined_error_pct(), 1) + "% (refit)");
   say("peak at the maximum: allocated " + mib(f.at_max.peak_allocated) + ", reserved " + mib(f.at_max.peak_reserved) +
       ", fragmentation " + fmt(100 * frag, 1) + "%");
   say("recommended batch (" + fmt(100 * o.margin, 0) + "% margin): " + std::to_string(rep.recommended));
@@ -131,6 +170,12 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
               {"predicted", f.predicted},
               {"refined_prediction", f.refined},
               {"max_batch", f.max_batch},
+              {"dry_max_batch", f.dry_max_batch},
+              {"dry_trials", f.dry_trials},
+              {"dry_seconds", f.dry_seconds},
+              {"dry_peak_allocated_bytes", f.dry_at_max.peak_allocated},
+              {"dry_peak_reserved_bytes", f.dry_at_max.peak_reserved},
+              {"confirmed_by_one_real_trial", f.confirmed},
               {"hit_limit", f.hit_limit},
               {"trials", f.trials.size()},
               {"ooms", f.ooms},

@@ -1,69 +1,94 @@
-// The memory estimate and its measurement (see memest.h).
+// The dry-run memory estimate and its measurement (see memest.h).
 #include "experiments/harness/memest.h"
 
-#include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "core/allocator.h"
-#include "experiments/harness/model.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
+#include "experiments/harness/train.h"
+#include "nn/recompute_profile.h"
 
 namespace minidl::harness {
+namespace {
 
-MemoryEstimate estimate_memory(const MemoryModelInputs& in, int64_t batch) {
-  MemoryEstimate e;
-  e.batch = batch;
-  e.parameters = in.parameter_bytes;
-  e.gradients = in.parameter_bytes;
-  e.optimizer_state = static_cast<int64_t>(static_cast<double>(in.parameter_bytes) * in.optimizer_state_factor);
-  e.activations = (in.activation_bytes_per_sample + in.input_bytes_per_sample) * batch;
-  e.workspace = 2 * in.largest_output_bytes_per_sample * batch;
-  return e;
+double pct(int64_t estimate, int64_t measured) {
+  return measured > 0 ? 100.0 * static_cast<double>(estimate - measured) / static_cast<double>(measured) : 0.0;
 }
 
-double MemestRow::error_pct() const {
-  return measured_peak > 0 ? 100.0 * static_cast<double>(estimate.total() - measured_peak) /
-                                 static_cast<double>(measured_peak)
-                           : 0.0;
-}
+std::string mib(int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.0), 1); }
 
-std::vector<MemestRow> run_memest(const TrainConfig& c, const std::vector<int64_t>& batches,
-                                  MemoryModelInputs* inputs_out) {
+// Restores the process-wide switch however run_memest leaves.
+struct ModelledTimes {
+  bool before = nn::modelled_link_times();
+  explicit ModelledTimes(bool on) { nn::set_modelled_link_times(before || on); }
+  ~ModelledTimes() { nn::set_modelled_link_times(before); }
+};
+
+}  // namespace
+
+double MemestRow::error_pct() const { return pct(estimate.peak_allocated, measurement.peak_allocated); }
+double MemestRow::reserved_error_pct() const { return pct(estimate.peak_reserved, measurement.peak_reserved); }
+
+MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batches, bool measure) {
   validate(c);
-  StepRunner runner(c, 0);
-  Model& m = runner.model();
-  MemoryModelInputs in;
-  in.parameter_bytes = runner.parameter_bytes();
-  in.optimizer_state_factor = optimizer_state_factor(c);
-  const nn::Summary s = m.module->summary(m.input_shape(1));
-  in.activation_bytes_per_sample = s.total_saved_bytes_per_sample;
-  for (const auto& row : s.rows)
-    in.largest_output_bytes_per_sample = std::max(in.largest_output_bytes_per_sample, numel_of(row.output_shape) * 4);
-  in.input_bytes_per_sample = 3 * m.image_size * m.image_size * 4 + 8;
-  if (inputs_out) *inputs_out = in;
-  std::vector<MemestRow> rows;
-  for (int64_t b : batches) {
-    MemestRow r;
-    r.estimate = estimate_memory(in, b);
-    const Trial t = runner.run(b, 1);
-    r.measured_peak = t.peak_allocated;
-    rows.push_back(r);
+  const int64_t budget = c.memory_budget.empty() ? 0 : static_cast<int64_t>(parse_bytes(c.memory_budget));
+  const ModelledTimes times(c.checkpoint == "optimal");
+  MemestReport rep;
+  const Device real = resolve_device(c.device);
+  rep.device = device_description(real) + "; dry run on " + dry_run_device(c).str();
+  {
+    StepRunner dry(c, budget, dry_run_device(c));
+    rep.title = c.model + " at " + std::to_string(dry.model().image_size) + " px, " + c.optimizer +
+                (c.amp ? ", AMP" : ", FP32") + ", checkpoint " + c.checkpoint + ", accumulation " +
+                std::to_string(c.accumulation_steps) +
+                (budget > 0 ? ", budget " + format_bytes(static_cast<size_t>(budget)) : ", no budget");
+    rep.baseline_bytes = dry.baseline_allocated();
+    for (int64_t b : batches) {
+      MemestRow r;
+      r.batch = b;
+      r.estimate = dry.run(b, 1);
+      rep.rows.push_back(r);
+    }
   }
-  return rows;
+  if (!measure) return rep;
+  StepRunner runner(c, budget);
+  for (MemestRow& r : rep.rows) {
+    if (r.over_budget()) continue;
+    r.measurement = runner.run(r.batch, 1);
+    r.measured = true;
+  }
+  return rep;
 }
 
-std::string memest_table(const std::vector<MemestRow>& rows) {
-  auto mb = [](int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.0), 1); };
+std::string memest_table(const MemestReport& rep) {
   std::vector<Row> out;
-  for (const auto& r : rows) {
-    const auto& e = r.estimate;
-    out.push_back({std::to_string(e.batch), mb(e.parameters), mb(e.gradients), mb(e.optimizer_state),
-                   mb(e.activations), mb(e.workspace), mb(e.total()), mb(r.measured_peak), fmt(r.error_pct(), 1)});
+  for (const auto& r : rep.rows) {
+    if (r.over_budget()) {
+      out.push_back({std::to_string(r.batch), "over the budget", "-", "-", "-", "-", "-",
+                     fmt(1e3 * r.estimate.step_seconds, 1), "not run"});
+      continue;
+    }
+    const bool m = r.measured;
+    out.push_back({std::to_string(r.batch), mib(r.estimate.peak_allocated),
+                   m ? mib(r.measurement.peak_allocated) : "-", m ? fmt(r.error_pct(), 2) : "-",
+                   mib(r.estimate.peak_reserved), m ? mib(r.measurement.peak_reserved) : "-",
+                   m ? fmt(r.reserved_error_pct(), 2) : "-", fmt(1e3 * r.estimate.step_seconds, 1),
+                   m ? fmt(1e3 * r.measurement.step_seconds, 1) : "not run"});
   }
-  return markdown_table({"batch", "params MiB", "grads MiB", "optimizer MiB", "activations MiB", "workspace MiB",
-                         "estimate MiB", "measured peak MiB", "error %"},
+  return markdown_table({"batch", "estimated peak allocated MiB", "measured peak allocated MiB", "error %",
+                         "estimated peak reserved MiB", "measured peak reserved MiB", "error %", "dry step ms",
+                         "measured step ms"},
                         out);
+}
+
+std::string memest_markdown(const MemestReport& r, const std::string& commit, const std::string& date) {
+  return "# minidl-memest: " + r.title + "\n\n" + "- device: " + r.device + "\n- commit: " + commit +
+         "\n- date: " + date + "\n- weights + optimizer state (dry run): " + mib(r.baseline_bytes) +
+         " MiB\n\nEstimated: a dry run of one training step on the shape-only device (docs/memory.md). "
+         "Measured: the same step run for real. A batch over the budget is not run.\n\n" +
+         memest_table(r);
 }
 
 }  // namespace minidl::harness

@@ -1,45 +1,43 @@
-// The memory estimator of "Batch size and memory tradeoffs": parameters + gradients + optimizer
-// state + activations (from the model summary) + workspace, against the peak measured over a real
-// training step, per batch size. minidl-memest prints the table; the error column says how far a
-// back-of-the-envelope estimate can be trusted before running the finder.
+// minidl-memest: "will batch N fit?" without spending a run. Each batch size is dry-run on the
+// shape-only device standing for the configured one (docs/memory.md): the same training step, with
+// the same model, optimizer, AMP, recomputation and accumulation, through a model of the device's
+// allocator, which gives its peak allocated and peak reserved bytes exactly. One real step per
+// batch then measures the same peaks, side by side, unless the dry run says the batch exceeds
+// --memory-budget: such a batch is marked and not run.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "experiments/harness/config.h"
+#include "experiments/harness/finder.h"
 
 namespace minidl::harness {
 
-// Per-sample quantities from the model summary, and the fixed ones.
-struct MemoryModelInputs {
-  int64_t parameter_bytes = 0;
-  double optimizer_state_factor = 0.0;    // state bytes per parameter byte
-  int64_t activation_bytes_per_sample = 0;  // what the forward keeps for backward
-  int64_t largest_output_bytes_per_sample = 0;
-  int64_t input_bytes_per_sample = 0;     // the image and its label
-};
-
-struct MemoryEstimate {
-  int64_t batch = 0;
-  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, workspace = 0;
-  int64_t total() const { return parameters + gradients + optimizer_state + activations + workspace; }
-};
-
-// activations = (saved + input) x batch; workspace = 2 x the largest layer output x batch (the
-// gradient arriving at a layer and the one it produces are alive together in backward).
-MemoryEstimate estimate_memory(const MemoryModelInputs& in, int64_t batch);
-
 struct MemestRow {
-  MemoryEstimate estimate;
-  int64_t measured_peak = 0;   // peak allocated bytes over one full training step
-  double error_pct() const;    // (estimate - measured) / measured x 100
+  int64_t batch = 0;
+  Trial estimate;              // the dry run (ok false: it ran out of the budget)
+  bool measured = false;       // a real step ran (not when over the budget, or --no-measure)
+  Trial measurement;
+  bool over_budget() const { return !estimate.ok; }
+  double error_pct() const;           // peak allocated: (estimate - measured) / measured x 100
+  double reserved_error_pct() const;  // the same for peak reserved
 };
 
-// Builds c's model, reads its summary, and measures one training step per batch size.
-std::vector<MemestRow> run_memest(const TrainConfig& c, const std::vector<int64_t>& batches,
-                                  MemoryModelInputs* inputs_out = nullptr);
+struct MemestReport {
+  std::string title;               // model, image size, optimizer, AMP, recomputation, budget
+  std::string device;              // the measured device, and the dry run's
+  int64_t baseline_bytes = 0;      // weights + optimizer state (+ the cuBLAS workspace), dry run
+  std::vector<MemestRow> rows;
+};
 
-std::string memest_table(const std::vector<MemestRow>& rows);
+// Dry-runs every batch, then measures the ones within the budget (all of them without a budget)
+// when `measure`. With --checkpoint optimal both runs plan with modelled link times
+// (nn::set_modelled_link_times), so the measured step runs the plan the dry run estimated.
+MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batches, bool measure = true);
+
+std::string memest_table(const MemestReport& r);
+// memest.md: the title, device, commit and date, then the table.
+std::string memest_markdown(const MemestReport& r, const std::string& commit, const std::string& date);
 
 }  // namespace minidl::harness

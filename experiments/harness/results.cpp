@@ -366,6 +366,17 @@ std::string plot_png(const PlotSpec& spec, const std::filesystem::path& png) {
     }
     settings += "; errbars=1; nlines=" + std::to_string(lines) + "; pointcolors=" + quote(colors);
   }
+  // The lines' points at chance, as one more block, last, that the script circles over the lines.
+  Series at_chance{"at chance (50% +- " + fmt(100.0 * spec.chance_band, 1) + " points)", {}, {}, 0};
+  if (spec.chance_band > 0) {
+    for (const Series* s : order)
+      if (s->line_of == 0)
+        for (const auto& p : s->points)
+          if (std::fabs(p.second - 0.5) <= spec.chance_band) at_chance.points.push_back(p);
+    settings += "; band_lo=" + fmt(0.5 - spec.chance_band, 6) + "; band_hi=" + fmt(0.5 + spec.chance_band, 6) +
+                "; chance_block=" + (at_chance.points.empty() ? "0" : "1");
+  }
+  if (!at_chance.points.empty()) order.push_back(&at_chance);
   // The data first, whether or not gnuplot is here: a GPU machine has none, and the plot is then
   // drawn on another machine from the .dat alone (gnuplot skips the "#" line).
   std::string dat = "# plot: " + settings + "\n";

@@ -83,6 +83,10 @@ struct PlotSpec {
   std::string title, xlabel, ylabel;
   bool logx = true;
   std::vector<Series> series;
+  // An accuracy plot's chance band: the half-width around 50% (two binomial standard errors for
+  // the images evaluated) is shaded, and the points inside it are circled, so results at chance
+  // do not read as trends. 0: no band.
+  double chance_band = 0.0;
 };
 // Writes the data as <png>.dat (its first line, "# plot: plottitle=...; xlab=...", holds the
 // settings; errbars=1, nlines and pointcolors when a series has error bars or is a point set) and

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "core/device.h"
 #include "experiments/harness/config.h"
@@ -17,9 +18,10 @@ namespace minidl::harness {
 
 class StepRunner {
  public:
-  // Builds the model and optimizer of c on its device and takes one warm-up step at batch 1 (so
-  // the optimizer state exists before any measurement). budget_bytes 0: no budget.
-  StepRunner(const TrainConfig& c, int64_t budget_bytes);
+  // Builds the model and optimizer of c on its device (or on `device`: the meta device for a dry
+  // run, see dry_run_device) and takes one warm-up step at batch 1 (so the optimizer state exists
+  // before any measurement). budget_bytes 0: no budget.
+  StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional<Device> device = std::nullopt);
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
@@ -46,5 +48,9 @@ class StepRunner {
   int64_t peak_reserved_ = 0;
   bool last_stepped_ = false;   // the last step() really updated the weights (not skipped by AMP)
 };
+
+// The shape-only device standing for c's device (Device::meta of its type): a StepRunner there is a
+// dry run whose peaks are those of the real device's steps (docs/memory.md), without computing.
+Device dry_run_device(const TrainConfig& c);
 
 }  // namespace minidl::harness

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "dist/process_group.h"
+#include "experiments/harness/eta.h"
 #include "experiments/harness/seed_summary.h"
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
@@ -289,8 +290,10 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   if (group) group->check_same("the number of runs to do (read from " + csv.string() + ")", to_do);
   if (o.verbose && o.only.empty()) std::printf("%s\n", study_plan(st, done).c_str()), std::fflush(stdout);
   int k = 0;
-  double finished_seconds = 0.0;
-  int finished = 0;
+  SweepEtaOf<SweepRun> eta;
+  std::vector<const SweepRun*> left;
+  for (const SweepRun& run : st.runs)
+    if ((o.only.empty() || run.id == o.only) && !done.count(run.id)) left.push_back(&run);
   for (const SweepRun& run : st.runs) {
     if (!o.only.empty() && run.id != o.only) continue;
     found_only = true;
@@ -304,17 +307,17 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     }
     ++k;
     if (o.verbose) {
-      const std::string eta = finished > 0 ? ", ETA " + format_duration(finished_seconds / finished * (to_do - k + 1)) : "";
+      const double secs = eta.seconds_for({left.begin() + (k - 1), left.end()});
+      const std::string eta_text = secs > 0 ? ", ETA " + format_duration(secs) : "";
       if (o.only.empty())
-        std::printf("== %s / %s (run %d/%d%s)\n", st.name.c_str(), run.id.c_str(), k, to_do, eta.c_str());
+        std::printf("== %s / %s (run %d/%d%s)\n", st.name.c_str(), run.id.c_str(), k, to_do, eta_text.c_str());
       else
         std::printf("== %s / %s\n", st.name.c_str(), run.id.c_str());
       std::fflush(stdout);
     }
     const auto t_run = std::chrono::steady_clock::now();
     const auto run_done = [&] {
-      finished_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
-      ++finished;
+      eta.finished(run, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count());
     };
     if (o.process_per_run && o.only.empty()) {
       const std::string before = row_text(csv, run.id);   // a failed row being retried, else ""
@@ -402,6 +405,17 @@ std::string run_setting(const Study& st, const std::string& device_kind) {
   return s + ", " + device_kind;
 }
 
+std::string data_and_seeds(const Study& st) {
+  std::set<std::string> difficulty;
+  std::set<uint64_t> seeds;
+  for (const auto& r : st.runs) {
+    seeds.insert(r.config.seed);
+    if (r.config.data == "synthetic") difficulty.insert(fmt(r.config.synthetic_difficulty, 2));
+  }
+  const std::string d = difficulty.empty() ? "" : "synthetic difficulty " + joined(difficulty, "/") + ", ";
+  return d + std::to_string(seeds.size()) + (seeds.size() == 1 ? " seed" : " seeds");
+}
+
 std::string accuracy_cell(const std::string& value, int64_t n) {
   if (value.empty()) return "-";
   double v = 0;
@@ -486,6 +500,11 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   for (auto& s : plot.series) std::sort(s.points.begin(), s.points.end());
   const std::vector<SeedCell> cells = st.seeds > 1 ? seed_cells(st, t) : std::vector<SeedCell>{};
   if (st.seeds > 1) plot.series = seed_series(cells), plot.ylabel += " (mean and sd over seeds)";
+  if ((st.plot_y == "best_val_acc" || st.plot_y == "test_acc") && !st.runs.empty()) {
+    // The same band summary.md's "(chance)" marks: two standard errors of 50% for the images evaluated.
+    const int64_t n = evaluated_images(st.runs.front().config)[st.plot_y == "test_acc" ? 2 : 1];
+    plot.chance_band = n > 0 ? 2.0 * std::sqrt(0.25 / static_cast<double>(n)) : 0.05;
+  }
   const std::string png = st.name + ".png";
   const std::string note = st.extra_outputs ? "" : plot_png(plot, out / png);
 
@@ -510,7 +529,7 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   md += "- commit: " + j["commit"].get<std::string>() + "\n- device: " + device + "\n- date: " +
         j["date"].get<std::string>() + "\n";
   md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n";
-  md += "- what ran: " + setting + "\n";
+  md += "- what ran: " + setting + "; " + data_and_seeds(st) + "\n";
   if (!st.published_setup.empty()) {
     const bool synthetic = !st.runs.empty() && st.runs.front().config.data == "synthetic";
     md += "- setting: " +

@@ -84,6 +84,9 @@ std::string study_plan(const Study& st, const std::set<std::string>& done);
 // size(s), epochs and device, e.g. "synthetic, 32 px, 3 epochs, cpu". The summary adds whether the
 // setting is the published one; a --quick study is "a scaled-down check, not a reproduction".
 std::string run_setting(const Study& st, const std::string& device_kind);
+// What summary.md's "what ran" line adds: the synthetic data's difficulty (when synthetic) and the
+// number of seeds, e.g. "synthetic difficulty 0.85, 3 seeds".
+std::string data_and_seeds(const Study& st);
 // An accuracy cell for summary.md: "0.5125 (chance)" when it is within two binomial standard
 // errors of 50% (two balanced classes) for `n` evaluated images (n <= 0: within 5 points).
 std::string accuracy_cell(const std::string& value, int64_t n);

@@ -25,6 +25,7 @@
 #include "dist/process_group.h"
 #include "experiments/harness/batch_schedule.h"
 #include "experiments/harness/data_source.h"
+#include "experiments/harness/eta.h"
 #include "experiments/harness/evaluate.h"
 #include "experiments/harness/gpu_monitor.h"
 #include "experiments/harness/model.h"
@@ -49,7 +50,6 @@ extern "C" void on_sigint(int sig) {
 const char* stop_signal() { return g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT"; }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 
 double cpu_seconds() {
   rusage u{};
@@ -285,10 +285,12 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   if (!resumed_from.empty()) log(resumed_from);
 
   double train_seconds = prog.train_seconds;
-  // The progress lines' ETA: wall time per optimizer step so far in this session (evaluations
-  // and phase trials included), times the steps left.
+  // The progress lines: every --progress-every steps and every --progress-seconds; their ETA
+  // counts the evaluations to come and leaves the first step's warm-up out of the rate (eta.h).
   const auto t_loop = Clock::now();
-  const int64_t steps_at_start = opt->step_count();
+  auto t_line = t_loop;
+  int64_t session_images = 0;
+  RunEta eta(total_steps, c.epochs, data.val ? data.val->size() : 0, data.test ? data.test->size() : 0);
   bool stop = false;
   for (int64_t epoch = first_epoch; epoch <= c.epochs && !stop; ++epoch) {
     if (epoch > first_epoch && agreed(stop_requested())) {  // SIGINT during the last evaluation
@@ -374,6 +376,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         loss_sum += lv * static_cast<double>(n);
         correct += m.correct(logits, b->labels);
         em.images += n;
+        session_images += n;
         if (agreed(!std::isfinite(lv) || lv > c.diverge_loss)) {   // every rank stops at the same micro-batch
           r.status = "diverged";
           r.note = group && std::isfinite(lv) && lv <= c.diverge_loss
@@ -397,15 +400,16 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         if (!stepped) continue;
         const int64_t step = opt->step_count();
         if (hooks.on_step) hooks.on_step(step);
-        if (!c.quiet && c.progress_every > 0 && step % c.progress_every == 0) {
+        eta.stepped(step, seconds_since(t_loop), session_images);
+        if (!c.quiet && ((c.progress_every > 0 && step % c.progress_every == 0) ||
+                         (c.progress_seconds > 0 && seconds_since(t_line) >= c.progress_seconds))) {
+          t_line = Clock::now();
           const double dt = seconds_since(t0);
           const auto ms = memory_stats(device);
-          const double eta = seconds_since(t_loop) / static_cast<double>(step - steps_at_start) *
-                             static_cast<double>(std::max<int64_t>(0, total_steps - step));
-          char line[288];
+          char line[320];
           std::snprintf(line, sizeof(line),
                         "epoch %lld step %lld/%lld  loss %.4f  acc %.2f%%  %.1f img/s  data wait %.1f%%  "
-                        "mem %.1f / %.1f MiB  ETA %s",
+                        "mem %s allocated, %s peak  ETA %s",
                         static_cast<long long>(epoch), static_cast<long long>(step),
                         static_cast<long long>(total_steps),
                         loss_sum / static_cast<double>(em.images),
@@ -413,7 +417,9 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
                         // rank 0's shard's loss and accuracy; images/s of all ranks (equal shards)
                         static_cast<double>(em.images * c.world_size) / dt,
                         100.0 * (data.train->wait_seconds() - wait0) / dt,
-                        mib(ms.allocated_bytes), mib(ms.peak_allocated_bytes), format_duration(eta).c_str());
+                        format_bytes(static_cast<size_t>(ms.allocated_bytes)).c_str(),
+                        format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str(),
+                        format_duration(eta.seconds_left(step, epoch)).c_str());
           log(line + phase_note);
         }
         if (agreed(stop_requested())) {
@@ -475,7 +481,9 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     r.peak_allocated = std::max(r.peak_allocated, em.peak_allocated);
     r.peak_reserved = std::max(r.peak_reserved, em.peak_reserved);
     if (r.status == "ok" || r.status == "interrupted") {
+      const auto t_eval = Clock::now();
       const EvalResult v = evaluate(m, data.val.get(), group);
+      eta.evaluated(seconds_since(t_eval), data.val ? data.val->size() : 0);
       em.val_loss = v.loss;
       em.val_acc = v.acc;
       if (std::isfinite(v.acc) && !(v.acc <= r.best_val_acc)) r.best_val_acc = v.acc, r.best_epoch = epoch;
@@ -494,11 +502,12 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       char line[320];
       std::snprintf(line, sizeof(line),
                     "epoch %lld/%lld done: loss %.4f  acc %.2f%%  val loss %s  val acc %s  %.1f img/s  "
-                    "data wait %.1f%%  peak %.1f MiB  %.1f s",
+                    "data wait %.1f%%  peak %s  %.1f s",
                     static_cast<long long>(epoch), static_cast<long long>(c.epochs), em.train_loss,
                     100.0 * em.train_acc, value_or_dash(em.val_loss, 4).c_str(),
                     value_or_dash(em.val_acc, 2, 100.0, "%").c_str(), em.images_per_second,
-                    100.0 * em.data_wait_fraction, mib(em.peak_allocated), em.train_seconds);
+                    100.0 * em.data_wait_fraction, format_bytes(static_cast<size_t>(em.peak_allocated)).c_str(),
+                    em.train_seconds);
       log(line);
       if (hooks.on_epoch) hooks.on_epoch(em);
     }

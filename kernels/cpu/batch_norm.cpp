@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/workspace.h"
 
 namespace minidl::cpu {
 namespace {
@@ -307,18 +308,6 @@ void check_float(const Tensor& x, const char* op) {
                " must be f32 or f64; convert with .to(DType::f32)");
 }
 
-// The fused forms' operands as the loops above read them: contiguous NCHW, f16 widened to f32
-// (a channels-last tensor is copied to NCHW; the reference favours one code path over speed).
-Tensor staged_input(const Tensor& t) {
-  if (!t.defined()) return t;
-  return is_half(t) ? widen_half(t) : t.contiguous();
-}
-// An output the loops can write: t itself when contiguous and not f16, else a contiguous
-// temporary (f32 for f16) that unstage copies back.
-Tensor staged_output(const Tensor& t) {
-  if (!t.defined() || (t.is_contiguous() && !is_half(t))) return t;
-  return empty(t.shape(), {is_half(t) ? DType::f32 : t.dtype(), t.device(), false});
-}
 void unstage(const Tensor& tmp, const Tensor& dst) { narrow_into(tmp, dst); }
 
 void check_act_layout(const char* op, const Tensor& x, std::initializer_list<const Tensor*> ts) {
@@ -329,7 +318,39 @@ void check_act_layout(const char* op, const Tensor& x, std::initializer_list<con
   }
 }
 
+// An operand as the loops above read it: contiguous NCHW, f16 widened to f32 (a channels-last
+// tensor is copied to NCHW; the reference favours one code path over speed).
+Tensor staged_input(const Tensor& t) {
+  if (!t.defined()) return t;
+  return is_half(t) ? widen_half(t) : t.contiguous();
+}
+// An output the loops can write: t itself when contiguous and not f16, else a contiguous
+// temporary (f32 for f16) that unstage copies back.
+Tensor staged_output(const Tensor& t) {
+  if (!t.defined() || (t.is_contiguous() && !is_half(t))) return t;
+  return empty(t.shape(), {is_half(t) ? DType::f32 : t.dtype(), t.device(), false});
+}
+
 }  // namespace
+
+BatchNormActForwardStage stage_batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& y) {
+  BatchNormActForwardStage s;
+  s.x = staged_input(x);
+  s.y = staged_output(y);
+  s.residual = staged_input(residual);
+  return s;
+}
+
+BatchNormActBackwardStage stage_batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y,
+                                                        const Tensor& gx, const Tensor& gresidual) {
+  BatchNormActBackwardStage s;
+  s.gy = staged_input(gy);
+  s.x = staged_input(x);
+  s.gx = staged_output(gx);
+  s.y = staged_input(y);
+  s.gresidual = staged_output(gresidual);
+  return s;
+}
 
 void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& running_mean, const Tensor& running_var, double momentum,
@@ -388,8 +409,9 @@ void CpuBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual,
                                         const Tensor& save_mean, const Tensor& save_invstd) {
   const char* op = "batch_norm_relu";
   check_act_layout(op, x, {&residual, &y});
-  const Tensor xs = staged_input(x), ys = staged_output(y);
-  const Tail tail{staged_input(residual), true};
+  const BatchNormActForwardStage st = stage_batch_norm_act_forward(x, residual, y);
+  const Tensor &xs = st.x, &ys = st.y;
+  const Tail tail{st.residual, true};
   check_float(xs, op);
   dispatch_float_half(xs.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
@@ -410,8 +432,9 @@ void CpuBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, cons
                                          const Tensor& gweight, const Tensor& gbias) {
   const char* op = "batch_norm_relu backward";
   check_act_layout(op, x, {&gy, &y, &gx, &gresidual});
-  const Tensor gys = staged_input(gy), xs = staged_input(x), gxs = staged_output(gx);
-  const GradTail tail{staged_input(y), staged_output(gresidual)};
+  const BatchNormActBackwardStage st = stage_batch_norm_act_backward(gy, x, y, gx, gresidual);
+  const Tensor &gys = st.gy, &xs = st.x, &gxs = st.gx;
+  const GradTail tail{st.y, st.gresidual};
   check_float(xs, op);
   dispatch_float_half(xs.dtype(), op, [&](auto tag) {
     using T = decltype(tag);

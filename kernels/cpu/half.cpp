@@ -1,16 +1,17 @@
 // The f16 staging helpers of the CPU backend (see half.h): the heavy op families compute f16 in
 // f32 temporaries that go through the allocator like any other scratch, so the memory statistics
-// of a mixed-precision run on the CPU include them.
+// of a mixed-precision run on the CPU include them. The copies go to the tensors' own backend, so
+// the meta device (kernels/meta) stages f16 operands with these same functions and no data.
 #include "kernels/cpu/half.h"
 
-#include "kernels/cpu/cpu_backend.h"
+#include "core/backend.h"
 
 namespace minidl::cpu {
 
 Tensor widen_half(const Tensor& t) {
   if (!is_half(t)) return t;
   Tensor w = empty(t.shape(), {DType::f32, t.device(), false});
-  cpu_backend().copy(t.detach(), w);
+  backend(t.device()).copy(t.detach(), w);
   return w;
 }
 
@@ -21,7 +22,7 @@ Tensor f32_output_for(const Tensor& t) {
 
 void narrow_into(const Tensor& result, const Tensor& dst) {
   if (!dst.defined() || result.same(dst)) return;
-  cpu_backend().copy(result, dst);
+  backend(dst.device()).copy(result, dst);
 }
 
 }  // namespace minidl::cpu

@@ -14,6 +14,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/strided.h"
+#include "kernels/cpu/workspace.h"
 
 namespace minidl::cpu {
 namespace {
@@ -44,6 +45,12 @@ void with_map(const T* p, int64_t rows, int64_t cols, int64_t rs, int64_t cs, La
 
 }  // namespace
 
+std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b) {
+  const int64_t M = a.shape()[1], K = a.shape()[2], N = b.shape()[2];
+  return {layout_of(M, K, a.strides()[1], a.strides()[2]) == Layout::Other,
+          layout_of(K, N, b.strides()[1], b.strides()[2]) == Layout::Other};
+}
+
 void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   if (is_half(a_in) || is_half(b_in) || is_half(out)) {  // f16: an f32 GEMM (f32 accumulation), one rounding
     const Tensor o = f32_output_for(out);
@@ -52,16 +59,11 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& ou
   }
   const int64_t B = out.shape()[0], M = out.shape()[1], N = out.shape()[2], K = a_in.shape()[2];
   Tensor a = a_in, b = b_in;
-  Layout la = layout_of(M, K, a.strides()[1], a.strides()[2]);
-  Layout lb = layout_of(K, N, b.strides()[1], b.strides()[2]);
-  if (la == Layout::Other) {
-    a = a.contiguous();
-    la = Layout::Row;
-  }
-  if (lb == Layout::Other) {
-    b = b.contiguous();
-    lb = Layout::Row;
-  }
+  const auto [copy_a, copy_b] = matmul_operand_copies(a, b);
+  if (copy_a) a = a.contiguous();
+  if (copy_b) b = b.contiguous();
+  const Layout la = layout_of(M, K, a.strides()[1], a.strides()[2]);
+  const Layout lb = layout_of(K, N, b.strides()[1], b.strides()[2]);
   dispatch_floating(out.dtype(), "matmul", [&](auto tag) {
     using T = decltype(tag);
     const T* pa = a.data<T>();

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
 #include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
@@ -88,6 +89,14 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
+size_t unscale_table_bytes(const std::vector<Tensor>& grads) {
+  size_t chunks = 0;
+  for (const Tensor& g : grads) {
+    if (g.defined() && g.numel() > 0) chunks += static_cast<size_t>((g.numel() + kChunkElems - 1) / kChunkElems);
+  }
+  return chunks * sizeof(GradChunk);
+}
+
 bool cast_f32_f16_vectorized(const Tensor& src, const Tensor& dst) {
   const bool f32_to_f16 = src.dtype() == DType::f32 && dst.dtype() == DType::f16;
   const bool f16_to_f32 = src.dtype() == DType::f16 && dst.dtype() == DType::f32;
@@ -141,7 +150,9 @@ void CudaBackend::unscale_grads(const std::vector<Tensor>& grads, double inv_sca
   }
   if (chunks.empty()) return;
   DeviceContext& ctx = context_of(found_inf);
-  const size_t bytes = chunks.size() * sizeof(GradChunk);
+  const size_t bytes = unscale_table_bytes(grads);
+  MINIDL_CHECK(bytes == chunks.size() * sizeof(GradChunk), "unscale_grads (cuda): chunk table of ", bytes,
+               " bytes for ", chunks.size(), " chunks");
   DeviceBuffer meta(ctx, bytes);   // stream-ordered: freed after the launch is queued, reused only after it
   ctx.staging().to_device(meta.get(), chunks.data(), bytes, ctx.stream());
   const auto n = static_cast<int64_t>(chunks.size());

@@ -13,6 +13,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
@@ -105,6 +106,17 @@ Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const c
   if (g_split > 0) G = g_split;
   g.G = static_cast<int>(std::min<int64_t>(G, 65535));
   return g;
+}
+
+BatchNormScratch forward_scratch(const Geo& g, DType dt, bool training, bool keeps_mean, bool keeps_invstd) {
+  BatchNormScratch s;
+  const bool snapshot = training || keeps_mean;   // evaluation without save_mean reads the running ones
+  s.make_mean = snapshot && !keeps_mean;
+  s.make_invstd = snapshot && !keeps_invstd;
+  s.stats = g.C;
+  s.stats_dtype = dt == DType::f16 ? DType::f32 : dt;
+  s.partials = training ? int64_t{g.G} * g.C * 2 : 0;
+  return s;
 }
 
 dim3 grid_of(const Geo& g) {
@@ -219,10 +231,11 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, const Tens
   using namespace bn;
   check_cuda(op, {&x, &residual, &y});
   const Geo g = geometry(x, {&residual, &y}, op);
-  const TensorOptions popts{x.dtype() == DType::f16 ? DType::f32 : x.dtype(), x.device(), false};
+  const BatchNormScratch scratch = forward_scratch(g, x.dtype(), training, save_mean.defined(), save_invstd.defined());
+  const TensorOptions popts{scratch.stats_dtype, x.device(), false};
   const bool snapshot = training || save_mean.defined();
-  const Tensor sm = snapshot && !save_mean.defined() ? empty({g.C}, popts) : save_mean;
-  const Tensor si = snapshot && !save_invstd.defined() ? empty({g.C}, popts) : save_invstd;
+  const Tensor sm = scratch.make_mean ? empty({scratch.stats}, popts) : save_mean;
+  const Tensor si = scratch.make_invstd ? empty({scratch.stats}, popts) : save_invstd;
   Affine aff;
   aff.weight = channel(weight, g.C, op);
   aff.bias = channel(bias, g.C, op);
@@ -239,7 +252,7 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, const Tens
   }
   if (g.C == 0) return;
   DeviceContext& ctx = context_of(x);
-  const Tensor part = training ? empty({g.G, g.C, 2}, {DType::f64, x.device(), false}) : Tensor();
+  const Tensor part = training ? empty({scratch.partials}, {DType::f64, x.device(), false}) : Tensor();
   double* part_d = training ? static_cast<double*>(part.data_ptr()) : nullptr;
   dispatch(g, x.dtype(), op, [&](auto tag, auto vtag, auto rtag) {
     using T = decltype(tag);
@@ -259,6 +272,12 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, const Tens
 }
 
 }  // namespace
+
+BatchNormScratch batch_norm_forward_scratch(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,
+                                            bool keeps_mean, bool keeps_invstd) {
+  const bn::Geo g = bn::geometry(x, {&residual, &y}, "batch_norm");
+  return bn::forward_scratch(g, x.dtype(), training, keeps_mean, keeps_invstd);
+}
 
 void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                            const Tensor& running_mean, const Tensor& running_var, double momentum,

@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "kernels/cuda/device/common.cuh"
 #include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 
@@ -223,6 +224,11 @@ __device__ __forceinline__ void write_block_sums(PairSums<A, L>& ps, const Geo& 
 // small tensors); 0 sizes G to fill the GPU.
 Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const char* op);
 dim3 grid_of(const Geo& g);
+// The temporaries of one forward / backward call with geometry g (workspace.h): the kernels
+// allocate exactly these, and the meta device's model of a GPU asks for the same numbers.
+BatchNormScratch forward_scratch(const Geo& g, DType dt, bool training, bool keeps_mean, bool keeps_invstd);
+BatchNormScratch backward_scratch(const Geo& g, int64_t numel, bool training, bool wants_gweight, bool wants_gbias,
+                                  bool with_residual);
 
 // Calls f(T{}, integral_constant V, bool_constant rows) for the kernels' instantiations: f16 with
 // V 8/4/1, f32 4/2/1, f64 1 (f64 is the reference dtype: no vector path).

@@ -115,6 +115,19 @@ __global__ void grad_input_kernel(const T* __restrict__ gsrc, const T* __restric
 }
 
 }  // namespace
+
+BatchNormScratch backward_scratch(const Geo& g, int64_t numel, bool training, bool wants_gweight, bool wants_gbias,
+                                  bool with_residual) {
+  BatchNormScratch s;
+  // Pass 1 serves the batch-statistics terms (training), the per-channel gradients and the
+  // residual's gradient; an evaluation-mode backward wanting only gx skips it.
+  const bool sums = training || wants_gweight || wants_gbias || with_residual;
+  if (g.C == 0 || numel == 0 || !sums) return s;
+  s.partials = int64_t{g.G} * g.C * 2;
+  s.coefficients = g.C * 2;
+  return s;
+}
+
 }  // namespace bn
 
 namespace {
@@ -144,12 +157,13 @@ void backward(const char* op, const Tensor& gy, const Tensor& x, const Tensor& y
     return;
   }
   DeviceContext& ctx = context_of(x);
-  // Pass 1 serves the batch-statistics terms (training), the per-channel gradients and the
-  // residual's gradient; an evaluation-mode backward wanting only gx skips it.
-  const bool sums = training || gweight.defined() || gbias.defined() || with_res;
+  // Whether pass 1 runs, and its scratch, as backward_scratch decides (the meta device reads it).
+  const BatchNormScratch scratch =
+      backward_scratch(g, x.numel(), training, gweight.defined(), gbias.defined(), with_res);
+  const bool sums = scratch.partials > 0;
   const TensorOptions f64{DType::f64, x.device(), false};
-  const Tensor part = sums ? empty({g.G, g.C, 2}, f64) : Tensor();
-  const Tensor coef = sums ? empty({g.C, 2}, f64) : Tensor();
+  const Tensor part = sums ? empty({scratch.partials}, f64) : Tensor();
+  const Tensor coef = sums ? empty({scratch.coefficients}, f64) : Tensor();
   double* part_d = sums ? static_cast<double*>(part.data_ptr()) : nullptr;
   double* coef_d = sums ? static_cast<double*>(coef.data_ptr()) : nullptr;
   dispatch(g, x.dtype(), op, [&](auto tag, auto vtag, auto rtag) {
@@ -172,6 +186,13 @@ void backward(const char* op, const Tensor& gy, const Tensor& x, const Tensor& y
 }
 
 }  // namespace
+
+BatchNormScratch batch_norm_backward_scratch(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& gx,
+                                             const Tensor& gresidual, bool training, bool wants_gweight,
+                                             bool wants_gbias) {
+  const bn::Geo g = bn::geometry(x, {&gy, &y, &gx, &gresidual}, "batch_norm_backward");
+  return bn::backward_scratch(g, x.numel(), training, wants_gweight, wants_gbias, gresidual.defined());
+}
 
 void CudaBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
                                       const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/workspace.h"
 #ifdef MINIDL_CUDA_EMU
 #include "kernels/cuda/emu/runtime_state.h"
 #endif
@@ -197,6 +198,8 @@ cudnnHandle_t DeviceContext::cudnn() {
   }
   return cudnn_;
 }
+
+size_t cublas_workspace_bytes() { return DeviceContext::kCublasWorkspace; }
 
 DeviceContext& context(int index) {
   static std::mutex mu;

@@ -52,11 +52,12 @@ class DeviceContext {
   void activate() const;
   void synchronize() const;
   const cudaDeviceProp& props() const { return props_; }
+  // cuBLAS's workspace, from the allocator (kernels/cuda/workspace.h: cublas_workspace_bytes).
+  static constexpr size_t kCublasWorkspace = size_t{8} << 20;
 
  private:
   int index_;
   cudaStream_t stream_ = nullptr;
-  static constexpr size_t kCublasWorkspace = size_t{8} << 20;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;

@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
@@ -280,23 +281,26 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
                          0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
 }
 
-ConvShape shape_of(const Tensor& x, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o) {
-  MINIDL_CHECK(x.dim() == 4 && wshape.size() == 4 && yshape.size() == 4, "conv2d (cuda): expected 4-d x, w, y, got ",
-               x.meta(), ", ", shape_str(wshape), ", ", shape_str(yshape));
+ConvShape shape_of(const Shape& xshape, DType dtype, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o) {
+  MINIDL_CHECK(xshape.size() == 4 && wshape.size() == 4 && yshape.size() == 4, "conv2d (cuda): expected 4-d x, w, y, got ",
+               shape_str(xshape), ", ", shape_str(wshape), ", ", shape_str(yshape));
   ConvShape cs;
-  cs.n = x.size(0);
-  cs.c = x.size(1);
-  cs.h = x.size(2);
-  cs.w = x.size(3);
+  cs.n = xshape[0];
+  cs.c = xshape[1];
+  cs.h = xshape[2];
+  cs.w = xshape[3];
   cs.k = wshape[0];
   cs.r = wshape[2];
   cs.s = wshape[3];
   cs.oh = yshape[2];
   cs.ow = yshape[3];
   cs.o = o;
-  cs.dtype = x.dtype();
+  cs.dtype = dtype;
   cs.nhwc = conv_nhwc();
   return cs;
+}
+ConvShape shape_of(const Tensor& x, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o) {
+  return shape_of(x.shape(), x.dtype(), wshape, yshape, o);
 }
 
 // What the copies into and out of channels-last are filed under (device/launch.cuh's LaunchScope):
@@ -319,6 +323,21 @@ void conv_backward_data_raw(DeviceContext& ctx, const ConvShape& cs, const void*
 }
 void conv_backward_filter_raw(DeviceContext& ctx, const ConvShape& cs, const void* x, const void* dy, void* dw) {
   run(ctx, cs, Dir::BwdFilter, x, dy, dw);
+}
+
+std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const Shape& w, const Shape& y,
+                                              const Conv2dOptions& o, DType dtype) {
+  const ConvShape cs = shape_of(x, dtype, w, y, o);
+  const Descriptors d(cs);
+  cudnnHandle_t h = context(0).cudnn();
+  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
+  const Dir dd = dir == ConvDir::Forward ? Dir::Fwd : dir == ConvDir::BackwardData ? Dir::BwdData : Dir::BwdFilter;
+  std::vector<size_t> out;
+  for (const Candidate& c : heuristic(h, d, dd)) {   // run()'s fallback order, as it sizes each
+    const size_t wsz = workspace_size(h, d, dd, c);
+    if (wsz != SIZE_MAX) out.push_back(wsz);
+  }
+  return out;
 }
 
 size_t conv_algo_cache_size() {

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/launch_timer.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
@@ -34,6 +35,11 @@ int checked_int(int64_t v, const char* what) {
 
 }  // namespace
 
+std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b) {
+  const int64_t M = a.size(1), K = a.size(2), N = b.size(2);
+  return {!describe(M, K, a.strides()[1], a.strides()[2]).ok, !describe(K, N, b.strides()[1], b.strides()[2]).ok};
+}
+
 void CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   check_cuda("matmul", {&a_in, &b_in, &out});
   check_contiguous("matmul", {&out});
@@ -51,16 +57,11 @@ void CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& o
     return;
   }
   Tensor a = a_in, b = b_in;
-  Operand oa = describe(M, K, a.strides()[1], a.strides()[2]);
-  Operand ob = describe(K, N, b.strides()[1], b.strides()[2]);
-  if (!oa.ok) {
-    a = a.contiguous();
-    oa = describe(M, K, a.strides()[1], a.strides()[2]);
-  }
-  if (!ob.ok) {
-    b = b.contiguous();
-    ob = describe(K, N, b.strides()[1], b.strides()[2]);
-  }
+  const auto [copy_a, copy_b] = matmul_operand_copies(a, b);
+  if (copy_a) a = a.contiguous();
+  if (copy_b) b = b.contiguous();
+  const Operand oa = describe(M, K, a.strides()[1], a.strides()[2]);
+  const Operand ob = describe(K, N, b.strides()[1], b.strides()[2]);
   DeviceContext& ctx = context_of(out);
   cudaDataType_t dt;
   cublasComputeType_t ct;

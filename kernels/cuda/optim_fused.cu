@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
 #include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
@@ -99,9 +100,10 @@ __global__ void adam_kernel(const AdamChunk* __restrict__ chunks, int64_t nchunk
 }
 
 // Whether every tensor of every list is a contiguous f32 tensor on `dev` with its parameter's
-// shape (lists may be empty: state the optimizer does not keep).
+// shape (lists may be empty: state the optimizer does not keep). A GPU, or the meta device standing
+// for one (kernels/cuda/workspace.h).
 bool eligible(const std::vector<Tensor>& params, std::initializer_list<const std::vector<Tensor>*> lists) {
-  if (params.empty() || !params[0].defined() || !params[0].device().is_cuda()) return false;
+  if (params.empty() || !params[0].defined() || params[0].device().target() != DeviceType::CUDA) return false;
   const Device dev = params[0].device();
   for (const std::vector<Tensor>* l : lists) {
     if (l->empty()) continue;
@@ -130,16 +132,52 @@ void launch(const Tensor& any, const std::vector<Chunk>& chunks, void (*kernel)(
                 n, args);
 }
 
+// Whether a group takes the fused steps below, and their chunk count.
+bool sgd_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                   const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
+                   const Backend::SgdHyper& h) {
+  const bool use_momentum = h.momentum != 0.0;
+  return grads.size() == params.size() && (!use_momentum || momentum_bufs.size() == params.size()) &&
+         (!use_momentum || fresh.size() == params.size()) && eligible(params, {&params, &grads, &momentum_bufs});
+}
+
+bool adam_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                    const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
+                    const Backend::AdamHyper& h) {
+  return grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size() &&
+         steps.size() == params.size() && (!h.amsgrad || max_exp_avg_sq.size() == params.size()) &&
+         eligible(params, {&params, &grads, &exp_avg, &exp_avg_sq, &max_exp_avg_sq});
+}
+
+size_t chunk_count(const std::vector<Tensor>& params) {
+  size_t n = 0;
+  for (const Tensor& p : params) n += static_cast<size_t>((p.numel() + kChunkElems - 1) / kChunkElems);
+  return n;
+}
+
 }  // namespace
+
+std::optional<size_t> fused_sgd_table_bytes(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                            const std::vector<Tensor>& momentum_bufs,
+                                            const std::vector<uint8_t>& fresh, const Backend::SgdHyper& h) {
+  if (!sgd_qualifies(params, grads, momentum_bufs, fresh, h)) return std::nullopt;
+  return chunk_count(params) * sizeof(SgdChunk);
+}
+
+std::optional<size_t> fused_adam_table_bytes(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                             const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                                             const std::vector<Tensor>& max_exp_avg_sq,
+                                             const std::vector<int64_t>& steps, const Backend::AdamHyper& h) {
+  if (!adam_qualifies(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h)) return std::nullopt;
+  return chunk_count(params) * sizeof(AdamChunk);
+}
 
 bool CudaBackend::fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                  const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
                                  const SgdHyper& h) {
   const bool use_momentum = h.momentum != 0.0;
-  if (grads.size() != params.size() || (use_momentum && momentum_bufs.size() != params.size()) ||
-      (use_momentum && fresh.size() != params.size()) || !eligible(params, {&params, &grads, &momentum_bufs})) {
-    return false;
-  }
+  if (!sgd_qualifies(params, grads, momentum_bufs, fresh, h)) return false;
   std::vector<SgdChunk> chunks;
   for (size_t t = 0; t < params.size(); ++t) {
     const int64_t n = params[t].numel();
@@ -170,11 +208,7 @@ bool CudaBackend::fused_adam_step(const std::vector<Tensor>& params, const std::
                                   const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                                   const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
                                   const AdamHyper& h) {
-  if (grads.size() != params.size() || exp_avg.size() != params.size() || exp_avg_sq.size() != params.size() ||
-      steps.size() != params.size() || (h.amsgrad && max_exp_avg_sq.size() != params.size()) ||
-      !eligible(params, {&params, &grads, &exp_avg, &exp_avg_sq, &max_exp_avg_sq})) {
-    return false;
-  }
+  if (!adam_qualifies(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h)) return false;
   std::vector<AdamChunk> chunks;
   for (size_t t = 0; t < params.size(); ++t) {
     MINIDL_CHECK(steps[t] >= 1, "fused_adam_step (cuda): step ", steps[t], " of parameter ", t,

@@ -1,0 +1,67 @@
+// What the CUDA kernels allocate besides their outputs, from the decisions the kernels themselves
+// take (each function is defined next to its kernel and used by it): the meta device's model of
+// a GPU (kernels/meta/cuda_model.cpp) allocates exactly this. A plain C++ header, so the host code
+// of minidl can call it in any CUDA build (the nvcc one and the emulated device's).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace minidl::cuda {
+
+// context.cu: cuBLAS's workspace, drawn from the caching allocator at a device's first GEMM and
+// held until the device context goes.
+size_t cublas_workspace_bytes();
+
+// matmul.cu: whether a (first) and b (second) are copied to contiguous memory before the GEMM.
+std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b);
+
+// conv.cu: the workspace sizes the convolution tries, in order, until one fits the allocator:
+// cuDNN's heuristic ranking (cudnnGet*Algorithm_v7 and cudnnGet*WorkspaceSize under the current
+// math and layout switches) on device 0's handle, so it needs a GPU or the emulated device.
+// Benchmark mode's autotuning (timed, so unknown in advance) is not part of it.
+enum class ConvDir { Forward, BackwardData, BackwardFilter };
+std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const Shape& w, const Shape& y,
+                                              const Conv2dOptions& o, DType dtype);
+// runtime.cu: convolutions run in NHWC (each operand copied to channels-last and back).
+bool conv_nhwc();
+
+// batch_norm.cu, batch_norm_backward.cu: the temporaries of one batch-norm pass, plain or fused
+// (batch_norm_relu, batch_norm_add_relu), allocated in this order. The forward makes save_mean and
+// save_invstd itself when it computes statistics the caller does not keep, then (training) the
+// per-block partial sums; the backward, when it sums, the partial sums and the per-channel
+// coefficients. The number of blocks per channel comes from the launch geometry (layout, vector
+// width, which depends on the operands' addresses, and batch_norm_split), so the operands are
+// passed as the kernel receives them.
+struct BatchNormScratch {
+  bool make_mean = false, make_invstd = false;   // forward: temporaries of `stats` elements
+  int64_t stats = 0;
+  DType stats_dtype = DType::f32;
+  int64_t partials = 0;       // f64 elements (blocks x C x 2); 0: none
+  int64_t coefficients = 0;   // backward: f64 elements (C x 2); 0: none
+};
+BatchNormScratch batch_norm_forward_scratch(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,
+                                            bool keeps_mean, bool keeps_invstd);
+BatchNormScratch batch_norm_backward_scratch(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& gx,
+                                             const Tensor& gresidual, bool training, bool wants_gweight,
+                                             bool wants_gbias);
+
+// amp.cu: the chunk table of the fused unscale (bytes; 0 when no gradient has elements). Strided
+// gradients are unscaled in contiguous copies besides.
+size_t unscale_table_bytes(const std::vector<Tensor>& grads);
+
+// optim_fused.cu: the chunk table of a fused optimizer step, or nullopt when the group does not
+// qualify (the optimizer then runs its per-tensor path).
+std::optional<size_t> fused_sgd_table_bytes(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                            const std::vector<Tensor>& momentum_bufs,
+                                            const std::vector<uint8_t>& fresh, const Backend::SgdHyper& h);
+std::optional<size_t> fused_adam_table_bytes(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                             const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                                             const std::vector<Tensor>& max_exp_avg_sq,
+                                             const std::vector<int64_t>& steps, const Backend::AdamHyper& h);
+
+}  // namespace minidl::cuda

@@ -1,0 +1,196 @@
+// The CUDA backend's temporaries on the meta device (see cuda_model.h). Each function follows one
+// CUDA kernel's host code: the order of its allocations, and the early returns before them; the
+// sizes and the decisions (copies, algorithms, tables) come from kernels/cuda/workspace.h.
+#include "kernels/meta/cuda_model.h"
+
+#include <memory>
+
+#include "core/allocator.h"
+#include "kernels/meta/meta_backend.h"
+
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/workspace.h"
+#endif
+
+namespace minidl::meta::cuda_model {
+namespace {
+
+#ifndef MINIDL_WITH_CUDA
+[[noreturn]] void no_backend(const char* what) {
+  MINIDL_FAIL("meta:cuda (", what, "): this build of minidl has no CUDA backend, whose decisions (cuDNN's "
+              "algorithms, cuBLAS's workspace) the dry run for a GPU needs; rebuild with -DMINIDL_CUDA=ON, or dry-run "
+              "for the cpu (meta:cpu)");
+}
+#endif
+
+// A raw block of the modelled allocator, as kernels/cuda/context.cuh's DeviceBuffer.
+class Buffer {
+ public:
+  Buffer(Device d, size_t n) : alloc_(&allocator_for(d)), n_(n), p_(n ? alloc_->allocate(n) : nullptr) {}
+  ~Buffer() {
+    if (p_ != nullptr) alloc_->deallocate(p_, n_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+ private:
+  Allocator* alloc_;
+  size_t n_;
+  void* p_;
+};
+
+// kernels/cuda/conv.cu's to_nhwc / empty_nhwc.
+Tensor to_nhwc(const Tensor& t) { return t.detach().permute({0, 2, 3, 1}).contiguous(); }
+Tensor empty_nhwc(const Tensor& like) {
+  const Shape& s = like.shape();
+  return empty({s[0], s[2], s[3], s[1]}, {like.dtype(), like.device(), false});
+}
+
+}  // namespace
+
+#ifdef MINIDL_WITH_CUDA
+
+size_t cublas_workspace_bytes() { return cuda::cublas_workspace_bytes(); }
+
+void copy(const Tensor& src, const Tensor& dst) {
+  if (dst.numel() == 0) return;
+  const bool s_dev = src.device().is_meta(), d_dev = dst.device().is_meta();
+  if (s_dev && d_dev) return;   // on the device: a kernel, no temporary
+  if (d_dev) {                  // host -> device: a strided target is scattered from a contiguous copy
+    if (!dst.is_contiguous()) Tensor d = empty(dst.shape(), {dst.dtype(), dst.device(), false});
+    return;
+  }
+  // device -> host: gathered (and converted) on the device first.
+  if (!src.is_contiguous() || src.dtype() != dst.dtype()) Tensor d = empty(src.shape(), {dst.dtype(), src.device(), false});
+}
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MetaBackend& backend) {
+  if (out.size(0) == 0 || out.size(1) == 0 || out.size(2) == 0 || a.size(2) == 0) return;
+  const auto [copy_a, copy_b] = cuda::matmul_operand_copies(a, b);
+  const Tensor ca = copy_a ? a.contiguous() : a;
+  const Tensor cb = copy_b ? b.contiguous() : b;
+  backend.draw_cublas_workspace();
+}
+
+void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
+  // The early returns of conv2d_forward / _backward_input / _backward_weight.
+  if (dir == ConvDir::Forward && (y.numel() == 0 || x.numel() == 0 || w.numel() == 0)) return;
+  if (dir == ConvDir::BackwardData && (y.numel() == 0 || w.numel() == 0)) return;
+  if (dir == ConvDir::BackwardFilter && (y.numel() == 0 || x.numel() == 0)) return;
+  std::vector<Tensor> held;   // the NHWC copies, in the kernel's order
+  if (cuda::conv_nhwc()) {
+    if (dir == ConvDir::Forward) held = {to_nhwc(x), to_nhwc(w), empty_nhwc(y)};
+    else if (dir == ConvDir::BackwardData) held = {to_nhwc(y), to_nhwc(w), empty_nhwc(x)};
+    else held = {to_nhwc(x), to_nhwc(y), empty_nhwc(w)};
+  }
+  if (x.size(0) == 0 || w.size(0) == 0 || x.size(1) == 0) return;   // run(): n, k or c is 0
+  const auto cdir = dir == ConvDir::Forward        ? cuda::ConvDir::Forward
+                    : dir == ConvDir::BackwardData ? cuda::ConvDir::BackwardData
+                                                   : cuda::ConvDir::BackwardFilter;
+  std::string tried;
+  for (size_t ws : cuda::conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype())) {
+    try {
+      Buffer b(x.device(), ws);
+      return;   // the algorithm runs with this workspace, which is freed when it returns
+    } catch (const OutOfMemoryError&) {
+      tried += " " + format_bytes(ws);   // a leaner algorithm may fit
+    }
+  }
+  const MemoryStats s = allocator_for(x.device()).stats();
+  throw OutOfMemoryError("out of memory on meta:cuda: no cuDNN convolution algorithm's workspace fits (tried" + tried +
+                             "). Use a smaller batch, or raise the memory budget.",
+                         0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
+}
+
+// batch_norm.cu's forward(): the statistics it makes itself, then (training) the partial sums;
+// batch_norm_backward.cu's backward(): the partial sums and the coefficients.
+void batch_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,
+                        const Tensor& save_mean, const Tensor& save_invstd) {
+  const cuda::BatchNormScratch s =
+      cuda::batch_norm_forward_scratch(x, residual, y, training, save_mean.defined(), save_invstd.defined());
+  const TensorOptions stats{s.stats_dtype, x.device(), false};
+  const Tensor sm = s.make_mean ? empty({s.stats}, stats) : Tensor();
+  const Tensor si = s.make_invstd ? empty({s.stats}, stats) : Tensor();
+  if (s.partials > 0) Tensor part = empty({s.partials}, {DType::f64, x.device(), false});
+}
+
+void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& gx, const Tensor& gresidual,
+                         bool training, bool wants_gweight, bool wants_gbias) {
+  const cuda::BatchNormScratch s =
+      cuda::batch_norm_backward_scratch(gy, x, y, gx, gresidual, training, wants_gweight, wants_gbias);
+  if (s.partials == 0) return;
+  const Tensor part = empty({s.partials}, {DType::f64, x.device(), false});
+  const Tensor coef = empty({s.coefficients}, {DType::f64, x.device(), false});
+}
+
+void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
+  if (log_probs.dtype() == DType::f16 || losses.dtype() == DType::f16) {
+    const Tensor lpf = f32_like(log_probs), lf = f32_like(losses);
+    return nll_forward(lpf, target, lf);
+  }
+  if (log_probs.size(0) > 0) Tensor flag = empty({1}, {DType::i64, target.device(), false});   // the target check
+}
+
+void cross_entropy_forward(const Tensor& logits) {
+  if (logits.size(0) > 0) Buffer flag(logits.device(), sizeof(unsigned long long));
+}
+
+void unscale_grads(const std::vector<Tensor>& grads) {
+  std::vector<Tensor> copies;
+  for (const Tensor& g : grads) {
+    if (g.defined() && g.numel() > 0 && !g.is_contiguous()) copies.push_back(g.detach().contiguous());
+  }
+  const size_t bytes = cuda::unscale_table_bytes(grads);
+  if (bytes > 0) Buffer table(grads.front().device(), bytes);
+}
+
+bool fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
+                    const Backend::SgdHyper& h) {
+  const auto bytes = cuda::fused_sgd_table_bytes(params, grads, momentum_bufs, fresh, h);
+  if (!bytes) return false;
+  if (*bytes > 0) Buffer table(params.front().device(), *bytes);
+  return true;
+}
+
+bool fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                     const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                     const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
+                     const Backend::AdamHyper& h) {
+  const auto bytes = cuda::fused_adam_table_bytes(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h);
+  if (!bytes) return false;
+  if (*bytes > 0) Buffer table(params.front().device(), *bytes);
+  return true;
+}
+
+#else
+
+size_t cublas_workspace_bytes() { no_backend("cuBLAS workspace"); }
+void copy(const Tensor&, const Tensor&) {}
+void matmul(const Tensor&, const Tensor&, const Tensor&, MetaBackend&) { no_backend("matmul"); }
+void conv(ConvDir, const Tensor&, const Tensor&, const Tensor&, const Conv2dOptions&) { no_backend("conv2d"); }
+void batch_norm_forward(const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&) {
+  no_backend("batch_norm");
+}
+void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, bool, bool) {
+  no_backend("batch_norm backward");
+}
+void nll_forward(const Tensor&, const Tensor&, const Tensor&) { no_backend("nll_loss"); }
+void cross_entropy_forward(const Tensor&) { no_backend("cross_entropy"); }
+void unscale_grads(const std::vector<Tensor>&) { no_backend("unscale_grads"); }
+bool fused_sgd_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                    const std::vector<uint8_t>&, const Backend::SgdHyper&) {
+  no_backend("fused SGD");
+}
+bool fused_adam_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                     const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<int64_t>&,
+                     const Backend::AdamHyper&) {
+  no_backend("fused Adam");
+}
+
+#endif
+
+// kernels/cuda/softmax.cu's f32_like: f16 softmax and NLL compute in f32 copies.
+Tensor f32_like(const Tensor& t) { return empty(t.shape(), {DType::f32, t.device(), false}); }
+
+}  // namespace minidl::meta::cuda_model

@@ -1,0 +1,255 @@
+// The meta device's kernels (see meta_backend.h). Nothing is computed; each kernel holds, until it
+// returns, the temporaries the kernel of the modelled device allocates: for the CPU, the f16
+// staging copies (kernels/cpu/half.h, the same functions) and the scratch that
+// kernels/cpu/workspace.h sizes; for CUDA, what kernels/cuda/workspace.h says (cuda_model.cpp).
+#include "kernels/meta/meta_backend.h"
+
+#include "core/allocator.h"
+#include "kernels/caching_allocator.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/workspace.h"
+#include "kernels/meta/cuda_model.h"
+
+namespace minidl::meta {
+namespace {
+
+using cpu::f32_output_for;
+using cpu::is_half;
+using cpu::widen_half;
+
+bool models_cuda(const Tensor& t) { return t.device().target() == DeviceType::CUDA; }
+
+// The CPU kernel's conv scratch, allocated and held for the call (like: the f32/f64 input or gy;
+// f16 operands were widened by the caller as the kernel widens them).
+void hold_conv_scratch(cpu::ConvPass pass, const Shape& x, const Shape& w, const Shape& y, const Conv2dOptions& o,
+                       const Tensor& like) {
+  std::vector<Tensor> held;
+  for (int64_t bytes : cpu::conv2d_workspace_bytes(pass, x, w, y, o, like.dtype()))
+    held.push_back(empty({bytes}, TensorOptions{DType::u8, like.device(), false}));
+}
+
+}  // namespace
+
+Allocator& MetaBackend::allocator(int device_index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (device_index == static_cast<int>(DeviceType::CUDA)) {
+    if (!cuda_) {
+      cuda_ = std::make_unique<CachingAllocator>(std::make_unique<AddressRangeSource>(), Device::meta(DeviceType::CUDA));
+    }
+    return *cuda_;
+  }
+  MINIDL_CHECK(device_index == static_cast<int>(DeviceType::CPU), "meta device: unknown target ", device_index,
+               " (expected meta:cpu or meta:cuda)");
+  if (!cpu_) cpu_ = std::make_unique<CpuAllocator>(Device::meta(DeviceType::CPU));
+  return *cpu_;
+}
+
+void MetaBackend::draw_cublas_workspace() {
+  Allocator& a = allocator(static_cast<int>(DeviceType::CUDA));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cublas_ptr_ == nullptr) cublas_ptr_ = a.allocate(cuda_model::cublas_workspace_bytes());
+}
+
+void MetaBackend::copy(const Tensor& src, const Tensor& dst) {
+  if (models_cuda(src) || models_cuda(dst)) cuda_model::copy(src, dst);   // the device-side staging
+  if (!dst.device().is_meta()) {
+    // A host read of meta data (item(), to_vector(), a flag): zeros. A gradient scaler therefore
+    // sees no overflow and steps, and a clipped norm reads 0.
+    if (dst.device().is_cpu()) cpu::cpu_backend().fill(dst, 0.0);
+    else backend(dst.device()).fill(dst, 0.0);
+  }
+}
+
+void MetaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (models_cuda(out)) return cuda_model::matmul(a, b, out, *this);
+  if (is_half(a) || is_half(b) || is_half(out)) {
+    const Tensor o = f32_output_for(out);
+    return matmul(widen_half(a), widen_half(b), o);
+  }
+  const auto [copy_a, copy_b] = cpu::matmul_operand_copies(a, b);
+  const Tensor ca = copy_a ? a.contiguous() : a;
+  const Tensor cb = copy_b ? b.contiguous() : b;
+}
+
+void MetaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
+                                 const Tensor& y) {
+  if (models_cuda(y)) return cuda_model::conv(cuda_model::ConvDir::Forward, x, w, y, o);
+  if (x.size(0) == 0) return;
+  if (is_half(x) || is_half(w) || is_half(y)) {
+    const Tensor yf = f32_output_for(y);
+    return conv2d_forward(widen_half(x), widen_half(w), widen_half(bias), o, yf);
+  }
+  hold_conv_scratch(cpu::ConvPass::Forward, x.shape(), w.shape(), y.shape(), o, x);
+}
+
+void MetaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) {
+  if (models_cuda(gx)) return cuda_model::conv(cuda_model::ConvDir::BackwardData, gx, w, gy, o);
+  if (gx.size(0) == 0) return;
+  if (is_half(gy) || is_half(w) || is_half(gx)) {
+    const Tensor gxf = f32_output_for(gx);
+    return conv2d_backward_input(widen_half(gy), widen_half(w), o, gxf);
+  }
+  hold_conv_scratch(cpu::ConvPass::BackwardInput, gx.shape(), w.shape(), gy.shape(), o, gy);
+}
+
+void MetaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {
+  if (models_cuda(gw)) return cuda_model::conv(cuda_model::ConvDir::BackwardFilter, x, gw, gy, o);
+  if (is_half(gy) || is_half(x) || is_half(gw)) {
+    const Tensor gwf = f32_output_for(gw);
+    return conv2d_backward_weight(widen_half(gy), widen_half(x), o, gwf);
+  }
+  hold_conv_scratch(cpu::ConvPass::BackwardWeight, x.shape(), gw.shape(), gy.shape(), o, x);
+}
+
+// Pooling, batch norm and softmax: the CPU stages f16 operands in f32 and computes into an f32
+// output; the CUDA kernels read f16 directly (softmax and the NLL loss excepted).
+void MetaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
+  if (models_cuda(y) || !(is_half(x) || is_half(y))) return;
+  const Tensor yf = f32_output_for(y);
+  max_pool2d_forward(widen_half(x), o, yf, indices);
+}
+
+void MetaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
+                                      const Tensor& gx) {
+  if (models_cuda(gx) || !(is_half(gy) || is_half(gx))) return;
+  const Tensor gxf = f32_output_for(gx);
+  max_pool2d_backward(widen_half(gy), indices, o, gxf);
+}
+
+void MetaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
+  if (models_cuda(y) || !(is_half(x) || is_half(y))) return;
+  const Tensor yf = f32_output_for(y);
+  avg_pool2d_forward(widen_half(x), o, yf);
+}
+
+void MetaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
+  if (models_cuda(gx) || !(is_half(gy) || is_half(gx))) return;
+  const Tensor gxf = f32_output_for(gx);
+  avg_pool2d_backward(widen_half(gy), o, gxf);
+}
+
+void MetaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                           const Tensor& running_mean, const Tensor& running_var, double momentum,
+                                           double eps, const Tensor& y, const Tensor& save_mean,
+                                           const Tensor& save_invstd) {
+  if (models_cuda(y)) return cuda_model::batch_norm_forward(x, Tensor(), y, true, save_mean, save_invstd);
+  if (!(is_half(x) || is_half(y))) return;
+  const Tensor yf = f32_output_for(y);
+  batch_norm_forward_train(widen_half(x), weight, bias, running_mean, running_var, momentum, eps, yf, save_mean,
+                           save_invstd);
+}
+
+void MetaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                          const Tensor& mean, const Tensor& var, double eps, const Tensor& y) {
+  if (models_cuda(y)) return cuda_model::batch_norm_forward(x, Tensor(), y, false, Tensor(), Tensor());
+  if (!(is_half(x) || is_half(y))) return;
+  const Tensor yf = f32_output_for(y);
+  batch_norm_forward_eval(widen_half(x), weight, bias, mean, var, eps, yf);
+}
+
+void MetaBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight,
+                                      const Tensor& save_mean, const Tensor& save_invstd, const Tensor& gx,
+                                      const Tensor& gweight, const Tensor& gbias) {
+  if (models_cuda(x)) {
+    return cuda_model::batch_norm_backward(gy, x, Tensor(), gx, Tensor(), true, gweight.defined(), gbias.defined());
+  }
+  if (!(is_half(gy) || is_half(x) || is_half(gx))) return;
+  const Tensor gxf = f32_output_for(gx);
+  batch_norm_backward(widen_half(gy), widen_half(x), weight, save_mean, save_invstd, gxf, gweight, gbias);
+}
+
+// The fused forms: on the CPU the operands staged as the kernel stages them (the same function),
+// on a GPU the fused kernels' scratch.
+void MetaBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& /*weight*/,
+                                         const Tensor& /*bias*/, const Tensor& /*running_mean*/,
+                                         const Tensor& /*running_var*/, bool training, double /*momentum*/,
+                                         double /*eps*/, const Tensor& y, const Tensor& save_mean,
+                                         const Tensor& save_invstd) {
+  if (models_cuda(y)) return cuda_model::batch_norm_forward(x, residual, y, training, save_mean, save_invstd);
+  const cpu::BatchNormActForwardStage st = cpu::stage_batch_norm_act_forward(x, residual, y);
+  cpu::narrow_into(st.y, y);
+}
+
+void MetaBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& /*weight*/,
+                                          const Tensor& /*bias*/, const Tensor& /*save_mean*/,
+                                          const Tensor& /*save_invstd*/, bool training, const Tensor& gx,
+                                          const Tensor& gresidual, const Tensor& gweight, const Tensor& gbias) {
+  if (models_cuda(x)) {
+    return cuda_model::batch_norm_backward(gy, x, y, gx, gresidual, training, gweight.defined(), gbias.defined());
+  }
+  const cpu::BatchNormActBackwardStage st = cpu::stage_batch_norm_act_backward(gy, x, y, gx, gresidual);
+  cpu::narrow_into(st.gx, gx);
+  cpu::narrow_into(st.gresidual, gresidual);
+}
+
+void MetaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) {
+  if (!(is_half(x) || is_half(y))) return;
+  if (models_cuda(y)) {
+    const Tensor xf = cuda_model::f32_like(x), yf = cuda_model::f32_like(y);
+    return;
+  }
+  const Tensor yf = f32_output_for(y);
+  softmax_forward(widen_half(x), dim, log, yf);
+}
+
+void MetaBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) {
+  if (!(is_half(gy) || is_half(y) || is_half(gx))) return;
+  if (models_cuda(gx)) {
+    const Tensor gyf = cuda_model::f32_like(gy), yf = cuda_model::f32_like(y), gxf = cuda_model::f32_like(gx);
+    return;
+  }
+  const Tensor gxf = f32_output_for(gx);
+  softmax_backward(widen_half(gy), widen_half(y), dim, log, gxf);
+}
+
+void MetaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
+  if (models_cuda(losses)) return cuda_model::nll_forward(log_probs, target, losses);
+  if (!(is_half(log_probs) || is_half(losses))) return;
+  const Tensor lf = f32_output_for(losses);
+  nll_forward(widen_half(log_probs), target, lf);
+}
+
+void MetaBackend::nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) {
+  if (!(is_half(g) || is_half(glogp))) return;
+  if (models_cuda(glogp)) {
+    const Tensor gf = cuda_model::f32_like(g), glf = cuda_model::f32_like(glogp);
+    return;
+  }
+  const Tensor gf = f32_output_for(glogp);
+  nll_backward(widen_half(g), target, gf);
+}
+
+void MetaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& /*target*/, double /*label_smoothing*/,
+                                        const Tensor& /*losses*/, const Tensor& /*lse*/) {
+  if (models_cuda(logits)) cuda_model::cross_entropy_forward(logits);
+}
+
+void MetaBackend::cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double,
+                                         const Tensor&) {}
+
+void MetaBackend::unscale_grads(const std::vector<Tensor>& grads, double /*inv_scale*/, const Tensor& found_inf) {
+  if (models_cuda(found_inf)) cuda_model::unscale_grads(grads);
+}
+
+bool MetaBackend::fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                 const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
+                                 const SgdHyper& h) {
+  if (params.empty() || !models_cuda(params[0])) return false;   // the CPU has no fused step
+  return cuda_model::fused_sgd_step(params, grads, momentum_bufs, fresh, h);
+}
+
+bool MetaBackend::fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                  const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                                  const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
+                                  const AdamHyper& h) {
+  if (params.empty() || !models_cuda(params[0])) return false;
+  return cuda_model::fused_adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h);
+}
+
+MetaBackend& meta_backend() {
+  static MetaBackend* b = new MetaBackend();  // never destroyed: static tensors may outlive it
+  return *b;
+}
+
+}  // namespace minidl::meta

@@ -1,0 +1,164 @@
+// The dry run for a GPU (meta:cuda, docs/memory.md) against a measured step on the CUDA backend:
+// the caching allocator's model on address ranges, cuDNN's workspaces (heuristic order, the first
+// that fits), cuBLAS's workspace, batch norm's coefficients and the fused optimizer's tables give
+// the device's peak allocated and reserved bytes; the fused batch norm's scratch (per-block partial
+// sums whose block count follows the launch geometry) too. As kernels_cuda_emu it checks the model against
+// the emulated device (its cuDNN stand-in defines the algorithms); as kernels_cuda, on a GPU.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/autocast.h"
+#include "core/backend.h"
+#include "core/generator.h"
+#include "core/ops.h"
+#include "nn/layers.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
+
+namespace minidl {
+namespace {
+
+struct Peaks {
+  int64_t allocated = 0, reserved = 0;
+};
+
+std::shared_ptr<nn::Sequential> net(Generator& gen) {
+  using namespace nn;
+  return std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+      std::make_shared<Conv2d>(3, 16, 3, 1, 1, 1, false, &gen), std::make_shared<BatchNorm2d>(16),
+      std::make_shared<ReLU>(), std::make_shared<Conv2d>(16, 32, 3, 2, 1, 1, false, &gen),
+      std::make_shared<BatchNorm2d>(32), std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2),
+      std::make_shared<Flatten>(), std::make_shared<Linear>(32 * 4 * 4, 10, true, &gen)});
+}
+
+// Two training steps (SGD with momentum; AMP with a gradient scaler), peaks above the start.
+Peaks train(Device d, bool amp) {
+  Generator gen(7);
+  auto model = net(gen);
+  model->to(d);
+  optim::SgdOptions so;
+  so.lr = 0.01;
+  so.momentum = 0.9;
+  optim::SGD opt(model->parameters(), so);
+  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1.0, .enabled = amp});
+  // cuBLAS's workspace is drawn once per device, at the first GEMM: draw it on both first.
+  (void)matmul(ones({2, 2}, {DType::f32, d}), ones({2, 2}, {DType::f32, d}));
+  empty_cache(d);
+  const MemoryStats before = memory_stats(d);
+  reset_peak_stats(d);
+  for (int s = 0; s < 2; ++s) {
+    const Tensor x = randn({6, 3, 16, 16}, {DType::f32, d}, &gen);
+    const Tensor y = zeros({6}, {DType::i64, d});
+    Tensor loss;
+    {
+      AutocastGuard autocast(DType::f16, amp);
+      loss = cross_entropy((*model)(x), y);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+    opt.zero_grad();
+  }
+  const MemoryStats after = memory_stats(d);
+  return {after.peak_allocated_bytes - before.allocated_bytes, after.peak_reserved_bytes - before.reserved_bytes};
+}
+
+TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStep) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one) for cuDNN's answers";
+  for (bool amp : {false, true}) {
+    SCOPED_TRACE(amp ? "AMP" : "FP32");
+    const Peaks dry = train(Device::meta(DeviceType::CUDA), amp);
+    const Peaks real = train(Device::cuda(0), amp);
+    EXPECT_GT(real.allocated, 0);
+    EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
+    EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+  }
+}
+
+TEST(MetaDeviceCuda, ConvolutionWorkspacesEqualTheDevices) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one) for cuDNN's answers";
+  // One convolution's three directions, each with cuDNN's first-ranked workspace.
+  const auto peak = [](Device d) {
+    Generator gen(3);
+    const Tensor x = randn({4, 8, 32, 32}, {DType::f32, d, true}, &gen);
+    const Tensor w = randn({16, 8, 5, 5}, {DType::f32, d, true}, &gen);
+    empty_cache(d);
+    const MemoryStats before = memory_stats(d);
+    reset_peak_stats(d);
+    Conv2dOptions o;
+    o.padding = {2, 2};
+    sum(conv2d(x, w, Tensor(), o)).backward();
+    const MemoryStats after = memory_stats(d);
+    return Peaks{after.peak_allocated_bytes - before.allocated_bytes, after.peak_reserved_bytes - before.reserved_bytes};
+  };
+  const Peaks dry = peak(Device::meta(DeviceType::CUDA)), real = peak(Device::cuda(0));
+  EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated (the workspaces are part of it)";
+  EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+}
+
+// relu(batch_norm(x) [+ r]) fused, forward and backward, from values made on the host; the peaks
+// above the start.
+Peaks fused_bn(Device d, const Shape& s, DType dt, bool channels_last, bool residual, bool training) {
+  Generator gen(5);
+  const auto leaf = [&](const Shape& shape, DType t, bool cl) {
+    Tensor v = randn(shape, {DType::f32, Device::cpu()}, &gen).to(t).to(d);
+    if (cl) v = to_channels_last(v).detach();
+    v.set_requires_grad(true);
+    return v;
+  };
+  const Tensor x = leaf(s, dt, channels_last), r = residual ? leaf(s, dt, channels_last) : Tensor();
+  const Tensor w = leaf({s[1]}, DType::f32, false), b = leaf({s[1]}, DType::f32, false);
+  const Tensor rm = zeros({s[1]}, {DType::f32, d}), rv = ones({s[1]}, {DType::f32, d});
+  const Tensor gy = leaf(s, dt, channels_last).detach();
+  empty_cache(d);
+  const MemoryStats before = memory_stats(d);
+  reset_peak_stats(d);
+  {
+    const Tensor y = residual ? batch_norm_add_relu(x, r, w, b, rm, rv, training)
+                              : batch_norm_relu(x, w, b, rm, rv, training);
+    y.backward(gy);
+  }
+  const MemoryStats after = memory_stats(d);
+  return {after.peak_allocated_bytes - before.allocated_bytes, after.peak_reserved_bytes - before.reserved_bytes};
+}
+
+TEST(MetaDeviceCuda, FusedBatchNormScratchEqualsTheDevices) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one)";
+#ifdef MINIDL_WITH_CUDA
+  // Planar (NCHW) and rows (NHWC), f32 and f16 (other vector widths), with and without the
+  // residual, training (partial sums) and evaluation (none in the forward); then 3 blocks per
+  // channel forced, as a GPU-sized tensor would get, on a shape that stays small for the emulated
+  // device.
+  for (int split : {0, 3}) {
+    cuda::set_batch_norm_split(split);
+    for (DType dt : {DType::f32, DType::f16}) {
+      for (bool cl : {false, true}) {
+        for (bool residual : {false, true}) {
+          for (bool training : {true, false}) {
+            if (split > 0 && !training) continue;   // evaluation's forward has no partial sums
+            SCOPED_TRACE(std::string(dtype_name(dt)) + (cl ? " NHWC" : " NCHW") + (residual ? " +residual" : "") +
+                         (training ? " train" : " eval") + " split " + std::to_string(split));
+            const Shape s{4, 6, 4, 8};
+            const Peaks dry = fused_bn(Device::meta(DeviceType::CUDA), s, dt, cl, residual, training);
+            const Peaks real = fused_bn(Device::cuda(0), s, dt, cl, residual, training);
+            EXPECT_GT(real.allocated, 0);
+            EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
+            EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+          }
+        }
+      }
+    }
+  }
+  cuda::set_batch_norm_split(0);
+#endif
+}
+
+}  // namespace
+}  // namespace minidl
