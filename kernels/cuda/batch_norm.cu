@@ -84,12 +84,17 @@ Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const c
   }
 
   // About two waves of 256-thread blocks on an H100 (132 SMs x 8 resident blocks), but at least
-  // kMinVectors vectors per thread so a block's fixed cost (its reduction) stays small.
+  // kMinVectors row vectors (channels-last) or kMinElements values (planar) per thread, so a
+  // block's fixed cost (its reduction) stays small. The planar bound counts values, not vectors:
+  // the vector width follows the plane's size (an odd 7x7 plane takes V = 1), so a bound in vectors
+  // would differ between the step-time model's small sizes and its target.
   constexpr int64_t kTargetBlocks = 2048;
   constexpr int64_t kMinVectors = 4;
-  // The work the grid is planned for: the real one, or the step-time model's target (runtime.h).
+  constexpr int64_t kMinElements = 16;
+  // The work the grid is planned for: the real one, or the step-time model's target (runtime.h),
+  // whose activations are exact multiples of the run's, hence the rounding to the nearest.
   const double scale = g_plan_scale;
-  auto planned = [scale](int64_t n) { return static_cast<int64_t>(std::ceil(static_cast<double>(n) * scale)); };
+  auto planned = [scale](int64_t n) { return static_cast<int64_t>(std::llround(static_cast<double>(n) * scale)); };
   int64_t per_g, cap;
   if (g.rows) {
     g.cx = 1;
@@ -99,8 +104,7 @@ Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const c
     cap = (planned(g.N) + ry * kMinVectors - 1) / (ry * kMinVectors);
   } else {
     per_g = g.C;
-    const int64_t nv = planned(g.N * (g.S / g.V));
-    cap = (nv + kBlock * kMinVectors - 1) / (kBlock * kMinVectors);
+    cap = (planned(g.N * g.S) + kBlock * kMinElements - 1) / (kBlock * kMinElements);
   }
   int64_t G = std::min(std::max<int64_t>(1, kTargetBlocks / std::max<int64_t>(per_g, 1)), std::max<int64_t>(cap, 1));
   if (g_split > 0) G = g_split;
