@@ -46,13 +46,6 @@ struct Outputs {
   Tensor y, gx, gw;
 };
 
-Conv2dOptions conv_opts(int64_t stride, int64_t pad) {
-  Conv2dOptions o;
-  o.stride = {stride, stride};
-  o.padding = {pad, pad};
-  return o;
-}
-
 TEST_F(Parity, ChannelsLastConvolutionMatchesNchwAndTheCpu) {
   struct Case {
     Shape x, w;
@@ -64,7 +57,7 @@ TEST_F(Parity, ChannelsLastConvolutionMatchesNchwAndTheCpu) {
                         Case{{3, 5, 7, 7}, {6, 5, 3, 3}, 2, 1}, Case{{2, 16, 5, 5}, {8, 16, 1, 1}, 1, 0}}) {
     for (DType dt : {DType::f32, DType::f16}) {
       const std::string tag = shape_str(c.x) + " * " + shape_str(c.w) + " " + dtype_name(dt);
-      const Conv2dOptions o = conv_opts(c.stride, c.pad);
+      const Conv2dOptions o{.stride = {c.stride, c.stride}, .padding = {c.pad, c.pad}};
       const Tensor x = rnd(c.x, dt, 1), w = rnd(c.w, dt, 2);
       Tensor xc = x.clone().set_requires_grad(true), wc = w.clone().set_requires_grad(true);
       const Tensor yc = conv2d(xc, wc, Tensor(), o);

@@ -39,13 +39,6 @@ struct Pass {
   Tensor y, gx, gw;
 };
 
-Conv2dOptions conv_opts(int64_t stride, int64_t pad) {
-  Conv2dOptions o;
-  o.stride = {stride, stride};
-  o.padding = {pad, pad};
-  return o;
-}
-
 Pass conv_pass(const Tensor& x0, const Tensor& w0, const Tensor& gy, const Conv2dOptions& o, bool x_cl, bool w_cl) {
   const Tensor x = leaf(x0, x_cl), w = leaf(w0, w_cl);
   Tensor y = conv2d(x, w, Tensor(), o);
@@ -63,7 +56,7 @@ TEST(ChannelsLastCpu, ConvAllThreePassesEqualNchwBitForBit) {
     for (DType dt : {DType::f32, DType::f64, DType::f16}) {
       const std::string tag = shape_str(c.x) + " * " + shape_str(c.w) + " " + dtype_name(dt);
       const Tensor x = rnd(c.x, 1, dt), w = rnd(c.w, 2, dt);
-      const Conv2dOptions o = conv_opts(c.stride, c.pad);
+      const Conv2dOptions o{.stride = {c.stride, c.stride}, .padding = {c.pad, c.pad}};
       const Shape y_shape = conv2d(x, w, Tensor(), o).shape();
       const Tensor gy = rnd(y_shape, 3, dt);
       const Pass nchw = conv_pass(x, w, gy, o, false, false);
@@ -144,7 +137,7 @@ TEST(ChannelsLastCpu, ElementwiseOutputsFollowTheFirstFullShapeOperand) {
   // Under autocast, f32 channels-last activations cast to f16 channels-last.
   AutocastGuard ag(DType::f16, true);
   const Tensor xw = leaf(rnd({2, 4, 6, 6}, 13), true), ww = leaf(rnd({3, 4, 3, 3}, 14), true);
-  const Tensor y = conv2d(xw, ww, Tensor(), conv_opts(1, 1));
+  const Tensor y = conv2d(xw, ww, Tensor(), Conv2dOptions{.padding = {1, 1}});
   EXPECT_EQ(y.dtype(), DType::f16);
   expect_cl(y, "an autocast conv2d's f16 output");
 }

@@ -15,21 +15,14 @@
 #include "core/ops.h"
 #include "nn/recompute.h"
 #include "nn/resnet.h"
+#include "tests/nn/small_net.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 
 namespace minidl::nn {
 namespace {
 
-std::shared_ptr<ResNet> short_resnet(BlockKind kind, uint64_t seed) {
-  ResNetOptions o;
-  o.block = kind;
-  o.layers = {2, 1, 1, 1};
-  o.num_classes = 10;
-  o.small_input = true;
-  Generator gen(seed);
-  return std::make_shared<ResNet>(o, &gen);
-}
+using testing::short_resnet;
 
 // 16 px keeps layer4's activations 2x2 (channels-last and NCHW differ); 8 px is cheaper.
 Tensor input(bool cl, uint64_t seed = 3, int64_t size = 8) {
