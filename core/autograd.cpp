@@ -50,8 +50,9 @@ class AccumulateGrad final : public Node {
     if (!leaf->grad) {
       // Take the incoming gradient as it is when nothing else can see it (only the engine's inbox
       // holds it, its storage is its own, plain layout): that saves a parameter-sized copy per
-      // leaf per step. Otherwise own a fresh contiguous copy, since it may be shared.
-      const bool unshared = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
+      // leaf per step. Otherwise own a fresh copy (in g's format), since it may be shared.
+      const bool dense = g.is_contiguous() || prefers_channels_last(g);
+      const bool unshared = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && dense &&
                             g.offset() == 0 && g.dtype() == l.dtype() && g.is_leaf() && !g.requires_grad();
       leaf->grad = unshared ? g.impl_ptr() : g.detach().to(l.dtype()).clone().impl_ptr();
     } else {

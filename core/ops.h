@@ -113,11 +113,11 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias
 Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
                            const Tensor& running_mean, const Tensor& running_var, bool training,
                            double momentum = 0.1, double eps = 1e-5);
-// Channels-last (NHWC) memory of a logical [N, C, H, W] tensor: strides {H*W*C, 1, W*C, C} (size-1
-// dims ignored), as PyTorch's torch.channels_last. to_channels_last returns t itself when it
-// already is, else a copy with that memory (differentiable).
-bool is_channels_last(const Tensor& t);
+// to_channels_last returns t itself when it already is channels-last (is_channels_last, in
+// core/tensor.h), else a copy with that memory (differentiable; its gradient keeps the
+// gradient's own layout). in_format: to_channels_last, or contiguous().
 Tensor to_channels_last(const Tensor& t);
+Tensor in_format(const Tensor& t, bool channels_last);
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 

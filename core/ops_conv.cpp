@@ -87,11 +87,16 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const int64_t ow = conv_output_size(x.size(3), weight.size(3), opts.stride[1], opts.padding[1], opts.dilation[1],
                                       false, "conv2d (width)");
 
-  // Detach first so the contiguous copy (when one is made) is not recorded.
-  const Tensor xc = x.detach().contiguous();
-  const Tensor wc = weight.detach().contiguous();
+  // Memory format, as PyTorch's cuDNN path: channels-last when the input or the weight is, and
+  // then input, weight, output and every gradient are channels-last (a weight in the other format
+  // is copied for the call: Module::to_channels_last converts weights once, so none is made).
+  // Detach first so the copies (when made) are not recorded.
+  const bool cl = prefers_channels_last(x) || prefers_channels_last(weight);
+  const bool w_cl = prefers_channels_last(weight) || (cl && is_channels_last(weight));
+  const Tensor xc = in_format(x.detach(), cl);
+  const Tensor wc = in_format(weight.detach(), cl);
   const Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
-  Tensor y = empty({x.size(0), out_ch, oh, ow}, x.options());
+  Tensor y = empty_in_format({x.size(0), out_ch, oh, ow}, x.options(), cl);
   backend(x.device()).conv2d_forward(xc, wc, bc, opts, y);
 
   if (grad_enabled() && (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()))) {
@@ -104,21 +109,24 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     const Shape x_shape = x.shape();
     const Shape w_shape = weight.shape();
     record("conv2d", {x, weight, bias}, {y},
-           [saved_x, saved_w, x_shape, w_shape, opts, need_x, need_w, need_b](const std::vector<Tensor>& grads) {
+           [saved_x, saved_w, x_shape, w_shape, opts, need_x, need_w, need_b, cl,
+            w_cl](const std::vector<Tensor>& grads) {
              std::vector<Tensor> out(3);
              if (grads.empty() || !grads[0].defined()) return out;
              const Tensor& ref = saved_x.defined() ? saved_x : saved_w;
              Tensor gy = grads[0];
              if (ref.defined() && gy.dtype() != ref.dtype()) gy = gy.to(ref.dtype());
-             gy = gy.contiguous();
+             gy = in_format(gy, cl);
              Backend& be = backend(gy.device());
              if (need_x) {
-               out[0] = empty(x_shape, gy.options());
+               out[0] = empty_in_format(x_shape, gy.options(), cl);
                be.conv2d_backward_input(gy, saved_w, opts, out[0]);
              }
              if (need_w) {
-               out[1] = empty(w_shape, gy.options());
+               // In the call's format; then in the weight's own, so .grad matches its parameter.
+               out[1] = empty_in_format(w_shape, gy.options(), cl);
                be.conv2d_backward_weight(gy, saved_x, opts, out[1]);
+               if (cl && !w_cl) out[1] = out[1].contiguous();
              }
              if (need_b) out[2] = sum(gy, {0, 2, 3});
              return out;

@@ -20,18 +20,29 @@ void check_pair(const Tensor& a, const Tensor& b, const char* op) {
 
 bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
+// The output keeps a channels-last operand's format: the first operand with the output's whole
+// shape decides (a bias or scalar broadcast into it does not), as PyTorch's TensorIterator does
+// for the common cases, so the residual add, ReLU's backward and the AMP casts of a channels-last
+// step never transpose.
+bool output_channels_last(const Tensor& a, const Tensor& b, const Shape& out_shape) {
+  if (out_shape.size() != 4) return false;
+  if (a.shape() == out_shape) return prefers_channels_last(a);
+  return b.shape() == out_shape && prefers_channels_last(b);
+}
+
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = binary_name(op);
   check_pair(a, b, name);
   const Shape out_shape = broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor out = empty(out_shape, {is_comparison(op) ? DType::boolean : a.dtype(), a.device(), false});
+  Tensor out = empty_in_format(out_shape, {is_comparison(op) ? DType::boolean : a.dtype(), a.device(), false},
+                               output_channels_last(a, b, out_shape));
   backend(a.device()).binary(op, a.detach().expand(out_shape), b.detach().expand(out_shape), out, 1.0);
   return out;
 }
 
 Tensor unary(UnaryOp op, const Tensor& a, double scalar = 0.0) {
   MINIDL_CHECK(a.defined(), unary_name(op), ": undefined tensor");
-  Tensor out = empty(a.shape(), a.options());
+  Tensor out = empty_like(a);   // a channels-last input gives a channels-last output
   backend(a.device()).unary(op, a.detach(), out, scalar);
   return out;
 }
@@ -184,7 +195,7 @@ Tensor abs(const Tensor& a) {
 Tensor relu(const Tensor& a) {
   Tensor out = unary(UnaryOp::Relu, a);
   record("relu", {a}, {out}, [y = out.detach()](const Grads& g) {
-    Tensor gx = empty(y.shape(), y.options());
+    Tensor gx = empty_like(y);   // y's format
     backend(y.device()).binary(BinaryOp::ReluGrad, g[0], y, gx, 1.0);
     return Grads{gx};
   });

@@ -95,8 +95,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   const bool need_b = bias.defined() && bias.requires_grad();
   const bool recording = needs_grad({&x, &weight, &bias});
 
-  Tensor xc = x.detach().contiguous();
-  Tensor y = empty(x.shape(), x.options());
+  // Channels-last in, channels-last out (the downsample branch's batch norm of a channels-last ResNet).
+  const bool cl = prefers_channels_last(x);
+  Tensor xc = in_format(x.detach(), cl);
+  Tensor y = empty_in_format(x.shape(), x.options(), cl);
   Backend& be = backend(x.device());
   const TensorOptions popts{param_dtype(x), x.device(), false};
 
@@ -114,12 +116,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     if (recording) {
       const Tensor ws = weight.defined() ? weight.detach() : Tensor();
       record("batch_norm", {x, weight, bias}, {y},
-             [xc, ws, save_mean, save_invstd, need_x, need_w, need_b, C](const std::vector<Tensor>& g) {
+             [xc, ws, save_mean, save_invstd, need_x, need_w, need_b, C, cl](const std::vector<Tensor>& g) {
                if (!g[0].defined()) return std::vector<Tensor>(3);
-               const Tensor gy = g[0].to(xc.dtype()).contiguous();
+               const Tensor gy = in_format(g[0].to(xc.dtype()), cl);
                const TensorOptions po = save_mean.options();
                // The kernel contract always produces gx (cuDNN does); it is dropped when x needs none.
-               Tensor gx = empty(xc.shape(), xc.options());
+               Tensor gx = empty_in_format(xc.shape(), xc.options(), cl);
                Tensor gw = need_w ? empty({C}, po) : Tensor();
                Tensor gb = need_b ? empty({C}, po) : Tensor();
                backend(xc.device()).batch_norm_backward(gy, xc, ws, save_mean, save_invstd, gx, gw, gb);
@@ -169,35 +171,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 
 // ---- Fused batch norm + (residual add) + ReLU ----
 
-bool is_channels_last(const Tensor& t) {
-  if (!t.defined() || t.dim() != 4) return false;
-  int64_t expected = 1;
-  for (int64_t d : {1, 3, 2, 0}) {   // C, W, H, N from the fastest-moving dim
-    if (t.size(d) == 1) continue;
-    if (t.stride(d) != expected) return false;
-    expected *= t.size(d);
-  }
-  return true;
-}
-
-Tensor to_channels_last(const Tensor& t) {
-  MINIDL_CHECK(t.defined() && t.dim() == 4, "to_channels_last: expected a 4-d tensor [N, C, H, W], got ",
-               t.defined() ? t.meta() : std::string("an undefined tensor"));
-  if (is_channels_last(t)) return t;
-  return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-}
-
 namespace {
 
 // The fused kernels run in x's layout: channels-last when x is (and is not also plain contiguous,
 // which a tensor with C == 1 or H * W == 1 is), contiguous NCHW otherwise.
-Tensor in_layout(const Tensor& t, bool channels_last) { return channels_last ? to_channels_last(t) : t.contiguous(); }
-
-Tensor empty_in_layout(const Shape& s, TensorOptions o, bool channels_last) {
-  if (!channels_last) return empty(s, o);
-  return empty({s[0], s[2], s[3], s[1]}, o).permute({0, 3, 1, 2});
-}
-
 Tensor batch_norm_act(const char* op, const Tensor& x, const Tensor& residual, bool with_residual,
                       const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                       const Tensor& running_var, bool training, double momentum, double eps) {
@@ -213,17 +190,17 @@ Tensor batch_norm_act(const char* op, const Tensor& x, const Tensor& residual, b
                  " but the input is on ", x.device().str(), "; move it with .to(Device)");
   }
   const int64_t C = x.size(1);
-  const bool cl = !x.is_contiguous() && is_channels_last(x);
+  const bool cl = prefers_channels_last(x);
   const bool need_x = x.requires_grad();
   const bool need_r = with_residual && residual.requires_grad();
   const bool need_w = weight.defined() && weight.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
 
-  const Tensor xc = in_layout(x.detach(), cl);
-  const Tensor rc = with_residual ? in_layout(residual.detach(), cl) : Tensor();
+  const Tensor xc = in_format(x.detach(), cl);
+  const Tensor rc = with_residual ? in_format(residual.detach(), cl) : Tensor();
   const Tensor ws = weight.defined() ? weight.detach() : Tensor();
   const Tensor bs = bias.defined() ? bias.detach() : Tensor();
-  Tensor y = empty_in_layout(x.shape(), x.options(), cl);
+  Tensor y = empty_in_format(x.shape(), x.options(), cl);
   const TensorOptions popts{param_dtype(x), x.device(), false};
   // Batch statistics in training, a snapshot of the running ones otherwise (a later training step
   // overwrites those in place before this graph's backward may run).
@@ -240,12 +217,12 @@ Tensor batch_norm_act(const char* op, const Tensor& x, const Tensor& residual, b
            [xc, yd = y.detach(), ws, bs, save_mean, save_invstd, training, cl, with_residual, need_x, need_r, need_w,
             need_b, C](const std::vector<Tensor>& g) {
              if (!g[0].defined()) return std::vector<Tensor>(4);
-             const Tensor gy = in_layout(g[0].to(xc.dtype()), cl);
+             const Tensor gy = in_format(g[0].to(xc.dtype()), cl);
              const TensorOptions po = save_mean.options();
-             Tensor gx = need_x ? empty_in_layout(xc.shape(), xc.options(), cl) : Tensor();
+             Tensor gx = need_x ? empty_in_format(xc.shape(), xc.options(), cl) : Tensor();
              // The kernel contract always writes the residual's gradient when there is one: it is
              // the masked gradient the input's backward reads back.
-             Tensor gr = with_residual ? empty_in_layout(xc.shape(), xc.options(), cl) : Tensor();
+             Tensor gr = with_residual ? empty_in_format(xc.shape(), xc.options(), cl) : Tensor();
              Tensor gw = need_w ? empty({C}, po) : Tensor();
              Tensor gb = need_b ? empty({C}, po) : Tensor();
              backend(xc.device()).batch_norm_act_backward(gy, xc, yd, ws, bs, save_mean, save_invstd, training, gx,

@@ -44,11 +44,13 @@ Pool2dOptions resolve_pool(const char* op, const Tensor& x, const Pool2dOptions&
   return o;
 }
 
-Tensor prepare_grad(const std::vector<Tensor>& grads, DType dt) {
+// Pooling keeps its input's memory format (channels-last or contiguous) in the output, the
+// indices and both gradients.
+Tensor prepare_grad(const std::vector<Tensor>& grads, DType dt, bool cl) {
   if (grads.empty() || !grads[0].defined()) return Tensor();
   Tensor gy = grads[0];
   if (gy.dtype() != dt) gy = gy.to(dt);
-  return gy.contiguous();
+  return in_format(gy, cl);
 }
 
 }  // namespace
@@ -56,18 +58,19 @@ Tensor prepare_grad(const std::vector<Tensor>& grads, DType dt) {
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opts) {
   Shape out_shape;
   const Pool2dOptions o = resolve_pool("max_pool2d", x, opts, out_shape);
-  const Tensor xc = x.detach().contiguous();
-  Tensor y = empty(out_shape, x.options());
-  Tensor indices = empty(out_shape, {.dtype = DType::i64, .device = x.device()});
+  const bool cl = prefers_channels_last(x);
+  const Tensor xc = in_format(x.detach(), cl);
+  Tensor y = empty_in_format(out_shape, x.options(), cl);
+  Tensor indices = empty_in_format(out_shape, {.dtype = DType::i64, .device = x.device()}, cl);
   backend(x.device()).max_pool2d_forward(xc, o, y, indices);
   if (grad_enabled() && x.requires_grad()) {
     const Shape x_shape = x.shape();
     const DType dt = x.dtype();
-    record("max_pool2d", {x}, {y}, [indices, o, x_shape, dt](const std::vector<Tensor>& grads) {
+    record("max_pool2d", {x}, {y}, [indices, o, x_shape, dt, cl](const std::vector<Tensor>& grads) {
       std::vector<Tensor> out(1);
-      const Tensor gy = prepare_grad(grads, dt);
+      const Tensor gy = prepare_grad(grads, dt, cl);
       if (!gy.defined()) return out;
-      out[0] = empty(x_shape, gy.options());
+      out[0] = empty_in_format(x_shape, gy.options(), cl);
       backend(gy.device()).max_pool2d_backward(gy, indices, o, out[0]);
       return out;
     });
@@ -78,17 +81,18 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opts) {
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opts) {
   Shape out_shape;
   const Pool2dOptions o = resolve_pool("avg_pool2d", x, opts, out_shape);
-  const Tensor xc = x.detach().contiguous();
-  Tensor y = empty(out_shape, x.options());
+  const bool cl = prefers_channels_last(x);
+  const Tensor xc = in_format(x.detach(), cl);
+  Tensor y = empty_in_format(out_shape, x.options(), cl);
   backend(x.device()).avg_pool2d_forward(xc, o, y);
   if (grad_enabled() && x.requires_grad()) {
     const Shape x_shape = x.shape();
     const DType dt = x.dtype();
-    record("avg_pool2d", {x}, {y}, [o, x_shape, dt](const std::vector<Tensor>& grads) {
+    record("avg_pool2d", {x}, {y}, [o, x_shape, dt, cl](const std::vector<Tensor>& grads) {
       std::vector<Tensor> out(1);
-      const Tensor gy = prepare_grad(grads, dt);
+      const Tensor gy = prepare_grad(grads, dt, cl);
       if (!gy.defined()) return out;
-      out[0] = empty(x_shape, gy.options());
+      out[0] = empty_in_format(x_shape, gy.options(), cl);
       backend(gy.device()).avg_pool2d_backward(gy, o, out[0]);
       return out;
     });
@@ -109,8 +113,27 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) 
   const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
   MINIDL_CHECK(ok, "adaptive_avg_pool2d: input has dtype ", dtype_name(dt), " on ", x.device().str(),
                ", but only f32, f64 and f16 are supported; convert it with .to(DType::f32)");
-  // mean is differentiable, so it also provides the backward.
-  return mean(x, {2, 3}, /*keepdim=*/true);
+  // mean is differentiable, so it also provides the backward, except in channels-last: there
+  // mean's backward (an expand divided by H*W) would come out contiguous, so the gradient is
+  // written straight into x's format in one pass (the [N, C, 1, 1] output is both formats).
+  if (!prefers_channels_last(x)) return mean(x, {2, 3}, /*keepdim=*/true);
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = mean(x.detach(), {2, 3}, /*keepdim=*/true);
+  }
+  if (grad_enabled() && x.requires_grad()) {
+    record("adaptive_avg_pool2d", {x}, {y}, [x_shape = x.shape()](const std::vector<Tensor>& grads) {
+      std::vector<Tensor> out(1);
+      if (grads.empty() || !grads[0].defined()) return out;
+      const Tensor& g = grads[0];
+      const Tensor scale = full({1}, 1.0 / static_cast<double>(x_shape[2] * x_shape[3]), g.options());
+      out[0] = empty_channels_last(x_shape, g.options());
+      backend(g.device()).binary(BinaryOp::Mul, g.expand(x_shape), scale.expand(x_shape), out[0], 1.0);
+      return out;
+    });
+  }
+  return y;
 }
 
 }  // namespace minidl

@@ -144,9 +144,9 @@ Tensor full(const Shape& shape, double value, TensorOptions opts) {
 }
 Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
 Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.options()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.options()); }
-Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options()); }
+Tensor zeros_like(const Tensor& t) { return empty_like(t).fill_(0.0); }
+Tensor ones_like(const Tensor& t) { return empty_like(t).fill_(1.0); }
+Tensor empty_like(const Tensor& t) { return empty_in_format(t.shape(), t.options(), prefers_channels_last(t)); }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts) {
   MINIDL_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_vector: ", values.size(),

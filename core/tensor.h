@@ -146,9 +146,26 @@ Tensor empty(const Shape& shape, TensorOptions opts = {});
 Tensor zeros(const Shape& shape, TensorOptions opts = {});
 Tensor ones(const Shape& shape, TensorOptions opts = {});
 Tensor full(const Shape& shape, double value, TensorOptions opts = {});
+// The *_like factories, clone() and to(DType) keep a channels-last tensor channels-last (as
+// PyTorch's preserve_format); everything else comes out contiguous.
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor empty_like(const Tensor& t);
+
+// ---- Memory formats (core/memory_format.cpp) ----
+// Channels-last (NHWC) memory of a logical [N, C, H, W] tensor: strides {H*W*C, 1, W*C, C} (size-1
+// dims ignored), as PyTorch's torch.channels_last. A tensor with C == 1 or H * W == 1 is both
+// channels-last and contiguous: prefers_channels_last says whether t is channels-last *and not*
+// plain contiguous, the test the ops use to keep the format of their inputs.
+bool is_channels_last(const Tensor& t);
+bool prefers_channels_last(const Tensor& t);
+// Whether a's and b's elements lie in one memory order (both contiguous or both channels-last),
+// so a kernel may walk both as flat arrays of numel() elements.
+bool same_memory_order(const Tensor& a, const Tensor& b);
+// An uninitialised [N, C, H, W] tensor with channels-last memory (shape must be 4-d), and the
+// factory the ops allocate outputs with: channels-last when `channels_last`, else contiguous.
+Tensor empty_channels_last(const Shape& shape, TensorOptions opts = {});
+Tensor empty_in_format(const Shape& shape, TensorOptions opts, bool channels_last);
 Tensor arange(double start, double end, double step = 1.0, TensorOptions opts = {});
 Tensor arange(int64_t n, TensorOptions opts = {.dtype = DType::i64});
 // From host values, converted to opts.dtype; values.size() must equal numel(shape).

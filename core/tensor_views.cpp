@@ -230,18 +230,22 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   return reshape(ns);
 }
 
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
-
-Tensor Tensor::clone() const {
-  Tensor out = empty(shape(), options());
-  backend(device()).copy(detach(), out);
-  record("clone", {*this}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+namespace {
+Tensor copy_into(const Tensor& self, Tensor out) {
+  backend(self.device()).copy(self.detach(), out);
+  record("clone", {self}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
   return out;
 }
+}  // namespace
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : copy_into(*this, empty(shape(), options())); }
+
+// Keeps channels-last, as PyTorch's preserve_format.
+Tensor Tensor::clone() const { return copy_into(*this, empty_like(*this)); }
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
-  Tensor out = empty(shape(), {t, device(), false});
+  Tensor out = empty_in_format(shape(), {t, device(), false}, prefers_channels_last(*this));
   backend(device()).copy(detach(), out);
   if (is_floating(t)) {
     const DType from = dtype();
@@ -254,7 +258,7 @@ Tensor Tensor::to(DType t) const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
-  Tensor out = empty(shape(), {dtype(), d, false});
+  Tensor out = empty_in_format(shape(), {dtype(), d, false}, prefers_channels_last(*this));
   {
     NoGradGuard ng;
     out.copy_(*this);

@@ -12,7 +12,7 @@ bool convert(const Tensor& t) {
   if (!is_floating(t.dtype()) || t.dtype() == DType::f16) return false;
   TensorImpl& im = t.impl();
   if (im.grad) im.grad = Tensor(im.grad).detach().to(DType::f16).impl_ptr();
-  const Tensor converted = t.detach().contiguous().to(DType::f16);
+  const Tensor converted = t.detach().to(DType::f16);
   im.storage = converted.storage();
   im.strides = converted.strides();
   im.offset = converted.offset();

@@ -9,7 +9,9 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/ops.h"
 
 namespace minidl::nn {
 
@@ -34,7 +36,7 @@ void convert_in_place(const Tensor& t, Device device, DType dtype) {
     if (g.device() != device || g.dtype() != dtype) im.grad = g.detach().to(dtype).to(device).impl_ptr();
   }
   if (t.device() == device && t.dtype() == dtype) return;
-  Tensor converted = t.detach().contiguous().to(dtype).to(device);
+  Tensor converted = in_format(t.detach(), prefers_channels_last(t)).to(dtype).to(device);
   im.storage = converted.storage();
   im.strides = converted.strides();
   im.offset = converted.offset();
@@ -193,6 +195,23 @@ Module& Module::to(DType dtype) {
     if (is_floating(t.dtype())) convert_in_place(t, t.device(), dtype);
   }
   return *this;
+}
+
+int64_t Module::to_channels_last() {
+  NoGradGuard no_grad;
+  int64_t n = 0;
+  for (auto& [name, t] : named_parameters()) {
+    if (t.dim() != 4 || is_channels_last(t)) continue;
+    TensorImpl& im = t.impl();
+    if (im.grad) im.grad = minidl::to_channels_last(Tensor(im.grad).detach()).impl_ptr();
+    const Tensor converted = minidl::to_channels_last(t.detach());
+    im.storage = converted.storage();
+    im.strides = converted.strides();
+    im.offset = converted.offset();
+    ++n;
+  }
+  autocast_clear_cache();   // a cached f16 copy was made in the old format
+  return n;
 }
 
 void Module::zero_grad() {

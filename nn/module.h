@@ -98,6 +98,11 @@ class Module {
   // num_batches_tracked keep their dtype. Throws for a non-floating dtype. Used to compare against
   // float64 references where float32 rounding alone would flip a ReLU.
   Module& to(DType dtype);
+  // PyTorch's model.to(memory_format=torch.channels_last): every 4-d parameter (convolution
+  // weights, [out, in, kH, kW]) and its gradient get channels-last memory (KRSC), in place, so a
+  // channels-last input runs cuDNN on NHWC descriptors with no per-call weight copy. Device and
+  // dtype moves keep the format. Returns how many tensors changed format.
+  int64_t to_channels_last();
   void zero_grad();  // drops .grad of every parameter (PyTorch's set_to_none=True)
 
   // Parameters then buffers per module, detached (sharing storage, no grad).

@@ -92,7 +92,7 @@ bool SGD::fused_group_step(size_t g) {
     if (!use_momentum) continue;
     const auto it = state_[g][i].buffers.find("momentum_buffer");
     fresh.push_back(it == state_[g][i].buffers.end() ? 1 : 0);
-    bufs.push_back(fresh.back() ? empty(params.back().shape(), params.back().options()) : it->second);
+    bufs.push_back(fresh.back() ? empty_like(params.back()) : it->second);   // the parameter's format
   }
   const Backend::SgdHyper h{group.lr, group.weight_decay, group.option("momentum"), group.option("dampening"),
                             group.option("nesterov") != 0.0, group.option("maximize") != 0.0};

@@ -73,7 +73,7 @@ StepConfig parse_config(const std::string& name) {
 std::string title_of(const StepConfig& c, Size target) {
   return std::string(c.model == "resnet50" ? "ResNet-50" : "small CNN") + ", " + std::to_string(target.image) + "x" +
          std::to_string(target.image) + ", batch " + std::to_string(target.batch) + ", " + (c.amp ? "AMP" : "FP32") +
-         ", " + (c.nhwc ? "channels-last convolutions (set_conv_nhwc)" : "NCHW");
+         ", " + (c.nhwc ? "channels-last (memory format, no transposes)" : "NCHW");
 }
 
 std::string config_key(const std::string& name, Size target) {

@@ -28,12 +28,13 @@ TrainStep::TrainStep(const StepConfig& c, int64_t image, Device device) : c_(c),
     throw UsageError("--model '" + c.model + "' is not modelled (resnet50 or smallcnn)");
   }
   model_->to(device_);
+  if (c.nhwc) model_->to_channels_last();   // weights KRSC: cuDNN on NHWC with no copies
   model_->train();
   opt_ = std::make_unique<optim::SGD>(model_->parameters(), o);
   // Scale 1: every step must really update (a skipped step runs other launches, and each emulated
   // ResNet-50 step costs minutes); the launches do not depend on the scale, only on skipping.
   scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{.init_scale = 1.0, .enabled = c.amp});
-  cuda::set_conv_nhwc(c.nhwc);
+  cuda::set_conv_nhwc(false);   // channels-last is the tensors' format, never the transposing mode
 }
 
 void TrainStep::prepare(int64_t batch, int64_t image) {
@@ -41,6 +42,7 @@ void TrainStep::prepare(int64_t batch, int64_t image) {
                " px images, not ", image);
   Generator gen(static_cast<uint64_t>(batch) * 1000 + static_cast<uint64_t>(image));
   x_ = randn({batch, 3, image, image}, {}, &gen).to(device_);
+  if (c_.nhwc) x_ = to_channels_last(x_);   // as the loader writes it with --channels-last
   labels_ = (gt(rand({batch}, {}, &gen), full({1}, 0.5)).to(DType::i64)).to(device_);
 }
 

@@ -26,7 +26,7 @@ class UsageError : public Error {
 struct StepConfig {
   std::string model = "resnet50";   // resnet50 | smallcnn
   bool amp = false;
-  bool nhwc = false;                // cuda::set_conv_nhwc: convolutions in channels-last
+  bool nhwc = false;                // channels-last memory format: weights and batch (to_channels_last)
 };
 
 class TrainStep {

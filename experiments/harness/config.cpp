@@ -138,6 +138,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
                                                "(ResNet models)");
   app.add_option("--cudnn-benchmark", c.cudnn_benchmark,
                  "cuDNN convolution algorithms: on (autotune, as torch.backends.cudnn.benchmark) or off (heuristic)");
+  app.add_flag("--channels-last", c.channels_last,
+               "weights and input batches in channels-last (NHWC) memory, kept end to end; off by default");
   app.add_option("--memory-budget", c.memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
   app.add_option("--device", c.device, "cpu, cuda or cuda:N");
   app.add_option("--seed", c.seed, "seed of data split, initialisation, shuffling and augmentation");

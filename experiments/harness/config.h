@@ -73,6 +73,7 @@ struct TrainConfig {
   int64_t amp_growth_interval = 2000;  // clean steps before the scale doubles (PyTorch's default)
   std::string checkpoint = "none";  // none | stages | sequential:N | optimal
   std::string cudnn_benchmark = "on";
+  bool channels_last = false;       // weights and batches in channels-last memory (NHWC)
   std::string memory_budget;        // "11GiB"; empty: none
   std::string device = "cpu";
   uint64_t seed = 0;

@@ -119,7 +119,7 @@ class LoaderSource final : public BatchSource {
   // part: what the loader reads; its sample k is the base dataset's sample idx[k % idx.size()]
   // (subset(base, idx), or with --augment article that subset twice over: data/article_augment.h).
   LoaderSource(std::shared_ptr<const data::Dataset> part, std::vector<int64_t> idx, data::LoaderOptions o)
-      : idx_(std::move(idx)), loader_(std::move(part), std::move(o)) {}
+      : idx_(std::move(idx)), channels_last_(o.channels_last), loader_(std::move(part), std::move(o)) {}
   int64_t size() const override { return size_; }
   int64_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
   void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
@@ -127,7 +127,8 @@ class LoaderSource final : public BatchSource {
   std::optional<TensorBatch> next() override {
     auto b = loader_.next();
     if (!b) return std::nullopt;
-    return TensorBatch{b->images, b->labels};
+    // --channels-last: the loader's [N, H, W, 3] batch seen as a channels-last [N, 3, H, W].
+    return TensorBatch{channels_last_ ? b->images.permute({0, 3, 1, 2}) : b->images, b->labels};
   }
   double wait_seconds() const override { return loader_.stats().wait_seconds; }
   int64_t skipped() const override { return loader_.stats().skipped; }
@@ -143,6 +144,7 @@ class LoaderSource final : public BatchSource {
 
  private:
   std::vector<int64_t> idx_;
+  bool channels_last_ = false;
   data::Loader loader_;
 };
 
@@ -166,6 +168,7 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   o.seed = seed;
   o.device = device;
   o.transform.size = image_size;
+  o.channels_last = c.channels_last;
   o.transform.normalize = c.normalize == "imagenet";
   const std::string fit = resolved_resize_mode(c);
   o.transform.fit = fit == "squash" || fit == "keras" ? data::Fit::Squash : data::Fit::ShorterCrop;

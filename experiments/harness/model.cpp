@@ -13,8 +13,10 @@ namespace minidl::harness {
 
 Tensor Model::forward(const Tensor& images) {
   AutocastGuard autocast(DType::f16, amp);
-  if (recomputer) return recomputer->forward(images);
-  return (*module)(images);
+  // Loader batches arrive channels-last already (a view, no copy); other sources are converted.
+  const Tensor x = channels_last ? to_channels_last(images) : images;
+  if (recomputer) return recomputer->forward(x);
+  return (*module)(x);
 }
 
 Tensor Model::loss(const Tensor& logits_in, const Tensor& labels) const {
@@ -45,10 +47,12 @@ Model make_model(const TrainConfig& c, uint64_t seed) {
   m.image_size = c.resolved_image_size();
   m.checkpoint = parse_checkpoint(c.checkpoint);
   m.amp = c.amp;
+  m.channels_last = c.channels_last;
   Generator gen(seed);
   if (c.model == "smallcnn") {
     m.module = std::make_shared<nn::KerasSmallCnn>(m.image_size, &gen);
     m.binary = true;
+    if (c.channels_last) m.module->to_channels_last();
     return m;
   }
   const bool small = c.model.size() > 6 && c.model.substr(c.model.size() - 6) == "-small";
@@ -58,6 +62,7 @@ Model make_model(const TrainConfig& c, uint64_t seed) {
   else if (base == "resnet50") m.resnet = nn::resnet50(2, &gen, false, small);
   else throw UsageError("--model '" + c.model + "' is unknown");
   m.module = m.resnet;
+  if (c.channels_last) m.module->to_channels_last();   // device moves keep the format
   // The recomputation modes of nn/recompute.h; optimal plans for the device's memory budget.
   if (m.checkpoint.kind != CheckpointSpec::Kind::None)
     m.recomputer = std::make_shared<nn::Recomputer>(*m.resnet, nn::RecomputeMode::parse(c.checkpoint));

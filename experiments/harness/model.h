@@ -25,6 +25,7 @@ struct Model {
   CheckpointSpec checkpoint;
   std::shared_ptr<nn::Recomputer> recomputer;  // ResNet with --checkpoint other than none
   bool amp = false;                    // forward under f16 autocast (mixed precision)
+  bool channels_last = false;          // weights channels-last; forward takes images to the format
 
   // Logits for images [N, 3, S, S]: [N, 1] (binary) or [N, 2]; under autocast with --amp.
   Tensor forward(const Tensor& images);

@@ -252,6 +252,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"amp_growth_interval", c.amp_growth_interval},
           {"checkpoint", c.checkpoint},
           {"cudnn_benchmark", c.cudnn_benchmark},
+          {"channels_last", c.channels_last},
           {"memory_budget", c.memory_budget},
           {"device", c.device},
           {"seed", c.seed},

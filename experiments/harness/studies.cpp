@@ -101,7 +101,8 @@ Study utilization(bool quick, const TrainConfig& base) {
     s.variant = "amp";
     s.title += " (mixed precision)";
     s.notes += " This table runs with --amp (f16 autocast, dynamic loss scaling), the precision of PyTorch's "
-               "--best; --best also uses channels_last and a fused SGD, which minidl does not have.";
+               "--best; --best also uses channels_last, which minidl runs with --channels-last (" +
+               std::string(base.channels_last ? "on here" : "off here") + ").";
   }
   for (int64_t b : powers(4, quick ? 512 : 1024)) {
     SweepRun r;

@@ -363,11 +363,13 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight,
     return narrow_into(yf, y);
   }
   check_float(x, "batch_norm");
+  const Tensor xs = staged_input(x), ys = staged_output(y);   // channels-last: through NCHW copies
   if (x.dtype() == DType::f32) {
-    forward_train<float>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd, {});
+    forward_train<float>(xs, weight, bias, running_mean, running_var, momentum, eps, ys, save_mean, save_invstd, {});
   } else {
-    forward_train<double>(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean, save_invstd, {});
+    forward_train<double>(xs, weight, bias, running_mean, running_var, momentum, eps, ys, save_mean, save_invstd, {});
   }
+  unstage(ys, y);
 }
 
 void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -378,11 +380,13 @@ void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, 
     return narrow_into(yf, y);
   }
   check_float(x, "batch_norm");
+  const Tensor xs = staged_input(x), ys = staged_output(y);
   if (x.dtype() == DType::f32) {
-    forward_eval<float>(x, weight, bias, mean, var, eps, y, {}, {}, {});
+    forward_eval<float>(xs, weight, bias, mean, var, eps, ys, {}, {}, {});
   } else {
-    forward_eval<double>(x, weight, bias, mean, var, eps, y, {}, {}, {});
+    forward_eval<double>(xs, weight, bias, mean, var, eps, ys, {}, {}, {});
   }
+  unstage(ys, y);
 }
 
 void CpuBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight,
@@ -396,11 +400,13 @@ void CpuBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Te
   check_float(x, "batch_norm_backward");
   MINIDL_CHECK(gy.dtype() == x.dtype(), "batch_norm_backward (cpu): gy ", gy.meta(), " and x ", x.meta(),
                " must have the same dtype");
+  const Tensor gys = staged_input(gy), xs = staged_input(x), gxs = staged_output(gx);
   if (x.dtype() == DType::f32) {
-    backward<float>(gy, x, weight, save_mean, save_invstd, true, gx, gweight, gbias, {});
+    backward<float>(gys, xs, weight, save_mean, save_invstd, true, gxs, gweight, gbias, {});
   } else {
-    backward<double>(gy, x, weight, save_mean, save_invstd, true, gx, gweight, gbias, {});
+    backward<double>(gys, xs, weight, save_mean, save_invstd, true, gxs, gweight, gbias, {});
   }
+  unstage(gxs, gx);
 }
 
 void CpuBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,

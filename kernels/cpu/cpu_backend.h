@@ -3,6 +3,7 @@
 // pool.cpp, batch_norm.cpp, softmax.cpp, loss.cpp, amp.cpp; f16 helpers in half.h); this header only gathers
 // the declarations.
 #pragma once
+#include <initializer_list>
 #include "core/backend.h"
 
 namespace minidl::cpu {
@@ -67,5 +68,14 @@ class CpuBackend final : public Backend {
 };
 
 CpuBackend& cpu_backend();
+
+// Whether any defined operand is channels-last (prefers_channels_last): the CPU reference runs
+// such calls through contiguous NCHW copies (conv.cpp, pool.cpp, batch_norm.cpp), so the
+// channels-last mode is exact against NCHW and the NCHW loops stay as they are.
+inline bool any_channels_last(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && prefers_channels_last(*t)) return true;
+  return false;
+}
 
 }  // namespace minidl::cpu

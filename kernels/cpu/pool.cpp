@@ -203,9 +203,17 @@ void avg_backward(const T* gy, const PoolGeom& g, bool include_pad, T* gx) {
   }
 }
 
+Tensor nchw(const Tensor& t) { return empty(t.shape(), t.options()); }
+
 }  // namespace
 
 void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
+  if (any_channels_last({&x, &y, &indices})) {
+    const Tensor yc = nchw(y), ic = nchw(indices);
+    max_pool2d_forward(x.contiguous(), o, yc, ic);
+    copy(yc, y);
+    return copy(ic, indices);
+  }
   check_contiguous("max_pool2d_forward", {&x, &y, &indices});
   MINIDL_CHECK(indices.dtype() == DType::i64 && indices.shape() == y.shape(),
                "max_pool2d_forward (cpu): indices must be i64 with the output's shape ", shape_str(y.shape()),
@@ -226,6 +234,11 @@ void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
 // The CPU scatters each plane's outputs in order (deterministic as it is); o is not needed.
 void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
                                      const Tensor& gx) {
+  if (any_channels_last({&gy, &indices, &gx})) {
+    const Tensor gxc = nchw(gx);
+    max_pool2d_backward(gy.contiguous(), indices.contiguous(), o, gxc);
+    return copy(gxc, gx);
+  }
   check_contiguous("max_pool2d_backward", {&gy, &indices, &gx});
   MINIDL_CHECK(gy.dim() == 4 && gx.dim() == 4 && indices.shape() == gy.shape() && indices.dtype() == DType::i64 &&
                    gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1),
@@ -249,6 +262,11 @@ void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, co
 }
 
 void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
+  if (any_channels_last({&x, &y})) {
+    const Tensor yc = nchw(y);
+    avg_pool2d_forward(x.contiguous(), o, yc);
+    return copy(yc, y);
+  }
   check_contiguous("avg_pool2d_forward", {&x, &y});
   const PoolGeom g = make_geom(x.shape(), y.shape(), o, "avg_pool2d_forward");
   if (is_half(x) || is_half(y)) {
@@ -264,6 +282,11 @@ void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
 }
 
 void CpuBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
+  if (any_channels_last({&gy, &gx})) {
+    const Tensor gxc = nchw(gx);
+    avg_pool2d_backward(gy.contiguous(), o, gxc);
+    return copy(gxc, gx);
+  }
   check_contiguous("avg_pool2d_backward", {&gy, &gx});
   const PoolGeom g = make_geom(gx.shape(), gy.shape(), o, "avg_pool2d_backward");
   if (is_half(gy) || is_half(gx)) {

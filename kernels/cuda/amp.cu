@@ -100,7 +100,8 @@ size_t unscale_table_bytes(const std::vector<Tensor>& grads) {
 bool cast_f32_f16_vectorized(const Tensor& src, const Tensor& dst) {
   const bool f32_to_f16 = src.dtype() == DType::f32 && dst.dtype() == DType::f16;
   const bool f16_to_f32 = src.dtype() == DType::f16 && dst.dtype() == DType::f32;
-  if (!(f32_to_f16 || f16_to_f32) || !src.is_contiguous() || !dst.is_contiguous() || !aligned16(src.data_ptr()) ||
+  // Both contiguous or both channels-last (the casts of a channels-last AMP step): flat arrays.
+  if (!(f32_to_f16 || f16_to_f32) || !same_memory_order(src, dst) || !aligned16(src.data_ptr()) ||
       !aligned16(dst.data_ptr())) {
     return false;
   }
@@ -138,7 +139,7 @@ void CudaBackend::unscale_grads(const std::vector<Tensor>& grads, double inv_sca
         MINIDL_FAIL("unscale_grads (cuda): gradient ", g0.meta(), " is not floating (f32, f16 or f64)");
     }
     Tensor g = g0.detach();
-    if (!g.is_contiguous()) {
+    if (!g.is_contiguous() && !is_channels_last(g)) {   // dense gradients are walked flat
       g = g.contiguous();
       write_back.emplace_back(g0.detach(), g);
     }

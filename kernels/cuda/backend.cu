@@ -50,4 +50,16 @@ void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
   }
 }
 
+bool check_memory_format(const char* op, std::initializer_list<const Tensor*> ts) {
+  bool cl = false;
+  for (const Tensor* t : ts) cl = cl || (t->defined() && prefers_channels_last(*t));
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    MINIDL_CHECK(cl ? is_channels_last(*t) : t->is_contiguous(), op, " (cuda): ", t->meta(), " with strides ",
+                 shape_str(t->strides()), " must be ", cl ? "channels-last like the other operands" : "contiguous",
+                 "; convert it with ", cl ? "to_channels_last()" : ".contiguous()");
+  }
+  return cl;
+}
+
 }  // namespace minidl::cuda

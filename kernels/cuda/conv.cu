@@ -1,4 +1,6 @@
-// Convolutions through cuDNN's legacy API. Heuristic mode takes cuDNN's ranked list
+// Convolutions through cuDNN's legacy API, on NCHW tensors or on channels-last ones (NHWC
+// descriptors over the tensors' own memory, filters KRSC: no transposes; see docs/cuda.md
+// "Channels-last end to end"). Heuristic mode takes cuDNN's ranked list
 // (cudnnGet*Algorithm_v7) and the first algorithm whose workspace the allocator can give within
 // the budget; benchmark mode times them once per shape with cudnnFind*AlgorithmEx over a workspace
 // drawn from the allocator, and caches the winner, like torch.backends.cudnn.benchmark.
@@ -281,7 +283,10 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
                          0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
 }
 
-ConvShape shape_of(const Shape& xshape, DType dtype, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o) {
+// channels_last: the tensors are channels-last (NHWC descriptors on their own memory, filters
+// KRSC); otherwise set_conv_nhwc's transposing mode may still ask for NHWC descriptors.
+ConvShape shape_of(const Shape& xshape, DType dtype, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o,
+                   bool channels_last) {
   MINIDL_CHECK(xshape.size() == 4 && wshape.size() == 4 && yshape.size() == 4, "conv2d (cuda): expected 4-d x, w, y, got ",
                shape_str(xshape), ", ", shape_str(wshape), ", ", shape_str(yshape));
   ConvShape cs;
@@ -296,11 +301,12 @@ ConvShape shape_of(const Shape& xshape, DType dtype, const Shape& wshape, const 
   cs.ow = yshape[3];
   cs.o = o;
   cs.dtype = dtype;
-  cs.nhwc = conv_nhwc();
+  cs.nhwc = channels_last || conv_nhwc();
   return cs;
 }
-ConvShape shape_of(const Tensor& x, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o) {
-  return shape_of(x.shape(), x.dtype(), wshape, yshape, o);
+ConvShape shape_of(const Tensor& x, const Shape& wshape, const Shape& yshape, const Conv2dOptions& o,
+                   bool channels_last) {
+  return shape_of(x.shape(), x.dtype(), wshape, yshape, o, channels_last);
 }
 
 // What the copies into and out of channels-last are filed under (device/launch.cuh's LaunchScope):
@@ -326,8 +332,8 @@ void conv_backward_filter_raw(DeviceContext& ctx, const ConvShape& cs, const voi
 }
 
 std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const Shape& w, const Shape& y,
-                                              const Conv2dOptions& o, DType dtype) {
-  const ConvShape cs = shape_of(x, dtype, w, y, o);
+                                              const Conv2dOptions& o, DType dtype, bool channels_last) {
+  const ConvShape cs = shape_of(x, dtype, w, y, o, channels_last);
   const Descriptors d(cs);
   cudnnHandle_t h = context(0).cudnn();
   MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
@@ -352,15 +358,16 @@ void clear_conv_algo_cache() {
 void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
                                  const Tensor& y) {
   check_cuda("conv2d", {&x, &w, &bias, &y});
-  check_contiguous("conv2d", {&x, &w, &bias, &y});
+  check_contiguous("conv2d", {&bias});
+  const bool cl = check_memory_format("conv2d", {&x, &w, &y});
   MINIDL_CHECK(w.dtype() == x.dtype() && y.dtype() == x.dtype(), "conv2d (cuda): dtypes differ: x ", x.meta(),
                ", w ", w.meta(), ", y ", y.meta());
   DeviceContext& ctx = context_of(x);
-  const ConvShape cs = shape_of(x, w.shape(), y.shape(), o);
+  const ConvShape cs = shape_of(x, w.shape(), y.shape(), o, cl);
   if (y.numel() == 0) return;
   if (x.numel() == 0 || w.numel() == 0) {
     fill(y, 0.0);
-  } else if (cs.nhwc) {
+  } else if (cs.nhwc && !cl) {
     const LaunchScope transposes(kNhwcTranspose);
     const Tensor xn = to_nhwc(x), wn = to_nhwc(w);
     const Tensor yn = empty_nhwc(y.shape(), y);
@@ -379,11 +386,11 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
 
 void CudaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) {
   check_cuda("conv2d_backward_input", {&gy, &w, &gx});
-  check_contiguous("conv2d_backward_input", {&gy, &w, &gx});
+  const bool cl = check_memory_format("conv2d_backward_input", {&gy, &w, &gx});
   DeviceContext& ctx = context_of(gy);
-  const ConvShape cs = shape_of(gx, w.shape(), gy.shape(), o);
+  const ConvShape cs = shape_of(gx, w.shape(), gy.shape(), o, cl);
   if (gy.numel() == 0 || w.numel() == 0) return fill(gx, 0.0);   // nothing flows back
-  if (cs.nhwc) {
+  if (cs.nhwc && !cl) {
     const LaunchScope transposes(kNhwcTranspose);
     const Tensor gyn = to_nhwc(gy), wn = to_nhwc(w);
     const Tensor gxn = empty_nhwc(gx.shape(), gx);
@@ -396,11 +403,11 @@ void CudaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const
 
 void CudaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {
   check_cuda("conv2d_backward_weight", {&gy, &x, &gw});
-  check_contiguous("conv2d_backward_weight", {&gy, &x, &gw});
+  const bool cl = check_memory_format("conv2d_backward_weight", {&gy, &x, &gw});
   DeviceContext& ctx = context_of(gy);
-  const ConvShape cs = shape_of(x, gw.shape(), gy.shape(), o);
+  const ConvShape cs = shape_of(x, gw.shape(), gy.shape(), o, cl);
   if (gy.numel() == 0 || x.numel() == 0) return fill(gw, 0.0);
-  if (cs.nhwc) {
+  if (cs.nhwc && !cl) {
     const LaunchScope transposes(kNhwcTranspose);
     const Tensor xn = to_nhwc(x), gyn = to_nhwc(gy);
     const Tensor gwn = empty_nhwc(gw.shape(), gw);

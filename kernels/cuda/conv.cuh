@@ -1,6 +1,6 @@
-// cuDNN convolutions on raw device pointers, NCHW or NHWC, used by the backend (which only sees
-// NCHW tensors and converts around these for the NHWC option) and by the benchmarks (which time
-// each layout directly). Algorithm choice follows set_cudnn_benchmark (runtime.h).
+// cuDNN convolutions on raw device pointers, NCHW or NHWC, used by the backend (NCHW tensors,
+// channels-last tensors, or NCHW tensors transposed around these for set_conv_nhwc) and by the
+// benchmarks (which time each layout directly). Algorithm choice follows set_cudnn_benchmark (runtime.h).
 #pragma once
 #include "core/ops.h"
 #include "kernels/cuda/context.cuh"

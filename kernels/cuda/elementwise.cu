@@ -208,7 +208,7 @@ void device_copy(const Tensor& src, const Tensor& dst) {
   DeviceContext& ctx = context_of(dst);
   const int64_t n = dst.numel();
   if (n == 0) return;
-  const OffsetCalc<2> oc = make_offset_calc<2>(dst.shape(), {&dst.strides(), &src.strides()}, "copy");
+  const OffsetCalc<2> oc = make_elementwise_calc<2>(dst.shape(), {&dst.strides(), &src.strides()}, "copy");
   if (oc.contiguous() && src.dtype() == dst.dtype()) {
     MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(n) * dtype_size(dst.dtype()),
                                       cudaMemcpyDeviceToDevice, ctx.stream()));
@@ -285,7 +285,7 @@ void CudaBackend::fill(const Tensor& dst, double value) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(dst);
-  const OffsetCalc<1> oc = make_offset_calc<1>(dst.shape(), {&dst.strides()}, "fill");
+  const OffsetCalc<1> oc = make_elementwise_calc<1>(dst.shape(), {&dst.strides()}, "fill");
   dispatch_all(dst.dtype(), "fill", [&](auto tag) {
     using T = decltype(tag);
     T v;
@@ -308,7 +308,7 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double s
   const int64_t n = out.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(out);
-  const OffsetCalc<2> oc = make_offset_calc<2>(out.shape(), {&out.strides(), &x.strides()}, unary_name(op));
+  const OffsetCalc<2> oc = make_elementwise_calc<2>(out.shape(), {&out.strides(), &x.strides()}, unary_name(op));
   dispatch_floating(x.dtype(), unary_name(op), [&](auto tag) {
     using T = decltype(tag);
     T* o = static_cast<T*>(out.data_ptr());
@@ -332,7 +332,7 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
   if (n == 0) return;
   DeviceContext& ctx = context_of(out);
   const OffsetCalc<3> oc =
-      make_offset_calc<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()}, binary_name(op));
+      make_elementwise_calc<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()}, binary_name(op));
   if (op >= BinaryOp::Eq) {
     MINIDL_CHECK(out.dtype() == DType::boolean, binary_name(op), " (cuda): comparisons write bool, got ", out.meta());
     dispatch_all(a.dtype(), binary_name(op), [&](auto tag) {
@@ -348,7 +348,7 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
   // b is one value broadcast everywhere when all its strides are 0.
   bool b_scalar = true;
   for (int64_t d = 0; d < b.dim(); ++d) b_scalar = b_scalar && (b.strides()[d] == 0 || b.shape()[d] == 1);
-  const OffsetCalc<2> oa = make_offset_calc<2>(out.shape(), {&out.strides(), &a.strides()}, binary_name(op));
+  const OffsetCalc<2> oa = make_elementwise_calc<2>(out.shape(), {&out.strides(), &a.strides()}, binary_name(op));
   dispatch_arith(a.dtype(), binary_name(op), [&](auto tag) {
     using T = decltype(tag);
     T* o = static_cast<T*>(out.data_ptr());

@@ -99,9 +99,9 @@ __global__ void adam_kernel(const AdamChunk* __restrict__ chunks, int64_t nchunk
   }
 }
 
-// Whether every tensor of every list is a contiguous f32 tensor on `dev` with its parameter's
-// shape (lists may be empty: state the optimizer does not keep). A GPU, or the meta device standing
-// for one (kernels/cuda/workspace.h).
+// Whether every tensor of every list is a dense f32 tensor on `dev` with its parameter's shape
+// and memory order (lists may be empty: state the optimizer does not keep). A GPU, or the meta
+// device standing for one (kernels/cuda/workspace.h).
 bool eligible(const std::vector<Tensor>& params, std::initializer_list<const std::vector<Tensor>*> lists) {
   if (params.empty() || !params[0].defined() || params[0].device().target() != DeviceType::CUDA) return false;
   const Device dev = params[0].device();
@@ -110,8 +110,10 @@ bool eligible(const std::vector<Tensor>& params, std::initializer_list<const std
     if (l->size() != params.size()) return false;
     for (size_t i = 0; i < l->size(); ++i) {
       const Tensor& t = (*l)[i];
-      if (!t.defined() || t.device() != dev || t.dtype() != DType::f32 || !t.is_contiguous() ||
-          t.shape() != params[i].shape()) {
+      // Flat walks need one memory order: contiguous, or channels-last (conv weights, their
+      // gradients and the state made from them in a channels-last model).
+      if (!t.defined() || t.device() != dev || t.dtype() != DType::f32 || !same_memory_order(t, params[i]) ||
+          !(t.is_contiguous() || is_channels_last(t))) {
         return false;
       }
     }

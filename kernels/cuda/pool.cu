@@ -1,4 +1,4 @@
-// CUDA max and average pooling (NCHW), hand-written rather than cuDNN so that windows, ties, NaNs,
+// CUDA max and average pooling (NCHW or channels-last, each in its own memory order), hand-written rather than cuDNN so that windows, ties, NaNs,
 // divisors and the i64 argmax indices are exactly the CPU backend's (kernels/cpu/pool.cpp).
 // Both backwards gather (each input element sums, in output order, the outputs whose window covers
 // it), so they are deterministic without atomics and max backward equals the CPU's bit for bit.
@@ -13,18 +13,52 @@ namespace {
 struct Geom {
   int64_t planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
   bool include_pad;
+  int64_t channels;   // C
+  bool nhwc;          // channels-last operands: thread i takes element i of memory, C fastest
 };
 
-Geom make_geom(const Shape& in, const Shape& out, const Pool2dOptions& o, const char* op) {
+Geom make_geom(const Shape& in, const Shape& out, const Pool2dOptions& o, bool nhwc, const char* op) {
   MINIDL_CHECK(in.size() == 4 && out.size() == 4 && in[0] == out[0] && in[1] == out[1], op,
                " (cuda): inconsistent shapes: input ", shape_str(in), ", output ", shape_str(out));
   MINIDL_CHECK(o.stride[0] > 0 && o.stride[1] > 0, op, " (cuda): stride must be resolved (non-zero) by the caller");
   return {in[0] * in[1], in[2], in[3], out[2], out[3], o.kernel[0], o.kernel[1], o.stride[0], o.stride[1],
-          o.padding[0], o.padding[1], o.count_include_pad};
+          o.padding[0], o.padding[1], o.count_include_pad, in[1], nhwc};
 }
 
 __host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Where thread i works: element i of the walked tensor (the output in the forwards, the input
+// gradient in the backwards, rows x cols spatially) in memory order, as its row and column, and
+// the offsets of its (n, c) plane and of one row and one column step in the input-sized and the
+// output-sized tensors. NCHW planes are H*W apart; channels-last ones interleave with stride C.
+struct Pos {
+  int64_t row, col, in_base, in_rs, in_cs, out_base, out_rs, out_cs;
+};
+__device__ __forceinline__ Pos locate(const Geom& g, int64_t i, int64_t rows, int64_t cols) {
+  Pos p;
+  if (!g.nhwc) {
+    p.col = i % cols;
+    p.row = (i / cols) % rows;
+    const int64_t pl = i / (cols * rows);
+    p.in_base = pl * g.h * g.w;
+    p.out_base = pl * g.oh * g.ow;
+    p.in_rs = g.w;
+    p.out_rs = g.ow;
+    p.in_cs = p.out_cs = 1;
+  } else {
+    const int64_t c = i % g.channels;
+    p.col = (i / g.channels) % cols;
+    p.row = (i / (g.channels * cols)) % rows;
+    const int64_t n = i / (g.channels * cols * rows);
+    p.in_base = n * g.h * g.w * g.channels + c;
+    p.out_base = n * g.oh * g.ow * g.channels + c;
+    p.in_rs = g.w * g.channels;
+    p.out_rs = g.ow * g.channels;
+    p.in_cs = p.out_cs = g.channels;
+  }
+  return p;
+}
 
 // PyTorch's separable divisor (see kernels/cpu/pool.cpp).
 __device__ __forceinline__ int64_t window_count(int64_t o, int64_t s, int64_t p, int64_t k, int64_t in, bool inc) {
@@ -38,16 +72,17 @@ __global__ void max_fwd_kernel(const T* x, Geom g, T* y, int64_t* idx) {
   using C = typename Compute<T>::type;
   const int64_t total = g.planes * g.oh * g.ow;
   MINIDL_GRID_STRIDE(i, total) {
-    const int64_t c = i % g.ow, r = (i / g.ow) % g.oh, pl = i / (g.ow * g.oh);
-    const T* xp = x + pl * g.h * g.w;
+    const Pos p = locate(g, i, g.oh, g.ow);
+    const int64_t c = p.col, r = p.row;
+    const T* xp = x + p.in_base;
     const int64_t h0 = imax(r * g.sh - g.ph, 0), h1 = imin(r * g.sh - g.ph + g.kh, g.h);
     const int64_t w0 = imax(c * g.sw - g.pw, 0), w1 = imin(c * g.sw - g.pw + g.kw, g.w);
     // Padding acts as -inf; an all -inf window reports its first real element, as the CPU does.
     C best = -INFINITY;
-    int64_t arg = h0 * g.w + w0;
+    int64_t arg = h0 * g.w + w0;   // a flat index into the H*W plane in either format
     for (int64_t ih = h0; ih < h1; ++ih) {
       for (int64_t iw = w0; iw < w1; ++iw) {
-        const C v = cvt<C>(xp[ih * g.w + iw]);
+        const C v = cvt<C>(xp[ih * p.in_rs + iw * p.in_cs]);
         if (v > best || v != v) {   // first maximum wins; NaN propagates
           best = v;
           arg = ih * g.w + iw;
@@ -64,13 +99,14 @@ __global__ void avg_fwd_kernel(const T* x, Geom g, T* y) {
   using C = typename Compute<T>::type;
   const int64_t total = g.planes * g.oh * g.ow;
   MINIDL_GRID_STRIDE(i, total) {
-    const int64_t c = i % g.ow, r = (i / g.ow) % g.oh, pl = i / (g.ow * g.oh);
-    const T* xp = x + pl * g.h * g.w;
+    const Pos p = locate(g, i, g.oh, g.ow);
+    const int64_t c = p.col, r = p.row;
+    const T* xp = x + p.in_base;
     const int64_t h0 = imax(r * g.sh - g.ph, 0), h1 = imin(r * g.sh - g.ph + g.kh, g.h);
     const int64_t w0 = imax(c * g.sw - g.pw, 0), w1 = imin(c * g.sw - g.pw + g.kw, g.w);
     C acc = 0;
     for (int64_t ih = h0; ih < h1; ++ih)
-      for (int64_t iw = w0; iw < w1; ++iw) acc += cvt<C>(xp[ih * g.w + iw]);
+      for (int64_t iw = w0; iw < w1; ++iw) acc += cvt<C>(xp[ih * p.in_rs + iw * p.in_cs]);
     const int64_t div = window_count(r, g.sh, g.ph, g.kh, g.h, g.include_pad) *
                         window_count(c, g.sw, g.pw, g.kw, g.w, g.include_pad);
     y[i] = cvt<T>(acc / static_cast<C>(div));
@@ -97,16 +133,16 @@ __global__ void max_bwd_gather_kernel(const T* gy, const int64_t* idx, Geom g, T
   using C = typename Compute<T>::type;
   const int64_t total = g.planes * g.h * g.w;
   MINIDL_GRID_STRIDE(i, total) {
-    const int64_t iw = i % g.w, ih = (i / g.w) % g.h, pl = i / (g.w * g.h);
+    const Pos p = locate(g, i, g.h, g.w);
+    const int64_t iw = p.col, ih = p.row;
     int64_t r0, r1, c0, c1;
     covering(ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
     covering(iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
     const int64_t self = ih * g.w + iw;
-    const int64_t base = pl * g.oh * g.ow;
     C acc = 0;
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t c = c0; c < c1; ++c) {
-        const int64_t o = base + r * g.ow + c;
+        const int64_t o = p.out_base + r * p.out_rs + c * p.out_cs;
         if (idx[o] == self) acc += cvt<C>(gy[o]);
       }
     }
@@ -119,17 +155,17 @@ __global__ void avg_bwd_kernel(const T* gy, Geom g, T* gx) {
   using C = typename Compute<T>::type;
   const int64_t total = g.planes * g.h * g.w;
   MINIDL_GRID_STRIDE(i, total) {
-    const int64_t iw = i % g.w, ih = (i / g.w) % g.h, pl = i / (g.w * g.h);
+    const Pos p = locate(g, i, g.h, g.w);
+    const int64_t iw = p.col, ih = p.row;
     int64_t r0, r1, c0, c1;
     covering(ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
     covering(iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
-    const int64_t base = pl * g.oh * g.ow;
     C acc = 0;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t hc = window_count(r, g.sh, g.ph, g.kh, g.h, g.include_pad);
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t div = hc * window_count(c, g.sw, g.pw, g.kw, g.w, g.include_pad);
-        acc += cvt<C>(gy[base + r * g.ow + c]) / static_cast<C>(div);
+        acc += cvt<C>(gy[p.out_base + r * p.out_rs + c * p.out_cs]) / static_cast<C>(div);
       }
     }
     gx[i] = cvt<T>(acc);
@@ -150,11 +186,11 @@ void dispatch_pool(DType t, const char* op, F&& f) {
 
 void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
   check_cuda("max_pool2d_forward", {&x, &y, &indices});
-  check_contiguous("max_pool2d_forward", {&x, &y, &indices});
+  const bool cl = check_memory_format("max_pool2d_forward", {&x, &y, &indices});
   MINIDL_CHECK(indices.dtype() == DType::i64 && indices.shape() == y.shape() && y.dtype() == x.dtype(),
                "max_pool2d_forward (cuda): indices must be i64 with the output's shape ", shape_str(y.shape()),
                ", got ", indices.meta());
-  const Geom g = make_geom(x.shape(), y.shape(), o, "max_pool2d_forward");
+  const Geom g = make_geom(x.shape(), y.shape(), o, cl, "max_pool2d_forward");
   const int64_t n = y.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(x);
@@ -169,12 +205,12 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
 void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
                                       const Tensor& gx) {
   check_cuda("max_pool2d_backward", {&gy, &indices, &gx});
-  check_contiguous("max_pool2d_backward", {&gy, &indices, &gx});
+  const bool cl = check_memory_format("max_pool2d_backward", {&gy, &indices, &gx});
   MINIDL_CHECK(gy.dim() == 4 && gx.dim() == 4 && indices.shape() == gy.shape() && indices.dtype() == DType::i64 &&
                    gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1) && gy.dtype() == gx.dtype(),
                "max_pool2d_backward (cuda): inconsistent tensors: grad ", gy.meta(), ", indices ", indices.meta(),
                ", input grad ", gx.meta());
-  const Geom g = make_geom(gx.shape(), gy.shape(), o, "max_pool2d_backward");
+  const Geom g = make_geom(gx.shape(), gy.shape(), o, cl, "max_pool2d_backward");
   const int64_t n = gx.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(gy);
@@ -188,8 +224,8 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, c
 
 void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
   check_cuda("avg_pool2d_forward", {&x, &y});
-  check_contiguous("avg_pool2d_forward", {&x, &y});
-  const Geom g = make_geom(x.shape(), y.shape(), o, "avg_pool2d_forward");
+  const bool cl = check_memory_format("avg_pool2d_forward", {&x, &y});
+  const Geom g = make_geom(x.shape(), y.shape(), o, cl, "avg_pool2d_forward");
   const int64_t n = y.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(x);
@@ -202,8 +238,8 @@ void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
 
 void CudaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
   check_cuda("avg_pool2d_backward", {&gy, &gx});
-  check_contiguous("avg_pool2d_backward", {&gy, &gx});
-  const Geom g = make_geom(gx.shape(), gy.shape(), o, "avg_pool2d_backward");
+  const bool cl = check_memory_format("avg_pool2d_backward", {&gy, &gx});
+  const Geom g = make_geom(gx.shape(), gy.shape(), o, cl, "avg_pool2d_backward");
   const int64_t n = gx.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(gy);

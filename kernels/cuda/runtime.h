@@ -33,7 +33,10 @@ void set_allow_tf32_matmul(bool on);
 bool allow_tf32_matmul();
 void set_allow_tf32_cudnn(bool on);
 bool allow_tf32_cudnn();
-// Channels-last (NHWC) convolutions: the backend transposes into and out of NHWC around cuDNN.
+// NHWC cuDNN convolutions on NCHW tensors: the backend transposes into and out of NHWC around
+// every call (the "before" of bench/results/gpu_model_2026-11-26_60d57e3.md). Superseded by
+// channels-last tensors (to_channels_last, Module::to_channels_last), which run NHWC with no
+// transposes whatever this switch says; kept to measure the transposing design.
 void set_conv_nhwc(bool on);
 bool conv_nhwc();
 

@@ -25,8 +25,9 @@ std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b);
 // math and layout switches) on device 0's handle, so it needs a GPU or the emulated device.
 // Benchmark mode's autotuning (timed, so unknown in advance) is not part of it.
 enum class ConvDir { Forward, BackwardData, BackwardFilter };
+// channels_last: the operands are channels-last tensors (NHWC descriptors, no transposes).
 std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const Shape& w, const Shape& y,
-                                              const Conv2dOptions& o, DType dtype);
+                                              const Conv2dOptions& o, DType dtype, bool channels_last = false);
 // runtime.cu: convolutions run in NHWC (each operand copied to channels-last and back).
 bool conv_nhwc();
 

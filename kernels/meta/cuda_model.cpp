@@ -78,7 +78,10 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
   if (dir == ConvDir::BackwardData && (y.numel() == 0 || w.numel() == 0)) return;
   if (dir == ConvDir::BackwardFilter && (y.numel() == 0 || x.numel() == 0)) return;
   std::vector<Tensor> held;   // the NHWC copies, in the kernel's order
-  if (cuda::conv_nhwc()) {
+  // The backend's rule (check_memory_format): channels-last when any operand prefers it, and then
+  // cuDNN runs on the tensors' own memory; set_conv_nhwc's transposes only around NCHW operands.
+  const bool cl = prefers_channels_last(x) || prefers_channels_last(w) || prefers_channels_last(y);
+  if (cuda::conv_nhwc() && !cl) {
     if (dir == ConvDir::Forward) held = {to_nhwc(x), to_nhwc(w), empty_nhwc(y)};
     else if (dir == ConvDir::BackwardData) held = {to_nhwc(y), to_nhwc(w), empty_nhwc(x)};
     else held = {to_nhwc(x), to_nhwc(y), empty_nhwc(w)};
@@ -88,7 +91,7 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
                     : dir == ConvDir::BackwardData ? cuda::ConvDir::BackwardData
                                                    : cuda::ConvDir::BackwardFilter;
   std::string tried;
-  for (size_t ws : cuda::conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype())) {
+  for (size_t ws : cuda::conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype(), cl)) {
     try {
       Buffer b(x.device(), ws);
       return;   // the algorithm runs with this workspace, which is freed when it returns

@@ -15,6 +15,7 @@
 #include "core/generator.h"
 #include "core/ops.h"
 #include "nn/resnet.h"
+#include "tests/nn/small_net.h"
 
 namespace minidl::nn {
 namespace {
@@ -32,17 +33,7 @@ Tensor step(ResNet& model, uint64_t seed) {
   return out.detach();
 }
 
-// Short ResNets (one or two blocks per stage, small-input stem) keep each test cheap while covering
-// the stem, blocks with a downsample branch and a block whose identity is its input.
-std::shared_ptr<ResNet> short_resnet(BlockKind kind, uint64_t seed) {
-  ResNetOptions o;
-  o.block = kind;
-  o.layers = {2, 1, 1, 1};
-  o.num_classes = 10;
-  o.small_input = true;
-  Generator gen(seed);
-  return std::make_shared<ResNet>(o, &gen);
-}
+using testing::short_resnet;
 
 void expect_same_step(BlockKind kind) {
   const std::string arch = kind == BlockKind::Basic ? "BasicBlock" : "Bottleneck";

@@ -2,6 +2,7 @@
 // conversions that round exactly as the CPU backend does (double -> float -> half, round to
 // nearest even), the strided offset calculator, warp/block reductions and launch sizing.
 #pragma once
+#include <algorithm>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -137,6 +138,28 @@ OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Shape*
     for (int k = 0; k < N; ++k) c.strides[d][k] = st[k][d];
   }
   return c;
+}
+
+// make_offset_calc over the dims in operand 0's memory order (largest stride first, stable), for
+// the elementwise ops, whose visiting order is free: channels-last operands of a channels-last
+// output merge into one contiguous dim (the vector kernels), a broadcast bias into two. A
+// contiguous operand 0 keeps the logical order, so NCHW calls are unchanged.
+template <int N>
+OffsetCalc<N> make_elementwise_calc(const Shape& shape, const std::array<const Shape*, N>& strides, const char* op) {
+  std::vector<size_t> order(shape.size());
+  for (size_t d = 0; d < order.size(); ++d) order[d] = d;
+  const Shape& lead = *strides[0];
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lead[a] > lead[b]; });
+  Shape sorted_shape(shape.size());
+  std::array<Shape, N> sorted;
+  std::array<const Shape*, N> ptrs;
+  for (int k = 0; k < N; ++k) {
+    sorted[k].resize(shape.size());
+    for (size_t d = 0; d < order.size(); ++d) sorted[k][d] = (*strides[k])[order[d]];
+    ptrs[k] = &sorted[k];
+  }
+  for (size_t d = 0; d < order.size(); ++d) sorted_shape[d] = shape[order[d]];
+  return make_offset_calc<N>(sorted_shape, ptrs, op);
 }
 
 // ---- Launch sizing ----

@@ -1,0 +1,161 @@
+// Channels-last (NHWC) on the GPU against NCHW on the GPU and against the CPU: convolution's three
+// passes on cuDNN NHWC descriptors (filters KRSC, no transposes: no copy launch at all), max, average
+// and global average pooling in their NHWC kernels, and the elementwise ops and AMP casts that walk
+// channels-last tensors as flat arrays (the vector kernels). kernels_cuda_emu runs it on the emulated
+// device, whose cuDNN stand-in computes NHWC convolutions from the descriptors' own strides.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "tests/support/parity_helpers.h"
+
+namespace minidl::testing::parity {
+namespace {
+
+// The launches of fn as "op / kernel" keys (empty in self-test mode, where nothing launches).
+std::vector<std::string> launches_of(const std::function<void()>& fn) {
+#ifdef MINIDL_WITH_CUDA
+  if (!self_test()) {
+    cuda::synchronize(0);
+    cuda::take_launch_times();
+    cuda::set_launch_timing(true);
+    fn();
+    cuda::set_launch_timing(false);
+    std::vector<std::string> keys;
+    for (const cuda::LaunchTime& t : cuda::take_launch_times()) keys.push_back(t.op + " / " + t.kernel);
+    return keys;
+  }
+#endif
+  fn();
+  return {};
+}
+
+Tensor gpu_leaf(const Tensor& cpu, bool cl) {
+  Tensor t = to_target(cpu);
+  if (cl) t = to_channels_last(t).detach();
+  t.set_requires_grad(true);
+  return t;
+}
+
+struct Outputs {
+  Tensor y, gx, gw;
+};
+
+TEST_F(Parity, ChannelsLastConvolutionMatchesNchwAndTheCpu) {
+  struct Case {
+    Shape x, w;
+    int64_t stride, pad;
+  };
+  // A stem-like 7x7/2 on 3 channels, a 3x3 with multiples of 8 (tensor-core shapes in f16), a
+  // strided 3x3, and a 1x1 (whose filters are both formats).
+  for (const Case& c : {Case{{2, 3, 12, 12}, {8, 3, 7, 7}, 2, 3}, Case{{2, 8, 6, 6}, {16, 8, 3, 3}, 1, 1},
+                        Case{{3, 5, 7, 7}, {6, 5, 3, 3}, 2, 1}, Case{{2, 16, 5, 5}, {8, 16, 1, 1}, 1, 0}}) {
+    for (DType dt : {DType::f32, DType::f16}) {
+      const std::string tag = shape_str(c.x) + " * " + shape_str(c.w) + " " + dtype_name(dt);
+      const Conv2dOptions o{.stride = {c.stride, c.stride}, .padding = {c.pad, c.pad}};
+      const Tensor x = rnd(c.x, dt, 1), w = rnd(c.w, dt, 2);
+      Tensor xc = x.clone().set_requires_grad(true), wc = w.clone().set_requires_grad(true);
+      const Tensor yc = conv2d(xc, wc, Tensor(), o);
+      const Tensor gy = rnd(yc.shape(), dt, 3);
+      yc.backward(gy);
+      Outputs gpu[2];
+      std::vector<std::string> keys;
+      for (bool cl : {false, true}) {
+        const Tensor xg = gpu_leaf(x, cl), wg = gpu_leaf(w, cl);
+        const Tensor gyg = cl ? to_channels_last(to_target(gy)) : to_target(gy);
+        Tensor yg;
+        const auto k = launches_of([&] {
+          yg = conv2d(xg, wg, Tensor(), o);
+          yg.backward(gyg);
+        });
+        if (cl) keys = k;
+        gpu[cl] = {yg.detach(), xg.grad(), wg.grad()};
+        const double tol = tol_for(dt);
+        EXPECT_TRUE(close(yc.detach(), yg.detach(), tol, tag + (cl ? " nhwc y" : " nchw y")));
+        EXPECT_TRUE(close(xc.grad(), xg.grad(), tol, tag + (cl ? " nhwc gx" : " nchw gx")));
+        EXPECT_TRUE(close(wc.grad(), wg.grad(), dt == DType::f16 ? 1e-2 : tol, tag + (cl ? " nhwc gw" : " nchw gw")));
+      }
+      EXPECT_TRUE(close(gpu[0].y.to(Device::cpu()), gpu[1].y, tol_for(dt), tag + " nhwc vs nchw y"));
+      EXPECT_TRUE(is_channels_last(gpu[1].y) && is_channels_last(gpu[1].gx) && is_channels_last(gpu[1].gw)) << tag;
+      // Three cuDNN calls and nothing else: no transpose, no copy.
+      for (const std::string& key : keys) EXPECT_EQ(key.rfind("cuDNN conv", 0), 0u) << tag << ": " << key;
+      if (!self_test()) {
+        EXPECT_EQ(keys.size(), 3u) << tag;
+      }
+    }
+  }
+}
+
+TEST_F(Parity, ChannelsLastPoolingMatchesTheCpu) {
+  Pool2dOptions stem;   // ResNet's stem pool: 3x3, stride 2, padding 1 (overlapping windows)
+  stem.kernel = {3, 3};
+  stem.stride = {2, 2};
+  stem.padding = {1, 1};
+  Pool2dOptions avg;
+  avg.kernel = {2, 3};
+  avg.stride = {2, 2};
+  avg.padding = {1, 1};
+  avg.ceil_mode = true;
+  avg.count_include_pad = false;
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops = {
+      {"max_pool2d", [&](const Tensor& t) { return max_pool2d(t, stem); }},
+      {"avg_pool2d", [&](const Tensor& t) { return avg_pool2d(t, avg); }},
+      {"adaptive_avg_pool2d", [](const Tensor& t) { return adaptive_avg_pool2d(t); }},
+  };
+  for (const auto& [name, fn] : ops) {
+    for (DType dt : {DType::f32, DType::f16, DType::f64}) {
+      const std::string tag = name + " " + dtype_name(dt);
+      const Tensor x = rnd({2, 6, 7, 9}, dt, 4);
+      Tensor xc = x.clone().set_requires_grad(true);
+      const Tensor yc = fn(xc);
+      const Tensor gy = rnd(yc.shape(), dt, 5);
+      yc.backward(gy);
+      const Tensor xg = gpu_leaf(x, true);
+      const Tensor gyg = gy.size(2) * gy.size(3) > 1 ? to_channels_last(to_target(gy)) : to_target(gy);
+      Tensor yg;
+      const auto keys = launches_of([&] {
+        yg = fn(xg);
+        yg.backward(gyg);
+      });
+      EXPECT_TRUE(close(yc.detach(), yg.detach(), tol_for(dt), tag + " y"));
+      EXPECT_TRUE(close(xc.grad(), xg.grad(), tol_for(dt), tag + " gx"));
+      if (name == "max_pool2d") {   // max pooling is exact: the CPU's bits, forward and backward
+        EXPECT_EQ(yc.to_vector(), yg.to_vector()) << tag;
+        EXPECT_EQ(xc.grad().to_vector(), xg.grad().to_vector()) << tag;
+      }
+      if (yg.size(2) * yg.size(3) > 1) {
+        EXPECT_TRUE(prefers_channels_last(yg)) << tag << " " << shape_str(yg.strides());
+      }
+      EXPECT_TRUE(prefers_channels_last(xg.grad())) << tag << " " << shape_str(xg.grad().strides());
+      for (const std::string& key : keys) EXPECT_EQ(key.find("copy"), std::string::npos) << tag << ": " << key;
+    }
+  }
+}
+
+// Channels-last operands of one format walk as flat arrays: the vector kernels, as for NCHW.
+TEST_F(Parity, ChannelsLastElementwiseOpsAndCastsUseTheVectorKernels) {
+  const Tensor a = to_channels_last(to_target(rnd({2, 16, 5, 3}, DType::f32, 6)));
+  const Tensor b = to_channels_last(to_target(rnd({2, 16, 5, 3}, DType::f32, 7)));
+  Tensor sum_ab, r, h, back;
+  const auto keys = launches_of([&] {
+    sum_ab = a + b;
+    r = relu(a);
+    h = a.to(DType::f16);
+    back = h.to(DType::f32);
+  });
+  for (const Tensor* t : {&sum_ab, &r, &h, &back}) EXPECT_TRUE(prefers_channels_last(*t)) << t->meta();
+  EXPECT_TRUE(close(a.to(Device::cpu()).contiguous() + b.to(Device::cpu()).contiguous(), sum_ab, 1e-7, "add"));
+  EXPECT_TRUE(close(relu(a.to(Device::cpu())), r, 0.0, "relu"));
+  if (self_test()) return;
+  const std::vector<std::string> want = {"add / (binary_vec_kernel<T>)", "relu / (unary_vec_kernel<T>)",
+                                         "copy f32->f16 / f32_to_f16_kernel", "copy f16->f32 / f16_to_f32_kernel"};
+  EXPECT_EQ(keys, want);
+}
+
+}  // namespace
+}  // namespace minidl::testing::parity
