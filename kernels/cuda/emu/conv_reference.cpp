@@ -135,7 +135,7 @@ cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p,
   const Operand x0{d == Dir::BwdData ? "dx" : "x", nullptr, p.x, nullptr};
   const Operand w0{d == Dir::BwdFilter ? "dw" : "w", nullptr, nullptr, p.w};
   const Operand y0{d == Dir::Fwd ? "y" : "dy", nullptr, p.y, nullptr};
-  const auto operands = [&](const Operand& x, const Operand& w, const Operand& y) {
+  const auto operands = [d, in_a, in_b, out](const Operand& x, const Operand& w, const Operand& y) {
     Operand a = d == Dir::BwdData ? y : x, b = d == Dir::BwdFilter ? y : w;
     Operand o = d == Dir::Fwd ? y : d == Dir::BwdData ? x : w;
     a.ptr = in_a;

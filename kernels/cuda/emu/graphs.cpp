@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/emu/profiler.h"
 #include "kernels/cuda/emu/runtime_state.h"
 
 namespace minidl::cuda::emu {
@@ -71,6 +72,16 @@ const char* kSyncFix =
     "a capture records work and runs none of it, so nothing can be waited for or read back: keep the value on the "
     "device (a device-side flag instead of a host read, as the gradient scaler's found_inf), or move the "
     "synchronization out of the captured region (before cudaStreamBeginCapture or after cudaGraphLaunch)";
+
+// A graph or an executable graph: a heap object whose address is the handle, kept in a registry.
+template <typename T>
+cudaError_t destroy_object(std::set<const void*> CaptureState::*registry, const void* handle, const char* call) {
+  CaptureState& c = cs();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if ((c.*registry).erase(handle) == 0) return runtime_fail(cudaErrorInvalidValue, std::string(call) + ": not live");
+  delete static_cast<const T*>(handle);
+  return device_error();
+}
 
 }  // namespace
 
@@ -256,8 +267,15 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   }
   // The recorded work, in order, as new work of `s`: the race check, the range checks of copies
   // and library calls and the kernels' own checks run again on every replay.
+  const bool profiled = profiling();   // the replay's launches are issued now (profiler.h)
   for (const Node& n : *nodes) {
-    if (const cudaError_t e = enqueue(s, n.work, n.label.empty() ? std::string() : "graph node " + n.label);
+    if (const cudaError_t e = enqueue(
+            s,
+            [work = n.work, profiled] {
+              const ReplayIssue issue(profiled);
+              work();
+            },
+            n.label.empty() ? std::string() : "graph node " + n.label);
         e != cudaSuccess) {
       return e;
     }
@@ -266,19 +284,11 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
-  CaptureState& c = cs();
-  std::lock_guard<std::mutex> lock(c.mu);
-  if (c.execs.erase(exec) == 0) return runtime_fail(cudaErrorInvalidValue, "cudaGraphExecDestroy: not live");
-  delete reinterpret_cast<EmuGraphExec*>(exec);
-  return device_error();
+  return destroy_object<EmuGraphExec>(&CaptureState::execs, exec, "cudaGraphExecDestroy");
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
-  CaptureState& c = cs();
-  std::lock_guard<std::mutex> lock(c.mu);
-  if (c.graphs.erase(graph) == 0) return runtime_fail(cudaErrorInvalidValue, "cudaGraphDestroy: not live");
-  delete reinterpret_cast<EmuGraph*>(graph);
-  return device_error();
+  return destroy_object<EmuGraph>(&CaptureState::graphs, graph, "cudaGraphDestroy");
 }
 
 }  // extern "C"

@@ -169,11 +169,11 @@ void set_last_error(cudaError_t e, const std::string& detail) {
 }
 
 #if defined(__SANITIZE_ADDRESS__)
-void poison_device(const void* p, size_t bytes, cudaStream_t stream) {
-  enqueue(stream, [p, bytes] { ASAN_POISON_MEMORY_REGION(p, bytes); });
+void poison_device(const void* p, size_t bytes, cudaStream_t stream, bool captured) {
+  enqueue(stream, [p, bytes] { ASAN_POISON_MEMORY_REGION(p, bytes); }, {}, captured);
 }
-void unpoison_device(const void* p, size_t bytes, cudaStream_t stream) {
-  enqueue(stream, [p, bytes] { ASAN_UNPOISON_MEMORY_REGION(p, bytes); });
+void unpoison_device(const void* p, size_t bytes, cudaStream_t stream, bool captured) {
+  enqueue(stream, [p, bytes] { ASAN_UNPOISON_MEMORY_REGION(p, bytes); }, {}, captured);
 }
 bool asan_build() { return true; }
 namespace {
@@ -181,8 +181,8 @@ void poison_host(const void* p, size_t bytes) { ASAN_POISON_MEMORY_REGION(p, byt
 void unpoison_host(const void* p, size_t bytes) { ASAN_UNPOISON_MEMORY_REGION(p, bytes); }
 }  // namespace
 #else
-void poison_device(const void*, size_t, cudaStream_t) {}
-void unpoison_device(const void*, size_t, cudaStream_t) {}
+void poison_device(const void*, size_t, cudaStream_t, bool) {}
+void unpoison_device(const void*, size_t, cudaStream_t, bool) {}
 bool asan_build() { return false; }
 namespace {
 void poison_host(const void*, size_t) {}

@@ -46,8 +46,9 @@ std::vector<std::pair<uintptr_t, size_t>> device_allocations();
 // is reported even inside one cudaMalloc segment. No-ops otherwise.
 // `stream` orders the marking with the stream's work in the deferred mode (below): a block freed
 // while a queued kernel still uses it is poisoned after that kernel runs.
-void poison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr);
-void unpoison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr);
+// `captured` false: never recorded into a capture of `stream` (allocator bookkeeping of eager blocks).
+void poison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr, bool captured = true);
+void unpoison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr, bool captured = true);
 bool asan_build();
 
 // ---- Kernel attributes (kernel_attributes.cpp): the dynamic shared memory a launch of `func` may
@@ -72,7 +73,8 @@ void forget_stream(cudaStream_t s);   // runs its pending work first
 // `label` names the work in the race check's reports ("kernel copy_kernel (copy)").
 // Work queued on a capturing stream is recorded into the capture instead (graphs.cpp); the result
 // is that capture's error, if any (the last error is set too).
-cudaError_t enqueue(cudaStream_t s, std::function<void()> work, std::string label = {});
+// `capture` false: queued in the stream's eager order even while it captures.
+cudaError_t enqueue(cudaStream_t s, std::function<void()> work, std::string label = {}, bool capture = true);
 // Runs `work` now as the next work of `s`, after the stream's queued work (a host-side copy that
 // returns when done, as CUDA's synchronous cases do).
 void run_now(cudaStream_t s, const std::function<void()>& work, std::string label);

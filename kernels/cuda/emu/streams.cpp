@@ -113,12 +113,14 @@ void forget_stream(cudaStream_t s) {
   race_forget_stream(s);
 }
 
-cudaError_t enqueue(cudaStream_t s, std::function<void()> work, std::string label) {
+cudaError_t enqueue(cudaStream_t s, std::function<void()> work, std::string label, bool capture) {
   Executor& e = ex();
   std::lock_guard<std::recursive_mutex> lock(e.mu);
   if (device_error() != cudaSuccess) return device_error();   // a faulted device runs nothing more
   bool captured = false;
-  if (const cudaError_t c = capture_work(s, work, label, &captured); captured) return c;
+  if (capture) {
+    if (const cudaError_t c = capture_work(s, work, label, &captured); captured) return c;
+  }
   RaceOpPtr op = race_issue(s, std::move(label));
   if (!e.deferred) {
     run_item_locked(e, work, std::move(op));
