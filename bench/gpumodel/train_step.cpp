@@ -57,8 +57,11 @@ void TrainStep::run() {
   if (!c_.graph) return step();
   ready();
   graph_->replay();
-  // Whether the device skipped the update (a sync, after the replay).
-  stepped_ = !c_.amp || scaler_->device_found_inf().item() == 0.0;
+}
+
+bool TrainStep::last_stepped() const {
+  if (c_.graph && c_.amp && graph_) return scaler_->device_found_inf().item() == 0.0;
+  return stepped_;
 }
 
 void TrainStep::step() {

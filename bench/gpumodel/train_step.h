@@ -45,7 +45,9 @@ class TrainStep {
   // run() is one replay (nothing without it).
   void ready();
   void run();
-  bool last_stepped() const { return stepped_; }   // false: AMP skipped the update (inf/NaN)
+  // false: AMP skipped the update (inf/NaN). With a graph under AMP it reads the device's flag (a
+  // host sync), so that a profiled replay holds no host read.
+  bool last_stepped() const;
   int64_t built_for() const { return image_; }
 
  private:
