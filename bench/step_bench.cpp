@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "core/allocator.h"
@@ -34,6 +35,7 @@ struct StepOptions {
   double seconds = 30.0;
   int64_t max_steps = 0;
   std::string json;
+  bool cuda_graphs = false;
 };
 
 // The TF32 and layout switches of a precision mode, as PyTorch's flags of the same names.
@@ -86,6 +88,17 @@ int run(TrainConfig& c, const StepOptions& o) {
   using Clock = std::chrono::steady_clock;
   const auto w0 = Clock::now();
   for (int i = 0; i < o.warmup; ++i) step();   // cuDNN autotuning, allocator growth, the scaler's first skips
+  // --cuda-graphs: the step captured once (docs/cuda.md, CUDA graphs) after the optimizer really
+  // stepped (its momentum buffers exist: AMP's first steps are often skipped), then replayed.
+  std::unique_ptr<Backend::Graph> graph;
+  if (o.cuda_graphs) {
+    if (!dev.is_cuda()) throw UsageError("--cuda-graphs needs a CUDA device, got " + dev.str());
+    if (c.optimizer != "sgd")
+      throw UsageError("--cuda-graphs replays SGD only (" + c.optimizer + " keeps its step count on the host)");
+    for (int i = 0; i < 40 && opt->step_count() == 0; ++i) step();
+    if (scaler.is_enabled()) scaler.to_device_state(dev);
+    graph = backend(dev).capture_graph(dev.index, step);
+  }
   synchronize(dev);
   const double warmup_s = std::chrono::duration<double>(Clock::now() - w0).count();
   reset_peak_stats(dev);
@@ -94,17 +107,21 @@ int run(TrainConfig& c, const StepOptions& o) {
   const auto t0 = Clock::now();
   while ((o.max_steps == 0 || steps < o.max_steps) &&
          (steps == 0 || std::chrono::duration<double>(Clock::now() - t0).count() < o.seconds)) {
-    step();
+    if (graph) graph->replay();
+    else step();
     ++steps;
   }
   synchronize(dev);   // the host runs ahead of a GPU: the span ends when the last step's kernels do
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double ips = static_cast<double>(steps * c.batch_size) / secs;
   const auto ms = memory_stats(dev);
-  std::printf("minidl %s batch %lld %dpx %s%s: %.1f images/s (%lld steps in %.2f s after %d warm-up steps in %.1f s; "
+  // Replays skip on the device: only the last one's verdict is known (read after the timing).
+  if (graph && scaler.is_enabled()) skipped = scaler.device_found_inf().item() != 0.0 ? -1 : 0;
+  std::printf("minidl %s batch %lld %dpx %s%s%s: %.1f images/s (%lld steps in %.2f s after %d warm-up steps in %.1f s; "
               "%lld skipped by the scaler; peak allocated %s)\n",
               c.model.c_str(), static_cast<long long>(c.batch_size), static_cast<int>(c.resolved_image_size()),
-              o.precision.c_str(), o.channels_last ? " channels-last" : "", ips, static_cast<long long>(steps), secs,
+              o.precision.c_str(), o.channels_last ? " channels-last" : "", graph ? " cuda-graphs" : "", ips,
+              static_cast<long long>(steps), secs,
               o.warmup, warmup_s, static_cast<long long>(skipped),
               format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str());
   if (!o.json.empty()) {
@@ -116,6 +133,7 @@ int run(TrainConfig& c, const StepOptions& o) {
     j["batch"] = c.batch_size;
     j["precision"] = o.precision;
     j["channels_last"] = o.channels_last;
+    j["cuda_graphs"] = o.cuda_graphs;
     j["cudnn_benchmark"] = c.cudnn_benchmark;
     j["optimizer"] = {{"name", c.optimizer}, {"lr", c.resolved_lr()}, {"momentum", c.momentum},
                       {"weight_decay", c.resolved_weight_decay()}};
@@ -156,6 +174,9 @@ int main(int argc, char** argv) {
                  "tf32 (f32 with TF32 GEMMs and convolutions) or fp32 (no TF32 anywhere)")
       ->capture_default_str();
   app.add_flag("--channels-last", o.channels_last, "channels-last (NHWC) weights and batch, kept end to end");
+  app.add_flag("--cuda-graphs", o.cuda_graphs,
+               "capture the step into a CUDA graph after the warm-up and replay it (SGD; AMP with the scaler's "
+               "device state; skipped_steps is then -1 if the last replay skipped, else 0)");
   app.add_option("--cudnn-benchmark", c.cudnn_benchmark, "on: cuDNN autotuning (as torch.backends.cudnn.benchmark)")
       ->capture_default_str();
   app.add_option("--lr", c.lr, "SGD learning rate")->capture_default_str();

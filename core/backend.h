@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -140,6 +141,15 @@ class Backend {
   // default is composed from the kernels above (core/ops_amp.cpp); backends override it with one
   // fused pass.
   virtual void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf);
+  // The same with the scale on the device (GradScaler's device state, for CUDA graphs): 1/scale is
+  // computed there from `scale` (a one-element f32 tensor) as the host computes it, so no host
+  // value is baked into a captured graph. Only device backends have it (the default throws).
+  virtual void unscale_grads_device(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf);
+  // PyTorch's _amp_update_scale_ on the device: with found_inf != 0 the scale is multiplied by
+  // backoff and the growth tracker (one-element i32) restarts; otherwise the tracker counts the
+  // clean step and, at growth_interval, the scale grows (when the result is finite) and it restarts.
+  virtual void update_scale_device(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                                   double growth_factor, double backoff_factor, int64_t growth_interval);
 
   // Fused multi-tensor optimizer updates (optim::SGD, optim::Adam/AdamW): one pass updates every
   // parameter of a group in place with the formulas documented in optim/sgd.h and optim/adam.h.
@@ -150,6 +160,9 @@ class Backend {
   struct SgdHyper {
     double lr, weight_decay, momentum, dampening;
     bool nesterov, maximize;
+    // A one-element f32 device flag (GradScaler's found_inf in its device state): nonzero, the
+    // kernel changes nothing (the skipped step decided on the device, no host sync). nullptr: none.
+    const float* skip_if = nullptr;
   };
   // momentum_bufs is empty when momentum == 0; fresh[i] != 0: buffer i is new and is set to the
   // gradient (PyTorch's first step) instead of being updated.
@@ -161,6 +174,7 @@ class Backend {
   struct AdamHyper {
     double lr, weight_decay, beta1, beta2, eps;
     bool amsgrad, maximize, decoupled;   // decoupled: AdamW
+    const float* skip_if = nullptr;      // as SgdHyper's
   };
   // steps[i]: parameter i's step count including this step (>= 1); max_exp_avg_sq is empty
   // unless amsgrad.
@@ -170,6 +184,22 @@ class Backend {
                                const AdamHyper& /*h*/) {
     return false;
   }
+
+  // CUDA graphs (kernels/cuda/graph.cu): capture_graph runs `work` with the device's stream
+  // captured into a graph, its memory served by a private pool of the caching allocator, and
+  // returns it instantiated; replay() queues it on the stream again; destroying it releases the
+  // graph and its pool. Work that CUDA forbids during a capture (a synchronization, a host read)
+  // throws, naming the fix. The default throws: only a CUDA device has graphs.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual void replay() = 0;
+    virtual size_t pool_bytes() const = 0;   // the private pool's reserved bytes
+  };
+  virtual std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work);
+  // Whether the device's stream is being captured now (ops that read device values on the host
+  // skip those reads then).
+  virtual bool capturing(int /*device_index*/) { return false; }
 
   // Blocks until the work queued so far on the device is done. Timings of device work read a host
   // clock only after it (kernels are asynchronous on a GPU). The CPU's kernels return when done:

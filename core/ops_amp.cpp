@@ -42,4 +42,19 @@ void Backend::unscale_grads(const std::vector<Tensor>& grads, double inv_scale, 
   }
 }
 
+void Backend::unscale_grads_device(const std::vector<Tensor>&, const Tensor&, const Tensor&) {
+  MINIDL_FAIL("unscale_grads_device (", name(), "): the gradient scaler's device state (for CUDA graphs) needs a "
+              "CUDA device; on ", name(), " the scaler keeps its scale on the host");
+}
+
+void Backend::update_scale_device(const Tensor&, const Tensor&, const Tensor&, double, double, int64_t) {
+  MINIDL_FAIL("update_scale_device (", name(), "): the gradient scaler's device state (for CUDA graphs) needs a "
+              "CUDA device; on ", name(), " the scaler keeps its scale on the host");
+}
+
+std::unique_ptr<Backend::Graph> Backend::capture_graph(int, const std::function<void()>&) {
+  MINIDL_FAIL("CUDA graphs (--cuda-graphs) need a CUDA device; the ", name(),
+              " backend runs every step eagerly (drop --cuda-graphs)");
+}
+
 }  // namespace minidl

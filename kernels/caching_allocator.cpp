@@ -32,7 +32,23 @@ CachingAllocator::~CachingAllocator() {
   // still be released later, so their segments are leaked rather than freed under them.
   std::lock_guard<std::mutex> lock(mu_);
   release_cached();
+  for (auto& [id, ps] : pools_) {   // private pools' free segments too: no graph outlives its device
+    for (Pool* pool : {&ps.small, &ps.large}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* b = *it;
+        if (id == 0 || b->prev != nullptr || b->next != nullptr) {
+          ++it;
+          continue;
+        }
+        source_->raw_free(b->ptr, b->size);
+        delete b;
+        it = pool->erase(it);
+      }
+    }
+  }
 }
+
+CachingAllocator::Pools& CachingAllocator::pools_of(int id) { return pools_[id]; }
 
 size_t CachingAllocator::round_size(size_t nbytes) {
   if (nbytes < kMinBlock) return kMinBlock;
@@ -56,7 +72,7 @@ CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, size_t size) {
   return b;
 }
 
-CachingAllocator::Block* CachingAllocator::new_segment(size_t rounded, bool small) {
+CachingAllocator::Block* CachingAllocator::new_segment(size_t rounded, bool small, int pool) {
   const size_t preferred = segment_size(rounded);
   // The preferred size first; a large request whose 20 MiB segment would break the budget may
   // still fit with a segment of exactly its own size.
@@ -74,6 +90,8 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t rounded, bool smal
     b->ptr = static_cast<char*>(p);
     b->size = seg;
     b->small = small;
+    b->pool = pool;
+    pools_of(pool).reserved += seg;
     return b;
   }
   return nullptr;
@@ -81,7 +99,8 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t rounded, bool smal
 
 void CachingAllocator::release_cached() {
   bool any = false;
-  for (Pool* pool : {&small_pool_, &large_pool_}) {
+  Pools& eager = pools_of(0);   // a private pool's segments stay while its graph may replay
+  for (Pool* pool : {&eager.small, &eager.large}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
       if (b->prev == nullptr && b->next == nullptr) {   // a whole segment, free
@@ -93,6 +112,7 @@ void CachingAllocator::release_cached() {
         ++raw_frees_;
         --segments_;
         s_.reserved_bytes -= static_cast<int64_t>(b->size);
+        eager.reserved -= b->size;
         delete b;
         it = pool->erase(it);
       } else {
@@ -119,14 +139,19 @@ void* CachingAllocator::allocate(size_t nbytes) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t size = round_size(nbytes);
   const bool small = size <= kSmallSize;
-  Pool& pool = small ? small_pool_ : large_pool_;
+  Pools& pools = pools_of(current_pool_);
+  Pool& pool = small ? pools.small : pools.large;
   Block* b = find_free(pool, size);
-  if (b == nullptr) b = new_segment(size, small);
+  if (b == nullptr) b = new_segment(size, small, current_pool_);
+  if (b == nullptr && current_pool_ != 0) {
+    // Releasing the cache synchronizes the device, which a CUDA graph capture forbids.
+    throw_oom(nbytes, "while a CUDA graph is captured into a private memory pool, which cannot release the cache");
+  }
   if (b == nullptr) {
     // Over the budget or refused by the device: give back what is cached, then try once more.
     ++flushes_;
     release_cached();
-    b = new_segment(size, small);
+    b = new_segment(size, small, current_pool_);
     if (b == nullptr) {
       const bool over_budget = s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(size) > s_.budget_bytes;
       throw_oom(nbytes, over_budget ? "the request would exceed the memory budget"
@@ -140,6 +165,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
     rest->ptr = b->ptr + size;
     rest->size = remaining;
     rest->small = b->small;
+    rest->pool = b->pool;
     rest->prev = b;
     rest->next = b->next;
     if (b->next != nullptr) b->next->prev = rest;
@@ -149,7 +175,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   }
   b->allocated = true;
   b->requested = nbytes;
-  source_->block_live(b->ptr, nbytes, b->size);
+  source_->block_live(b->ptr, nbytes, b->size, b->pool != 0);
   live_[b->ptr] = b;
   s_.allocated_bytes += static_cast<int64_t>(nbytes);
   s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
@@ -171,8 +197,9 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   ++s_.num_frees;
   b->allocated = false;
   b->requested = 0;
-  source_->block_free(b->ptr, b->size);
-  Pool& pool = b->small ? small_pool_ : large_pool_;
+  source_->block_free(b->ptr, b->size, b->pool != 0);
+  Pools& pools = pools_of(b->pool);   // a private pool's block goes back to its pool
+  Pool& pool = b->small ? pools.small : pools.large;
   // Merge with free neighbours of the same segment (they are in the pool: take them out first).
   if (b->prev != nullptr && !b->prev->allocated) {
     Block* p = b->prev;
@@ -220,6 +247,67 @@ void CachingAllocator::reset_peak_stats() {
 void CachingAllocator::set_budget(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   s_.budget_bytes = static_cast<int64_t>(bytes);
+}
+
+int CachingAllocator::begin_private_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  MINIDL_CHECK(current_pool_ == 0, "caching allocator (", device_.str(), "): private pool ", current_pool_,
+               " is still current; end_private_pool first (one CUDA graph capture at a time)");
+  current_pool_ = next_pool_++;
+  pools_of(current_pool_);
+  return current_pool_;
+}
+
+void CachingAllocator::end_private_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  current_pool_ = 0;
+}
+
+int CachingAllocator::current_pool() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_pool_;
+}
+
+size_t CachingAllocator::pool_reserved_bytes(int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(id);
+  return it == pools_.end() ? 0 : it->second.reserved;
+}
+
+void CachingAllocator::release_private_pool(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(id);
+  if (id == 0 || it == pools_.end()) return;
+  if (current_pool_ == id) current_pool_ = 0;
+  Pools& eager = pools_of(0);
+  // Live blocks (tensors made during the capture that are still held) belong to the eager pools
+  // from now on, and so do their segments.
+  for (auto& [ptr, b] : live_) {
+    if (b->pool == id) b->pool = 0;
+  }
+  bool synced = false;
+  size_t freed = 0;
+  for (Pool* pool : {&it->second.small, &it->second.large}) {
+    for (Block* b : *pool) {
+      if (b->prev == nullptr && b->next == nullptr) {   // a whole free segment: back to the device
+        if (!synced) {
+          source_->synchronize();   // a replay may still be running on it
+          synced = true;
+        }
+        source_->raw_free(b->ptr, b->size);
+        ++raw_frees_;
+        --segments_;
+        s_.reserved_bytes -= static_cast<int64_t>(b->size);
+        freed += b->size;
+        delete b;
+      } else {
+        b->pool = 0;
+        (b->small ? eager.small : eager.large).insert(b);
+      }
+    }
+  }
+  eager.reserved += it->second.reserved - freed;   // what stays of its segments is the eager pools' now
+  pools_.erase(it);
 }
 
 void CachingAllocator::empty_cache() {

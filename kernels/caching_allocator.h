@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -25,9 +26,10 @@ class SegmentSource {
   virtual void synchronize() {}
   // Told when a block of a segment is handed out ([p, p + requested) in use, up to p + block_size
   // rounding slack) and when it comes back, so a checking device (the emulator's ASan build) can
-  // poison what no tensor owns. No-ops by default.
-  virtual void block_live(void* /*p*/, size_t /*requested*/, size_t /*block_size*/) {}
-  virtual void block_free(void* /*p*/, size_t /*block_size*/) {}
+  // poison what no tensor owns. No-ops by default. `private_pool`: the block is a CUDA graph's
+  // (below): its marking is part of the captured step, an eager block's is not.
+  virtual void block_live(void* /*p*/, size_t /*requested*/, size_t /*block_size*/, bool /*private_pool*/) {}
+  virtual void block_free(void* /*p*/, size_t /*block_size*/, bool /*private_pool*/) {}
 };
 
 // Segments that are address ranges with no memory behind them, handed out in increasing order
@@ -68,6 +70,16 @@ struct CachingStats {
 //    releases every wholly free cached segment and retries, then throws OutOfMemoryError.
 // allocated_bytes counts the bytes requested (as the CPU allocator does); reserved_bytes the
 // segments held, so reserved - allocated is the fragmentation.
+//
+// Private pools (CUDA graphs, as PyTorch's graph pools): a captured graph replays its kernels on
+// the addresses it captured, including memory its step freed and allocated again during the
+// capture. While a private pool is active (begin_private_pool), every request is served from that
+// pool's own segments, and a block of the pool, freed (during the capture or later), goes back to
+// the pool, never to the eager pools: so no eager tensor is ever placed where a replay writes.
+// release_private_pool (the graph destroyed) returns the pool's wholly free segments to the device
+// and hands segments still holding live blocks to the eager pools. Private segments count in
+// reserved bytes and the budget like any other; they are not released by empty_cache or by the
+// cache flush before an OOM while their pool lives.
 class CachingAllocator final : public Allocator {
  public:
   static constexpr size_t kMinBlock = 512;
@@ -91,6 +103,15 @@ class CachingAllocator final : public Allocator {
   Device device() const override { return device_; }
 
   CachingStats detailed_stats() const;
+
+  // Private pools (above). begin_private_pool makes a new pool current and returns its id (> 0);
+  // end_private_pool makes the eager pools current again (the pool keeps its segments).
+  int begin_private_pool();
+  void end_private_pool();
+  void release_private_pool(int id);
+  int current_pool() const;
+  // Bytes of segments that pool `id` holds (0 for a released or unknown pool).
+  size_t pool_reserved_bytes(int id) const;
   // The block size a request of nbytes occupies, and the segment a miss of that size reserves.
   static size_t round_size(size_t nbytes);
   static size_t segment_size(size_t rounded);
@@ -102,6 +123,7 @@ class CachingAllocator final : public Allocator {
     size_t requested = 0;   // bytes asked for while allocated
     bool allocated = false;
     bool small = false;
+    int pool = 0;           // 0: the eager pools; > 0: a private pool
     Block* prev = nullptr;  // neighbours inside the same segment
     Block* next = nullptr;
   };
@@ -112,15 +134,21 @@ class CachingAllocator final : public Allocator {
   };
   using Pool = std::set<Block*, BySize>;
 
+  struct Pools {
+    Pool small, large;
+    size_t reserved = 0;
+  };
+  Pools& pools_of(int id);
   Block* find_free(Pool& pool, size_t size);
-  Block* new_segment(size_t rounded, bool small);   // nullptr: no room (budget or device)
+  Block* new_segment(size_t rounded, bool small, int pool);   // nullptr: no room (budget or device)
   void release_cached();                            // frees wholly free segments; mu_ held
   [[noreturn]] void throw_oom(size_t nbytes, const std::string& why);
 
   std::unique_ptr<SegmentSource> source_;
   Device device_;
   mutable std::mutex mu_;
-  Pool small_pool_, large_pool_;
+  std::map<int, Pools> pools_;   // 0: the eager pools
+  int current_pool_ = 0, next_pool_ = 1;
   std::unordered_map<void*, Block*> live_;   // allocated blocks by pointer
   MemoryStats s_;
   int64_t segments_ = 0, raw_allocs_ = 0, raw_frees_ = 0, flushes_ = 0;

@@ -43,7 +43,9 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
   MINIDL_CHECK(mb.loss_weight > 0.0 && mb.loss_weight <= 1.0, "gradient accumulation: loss weight ", mb.loss_weight,
                " is outside (0, 1]; take MicroBatch values from plan_accumulation()");
   GradScaler* scaler = o_.scaler;
-  if (scaler != nullptr) {
+  // The scaler's device state (CUDA graphs): every decision is the device's, nothing is read here.
+  const bool on_device = scaler != nullptr && scaler->device_state();
+  if (scaler != nullptr && !on_device) {
     if (!window_open_) window_scale_ = scaler->get_scale();
     MINIDL_CHECK(scaler->get_scale() == window_scale_, "gradient accumulation: the loss scale changed inside an ",
                  "accumulation window (", window_scale_, " -> ", scaler->get_scale(), "); call GradScaler::update() ",
@@ -59,36 +61,44 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
   if (!mb.steps) return false;
 
   window_open_ = false;
-  if (scaler != nullptr) {
-    scaler->unscale_(opt_);  // once per window, before clipping
-    if (sync != nullptr && scaler->is_enabled()) scaler->set_found_inf(opt_, sync->any(scaler->found_inf(opt_)));
-    if (scaler->found_inf(opt_)) {
-      scaler->update();  // backoff; the whole effective batch is skipped
+  if (on_device) {
+    MINIDL_CHECK(sync == nullptr && !o_.before_step && o_.max_grad_norm == 0.0, "gradient accumulation: the ",
+                 "gradient scaler's device state (CUDA graphs) decides on the device; data-parallel training, a ",
+                 "before-step hook and clipping read values on the host (run without --cuda-graphs)");
+    scaler->step(opt_);   // unscales, and the fused kernels skip on the device's found-inf flag
+    scaler->update();
+  } else {
+    if (scaler != nullptr) {
+      scaler->unscale_(opt_);  // once per window, before clipping
+      if (sync != nullptr && scaler->is_enabled()) scaler->set_found_inf(opt_, sync->any(scaler->found_inf(opt_)));
+      if (scaler->found_inf(opt_)) {
+        scaler->update();  // backoff; the whole effective batch is skipped
+        ++skipped_steps_;
+        opt_.zero_grad();
+        return false;
+      }
+    }
+    bool proceed = o_.before_step ? o_.before_step() : true;
+    if (sync != nullptr && o_.before_step) proceed = !sync->any(!proceed);  // no hook: every rank proceeds
+    if (!proceed) {
+      if (scaler != nullptr) scaler->update();
       ++skipped_steps_;
       opt_.zero_grad();
       return false;
     }
-  }
-  bool proceed = o_.before_step ? o_.before_step() : true;
-  if (sync != nullptr && o_.before_step) proceed = !sync->any(!proceed);  // no hook: every rank proceeds
-  if (!proceed) {
-    if (scaler != nullptr) scaler->update();
-    ++skipped_steps_;
-    opt_.zero_grad();
-    return false;
-  }
-  if (o_.max_grad_norm > 0.0) {
-    std::vector<Tensor> params;
-    for (const ParamGroup& g : opt_.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
-    std::function<double(double)> reduce;
-    if (sync != nullptr) reduce = [sync](double norm) { return sync->same(norm); };
-    last_grad_norm_ = clip_grad_norm(params, o_.max_grad_norm, 2.0, false, reduce);
-  }
-  if (scaler != nullptr) {
-    scaler->step(opt_);  // already unscaled and clean: steps
-    scaler->update();
-  } else {
-    opt_.step();
+    if (o_.max_grad_norm > 0.0) {
+      std::vector<Tensor> params;
+      for (const ParamGroup& g : opt_.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
+      std::function<double(double)> reduce;
+      if (sync != nullptr) reduce = [sync](double norm) { return sync->same(norm); };
+      last_grad_norm_ = clip_grad_norm(params, o_.max_grad_norm, 2.0, false, reduce);
+    }
+    if (scaler != nullptr) {
+      scaler->step(opt_);  // already unscaled and clean: steps
+      scaler->update();
+    } else {
+      opt_.step();
+    }
   }
   ++optimizer_steps_;
   if (o_.schedule) {

@@ -142,7 +142,11 @@ bool Adam::fused_group_step(size_t g) {
                              group.option("eps"),
                              amsgrad,
                              group.option("maximize") != 0.0,
-                             decoupled_};
+                             decoupled_,
+                             skip_flag()};
+  MINIDL_CHECK(skip_flag() == nullptr, name(), ": the gradient scaler's device state (CUDA graphs) cannot skip an ",
+               name(), " step on the device: its step count (bias correction) is kept on the host. Use SGD with ",
+               "--cuda-graphs, or run without it");
   if (!backend(params.front().device()).fused_adam_step(params, grads, m, v, vmax, steps, h)) return false;
   for (size_t k = 0; k < idx.size(); ++k) {
     ParamState& st = state_[g][idx[k]];

@@ -40,6 +40,7 @@ Tensor GradScaler::scale(const Tensor& loss) const {
   MINIDL_CHECK(loss.defined() && is_floating(loss.dtype()), "GradScaler::scale: expects a floating loss, got ",
                loss.defined() ? loss.meta() : std::string("an undefined tensor"));
   const Tensor l = loss.dtype() == DType::f16 ? loss.to(DType::f32) : loss;
+  if (device_state()) return l * dev_scale_;   // no host value in a captured step
   return l * static_cast<double>(scale_);
 }
 
@@ -50,6 +51,25 @@ void GradScaler::unscale_(Optimizer& optimizer) {
                "optimizer since the last update(); call it at most once per step (clip after the one call)");
   MINIDL_CHECK(st.stage != Stage::Stepped, "GradScaler::unscale_: unscale_() is being called after step(); "
                "call update() first, or unscale before step()");
+  if (device_state()) {
+    std::vector<Tensor> grads;
+    for (const ParamGroup& g : optimizer.param_groups()) {
+      for (const Tensor& p : g.params) {
+        const Tensor grad = p.grad();
+        if (!grad.defined()) continue;
+        MINIDL_CHECK(grad.device() == dev_found_.device(), "GradScaler::unscale_: the device state is on ",
+                     dev_found_.device().str(), " but a gradient is on ", grad.device().str());
+        grads.push_back(grad);
+      }
+    }
+    NoGradGuard no_grad;
+    dev_found_.zero_();
+    if (!grads.empty()) backend(dev_found_.device()).unscale_grads_device(grads, dev_scale_, dev_found_);
+    st.found_inf = false;   // known on the device only
+    st.checked = !grads.empty();
+    st.stage = Stage::Unscaled;
+    return;
+  }
   // 1/scale in double, rounded to f32, as PyTorch does.
   const double inv = static_cast<double>(static_cast<float>(1.0 / static_cast<double>(scale_)));
   std::vector<std::pair<Device, std::vector<Tensor>>> by_device;  // one fused pass per device
@@ -94,6 +114,16 @@ bool GradScaler::step(Optimizer& optimizer) {
   MINIDL_CHECK(st.checked, "GradScaler::step: no inf checks were recorded for this optimizer: none of its ",
                "parameters has a gradient (call backward on the scaled loss first)");
   st.stage = Stage::Stepped;
+  if (device_state()) {
+    // The fused kernels read the flag and skip on it: the decision never reaches the host.
+    struct Clear {
+      Optimizer& o;
+      ~Clear() { o.set_skip_flag(Tensor()); }
+    } clear{optimizer};
+    optimizer.set_skip_flag(dev_found_);
+    optimizer.step();
+    return true;
+  }
   if (st.found_inf) return false;
   optimizer.step();
   return true;
@@ -109,6 +139,14 @@ void GradScaler::update() {
   }
   MINIDL_CHECK(any, "GradScaler::update: no inf checks were recorded prior to update(); call step(optimizer) (or "
                "unscale_) after backward and before update()");
+  if (device_state()) {
+    NoGradGuard no_grad;
+    backend(dev_scale_.device())
+        .update_scale_device(dev_scale_, dev_tracker_, dev_found_, o_.growth_factor, o_.backoff_factor,
+                             o_.growth_interval);
+    per_opt_.clear();
+    return;
+  }
   // PyTorch's _amp_update_scale_.
   if (found) {
     scale_ = static_cast<float>(static_cast<double>(scale_) * o_.backoff_factor);
@@ -131,10 +169,36 @@ void GradScaler::update(double new_scale) {
   MINIDL_CHECK(std::isfinite(new_scale) && new_scale > 0, "GradScaler::update: new scale ", new_scale,
                " must be positive and finite");
   scale_ = static_cast<float>(new_scale);
+  if (device_state()) dev_scale_.fill_(static_cast<double>(scale_));
   per_opt_.clear();
 }
 
-double GradScaler::get_scale() const { return o_.enabled ? static_cast<double>(scale_) : 1.0; }
+void GradScaler::to_device_state(Device device) {
+  MINIDL_CHECK(device.is_cuda(), "GradScaler::to_device_state: the device state is for CUDA graphs; got ",
+               device.str());
+  if (!o_.enabled) return;
+  MINIDL_CHECK(per_opt_.empty(), "GradScaler::to_device_state: call it between steps (after update())");
+  NoGradGuard no_grad;
+  dev_scale_ = full({}, static_cast<double>(scale_), {DType::f32, device, false});
+  dev_tracker_ = full({1}, static_cast<double>(growth_tracker_), {DType::i32, device, false});
+  dev_found_ = zeros({1}, {DType::f32, device, false});
+}
+
+void GradScaler::to_host_state() {
+  if (!device_state()) return;
+  scale_ = static_cast<float>(dev_scale_.item());
+  growth_tracker_ = static_cast<int64_t>(dev_tracker_.item());
+  dev_scale_ = dev_tracker_ = dev_found_ = Tensor();
+}
+
+int64_t GradScaler::growth_tracker() const {
+  return device_state() ? static_cast<int64_t>(dev_tracker_.item()) : growth_tracker_;
+}
+
+double GradScaler::get_scale() const {
+  if (!o_.enabled) return 1.0;
+  return device_state() ? dev_scale_.item() : static_cast<double>(scale_);
+}
 
 void GradScaler::set_found_inf(const Optimizer& optimizer, bool found) {
   if (!o_.enabled) return;
@@ -143,22 +207,24 @@ void GradScaler::set_found_inf(const Optimizer& optimizer, bool found) {
                "unscale_() on this optimizer first (the flag belongs to the step being unscaled)");
   it->second.found_inf = found;
   it->second.checked = true;
+  if (device_state()) dev_found_.fill_(found ? 1.0 : 0.0);
 }
 
 bool GradScaler::found_inf(const Optimizer& optimizer) const {
   auto it = per_opt_.find(&optimizer);
-  return it != per_opt_.end() && it->second.stage != Stage::Ready && it->second.found_inf;
+  if (it == per_opt_.end() || it->second.stage == Stage::Ready) return false;
+  return device_state() ? dev_found_.item() != 0.0 : it->second.found_inf;
 }
 
 std::map<std::string, Tensor> GradScaler::state_dict() const {
   if (!o_.enabled) return {};
   const TensorOptions f64{DType::f64, Device::cpu(), false};
   const TensorOptions i64{DType::i64, Device::cpu(), false};
-  return {{"scale", scalar_tensor(static_cast<double>(scale_), f64)},
+  return {{"scale", scalar_tensor(get_scale(), f64)},
           {"growth_factor", scalar_tensor(o_.growth_factor, f64)},
           {"backoff_factor", scalar_tensor(o_.backoff_factor, f64)},
           {"growth_interval", scalar_tensor(static_cast<double>(o_.growth_interval), i64)},
-          {"_growth_tracker", scalar_tensor(static_cast<double>(growth_tracker_), i64)}};
+          {"_growth_tracker", scalar_tensor(static_cast<double>(growth_tracker()), i64)}};
 }
 
 void GradScaler::load_state_dict(const std::map<std::string, Tensor>& dict) {
@@ -185,6 +251,10 @@ void GradScaler::load_state_dict(const std::map<std::string, Tensor>& dict) {
   o_.backoff_factor = backoff;
   o_.growth_interval = static_cast<int64_t>(interval);
   growth_tracker_ = static_cast<int64_t>(tracker);
+  if (device_state()) {
+    dev_scale_.fill_(static_cast<double>(scale_));
+    dev_tracker_.fill_(static_cast<double>(growth_tracker_));
+  }
   per_opt_.clear();
 }
 

@@ -51,7 +51,22 @@ class GradScaler {
   void update(double new_scale);
 
   double get_scale() const;               // 1.0 when disabled, as PyTorch
-  int64_t growth_tracker() const { return growth_tracker_; }
+  int64_t growth_tracker() const;
+
+  // The device state, for CUDA graphs (docs/cuda.md): the scale, the growth tracker and each
+  // step's found-inf flag live on `device` (a CUDA device), and every decision is made there:
+  // scale() multiplies by the device scale, unscale_ computes 1/scale on the device, step() hands
+  // the flag to the optimizer's fused kernels (which skip on it), update() runs PyTorch's rule in
+  // a kernel. No call between scale() and update() synchronizes, so a whole step can be captured;
+  // the results are bit-identical to the host state's. step() then returns true whether or not
+  // the device skipped; found_inf(), get_scale(), growth_tracker() and state_dict() read the
+  // device (a sync, outside any capture). The optimizer must take the fused path (SGD; Adam keeps
+  // its step count on the host and is refused). to_host_state() brings the state back.
+  void to_device_state(Device device);
+  void to_host_state();
+  bool device_state() const { return dev_scale_.defined(); }
+  // The device state's found-inf flag of the last unscale_ (one-element f32), undefined otherwise.
+  const Tensor& device_found_inf() const { return dev_found_; }
   // Whether the optimizer's gradients were found non-finite by this step's unscale_ (false when
   // not unscaled yet).
   bool found_inf(const Optimizer& optimizer) const;
@@ -79,6 +94,7 @@ class GradScaler {
   float scale_;                  // f32, as PyTorch's _scale tensor
   int64_t growth_tracker_ = 0;
   std::unordered_map<const Optimizer*, PerOptimizer> per_opt_;
+  Tensor dev_scale_, dev_tracker_, dev_found_;   // the device state (0-dim f32, [1] i32, [1] f32)
 };
 
 // The optimizer's state_dict() and the scaler's in one map (scaler keys prefixed "scaler."), so a

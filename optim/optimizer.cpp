@@ -93,6 +93,9 @@ void Optimizer::step() {
   NoGradGuard no_grad;
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (fused_group_step(g)) continue;
+    MINIDL_CHECK(!skip_flag_.defined(), name_, ".step: parameter group ", g, " cannot take the fused CUDA path "
+                 "(every parameter and gradient a contiguous f32 tensor on one CUDA device), which the gradient "
+                 "scaler's device state (CUDA graphs) needs to skip a step without a host sync");
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       Tensor& p = groups_[g].params[i];
       const Tensor grad = p.grad();
@@ -102,6 +105,10 @@ void Optimizer::step() {
   }
   ++step_count_;
   autocast_clear_cache();  // the f16 weight copies of autocast are stale now (core/autocast.h)
+}
+
+const float* Optimizer::skip_flag() const {
+  return skip_flag_.defined() ? static_cast<const float*>(skip_flag_.data_ptr()) : nullptr;
 }
 
 bool Optimizer::group_on_one_cuda_device(size_t g, std::vector<size_t>& with_grad) const {

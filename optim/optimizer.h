@@ -65,6 +65,11 @@ class Optimizer {
   // One update of every parameter that has a gradient, under NoGradGuard.
   virtual void step();
   int64_t step_count() const { return step_count_; }
+  // GradScaler's device state (CUDA graphs): while set, step() passes this one-element f32 device
+  // flag to the fused kernels, which change nothing when it is nonzero (the skipped step decided
+  // on the device, without a host sync). A group that cannot take the fused path then throws.
+  // An undefined tensor clears it.
+  void set_skip_flag(const Tensor& flag) { skip_flag_ = flag; }
 
   double lr(size_t group) const;
   void set_lr(size_t group, double lr);
@@ -104,6 +109,8 @@ class Optimizer {
   // For fused_group_step: whether every parameter of group g, and every gradient it has, is on
   // one CUDA device; `with_grad` gets the indices of the parameters that have a gradient.
   bool group_on_one_cuda_device(size_t g, std::vector<size_t>& with_grad) const;
+  // The device flag of set_skip_flag for the fused kernels (nullptr when none).
+  const float* skip_flag() const;
 
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][index]
@@ -114,6 +121,7 @@ class Optimizer {
   std::string name_;
   std::map<std::string, double> defaults_;
   int64_t step_count_ = 0;
+  Tensor skip_flag_;
 };
 
 }  // namespace minidl::optim

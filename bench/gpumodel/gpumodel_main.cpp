@@ -80,6 +80,12 @@ std::string config_key(const std::string& name, Size target) {
   return name + "-b" + std::to_string(target.batch) + "-i" + std::to_string(target.image);
 }
 
+// Saved profiles are the counters of one target (the grids were planned for it) and one mode (a
+// graph replay runs other launches than the eager step).
+[[maybe_unused]] std::string profile_label(const std::string& name, const StepConfig& c, Size target) {
+  return config_key(name, target) + (c.graph ? "-graph" : "");
+}
+
 // The step runner, rebuilt when the small CNN needs another image size; a fresh one takes a
 // warm-up step (optimizer state, AMP's first updates) before anything is measured.
 class Stepper {
@@ -95,6 +101,7 @@ class Stepper {
       }
     }
     step_->prepare(s.batch, s.image);
+    step_->ready();   // --mode graph: warm-up and capture here, so the profiled run() is one replay
     return *step_;
   }
 
@@ -208,7 +215,7 @@ Modelled model(const std::string& name, const StepConfig& c, Size target, const 
     StepProfile p = profile(s);
     if (!save_to.empty()) {   // kept at once: an emulated ResNet-50 step takes minutes
       std::ofstream os(save_to, std::ios::app);
-      write_profiles(os, config_key(name, target), {p});   // planned for this target
+      write_profiles(os, profile_label(name, c, target), {p});
     }
     return p;
   };
@@ -298,7 +305,9 @@ int run(int argc, char** argv) {
   app.add_option("--validate", validate,
                  "held-out sizes predicted and compared (default: resnet50 4x64, smallcnn 4x24; "
                                          "'none' to skip)");
-  app.add_option("--mode", mode, "launch cost: eager or graph")->check(CLI::IsMember({"eager", "graph"}));
+  app.add_option("--mode", mode,
+                 "eager, or graph: the step captured into a CUDA graph once per shape and replayed, each launch "
+                 "at the graph's launch cost")->check(CLI::IsMember({"eager", "graph"}));
   app.add_option("--resources", resources, "folder of ptxas reports (the build's kernel_resources/)");
   app.add_option("--out", out, "write the full markdown tables here");
   app.add_option("--tsv", tsv, "write the per-kernel modelled times here (the calibration's input)");
@@ -333,7 +342,11 @@ int run(int argc, char** argv) {
                      "(minidl-gpumodel)");
 #endif
   for (const std::string& name : names) {
-    const StepConfig c = parse_config(name);
+    StepConfig c = parse_config(name);
+    // --mode graph models the step as a CUDA graph replays it: captured once per shape (with the
+    // scaler's device state) and each profiled step a replay, every launch at the graph's cost.
+    // --measure times the eager step's launches.
+    c.graph = mode == "graph" && !measure_mode;
     const bool resnet = c.model == "resnet50";
     const Size target{batch > 0 ? batch : (resnet ? 256 : 64), image > 0 ? image : (resnet ? 224 : 200)};
     if (measure_mode) {
@@ -352,7 +365,7 @@ int run(int argc, char** argv) {
     if (!load_profiles.empty()) {
       std::ifstream in(load_profiles);
       MINIDL_CHECK(in.good(), "gpumodel: cannot read ", load_profiles);
-      saved = read_profiles(in, config_key(name, target));   // the grids were planned for the target
+      saved = read_profiles(in, profile_label(name, c, target));
     }
     const Modelled r = model(name, c, target, s, v, table, mode == "graph" ? LaunchMode::Graph : LaunchMode::Eager,
                              base, trace, saved, save_profiles);

@@ -40,13 +40,33 @@ TrainStep::TrainStep(const StepConfig& c, int64_t image, Device device) : c_(c),
 void TrainStep::prepare(int64_t batch, int64_t image) {
   MINIDL_CHECK(c_.model != "smallcnn" || image == image_, "gpumodel: the small CNN was built for ", image_,
                " px images, not ", image);
+  graph_.reset();   // its captured inputs are the previous shape's
+  if (scaler_->device_state()) scaler_->to_host_state();
   Generator gen(static_cast<uint64_t>(batch) * 1000 + static_cast<uint64_t>(image));
   x_ = randn({batch, 3, image, image}, {}, &gen).to(device_);
   if (c_.nhwc) x_ = to_channels_last(x_);   // as the loader writes it with --channels-last
   labels_ = (gt(rand({batch}, {}, &gen), full({1}, 0.5)).to(DType::i64)).to(device_);
 }
 
+void TrainStep::ready() {
+  if (!c_.graph || graph_) return;
+  step();   // eager at this shape: algorithm choices, workspaces
+  if (c_.amp) scaler_->to_device_state(device_);
+  graph_ = backend(device_).capture_graph(device_.index, [this] { step(); });
+}
+
 void TrainStep::run() {
+  if (!c_.graph) return step();
+  ready();
+  graph_->replay();
+}
+
+bool TrainStep::last_stepped() const {
+  if (c_.graph && c_.amp && graph_) return scaler_->device_found_inf().item() == 0.0;
+  return stepped_;
+}
+
+void TrainStep::step() {
   Tensor logits;
   {
     AutocastGuard autocast(DType::f16, c_.amp);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/backend.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -27,6 +28,9 @@ struct StepConfig {
   std::string model = "resnet50";   // resnet50 | smallcnn
   bool amp = false;
   bool nhwc = false;                // channels-last memory format: weights and batch (to_channels_last)
+  // The step as a CUDA graph replays it (--mode graph): captured after one eager warm-up step at
+  // each shape, with the gradient scaler's device state; run() is then one replay.
+  bool graph = false;
 };
 
 class TrainStep {
@@ -37,8 +41,13 @@ class TrainStep {
   // the device beforehand by prepare() (a loader's copy runs on its own stream and is not costed).
   // The ResNet takes any image size; the small CNN only the one it was built for.
   void prepare(int64_t batch, int64_t image);
+  // With StepConfig::graph: the eager warm-up step at the prepared shape and the capture, so that
+  // run() is one replay (nothing without it).
+  void ready();
   void run();
-  bool last_stepped() const { return stepped_; }   // false: AMP skipped the update (inf/NaN)
+  // false: AMP skipped the update (inf/NaN). With a graph under AMP it reads the device's flag (a
+  // host sync), so that a profiled replay holds no host read.
+  bool last_stepped() const;
   int64_t built_for() const { return image_; }
 
  private:
@@ -50,6 +59,9 @@ class TrainStep {
   std::unique_ptr<optim::GradScaler> scaler_;
   Tensor x_, labels_;
   bool stepped_ = false;
+  std::unique_ptr<Backend::Graph> graph_;   // of the prepared shape
+
+  void step();   // the eager step, or the one the graph captures
 };
 
 }  // namespace minidl::gpumodel

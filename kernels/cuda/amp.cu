@@ -34,8 +34,14 @@ __device__ __forceinline__ bool unscale_range(T* p, int64_t n, C inv) {
   return bad;
 }
 
+// scale != nullptr: the scale is on the device (GradScaler's device state) and 1/scale is computed
+// here as the host computes it, 1/scale in double rounded to f32.
 __global__ void unscale_kernel(const GradChunk* __restrict__ chunks, int64_t nchunks, float inv_f, double inv_d,
-                               float* __restrict__ found_inf) {
+                               const float* __restrict__ scale, float* __restrict__ found_inf) {
+  if (scale != nullptr) {
+    inv_f = static_cast<float>(1.0 / static_cast<double>(*scale));
+    inv_d = static_cast<double>(inv_f);
+  }
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const GradChunk ch = chunks[c];
     bool bad = false;
@@ -87,6 +93,32 @@ __global__ void f16_to_f32_kernel(float* __restrict__ dst, const __half* __restr
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// PyTorch's _amp_update_scale_, one thread: the scale and the growth tracker never leave the device.
+__global__ void update_scale_kernel(float* __restrict__ scale, int32_t* __restrict__ tracker,
+                                    const float* __restrict__ found_inf, double growth, double backoff,
+                                    int32_t interval) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (*found_inf != 0.0f) {
+    *scale = static_cast<float>(static_cast<double>(*scale) * backoff);
+    *tracker = 0;
+  } else {
+    const int32_t successful = *tracker + 1;
+    if (successful == interval) {
+      const float grown = static_cast<float>(static_cast<double>(*scale) * growth);
+      if (::isfinite(grown)) *scale = grown;
+      *tracker = 0;
+    } else {
+      *tracker = successful;
+    }
+  }
+}
+
+void check_one(const Tensor& t, DType dtype, const char* op, const char* what) {
+  MINIDL_CHECK(t.defined() && t.numel() == 1 && t.dtype() == dtype && t.is_contiguous(), op, " (cuda): ", what,
+               " must be a one-element ", dtype_name(dtype), " tensor, got ",
+               t.defined() ? t.meta() : std::string("an undefined tensor"));
+}
+
 }  // namespace
 
 size_t unscale_table_bytes(const std::vector<Tensor>& grads) {
@@ -119,9 +151,32 @@ bool cast_f32_f16_vectorized(const Tensor& src, const Tensor& dst) {
 }
 
 void CudaBackend::unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf) {
-  MINIDL_CHECK(found_inf.defined() && found_inf.numel() == 1 && found_inf.dtype() == DType::f32,
-               "unscale_grads (cuda): found_inf must be a one-element f32 tensor, got ",
-               found_inf.defined() ? found_inf.meta() : std::string("an undefined tensor"));
+  unscale(grads, inv_scale, nullptr, found_inf);
+}
+
+void CudaBackend::unscale_grads_device(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf) {
+  check_one(scale, DType::f32, "unscale_grads_device", "scale");
+  check_cuda("unscale_grads_device", {&scale, &found_inf});
+  unscale(grads, 0.0, static_cast<const float*>(scale.data_ptr()), found_inf);
+}
+
+void CudaBackend::update_scale_device(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                                      double growth_factor, double backoff_factor, int64_t growth_interval) {
+  check_one(scale, DType::f32, "update_scale_device", "scale");
+  check_one(growth_tracker, DType::i32, "update_scale_device", "growth_tracker");
+  check_one(found_inf, DType::f32, "update_scale_device", "found_inf");
+  check_cuda("update_scale_device", {&scale, &growth_tracker, &found_inf});
+  MINIDL_CHECK(growth_interval > 0 && growth_interval < (int64_t{1} << 31), "update_scale_device (cuda): "
+               "growth_interval ", growth_interval, " must be in [1, 2^31)");
+  DeviceContext& ctx = context_of(scale);
+  MINIDL_LAUNCH("update_scale", update_scale_kernel, 1, 32, 0, ctx.stream(), static_cast<float*>(scale.data_ptr()),
+                static_cast<int32_t*>(growth_tracker.data_ptr()), static_cast<const float*>(found_inf.data_ptr()),
+                growth_factor, backoff_factor, static_cast<int32_t>(growth_interval));
+}
+
+void CudaBackend::unscale(const std::vector<Tensor>& grads, double inv_scale, const float* scale,
+                          const Tensor& found_inf) {
+  check_one(found_inf, DType::f32, "unscale_grads", "found_inf");
   check_cuda("unscale_grads", {&found_inf});
   // Strided gradients (rare: autograd writes contiguous ones) are unscaled in a contiguous copy
   // that is written back after the launch.
@@ -158,7 +213,7 @@ void CudaBackend::unscale_grads(const std::vector<Tensor>& grads, double inv_sca
   ctx.staging().to_device(meta.get(), chunks.data(), bytes, ctx.stream());
   const auto n = static_cast<int64_t>(chunks.size());
   MINIDL_LAUNCH("unscale_grads", unscale_kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(),
-                static_cast<const GradChunk*>(meta.get()), n, static_cast<float>(inv_scale), inv_scale,
+                static_cast<const GradChunk*>(meta.get()), n, static_cast<float>(inv_scale), inv_scale, scale,
                 static_cast<float*>(found_inf.data_ptr()));
   for (auto& [orig, tmp] : write_back) copy(tmp, orig);
 }

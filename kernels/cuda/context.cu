@@ -23,7 +23,13 @@ class CudaSegmentSource final : public SegmentSource {
   void* raw_alloc(size_t bytes) override {
     MINIDL_CUDA_CHECK(cudaSetDevice(index_));
     void* p = nullptr;
+    // A CUDA graph's private pool grows during the capture, where cudaMalloc is a potentially
+    // unsafe call: the thread is relaxed for it, as PyTorch's allocator does (cudaMalloc is not
+    // stream work, so the capture does not record it).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    MINIDL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     const cudaError_t e = cudaMalloc(&p, bytes);
+    MINIDL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       return nullptr;
@@ -41,11 +47,16 @@ class CudaSegmentSource final : public SegmentSource {
   void synchronize() override { MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 #ifdef MINIDL_CUDA_EMU
   // The emulated device's ASan build poisons what no tensor owns (kernels/cuda/emu/runtime_state.h).
-  void block_live(void* p, size_t requested, size_t block_size) override {
-    emu::unpoison_device(p, requested, stream_);   // in stream order, as the allocator hands blocks out
-    emu::poison_device(static_cast<char*>(p) + requested, block_size - requested, stream_);
+  // A graph's blocks are marked by the captured step (each replay marks them again, in its order);
+  // an eager block freed or handed out during a capture is marked in the stream's eager order, not
+  // by every replay (a replay must not poison memory an eager tensor holds by then).
+  void block_live(void* p, size_t requested, size_t block_size, bool private_pool) override {
+    emu::unpoison_device(p, requested, stream_, private_pool);   // in stream order, as blocks are handed out
+    emu::poison_device(static_cast<char*>(p) + requested, block_size - requested, stream_, private_pool);
   }
-  void block_free(void* p, size_t block_size) override { emu::poison_device(p, block_size, stream_); }
+  void block_free(void* p, size_t block_size, bool private_pool) override {
+    emu::poison_device(p, block_size, stream_, private_pool);
+  }
 #endif
 
  private:
@@ -94,8 +105,32 @@ void PinnedStaging::ensure() {
   }
 }
 
+void PinnedStaging::begin_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  capturing_ = true;
+}
+
+std::vector<void*> PinnedStaging::end_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  capturing_ = false;
+  return std::exchange(captured_, {});
+}
+
 void PinnedStaging::to_device(void* dst, const void* src, size_t n, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (capturing_) {
+    if (n == 0) return;
+    void* p = nullptr;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;   // cudaHostAlloc is not stream work
+    MINIDL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    const cudaError_t e = cudaHostAlloc(&p, n, cudaHostAllocDefault);
+    MINIDL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    MINIDL_CUDA_CHECK(e);
+    captured_.push_back(p);
+    std::memcpy(p, src, n);
+    MINIDL_CUDA_CHECK(cudaMemcpyAsync(dst, p, n, cudaMemcpyHostToDevice, stream));
+    return;
+  }
   ensure();
   size_t done = 0;
   int i = 0;
@@ -162,6 +197,12 @@ void DeviceContext::activate() const {
 }
 
 void DeviceContext::synchronize() const { MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+bool DeviceContext::capturing() const {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  MINIDL_CUDA_CHECK(cudaStreamIsCapturing(stream_, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
 
 cublasHandle_t DeviceContext::cublas() {
   std::lock_guard<std::mutex> lock(mu_);

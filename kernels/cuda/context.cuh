@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/caching_allocator.h"
@@ -28,8 +29,16 @@ class PinnedStaging {
   void to_device(void* dst, const void* src, size_t n, cudaStream_t stream);
   void to_host(void* dst, const void* src, size_t n, cudaStream_t stream);
 
+  // While a CUDA graph is captured, to_device cannot wait for a buffer (a synchronization) and a
+  // graph replays its copy from the address it captured: each copy gets a pinned buffer of its
+  // own, which the graph keeps (end_capture hands them over; free them with cudaFreeHost).
+  void begin_capture();
+  std::vector<void*> end_capture();
+
  private:
   void ensure();
+  bool capturing_ = false;
+  std::vector<void*> captured_;
   void* buf_[2] = {nullptr, nullptr};
   cudaEvent_t done_[2] = {nullptr, nullptr};
   std::mutex mu_;
@@ -54,6 +63,8 @@ class DeviceContext {
   const cudaDeviceProp& props() const { return props_; }
   // cuBLAS's workspace, from the allocator (kernels/cuda/workspace.h: cublas_workspace_bytes).
   static constexpr size_t kCublasWorkspace = size_t{8} << 20;
+  // Whether the stream is being captured into a CUDA graph (graph.cu).
+  bool capturing() const;
 
  private:
   int index_;

@@ -64,6 +64,12 @@ class CudaBackend final : public Backend {
 
   // amp.cu: one launch over all gradients.
   void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf) override;
+  void unscale_grads_device(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf) override;
+  void update_scale_device(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                           double growth_factor, double backoff_factor, int64_t growth_interval) override;
+  // graph.cu: stream capture into a graph with a private memory pool.
+  std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work) override;
+  bool capturing(int device_index) override;
   // optim_fused.cu: one launch per group for contiguous f32 parameters; false otherwise.
   bool fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                       const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
@@ -78,6 +84,9 @@ class CudaBackend final : public Backend {
   void pinned_free(void* p) override;
   // pinned.cu: the copies queued on the device's copy stream (cuda::AsyncCopy).
   std::unique_ptr<CopyHandle> copy_async(const std::vector<std::pair<const void*, Tensor>>& copies) override;
+ private:
+  // amp.cu: the one unscale pass; 1/scale from the host (scale == nullptr) or from the device.
+  void unscale(const std::vector<Tensor>& grads, double inv_scale, const float* scale, const Tensor& found_inf);
 };
 
 // Checks shared by the families: on this backend's device, and (for kernels that need it) contiguous.

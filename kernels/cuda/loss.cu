@@ -161,6 +161,9 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
                   target.stride(0), N, C, label_smoothing, static_cast<T*>(losses.data_ptr()), losses.stride(0),
                   static_cast<double*>(lse.data_ptr()), bad);
   });
+  // A CUDA graph capture cannot read the verdict (a host sync): the graph's caller checks the
+  // targets on the host before copying them into the captured batch (docs/cuda.md, CUDA graphs).
+  if (ctx.capturing()) return;
   unsigned long long verdict = 0;
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(&verdict, bad, sizeof(verdict), cudaMemcpyDeviceToHost, ctx.stream()));
   ctx.synchronize();

@@ -40,14 +40,17 @@ struct AdamChunk {
 struct SgdArgs {
   float wd, momentum, one_minus_dampening, neg_lr;
   bool use_wd, use_momentum, nesterov, maximize;
+  const float* skip_if;   // device flag: nonzero, nothing changes (the scaler's skipped step)
 };
 
 struct AdamArgs {
   float wd, decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
   bool use_wd, decoupled, amsgrad, maximize;
+  const float* skip_if;
 };
 
 __global__ void sgd_kernel(const SgdChunk* __restrict__ chunks, int64_t nchunks, SgdArgs a) {
+  if (a.skip_if != nullptr && *a.skip_if != 0.0f) return;   // decided on the device: no host sync
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const SgdChunk ch = chunks[c];
     for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) {
@@ -71,6 +74,7 @@ __global__ void sgd_kernel(const SgdChunk* __restrict__ chunks, int64_t nchunks,
 }
 
 __global__ void adam_kernel(const AdamChunk* __restrict__ chunks, int64_t nchunks, AdamArgs a) {
+  if (a.skip_if != nullptr && *a.skip_if != 0.0f) return;
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const AdamChunk ch = chunks[c];
     for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) {
@@ -202,6 +206,7 @@ bool CudaBackend::fused_sgd_step(const std::vector<Tensor>& params, const std::v
   a.use_momentum = use_momentum;
   a.nesterov = h.nesterov;
   a.maximize = h.maximize;
+  a.skip_if = h.skip_if;
   launch(params[0], chunks, sgd_kernel, a, "fused_sgd_step");
   return true;
 }
@@ -245,6 +250,7 @@ bool CudaBackend::fused_adam_step(const std::vector<Tensor>& params, const std::
   a.decoupled = h.decoupled;
   a.amsgrad = h.amsgrad;
   a.maximize = h.maximize;
+  a.skip_if = h.skip_if;
   launch(params[0], chunks, adam_kernel, a, "fused_adam_step");
   return true;
 }

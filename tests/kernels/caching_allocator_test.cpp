@@ -277,5 +277,107 @@ TEST(CachingAllocator, PeakStatsReset) {
   EXPECT_EQ(f.alloc.stats().peak_reserved_bytes, static_cast<int64_t>(20 * MiB));
 }
 
+// ---- private pools (CUDA graphs) ----
+
+bool inside(const FakeDevice& d, const void* p, const std::vector<void*>& segments) {
+  for (void* seg : segments) {
+    const auto* b = static_cast<const char*>(seg);
+    if (p >= seg && static_cast<const char*>(p) < b + d.segments.at(seg)) return true;
+  }
+  return false;
+}
+
+std::vector<void*> new_segments(const FakeDevice& d, const std::map<void*, size_t>& before) {
+  std::vector<void*> v;
+  for (const auto& [p, n] : d.segments)
+    if (before.count(p) == 0) v.push_back(p);
+  return v;
+}
+
+TEST(CachingAllocatorPrivatePool, EagerAllocationsNeverReuseTheCapturedBlocks) {
+  Fixture f;
+  void* eager = f.alloc.allocate(1000);   // an eager small segment with room to spare
+  const auto before = f.dev.segments;
+  const int pool = f.alloc.begin_private_pool();
+  EXPECT_GT(pool, 0);
+  EXPECT_EQ(f.alloc.current_pool(), pool);
+  void* a = f.alloc.allocate(1000);       // a new segment, although the eager one has room
+  void* big = f.alloc.allocate(3 * MiB);
+  f.alloc.deallocate(a, 1000);            // freed during the capture: reused within it
+  void* b = f.alloc.allocate(1000);
+  EXPECT_EQ(b, a);
+  f.alloc.end_private_pool();
+  EXPECT_EQ(f.alloc.current_pool(), 0);
+  const std::vector<void*> pool_segments = new_segments(f.dev, before);
+  ASSERT_EQ(pool_segments.size(), 2u);   // one small, one large
+  EXPECT_TRUE(inside(f.dev, a, pool_segments));
+  EXPECT_FALSE(inside(f.dev, eager, pool_segments));
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 22 * MiB);
+  // The graph's temporaries, freed after the capture, stay the pool's: eager requests of every
+  // size go elsewhere.
+  f.alloc.deallocate(b, 1000);
+  f.alloc.deallocate(big, 3 * MiB);
+  std::vector<std::pair<void*, size_t>> later;
+  for (size_t n : {size_t{1000}, size_t{512}, 3 * MiB, 2 * MiB}) later.emplace_back(f.alloc.allocate(n), n);
+  for (const auto& [p, n] : later) EXPECT_FALSE(inside(f.dev, p, pool_segments)) << n;
+  // Statistics stay exact: reserved counts the pool's segments too.
+  const CachingStats s = f.alloc.detailed_stats();
+  EXPECT_EQ(s.base.allocated_bytes, static_cast<int64_t>(1000 + 1000 + 512 + 3 * MiB + 2 * MiB));
+  EXPECT_EQ(static_cast<size_t>(s.base.reserved_bytes), f.dev.in_use);
+  // empty_cache leaves a live pool's segments alone (a replay still writes there).
+  for (const auto& [p, n] : later) f.alloc.deallocate(p, n);
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 22 * MiB);
+  for (void* seg : pool_segments) EXPECT_EQ(f.dev.segments.count(seg), 1u);
+  f.alloc.deallocate(eager, 1000);
+}
+
+TEST(CachingAllocatorPrivatePool, ReleasingThePoolReturnsItsMemoryAndKeepsLiveBlocks) {
+  Fixture f;
+  const int pool = f.alloc.begin_private_pool();
+  void* out = f.alloc.allocate(4000);    // an output the caller keeps after the graph is gone
+  void* tmp = f.alloc.allocate(5 * MiB);
+  f.alloc.end_private_pool();
+  f.alloc.deallocate(tmp, 5 * MiB);
+  const int64_t frees = f.alloc.detailed_stats().raw_frees;
+  f.alloc.release_private_pool(pool);
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 0u);
+  // The wholly free large segment went back to the device; the small one holds `out`.
+  EXPECT_EQ(f.alloc.detailed_stats().raw_frees, frees + 1);
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(f.dev.in_use, 2 * MiB);
+  // Its segment is an eager one now: eager requests use the rest of it, and once `out` is freed
+  // empty_cache returns it.
+  void* e = f.alloc.allocate(1000);
+  EXPECT_EQ(f.alloc.detailed_stats().raw_allocs, 2);
+  f.alloc.deallocate(e, 1000);
+  f.alloc.deallocate(out, 4000);
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, 0);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 0);
+  EXPECT_TRUE(f.dev.segments.empty());
+}
+
+TEST(CachingAllocatorPrivatePool, AnOomDuringACaptureDoesNotReleaseTheCache) {
+  Fixture f;
+  f.dev.capacity = 22 * MiB;
+  void* eager = f.alloc.allocate(3 * MiB);   // a 20 MiB eager segment
+  f.alloc.deallocate(eager, 3 * MiB);        // cached
+  f.alloc.begin_private_pool();
+  const int syncs = f.dev.syncs;
+  try {
+    f.alloc.allocate(5 * MiB);
+    FAIL() << "expected an OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA graph"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(f.dev.syncs, syncs);   // releasing the cache would synchronize inside the capture
+  f.alloc.end_private_pool();
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, static_cast<int64_t>(20 * MiB));
+  f.alloc.begin_private_pool();
+  EXPECT_THROW(f.alloc.begin_private_pool(), Error) << "one capture at a time";
+  f.alloc.end_private_pool();
+}
+
 }  // namespace
 }  // namespace minidl

@@ -49,11 +49,14 @@ inline void launch_kernel(const char* op, const char* kernel_name, void (*kernel
     ScopedLaunchTimer timer(op, kernel_name, stream);
     emu::run_grid(op, kernel_name, kernel, grid, block, smem, stream, static_cast<P>(std::forward<A>(args))...);
   }
-  if (emu::call_logging()) {
+  if (emu::call_logging() || emu::stream_capturing(stream)) {
     // A marker behind the launch in its stream: the kernels' run order, and the parameter types
-    // that tell the nvcc build's instantiation of a template kernel (call_log.h).
+    // that tell the nvcc build's instantiation of a template kernel (call_log.h). A captured one
+    // logs at each replay made while logging is on.
     static const std::string parameters = emu::parameter_types(typeid(kernel).name());
-    emu::enqueue(stream, [kernel_name] { emu::log_kernel_run(kernel_name, &parameters); });
+    emu::enqueue(stream, [kernel_name] {
+      if (emu::call_logging()) emu::log_kernel_run(kernel_name, &parameters);
+    });
   }
 #else
   if (launch_timing_on()) [[unlikely]] {

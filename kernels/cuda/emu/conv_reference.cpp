@@ -6,7 +6,11 @@
 #include "kernels/cuda/emu/conv_reference.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
 
 #include "kernels/cuda/emu/call_log.h"
 #include "kernels/cuda/emu/cudnn_algos.h"
@@ -127,21 +131,25 @@ struct Operand {
 }  // namespace
 
 cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p, const void* alpha, const void* in_a,
-                       const void* in_b, const void* beta, void* out) {
-  const Operand x{d == Dir::BwdData ? "dx" : "x", nullptr, p.x, nullptr};
-  const Operand w{d == Dir::BwdFilter ? "dw" : "w", nullptr, nullptr, p.w};
-  const Operand y{d == Dir::Fwd ? "y" : "dy", nullptr, p.y, nullptr};
-  Operand a = d == Dir::BwdData ? y : x, b = d == Dir::BwdFilter ? y : w;
-  Operand o = d == Dir::Fwd ? y : d == Dir::BwdData ? x : w;
-  a.ptr = in_a;
-  b.ptr = in_b;
-  o.ptr = out;
+                       const void* in_b, const void* beta, void* out, const std::function<void(const Problem&)>& tail) {
+  const Operand x0{d == Dir::BwdData ? "dx" : "x", nullptr, p.x, nullptr};
+  const Operand w0{d == Dir::BwdFilter ? "dw" : "w", nullptr, nullptr, p.w};
+  const Operand y0{d == Dir::Fwd ? "y" : "dy", nullptr, p.y, nullptr};
+  const auto operands = [d, in_a, in_b, out](const Operand& x, const Operand& w, const Operand& y) {
+    Operand a = d == Dir::BwdData ? y : x, b = d == Dir::BwdFilter ? y : w;
+    Operand o = d == Dir::Fwd ? y : d == Dir::BwdData ? x : w;
+    a.ptr = in_a;
+    b.ptr = in_b;
+    o.ptr = out;
+    return std::array<Operand, 3>{a, b, o};
+  };
+  const std::array<Operand, 3> ops = operands(x0, w0, y0);
   if (alpha == nullptr || beta == nullptr)
     return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": alpha or beta is NULL"));
-  for (const Operand* op : {&a, &b, &o}) {
-    if (op->ptr == nullptr) return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": ", op->name, " is NULL"));
-    if (reinterpret_cast<uintptr_t>(op->ptr) % elem_size(p.elem) != 0)
-      return fail(CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, cat(fn, ": ", op->name, " = ", op->ptr,
+  for (const Operand& op : ops) {
+    if (op.ptr == nullptr) return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": ", op.name, " is NULL"));
+    if (reinterpret_cast<uintptr_t>(op.ptr) % elem_size(p.elem) != 0)
+      return fail(CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, cat(fn, ": ", op.name, " = ", op.ptr,
                                                                  " is not aligned to its ", elem_size(p.elem), "-byte ",
                                                                  elem_name(p.elem), " elements"));
   }
@@ -150,26 +158,65 @@ cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p,
                      " is not a live stream (destroyed since cudnnSetStream?)"));
     return CUDNN_STATUS_EXECUTION_FAILED;
   }
-  flush_stream(h->stream);   // the work queued before this call has run (deferred streams)
-  for (const Operand* op : {&a, &b, &o}) {
-    if (!range_ok(op->ptr, op->span(p.elem))) {
-      report_fault(cat(fn, ": ", op->name, " = [", op->ptr, ", +", op->span(p.elem), " bytes) (", elem_name(p.elem),
-                       ") is not inside one live device allocation (illegal address)"));
-      return CUDNN_STATUS_EXECUTION_FAILED;
+  const auto ranges_ok = [fn, &p](const std::array<Operand, 3>& v) {
+    for (const Operand& op : v) {
+      if (!range_ok(op.ptr, op.span(p.elem))) {
+        report_fault(cat(fn, ": ", op.name, " = [", op.ptr, ", +", op.span(p.elem), " bytes) (", elem_name(p.elem),
+                         ") is not inside one live device allocation (illegal address)"));
+        return false;
+      }
     }
-  }
+    return true;
+  };
+  if (!ranges_ok(ops)) return CUDNN_STATUS_EXECUTION_FAILED;
+  // alpha and beta are read at the call, as cuDNN reads host scalars (a captured call keeps them).
   const Elem scale = p.dtype == CUDNN_DATA_DOUBLE ? Elem::F64 : Elem::F32;
   const double al = read_elem(alpha, scale, 0, InputRounding::None), be = read_elem(beta, scale, 0, InputRounding::None);
-  const InputRounding r = uses_tf32(p) ? InputRounding::Tf32 : InputRounding::None;
-  const std::vector<double> va = a.load(p.elem, r), vb = b.load(p.elem, r);
-  const std::vector<double> res = d == Dir::Fwd       ? conv_forward_ref(p.g, va, vb)
-                                  : d == Dir::BwdData ? conv_backward_data_ref(p.g, va, vb)
-                                                      : conv_backward_filter_ref(p.g, va, vb);
-  o.each([&](int64_t i, int64_t off) {
-    double v = al * res[static_cast<size_t>(i)];
-    if (be != 0.0) v += be * read_elem(out, p.elem, off, InputRounding::None);   // beta == 0: out not read
-    write_elem(out, p.elem, off, v);
-  });
+  // The computation as stream work, with the descriptors copied: a graph keeps the call's
+  // parameters, not the caller's descriptors, which may be destroyed or set again before a replay.
+  struct Kept {
+    cudnnTensorStruct x, y;
+    cudnnFilterStruct w;
+    Problem p;
+  };
+  auto kept = std::make_shared<Kept>(Kept{*p.x, *p.y, *p.w, p});
+  kept->p.x = &kept->x;
+  kept->p.y = &kept->y;
+  kept->p.w = &kept->w;
+  const auto compute = [kept, d, al, be, out, operands, tail] {
+    const Problem& q = kept->p;
+    const std::array<Operand, 3> v = operands(Operand{d == Dir::BwdData ? "dx" : "x", nullptr, q.x, nullptr},
+                                              Operand{d == Dir::BwdFilter ? "dw" : "w", nullptr, nullptr, q.w},
+                                              Operand{d == Dir::Fwd ? "y" : "dy", nullptr, q.y, nullptr});
+    const InputRounding r = uses_tf32(q) ? InputRounding::Tf32 : InputRounding::None;
+    const std::vector<double> va = v[0].load(q.elem, r), vb = v[1].load(q.elem, r);
+    const std::vector<double> res = d == Dir::Fwd       ? conv_forward_ref(q.g, va, vb)
+                                    : d == Dir::BwdData ? conv_backward_data_ref(q.g, va, vb)
+                                                        : conv_backward_filter_ref(q.g, va, vb);
+    v[2].each([&](int64_t i, int64_t off) {
+      double val = al * res[static_cast<size_t>(i)];
+      if (be != 0.0) val += be * read_elem(out, q.elem, off, InputRounding::None);   // beta == 0: out not read
+      write_elem(out, q.elem, off, val);
+    });
+    if (tail) tail(q);
+  };
+  const auto replay = [kept, d, operands, compute, ranges_ok_fn = fn] {
+    const Problem& q = kept->p;
+    const std::array<Operand, 3> v = operands(Operand{d == Dir::BwdData ? "dx" : "x", nullptr, q.x, nullptr},
+                                              Operand{d == Dir::BwdFilter ? "dw" : "w", nullptr, nullptr, q.w},
+                                              Operand{d == Dir::Fwd ? "y" : "dy", nullptr, q.y, nullptr});
+    for (const Operand& op : v) {
+      if (!range_ok(op.ptr, op.span(q.elem))) {
+        throw std::runtime_error(cat(ranges_ok_fn, " (replayed from a graph): ", op.name, " = [", op.ptr, ", +",
+                                     op.span(q.elem), " bytes) is not inside one live device allocation (illegal "
+                                     "address; freed since the graph captured the call?)"));
+      }
+    }
+    compute();
+  };
+  if (record_if_capturing(h->stream, replay, fn)) return CUDNN_STATUS_SUCCESS;
+  flush_stream(h->stream);   // the work queued before this call has run (deferred streams)
+  compute();
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -177,13 +224,11 @@ namespace {
 
 // One executed convolution in the call log (call_log.h): its FLOPs (a multiply-add is 2) and the
 // bytes of its three operands, the output counted twice when beta != 0 (read and written).
-void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, const void* beta, cudaStream_t stream) {
+void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool accumulate, cudaStream_t stream) {
   const ConvGeometry& g = p.g;
   const double e = static_cast<double>(elem_size(p.elem));
   const double xb = e * static_cast<double>(g.n * g.c * g.h * g.w), yb = e * static_cast<double>(g.n * g.k * g.oh * g.ow);
   const double wb = e * static_cast<double>(g.k * (g.c / g.groups) * g.r * g.s);
-  const Elem scale = p.dtype == CUDNN_DATA_DOUBLE ? Elem::F64 : Elem::F32;
-  const bool accumulate = read_elem(beta, scale, 0, InputRounding::None) != 0.0;
   LibCall c;
   c.lib = "cuDNN";
   c.op = d == Dir::Fwd ? "conv forward" : d == Dir::BwdData ? "conv backward data" : "conv backward filter";
@@ -232,12 +277,17 @@ cudnnStatus_t execute(const char* fn, Dir d, cudnnHandle_t h, cudnnTensorDescrip
                      " bytes) is not inside one live device allocation (illegal address)"));
     return CUDNN_STATUS_EXECUTION_FAILED;
   }
-  if (cudnnStatus_t st = run_conv(fn, h, d, p, alpha, in_a, in_b, beta, out); st != CUDNN_STATUS_SUCCESS) return st;
-  if (call_logging()) log_conv(d, p, info.name, ws_bytes, beta, h->stream);
-  // The algorithm's scratch is garbage afterwards: scribble on it, so a workspace that overlaps
-  // live data shows up as corrupted data.
-  if (info.workspace > 0) std::fill_n(static_cast<unsigned char*>(ws), info.workspace, static_cast<unsigned char>(0xA5));
-  return CUDNN_STATUS_SUCCESS;
+  // Logged and scribbled as the computation runs (at each replay of a captured call).
+  const double beta_value = read_elem(beta, p.dtype == CUDNN_DATA_DOUBLE ? Elem::F64 : Elem::F32, 0, InputRounding::None);
+  const size_t scratch = info.workspace;
+  const char* algo_name = info.name;
+  const cudaStream_t stream = h->stream;
+  return run_conv(fn, h, d, p, alpha, in_a, in_b, beta, out, [=](const Problem& q) {
+    if (call_logging()) log_conv(d, q, algo_name, ws_bytes, beta_value != 0.0, stream);
+    // The algorithm's scratch is garbage afterwards: scribble on it, so a workspace that overlaps
+    // live data shows up as corrupted data.
+    if (scratch > 0) std::fill_n(static_cast<unsigned char*>(ws), scratch, static_cast<unsigned char>(0xA5));
+  });
 }
 
 }  // namespace

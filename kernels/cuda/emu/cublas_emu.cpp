@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/cuda/emu/call_log.h"
@@ -376,37 +377,51 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
       if (cublasStatus_t st = check_ranges(fn, *in, batchCount); st != CUBLAS_STATUS_SUCCESS) return st;
   if (cublasStatus_t st = check_ranges(fn, mc, batchCount); st != CUBLAS_STATUS_SUCCESS) return st;
 
-  flush_stream(handle->stream);   // the work queued before this call has run (deferred streams)
-  // A split-K GEMM keeps partial sums in the workspace: scribble over what it would use, so a
-  // workspace that overlaps live data shows up as corrupted data.
-  if (ws.user && ws.bytes > 0) {
-    const size_t used = std::min(ws.bytes, static_cast<size_t>(m) * static_cast<size_t>(n) * 4);
-    std::fill_n(static_cast<unsigned char*>(ws.ptr), used, static_cast<unsigned char>(0xA5));
-  }
-  std::vector<double> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n);
-  for (int64_t bi = 0; bi < batchCount; ++bi) {
-    if (reads_ab) {
-      // op(A)(i, l) and op(B)(l, j), rounded as the compute type does.
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t l = 0; l < k; ++l)
-          a[i * k + l] = read_elem(ma.batch(bi), ea, transa == CUBLAS_OP_N ? i + l * lda : l + i * lda, rule.round);
-      for (int64_t l = 0; l < k; ++l)
-        for (int64_t j = 0; j < n; ++j)
-          b[j * k + l] = read_elem(mb.batch(bi), eb, transb == CUBLAS_OP_N ? l + j * ldb : j + l * ldb, rule.round);
+  // The computation as stream work: now, after the work queued before it (deferred streams), or
+  // recorded into the stream's capture, where each replay checks the operands' ranges again.
+  const cudaStream_t stream = handle->stream;
+  const auto compute = [=] {
+    // A split-K GEMM keeps partial sums in the workspace: scribble over what it would use, so a
+    // workspace that overlaps live data shows up as corrupted data.
+    if (ws.user && ws.bytes > 0) {
+      const size_t used = std::min(ws.bytes, static_cast<size_t>(m) * static_cast<size_t>(n) * 4);
+      std::fill_n(static_cast<unsigned char*>(ws.ptr), used, static_cast<unsigned char>(0xA5));
     }
-    void* c = const_cast<unsigned char*>(mc.batch(bi));
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t i = 0; i < m; ++i) {
-        double acc = 0.0;
-        if (reads_ab)
-          for (int64_t l = 0; l < k; ++l) acc += a[i * k + l] * b[j * k + l];
-        double v = a_scale * acc;
-        if (b_scale != 0.0) v += b_scale * read_elem(c, ec, i + j * ldc, InputRounding::None);   // beta == 0: C not read
-        write_elem(c, ec, i + j * ldc, v);
+    std::vector<double> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n);
+    for (int64_t bi = 0; bi < batchCount; ++bi) {
+      if (reads_ab) {
+        // op(A)(i, l) and op(B)(l, j), rounded as the compute type does.
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t l = 0; l < k; ++l)
+            a[i * k + l] = read_elem(ma.batch(bi), ea, transa == CUBLAS_OP_N ? i + l * lda : l + i * lda, rule.round);
+        for (int64_t l = 0; l < k; ++l)
+          for (int64_t j = 0; j < n; ++j)
+            b[j * k + l] = read_elem(mb.batch(bi), eb, transb == CUBLAS_OP_N ? l + j * ldb : j + l * ldb, rule.round);
+      }
+      void* c = const_cast<unsigned char*>(mc.batch(bi));
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < m; ++i) {
+          double acc = 0.0;
+          if (reads_ab)
+            for (int64_t l = 0; l < k; ++l) acc += a[i * k + l] * b[j * k + l];
+          double v = a_scale * acc;
+          if (b_scale != 0.0) v += b_scale * read_elem(c, ec, i + j * ldc, InputRounding::None);   // beta == 0: C not read
+          write_elem(c, ec, i + j * ldc, v);
+        }
       }
     }
-  }
-  if (minidl::cuda::emu::call_logging()) log_gemm(ma, mb, mc, k, batchCount, transa, transb, computeType, b_scale != 0.0, handle->stream);
+    if (minidl::cuda::emu::call_logging()) log_gemm(ma, mb, mc, k, batchCount, transa, transb, computeType, b_scale != 0.0, stream);
+  };
+  const auto replay = [=] {
+    for (const Matrix* in : {&ma, &mb})
+      if (reads_ab && check_ranges(fn, *in, batchCount) != CUBLAS_STATUS_SUCCESS)
+        throw std::runtime_error(minidl::cuda::emu::last_error_detail());
+    if (check_ranges(fn, mc, batchCount) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(minidl::cuda::emu::last_error_detail());
+    compute();
+  };
+  if (record_if_capturing(stream, replay, fn)) return CUBLAS_STATUS_SUCCESS;
+  flush_stream(stream);
+  compute();
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -3,6 +3,7 @@
 // in the problem size) and a deterministic fake speed. Modelled on cuDNN's documented limits, so
 // the backend's heuristic order, Find*Ex path and leaner-algorithm fallback all get exercised.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,10 @@ cudnnStatus_t make_problem(const char* fn, cudnnHandle_t h, cudnnTensorDescripto
 // (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter; out = alpha * conv + beta * out
 // (out not read when beta is 0). Checks the buffers' alignment and ranges and the handle's
 // stream first; alpha and beta are double for f64 data and float otherwise, as in cuDNN.
+// The computation runs now, or goes into the capture of the handle's stream (a CUDA graph) with the
+// descriptors copied; `tail` runs after it each time (logging, scribbling on the workspace).
 cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p, const void* alpha, const void* in_a,
-                       const void* in_b, const void* beta, void* out);
+                       const void* in_b, const void* beta, void* out,
+                       const std::function<void(const Problem&)>& tail = {});
 
 }  // namespace minidl::cuda::emu::detail

@@ -44,6 +44,7 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
       ${CMAKE_CURRENT_LIST_DIR}/runner.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime_streams.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/graphs.cpp
       ${CMAKE_CURRENT_LIST_DIR}/kernel_attributes.cpp
       ${CMAKE_CURRENT_LIST_DIR}/streams.cpp
       ${CMAKE_CURRENT_LIST_DIR}/shared_arena.cpp

@@ -16,6 +16,7 @@ std::atomic<RangeChecker> g_range_checker{nullptr};
 std::atomic<StreamChecker> g_stream_checker{nullptr};
 std::atomic<StreamFlusher> g_stream_flusher{nullptr};
 std::atomic<FaultReporter> g_fault_reporter{nullptr};
+std::atomic<CaptureRecorder> g_capture_recorder{nullptr};
 thread_local std::string t_detail;
 
 }  // namespace
@@ -23,6 +24,7 @@ thread_local std::string t_detail;
 void set_device_range_checker(RangeChecker f) { g_range_checker.store(f); }
 void set_stream_checker(StreamChecker f) { g_stream_checker.store(f); }
 void set_stream_flusher(StreamFlusher f) { g_stream_flusher.store(f); }
+void set_capture_recorder(CaptureRecorder f) { g_capture_recorder.store(f); }
 void set_fault_reporter(FaultReporter f) { g_fault_reporter.store(f); }
 const char* last_error_detail() { return t_detail.c_str(); }
 void clear_last_error_detail() { t_detail.clear(); }
@@ -57,6 +59,11 @@ bool stream_ok(cudaStream_t s) {
 
 void flush_stream(cudaStream_t s) {
   if (const StreamFlusher f = g_stream_flusher.load()) f(s);
+}
+
+bool record_if_capturing(cudaStream_t s, const std::function<void()>& work, const char* label) {
+  const CaptureRecorder f = g_capture_recorder.load();
+  return f != nullptr && f(s, work, label);
 }
 
 const char* state_word(ObjState s) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <functional>
 
 namespace minidl::cuda::emu {
 
@@ -17,6 +18,10 @@ void set_stream_checker(StreamChecker);
 // Runs the stream's queued work (the runtime's deferred mode) before a call computes on it.
 using StreamFlusher = void (*)(cudaStream_t s);
 void set_stream_flusher(StreamFlusher);
+// Records a call's computation into the capture of stream `s` (a CUDA graph) and answers true, or
+// answers false when `s` is not capturing (the call then flushes the stream and computes at once).
+using CaptureRecorder = bool (*)(cudaStream_t s, const std::function<void()>& work, const char* label);
+void set_capture_recorder(CaptureRecorder);
 
 // Called, when installed, for what a GPU reports as a fault of the launched work rather than as
 // a status: a buffer the call would touch outside live device memory, a misaligned element, a

@@ -40,6 +40,9 @@ bool range_ok(const void* p, size_t bytes);
 bool stream_ok(cudaStream_t s);
 // Runs the work queued on `s` before a call computes (the libraries' work is in stream order).
 void flush_stream(cudaStream_t s);
+// Whether the call's computation `work` went into the capture of `s` (then it runs at each replay of
+// the graph, not now; its operands' ranges are checked again there).
+bool record_if_capturing(cudaStream_t s, const std::function<void()>& work, const char* label);
 
 // Handles and descriptors: each a heap object whose address is the handle. A destroyed object is
 // kept (up to kTombstones per kind, oldest freed first) so that its address is not reused while a

@@ -288,8 +288,15 @@ void record_shared(size_t arena_offset, size_t n, AccessKind kind, const void* p
 }
 void record_device_atomic(const void* p, size_t n, const void* pc) { record_global(p, n, AccessKind::Atomic, pc); }
 
+namespace {
+thread_local int t_replay_profiled = -1;   // -1: not a graph replay's node
+}  // namespace
+
+ReplayIssue::ReplayIssue(bool profiled) : before_(t_replay_profiled) { t_replay_profiled = profiled ? 1 : 0; }
+ReplayIssue::~ReplayIssue() { t_replay_profiled = before_; }
+
 void recorder_launch_begin(const LaunchInfo& info, int threads_per_block) {
-  const bool profile = info.profiled;
+  const bool profile = t_replay_profiled >= 0 ? t_replay_profiled == 1 : info.profiled;
   // Without the instrumented kernels a launch's global bytes are unknown to the race check.
   const bool race = g_instrumented.load(std::memory_order_relaxed) && race_check_wants_accesses();
   t_recorder = profile || race ? new LaunchRecorder(info, threads_per_block, profile, race) : nullptr;

@@ -44,6 +44,18 @@ struct LaunchCounters {
 // branch per launch and per shared access (and, in minidl_emu_prof, per instrumented access).
 void set_profiling(bool on);
 bool profiling();
+// A graph replay's launches are issued by cudaGraphLaunch, not at the capture: graphs.cpp runs each
+// replayed node under this scope, which carries whether profiling was on at that launch.
+class ReplayIssue {
+ public:
+  explicit ReplayIssue(bool profiled);
+  ~ReplayIssue();
+  ReplayIssue(const ReplayIssue&) = delete;
+  ReplayIssue& operator=(const ReplayIssue&) = delete;
+
+ private:
+  int before_;
+};
 // Every profiled launch, in the order the launches ran (stream order), appended here. Runs the
 // device's queued work first (a device synchronization), so every issued launch is in it.
 const std::vector<LaunchCounters>& profile();

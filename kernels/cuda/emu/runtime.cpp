@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,13 @@ cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 
 // A copy as stream work: its device sides are told to the race check.
 void device_copy(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev) {
+  // Checked again as it runs: a captured copy replayed after its memory was freed is an illegal address.
+  if ((src_dev && !device_range_live(src, n)) || (dst_dev && !device_range_live(dst, n))) {
+    throw std::runtime_error("a copy of " + std::to_string(n) + " bytes runs on a " +
+                             (src_dev && !device_range_live(src, n) ? "source" : "destination") +
+                             " range that is no longer inside one live device allocation (illegal address; freed "
+                             "since a graph captured the copy?)");
+  }
   // The step-time model's call log (call_log.h), as the copy runs.
   log_transfer(src_dev ? (dst_dev ? "memcpy DtoD" : "memcpy DtoH") : (dst_dev ? "memcpy HtoD" : "memcpy HtoH"), n,
                nullptr);
@@ -115,6 +123,11 @@ const bool g_hooks = [] {
   set_device_range_checker([](const void* p, size_t n) { return device_range_live(p, n); });
   set_stream_checker([](cudaStream_t s) { return stream_live(s); });
   set_stream_flusher([](cudaStream_t s) { synchronize_stream(s); });
+  set_capture_recorder([](cudaStream_t s, const std::function<void()>& work, const char* label) {
+    if (!stream_capturing(s)) return false;
+    enqueue(s, work, label);   // recorded (or refused: the capture's error is the last error)
+    return true;
+  });
   return true;
 }();
 
@@ -156,11 +169,11 @@ void set_last_error(cudaError_t e, const std::string& detail) {
 }
 
 #if defined(__SANITIZE_ADDRESS__)
-void poison_device(const void* p, size_t bytes, cudaStream_t stream) {
-  enqueue(stream, [p, bytes] { ASAN_POISON_MEMORY_REGION(p, bytes); });
+void poison_device(const void* p, size_t bytes, cudaStream_t stream, bool captured) {
+  enqueue(stream, [p, bytes] { ASAN_POISON_MEMORY_REGION(p, bytes); }, {}, captured);
 }
-void unpoison_device(const void* p, size_t bytes, cudaStream_t stream) {
-  enqueue(stream, [p, bytes] { ASAN_UNPOISON_MEMORY_REGION(p, bytes); });
+void unpoison_device(const void* p, size_t bytes, cudaStream_t stream, bool captured) {
+  enqueue(stream, [p, bytes] { ASAN_UNPOISON_MEMORY_REGION(p, bytes); }, {}, captured);
 }
 bool asan_build() { return true; }
 namespace {
@@ -168,8 +181,8 @@ void poison_host(const void* p, size_t bytes) { ASAN_POISON_MEMORY_REGION(p, byt
 void unpoison_host(const void* p, size_t bytes) { ASAN_UNPOISON_MEMORY_REGION(p, bytes); }
 }  // namespace
 #else
-void poison_device(const void*, size_t, cudaStream_t) {}
-void unpoison_device(const void*, size_t, cudaStream_t) {}
+void poison_device(const void*, size_t, cudaStream_t, bool) {}
+void unpoison_device(const void*, size_t, cudaStream_t, bool) {}
 bool asan_build() { return false; }
 namespace {
 void poison_host(const void*, size_t) {}
@@ -275,6 +288,11 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     default: return "cudaErrorUnknown";
   }
 }
@@ -291,6 +309,13 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidMemcpyDirection: s = "invalid copy direction for memcpy"; break;
     case cudaErrorNotReady: s = "device not ready"; break;
     case cudaErrorLaunchFailure: s = "unspecified launch failure"; break;
+    case cudaErrorIllegalState: s = "the operation cannot be performed in the present state"; break;
+    case cudaErrorStreamCaptureUnsupported: s = "operation not permitted when stream is capturing"; break;
+    case cudaErrorStreamCaptureInvalidated: s = "operation failed due to a previous error during capture"; break;
+    case cudaErrorStreamCaptureImplicit:
+      s = "operation would make the legacy stream depend on a capturing blocking stream";
+      break;
+    case cudaErrorCapturedEvent: s = "operation not permitted on an event last recorded in a capturing stream"; break;
     default: s = "unknown error"; break;
   }
   if (Fault& f = fault_state(); e != cudaSuccess && e == device_error()) {
@@ -305,6 +330,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   MINIDL_EMU_STICKY();
   if (p == nullptr) return fail(cudaErrorInvalidValue, "cudaMalloc: NULL output pointer");
+  if (const cudaError_t c = capture_forbids("cudaMalloc"); c != cudaSuccess) return c;
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
   const size_t rounded = (bytes + 255) / 256 * 256;
@@ -332,6 +358,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  if (const cudaError_t c = capture_forbids("cudaFree"); c != cudaSuccess) return c;
   synchronize_all();   // cudaFree waits for the device's work, as on a GPU
   race_host_waits_all();
   State& s = st();
@@ -357,6 +384,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   MINIDL_EMU_STICKY();
   if (p == nullptr) return fail(cudaErrorInvalidValue, "cudaHostAlloc: NULL output pointer");
+  if (const cudaError_t c = capture_forbids("cudaHostAlloc"); c != cudaSuccess) return c;
   *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (*p == nullptr) return fail(cudaErrorMemoryAllocation, "cudaHostAlloc: out of host memory");
   State& s = st();
@@ -369,6 +397,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, byt
 
 cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
+  if (const cudaError_t c = capture_forbids("cudaFreeHost"); c != cudaSuccess) return c;
   synchronize_all();   // as cudaFree
   race_host_waits_all();
   State& s = st();
@@ -387,6 +416,16 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   if (n == 0) return cudaSuccess;
   const bool dst_dev = is_device(dst), src_dev = is_device(src);
   const std::string label = copy_label("cudaMemcpyAsync", dst_dev, src_dev, n);
+  if ((!dst_dev && !is_pinned(dst, n)) || (!src_dev && !is_pinned(src, n))) {
+    // A graph replays a copy from the addresses it captured, so CUDA refuses pageable host memory.
+    if (const cudaError_t c = capture_refuse(stream, label + " with pageable host memory on a capturing stream: a "
+                                                     "graph's copy must use pinned host memory (cudaHostAlloc), "
+                                                     "or keep the data on the device");
+        c != cudaSuccess) {
+      return c;
+    }
+  }
+  cudaError_t queued = cudaSuccess;
   if (!dst_dev && !is_pinned(dst, n)) {
     // Into pageable host memory the call returns once the copy is done (CUDA's API sync notes).
     run_now(stream, [&] { device_copy(dst, src, n, dst_dev, src_dev); }, label);
@@ -395,20 +434,20 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     // From pageable host memory the bytes are staged before the call returns.
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + n);
-    enqueue(stream, [dst, staged, dst_dev] { device_copy(dst, staged->data(), staged->size(), dst_dev, false); },
-            label);
+    queued = enqueue(stream, [dst, staged, dst_dev] { device_copy(dst, staged->data(), staged->size(), dst_dev, false); },
+                     label);
   } else if (!dst_dev) {
     // Into pinned memory: the host must not read it before a synchronization; under ASan it is
     // poisoned until the copy runs, so a read without one is reported.
-    if (deferred_streams()) poison_host(dst, n);
-    enqueue(stream, [dst, src, n, src_dev] {
+    if (deferred_streams() && !stream_capturing(stream)) poison_host(dst, n);
+    queued = enqueue(stream, [dst, src, n, src_dev] {
       unpoison_host(dst, n);
       device_copy(dst, src, n, false, src_dev);
     }, label);
   } else {
-    enqueue(stream, [dst, src, n, src_dev] { device_copy(dst, src, n, true, src_dev); }, label);
+    queued = enqueue(stream, [dst, src, n, src_dev] { device_copy(dst, src, n, true, src_dev); }, label);
   }
-  return device_error();
+  return queued != cudaSuccess ? queued : device_error();
 }
 
 // On the legacy default stream, returning when done: the emulator runs every stream first (a valid
@@ -416,6 +455,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   MINIDL_EMU_STICKY();
   if (const cudaError_t e = check_copy(dst, src, n, kind, "cudaMemcpy"); e != cudaSuccess) return e;
+  if (const cudaError_t c = capture_forbids("cudaMemcpy (synchronous)"); c != cudaSuccess) return c;
   synchronize_all();
   if (n == 0) return device_error();
   const bool dst_dev = is_device(dst), src_dev = is_device(src);
@@ -432,12 +472,16 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync: range of " + std::to_string(n) +
                                                    " bytes is not inside one live device allocation");
   }
-  enqueue(stream, [p, value, n] {
+  const cudaError_t queued = enqueue(stream, [p, value, n] {
+    if (!device_range_live(p, n)) {
+      throw std::runtime_error("a memset of " + std::to_string(n) + " bytes runs on a range that is no longer "
+                               "inside one live device allocation (illegal address; freed since a graph captured it?)");
+    }
     log_transfer("memset", n, nullptr);
     race_note(p, n, AccessKind::Store);
     std::memset(p, value, n);
   }, "cudaMemsetAsync of " + std::to_string(n) + " bytes");
-  return device_error();
+  return queued != cudaSuccess ? queued : device_error();
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }

@@ -46,8 +46,9 @@ std::vector<std::pair<uintptr_t, size_t>> device_allocations();
 // is reported even inside one cudaMalloc segment. No-ops otherwise.
 // `stream` orders the marking with the stream's work in the deferred mode (below): a block freed
 // while a queued kernel still uses it is poisoned after that kernel runs.
-void poison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr);
-void unpoison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr);
+// `captured` false: never recorded into a capture of `stream` (allocator bookkeeping of eager blocks).
+void poison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr, bool captured = true);
+void unpoison_device(const void* p, size_t bytes, cudaStream_t stream = nullptr, bool captured = true);
 bool asan_build();
 
 // ---- Kernel attributes (kernel_attributes.cpp): the dynamic shared memory a launch of `func` may
@@ -70,7 +71,10 @@ struct StreamPos {
 void register_stream(cudaStream_t s, bool blocking);
 void forget_stream(cudaStream_t s);   // runs its pending work first
 // `label` names the work in the race check's reports ("kernel copy_kernel (copy)").
-void enqueue(cudaStream_t s, std::function<void()> work, std::string label = {});
+// Work queued on a capturing stream is recorded into the capture instead (graphs.cpp); the result
+// is that capture's error, if any (the last error is set too).
+// `capture` false: queued in the stream's eager order even while it captures.
+cudaError_t enqueue(cudaStream_t s, std::function<void()> work, std::string label = {}, bool capture = true);
 // Runs `work` now as the next work of `s`, after the stream's queued work (a host-side copy that
 // returns when done, as CUDA's synchronous cases do).
 void run_now(cudaStream_t s, const std::function<void()>& work, std::string label);
@@ -81,5 +85,23 @@ void run_until(StreamPos p);
 void synchronize_stream(cudaStream_t s);
 void synchronize_all();
 size_t pending_work(cudaStream_t s);   // queued items not yet run (tests)
+
+// ---- Stream capture (graphs.cpp): what CUDA allows while a stream is being captured.
+bool stream_capturing(cudaStream_t s);
+// Work queued on `s`: recorded into its capture (*taken set, cudaSuccess), refused (*taken set, the
+// capture's error: an invalidated capture, or the legacy stream's work while a blocking stream
+// captures), or not captured (*taken false).
+cudaError_t capture_work(cudaStream_t s, const std::function<void()>& work, const std::string& label, bool* taken);
+// A potentially unsafe call (a synchronization, cudaMalloc, cudaFree, a synchronous copy): refused
+// while a capture forbids it (cudaStreamCaptureModeGlobal, unless this thread exchanged its mode for
+// cudaStreamCaptureModeRelaxed); every capture is then invalidated and the last error names the fix.
+cudaError_t capture_forbids(const char* call);
+// The same for a call on stream `s` (a synchronization or query of it): always refused when `s`
+// itself is capturing, whatever the mode.
+cudaError_t capture_forbids_on(const char* call, cudaStream_t s);
+// Refuses something CUDA cannot capture on `s` (a copy with pageable host memory, a graph launch
+// into a capture): invalidates the capture, returns cudaErrorStreamCaptureUnsupported; cudaSuccess
+// when `s` is not capturing.
+cudaError_t capture_refuse(cudaStream_t s, const std::string& why);
 
 }  // namespace minidl::cuda::emu

@@ -28,6 +28,7 @@ struct EmuEvent {
   StreamPos pos{};                 // the recording stream's work up to the last cudaEventRecord
   std::shared_ptr<Stamp> stamp;    // shared with the queued work that sets it
   ClockPtr clock;                  // the race check's view of the same position
+  cudaStream_t captured_on = nullptr;   // last recorded into this capturing stream (else nullptr)
 };
 
 struct Handles {
@@ -63,6 +64,15 @@ cudaError_t destroy_handle(Handle h, Registry registry, const char* why) {
   return cudaSuccess;
 }
 
+// An event last recorded into a capture marks no point of real work: waiting for it is refused.
+template <typename Ev>
+cudaError_t event_captured(const char* call, Ev* ev) {
+  if (ev->captured_on != nullptr && stream_capturing(ev->captured_on)) {
+    return capture_forbids_on(call, ev->captured_on);
+  }
+  return capture_forbids(call);
+}
+
 bool event_live(cudaEvent_t e) {
   Handles& s = handles();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -93,6 +103,13 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned int* flags) {
+  if (flags == nullptr) return runtime_fail(cudaErrorInvalidValue, "cudaStreamGetFlags: NULL");
+  if (!stream_live(s)) return runtime_fail(cudaErrorInvalidResourceHandle, "cudaStreamGetFlags: not a live stream");
+  *flags = s == nullptr ? cudaStreamDefault : reinterpret_cast<EmuStream*>(s)->flags;
+  return cudaSuccess;
+}
+
 // Destroying still frees the handle after a fault (a destructor's call), and then reports it.
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (s != nullptr && stream_live(s)) forget_stream(s);
@@ -103,6 +120,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   MINIDL_EMU_STICKY();
   if (!stream_live(s)) return runtime_fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a live stream");
+  if (const cudaError_t c = capture_forbids_on("cudaStreamSynchronize", s); c != cudaSuccess) return c;
   synchronize_stream(s);
   race_host_waits_stream(s);
   return device_error();
@@ -111,6 +129,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   MINIDL_EMU_STICKY();
   if (!stream_live(s)) return runtime_fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery: not a live stream");
+  if (const cudaError_t c = capture_forbids_on("cudaStreamQuery", s); c != cudaSuccess) return c;
   synchronize_stream(s);   // a valid answer: the device may have finished it by now
   race_host_waits_stream(s);
   return device_error();
@@ -118,6 +137,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   MINIDL_EMU_STICKY();
+  if (const cudaError_t c = capture_forbids("cudaDeviceSynchronize"); c != cudaSuccess) return c;
   synchronize_all();
   race_host_waits_all();
   return device_error();
@@ -143,18 +163,20 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   auto* ev = reinterpret_cast<EmuEvent*>(e);
   auto stamp = std::make_shared<Stamp>();
   ev->stamp = stamp;
-  enqueue(s, [stamp] {
+  const cudaError_t queued = enqueue(s, [stamp] {
     stamp->at = std::chrono::steady_clock::now();
     stamp->set = true;
   });
+  ev->captured_on = stream_capturing(s) ? s : nullptr;
   ev->pos = stream_tail(s);
   ev->clock = race_stream_clock(s);
-  return cudaSuccess;
+  return queued;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   MINIDL_EMU_STICKY();
   if (!event_live(e)) return runtime_fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not a live event");
+  if (const cudaError_t c = event_captured("cudaEventSynchronize", reinterpret_cast<EmuEvent*>(e)); c != cudaSuccess) return c;
   run_until(reinterpret_cast<EmuEvent*>(e)->pos);
   race_host_waits(reinterpret_cast<EmuEvent*>(e)->clock);
   return device_error();
@@ -163,6 +185,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   MINIDL_EMU_STICKY();
   if (!event_live(e)) return runtime_fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not a live event");
+  if (const cudaError_t c = event_captured("cudaEventQuery", reinterpret_cast<EmuEvent*>(e)); c != cudaSuccess) return c;
   run_until(reinterpret_cast<EmuEvent*>(e)->pos);   // a valid answer, as cudaStreamQuery
   race_host_waits(reinterpret_cast<EmuEvent*>(e)->clock);
   return device_error();
@@ -194,8 +217,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   if (!event_live(e) || !stream_live(s)) {
     return runtime_fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: event or stream not live");
   }
-  enqueue_wait(s, reinterpret_cast<EmuEvent*>(e)->pos);
-  race_stream_waits(s, reinterpret_cast<EmuEvent*>(e)->clock);
+  auto* ev = reinterpret_cast<EmuEvent*>(e);
+  if (stream_capturing(s)) {
+    // A wait for earlier work of the capturing stream itself orders nothing new; a wait that would
+    // pull another stream into the capture (fork and join) is not modelled by the emulator.
+    if (ev->captured_on == s) return cudaSuccess;
+    return capture_refuse(s, "cudaStreamWaitEvent on a capturing stream for an event of another stream (the emulator "
+                             "captures one stream; fork and join of streams inside a capture is not modelled)");
+  }
+  enqueue_wait(s, ev->pos);
+  race_stream_waits(s, ev->clock);
   return cudaSuccess;
 }
 

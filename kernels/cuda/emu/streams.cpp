@@ -113,12 +113,19 @@ void forget_stream(cudaStream_t s) {
   race_forget_stream(s);
 }
 
-void enqueue(cudaStream_t s, std::function<void()> work, std::string label) {
+cudaError_t enqueue(cudaStream_t s, std::function<void()> work, std::string label, bool capture) {
   Executor& e = ex();
   std::lock_guard<std::recursive_mutex> lock(e.mu);
-  if (device_error() != cudaSuccess) return;   // a faulted device runs nothing more
+  if (device_error() != cudaSuccess) return device_error();   // a faulted device runs nothing more
+  bool captured = false;
+  if (capture) {
+    if (const cudaError_t c = capture_work(s, work, label, &captured); captured) return c;
+  }
   RaceOpPtr op = race_issue(s, std::move(label));
-  if (!e.deferred) return run_item_locked(e, work, std::move(op));
+  if (!e.deferred) {
+    run_item_locked(e, work, std::move(op));
+    return device_error();
+  }
   Queue& q = e.queues[s];
   // The legacy default stream waits for the blocking streams' work so far, and they for it.
   if (s == nullptr) {
@@ -132,6 +139,7 @@ void enqueue(cudaStream_t s, std::function<void()> work, std::string label) {
     if (legacy.done < legacy.queued) push(q, Item{{}, StreamPos{nullptr, legacy.queued}, nullptr});
   }
   push(q, Item{std::move(work), {}, std::move(op)});
+  return cudaSuccess;
 }
 
 void run_now(cudaStream_t s, const std::function<void()>& work, std::string label) {
