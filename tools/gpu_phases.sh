@@ -4,7 +4,7 @@
 # budget in seconds, writes its Markdown section to $SEC/<phase>.md, its logs to $LOGDIR, and sets
 # PHASE_RC: 0 passed, 1 failed, 4 cut by its budget (run again by the --resume call), 5 skipped
 # (nothing to run here: no sanitizer, no model program, a rehearsal without a GPU).
-# Uses from gpu_check.sh: BIN, LOGDIR, SEC, REHEARSE, TORCH_PY, ROOT; from gpu_env.sh: say,
+# Uses from gpu_check.sh: BIN, WORK, LOGDIR, SEC, REHEARSE, TORCH_PY, ROOT; from gpu_env.sh: say,
 # gpu_env_run_until, gpu_env_min.
 
 phase_default_cap() {
@@ -163,9 +163,11 @@ phase_model() {
       "$([[ $REHEARSE == 1 ]] && echo "a rehearsal has no GPU to time" || echo "no minidl-gpumodel-cuda in the stage")" >"$SEC/model.md"
     PHASE_RC=5; return
   fi
-  # The newest committed model table (bench/results/gpu_model_<date>_<commit>.tsv) is what the
-  # GPU calibrates: per kernel, its modelled microseconds beside the CUDA-event times of the same step.
-  tsv="$(find "$ROOT/bench/results" -maxdepth 1 -name 'gpu_model_*.tsv' 2>/dev/null | sort | tail -1)"
+  # The model table the stage names (the last committed bench/results/gpu_model_*.tsv, chosen by
+  # tools/gpu_stage.sh) is what the GPU calibrates: per kernel, its modelled microseconds beside
+  # the CUDA-event times of the same step.
+  tsv="$(head -1 "$WORK/MODEL_TSV" 2>/dev/null)"
+  [[ -n "$tsv" && -f "$ROOT/$tsv" ]] && tsv="$ROOT/$tsv" || tsv=""
   gpu_env_run_until TERM "$budget" 10 "$LOGDIR/model.log" "$BIN/minidl-gpumodel-cuda" --measure \
     --configs "${GPU_CHECK_MODEL_CONFIGS:-resnet50-amp}" ${tsv:+--modelled "$tsv"} --out "$LOGDIR/model.md"
   rc=$?

@@ -97,9 +97,15 @@ if want tests; then
   done
   stage_libs "$tmp/lib" "$tmp"/bin/*
   echo "$COMMIT" >"$tmp/COMMIT"
+  # The model table the GPU calibrates (tools/gpu_phases.sh, phase 4): the last committed
+  # bench/results/gpu_model_*.tsv (a new, uncommitted one counts as the last); file names sort by
+  # commit hash, not by time, within a day.
+  for f in bench/results/gpu_model_*.tsv; do
+    [[ -f $f ]] && echo "$(git log -1 --format=%ct -- "$f" 2>/dev/null | grep . || date +%s) $f"
+  done | sort -n | tail -1 | cut -d' ' -f2- >"$tmp/MODEL_TSV"
   rm -rf "$TESTS_DIR" && mkdir -p "$TESTS_DIR" || die 3 "cannot create $TESTS_DIR"
   say "compressing the check stage (xz -9)"
-  tar -C "$tmp" -cf - COMMIT bin lib | xz -9 -T2 >"$TESTS_DIR/stage.tar.xz" || die 3 "packing the check stage failed"
+  tar -C "$tmp" -cf - COMMIT MODEL_TSV bin lib | xz -9 -T2 >"$TESTS_DIR/stage.tar.xz" || die 3 "packing the check stage failed"
   echo "$COMMIT" >"$TESTS_DIR/COMMIT"
   say "check stage: $TESTS_DIR/stage.tar.xz ($(du -sh "$TESTS_DIR/stage.tar.xz" | cut -f1); unpacked $(du -sh "$tmp" | cut -f1)); on the GPU machine: tools/gpu_check.sh $TESTS_DIR"
   rm -rf "$tmp"
@@ -117,7 +123,7 @@ if want studies; then
   echo "$COMMIT" >"$tmp/COMMIT"
   rm -rf "$STUDIES_DIR" && mkdir -p "$STUDIES_DIR" || die 3 "cannot create $STUDIES_DIR"
   say "compressing the studies stage (xz -9)"
-  tar -C "$tmp" -cf - COMMIT bin lib | xz -9 -T1 >"$STUDIES_DIR/studies.tar.xz" || die 3 "packing the studies stage failed"
+  tar -C "$tmp" -cf - COMMIT MODEL_TSV bin lib | xz -9 -T1 >"$STUDIES_DIR/studies.tar.xz" || die 3 "packing the studies stage failed"
   echo "$COMMIT" >"$STUDIES_DIR/COMMIT"
   say "studies stage: $STUDIES_DIR/studies.tar.xz ($(du -sh "$STUDIES_DIR/studies.tar.xz" | cut -f1); unpacked $(du -sh "$tmp" | cut -f1))"
   # The newest glibc / libstdc++ symbol versions they need: the GPU machine's must be at least these.
