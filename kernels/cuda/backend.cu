@@ -42,12 +42,4 @@ void check_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   }
 }
 
-void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts) {
-    if (!t->defined()) continue;
-    MINIDL_CHECK(t->is_contiguous(), op, " (cuda): kernel expects contiguous tensors, got ", t->meta(),
-                 " with strides ", shape_str(t->strides()));
-  }
-}
-
 }  // namespace minidl::cuda

@@ -3,6 +3,7 @@
 // (elementwise, reduce, matmul, random, conv, pool, batch_norm, softmax, loss); this header gathers them.
 #pragma once
 #include "core/backend.h"
+#include "kernels/common/checks.h"
 
 namespace minidl::cuda {
 
@@ -82,6 +83,8 @@ class CudaBackend final : public Backend {
 
 // Checks shared by the families: on this backend's device, and (for kernels that need it) contiguous.
 void check_cuda(const char* op, std::initializer_list<const Tensor*> ts);
-void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts);
+inline void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
+  common::check_contiguous("cuda", op, ts);
+}
 
 }  // namespace minidl::cuda
