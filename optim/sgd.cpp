@@ -94,7 +94,7 @@ bool SGD::fused_group_step(size_t g) {
     fresh.push_back(it == state_[g][i].buffers.end() ? 1 : 0);
     bufs.push_back(fresh.back() ? empty(params.back().shape(), params.back().options()) : it->second);
   }
-  const Backend::SgdHyper h{group.lr, group.weight_decay, group.option("momentum"), group.option("dampening"),
+  const SgdHyper h{group.lr, group.weight_decay, group.option("momentum"), group.option("dampening"),
                             group.option("nesterov") != 0.0, group.option("maximize") != 0.0};
   if (!backend(params.front().device()).fused_sgd_step(params, grads, bufs, fresh, h)) return false;
   for (size_t k = 0; k < fresh.size(); ++k) {
