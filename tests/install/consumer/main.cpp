@@ -1,11 +1,11 @@
 // The smallest program a user of the installed minidl writes: two tensors, their sum, a check.
-// It proves that the installed headers are complete and that minidl::minidl links and runs.
+// It proves that the installed headers are complete and that minidl::core links and runs.
 #include <cstdio>
 #include <iostream>
 #include <vector>
 
-#include "core/ops.h"
-#include "core/tensor.h"
+#include <minidl/core/ops.h>
+#include <minidl/core/tensor.h>
 
 int main() {
   const minidl::Tensor a = minidl::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});

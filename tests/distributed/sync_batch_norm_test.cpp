@@ -11,12 +11,12 @@
 
 #include "core/generator.h"
 #include "core/ops.h"
-#include "dist/data_parallel.h"
-#include "dist/sync_batch_norm.h"
+#include "distributed/data_parallel.h"
+#include "distributed/sync_batch_norm.h"
 #include "nn/resnet.h"
 #include "optim/sgd.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 namespace {
 
 // The largest |a - b| / (1 + |b|) over parameters and floating buffers.
@@ -76,4 +76,4 @@ TEST(DistSyncBatchNorm, RanksTimesBatchEqualOneProcessOnTheWholeBatch) {
 }
 
 }  // namespace
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

@@ -12,8 +12,8 @@
 
 #include "core/generator.h"
 #include "core/ops.h"
-#include "dist/data_parallel.h"
-#include "dist/run.h"
+#include "distributed/data_parallel.h"
+#include "distributed/run.h"
 #include "nn/layers.h"
 #include "optim/sgd.h"
 
@@ -24,12 +24,12 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The slowest rank's median: a collective step is as fast as its slowest participant.
-double median_over_ranks(dist::ProcessGroup& g, std::vector<double> v) {
+double median_over_ranks(distributed::ProcessGroup& g, std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return g.allreduce(v[v.size() / 2], dist::ReduceOp::Max);
+  return g.allreduce(v[v.size() / 2], distributed::ReduceOp::Max);
 }
 
-void bench_allreduce(dist::ProcessGroup& g, int reps) {
+void bench_allreduce(distributed::ProcessGroup& g, int reps) {
   if (g.rank() == 0) {
     std::printf("\n| bytes | median time | algorithm bandwidth | bus bandwidth |\n| ---: | ---: | ---: | ---: |\n");
   }
@@ -65,14 +65,14 @@ std::shared_ptr<nn::Sequential> mlp(int64_t width, int layers) {
   return m;
 }
 
-void bench_step(dist::ProcessGroup& g, int reps, int64_t width, int layers, int64_t batch, double cap_mib) {
+void bench_step(distributed::ProcessGroup& g, int reps, int64_t width, int layers, int64_t batch, double cap_mib) {
   if (g.rank() == 0) {
     std::printf("\n| overlap | buckets | median step | of which waiting in finish_gradient_sync |\n"
                 "| --- | ---: | ---: | ---: |\n");
   }
   for (bool overlap : {false, true}) {
     auto model = mlp(width, layers);
-    dist::DataParallel dp(*model, g, {.bucket_cap_mib = cap_mib, .overlap = overlap});
+    distributed::DataParallel dp(*model, g, {.bucket_cap_mib = cap_mib, .overlap = overlap});
     optim::SGD opt(model->parameters(), {.lr = 1e-4, .momentum = 0.9});
     Generator data(2 + static_cast<uint64_t>(g.rank()));
     const Tensor x = randn({batch, width}, {}, &data);
@@ -103,8 +103,8 @@ void bench_step(dist::ProcessGroup& g, int reps, int64_t width, int layers, int6
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
-  return dist::run_or_abort([&] {
-    dist::ProcessGroup& g = dist::world();
+  return distributed::run_or_abort([&] {
+    distributed::ProcessGroup& g = distributed::world();
     if (g.rank() == 0) std::printf("%s\n", g.describe().c_str());
     bench_allreduce(g, reps);
     // 8 layers of 1024 x 1024 (32 MiB of f32 parameters), batch 64 per rank, 4 MiB buckets.

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 #ifdef MINIDL_WITH_MPI
 // The C API only: MPI's deprecated C++ bindings are not wanted (and do not build warning-free).
@@ -17,7 +17,7 @@
 #include <mpi.h>
 #endif
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 #ifndef MINIDL_WITH_MPI
 
@@ -214,4 +214,4 @@ std::unique_ptr<Transport> make_mpi_transport(const LaunchInfo& info) { return s
 
 #endif
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

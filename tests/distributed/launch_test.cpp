@@ -6,10 +6,10 @@
 #include <string>
 
 #include "core/error.h"
-#include "dist/launch.h"
+#include "distributed/launch.h"
 #include "tests/support/error_of.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 namespace {
 using minidl::testing::error_of;
 
@@ -66,4 +66,4 @@ TEST(DistLaunch, RefusesInconsistentOrInvalidVariables) {
 }
 
 }  // namespace
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The experiment programs under mpirun with 2 ranks (ctest dist.mpi2.programs.*, labels cpu;mpi):
+# The experiment programs under mpirun with 2 ranks (ctest distributed.mpi2.programs.*, labels cpu;mpi):
 #   parity       2 ranks x batch 8 give the weights of 1 rank x batch 16 (SGD with momentum and
 #                --lr-scaling linear, Adam, Adam with augmentation), and 2 x 4 x accumulation 2 as well
 #   rank0_output only rank 0 prints and writes: rank 1 is given another --out and --save-weights

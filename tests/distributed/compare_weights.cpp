@@ -1,5 +1,5 @@
-// dist_compare_weights A B [RTOL]: compares two safetensors files tensor by tensor, for the
-// programs' tests (tests/dist/programs_test.sh): the same names, shapes and dtypes, and every
+// distributed_compare_weights A B [RTOL]: compares two safetensors files tensor by tensor, for the
+// programs' tests (tests/distributed/programs_test.sh): the same names, shapes and dtypes, and every
 // element within RTOL relative to the tensor's largest magnitude (0: bit-identical). Prints the
 // worst tensor and exits 0 when they match, 1 when not, 2 on a usage error.
 #include <cmath>
@@ -15,7 +15,7 @@ using namespace minidl;
 
 int main(int argc, char** argv) {
   if (argc < 3 || argc > 4) {
-    std::fprintf(stderr, "usage: dist_compare_weights A.safetensors B.safetensors [RTOL]\n");
+    std::fprintf(stderr, "usage: distributed_compare_weights A.safetensors B.safetensors [RTOL]\n");
     return 2;
   }
   const double rtol = argc == 4 ? std::atof(argv[3]) : 0.0;

@@ -11,9 +11,9 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
-#include "dist/sampler.h"
+#include "distributed/sampler.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 namespace {
 
 // The epoch's order rebuilt from the shards: element i of rank r's shard is position r + i * W.
@@ -124,4 +124,4 @@ TEST(DistSampler, ShardDatasetAndReducedMetricOverTheRealRanks) {
 }
 
 }  // namespace
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

@@ -5,10 +5,10 @@
 #include <cstdint>
 
 #include "core/tensor.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "nn/module.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 // `t` summed over every rank of `group`, as a differentiable op: its backward sums the incoming
 // gradients over the ranks the same way (every rank's result depends on every rank's input).
@@ -19,4 +19,4 @@ Tensor allreduce_sum(ProcessGroup& group, const Tensor& t);
 // here the layers stay the same objects). Returns how many it converted. `group` must outlive them.
 int64_t convert_sync_batch_norm(nn::Module& module, ProcessGroup& group);
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

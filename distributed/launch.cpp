@@ -1,13 +1,13 @@
 // The environment variables each launcher sets, checked against each other, so that a job started
 // with a mismatch (MINIDL_WORLD_SIZE=4 under mpirun -np 2) stops at once with both values named.
-#include "dist/launch.h"
+#include "distributed/launch.h"
 
 #include <cstdlib>
 #include <optional>
 
 #include "core/error.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 namespace {
 
 std::optional<int> read_int(const std::function<const char*(const char*)>& getenv, const char* name) {
@@ -73,4 +73,4 @@ LaunchInfo launch_info_from_env(const std::function<const char*(const char*)>& g
   return info;
 }
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

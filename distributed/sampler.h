@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 // What happens to the last n % world samples of the epoch's order.
 enum class Tail {
@@ -57,4 +57,4 @@ std::shared_ptr<data::Dataset> shard(std::shared_ptr<const data::Dataset> datase
 // predictions and samples of each rank's shard); 0 when no rank saw a sample.
 double reduce_mean(ProcessGroup& group, double sum, double count);
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

@@ -3,9 +3,9 @@
 #pragma once
 #include <functional>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 // Runs `body` and returns its result. An exception escaping it (or std::terminate, e.g. from a
 // worker thread) prints "minidl: rank R of W failed: <what>" on stderr and aborts the job through
@@ -13,4 +13,4 @@ namespace minidl::dist {
 // process exits with status 1. Signals (a killed rank) are mpirun's to handle: it ends the job too.
 int run_or_abort(const std::function<int()>& body, ProcessGroup& group = world());
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

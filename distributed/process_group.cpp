@@ -1,7 +1,7 @@
 // ProcessGroup: the checks every collective shares (contiguity, dtype, which engine), the Mean
 // division, the counters, and the world of one that needs no MPI. The engines themselves are in
 // mpi_transport.cpp and nccl_transport.cpp.
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -10,7 +10,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 namespace {
 
 // A world of one: every collective is the identity.
@@ -197,4 +197,4 @@ ProcessGroup& world() {
   return group;
 }
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

@@ -9,14 +9,14 @@
 
 #include "core/backend.h"
 #include "core/error.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 #ifdef MINIDL_WITH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
 #endif
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 #ifndef MINIDL_WITH_NCCL
 
@@ -156,4 +156,4 @@ std::unique_ptr<Transport> make_nccl_transport(ProcessGroup& group, int device_i
 
 #endif
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

@@ -1,13 +1,13 @@
 // DataParallel: bucket layout, the per-parameter "gradient ready" hook that starts a bucket's
 // allreduce during backward, and the wait that writes the averaged gradients back before the step.
-#include "dist/data_parallel.h"
+#include "distributed/data_parallel.h"
 
 #include <algorithm>
 
 #include "core/autograd.h"
 #include "core/error.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 DataParallel::DataParallel(nn::Module& module, ProcessGroup& group, DataParallelOptions options)
     : module_(module), group_(group), o_(options) {
@@ -151,4 +151,4 @@ void DataParallel::finish_gradient_sync() {
   reset_round();
 }
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

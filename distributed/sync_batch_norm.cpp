@@ -1,11 +1,11 @@
 // The differentiable sum over ranks that synchronised batch norm is built from, and the switch
 // that turns it on for a whole model.
-#include "dist/sync_batch_norm.h"
+#include "distributed/sync_batch_norm.h"
 
 #include "core/autograd.h"
 #include "nn/layers.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 Tensor allreduce_sum(ProcessGroup& group, const Tensor& t) {
   Tensor out = t.detach().contiguous().clone();
@@ -31,4 +31,4 @@ int64_t convert_sync_batch_norm(nn::Module& module, ProcessGroup& group) {
   return n;
 }
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

@@ -1,13 +1,13 @@
 // Shards of the per-epoch order, which is data::Loader's own shuffle (data::epoch_order), so a
 // sharded run and a one-process run agree on which samples an epoch holds.
-#include "dist/sampler.h"
+#include "distributed/sampler.h"
 
 #include <utility>
 
 #include "core/error.h"
 #include "data/loader.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 std::vector<int64_t> DistributedSampler::epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
   return data::epoch_order(n, shuffle, seed, epoch);
@@ -50,8 +50,8 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
 
 std::shared_ptr<data::Dataset> shard(std::shared_ptr<const data::Dataset> dataset, const DistributedSampler& sampler,
                                      int64_t epoch) {
-  MINIDL_CHECK(dataset != nullptr, "dist::shard: null dataset");
-  MINIDL_CHECK(dataset->size() == sampler.dataset_size(), "dist::shard: the sampler was made for ",
+  MINIDL_CHECK(dataset != nullptr, "distributed::shard: null dataset");
+  MINIDL_CHECK(dataset->size() == sampler.dataset_size(), "distributed::shard: the sampler was made for ",
                sampler.dataset_size(), " samples but the dataset has ", dataset->size());
   return data::subset(std::move(dataset), sampler.indices(epoch));
 }
@@ -63,4 +63,4 @@ double reduce_mean(ProcessGroup& group, double sum, double count) {
   return v[1] > 0.0 ? v[0] / v[1] : 0.0;
 }
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

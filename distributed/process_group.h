@@ -7,9 +7,9 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "dist/launch.h"
+#include "distributed/launch.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 enum class ReduceOp { Sum, Mean, Max, Min };
 const char* reduce_op_name(ReduceOp op);  // "sum", "mean", "max", "min"
@@ -111,10 +111,10 @@ class ProcessGroup {
 // (MPI is finalized after it is destroyed).
 ProcessGroup& world();
 
-// Internal: the engines ProcessGroup builds (dist/mpi_transport.cpp, dist/nccl_transport.cpp).
+// Internal: the engines ProcessGroup builds (distributed/mpi_transport.cpp, distributed/nccl_transport.cpp).
 // make_mpi_transport throws in a build without MPI; make_nccl_transport without NCCL.
 std::unique_ptr<Transport> make_local_transport();
 std::unique_ptr<Transport> make_mpi_transport(const LaunchInfo& info);
 std::unique_ptr<Transport> make_nccl_transport(ProcessGroup& group, int device_index);
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

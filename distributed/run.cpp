@@ -1,10 +1,10 @@
 // run_or_abort: the one place where a rank's exception becomes the end of the job.
-#include "dist/run.h"
+#include "distributed/run.h"
 
 #include <exception>
 #include <string>
 
-namespace minidl::dist {
+namespace minidl::distributed {
 namespace {
 ProcessGroup* g_group = nullptr;
 
@@ -35,4 +35,4 @@ int run_or_abort(const std::function<int()>& body, ProcessGroup& group) {
   }
 }
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "nn/module.h"
 #include "optim/accumulation.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 struct DataParallelOptions {
   // Bucket size: gradients are packed, in reverse parameter order (the order backward finishes
@@ -107,4 +107,4 @@ class DataParallel final : public optim::GradientSync {
   bool sync_enabled_ = true;
 };
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

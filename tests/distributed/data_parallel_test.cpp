@@ -1,7 +1,7 @@
 // DataParallel's contract, checked against one process training on the whole batch: W ranks x
 // batch b give the parameters of 1 rank x batch W*b (up to reduction order) for SGD, Adam and
 // gradient accumulation; micro-batches inside no_sync never communicate; every rank skips the same
-// steps. Runs as one rank in the plain suite and as two under mpirun (ctest dist.mpi2.*).
+// steps. Runs as one rank in the plain suite and as two under mpirun (ctest distributed.mpi2.*).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +11,7 @@
 
 #include "core/generator.h"
 #include "core/ops.h"
-#include "dist/data_parallel.h"
+#include "distributed/data_parallel.h"
 #include "nn/layers.h"
 #include "optim/accumulation.h"
 #include "optim/adam.h"
@@ -19,7 +19,7 @@
 #include "optim/sgd.h"
 #include "tests/support/error_of.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 namespace {
 using minidl::testing::error_of;
 
@@ -217,4 +217,4 @@ TEST(DistDataParallel, ClipNormIsTheSameOnEveryRank) {
 }
 
 }  // namespace
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

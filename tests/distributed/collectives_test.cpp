@@ -1,5 +1,5 @@
 // The process group's collectives give the right numbers on every rank, for every dtype the CPU
-// transport carries. Runs as one rank in the plain suite and as two under mpirun (ctest dist.mpi2.*),
+// transport carries. Runs as one rank in the plain suite and as two under mpirun (ctest distributed.mpi2.*),
 // so every expectation is written for any world size W.
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "core/ops.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "tests/support/error_of.h"
 
-namespace minidl::dist {
+namespace minidl::distributed {
 namespace {
 using minidl::testing::error_of;
 
@@ -132,4 +132,4 @@ TEST(DistCollectives, CheckModeNamesAShapeMismatchOnEveryRank) {
 }
 
 }  // namespace
-}  // namespace minidl::dist
+}  // namespace minidl::distributed

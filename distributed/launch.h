@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-namespace minidl::dist {
+namespace minidl::distributed {
 
 struct LaunchInfo {
   int rank = 0;
@@ -19,4 +19,4 @@ struct LaunchInfo {
 // world below 1 throws naming the variable and the value.
 LaunchInfo launch_info_from_env(const std::function<const char*(const char*)>& getenv = {});
 
-}  // namespace minidl::dist
+}  // namespace minidl::distributed
