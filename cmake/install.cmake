@@ -1,6 +1,6 @@
-# Install and export rules, so a user's CMake project can `find_package(minidl)` and link
-# `minidl::minidl`: the library, the public headers under include/minidl/ (so that
-# `#include "core/tensor.h"` works as in-tree), the exported targets and a package config.
+# Install and export rules, so a user's CMake project can `find_package(minidl [COMPONENTS cuda
+# distributed])` and link minidl::core (+ minidl::cuda, minidl::distributed): the libraries, the
+# public headers as <minidl/...>, the exported targets and a package config (docs/embedding.md).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -9,29 +9,29 @@ set(MINIDL_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/minidl CACHE STRING
 mark_as_advanced(MINIDL_INSTALL_CMAKEDIR)
 
 # Everything here is in the install component `minidl`, so `cmake --install build --component
-# minidl` (what tests/install does) needs only the library built, not the programs.
-install(TARGETS minidl minidl_dist EXPORT minidlTargets
+# minidl` (what tests/install does) needs only the libraries built, not the programs. One export
+# set per package component, so a CPU-only consumer loads (and links) neither CUDA nor MPI:
+#   minidl::core (always), minidl::cuda (COMPONENTS cuda), minidl::distributed (COMPONENTS distributed).
+install(TARGETS minidl_core EXPORT minidlCoreTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT minidl)
+install(EXPORT minidlCoreTargets NAMESPACE minidl:: DESTINATION ${MINIDL_INSTALL_CMAKEDIR} COMPONENT minidl)
+if(MINIDL_WITH_CUDA)
+  install(TARGETS minidl_cuda EXPORT minidlCudaTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl)
+  install(EXPORT minidlCudaTargets NAMESPACE minidl:: DESTINATION ${MINIDL_INSTALL_CMAKEDIR} COMPONENT minidl)
+endif()
+install(TARGETS minidl_distributed EXPORT minidlDistributedTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl)
+install(EXPORT minidlDistributedTargets NAMESPACE minidl:: DESTINATION ${MINIDL_INSTALL_CMAKEDIR} COMPONENT minidl)
 
-# Public headers, folder structure kept. The include directory itself (include/minidl) is the
-# target's INSTALL_INTERFACE in the top-level CMakeLists.txt. kernels/cuda is internal.
-# A folder with no files yet does not exist in a fresh clone (git keeps no empty folders).
-foreach(_minidl_dir core nn optim data dist)
-  if(IS_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/${_minidl_dir})
-    install(DIRECTORY ${_minidl_dir}
-      DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minidl COMPONENT minidl
-      FILES_MATCHING PATTERN "*.h")
-  endif()
-endforeach()
-unset(_minidl_dir)
-install(FILES kernels/cpu/cpu_backend.h
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minidl/kernels/cpu COMPONENT minidl)
-
-install(EXPORT minidlTargets
-  NAMESPACE minidl::
-  DESTINATION ${MINIDL_INSTALL_CMAKEDIR} COMPONENT minidl)
+# Public headers: the prefixed copies of cmake/public_headers.cmake, as include/minidl/<layer>/...
+# and include/minidl/minidl.h. kernels/cuda is internal.
+install(DIRECTORY ${MINIDL_PUBLIC_INCLUDE_DIR}/minidl
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT minidl)
 
 # minidl is a static library, so its PRIVATE dependencies are in the exported link interface
 # ($<LINK_ONLY:...>): the config recreates them. These values, recorded now, tell it how.

@@ -1,17 +1,14 @@
-// The seam between op front-ends (core/) and kernels (kernels/cpu, kernels/cuda). A Backend
-// implements every op family for one device type; front-ends validate, allocate the outputs and
-// call backend(device).<kernel>. Adding an op family adds its kernels here, in one file per
-// backend, and a parity test. A build without CUDA has no CUDA backend: backend(CUDA) throws.
+// The op contracts: the seam between op front-ends (core/) and kernels (kernels/cpu,
+// kernels/cuda). A Backend implements every op family for one device type, on top of the device's
+// services (core/device_services.h: allocator, pinned memory, copies, synchronisation); front-ends
+// validate, allocate the outputs and call backend(device).<kernel>. Adding an op family adds its
+// kernels here, in one file per backend, and a case in tests/kernels/parity_cases.h.
 #pragma once
 #include <cstdint>
-#include <cstring>
-#include <functional>
-#include <memory>
-#include <utility>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/ops.h"
+#include "core/device_services.h"
+#include "core/op_options.h"
 #include "core/tensor.h"
 
 namespace minidl {
@@ -28,12 +25,8 @@ const char* binary_name(BinaryOp op);
 
 // Kernel contracts. Unless noted, outputs are contiguous, preallocated on the backend's device
 // with the right shape and dtype, and inputs are on the same device. Inputs may be strided views.
-class Backend {
+class Backend : public DeviceServices {
  public:
-  virtual ~Backend() = default;
-  virtual const char* name() const = 0;
-  virtual Allocator& allocator(int device_index) = 0;
-
   // dst (any strides) = src (same shape, possibly expanded), converting dtype.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& dst, double value) = 0;   // dst any strides
@@ -156,14 +149,8 @@ class Backend {
   // Vectors are parallel (one entry per parameter); state buffers have their parameter's shape.
   // Return false, touching nothing, when this backend has no fused kernel for these tensors: the
   // caller then runs its per-tensor path. That is the default, so the CPU backend keeps exactly
-  // the per-tensor arithmetic; the CUDA backend fuses contiguous f32 groups.
-  struct SgdHyper {
-    double lr, weight_decay, momentum, dampening;
-    bool nesterov, maximize;
-    // A one-element f32 device flag (GradScaler's found_inf in its device state): nonzero, the
-    // kernel changes nothing (the skipped step decided on the device, no host sync). nullptr: none.
-    const float* skip_if = nullptr;
-  };
+  // the per-tensor arithmetic; the CUDA backend fuses contiguous f32 groups. The hyper-parameter
+  // structs are in core/op_options.h.
   // momentum_bufs is empty when momentum == 0; fresh[i] != 0: buffer i is new and is set to the
   // gradient (PyTorch's first step) instead of being updated.
   virtual bool fused_sgd_step(const std::vector<Tensor>& /*params*/, const std::vector<Tensor>& /*grads*/,
@@ -171,11 +158,6 @@ class Backend {
                               const SgdHyper& /*h*/) {
     return false;
   }
-  struct AdamHyper {
-    double lr, weight_decay, beta1, beta2, eps;
-    bool amsgrad, maximize, decoupled;   // decoupled: AdamW
-    const float* skip_if = nullptr;      // as SgdHyper's
-  };
   // steps[i]: parameter i's step count including this step (>= 1); max_exp_avg_sq is empty
   // unless amsgrad.
   virtual bool fused_adam_step(const std::vector<Tensor>& /*params*/, const std::vector<Tensor>& /*grads*/,
@@ -184,64 +166,12 @@ class Backend {
                                const AdamHyper& /*h*/) {
     return false;
   }
-
-  // CUDA graphs (kernels/cuda/graph.cu): capture_graph runs `work` with the device's stream
-  // captured into a graph, its memory served by a private pool of the caching allocator, and
-  // returns it instantiated; replay() queues it on the stream again; destroying it releases the
-  // graph and its pool. Work that CUDA forbids during a capture (a synchronization, a host read)
-  // throws, naming the fix. The default throws: only a CUDA device has graphs.
-  class Graph {
-   public:
-    virtual ~Graph() = default;
-    virtual void replay() = 0;
-    virtual size_t pool_bytes() const = 0;   // the private pool's reserved bytes
-  };
-  virtual std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work);
-  // Whether the device's stream is being captured now (ops that read device values on the host
-  // skip those reads then).
-  virtual bool capturing(int /*device_index*/) { return false; }
-
-  // Blocks until the work queued so far on the device is done. Timings of device work read a host
-  // clock only after it (kernels are asynchronous on a GPU). The CPU's kernels return when done:
-  // nothing to wait for.
-  virtual void synchronize(int /*device_index*/) {}
-
-  // Page-locked host memory for batches that go to this backend's device (data::Loader), so the
-  // host->device copy can run asynchronously. nullptr by default: no pinned memory here, and the
-  // caller uses ordinary memory. Memory from pinned_alloc goes back through pinned_free.
-  virtual void* pinned_alloc(size_t /*bytes*/) { return nullptr; }
-  virtual void pinned_free(void* /*p*/) {}
-
-  // A host->device copy started by copy_async. This base class is a copy that has already
-  // completed (the default's); a backend with asynchronous copies overrides both methods,
-  // and its destructor orders this device's compute stream after the copy when nobody waited, so
-  // dropping a copy in flight cannot let the allocator hand its destinations out early.
-  class CopyHandle {
-   public:
-    virtual ~CopyHandle() = default;
-    // Work queued on the device's compute stream after this call sees the copied bytes (no host wait).
-    virtual void make_compute_wait() {}
-    // Blocks the calling thread until the copy is done: its host sources may be written again.
-    virtual void host_wait() {}
-  };
-  // Copies the bytes at src[i] (host memory, from pinned_alloc when the copy is to be asynchronous)
-  // into dst[i] (contiguous, on this backend's device), ordered after the work queued so far on the
-  // device's compute stream. The CUDA backend queues the copies on a copy stream and returns at
-  // once (kernels/cuda/pinned.cu). The default, for host memory, copies now and returns a handle
-  // that is already complete.
-  virtual std::unique_ptr<CopyHandle> copy_async(const std::vector<std::pair<const void*, Tensor>>& copies) {
-    for (const auto& [src, dst] : copies) {
-      MINIDL_CHECK(dst.device().is_cpu() && dst.is_contiguous(), "copy_async (", name(),
-                   "): destinations must be contiguous CPU tensors here, got ", dst.meta(),
-                   "; a device backend overrides copy_async");
-      MINIDL_CHECK(src != nullptr || dst.numel() == 0, "copy_async (", name(), "): null source for ", dst.meta());
-      if (dst.nbytes() > 0) std::memcpy(dst.data_ptr(), src, dst.nbytes());
-    }
-    return std::make_unique<CopyHandle>();
-  }
 };
 
-// The backend of a device type. CUDA throws a clear minidl::Error in a build without CUDA.
+// The backend of a device type. CUDA throws a clear minidl::Error when no CUDA backend is linked.
+// core/ declares the registry and the kernels layer defines it (kernels/registry.cpp, in the same
+// library): the front-ends dispatch through this seam without including a kernel header, as MLX's
+// backend stubs do. Which backends exist is decided at link time (docs/embedding.md).
 Backend& backend(DeviceType t);
 inline Backend& backend(Device d) { return backend(d.type); }
 // Waits for everything queued on d (Backend::synchronize): call it before reading a clock.

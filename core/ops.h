@@ -5,6 +5,7 @@
 #include <array>
 #include <vector>
 
+#include "core/op_options.h"
 #include "core/tensor.h"
 
 namespace minidl {
@@ -71,26 +72,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x [..., in], weight [out, in], bias [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
-// ---- Convolution and pooling (NCHW) ----
-struct Conv2dOptions {
-  std::array<int64_t, 2> stride{1, 1};
-  std::array<int64_t, 2> padding{0, 0};
-  std::array<int64_t, 2> dilation{1, 1};
-  int64_t groups = 1;
-};
+// ---- Convolution and pooling (NCHW; options in core/op_options.h) ----
 // x [N,C,H,W], weight [O,C/groups,kH,kW], bias [O] or undefined.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& opts = {});
 // Output spatial size of a convolution or pooling window; throws naming `op` when not positive.
 int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation,
                          bool ceil_mode, const char* op);
 
-struct Pool2dOptions {
-  std::array<int64_t, 2> kernel{2, 2};
-  std::array<int64_t, 2> stride{0, 0};   // 0: equal to kernel (PyTorch's default)
-  std::array<int64_t, 2> padding{0, 0};
-  bool ceil_mode = false;
-  bool count_include_pad = true;         // avg_pool2d only
-};
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opts);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opts);
 // Global average pooling: output size 1x1 only ([N,C,1,1]).

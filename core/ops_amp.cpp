@@ -52,9 +52,4 @@ void Backend::update_scale_device(const Tensor&, const Tensor&, const Tensor&, d
               "CUDA device; on ", name(), " the scaler keeps its scale on the host");
 }
 
-std::unique_ptr<Backend::Graph> Backend::capture_graph(int, const std::function<void()>&) {
-  MINIDL_FAIL("CUDA graphs (--cuda-graphs) need a CUDA device; the ", name(),
-              " backend runs every step eagerly (drop --cuda-graphs)");
-}
-
 }  // namespace minidl

@@ -64,7 +64,7 @@ struct LoaderOptions {
   // RandomResizedCrop it keeps whole decoded photos (~0.5 MB each for cats-vs-dogs).
   int64_t cache_limit_bytes = int64_t{16} << 30;
   // When set, the epoch's samples in order (dataset indices, repeats allowed) instead of the
-  // shuffle: a distributed sampler's shard (dist::DistributedSampler). The augmentation draws stay
+  // shuffle: a distributed sampler's shard (distributed::DistributedSampler). The augmentation draws stay
   // keyed by the dataset index, so a sample is augmented alike whichever rank reads it.
   // batches_per_epoch() counts epoch 0's list (a distributed sampler's lists all have one length).
   std::function<std::vector<int64_t>(int64_t epoch)> sampler;
@@ -87,7 +87,7 @@ struct LoaderStats {
 };
 
 // The order of an epoch's samples: 0..n-1, shuffled (Fisher-Yates on Philox draws keyed by seed
-// and epoch) when `shuffle`. Loader uses it, and so does dist::DistributedSampler, whose shards
+// and epoch) when `shuffle`. Loader uses it, and so does distributed::DistributedSampler, whose shards
 // therefore hold exactly the samples a one-process epoch would.
 std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch);
 

@@ -1,29 +1,31 @@
-// Picks the backend of a device type. The CUDA backend is linked only in CUDA builds; asking for
-// it elsewhere throws an error that says how to get one.
+// Picks the backend of a device type (core/backend.h declares backend(); this is its definition,
+// linked into the same library). The CPU backend is always here; the CUDA backend is whatever
+// minidl::cuda registered (kernels/registry.h), and asking for it without one throws an error
+// that says how to get one.
+#include "kernels/registry.h"
+
 #include "core/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/meta/meta_backend.h"
 
-#ifdef MINIDL_WITH_CUDA
-#include "kernels/cuda/runtime.h"
-#endif
+// Weak: resolved when minidl::cuda is linked, null otherwise.
+extern "C" const minidl::detail::CudaEntry* minidl_cuda_entry() __attribute__((weak));
 
 namespace minidl {
+namespace {
+const detail::CudaEntry* cuda_entry() { return minidl_cuda_entry != nullptr ? minidl_cuda_entry() : nullptr; }
+}  // namespace
 
-bool cuda_built() {
-#ifdef MINIDL_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
+bool cuda_built() { return cuda_entry() != nullptr; }
+
+const cuda::WorkspaceQueries* cuda_workspace_queries() {
+  const detail::CudaEntry* e = cuda_entry();
+  return e != nullptr ? e->workspace : nullptr;
 }
 
 int cuda_device_count() {
-#ifdef MINIDL_WITH_CUDA
-  return cuda::device_count();
-#else
-  return 0;
-#endif
+  const detail::CudaEntry* e = cuda_entry();
+  return e != nullptr ? e->device_count() : 0;
 }
 
 bool cuda_available() { return cuda_device_count() > 0; }
@@ -31,15 +33,14 @@ bool cuda_available() { return cuda_device_count() > 0; }
 Backend& backend(DeviceType t) {
   if (t == DeviceType::CPU) return cpu::cpu_backend();
   if (t == DeviceType::Meta) return meta::meta_backend();
-#ifdef MINIDL_WITH_CUDA
-  MINIDL_CHECK(cuda::device_count() > 0, "CUDA device requested but none is usable: ", cuda::runtime_status(),
+  const detail::CudaEntry* e = cuda_entry();
+  MINIDL_CHECK(e != nullptr,
+               "CUDA device requested, but this program has no CUDA backend: it links minidl::core only, or minidl "
+               "was configured with MINIDL_CUDA=OFF (or nvcc/cuDNN were not found). Link minidl::cuda "
+               "(find_package(minidl COMPONENTS cuda)) from a CUDA build of minidl, or use the cpu device (--device cpu)");
+  MINIDL_CHECK(e->device_count() > 0, "CUDA device requested but none is usable: ", e->runtime_status(),
                ". Use the cpu device (--device cpu) on this machine");
-  return cuda::cuda_backend();
-#else
-  MINIDL_FAIL("CUDA device requested, but this build of minidl has no CUDA backend (configured with "
-              "MINIDL_CUDA=OFF, or nvcc/cuDNN were not found). Rebuild with -DMINIDL_CUDA=ON on a machine with the "
-              "CUDA toolkit and cuDNN, or use the cpu device (--device cpu)");
-#endif
+  return e->backend();
 }
 
 }  // namespace minidl

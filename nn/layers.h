@@ -47,7 +47,7 @@ class BatchNorm2d : public Module {
   const Tensor& running_mean() const { return running_mean_; }
   const Tensor& running_var() const { return running_var_; }
   const Tensor& num_batches_tracked() const { return num_batches_tracked_; }
-  // Synchronised batch norm (dist::convert_sync_batch_norm sets it): `reduce` sums a tensor over
+  // Synchronised batch norm (distributed::convert_sync_batch_norm sets it): `reduce` sums a tensor over
   // every process of the job, differentiably (its backward sums the gradients the same way). In
   // training the element count, the per-channel sum and the per-channel sum of squared deviations
   // go through it, so the batch statistics (and the running ones) are those of the global batch.

@@ -31,7 +31,7 @@ struct MicroBatch {
 // and the choice does not depend on the device. Throws for k < 1 or a size < 1.
 std::vector<MicroBatch> plan_accumulation(const std::vector<int64_t>& micro_batch_sizes, int64_t k);
 
-// What data-parallel training (dist::DataParallel) needs from the loop, so that optim/ knows
+// What data-parallel training (distributed::DataParallel) needs from the loop, so that optim/ knows
 // nothing of ranks: the backward of a micro-batch that does not step runs without synchronisation,
 // the one that steps waits for the averaged gradients before unscaling, and every decision the
 // step makes (skip on inf, before_step's refusal, the clip norm) is the same on every rank.

@@ -135,7 +135,7 @@ bool Adam::fused_group_step(size_t g) {
     if (amsgrad) vmax.push_back(bufs.at("max_exp_avg_sq"));
     steps.push_back(st.step + 1);
   }
-  const Backend::AdamHyper h{group.lr,
+  const AdamHyper h{group.lr,
                              group.weight_decay,
                              group.option("beta1"),
                              group.option("beta2"),

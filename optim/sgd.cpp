@@ -94,8 +94,8 @@ bool SGD::fused_group_step(size_t g) {
     fresh.push_back(it == state_[g][i].buffers.end() ? 1 : 0);
     bufs.push_back(fresh.back() ? empty_like(params.back()) : it->second);   // the parameter's format
   }
-  const Backend::SgdHyper h{group.lr, group.weight_decay, group.option("momentum"), group.option("dampening"),
-                            group.option("nesterov") != 0.0, group.option("maximize") != 0.0, skip_flag()};
+  const SgdHyper h{group.lr, group.weight_decay, group.option("momentum"), group.option("dampening"),
+                   group.option("nesterov") != 0.0, group.option("maximize") != 0.0, skip_flag()};
   if (!backend(params.front().device()).fused_sgd_step(params, grads, bufs, fresh, h)) return false;
   for (size_t k = 0; k < fresh.size(); ++k) {
     if (fresh[k]) state_[g][idx[k]].buffers["momentum_buffer"] = bufs[k];

@@ -6,7 +6,7 @@ set -euo pipefail
 
 # Build and test dependencies (compiler, CMake, Eigen, GoogleTest, Google Benchmark, JSON,
 # libjpeg-turbo and stb for image decoding, CLI11 for the experiment programs' flags, Open MPI for
-# dist/'s data-parallel training and its 2-rank tests, Boost.Context for the emulated CUDA device's
+# distributed/'s data-parallel training and its 2-rank tests, Boost.Context for the emulated CUDA device's
 # per-thread fibers, clang and its libFuzzer runtime for the fuzz targets that ctest runs: fuzz/).
 MINIDL_PACKAGES=(
   cmake

@@ -92,7 +92,7 @@ struct TrainConfig {
   bool quiet = false;
   bool verbose = false;             // error lines keep the source location of the failed check
   // Not a flag: the processes training together (mpirun -np N, or MINIDL_WORLD_SIZE), set by the
-  // programs from dist::world(); each trains batch_size images per micro-batch on its own shard.
+  // programs from distributed::world(); each trains batch_size images per micro-batch on its own shard.
   int64_t world_size = 1;
 
   // Resolved values (after validate()).

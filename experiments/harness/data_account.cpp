@@ -74,14 +74,14 @@ void check_classes(const DataAccount& a, bool with_parts) {
   }
 }
 
-int64_t settle_late_skips(DataAccount& a, const std::vector<const BatchSource*>& sources, dist::ProcessGroup* group) {
+int64_t settle_late_skips(DataAccount& a, const std::vector<const BatchSource*>& sources, distributed::ProcessGroup* group) {
   const auto n = static_cast<int64_t>(a.late.size());
   Tensor found = zeros({n}, {.dtype = DType::u8});
   uint8_t* f = found.data<uint8_t>();
   for (const BatchSource* s : sources)
     if (s)
       for (const int64_t i : s->skipped_samples()) f[i] = 1;
-  if (group && n > 0) group->allreduce(found, dist::ReduceOp::Max);
+  if (group && n > 0) group->allreduce(found, distributed::ReduceOp::Max);
   bool changed = false;
   for (int64_t i = 0; i < n; ++i) {
     if (f[i] == 0 || a.late[static_cast<size_t>(i)] != 0) continue;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace minidl::harness {
 
@@ -43,6 +43,6 @@ void check_classes(const DataAccount& a, bool with_parts);
 // united over the ranks (every rank must call it at the same point; one allreduce), are counted
 // out of their class; a class that loses its last usable image of a part throws UsageError as
 // check_classes does. Returns skipped().
-int64_t settle_late_skips(DataAccount& a, const std::vector<const BatchSource*>& sources, dist::ProcessGroup* group);
+int64_t settle_late_skips(DataAccount& a, const std::vector<const BatchSource*>& sources, distributed::ProcessGroup* group);
 
 }  // namespace minidl::harness

@@ -17,8 +17,8 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/transform.h"
-#include "dist/process_group.h"
-#include "dist/sampler.h"
+#include "distributed/process_group.h"
+#include "distributed/sampler.h"
 
 namespace minidl::harness {
 namespace {
@@ -53,7 +53,7 @@ class TensorSource final : public BatchSource {
     }
     if (shard_.world > 1) {
       // The epoch's order is the same on every rank (same seed): rank r takes positions r, r + W, ...
-      // of it, padded from its start, as dist::DistributedSampler does with the loader's order.
+      // of it, padded from its start, as distributed::DistributedSampler does with the loader's order.
       std::vector<int64_t> full = order_;
       const auto n = static_cast<int64_t>(full.size());
       order_.clear();
@@ -189,10 +189,10 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   }
   const int64_t n = part->size();
   if (training && shard.world > 1) {
-    // This rank's shard of each epoch's order (dist::DistributedSampler over the loader's own
+    // This rank's shard of each epoch's order (distributed::DistributedSampler over the loader's own
     // shuffle, padded): the union of the ranks' shards is the one-process epoch, and each sample's
     // augmentation is drawn as in the one-process run (keyed by its index, not its position).
-    const dist::DistributedSampler sampler(n, shard.rank, shard.world, {o.shuffle, o.seed, dist::Tail::Pad});
+    const distributed::DistributedSampler sampler(n, shard.rank, shard.world, {o.shuffle, o.seed, distributed::Tail::Pad});
     o.sampler = [sampler](int64_t epoch) { return sampler.indices(epoch); };
     auto src = std::make_unique<LoaderSource>(std::move(part), std::move(idx), o);
     src->size_ = sampler.num_samples();
@@ -215,7 +215,7 @@ std::vector<int64_t> scan_folder(const data::Dataset& folder, const TrainConfig&
   Tensor bad = zeros({folder.size()}, {.dtype = DType::u8});
   uint8_t* b = bad.data<uint8_t>();
   for (const auto& e : rep.unreadable) b[e.index] = 1;
-  if (shard.world > 1 && folder.size() > 0) dist::world().allreduce(bad, dist::ReduceOp::Max);
+  if (shard.world > 1 && folder.size() > 0) distributed::world().allreduce(bad, distributed::ReduceOp::Max);
   if (c.validate_data) {
     *report = rep.text();
   } else if (shard.rank == 0) {

@@ -40,8 +40,8 @@ class BatchSource {
 
 // This process's part of the data when several ranks train together (mpirun -np N): training
 // takes positions rank, rank + world, ... of each epoch's order, padded with the order's first
-// samples to ceil(n / world) on every rank (dist::Tail::Pad, so every rank steps as often);
-// evaluation takes the same stride without padding (dist::Tail::Uneven: every image counts once,
+// samples to ceil(n / world) on every rank (distributed::Tail::Pad, so every rank steps as often);
+// evaluation takes the same stride without padding (distributed::Tail::Uneven: every image counts once,
 // the metrics are summed over the ranks). The union of the ranks' k-th batches of b is then the
 // one-process k-th batch of world x b. world 1: all of it, as before.
 struct Shard {

@@ -5,17 +5,17 @@
 
 namespace minidl::harness {
 
-void sum_over_ranks(dist::ProcessGroup* group, std::initializer_list<double*> values) {
+void sum_over_ranks(distributed::ProcessGroup* group, std::initializer_list<double*> values) {
   if (group == nullptr) return;
   Tensor t = empty({static_cast<int64_t>(values.size())}, {DType::f64, Device::cpu(), false});
   double* d = t.data<double>();
   for (double* v : values) *d++ = *v;
-  group->allreduce(t, dist::ReduceOp::Sum);
+  group->allreduce(t, distributed::ReduceOp::Sum);
   d = t.data<double>();
   for (double* v : values) *v = *d++;
 }
 
-EvalResult evaluate(Model& m, BatchSource* src, dist::ProcessGroup* group) {
+EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group) {
   EvalResult r;
   double loss = 0.0, correct = 0.0, n = 0.0;
   if (src != nullptr && src->size() > 0) {

@@ -5,7 +5,7 @@
 #include <initializer_list>
 #include <limits>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "experiments/harness/data_source.h"
 #include "experiments/harness/model.h"
 
@@ -18,11 +18,11 @@ struct EvalResult {
 
 // Each value summed over the ranks in one allreduce (f64, so counts stay exact); nothing without
 // a group (null).
-void sum_over_ranks(dist::ProcessGroup* group, std::initializer_list<double*> values);
+void sum_over_ranks(distributed::ProcessGroup* group, std::initializer_list<double*> values);
 
 // Loss and accuracy of m (in eval mode, no gradients) over src (null or empty: nothing from this
 // rank). With a group the sums (loss x images, correct predictions, images) are added over the
 // ranks, not the shards' accuracies averaged; every rank must then call it.
-EvalResult evaluate(Model& m, BatchSource* src, dist::ProcessGroup* group);
+EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group);
 
 }  // namespace minidl::harness

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "core/allocator.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
 #include "experiments/harness/train.h"
@@ -26,9 +26,9 @@ int64_t train_images(const TrainConfig& c) {
 // A trial as every rank sees it (one allreduce per figure): ok only when it was ok everywhere (an
 // OOM on one rank is an OOM of the job), the largest peaks and step time, recovered everywhere. The
 // ranks therefore take the same decisions and try the same batches in the same order.
-Trial agree(dist::ProcessGroup* group, Trial t) {
+Trial agree(distributed::ProcessGroup* group, Trial t) {
   if (group == nullptr) return t;
-  const auto max = [&](double v) { return group->allreduce(v, dist::ReduceOp::Max); };
+  const auto max = [&](double v) { return group->allreduce(v, distributed::ReduceOp::Max); };
   t.ok = !group->any(!t.ok);
   t.recovered = !group->any(!t.recovered);
   t.peak_allocated = static_cast<int64_t>(max(static_cast<double>(t.peak_allocated)));
@@ -68,7 +68,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   // communicate (an OOM inside one cannot leave another rank waiting in a collective), and the
   // ranks agree on every trial's outcome afterwards. The trials hold, beside the model, a buffer
   // as large as the gradients: DataParallel's buckets in training.
-  dist::ProcessGroup* group = c.world_size > 1 ? &dist::world() : nullptr;
+  distributed::ProcessGroup* group = c.world_size > 1 ? &distributed::world() : nullptr;
   if (group && group->world_size() != c.world_size)
     throw UsageError("the configuration says " + std::to_string(c.world_size) + " ranks but this process is " +
                      group->describe());
@@ -98,7 +98,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   FinderOptions fo;
   // The prediction aims at the smallest budget over the ranks (devices of different sizes), so that
   // every rank tries the same batches.
-  fo.budget_bytes = group ? static_cast<int64_t>(group->allreduce(static_cast<double>(rep.budget_bytes), dist::ReduceOp::Min))
+  fo.budget_bytes = group ? static_cast<int64_t>(group->allreduce(static_cast<double>(rep.budget_bytes), distributed::ReduceOp::Min))
                           : rep.budget_bytes;
   fo.probe_small = o.probe_small;
   fo.probe_large = o.probe_large;

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "dist/run.h"
+#include "distributed/run.h"
 #include "experiments/harness/config.h"
 
 namespace minidl::harness {
@@ -14,9 +14,9 @@ std::string rank_device(const std::string& device, const Ranks& ranks) {
 }
 
 int run_program(const std::string& program, const bool& verbose, const std::function<int(const Ranks&)>& body) {
-  dist::ProcessGroup* group = nullptr;
+  distributed::ProcessGroup* group = nullptr;
   try {
-    group = &dist::world();   // reads the launcher's variables; starts MPI only for a world above 1
+    group = &distributed::world();   // reads the launcher's variables; starts MPI only for a world above 1
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", program.c_str(), user_message(e, verbose).c_str());
     return 2;
@@ -33,7 +33,7 @@ int run_program(const std::string& program, const bool& verbose, const std::func
       return 1;
     }
   }
-  return dist::run_or_abort(
+  return distributed::run_or_abort(
       [&] {
         std::fflush(stdout);
         try {

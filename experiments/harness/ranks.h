@@ -21,7 +21,7 @@ std::string rank_device(const std::string& device, const Ranks& ranks);
 
 // Runs body(ranks). World 1: a UsageError prints "<program>: error: <message>" and returns 2, any
 // other exception returns 1 (source locations removed unless `verbose` is true when it is thrown).
-// World > 1: the same errors end every rank through dist::run_or_abort, printing
+// World > 1: the same errors end every rank through distributed::run_or_abort, printing
 // "minidl: rank R of W failed: <program>: error: <message>" once; mpirun exits non-zero (2 for a
 // usage error, 1 otherwise). A std::terminate on any thread ends the job the same way.
 int run_program(const std::string& program, const bool& verbose, const std::function<int(const Ranks&)>& body);

@@ -132,7 +132,7 @@ std::string resume_line(const TrainConfig& c, const Progress& saved, int64_t ste
 }
 
 void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, const optim::GradScaler& scaler,
-                const Progress& p, dist::ProcessGroup* group) {
+                const Progress& p, distributed::ProcessGroup* group) {
   // Model weights under torchvision's names (loadable by torchvision); optimizer and gradient
   // scaler ("scaler.*" keys, only with --amp) beside them, both with the same progress metadata.
   const bool lead = group == nullptr || group->rank() == 0;

@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "experiments/harness/config.h"
 #include "experiments/harness/model.h"
 #include "nn/safetensors.h"
@@ -67,6 +67,6 @@ std::string resume_line(const TrainConfig& c, const Progress& saved, int64_t ste
 // whether it did: the files are complete when any rank goes on (a sweep's next run, a resume), and
 // a failed write (a full disk) throws on every rank instead of leaving the others waiting.
 void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, const optim::GradScaler& scaler,
-                const Progress& p, dist::ProcessGroup* group = nullptr);
+                const Progress& p, distributed::ProcessGroup* group = nullptr);
 
 }  // namespace minidl::harness

@@ -15,7 +15,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "experiments/harness/eta.h"
 #include "experiments/harness/seed_summary.h"
 #include "experiments/harness/sweep.h"
@@ -121,9 +121,9 @@ struct Executed {
 // still inside the run's collectives) it ends the job, as before this agreement, never a hang.
 constexpr double kAgreeSeconds = 60.0;
 
-std::string agree_on_failure(dist::ProcessGroup& g, const std::string& local) {
+std::string agree_on_failure(distributed::ProcessGroup& g, const std::string& local) {
   Tensor who = scalar_tensor(local.empty() ? g.world_size() : g.rank(), {.dtype = DType::f64});
-  const auto work = g.allreduce_async(who, dist::ReduceOp::Min);
+  const auto work = g.allreduce_async(who, distributed::ReduceOp::Min);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kAgreeSeconds);
   while (!local.empty() && !work->test()) {
     if (std::chrono::steady_clock::now() > deadline)
@@ -135,7 +135,7 @@ std::string agree_on_failure(dist::ProcessGroup& g, const std::string& local) {
   const auto root = static_cast<int>(who.item());
   if (root >= g.world_size()) return "";
   Tensor n = scalar_tensor(g.rank() == root ? static_cast<double>(local.size()) : 0.0, {.dtype = DType::f64});
-  g.allreduce(n, dist::ReduceOp::Max);
+  g.allreduce(n, distributed::ReduceOp::Max);
   Tensor text = zeros({static_cast<int64_t>(n.item())}, {.dtype = DType::u8});
   if (g.rank() == root) std::copy(local.begin(), local.end(), text.data<uint8_t>());
   if (text.numel() > 0) g.broadcast(text, root);
@@ -194,7 +194,7 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
     const std::string status = dynamic_cast<const OutOfMemoryError*>(&e) ? "oom" : "error";
     failure = status + "\t" + user_message(e, c.verbose);
   }
-  if (distributed) failure = agree_on_failure(dist::world(), failure);
+  if (distributed) failure = agree_on_failure(distributed::world(), failure);
   if (!failure.empty()) {
     const std::string status = failure.substr(0, failure.find('\t')), note = failure.substr(failure.find('\t') + 1);
     ex.row = make_row(st, run, c, nullptr, status, note, max_batch, predicted);
@@ -269,7 +269,7 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
   const auto jsonl = o.out / "runs.jsonl";
   // Several ranks (mpirun): every rank trains every run together; rank 0 alone prints and writes.
   const int64_t world = st.runs.empty() ? 1 : st.runs.front().config.world_size;
-  dist::ProcessGroup* group = world > 1 ? &dist::world() : nullptr;
+  distributed::ProcessGroup* group = world > 1 ? &distributed::world() : nullptr;
   const bool lead = group == nullptr || group->rank() == 0;
   if (group && o.process_per_run)
     throw UsageError("--process-per-run under mpirun: the ranks are the processes; drop --process-per-run");

@@ -21,8 +21,8 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/generator.h"
-#include "dist/data_parallel.h"
-#include "dist/process_group.h"
+#include "distributed/data_parallel.h"
+#include "distributed/process_group.h"
 #include "experiments/harness/batch_schedule.h"
 #include "experiments/harness/data_source.h"
 #include "experiments/harness/eta.h"
@@ -94,7 +94,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   validate(c);
   // Several ranks (mpirun -np N): each trains on its shard, gradients are averaged by DataParallel,
   // every decision that ends a loop is agreed, and rank 0 alone logs and writes files.
-  dist::ProcessGroup* group = c.world_size > 1 ? &dist::world() : nullptr;
+  distributed::ProcessGroup* group = c.world_size > 1 ? &distributed::world() : nullptr;
   if (group && group->world_size() != c.world_size)
     throw UsageError("the configuration says " + std::to_string(c.world_size) + " ranks but this process is " +
                      group->describe());
@@ -136,8 +136,8 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   r.parameters = m.module->num_parameters();
   // The replicas start from rank 0's parameters and buffers; the gradients of every stepping
   // micro-batch are averaged in buckets during backward (the trainer's .sync below).
-  std::unique_ptr<dist::DataParallel> dp;
-  if (group) dp = std::make_unique<dist::DataParallel>(*m.module, *group);
+  std::unique_ptr<distributed::DataParallel> dp;
+  if (group) dp = std::make_unique<distributed::DataParallel>(*m.module, *group);
 
   // A budget that cannot even hold the weights, their gradients and the optimizer state is a
   // configuration error, not an out-of-memory result.
@@ -311,7 +311,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
           set_optimal_limit(micro);
           // Without communication (an OOM must not leave another rank in a collective); then the
           // ranks agree: the batch fits when it fits on every one.
-          std::optional<dist::DataParallel::NoSyncGuard> local;
+          std::optional<distributed::DataParallel::NoSyncGuard> local;
           if (dp) local.emplace(*dp);
           const bool fits = trial_step_fits(m, *opt, c, device, micro, micro < want || c.accumulation_steps > 1);
           return !agreed(!fits);

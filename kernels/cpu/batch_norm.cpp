@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
+#include "kernels/common/checks.h"
 #include "kernels/cpu/workspace.h"
 
 namespace minidl::cpu {
@@ -51,17 +52,10 @@ void store_channels(const Tensor& t, const std::vector<double>& v) {
   }
 }
 
-struct Layout {
-  int64_t N, C, S;  // x viewed as [N, C, S]
-};
+using Layout = common::ChannelLayout;  // x viewed as [N, C, S]
 
 Layout layout_of(const Tensor& x, const char* what) {
-  MINIDL_CHECK(x.dim() >= 2, "batch_norm (cpu): ", what, " must be [N, C, ...], got ", x.meta());
-  MINIDL_CHECK(x.is_contiguous(), "batch_norm (cpu): ", what, " must be contiguous, got strides ",
-               x.strides());
-  int64_t S = 1;
-  for (int64_t d = 2; d < x.dim(); ++d) S *= x.size(d);
-  return {x.size(0), x.size(1), S};
+  return common::channel_layout("cpu", x, "batch_norm", what, /*allow_channels_last=*/false);
 }
 
 // y = (x - mean[c]) * alpha[c] + bias[c], then + residual and ReLU when asked (residual null: no

@@ -14,6 +14,7 @@
 #include "kernels/cpu/conv_plan.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
+#include "kernels/common/checks.h"
 
 namespace minidl::cpu {
 
@@ -28,15 +29,6 @@ template <typename T>
 using MapR = Eigen::Map<MatR<T>, 0, Eigen::OuterStride<>>;
 template <typename T>
 using CMapR = Eigen::Map<const MatR<T>, 0, Eigen::OuterStride<>>;
-
-void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts) {
-    if (t->defined()) {
-      MINIDL_CHECK(t->is_contiguous(), op, " (cpu): kernel expects contiguous tensors, got ", t->meta(),
-                   " with strides ", shape_str(t->strides()));
-    }
-  }
-}
 
 // Runs body(item, thread_id) for every item.
 template <typename F>
@@ -329,7 +321,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
     conv2d_forward(x.contiguous(), w.contiguous(), bias, o, yc);
     return copy(yc, y);
   }
-  check_contiguous("conv2d_forward", {&x, &w, &bias, &y});
+  common::check_contiguous("cpu", "conv2d_forward", {&x, &w, &bias, &y});
   const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), o, "conv2d_forward");
   if (g.n == 0) return;
   if (is_half(x) || is_half(w) || is_half(y)) {  // f16: the f32 kernel on widened copies, one rounding
@@ -350,7 +342,7 @@ void CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const 
     conv2d_backward_input(gy.contiguous(), w.contiguous(), o, gxc);
     return copy(gxc, gx);
   }
-  check_contiguous("conv2d_backward_input", {&gy, &w, &gx});
+  common::check_contiguous("cpu", "conv2d_backward_input", {&gy, &w, &gx});
   const ConvGeom g = make_geom(gx.shape(), w.shape(), gy.shape(), o, "conv2d_backward_input");
   if (g.n == 0) return;
   if (is_half(gy) || is_half(w) || is_half(gx)) {
@@ -371,7 +363,7 @@ void CpuBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const
     conv2d_backward_weight(gy.contiguous(), x.contiguous(), o, gwc);
     return copy(gwc, gw);
   }
-  check_contiguous("conv2d_backward_weight", {&gy, &x, &gw});
+  common::check_contiguous("cpu", "conv2d_backward_weight", {&gy, &x, &gw});
   const ConvGeom g = make_geom(x.shape(), gw.shape(), gy.shape(), o, "conv2d_backward_weight");
   if (is_half(gy) || is_half(x) || is_half(gw)) {
     const Tensor gwf = f32_output_for(gw);

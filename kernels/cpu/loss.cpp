@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
+#include "kernels/common/checks.h"
 
 namespace minidl::cpu {
 namespace {
@@ -86,26 +87,6 @@ void bce_bwd(const T* g, int64_t gs, const T* x, const T* y, int64_t n, T* gx, T
   }
 }
 
-void check_ce_target(const Tensor& target, int64_t N, const char* op) {
-  MINIDL_CHECK(target.dtype() == DType::i64 && target.dim() == 1 && target.size(0) == N, op,
-               " (cpu): target must be i64 of shape [", N, "], got ", target.meta());
-}
-
-void check_logits(const Tensor& logits, const char* op) {
-  MINIDL_CHECK(logits.dim() == 2 && logits.is_contiguous(), op, " (cpu): logits must be a contiguous [N, C], got ",
-               logits.meta());
-}
-
-// 1 when g is contiguous, 0 when it is one value broadcast (every stride 0).
-int64_t elem_step(const Tensor& g, const char* op) {
-  if (g.is_contiguous()) return 1;
-  for (int64_t s : g.strides()) {
-    MINIDL_CHECK(s == 0, op, " (cpu): the gradient must be contiguous or a broadcast scalar, got ", g.meta(),
-                 " strides ", g.strides());
-  }
-  return 0;
-}
-
 template <typename T>
 T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
@@ -116,9 +97,9 @@ T* data_or_null(const Tensor& t) {
 void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& target, double label_smoothing,
                                        const Tensor& losses, const Tensor& lse) {
   const char* op = "cross_entropy";
-  check_logits(logits, op);
+  common::check_logits("cpu", logits, op);
   const int64_t N = logits.size(0), C = logits.size(1);
-  check_ce_target(target, N, op);
+  common::check_class_target("cpu", target, N, op);
   MINIDL_CHECK(losses.dtype() == logits.dtype() && losses.dim() == 1 && losses.size(0) == N, op,
                " (cpu): losses must be [", N, "] of the logits' dtype, got ", losses.meta());
   MINIDL_CHECK(lse.dtype() == DType::f64 && lse.dim() == 1 && lse.size(0) == N && lse.is_contiguous(), op,
@@ -142,9 +123,9 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
 void CpuBackend::cross_entropy_backward(const Tensor& g, const Tensor& logits, const Tensor& target,
                                         const Tensor& lse, double label_smoothing, const Tensor& glogits) {
   const char* op = "cross_entropy_backward";
-  check_logits(logits, op);
+  common::check_logits("cpu", logits, op);
   const int64_t N = logits.size(0), C = logits.size(1);
-  check_ce_target(target, N, op);
+  common::check_class_target("cpu", target, N, op);
   MINIDL_CHECK(g.dtype() == logits.dtype() && g.numel() == N && g.dim() <= 1, op, " (cpu): g must be [", N,
                "] of dtype ", dtype_name(logits.dtype()), ", got ", g.meta());
   MINIDL_CHECK(lse.dtype() == DType::f64 && lse.numel() == N && lse.is_contiguous(), op,
@@ -190,7 +171,7 @@ void CpuBackend::bce_with_logits_backward(const Tensor& g, const Tensor& x, cons
                  op, " (cpu): gradient output ", out->meta(), " must be contiguous with x's shape and dtype");
   }
   if (!gx.defined() && !gy.defined()) return;
-  const int64_t gs = elem_step(g, op);
+  const int64_t gs = common::grad_step("cpu", g, op);
   dispatch_float_half(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     bce_bwd<T>(g.data<T>(), gs, x.data<T>(), y.data<T>(), x.numel(), data_or_null<T>(gx), data_or_null<T>(gy));

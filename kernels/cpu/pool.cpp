@@ -9,30 +9,13 @@
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
+#include "kernels/common/checks.h"
 
 namespace minidl::cpu {
 
 namespace {
 
-struct PoolGeom {
-  int64_t planes, h, w, oh, ow;
-  int64_t kh, kw, sh, sw, ph, pw;
-};
-
-PoolGeom make_geom(const Shape& in, const Shape& out, const Pool2dOptions& o, const char* op) {
-  MINIDL_CHECK(in.size() == 4 && out.size() == 4 && in[0] == out[0] && in[1] == out[1], op,
-               " (cpu): inconsistent shapes: input ", shape_str(in), ", output ", shape_str(out));
-  MINIDL_CHECK(o.stride[0] > 0 && o.stride[1] > 0, op, " (cpu): stride must be resolved (non-zero) by the caller");
-  return {in[0] * in[1], in[2], in[3], out[2], out[3], o.kernel[0], o.kernel[1],
-          o.stride[0], o.stride[1], o.padding[0], o.padding[1]};
-}
-
-void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts) {
-    MINIDL_CHECK(t->is_contiguous(), op, " (cpu): kernel expects contiguous tensors, got ", t->meta(),
-                 " with strides ", shape_str(t->strides()));
-  }
-}
+using common::PoolGeom;
 
 [[noreturn]] void unsupported_dtype(const char* op, const Tensor& t) {
   MINIDL_FAIL(op, " (cpu): dtype ", dtype_name(t.dtype()),
@@ -214,11 +197,11 @@ void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
     copy(yc, y);
     return copy(ic, indices);
   }
-  check_contiguous("max_pool2d_forward", {&x, &y, &indices});
+  common::check_contiguous("cpu", "max_pool2d_forward", {&x, &y, &indices});
   MINIDL_CHECK(indices.dtype() == DType::i64 && indices.shape() == y.shape(),
                "max_pool2d_forward (cpu): indices must be i64 with the output's shape ", shape_str(y.shape()),
                ", got ", indices.meta());
-  const PoolGeom g = make_geom(x.shape(), y.shape(), o, "max_pool2d_forward");
+  const PoolGeom g = common::pool_geom("cpu", x.shape(), y.shape(), o, "max_pool2d_forward");
   if (is_half(x) || is_half(y)) {  // f16: the f32 kernel on widened copies (max is exact in f16)
     const Tensor yf = f32_output_for(y);
     max_pool2d_forward(widen_half(x), o, yf, indices);
@@ -239,7 +222,7 @@ void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, co
     max_pool2d_backward(gy.contiguous(), indices.contiguous(), o, gxc);
     return copy(gxc, gx);
   }
-  check_contiguous("max_pool2d_backward", {&gy, &indices, &gx});
+  common::check_contiguous("cpu", "max_pool2d_backward", {&gy, &indices, &gx});
   MINIDL_CHECK(gy.dim() == 4 && gx.dim() == 4 && indices.shape() == gy.shape() && indices.dtype() == DType::i64 &&
                    gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1),
                "max_pool2d_backward (cpu): inconsistent tensors: grad ", gy.meta(), ", indices ", indices.meta(),
@@ -267,8 +250,8 @@ void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
     avg_pool2d_forward(x.contiguous(), o, yc);
     return copy(yc, y);
   }
-  check_contiguous("avg_pool2d_forward", {&x, &y});
-  const PoolGeom g = make_geom(x.shape(), y.shape(), o, "avg_pool2d_forward");
+  common::check_contiguous("cpu", "avg_pool2d_forward", {&x, &y});
+  const PoolGeom g = common::pool_geom("cpu", x.shape(), y.shape(), o, "avg_pool2d_forward");
   if (is_half(x) || is_half(y)) {
     const Tensor yf = f32_output_for(y);
     avg_pool2d_forward(widen_half(x), o, yf);
@@ -287,8 +270,8 @@ void CpuBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, c
     avg_pool2d_backward(gy.contiguous(), o, gxc);
     return copy(gxc, gx);
   }
-  check_contiguous("avg_pool2d_backward", {&gy, &gx});
-  const PoolGeom g = make_geom(gx.shape(), gy.shape(), o, "avg_pool2d_backward");
+  common::check_contiguous("cpu", "avg_pool2d_backward", {&gy, &gx});
+  const PoolGeom g = common::pool_geom("cpu", gx.shape(), gy.shape(), o, "avg_pool2d_backward");
   if (is_half(gy) || is_half(gx)) {
     const Tensor gxf = f32_output_for(gx);
     avg_pool2d_backward(widen_half(gy), o, gxf);

@@ -8,30 +8,12 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
+#include "kernels/common/checks.h"
 
 namespace minidl::cpu {
 namespace {
 
-// x viewed as [outer, C, inner]: the softmax runs along C for every (outer, inner) pair.
-struct Layout {
-  int64_t outer, C, inner;
-};
-
-Layout layout_of(const Tensor& x, int64_t dim, const char* op) {
-  MINIDL_CHECK(x.is_contiguous(), op, " (cpu): input must be contiguous, got ", x.meta(), " strides ",
-               x.strides());
-  const int64_t nd = x.dim();
-  if (nd == 0) {
-    MINIDL_CHECK(dim == 0 || dim == -1, op, " (cpu): dim ", dim, " out of range for a 0-d tensor");
-    return {1, 1, 1};
-  }
-  const int64_t d = dim < 0 ? dim + nd : dim;
-  MINIDL_CHECK(d >= 0 && d < nd, op, " (cpu): dim ", dim, " out of range for ", x.meta());
-  Layout L{1, x.size(d), 1};
-  for (int64_t i = 0; i < d; ++i) L.outer *= x.size(i);
-  for (int64_t i = d + 1; i < nd; ++i) L.inner *= x.size(i);
-  return L;
-}
+using Layout = common::SoftmaxLayout;
 
 // Inner positions handled together: strided access along C then touches whole cache lines.
 constexpr int64_t kLanes = 64;
@@ -122,11 +104,6 @@ void check_float(const Tensor& t, const char* op, const char* what) {
                " must be f32 or f64; convert with .to(DType::f32)");
 }
 
-void check_target(const Tensor& target, int64_t N, const char* op) {
-  MINIDL_CHECK(target.dtype() == DType::i64 && target.dim() == 1 && target.size(0) == N, op,
-               " (cpu): target must be i64 of shape [", N, "], got ", target.meta());
-}
-
 }  // namespace
 
 void CpuBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) {
@@ -140,7 +117,7 @@ void CpuBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const T
   check_float(x, op, "x");
   MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.is_contiguous(), op, " (cpu): output ",
                y.meta(), " must be contiguous with x's shape and dtype ", x.meta());
-  const Layout L = layout_of(x, dim, op);
+  const Layout L = common::softmax_layout("cpu", x, dim, op);
   if (x.dtype() == DType::f32) {
     forward<float>(x.data<float>(), y.data<float>(), L, log);
   } else {
@@ -162,8 +139,8 @@ void CpuBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim
                    gx.shape() == y.shape() && gx.is_contiguous(),
                op, " (cpu): gy ", gy.meta(), ", y ", y.meta(), " and gx ", gx.meta(),
                " must share shape and dtype");
-  const Layout L = layout_of(y, dim, op);
-  layout_of(gy, dim, op);  // contiguity
+  const Layout L = common::softmax_layout("cpu", y, dim, op);
+  common::softmax_layout("cpu", gy, dim, op);  // contiguity
   if (y.dtype() == DType::f32) {
     backward<float>(gy.data<float>(), y.data<float>(), gx.data<float>(), L, log);
   } else {
@@ -222,7 +199,7 @@ void CpuBackend::nll_forward(const Tensor& log_probs, const Tensor& target, cons
   MINIDL_CHECK(log_probs.dim() == 2 && log_probs.is_contiguous(), "nll_loss (cpu): log_probs must be a contiguous [N, C], got ",
                log_probs.meta());
   const int64_t N = log_probs.size(0);
-  check_target(target, N, "nll_loss");
+  common::check_class_target("cpu", target, N, "nll_loss");
   MINIDL_CHECK(losses.dtype() == log_probs.dtype() && losses.dim() == 1 && losses.size(0) == N,
                "nll_loss (cpu): losses must be [", N, "] of the input's dtype, got ", losses.meta());
   if (log_probs.dtype() == DType::f32) {
@@ -244,7 +221,7 @@ void CpuBackend::nll_backward(const Tensor& g, const Tensor& target, const Tenso
   MINIDL_CHECK(glogp.dim() == 2 && glogp.is_contiguous(), "nll_loss_backward (cpu): glogp must be a contiguous [N, C], got ",
                glogp.meta());
   const int64_t N = glogp.size(0);
-  check_target(target, N, "nll_loss_backward");
+  common::check_class_target("cpu", target, N, "nll_loss_backward");
   MINIDL_CHECK(g.dtype() == glogp.dtype() && g.numel() == N && g.dim() <= 1,
                "nll_loss_backward (cpu): g must be [", N, "] of dtype ", dtype_name(glogp.dtype()), ", got ",
                g.meta());

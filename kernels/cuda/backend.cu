@@ -42,14 +42,6 @@ void check_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   }
 }
 
-void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts) {
-    if (!t->defined()) continue;
-    MINIDL_CHECK(t->is_contiguous(), op, " (cuda): kernel expects contiguous tensors, got ", t->meta(),
-                 " with strides ", shape_str(t->strides()));
-  }
-}
-
 bool check_memory_format(const char* op, std::initializer_list<const Tensor*> ts) {
   bool cl = false;
   for (const Tensor* t : ts) cl = cl || (t->defined() && prefers_channels_last(*t));

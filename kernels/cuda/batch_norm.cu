@@ -47,10 +47,8 @@ Channel channel(const Tensor& t, int64_t C, const char* op) {
 namespace bn {
 
 Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const char* op) {
-  MINIDL_CHECK(x.dim() >= 2, op, " (cuda): x must be [N, C, ...], got ", x.meta());
-  const bool cl = !x.is_contiguous() && is_channels_last(x);
-  MINIDL_CHECK(x.is_contiguous() || cl, op, " (cuda): x ", x.meta(), " must be contiguous (NCHW) or channels-last "
-               "(NHWC), got strides ", shape_str(x.strides()));
+  const common::ChannelLayout L = common::channel_layout("cuda", x, op, "x", /*allow_channels_last=*/true);
+  const bool cl = L.channels_last;
   for (const Tensor* t : same) {
     if (!t->defined()) continue;
     MINIDL_CHECK(t->shape() == x.shape() && t->dtype() == x.dtype(), op, " (cuda): ", t->meta(),
@@ -59,12 +57,10 @@ Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const c
                  cl ? "channels-last" : "contiguous", "), got strides ", shape_str(t->strides()));
   }
   Geo g;
-  g.C = x.size(1);
-  int64_t S = 1;
-  for (int64_t d = 2; d < x.dim(); ++d) S *= x.size(d);
-  g.rows = cl || S == 1;
-  g.N = g.rows ? x.size(0) * S : x.size(0);
-  g.S = g.rows ? 1 : S;
+  g.C = L.C;
+  g.rows = cl || L.S == 1;
+  g.N = g.rows ? L.N * L.S : L.N;
+  g.S = g.rows ? 1 : L.S;
 
   // The widest access every operand allows: V divides the contiguous run (a plane, or a row of
   // channels) and each base address is aligned to V elements.

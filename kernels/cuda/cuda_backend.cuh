@@ -3,6 +3,7 @@
 // (elementwise, reduce, matmul, random, conv, pool, batch_norm, softmax, loss); this header gathers them.
 #pragma once
 #include "core/backend.h"
+#include "kernels/common/checks.h"
 
 namespace minidl::cuda {
 
@@ -91,7 +92,9 @@ class CudaBackend final : public Backend {
 
 // Checks shared by the families: on this backend's device, and (for kernels that need it) contiguous.
 void check_cuda(const char* op, std::initializer_list<const Tensor*> ts);
-void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts);
+inline void check_contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
+  common::check_contiguous("cuda", op, ts);
+}
 // The memory format of a call over 4-d operands: channels-last when any defined operand is
 // (prefers_channels_last), and then every one must be is_channels_last; else all contiguous.
 bool check_memory_format(const char* op, std::initializer_list<const Tensor*> ts);

@@ -1,6 +1,7 @@
 // CUDA fused losses, the device side of kernels/cpu/loss.cpp: softmax cross-entropy forward (one
 // warp per row: max, sum of exp in double and the logits' sum by warp shuffles, plus the target
 // check) and backward (one grid-stride pass from the saved logsumexp), and elementwise BCE on logits.
+#include "kernels/common/checks.h"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
@@ -110,25 +111,6 @@ __global__ void bce_bwd_kernel(const T* g, int64_t gs, const T* x, const T* y, i
   }
 }
 
-void check_logits(const Tensor& logits, const char* op) {
-  MINIDL_CHECK(logits.dim() == 2 && logits.is_contiguous(), op,
-               " (cuda): logits must be a contiguous [N, C], got ", logits.meta());
-}
-
-void check_ce_target(const Tensor& target, int64_t N, const char* op) {
-  MINIDL_CHECK(target.dtype() == DType::i64 && target.dim() == 1 && target.size(0) == N, op,
-               " (cuda): target must be i64 of shape [", N, "], got ", target.meta());
-}
-
-int64_t elem_step(const Tensor& g, const char* op) {
-  if (g.is_contiguous()) return 1;
-  for (int64_t s : g.strides()) {
-    MINIDL_CHECK(s == 0, op, " (cuda): the gradient must be contiguous or a broadcast scalar, got ", g.meta(),
-                 " strides ", shape_str(g.strides()));
-  }
-  return 0;
-}
-
 template <typename T>
 T* ptr_or_null(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
@@ -140,9 +122,9 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
                                         const Tensor& losses, const Tensor& lse) {
   const char* op = "cross_entropy";
   check_cuda(op, {&logits, &target, &losses, &lse});
-  check_logits(logits, op);
+  common::check_logits("cuda", logits, op);
   const int64_t N = logits.size(0), C = logits.size(1);
-  check_ce_target(target, N, op);
+  common::check_class_target("cuda", target, N, op);
   MINIDL_CHECK(losses.dtype() == logits.dtype() && losses.dim() == 1 && losses.size(0) == N, op,
                " (cuda): losses must be [", N, "] of the logits' dtype, got ", losses.meta());
   MINIDL_CHECK(lse.dtype() == DType::f64 && lse.dim() == 1 && lse.size(0) == N && lse.is_contiguous(), op,
@@ -182,9 +164,9 @@ void CudaBackend::cross_entropy_backward(const Tensor& g, const Tensor& logits, 
                                          const Tensor& lse, double label_smoothing, const Tensor& glogits) {
   const char* op = "cross_entropy_backward";
   check_cuda(op, {&g, &logits, &target, &lse, &glogits});
-  check_logits(logits, op);
+  common::check_logits("cuda", logits, op);
   const int64_t N = logits.size(0), C = logits.size(1);
-  check_ce_target(target, N, op);
+  common::check_class_target("cuda", target, N, op);
   MINIDL_CHECK(g.dtype() == logits.dtype() && g.numel() == N && g.dim() <= 1, op, " (cuda): g must be [", N,
                "] of dtype ", dtype_name(logits.dtype()), ", got ", g.meta());
   MINIDL_CHECK(lse.dtype() == DType::f64 && lse.numel() == N && lse.is_contiguous(), op,
@@ -238,7 +220,7 @@ void CudaBackend::bce_with_logits_backward(const Tensor& g, const Tensor& x, con
   }
   const int64_t n = x.numel();
   if (n == 0 || (!gx.defined() && !gy.defined())) return;
-  const int64_t gs = elem_step(g, op);
+  const int64_t gs = common::grad_step("cuda", g, op);
   DeviceContext& ctx = context_of(x);
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);

@@ -141,7 +141,7 @@ void launch(const Tensor& any, const std::vector<Chunk>& chunks, void (*kernel)(
 // Whether a group takes the fused steps below, and their chunk count.
 bool sgd_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                    const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
-                   const Backend::SgdHyper& h) {
+                   const SgdHyper& h) {
   const bool use_momentum = h.momentum != 0.0;
   return grads.size() == params.size() && (!use_momentum || momentum_bufs.size() == params.size()) &&
          (!use_momentum || fresh.size() == params.size()) && eligible(params, {&params, &grads, &momentum_bufs});
@@ -150,7 +150,7 @@ bool sgd_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>&
 bool adam_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                     const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                     const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
-                    const Backend::AdamHyper& h) {
+                    const AdamHyper& h) {
   return grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size() &&
          steps.size() == params.size() && (!h.amsgrad || max_exp_avg_sq.size() == params.size()) &&
          eligible(params, {&params, &grads, &exp_avg, &exp_avg_sq, &max_exp_avg_sq});
@@ -166,7 +166,7 @@ size_t chunk_count(const std::vector<Tensor>& params) {
 
 std::optional<size_t> fused_sgd_table_bytes(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                             const std::vector<Tensor>& momentum_bufs,
-                                            const std::vector<uint8_t>& fresh, const Backend::SgdHyper& h) {
+                                            const std::vector<uint8_t>& fresh, const SgdHyper& h) {
   if (!sgd_qualifies(params, grads, momentum_bufs, fresh, h)) return std::nullopt;
   return chunk_count(params) * sizeof(SgdChunk);
 }
@@ -174,7 +174,7 @@ std::optional<size_t> fused_sgd_table_bytes(const std::vector<Tensor>& params, c
 std::optional<size_t> fused_adam_table_bytes(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                              const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                                              const std::vector<Tensor>& max_exp_avg_sq,
-                                             const std::vector<int64_t>& steps, const Backend::AdamHyper& h) {
+                                             const std::vector<int64_t>& steps, const AdamHyper& h) {
   if (!adam_qualifies(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h)) return std::nullopt;
   return chunk_count(params) * sizeof(AdamChunk);
 }

@@ -2,6 +2,7 @@
 // divisors and the i64 argmax indices are exactly the CPU backend's (kernels/cpu/pool.cpp).
 // Both backwards gather (each input element sums, in output order, the outputs whose window covers
 // it), so they are deterministic without atomics and max backward equals the CPU's bit for bit.
+#include "kernels/common/checks.h"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
@@ -10,20 +11,7 @@
 namespace minidl::cuda {
 namespace {
 
-struct Geom {
-  int64_t planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
-  bool include_pad;
-  int64_t channels;   // C
-  bool nhwc;          // channels-last operands: thread i takes element i of memory, C fastest
-};
-
-Geom make_geom(const Shape& in, const Shape& out, const Pool2dOptions& o, bool nhwc, const char* op) {
-  MINIDL_CHECK(in.size() == 4 && out.size() == 4 && in[0] == out[0] && in[1] == out[1], op,
-               " (cuda): inconsistent shapes: input ", shape_str(in), ", output ", shape_str(out));
-  MINIDL_CHECK(o.stride[0] > 0 && o.stride[1] > 0, op, " (cuda): stride must be resolved (non-zero) by the caller");
-  return {in[0] * in[1], in[2], in[3], out[2], out[3], o.kernel[0], o.kernel[1], o.stride[0], o.stride[1],
-          o.padding[0], o.padding[1], o.count_include_pad, in[1], nhwc};
-}
+using Geom = common::PoolGeom;
 
 __host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -190,7 +178,7 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   MINIDL_CHECK(indices.dtype() == DType::i64 && indices.shape() == y.shape() && y.dtype() == x.dtype(),
                "max_pool2d_forward (cuda): indices must be i64 with the output's shape ", shape_str(y.shape()),
                ", got ", indices.meta());
-  const Geom g = make_geom(x.shape(), y.shape(), o, cl, "max_pool2d_forward");
+  const Geom g = common::pool_geom("cuda", x.shape(), y.shape(), o, "max_pool2d_forward", cl);
   const int64_t n = y.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(x);
@@ -210,7 +198,7 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, c
                    gy.size(0) == gx.size(0) && gy.size(1) == gx.size(1) && gy.dtype() == gx.dtype(),
                "max_pool2d_backward (cuda): inconsistent tensors: grad ", gy.meta(), ", indices ", indices.meta(),
                ", input grad ", gx.meta());
-  const Geom g = make_geom(gx.shape(), gy.shape(), o, cl, "max_pool2d_backward");
+  const Geom g = common::pool_geom("cuda", gx.shape(), gy.shape(), o, "max_pool2d_backward", cl);
   const int64_t n = gx.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(gy);
@@ -225,7 +213,7 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, c
 void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
   check_cuda("avg_pool2d_forward", {&x, &y});
   const bool cl = check_memory_format("avg_pool2d_forward", {&x, &y});
-  const Geom g = make_geom(x.shape(), y.shape(), o, cl, "avg_pool2d_forward");
+  const Geom g = common::pool_geom("cuda", x.shape(), y.shape(), o, "avg_pool2d_forward", cl);
   const int64_t n = y.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(x);
@@ -239,7 +227,7 @@ void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
 void CudaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
   check_cuda("avg_pool2d_backward", {&gy, &gx});
   const bool cl = check_memory_format("avg_pool2d_backward", {&gy, &gx});
-  const Geom g = make_geom(gx.shape(), gy.shape(), o, cl, "avg_pool2d_backward");
+  const Geom g = common::pool_geom("cuda", gx.shape(), gy.shape(), o, "avg_pool2d_backward", cl);
   const int64_t n = gx.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(gy);

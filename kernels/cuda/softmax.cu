@@ -1,6 +1,7 @@
 // CUDA softmax / log-softmax over the middle dim of [outer, C, inner] and the NLL gather. One warp
 // per (outer, inner) row: max in T, sum of exp in double (as the CPU reference), shuffles to
 // combine. NLL validates the targets on the device and throws naming the first bad one.
+#include "kernels/common/checks.h"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
@@ -10,25 +11,7 @@
 namespace minidl::cuda {
 namespace {
 
-struct Layout {
-  int64_t outer, C, inner;
-};
-
-Layout layout_of(const Tensor& x, int64_t dim, const char* op) {
-  MINIDL_CHECK(x.is_contiguous(), op, " (cuda): input must be contiguous, got ", x.meta(), " strides ",
-               shape_str(x.strides()));
-  const int64_t nd = x.dim();
-  if (nd == 0) {
-    MINIDL_CHECK(dim == 0 || dim == -1, op, " (cuda): dim ", dim, " out of range for a 0-d tensor");
-    return {1, 1, 1};
-  }
-  const int64_t d = dim < 0 ? dim + nd : dim;
-  MINIDL_CHECK(d >= 0 && d < nd, op, " (cuda): dim ", dim, " out of range for ", x.meta());
-  Layout L{1, x.size(d), 1};
-  for (int64_t i = 0; i < d; ++i) L.outer *= x.size(i);
-  for (int64_t i = d + 1; i < nd; ++i) L.inner *= x.size(i);
-  return L;
-}
+using Layout = common::SoftmaxLayout;
 
 
 template <typename T>
@@ -173,11 +156,6 @@ bool any_half(std::initializer_list<const Tensor*> ts) {
 }
 Tensor f32_like(const Tensor& t) { return empty(t.shape(), {DType::f32, t.device(), false}); }
 
-void check_target(const Tensor& target, int64_t N, const char* op) {
-  MINIDL_CHECK(target.dtype() == DType::i64 && target.dim() == 1 && target.size(0) == N, op,
-               " (cuda): target must be i64 of shape [", N, "], got ", target.meta());
-}
-
 }  // namespace
 
 void CudaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) {
@@ -192,7 +170,7 @@ void CudaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const 
   }
   MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.is_contiguous(), op, " (cuda): output ",
                y.meta(), " must be contiguous with x's shape and dtype ", x.meta());
-  const Layout L = layout_of(x, dim, op);
+  const Layout L = common::softmax_layout("cuda", x, dim, op);
   if (x.numel() == 0) return;
   DeviceContext& ctx = context_of(x);
   dispatch_sm(x.dtype(), op, [&](auto tag) {
@@ -217,8 +195,8 @@ void CudaBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t di
   MINIDL_CHECK(gy.dtype() == y.dtype() && gy.shape() == y.shape() && gx.dtype() == y.dtype() &&
                    gx.shape() == y.shape() && gx.is_contiguous(),
                op, " (cuda): gy ", gy.meta(), ", y ", y.meta(), " and gx ", gx.meta(), " must share shape and dtype");
-  const Layout L = layout_of(y, dim, op);
-  layout_of(gy, dim, op);
+  const Layout L = common::softmax_layout("cuda", y, dim, op);
+  common::softmax_layout("cuda", gy, dim, op);
   if (y.numel() == 0) return;
   DeviceContext& ctx = context_of(y);
   dispatch_sm(y.dtype(), op, [&](auto tag) {
@@ -242,7 +220,7 @@ void CudaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, con
   MINIDL_CHECK(log_probs.dim() == 2 && log_probs.is_contiguous(),
                "nll_loss (cuda): log_probs must be a contiguous [N, C], got ", log_probs.meta());
   const int64_t N = log_probs.size(0), C = log_probs.size(1);
-  check_target(target, N, "nll_loss");
+  common::check_class_target("cuda", target, N, "nll_loss");
   MINIDL_CHECK(losses.dtype() == log_probs.dtype() && losses.dim() == 1 && losses.size(0) == N,
                "nll_loss (cuda): losses must be [", N, "] of the input's dtype, got ", losses.meta());
   DeviceContext& ctx = context_of(log_probs);
@@ -269,7 +247,7 @@ void CudaBackend::nll_backward(const Tensor& g, const Tensor& target, const Tens
   MINIDL_CHECK(glogp.dim() == 2 && glogp.is_contiguous(),
                "nll_loss_backward (cuda): glogp must be a contiguous [N, C], got ", glogp.meta());
   const int64_t N = glogp.size(0), C = glogp.size(1);
-  check_target(target, N, "nll_loss_backward");
+  common::check_class_target("cuda", target, N, "nll_loss_backward");
   MINIDL_CHECK(g.dtype() == glogp.dtype() && g.numel() == N && g.dim() <= 1, "nll_loss_backward (cuda): g must be [",
                N, "] of dtype ", dtype_name(glogp.dtype()), ", got ", g.meta());
   DeviceContext& ctx = context_of(glogp);

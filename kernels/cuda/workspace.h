@@ -59,10 +59,25 @@ size_t unscale_table_bytes(const std::vector<Tensor>& grads);
 // qualify (the optimizer then runs its per-tensor path).
 std::optional<size_t> fused_sgd_table_bytes(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                             const std::vector<Tensor>& momentum_bufs,
-                                            const std::vector<uint8_t>& fresh, const Backend::SgdHyper& h);
+                                            const std::vector<uint8_t>& fresh, const SgdHyper& h);
 std::optional<size_t> fused_adam_table_bytes(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                                              const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                                              const std::vector<Tensor>& max_exp_avg_sq,
-                                             const std::vector<int64_t>& steps, const Backend::AdamHyper& h);
+                                             const std::vector<int64_t>& steps, const AdamHyper& h);
+
+// The queries above as one table, which minidl::cuda registers with the backend registry
+// (kernels/registry.h, CudaEntry::workspace): the meta device standing for a GPU
+// (kernels/meta/cuda_model.cpp) lives in minidl::core, which links no CUDA library.
+struct WorkspaceQueries {
+  decltype(&cuda::cublas_workspace_bytes) cublas_workspace_bytes;
+  decltype(&cuda::matmul_operand_copies) matmul_operand_copies;
+  decltype(&cuda::conv_workspace_candidates) conv_workspace_candidates;
+  decltype(&cuda::conv_nhwc) conv_nhwc;
+  decltype(&cuda::batch_norm_forward_scratch) batch_norm_forward_scratch;
+  decltype(&cuda::batch_norm_backward_scratch) batch_norm_backward_scratch;
+  decltype(&cuda::unscale_table_bytes) unscale_table_bytes;
+  decltype(&cuda::fused_sgd_table_bytes) fused_sgd_table_bytes;
+  decltype(&cuda::fused_adam_table_bytes) fused_adam_table_bytes;
+};
 
 }  // namespace minidl::cuda

@@ -8,20 +8,21 @@
 #include "core/allocator.h"
 #include "kernels/meta/meta_backend.h"
 
-#ifdef MINIDL_WITH_CUDA
 #include "kernels/cuda/workspace.h"
-#endif
+#include "kernels/registry.h"
 
 namespace minidl::meta::cuda_model {
 namespace {
 
-#ifndef MINIDL_WITH_CUDA
-[[noreturn]] void no_backend(const char* what) {
-  MINIDL_FAIL("meta:cuda (", what, "): this build of minidl has no CUDA backend, whose decisions (cuDNN's "
-              "algorithms, cuBLAS's workspace) the dry run for a GPU needs; rebuild with -DMINIDL_CUDA=ON, or dry-run "
-              "for the cpu (meta:cpu)");
+// The CUDA backend's answers, through the registry: minidl::core links no CUDA library, and a
+// program without minidl::cuda (or a build without CUDA) has none to give.
+const cuda::WorkspaceQueries& q(const char* what) {
+  const cuda::WorkspaceQueries* w = cuda_workspace_queries();
+  MINIDL_CHECK(w != nullptr, "meta:cuda (", what, "): this program has no CUDA backend, whose decisions (cuDNN's "
+               "algorithms, cuBLAS's workspace) the dry run for a GPU needs; link minidl::cuda from a CUDA build "
+               "(-DMINIDL_CUDA=ON), or dry-run for the cpu (meta:cpu)");
+  return *w;
 }
-#endif
 
 // A raw block of the modelled allocator, as kernels/cuda/context.cuh's DeviceBuffer.
 class Buffer {
@@ -48,9 +49,7 @@ Tensor empty_nhwc(const Tensor& like) {
 
 }  // namespace
 
-#ifdef MINIDL_WITH_CUDA
-
-size_t cublas_workspace_bytes() { return cuda::cublas_workspace_bytes(); }
+size_t cublas_workspace_bytes() { return q("cuBLAS workspace").cublas_workspace_bytes(); }
 
 void copy(const Tensor& src, const Tensor& dst) {
   if (dst.numel() == 0) return;
@@ -66,7 +65,7 @@ void copy(const Tensor& src, const Tensor& dst) {
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MetaBackend& backend) {
   if (out.size(0) == 0 || out.size(1) == 0 || out.size(2) == 0 || a.size(2) == 0) return;
-  const auto [copy_a, copy_b] = cuda::matmul_operand_copies(a, b);
+  const auto [copy_a, copy_b] = q("matmul").matmul_operand_copies(a, b);
   const Tensor ca = copy_a ? a.contiguous() : a;
   const Tensor cb = copy_b ? b.contiguous() : b;
   backend.draw_cublas_workspace();
@@ -81,7 +80,7 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
   // The backend's rule (check_memory_format): channels-last when any operand prefers it, and then
   // cuDNN runs on the tensors' own memory; set_conv_nhwc's transposes only around NCHW operands.
   const bool cl = prefers_channels_last(x) || prefers_channels_last(w) || prefers_channels_last(y);
-  if (cuda::conv_nhwc() && !cl) {
+  if (q("conv2d").conv_nhwc() && !cl) {
     if (dir == ConvDir::Forward) held = {to_nhwc(x), to_nhwc(w), empty_nhwc(y)};
     else if (dir == ConvDir::BackwardData) held = {to_nhwc(y), to_nhwc(w), empty_nhwc(x)};
     else held = {to_nhwc(x), to_nhwc(y), empty_nhwc(w)};
@@ -91,7 +90,7 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
                     : dir == ConvDir::BackwardData ? cuda::ConvDir::BackwardData
                                                    : cuda::ConvDir::BackwardFilter;
   std::string tried;
-  for (size_t ws : cuda::conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype(), cl)) {
+  for (size_t ws : q("conv2d").conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype(), cl)) {
     try {
       Buffer b(x.device(), ws);
       return;   // the algorithm runs with this workspace, which is freed when it returns
@@ -110,7 +109,8 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
 void batch_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,
                         const Tensor& save_mean, const Tensor& save_invstd) {
   const cuda::BatchNormScratch s =
-      cuda::batch_norm_forward_scratch(x, residual, y, training, save_mean.defined(), save_invstd.defined());
+      q("batch_norm").batch_norm_forward_scratch(x, residual, y, training, save_mean.defined(),
+                                                 save_invstd.defined());
   const TensorOptions stats{s.stats_dtype, x.device(), false};
   const Tensor sm = s.make_mean ? empty({s.stats}, stats) : Tensor();
   const Tensor si = s.make_invstd ? empty({s.stats}, stats) : Tensor();
@@ -120,7 +120,8 @@ void batch_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& y
 void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& gx, const Tensor& gresidual,
                          bool training, bool wants_gweight, bool wants_gbias) {
   const cuda::BatchNormScratch s =
-      cuda::batch_norm_backward_scratch(gy, x, y, gx, gresidual, training, wants_gweight, wants_gbias);
+      q("batch_norm backward").batch_norm_backward_scratch(gy, x, y, gx, gresidual, training, wants_gweight,
+                                                           wants_gbias);
   if (s.partials == 0) return;
   const Tensor part = empty({s.partials}, {DType::f64, x.device(), false});
   const Tensor coef = empty({s.coefficients}, {DType::f64, x.device(), false});
@@ -143,14 +144,14 @@ void unscale_grads(const std::vector<Tensor>& grads) {
   for (const Tensor& g : grads) {
     if (g.defined() && g.numel() > 0 && !g.is_contiguous()) copies.push_back(g.detach().contiguous());
   }
-  const size_t bytes = cuda::unscale_table_bytes(grads);
+  const size_t bytes = q("unscale_grads").unscale_table_bytes(grads);
   if (bytes > 0) Buffer table(grads.front().device(), bytes);
 }
 
 bool fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                     const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
-                    const Backend::SgdHyper& h) {
-  const auto bytes = cuda::fused_sgd_table_bytes(params, grads, momentum_bufs, fresh, h);
+                    const SgdHyper& h) {
+  const auto bytes = q("fused SGD").fused_sgd_table_bytes(params, grads, momentum_bufs, fresh, h);
   if (!bytes) return false;
   if (*bytes > 0) Buffer table(params.front().device(), *bytes);
   return true;
@@ -159,39 +160,14 @@ bool fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>
 bool fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                      const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                      const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
-                     const Backend::AdamHyper& h) {
-  const auto bytes = cuda::fused_adam_table_bytes(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h);
+                     const AdamHyper& h) {
+  const auto bytes =
+      q("fused Adam").fused_adam_table_bytes(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h);
   if (!bytes) return false;
   if (*bytes > 0) Buffer table(params.front().device(), *bytes);
   return true;
 }
 
-#else
-
-size_t cublas_workspace_bytes() { no_backend("cuBLAS workspace"); }
-void copy(const Tensor&, const Tensor&) {}
-void matmul(const Tensor&, const Tensor&, const Tensor&, MetaBackend&) { no_backend("matmul"); }
-void conv(ConvDir, const Tensor&, const Tensor&, const Tensor&, const Conv2dOptions&) { no_backend("conv2d"); }
-void batch_norm_forward(const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&) {
-  no_backend("batch_norm");
-}
-void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, bool, bool) {
-  no_backend("batch_norm backward");
-}
-void nll_forward(const Tensor&, const Tensor&, const Tensor&) { no_backend("nll_loss"); }
-void cross_entropy_forward(const Tensor&) { no_backend("cross_entropy"); }
-void unscale_grads(const std::vector<Tensor>&) { no_backend("unscale_grads"); }
-bool fused_sgd_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
-                    const std::vector<uint8_t>&, const Backend::SgdHyper&) {
-  no_backend("fused SGD");
-}
-bool fused_adam_step(const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>&,
-                     const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<int64_t>&,
-                     const Backend::AdamHyper&) {
-  no_backend("fused Adam");
-}
-
-#endif
 
 // kernels/cuda/softmax.cu's f32_like: f16 softmax and NLL compute in f32 copies.
 Tensor f32_like(const Tensor& t) { return empty(t.shape(), {DType::f32, t.device(), false}); }

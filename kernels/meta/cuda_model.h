@@ -31,10 +31,10 @@ void cross_entropy_forward(const Tensor& logits);
 void unscale_grads(const std::vector<Tensor>& grads);
 bool fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                     const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
-                    const Backend::SgdHyper& h);
+                    const SgdHyper& h);
 bool fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                      const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                      const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
-                     const Backend::AdamHyper& h);
+                     const AdamHyper& h);
 
 }  // namespace minidl::meta::cuda_model

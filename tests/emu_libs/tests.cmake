@@ -12,10 +12,10 @@ if(TARGET minidl_emu_libs)
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${CMAKE_CURRENT_BINARY_DIR}/emu_libs_labels.cmake)
 endif()
 
-# With the real CUDA build: every cuBLAS / cuDNN symbol libminidl needs is one the stand-ins define.
+# With the real CUDA build: every cuBLAS / cuDNN symbol libminidl_cuda needs is one the stand-ins define.
 if(TARGET minidl_emu_libs AND MINIDL_WITH_CUDA)
   add_test(NAME emu_libs.CoversEveryBackendCall
-           COMMAND ${CMAKE_COMMAND} -DNM=${CMAKE_NM} -DBACKEND=$<TARGET_FILE:minidl>
+           COMMAND ${CMAKE_COMMAND} -DNM=${CMAKE_NM} -DBACKEND=$<TARGET_FILE:minidl_cuda>
                    -DEMU=$<TARGET_FILE:minidl_emu_libs> -P ${CMAKE_CURRENT_LIST_DIR}/check_symbols.cmake)
   set_tests_properties(emu_libs.CoversEveryBackendCall PROPERTIES LABELS "cpu;cuda-emu-libs")
 endif()

@@ -2,7 +2,7 @@
 // the in-memory training and evaluation sets (the union of the ranks' k-th batches is the
 // one-process k-th batch; evaluation strides cover every image once), the effective batch and the
 // learning-rate rule on it, the device per rank, and the one-process error handling of
-// run_program. The 2-rank behaviour runs under mpirun in tests/dist/programs_test.sh.
+// run_program. The 2-rank behaviour runs under mpirun in tests/distributed/programs_test.sh.
 #include <gtest/gtest.h>
 
 #include <algorithm>

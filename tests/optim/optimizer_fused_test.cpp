@@ -43,9 +43,9 @@ void expect_bit_equal(const Tensor& got, const Tensor& want, const std::string& 
 TEST(FusedDispatch, CpuBackendDeclinesAndTouchesNothing) {
   Backend& be = backend(Device::cpu());
   const Tensor p = ones({4}), g = full({4}, 2.0, {}), b = full({4}, 3.0, {});
-  EXPECT_FALSE(be.fused_sgd_step({p}, {g}, {b}, {1}, Backend::SgdHyper{0.1, 0.0, 0.9, 0.0, false, false}));
+  EXPECT_FALSE(be.fused_sgd_step({p}, {g}, {b}, {1}, SgdHyper{0.1, 0.0, 0.9, 0.0, false, false}));
   EXPECT_FALSE(be.fused_adam_step({p}, {g}, {b}, {b}, {}, {1},
-                                  Backend::AdamHyper{0.1, 0.0, 0.9, 0.999, 1e-8, false, false, false}));
+                                  AdamHyper{0.1, 0.0, 0.9, 0.999, 1e-8, false, false, false}));
   EXPECT_EQ(p.to_vector(), std::vector<double>(4, 1.0));
   EXPECT_EQ(b.to_vector(), std::vector<double>(4, 3.0));
   EXPECT_EQ(be.pinned_alloc(1024), nullptr) << "the CPU backend has no pinned memory of its own";

@@ -70,7 +70,7 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
         PUBLIC Threads::Threads minidl_emu_libs
         PRIVATE Eigen3::Eigen OpenMP::OpenMP_CXX minidl_warnings nlohmann_json::nlohmann_json Boost::context)
       minidl_link_data_deps(${_name})
-      target_link_options(${_name} INTERFACE -fsanitize=alignment)
+      target_link_options(${_name} INTERFACE -fsanitize=alignment "LINKER:--undefined=minidl_cuda_entry")
       if(MINIDL_EMU_ASAN)
         target_link_options(${_name} INTERFACE -fsanitize=address)
       endif()

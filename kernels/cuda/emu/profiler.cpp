@@ -14,7 +14,7 @@
 
 #include "kernels/cuda/emu/access_recorder.h"
 #include "kernels/cuda/emu/race_check.h"
-#include "kernels/cuda/emu/runner.h"
+#include "kernels/cuda/emu/launch_info.h"
 #include "kernels/cuda/emu/runtime_state.h"
 
 namespace minidl::cuda::emu {
@@ -131,7 +131,7 @@ class LaunchRecorder {
   }
 
   void barrier() { c_.barriers += static_cast<uint64_t>((threads_per_block_ + 31) / 32); }
-  void warp_collective() { ++c_.warp_collectives; }
+  void count_warp_collective() { ++c_.warp_collectives; }
 
   // Folds the block's warp-level instructions into the counters.
   void block_end() {
@@ -308,7 +308,7 @@ void recorder_barrier() {
   if (t_recorder != nullptr) t_recorder->barrier();
 }
 void recorder_warp_collective() {
-  if (t_recorder != nullptr) t_recorder->warp_collective();
+  if (t_recorder != nullptr) t_recorder->count_warp_collective();
 }
 void recorder_launch_end(size_t static_smem) {
   LaunchRecorder* r = std::exchange(t_recorder, nullptr);

@@ -11,17 +11,9 @@
 #include <memory>
 #include <tuple>
 
-namespace minidl::cuda::emu {
+#include "kernels/cuda/emu/launch_info.h"
 
-struct LaunchInfo {
-  const char* op;
-  const char* kernel;
-  dim3 grid, block;
-  size_t smem;
-  cudaStream_t stream;
-  const void* func = nullptr;   // the kernel, as cudaFuncSetAttribute names it
-  bool profiled = false;        // profiling was on when the launch was issued (profiler.h)
-};
+namespace minidl::cuda::emu {
 
 // Runs `body(arg)` once per thread of the grid (the body calls the kernel with its own copy of the
 // arguments, as each GPU thread reads the launch's parameters), in the stream's order: now, or at

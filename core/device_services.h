@@ -1,0 +1,70 @@
+// The device services every backend provides beside its kernels: the allocator, synchronisation,
+// page-locked host memory and host->device copies. data/ and the allocator statistics need only
+// these; the op contracts (core/backend.h) extend them per device type.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+
+namespace minidl {
+
+class DeviceServices {
+ public:
+  virtual ~DeviceServices() = default;
+  virtual const char* name() const = 0;
+  // Every byte of tensor memory on device `device_index` (core/allocator.h: statistics, budget).
+  virtual Allocator& allocator(int device_index) = 0;
+
+  // Blocks until the work queued so far on the device is done. Timings of device work read a host
+  // clock only after it (kernels are asynchronous on a GPU). The CPU's kernels return when done:
+  // nothing to wait for.
+  virtual void synchronize(int /*device_index*/) {}
+
+  // Page-locked host memory for batches that go to this backend's device (data::Loader), so the
+  // host->device copy can run asynchronously. nullptr by default: no pinned memory here, and the
+  // caller uses ordinary memory. Memory from pinned_alloc goes back through pinned_free.
+  virtual void* pinned_alloc(size_t /*bytes*/) { return nullptr; }
+  virtual void pinned_free(void* /*p*/) {}
+
+  // A host->device copy started by copy_async. This base class is a copy that has already
+  // completed (the default's); a backend with asynchronous copies overrides both methods,
+  // and its destructor orders this device's compute stream after the copy when nobody waited, so
+  // dropping a copy in flight cannot let the allocator hand its destinations out early.
+  class CopyHandle {
+   public:
+    virtual ~CopyHandle() = default;
+    // Work queued on the device's compute stream after this call sees the copied bytes (no host wait).
+    virtual void make_compute_wait() {}
+    // Blocks the calling thread until the copy is done: its host sources may be written again.
+    virtual void host_wait() {}
+  };
+  // Copies the bytes at src[i] (host memory, from pinned_alloc when the copy is to be asynchronous)
+  // into dst[i] (contiguous, on this backend's device), ordered after the work queued so far on the
+  // device's compute stream. The CUDA backend queues the copies on a copy stream and returns at
+  // once (kernels/cuda/pinned.cu). The default, for host memory, copies now and returns a handle
+  // that is already complete.
+  virtual std::unique_ptr<CopyHandle> copy_async(const std::vector<std::pair<const void*, Tensor>>& copies);
+
+  // CUDA graphs (kernels/cuda/graph.cu): capture_graph runs `work` with the device's stream
+  // captured into a graph, its memory served by a private pool of the caching allocator, and
+  // returns it instantiated; replay() queues it on the stream again; destroying it releases the
+  // graph and its pool. Work that CUDA forbids during a capture (a synchronization, a host read)
+  // throws, naming the fix. The default throws: only a CUDA device has graphs.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual void replay() = 0;
+    virtual size_t pool_bytes() const = 0;   // the private pool's reserved bytes
+  };
+  virtual std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work);
+  // Whether the device's stream is being captured now (ops that read device values on the host
+  // skip those reads then).
+  virtual bool capturing(int /*device_index*/) { return false; }
+};
+
+}  // namespace minidl

@@ -1,0 +1,79 @@
+// The one table of CPU-vs-CUDA parity cases, keyed by the Backend interface (core/backend.h and
+// its base core/device_services.h), in the manner of ggml's test-backend-ops and supports_op:
+// every virtual method has a row naming the parity tests that run it on both backends, or an
+// explicit reason why there is nothing to compare. tests/kernels/parity_coverage_test.cpp reads
+// the headers' `virtual` declarations and fails on a method without a row, or a row whose tests
+// do not exist; a new Backend method therefore cannot land without its parity case.
+#pragma once
+#include <string_view>
+#include <vector>
+
+namespace minidl::testing::parity {
+
+struct ParityCase {
+  std::string_view method;   // the virtual's name, as declared
+  // "file:Suite.Test" entries (file relative to tests/), separated by spaces; empty when none.
+  std::string_view tests;
+  // Non-empty: the method has no CPU-vs-CUDA comparison, and this says why (supports_op's "no").
+  std::string_view not_compared = {};
+};
+
+inline const std::vector<ParityCase>& parity_cases() {
+  static const std::vector<ParityCase> table{
+      // ---- device services (core/device_services.h) ----
+      {"name", "", "a label, nothing to compare"},
+      {"allocator", "kernels/backend_parity_cuda_test.cpp:Parity.AllocatorStatsBudgetAndNoDriftAfterOoms"},
+      {"synchronize", "", "a barrier with no value of its own; every CUDA case that reads a result runs it"},
+      {"pinned_alloc", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.DeviceBatchesEqualCpuBatches"},
+      {"pinned_free", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.KeptBatchesAreNotOverwritten"},
+      {"copy_async", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.DeviceBatchesEqualCpuBatches"},
+      {"make_compute_wait", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.KeptBatchesAreNotOverwritten"},
+      {"host_wait", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.BatchSizeChangesBetweenEpochs"},
+      {"capture_graph", "optim/graph_step_cuda_test.cpp:GraphStep.ResNet18SmallFp32AndAmpReplayAreBitIdenticalToEager"},
+      {"capturing", "optim/graph_step_cuda_test.cpp:GraphStep.AHostReadInsideTheCaptureFailsNamingTheFix"},
+      {"replay", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnFp32ReplayIsBitIdenticalToEager"},
+      {"pool_bytes", "optim/graph_step_cuda_test.cpp:GraphStep.EagerAllocationsAfterTheCaptureDoNotReuseItsPool"},
+      // ---- op contracts (core/backend.h) ----
+      {"copy", "kernels/backend_parity_cuda_test.cpp:Parity.CopiesAndCastsBetweenEveryDtype "
+               "kernels/backend_parity_cuda_test.cpp:Parity.StridedCopiesFillsAndLargeTransfers"},
+      {"fill", "kernels/backend_parity_cuda_test.cpp:Parity.StridedCopiesFillsAndLargeTransfers"},
+      {"unary", "kernels/backend_parity_cuda_test.cpp:Parity.UnaryOpsForwardBackward"},
+      {"binary", "kernels/backend_parity_cuda_test.cpp:Parity.BinaryOpsWithBroadcastingForwardBackward "
+                 "kernels/backend_parity_cuda_test.cpp:Parity.ComparisonsAndIntegerArithmetic"},
+      {"reduce", "kernels/backend_parity_cuda_test.cpp:Parity.ReductionsOverAnyDims "
+                 "kernels/backend_parity_cuda_test.cpp:Parity.ArgmaxArgminTiesAndNaN"},
+      {"matmul", "kernels/backend_parity_cuda_test.cpp:Parity.MatmulLayoutsAndBatches "
+                 "kernels/backend_parity_cuda_test.cpp:Parity.MatmulTf32AndHalf"},
+      {"random", "kernels/backend_parity_cuda_test.cpp:Parity.RandomDrawsMatchTheCpuStream"},
+      {"conv2d_forward", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
+      {"conv2d_backward_input", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
+      {"conv2d_backward_weight", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
+      {"max_pool2d_forward", "kernels/backend_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
+      {"max_pool2d_backward", "kernels/backend_parity_cuda_test.cpp:Parity.MaxPoolBackwardOverlappingWindowsIsDeterministic"},
+      {"avg_pool2d_forward", "kernels/backend_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
+      {"avg_pool2d_backward", "kernels/backend_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
+      {"batch_norm_forward_train", "kernels/backend_parity_cuda_test.cpp:Parity.BatchNormTrainEvalAndRunningStats"},
+      {"batch_norm_forward_eval", "kernels/backend_parity_cuda_test.cpp:Parity.BatchNormTrainEvalAndRunningStats"},
+      {"batch_norm_backward", "kernels/backend_parity_cuda_test.cpp:Parity.BatchNormTrainEvalAndRunningStats"},
+      {"batch_norm_act_forward",
+       "kernels/batch_norm_act_cuda_test.cpp:BatchNormActParity.FusedMatchesTheCpuAndTheComposedOpsInBothLayouts"},
+      {"batch_norm_act_backward",
+       "kernels/batch_norm_act_cuda_test.cpp:BatchNormActParity.FusedMatchesTheCpuAndTheComposedOpsInBothLayouts"},
+      {"softmax_forward", "kernels/backend_parity_cuda_test.cpp:Parity.SoftmaxLogSoftmaxOverAnyDim"},
+      {"softmax_backward", "kernels/backend_parity_cuda_test.cpp:Parity.SoftmaxLogSoftmaxOverAnyDim"},
+      {"nll_forward", "kernels/loss_parity_cuda_test.cpp:LossParity.NllLossOverLogSoftmax"},
+      {"nll_backward", "kernels/loss_parity_cuda_test.cpp:LossParity.NllLossOverLogSoftmax"},
+      {"cross_entropy_forward", "kernels/loss_parity_cuda_test.cpp:LossParity.CrossEntropyOddShapesSmoothingAndReductions"},
+      {"cross_entropy_backward", "kernels/loss_parity_cuda_test.cpp:LossParity.CrossEntropyOddShapesSmoothingAndReductions"},
+      {"bce_with_logits_forward", "kernels/loss_parity_cuda_test.cpp:LossParity.BceWithLogitsForwardBackward"},
+      {"bce_with_logits_backward", "kernels/loss_parity_cuda_test.cpp:LossParity.BceWithLogitsForwardBackward"},
+      {"unscale_grads", "kernels/amp_f16_cuda_test.cpp:AmpF16.UnscaleGradsOneLaunchMatchesCpu"},
+      {"unscale_grads_device", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnAmpWithASkippedStepIsBitIdenticalToEager"},
+      {"update_scale_device", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnAmpWithASkippedStepIsBitIdenticalToEager"},
+      {"fused_sgd_step", "optim/optimizer_fused_cuda_test.cpp:FusedOptim.SgdVariantsMatchCpuOver20Steps"},
+      {"fused_adam_step", "optim/optimizer_fused_cuda_test.cpp:FusedOptim.AdamAndAdamWMatchCpuOver20Steps"},
+  };
+  return table;
+}
+
+}  // namespace minidl::testing::parity

@@ -1,0 +1,98 @@
+// Parity keyed to the interface: the `virtual` methods declared in core/backend.h and
+// core/device_services.h, read from the headers themselves, against the table of
+// tests/kernels/parity_cases.h. A method without a row, a row for a method that no longer exists,
+// or a row naming a test that is not in its file fails here, in every build (no GPU needed).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "tests/kernels/parity_cases.h"
+
+namespace minidl {
+namespace {
+
+using testing::parity::parity_cases;
+
+// The repository root: tests/golden's parent's parent (MINIDL_GOLDEN_DIR is set by tests/CMakeLists.txt).
+std::filesystem::path source_root() { return std::filesystem::path(MINIDL_GOLDEN_DIR).parent_path().parent_path(); }
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// The names of the `virtual` member functions a header declares (destructors left out), with
+// comments removed first so a comment that mentions "virtual" counts for nothing.
+std::set<std::string> declared_virtuals(const std::string& text) {
+  const std::string code = std::regex_replace(text, std::regex(R"(//[^\n]*)"), "");
+  std::set<std::string> names;
+  const std::regex decl(R"(\bvirtual\s+([^;{}()]*?)(~?)([A-Za-z_]\w*)\s*\()");
+  for (auto it = std::sregex_iterator(code.begin(), code.end(), decl); it != std::sregex_iterator(); ++it) {
+    if ((*it)[2].length() == 0) names.insert((*it)[3]);
+  }
+  return names;
+}
+
+std::set<std::string> backend_virtuals() {
+  std::set<std::string> all;
+  for (const char* h : {"core/backend.h", "core/device_services.h"}) {
+    const std::string text = read_text(source_root() / h);
+    EXPECT_FALSE(text.empty()) << "cannot read " << (source_root() / h);
+    all.merge(declared_virtuals(text));
+  }
+  return all;
+}
+
+TEST(ParityCoverage, TheParserFindsVirtualsAcrossLinesAndSkipsDestructorsAndComments) {
+  const std::set<std::string> got = declared_virtuals(
+      "class B {\n virtual ~B() = default;\n  // virtual void not_me(int);\n"
+      "  virtual std::unique_ptr<H> copy_async(const std::vector<std::pair<const void*, T>>& c);\n"
+      "  virtual void conv(const Tensor& x,\n      const Tensor& y) = 0;\n  virtual const char* name() const = 0;\n};");
+  EXPECT_EQ(got, (std::set<std::string>{"conv", "copy_async", "name"}));
+}
+
+TEST(ParityCoverage, EveryBackendVirtualHasACaseOrASaysWhyNot) {
+  const std::set<std::string> virtuals = backend_virtuals();
+  ASSERT_GE(virtuals.size(), 30u) << "the headers' virtuals were not found: the parser or the paths are off";
+  std::set<std::string> rows;
+  for (const auto& c : parity_cases()) {
+    EXPECT_TRUE(rows.insert(std::string(c.method)).second) << "two rows for " << c.method;
+    EXPECT_NE(c.tests.empty(), c.not_compared.empty())
+        << c.method << ": a row names its parity tests or says why there is nothing to compare, not both";
+  }
+  for (const std::string& v : virtuals) {
+    EXPECT_TRUE(rows.count(v)) << "Backend::" << v
+                               << " has no parity case: add a CPU-vs-CUDA test and a row in tests/kernels/parity_cases.h "
+                                  "(or a row with the reason it cannot be compared)";
+  }
+  for (const std::string& r : rows) {
+    EXPECT_TRUE(virtuals.count(r)) << "tests/kernels/parity_cases.h has a row for " << r
+                                   << ", which core/backend.h and core/device_services.h no longer declare";
+  }
+}
+
+TEST(ParityCoverage, EveryNamedParityTestExists) {
+  const std::regex entry(R"((\S+):(\w+)\.(\w+))");
+  for (const auto& c : parity_cases()) {
+    const std::string tests(c.tests);
+    int n = 0;
+    for (auto it = std::sregex_iterator(tests.begin(), tests.end(), entry); it != std::sregex_iterator(); ++it, ++n) {
+      const std::string file = (*it)[1], suite = (*it)[2], name = (*it)[3];
+      const std::string text = read_text(source_root() / "tests" / file);
+      const std::regex def("TEST(_F|_P)?\\(\\s*" + suite + ",\\s*" + name + "\\s*\\)");
+      EXPECT_TRUE(std::regex_search(text, def)) << c.method << ": " << suite << "." << name << " is not in tests/" << file;
+    }
+    EXPECT_EQ(n == 0, tests.empty()) << c.method << ": cannot read the entries '" << tests << "'";
+  }
+}
+
+}  // namespace
+}  // namespace minidl
