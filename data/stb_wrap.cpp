@@ -21,6 +21,8 @@
 
 #include <cctype>
 #include <cstdint>
+#include <cstring>
+#include <string>
 
 #include "core/error.h"
 
@@ -32,7 +34,35 @@ namespace minidl::data::stb {
 // wrong byte order, then converts them to 3 channels with its 8-bit routine, writing past its
 // buffer (pgm16_channel_overflow). The header is read here first, the way stb tokenises it
 // (whitespace and '#' comments before each number), and such files are refused before stb sees them.
+//
+// Its PNG reader grows the compressed-data buffer to whatever an IDAT chunk's length field claims
+// before it reads the chunk (no check of the length against the file in Debian's stb): a 155-byte
+// file claiming a 1 GB chunk made it ask for 2 GB (fuzz/corpus/decode/png_idat_length_past_end).
+// A chunk cannot be longer than what is left of the file, so such files are refused here, which
+// bounds stb's buffer by twice the file's size.
+std::string png_refused(const uint8_t* d, int size) {
+  static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (size < 8 || std::memcmp(d, kSignature, 8) != 0) return "";   // not a PNG
+  int64_t at = 8;
+  while (at + 8 <= size) {
+    const uint32_t length = (uint32_t{d[at]} << 24) | (uint32_t{d[at + 1]} << 16) | (uint32_t{d[at + 2]} << 8) |
+                            uint32_t{d[at + 3]};
+    const std::string type(reinterpret_cast<const char*>(d + at + 4), 4);
+    const int64_t left = size - (at + 8);
+    if (int64_t{length} > left) {
+      std::string shown;
+      for (char c : type) shown += std::isalnum(static_cast<unsigned char>(c)) != 0 ? c : '?';
+      return detail::concat("PNG chunk '", shown, "' claims ", length, " bytes but only ", left,
+                            " are left in the file (truncated or corrupt)");
+    }
+    if (type == "IEND") return "";
+    at += 12 + int64_t{length};   // length, type, data, CRC
+  }
+  return "";   // truncated after a whole chunk: stb reports it
+}
+
 std::string refused(const uint8_t* d, int size) {
+  if (std::string png = png_refused(d, size); !png.empty()) return png;
   if (size < 2 || d[0] != 'P' || (d[1] != '5' && d[1] != '6')) return "";   // not a PNM stb reads
   int i = 2;
   int64_t v = 0;

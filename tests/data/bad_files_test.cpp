@@ -137,6 +137,27 @@ TEST(Decode, SixteenBitAndAbsurdPnmHeadersAreRefused) {
             "16-bit PGM / PPM (maxval 1000) is not supported; convert it to 8 bits");
 }
 
+// What fuzz/decode_fuzz.cpp found in stb_image's PNG reader: it grows its buffer to an IDAT
+// chunk's claimed length before reading it, so a few bytes claiming a 1 GB chunk asked for 2 GB.
+// A chunk longer than the rest of the file is refused with a reason; a real PNG still decodes.
+TEST(Decode, PngChunkLongerThanTheFileIsRefusedBeforeStbAllocates) {
+  const Source s = source();
+  std::vector<uint8_t> png = encode_png(s.image);
+  const DecodeResult good = decode_image(png.data(), png.size());
+  ASSERT_TRUE(good.ok()) << good.error;
+  // The first chunk after IHDR (8-byte signature + 25-byte IHDR chunk) claims 0x41000100 bytes.
+  ASSERT_GT(png.size(), 45u);
+  const std::string type(reinterpret_cast<const char*>(png.data() + 37), 4);
+  png[33] = 0x41;
+  png[34] = 0x00;
+  png[35] = 0x01;
+  png[36] = 0x00;
+  const DecodeResult r = decode_image(png.data(), png.size());
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.error, "PNG chunk '" + type + "' claims 1090519296 bytes but only " +
+                         std::to_string(png.size() - 41) + " are left in the file (truncated or corrupt)");
+}
+
 TEST(BadFiles, SkippedOrConvertedReportedOnceAndCounted) {
   const Source s = source();
   fixtures::TempDir t;
