@@ -115,7 +115,7 @@ BatchNormScratch forward_scratch(const Geo& g, DType dt, bool training, bool kee
   s.make_invstd = snapshot && !keeps_invstd;
   s.stats = g.C;
   s.stats_dtype = dt == DType::f16 ? DType::f32 : dt;
-  s.partials = training ? int64_t{g.G} * g.C * 2 : 0;
+  s.partials = training ? shift_index(g, g.C) : 0;   // G x C pairs, then C shifts
   return s;
 }
 
@@ -152,32 +152,36 @@ __global__ void stats_kernel(const T* __restrict__ x, Geo g, double* __restrict_
     });
   }
   write_block_sums<kRows>(ps, g, c0, part);
+  // The shift, for the finalize: once per channel, by the first row of blocks.
+  const bool writes_shift = kRows ? threadIdx.x < static_cast<unsigned>(g.cx) : threadIdx.x == 0;
+  if (active && blockIdx.y == 0 && writes_shift) {
+#pragma unroll
+    for (int j = 0; j < L; ++j) part[shift_index(g, c0 + j)] = static_cast<double>(K[j]);
+  }
 }
 
-// Per channel: the G partial sums in order, mean and biased variance, saved mean and
+// Per channel (a warp each): the G partial sums, mean and biased variance, saved mean and
 // 1 / sqrt(var + eps), and PyTorch's running-statistics update (unbiased variance). Evaluation:
 // the running statistics, snapshotted into the saved ones for the backward.
-template <typename T>
-__global__ void finalize_kernel(const T* x, Geo g, const double* part, Channel running_mean, Channel running_var,
-                                double momentum, double eps, bool training, Channel save_mean, Channel save_invstd) {
-  MINIDL_GRID_STRIDE(c, g.C) {
+__global__ void finalize_kernel(Geo g, const double* part, Channel running_mean, Channel running_var, double momentum,
+                                double eps, bool training, Channel save_mean, Channel save_invstd) {
+  MINIDL_WARP_STRIDE(c, g.C) {
     double mean, var;
     if (training) {
-      double s = 0, q = 0;
-      for (int k = 0; k < g.G; ++k) {
-        s += part[(static_cast<int64_t>(k) * g.C + c) * 2];
-        q += part[(static_cast<int64_t>(k) * g.C + c) * 2 + 1];
-      }
+      double s, q;
+      warp_channel_totals(g, part, c, s, q);
+      if ((threadIdx.x & 31) != 0) continue;
       const double n = static_cast<double>(g.count());
       const double dm = s / n;
       var = q / n - dm * dm;
       if (!(var > 0)) var = var == var ? 0.0 : var;   // rounding below zero; NaN stays NaN
-      mean = cvt<double>(x[first_offset(g, c)]) + dm;
+      mean = part[shift_index(g, c)] + dm;
       const double unbias = n > 1 ? n / (n - 1) : 1.0;
       if (running_mean.p != nullptr) running_mean.set(c, (1.0 - momentum) * running_mean.get(c, 0.0) + momentum * mean);
       if (running_var.p != nullptr)
         running_var.set(c, (1.0 - momentum) * running_var.get(c, 1.0) + momentum * var * unbias);
     } else {
+      if ((threadIdx.x & 31) != 0) continue;
       mean = running_mean.get(c, 0.0);
       var = running_var.get(c, 1.0);
     }
@@ -261,8 +265,8 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, const Tens
     const T* xp = static_cast<const T*>(x.data_ptr());
     if (training) MINIDL_LAUNCH(op, (stats_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp, g, part_d);
     if (snapshot) {
-      MINIDL_LAUNCH(op, (finalize_kernel<T>), grid_for(g.C), kThreads, 0, ctx.stream(), xp, g, part_d, rm, rv,
-                    momentum, eps, training, aff.mean, aff.invstd);
+      MINIDL_LAUNCH(op, finalize_kernel, warp_grid_for(g.C), kThreads, 0, ctx.stream(), g, part_d, rm, rv, momentum,
+                    eps, training, aff.mean, aff.invstd);
     }
     if (x.numel() == 0) return;
     MINIDL_LAUNCH(op, (apply_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp,

@@ -219,6 +219,34 @@ __device__ __forceinline__ void write_block_sums(PairSums<A, L>& ps, const Geo& 
   }
 }
 
+// The partials buffer of a forward: G x C pairs (s, q), then each channel's shift K (its first
+// value, written by the statistics pass) so the finalize never reads x.
+__host__ __device__ inline int64_t shift_index(const Geo& g, int64_t c) { return int64_t{g.G} * g.C * 2 + c; }
+
+// Channel c's totals of the G partial pairs part[(k * C + c) * 2 + {0, 1}], summed by one warp:
+// lane l adds k = l, l + 32, ... in order, then a fixed shuffle tree (deterministic, no atomics).
+// One thread per channel summing G partials serially was latency-bound (the step-time model's
+// "latency" rows); a warp per channel reads them 32 at a time. Valid in lane 0.
+__device__ __forceinline__ void warp_channel_totals(const Geo& g, const double* part, int64_t c, double& s,
+                                                    double& q) {
+  s = 0;
+  q = 0;
+  for (int k = static_cast<int>(threadIdx.x & 31); k < g.G; k += 32) {
+    s += part[(static_cast<int64_t>(k) * g.C + c) * 2];
+    q += part[(static_cast<int64_t>(k) * g.C + c) * 2 + 1];
+  }
+  s = warp_sum(s);
+  q = warp_sum(q);
+}
+
+// A warp-stride loop over channels: warp w of the grid takes c = w, w + warps, ... (all 32 lanes of
+// a warp share c, so warp_channel_totals' shuffles see the whole warp). Launch with
+// warp_grid_for(C) blocks of kThreads.
+#define MINIDL_WARP_STRIDE(c, n)                                                                      \
+  for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; c < (n);        \
+       c += (static_cast<int64_t>(blockDim.x) * gridDim.x) >> 5)
+inline unsigned warp_grid_for(int64_t channels) { return grid_for(channels * 32); }
+
 // Host side: the layout, vector width and grid of one call (every tensor in `same` must share x's
 // shape, dtype and layout). split > 0 forces G (tests use it to run several blocks per channel on
 // small tensors); 0 sizes G to fill the GPU.

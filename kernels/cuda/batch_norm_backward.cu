@@ -63,16 +63,14 @@ __global__ void grad_sums_kernel(const T* __restrict__ gy, const T* __restrict__
   write_block_sums<kRows>(ps, g, c0, part);
 }
 
-// Per channel: the partial sums in order; gweight = sum(gm * xhat), gbias = sum(gm); and the
+// Per channel (a warp each): the G partial sums; gweight = sum(gm * xhat), gbias = sum(gm); and the
 // coefficients of pass 2, gx = (gm - k1 - (x - m) * k2) * invstd * w (k1 = k2 = 0 in evaluation).
 __global__ void grad_finalize_kernel(Geo g, const double* part, Channel save_invstd, Channel gweight, Channel gbias,
                                      bool training, double* coef) {
-  MINIDL_GRID_STRIDE(c, g.C) {
-    double sg = 0, sd = 0;
-    for (int k = 0; k < g.G; ++k) {
-      sg += part[(static_cast<int64_t>(k) * g.C + c) * 2];
-      sd += part[(static_cast<int64_t>(k) * g.C + c) * 2 + 1];
-    }
+  MINIDL_WARP_STRIDE(c, g.C) {
+    double sg, sd;
+    warp_channel_totals(g, part, c, sg, sd);
+    if ((threadIdx.x & 31) != 0) continue;
     const double is = save_invstd.get(c, 1.0);
     const double inv_n = 1.0 / static_cast<double>(g.count());
     gweight.set(c, sd * is);
@@ -176,7 +174,7 @@ void backward(const char* op, const Tensor& gy, const Tensor& x, const Tensor& y
     if (sums) {
       MINIDL_LAUNCH(op, (grad_sums_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), gyp, xp,
                     mask == Mask::FromY ? static_cast<const T*>(y.data_ptr()) : nullptr, grp, g, aff, mask, part_d);
-      MINIDL_LAUNCH(op, grad_finalize_kernel, grid_for(g.C), kThreads, 0, ctx.stream(), g, part_d, aff.invstd, gw, gb,
+      MINIDL_LAUNCH(op, grad_finalize_kernel, warp_grid_for(g.C), kThreads, 0, ctx.stream(), g, part_d, aff.invstd, gw, gb,
                     training, coef_d);
     }
     if (!gx.defined()) return;

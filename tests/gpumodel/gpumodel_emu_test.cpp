@@ -135,5 +135,26 @@ TEST(GpuModelOnTheEmulator, BatchNormGridsArePlannedForTheTargetSize) {
   EXPECT_EQ(planned, target);
 }
 
+// The forward's finalize reads only the partial sums and the shifts the statistics pass wrote, so
+// its counters are a constant of the fit. It used to read each channel's first value of x, whose
+// sectors follow the plane's size (4 channels a sector at 2x2, one at 3x3): the fit in N * S^2
+// carried that wobble ~1,500x to the target, 4.5 MB a launch and 5 ms of "latency" in the table.
+TEST(GpuModelOnTheEmulator, BatchNormFinalizeReadsTheSameBytesAtEverySize) {
+  const TensorOptions o{DType::f32, Device::cuda(0), false};
+  auto finalize_sectors = [&](int64_t side) {
+    const Tensor x = randn({2, 8, side, side}, o), w = ones({8}, o), b = zeros({8}, o);
+    const StepProfile p = profile_on_emulator([&] { (void)batch_norm_relu(x, w, b, Tensor(), Tensor(), true); },
+                                              2, side);
+    for (const Work& wk : p.work)
+      if (wk.kernel.find("finalize_kernel") != std::string::npos) return wk.v[kUniqueSectorsRead];
+    ADD_FAILURE() << "no finalize_kernel launch";
+    return 0.0;
+  };
+  const double small = finalize_sectors(2);
+  EXPECT_GT(small, 0.0);
+  EXPECT_EQ(finalize_sectors(3), small);
+  EXPECT_EQ(finalize_sectors(5), small);
+}
+
 }  // namespace
 }  // namespace minidl::gpumodel
