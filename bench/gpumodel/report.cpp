@@ -17,6 +17,13 @@ std::string bytes_str(double b) {
   return fmt("%.0f B", b);
 }
 std::string ratio(double num, double den) { return den > 0 ? fmt("%.2f", num / den) : "-"; }
+// A per-request or per-instruction ratio of fitted counters, "n/f" past what any warp can do (a
+// request of 32 lanes touches at most 64 sectors, an instruction has at most 32 lanes): the fit of
+// the request counts failed for this kernel (kReportNotFitted says why).
+std::string bounded_ratio(double num, double den, double most) {
+  if (den > 0 && num / den > most) return "n/f";
+  return ratio(num, den);
+}
 
 bool is_library(const Work& w) { return w.kind == Work::Kind::Library; }
 
@@ -145,19 +152,24 @@ std::string markdown_report(const ModelledStep& m, const ReportInfo& info, const
   os << "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   const std::vector<KernelRow> rows = kernel_rows(m);
   int shown = 0;
+  bool not_fitted = false;
   for (const KernelRow& r : rows) {
     if (top > 0 && shown++ >= top) break;
     const bool k = r.kind == Work::Kind::Kernel;
     os << "| `" << r.key << "` | " << r.launches << " | " << fmt("%.1f", r.seconds * 1e6) << " | "
        << fmt("%.1f%%", m.seconds > 0 ? 100.0 * r.seconds / m.seconds : 0.0) << " | " << r.bound << " | "
-       << bytes_str(r.dram_bytes) << " | " << (k ? ratio(r.gld_sectors, r.gld_requests) : "-") << " | "
-       << (k ? ratio(r.gst_sectors, r.gst_requests) : "-") << " | "
+       << bytes_str(r.dram_bytes) << " | " << (k ? bounded_ratio(r.gld_sectors, r.gld_requests, 64) : "-") << " | "
+       << (k ? bounded_ratio(r.gst_sectors, r.gst_requests, 64) : "-") << " | "
        << (k ? fmt("%.0f", std::max(0.0, r.shared_wavefronts - r.shared_requests)) : "-") << " | "
        << (k ? fmt("%.0f%%", 100.0 * r.occupancy) + (r.resources_known ? "" : "?") : "-") << " | "
        << (k && r.resources_known ? std::to_string(r.registers) : "-") << " | "
        << (k && r.resources_known ? std::to_string(r.spill_bytes) : "-") << " | "
-       << (k ? ratio(r.active_lanes, r.mem_instructions) : "-") << " |\n";
+       << (k ? bounded_ratio(r.active_lanes, r.mem_instructions, 32) : "-") << " |\n";
+    not_fitted = not_fitted || (k && (bounded_ratio(r.gld_sectors, r.gld_requests, 64) == "n/f" ||
+                                      bounded_ratio(r.gst_sectors, r.gst_requests, 64) == "n/f" ||
+                                      bounded_ratio(r.active_lanes, r.mem_instructions, 32) == "n/f"));
   }
+  if (not_fitted) os << "\n" << kReportNotFitted << "\n";
   if (top > 0 && static_cast<int>(rows.size()) > top)
     os << "\n(" << rows.size() - top << " more rows in the full table)\n";
   (void)spec;

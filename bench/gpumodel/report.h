@@ -26,6 +26,15 @@ struct ModelledStep {
 ModelledStep model_step(const StepProfile& step, const std::vector<KernelResources>& table, const H100Spec& spec,
                         LaunchMode mode);
 
+// The note under a kernel table with "n/f" cells: request and instruction counts extrapolate only
+// when the samples issue the target's instructions; a kernel whose vector width follows the
+// plane's size (a 7x7 plane at the target takes scalar accesses, 2x2 and 3x3 at the samples do
+// not) gets sector counts right but request counts that no warp could issue.
+inline constexpr const char* kReportNotFitted =
+    "n/f: the fitted request or instruction count of this kernel is not one a warp could issue (its "
+    "vector width follows the plane's size, so the sampled sizes issue other instructions than the "
+    "target); its sectors, DRAM bytes and modelled time do not depend on these counts.";
+
 struct KernelRow {
   std::string key;
   Work::Kind kind = Work::Kind::Kernel;

@@ -113,5 +113,28 @@ TEST(CostModel, TheStepIsTheSumInStreamOrderAndTheTablesGroupByKernel) {
   EXPECT_NE(markdown_report(m, info, s).find("modelled"), std::string::npos);
 }
 
+// A ratio no warp can reach (more than 64 sectors a request, more than 32 lanes an instruction) is
+// a failed fit of the request counts, shown as "n/f" with the note, never as a number.
+TEST(CostModel, RatiosNoWarpCanReachAreShownAsNotFitted) {
+  const H100Spec s;
+  StepProfile p;
+  p.batch = 8;
+  p.image = 32;
+  p.work = {copy_kernel(1e6, 132 * 32)};
+  ReportInfo info;
+  info.title = "t";
+  info.images_per_step = 8;
+  const std::string fine = markdown_report(model_step(p, {}, s, LaunchMode::Eager), info, s);
+  EXPECT_EQ(fine.find("n/f"), std::string::npos);
+  EXPECT_NE(fine.find("| 16.00 | 16.00 |"), std::string::npos) << fine;
+  p.work[0].v[kGldRequests] = p.work[0].v[kGldSectors] / 286.0;   // what a failed fit gave
+  p.work[0].v[kMemInstructions] = 10;
+  p.work[0].v[kActiveLanes] = 7720;
+  const std::string bad = markdown_report(model_step(p, {}, s, LaunchMode::Eager), info, s);
+  EXPECT_NE(bad.find("| n/f | 16.00 |"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("| n/f |\n"), std::string::npos) << bad;
+  EXPECT_NE(bad.find(kReportNotFitted), std::string::npos);
+}
+
 }  // namespace
 }  // namespace minidl::gpumodel
