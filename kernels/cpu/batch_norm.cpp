@@ -58,35 +58,48 @@ Layout layout_of(const Tensor& x, const char* what) {
   return common::channel_layout("cpu", x, "batch_norm", what, /*allow_channels_last=*/false);
 }
 
+// The arithmetic type of a storage type: f16 values are computed in f32 (each read widened, each
+// result rounded once to f16), which is what staging the whole tensor through an f32 copy gave,
+// bit for bit, without the copies (five f32 tensors in a fused backward under autocast).
+template <typename T>
+struct Arith {
+  using type = T;
+};
+template <>
+struct Arith<Half> {
+  using type = float;
+};
+
 // y = (x - mean[c]) * alpha[c] + bias[c], then + residual and ReLU when asked (residual null: no
 // add), parallel over (n, c) planes. Subtracting the mean first keeps f32 outputs accurate when
 // |mean| is much larger than the spread. Each variant is its own loop so each vectorises.
 template <typename T>
 void apply_affine(const T* x, T* y, const Layout& L, const std::vector<double>& mean, const std::vector<double>& alpha,
                   const std::vector<double>& bias, const T* residual = nullptr, bool relu = false) {
+  using A = typename Arith<T>::type;
   const int64_t planes = L.N * L.C;
 #pragma omp parallel for schedule(static) if (planes * L.S > 32768)
   for (int64_t p = 0; p < planes; ++p) {
     const int64_t c = p % L.C;
-    const T m = static_cast<T>(mean[c]);
-    const T a = static_cast<T>(alpha[c]);
-    const T b = static_cast<T>(bias[c]);
+    const A m = static_cast<A>(mean[c]);
+    const A a = static_cast<A>(alpha[c]);
+    const A b = static_cast<A>(bias[c]);
     const T* xp = x + p * L.S;
     T* yp = y + p * L.S;
     const T* rp = residual != nullptr ? residual + p * L.S : nullptr;
     if (rp != nullptr) {
       for (int64_t s = 0; s < L.S; ++s) {
-        const T z = (xp[s] - m) * a + b;
-        const T t = z + rp[s];
-        yp[s] = relu ? (t > T(0) ? t : T(0)) : t;
+        const A z = (static_cast<A>(xp[s]) - m) * a + b;
+        const A t = z + static_cast<A>(rp[s]);
+        yp[s] = static_cast<T>(relu ? (t > A(0) ? t : A(0)) : t);
       }
     } else if (relu) {
       for (int64_t s = 0; s < L.S; ++s) {
-        const T z = (xp[s] - m) * a + b;
-        yp[s] = z > T(0) ? z : T(0);
+        const A z = (static_cast<A>(xp[s]) - m) * a + b;
+        yp[s] = static_cast<T>(z > A(0) ? z : A(0));
       }
     } else {
-      for (int64_t s = 0; s < L.S; ++s) yp[s] = (xp[s] - m) * a + b;
+      for (int64_t s = 0; s < L.S; ++s) yp[s] = static_cast<T>((static_cast<A>(xp[s]) - m) * a + b);
     }
   }
 }
@@ -233,7 +246,7 @@ void forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 template <typename T>
 const T* masked_plane(const T* g, const T* y, T* out, int64_t n) {
   if (y == nullptr) return g;
-  for (int64_t k = 0; k < n; ++k) out[k] = y[k] > T(0) ? g[k] : T(0);
+  for (int64_t k = 0; k < n; ++k) out[k] = static_cast<double>(y[k]) > 0.0 ? g[k] : T(0.0f);
   return out;
 }
 
@@ -284,7 +297,9 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
         const T* g = gres != nullptr ? gres + base : plane_grad(base);
         for (int64_t k = 0; k < L.S; ++k) {
           const double xm = static_cast<double>(xd[base + k]) - m;
-          gxd[base + k] = static_cast<T>((static_cast<double>(g[k]) - grad_mean - xm * proj) * scale);
+          // Through the arithmetic type, as an f32 staging copy rounded it before narrowing to f16.
+          gxd[base + k] = static_cast<T>(
+              static_cast<typename Arith<T>::type>((static_cast<double>(g[k]) - grad_mean - xm * proj) * scale));
         }
       }
     }
@@ -312,17 +327,19 @@ void check_act_layout(const char* op, const Tensor& x, std::initializer_list<con
   }
 }
 
-// An operand as the loops above read it: contiguous NCHW, f16 widened to f32 (a channels-last
-// tensor is copied to NCHW; the reference favours one code path over speed).
-Tensor staged_input(const Tensor& t) {
-  if (!t.defined()) return t;
-  return is_half(t) ? widen_half(t) : t.contiguous();
-}
-// An output the loops can write: t itself when contiguous and not f16, else a contiguous
-// temporary (f32 for f16) that unstage copies back.
+// An operand as the fused loops read it: contiguous NCHW in its own dtype (a channels-last tensor
+// is copied to NCHW; the reference favours one code path over speed).
+Tensor staged_input(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
+// An output the fused loops can write: t itself when contiguous, else a contiguous temporary of
+// its dtype that unstage copies back.
 Tensor staged_output(const Tensor& t) {
-  if (!t.defined() || (t.is_contiguous() && !is_half(t))) return t;
-  return empty(t.shape(), {is_half(t) ? DType::f32 : t.dtype(), t.device(), false});
+  if (!t.defined() || t.is_contiguous()) return t;
+  return empty(t.shape(), {t.dtype(), t.device(), false});
+}
+
+void check_act_dtype(const Tensor& x, const char* op) {
+  MINIDL_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64 || x.dtype() == DType::f16, op, " (cpu): x ",
+               x.meta(), " must be f32, f64 or f16; convert with .to(DType::f32)");
 }
 
 }  // namespace
@@ -412,12 +429,10 @@ void CpuBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual,
   const BatchNormActForwardStage st = stage_batch_norm_act_forward(x, residual, y);
   const Tensor &xs = st.x, &ys = st.y;
   const Tail tail{st.residual, true};
-  check_float(xs, op);
+  check_act_dtype(xs, op);
   dispatch_float_half(xs.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, Half>) {
-      MINIDL_FAIL(op, " (cpu): f16 is staged through f32");
-    } else if (training) {
+    if (training) {
       forward_train<T>(xs, weight, bias, running_mean, running_var, momentum, eps, ys, save_mean, save_invstd, tail);
     } else {
       forward_eval<T>(xs, weight, bias, running_mean, running_var, eps, ys, save_mean, save_invstd, tail);
@@ -435,14 +450,10 @@ void CpuBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, cons
   const BatchNormActBackwardStage st = stage_batch_norm_act_backward(gy, x, y, gx, gresidual);
   const Tensor &gys = st.gy, &xs = st.x, &gxs = st.gx;
   const GradTail tail{st.y, st.gresidual};
-  check_float(xs, op);
+  check_act_dtype(xs, op);
   dispatch_float_half(xs.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, Half>) {
-      MINIDL_FAIL(op, " (cpu): f16 is staged through f32");
-    } else {
-      backward<T>(gys, xs, weight, save_mean, save_invstd, training, gxs, gweight, gbias, tail);
-    }
+    backward<T>(gys, xs, weight, save_mean, save_invstd, training, gxs, gweight, gbias, tail);
   });
   unstage(gxs, gx);
   unstage(tail.gres, gresidual);

@@ -21,9 +21,9 @@ namespace minidl::cpu {
 std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b);
 
 // batch_norm.cpp: the fused batch norm's (batch_norm_relu, batch_norm_add_relu) operands as its
-// loops read them, staged in this order: contiguous NCHW, f16 widened to f32; an output that is
-// f16 or not contiguous gets a contiguous temporary, copied back (narrow_into) before the
-// temporaries go. Undefined operands stay undefined; one that needs no staging is itself.
+// loops read them, staged in this order: contiguous NCHW in their own dtype (f16 is read and
+// written as f16, computed in f32); an output that is not contiguous gets a contiguous temporary,
+// copied back (narrow_into) before the temporaries go. Undefined operands stay undefined; one that needs no staging is itself.
 struct BatchNormActForwardStage {
   Tensor x, y, residual;
 };
