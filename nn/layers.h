@@ -64,6 +64,9 @@ class BatchNorm2d : public Module {
   double eps_, momentum_;
   StatsReducer reduce_;
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
+  // The 1 that count_batch adds, kept on the counter's device: making it every step cost a fill
+  // launch per batch norm on a GPU (53 a ResNet-50 step). Not a buffer: not in the state dict.
+  Tensor one_;
 };
 
 // weight [out, in], bias [out]. PyTorch's default initialisation.
