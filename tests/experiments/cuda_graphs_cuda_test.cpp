@@ -5,12 +5,16 @@
 // accuracies, step counts and final weights must be bit-identical.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/ops.h"
+#include "experiments/harness/graphed_step.h"
+#include "experiments/harness/model.h"
 #include "experiments/harness/train.h"
 #include "nn/safetensors.h"
 #include "tests/experiments/helpers.h"
@@ -112,6 +116,48 @@ TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expec
 // warm-up) and a later one, which the device skips inside a replay. That step must not count, as
 // in the eager loop, or the schedule, the progress lines and the run's step count would shift.
 TEST(ExperimentsCudaGraphs, AmpStepsTheDeviceSkipsAreNotCounted) { expect_same_training(true, 262144.0, 8, -1, -1); }
+
+// The fused losses skip their host check of the targets while capturing; GraphedStep checks every
+// batch's labels on the host before it copies them in, so a bad label fails at once, before any
+// capture or replay, and the step waits for a real eager step before it is replayable at all.
+TEST(ExperimentsCudaGraphs, LabelsAreCheckedOnTheHostBeforeAReplay) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = testing::tiny_config();
+  c.device = "cuda";
+  c.momentum = 0.9;
+  const Device dev = Device::cuda(0);
+  Model m = make_model(c, 3);
+  m.module->to(dev);
+  m.module->train();
+  auto opt = make_optimizer(c, *m.module, 0.01);
+  optim::GradScaler scaler({.enabled = false});
+  optim::AccumulatingTrainer trainer(*opt);
+  GraphedStep graphed(m, trainer, *opt, scaler, dev);
+  const TensorOptions f32{DType::f32, dev, false};
+  const Tensor x = randn(m.input_shape(4), f32);
+  const Tensor good = full({4}, 1.0, f32).to(DType::i64);
+  const optim::MicroBatch mb{.loss_weight = 1.0, .steps = true, .samples = 4};
+  EXPECT_FALSE(graphed.replayable(x, mb, 4));   // no eager step yet
+  EXPECT_TRUE(graphed.eager_step(m.loss(m.forward(x), good), mb, x));
+  EXPECT_TRUE(graphed.replayable(x, mb, 4));
+  EXPECT_FALSE(graphed.replayable(x.slice(0, 0, 2), mb, 4));   // a partial batch runs eagerly
+  Tensor bad = good.to(Device::cpu()).clone();
+  bad.data<int64_t>()[2] = 2;
+  std::string what;
+  try {
+    graphed.step(x, bad.to(dev));
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("label 2 of sample 2 is outside [0, 2)"), std::string::npos) << what;
+  EXPECT_EQ(graphed.captures(), 0);
+  EXPECT_EQ(opt->step_count(), 1);
+  const GraphedStep::Output out = graphed.step(x, good);   // the good batch is captured and replayed
+  EXPECT_TRUE(out.stepped);
+  EXPECT_EQ(graphed.captures(), 1);
+  EXPECT_EQ(opt->step_count(), 2);
+  EXPECT_TRUE(std::isfinite(out.loss.item()));
+}
 
 }  // namespace
 }  // namespace minidl::harness

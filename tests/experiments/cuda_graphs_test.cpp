@@ -9,6 +9,7 @@
 
 #include "experiments/harness/config.h"
 #include "experiments/harness/graphed_step.h"
+#include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
 #include "tests/experiments/helpers.h"
 
@@ -86,6 +87,23 @@ TEST(ExperimentsCudaGraphs, RunTrainingRefusesACpuRunBeforeTraining) {
   }
   EXPECT_NE(what.find("--cuda-graphs needs a CUDA device"), std::string::npos) << what;
   EXPECT_FALSE(trained);
+}
+
+TEST(ExperimentsCudaGraphs, ASweepWithARunAReplayCannotDoIsRefusedBeforeItsFirstRun) {
+  TrainConfig base = graphed();
+  const Study s = make_grid(base, {8}, {"sgd", "adam"}, {}, {});
+  SweepOptions o;
+  o.out = testing::temp_dir() / "grid";
+  o.verbose = false;
+  std::string what;
+  try {
+    run_sweep(s, o);
+  } catch (const UsageError& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("--cuda-graphs replays SGD only: adam"), std::string::npos) << what;
+  EXPECT_NE(what.find("run "), std::string::npos) << what;
+  EXPECT_FALSE(std::filesystem::exists(o.out / "results.csv"));   // the SGD run did not start either
 }
 
 }  // namespace
