@@ -58,7 +58,16 @@ GraphedStep::~GraphedStep() {
 bool GraphedStep::replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const {
   if (!ready_ || !mb.steps || mb.loss_weight != 1.0 || images.size(0) != micro) return false;
   const Layout l = layout(images);
-  return (x_.defined() && l == layout(x_)) || l == warm_;
+  if (graph_ && l == layout(x_) && same_rates()) return true;   // a replay of the graph as it is
+  // A capture runs the step's host code: only at the layout whose host code ran last, so that
+  // cuDNN's algorithm choice, workspaces and --checkpoint optimal's profile of the shape exist.
+  return l == warm_;
+}
+
+bool GraphedStep::same_rates() const {
+  for (size_t g = 0; g < opt_.num_groups(); ++g)
+    if (g >= graph_lrs_.size() || opt_.lr(g) != graph_lrs_[g]) return false;
+  return true;
 }
 
 bool GraphedStep::skipped_on_device() const {
@@ -94,6 +103,7 @@ void GraphedStep::capture() {
   });
   loss_ = loss_.detach();
   logits_ = logits_.detach();
+  warm_ = layout(x_);
   ++captures_;
 }
 
@@ -116,7 +126,7 @@ GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels
     x_.copy_(images);
     y_.copy_(labels);
   }
-  for (size_t g = 0; g < opt_.num_groups() && !recapture; ++g) recapture = opt_.lr(g) != graph_lrs_[g];
+  if (!same_rates()) recapture = true;
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   if (recapture) capture();   // runs the step's host code (and counts it) without its device work
   graph_->replay();

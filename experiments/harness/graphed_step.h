@@ -36,9 +36,10 @@ class GraphedStep {
   GraphedStep(const GraphedStep&) = delete;
   GraphedStep& operator=(const GraphedStep&) = delete;
 
-  // Whether this micro-batch can be a replay: after the warm-up, a whole optimizer step (weight 1),
-  // a full batch of `micro` samples (the epoch's last partial batch runs eagerly) of a shape that
-  // is already warm. A new learning rate or shape is a re-capture inside step().
+  // Whether this micro-batch can be a replay: after the warm-up, a whole optimizer step (weight 1)
+  // of a full batch of `micro` samples (the epoch's last partial batch runs eagerly), and either the
+  // graph's layout and learning rates, or (a capture inside step()) the layout of the last step
+  // whose host code ran, eager or captured. Otherwise the step runs eagerly and warms its layout.
   bool replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const;
 
   // What a replay wrote: the loss (0-dim f32), the logits and the labels it used, all on the device;
@@ -70,6 +71,8 @@ class GraphedStep {
   };
   static Layout layout(const Tensor& t) { return {t.shape(), t.strides(), t.dtype()}; }
   void capture();
+  // Whether every group's learning rate is the one the graph was captured with.
+  bool same_rates() const;
   // Whether the step that just ran was skipped by the scaler's device state (a host read).
   bool skipped_on_device() const;
 
@@ -79,7 +82,7 @@ class GraphedStep {
   optim::GradScaler& scaler_;
   Device device_;
   bool ready_ = false;        // the optimizer has really stepped eagerly
-  std::optional<Layout> warm_;      // the last batch layout that ran eagerly
+  std::optional<Layout> warm_;      // the layout of the last step whose host code ran
   std::unique_ptr<Backend::Graph> graph_;
   std::vector<double> graph_lrs_;   // the learning rates the graph replays (kernel arguments)
   Tensor x_, y_;              // captured inputs: each batch is copied into them

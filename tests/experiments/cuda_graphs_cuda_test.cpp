@@ -105,12 +105,13 @@ void expect_same_training(bool amp, double init_scale, int64_t steps, int replay
   for (const auto& [name, t] : eager.weights) EXPECT_EQ(bytes_of(graphed.weights.at(name)), bytes_of(t)) << name;
 }
 
-// 10 steps, 5 an epoch: step 1 eager (the warm-up), 2-3 replay the first capture, 4 a new rate
-// (captured again), 5 the partial batch (eager); 6 replays, 7 a new rate, 8-9 replay, 10 partial
-// (eager): 7 replays of 3 captures.
-TEST(ExperimentsCudaGraphs, Fp32TrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(false, 1024, 10, 7, 3); }
+// 10 steps, 5 an epoch: step 1 eager (the warm-up), 2 captured, 3 replayed, 4 a new rate (captured
+// again), 5 the partial batch (eager); 6 replayed, 7 a new rate after the partial batch's host code
+// (eager: a capture would run the forward's host code at a layout that did not run last), 8
+// captured, 9 replayed, 10 partial (eager): 6 replays of 3 captures.
+TEST(ExperimentsCudaGraphs, Fp32TrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(false, 1024, 10, 6, 3); }
 
-TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(true, 1024, 10, 7, 3); }
+TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(true, 1024, 10, 6, 3); }
 
 // A loss scale of 2^18 overflows twice: the first step (the scaler's host state, during the
 // warm-up) and a later one, which the device skips inside a replay. That step must not count, as
@@ -141,6 +142,7 @@ TEST(ExperimentsCudaGraphs, LabelsAreCheckedOnTheHostBeforeAReplay) {
   EXPECT_TRUE(graphed.eager_step(m.loss(m.forward(x), good), mb, x));
   EXPECT_TRUE(graphed.replayable(x, mb, 4));
   EXPECT_FALSE(graphed.replayable(x.slice(0, 0, 2), mb, 4));   // a partial batch runs eagerly
+  EXPECT_FALSE(graphed.replayable(randn(m.input_shape(8), f32), mb, 8));   // a new shape: eager first
   Tensor bad = good.to(Device::cpu()).clone();
   bad.data<int64_t>()[2] = 2;
   std::string what;
