@@ -109,4 +109,14 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
   return true;
 }
 
+void AccumulatingTrainer::settle_device_step(const Counts& before, bool skipped) {
+  MINIDL_CHECK(!window_open_, "gradient accumulation: settle_device_step() inside an open accumulation window; a ",
+               "step settled from the device must be a whole window (one micro-batch that steps)");
+  MINIDL_CHECK(!skipped || (o_.scaler != nullptr && o_.scaler->device_state()), "gradient accumulation: a step ",
+               "skipped on the device needs the gradient scaler's device state (GradScaler::to_device_state)");
+  optimizer_steps_ = before.windows + (skipped ? 0 : 1);
+  skipped_steps_ = before.skipped + (skipped ? 1 : 0);
+  opt_.set_step_count(before.optimizer_steps + (skipped ? 0 : 1));
+}
+
 }  // namespace minidl::optim

@@ -73,6 +73,20 @@ class AccumulatingTrainer {
   bool micro_batch(const Tensor& loss, const MicroBatch& mb);
 
   int64_t optimizer_steps() const { return optimizer_steps_; }    // windows closed with a step
+  // CUDA graphs: a step whose outcome only the device knows. A replay runs a captured window of one
+  // micro-batch on the device only (nothing counted), its capture ran the host code without the
+  // device work (counted), and with the scaler's device state a window the device skipped was
+  // counted as a step. settle_device_step sets this trainer's and the optimizer's counts to
+  // `before` (taken with counts() before the step) plus that step: a step taken, or one skipped
+  // (`skipped`: the device's found-inf flag, read by the caller after the step). The schedule is
+  // not applied: the caller sets the learning rates (a graph's kernel arguments: it re-captures).
+  struct Counts {
+    int64_t optimizer_steps = 0;   // Optimizer::step_count
+    int64_t windows = 0;           // optimizer_steps()
+    int64_t skipped = 0;           // skipped_steps()
+  };
+  Counts counts() const { return {opt_.step_count(), optimizer_steps_, skipped_steps_}; }
+  void settle_device_step(const Counts& before, bool skipped);
   int64_t skipped_steps() const { return skipped_steps_; }        // windows before_step refused
   double last_grad_norm() const { return last_grad_norm_; }       // 0 when not clipping
   const std::vector<double>& base_lrs() const { return base_lrs_; }

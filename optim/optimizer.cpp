@@ -81,6 +81,11 @@ void Optimizer::add_param_group(ParamGroup group) {
   groups_.push_back(std::move(group));
 }
 
+void Optimizer::set_step_count(int64_t n) {
+  MINIDL_CHECK(n >= 0, name_, ".set_step_count: a step count cannot be negative, got ", n);
+  step_count_ = n;
+}
+
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& p : g.params) p.zero_grad();

@@ -65,6 +65,11 @@ class Optimizer {
   // One update of every parameter that has a gradient, under NoGradGuard.
   virtual void step();
   int64_t step_count() const { return step_count_; }
+  // CUDA graphs: a replay runs a captured step() on the device without calling it on the host, and
+  // a step the gradient scaler's device state skipped was counted by step(); the graphed loop
+  // settles the count afterwards (AccumulatingTrainer::settle_device_step), so schedules, progress
+  // and saved state count the steps the weights really took, as in the eager loop.
+  void set_step_count(int64_t n);
   // GradScaler's device state (CUDA graphs): while set, step() passes this one-element f32 device
   // flag to the fused kernels, which change nothing when it is nonzero (the skipped step decided
   // on the device, without a host sync). A group that cannot take the fused path then throws.

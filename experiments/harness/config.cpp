@@ -13,6 +13,7 @@
 #include "core/allocator.h"
 #include "core/backend.h"
 #include "experiments/harness/batch_schedule.h"
+#include "experiments/harness/graphed_step.h"
 #include "optim/schedule.h"
 #ifdef MINIDL_WITH_CUDA
 #include "kernels/cuda/runtime.h"
@@ -140,6 +141,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
                  "cuDNN convolution algorithms: on (autotune, as torch.backends.cudnn.benchmark) or off (heuristic)");
   app.add_flag("--channels-last", c.channels_last,
                "weights and input batches in channels-last (NHWC) memory, kept end to end; off by default");
+  app.add_flag("--cuda-graphs", c.cuda_graphs,
+               "capture the training step into a CUDA graph after the warm-up and replay it for every full "
+               "batch (CUDA device, SGD, no accumulation, clipping or ranks; the divergence check follows the "
+               "update); off by default");
   app.add_option("--memory-budget", c.memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
   app.add_option("--device", c.device, "cpu, cuda or cuda:N");
   app.add_option("--seed", c.seed, "seed of data split, initialisation, shuffling and augmentation");
@@ -322,6 +327,7 @@ void validate(const TrainConfig& c) {
   if (c.progress_every < 0) usage("--progress-every must be >= 0");
   if (c.progress_seconds < 0) usage("--progress-seconds must be >= 0");
   parse_split(c.split);
+  if (c.cuda_graphs) check_cuda_graphs(c);
   const CheckpointSpec ck = parse_checkpoint(c.checkpoint);
   if (ck.kind != CheckpointSpec::Kind::None && !is_resnet(c.model))
     usage("--checkpoint " + c.checkpoint + " needs a ResNet model (the small CNN has no stages to recompute)");

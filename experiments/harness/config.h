@@ -74,6 +74,7 @@ struct TrainConfig {
   std::string checkpoint = "none";  // none | stages | sequential:N | optimal
   std::string cudnn_benchmark = "on";
   bool channels_last = false;       // weights and batches in channels-last memory (NHWC)
+  bool cuda_graphs = false;         // replay each step from a CUDA graph (graphed_step.h)
   std::string memory_budget;        // "11GiB"; empty: none
   std::string device = "cpu";
   uint64_t seed = 0;

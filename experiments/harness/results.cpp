@@ -253,6 +253,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"checkpoint", c.checkpoint},
           {"cudnn_benchmark", c.cudnn_benchmark},
           {"channels_last", c.channels_last},
+          {"cuda_graphs", c.cuda_graphs},
           {"memory_budget", c.memory_budget},
           {"device", c.device},
           {"seed", c.seed},

@@ -17,6 +17,7 @@
 
 #include "distributed/process_group.h"
 #include "experiments/harness/eta.h"
+#include "experiments/harness/graphed_step.h"
 #include "experiments/harness/seed_summary.h"
 #include "experiments/harness/sweep.h"
 #include "experiments/harness/train.h"
@@ -282,6 +283,16 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     if (retry.count(id)) replace_csv_row(csv, results_header(), "run_id", row);
     else append_csv_row(csv, results_header(), row);
   };
+  // --cuda-graphs refuses what a replay cannot do (Adam in the SGD-vs-Adam grids, accumulation):
+  // before the first run, not after hours of the runs before it.
+  for (const SweepRun& run : st.runs) {
+    if (!run.config.cuda_graphs) continue;
+    try {
+      check_cuda_graphs(run.config);
+    } catch (const UsageError& e) {
+      throw UsageError("run " + run.id + " of " + st.name + ": " + e.what());
+    }
+  }
   bool found_only = o.only.empty();
   // The plan first; then "run k/N" and an ETA from the runs finished so far in this session.
   int to_do = 0;

@@ -28,6 +28,7 @@
 #include "experiments/harness/eta.h"
 #include "experiments/harness/evaluate.h"
 #include "experiments/harness/gpu_monitor.h"
+#include "experiments/harness/graphed_step.h"
 #include "experiments/harness/model.h"
 #include "experiments/harness/run_state.h"
 #include "nn/safetensors.h"
@@ -214,6 +215,9 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   // Built before the saved optimizer state is loaded: the trainer keeps the configured learning
   // rates as the schedule's base, while the saved ones are already scheduled (warmup, decay).
   optim::AccumulatingTrainer trainer(*opt, ao);
+  // --cuda-graphs: full batches replay a captured step once the warm-up has stepped eagerly.
+  std::unique_ptr<GraphedStep> graphed;
+  if (c.cuda_graphs) graphed = std::make_unique<GraphedStep>(m, trainer, *opt, scaler, device);
   Progress prog;
   int64_t first_epoch = 1;
   int64_t skip_micro = 0;   // micro-batches of first_epoch done before the resume
@@ -324,6 +328,11 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
                  std::to_string(epoch);
         break;
       }
+      if (graphed && eb.accumulation > 1)
+        throw UsageError("--cuda-graphs replays whole optimizer steps of one micro-batch, but --batch-schedule's batch " +
+                         std::to_string(eb.scheduled) + " at epoch " + std::to_string(epoch) + " fits " + limit_name +
+                         " only as " + std::to_string(eb.accumulation) + " accumulated micro-batches (use a smaller "
+                         "scheduled batch, or run without --cuda-graphs)");
       set_optimal_limit(eb.micro);
       data.train->set_batch_size(eb.micro);
       plan = optim::plan_accumulation(batches.micro_sizes(eb), eb.accumulation);
@@ -369,12 +378,23 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         }
         gpu.step_begin();
         if (dp) dp->sync_buffers();
-        const Tensor logits = m.forward(b->images);
-        const Tensor loss = m.loss(logits, b->labels);
-        const double lv = loss.item();
         const int64_t n = b->labels.size(0);
+        optim::MicroBatch mb = plan[i];
+        if (mb.samples != n) mb.loss_weight = std::min(1.0, mb.loss_weight * static_cast<double>(n) / mb.samples);
+        // A replay has updated the weights when it returns: its loss is checked after the update.
+        const bool replay = graphed && graphed->replayable(b->images, mb, eb.micro);
+        Tensor logits, loss, labels = b->labels;
+        bool stepped = false;
+        if (replay) {
+          const GraphedStep::Output out = graphed->step(b->images, b->labels);
+          logits = out.logits, loss = out.loss, labels = out.labels, stepped = out.stepped;
+        } else {
+          logits = m.forward(b->images);
+          loss = m.loss(logits, b->labels);
+        }
+        const double lv = loss.item();
         loss_sum += lv * static_cast<double>(n);
-        correct += m.correct(logits, b->labels);
+        correct += m.correct(logits, labels);
         em.images += n;
         session_images += n;
         if (agreed(!std::isfinite(lv) || lv > c.diverge_loss)) {   // every rank stops at the same micro-batch
@@ -387,9 +407,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
           stop = cut = true;
           break;
         }
-        optim::MicroBatch mb = plan[i];
-        if (mb.samples != n) mb.loss_weight = std::min(1.0, mb.loss_weight * static_cast<double>(n) / mb.samples);
-        const bool stepped = trainer.micro_batch(loss, mb);
+        if (!replay) stepped = graphed ? graphed->eager_step(loss, mb, b->images) : trainer.micro_batch(loss, mb);
         gpu.step_end();
         ++i;
         if (!t_steady && i % static_cast<size_t>(eb.accumulation) == 0) {
@@ -512,6 +530,10 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       if (hooks.on_epoch) hooks.on_epoch(em);
     }
   }
+  if (graphed)
+    log("--cuda-graphs: " + std::to_string(graphed->replays()) + " steps replayed from " +
+        std::to_string(graphed->captures()) + " capture(s); the others ran eagerly (warm-up, a new batch shape, "
+        "partial batches)");
   r.steps = opt->step_count();
   r.train_seconds = train_seconds;
   const EvalResult t = (r.status == "ok" || r.status == "interrupted") ? evaluate(m, data.test.get(), group) : EvalResult{};

@@ -198,6 +198,29 @@ TEST(Accumulation, RefusedStepLeavesParametersAndClearsGradients) {
   }
 }
 
+// CUDA graphs' bookkeeping (experiments/harness/graphed_step.h): a step that only the device ran,
+// or that a capture counted on the host without running it, is settled from the counts before it.
+TEST(Accumulation, SettledDeviceStepsCountAsTheEagerLoopWould) {
+  Model m = make_model(false);
+  Data d = make_data(8);
+  SGD opt(m.params(), {.lr = 0.1});
+  AccumulatingTrainer trainer(opt);
+  const auto plan = plan_accumulation({4}, 1);
+  const AccumulatingTrainer::Counts before = trainer.counts();
+  EXPECT_TRUE(trainer.micro_batch(loss_of(m, d.x.slice(0, 0, 4), d.y.slice(0, 0, 4)), plan[0]));
+  trainer.settle_device_step(before, false);   // the step as a capture counted it: unchanged
+  EXPECT_EQ(trainer.optimizer_steps(), 1);
+  EXPECT_EQ(opt.step_count(), 1);
+  const AccumulatingTrainer::Counts replayed = trainer.counts();
+  trainer.settle_device_step(replayed, false);   // a replay: nothing ran on the host
+  EXPECT_EQ(trainer.optimizer_steps(), 2);
+  EXPECT_EQ(opt.step_count(), 2);
+  EXPECT_EQ(trainer.skipped_steps(), 0);
+  // Only the scaler's device state can skip a step the host did not see.
+  EXPECT_THROW(trainer.settle_device_step(trainer.counts(), true), Error);
+  EXPECT_THROW(opt.set_step_count(-1), Error);
+}
+
 TEST(Accumulation, BadInputIsRefusedClearly) {
   auto msg = [](const std::function<void()>& f) {
     try {

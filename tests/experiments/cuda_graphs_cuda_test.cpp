@@ -1,0 +1,165 @@
+// minidl-train's loop with --cuda-graphs (experiments/harness/graphed_step.h) against the same run
+// without it: the small CNN on synthetic images, SGD with momentum, a learning-rate schedule that
+// forces re-captures and an epoch whose last batch is partial (eager), FP32 and AMP. On the emulated
+// device (experiments_cuda_emu) a replay computes what the eager step computes, so the losses,
+// accuracies, step counts and final weights must be bit-identical.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/ops.h"
+#include "experiments/harness/graphed_step.h"
+#include "experiments/harness/model.h"
+#include "experiments/harness/train.h"
+#include "nn/safetensors.h"
+#include "tests/experiments/helpers.h"
+
+namespace minidl::harness {
+namespace {
+
+struct TrainingRun {
+  std::vector<EpochMetrics> epochs;
+  std::vector<std::string> progress;   // "step S/T  loss L  acc A" of every progress line
+  std::string graph_line;              // the "--cuda-graphs: ..." summary
+  RunResult result;
+  std::map<std::string, Tensor> weights;
+};
+
+TrainingRun train(bool amp, bool graphs, const std::string& dir, double init_scale = 1024) {
+  TrainConfig c = testing::tiny_config();
+  c.image_size = 16;
+  c.split = "9,2,2";   // 18 training images: 4 batches of 4 and a partial one of 2 per epoch
+  c.batch_size = 4;
+  c.epochs = 2;
+  c.device = "cuda";
+  c.momentum = 0.9;
+  c.weight_decay = 1e-4;
+  c.lr = 0.05;
+  c.schedule = "step:3:0.5";   // a new rate at steps 3, 6, 9: the graph is captured again
+  c.amp = amp;
+  c.amp_init_scale = init_scale;   // 1024: no overflow (a skipped replay would still count as a step)
+  c.workers = 0;
+  c.cuda_graphs = graphs;
+  c.quiet = false;
+  c.progress_every = 1;
+  c.progress_seconds = 0;
+  c.save_weights = dir + (graphs ? "/graphed.safetensors" : "/eager.safetensors");
+  TrainingRun r;
+  static const std::regex step_loss(R"(step \d+/\d+  loss \S+  acc \S+)");
+  RunHooks hooks;
+  hooks.log = [&](const std::string& line) {
+    std::smatch m;
+    if (std::regex_search(line, m, step_loss)) r.progress.push_back(m.str());
+    if (line.rfind("--cuda-graphs:", 0) == 0) r.graph_line = line;
+  };
+  hooks.on_epoch = [&](const EpochMetrics& em) { r.epochs.push_back(em); };
+  r.result = run_training(c, hooks);
+  r.weights = nn::load_safetensors(c.save_weights).tensors;
+  return r;
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu()).contiguous();
+  std::vector<uint8_t> b(h.nbytes());
+  std::memcpy(b.data(), h.data_ptr(), b.size());
+  return b;
+}
+
+// `steps`: the optimizer steps both runs take; `replays`, `captures`: the graphed run's (-1: any > 0).
+void expect_same_training(bool amp, double init_scale, int64_t steps, int replays, int captures) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir().string();
+  const TrainingRun eager = train(amp, false, dir, init_scale), graphed = train(amp, true, dir, init_scale);
+  EXPECT_EQ(eager.result.status, "ok");
+  EXPECT_EQ(graphed.result.status, "ok");
+  EXPECT_EQ(eager.result.steps, steps);
+  EXPECT_EQ(graphed.result.steps, steps);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(graphed.graph_line, m, std::regex(R"((\d+) steps replayed from (\d+) capture)")))
+      << graphed.graph_line;
+  if (replays >= 0) {
+    EXPECT_EQ(std::stoi(m[1]), replays);
+  }
+  EXPECT_GT(std::stoi(m[1]), 0);
+  if (captures >= 0) {
+    EXPECT_EQ(std::stoi(m[2]), captures);
+  }
+  EXPECT_TRUE(eager.graph_line.empty());
+  EXPECT_EQ(graphed.progress, eager.progress);
+  ASSERT_EQ(graphed.epochs.size(), eager.epochs.size());
+  for (size_t e = 0; e < eager.epochs.size(); ++e) {
+    SCOPED_TRACE("epoch " + std::to_string(e + 1));
+    EXPECT_EQ(graphed.epochs[e].train_loss, eager.epochs[e].train_loss);   // bit for bit
+    EXPECT_EQ(graphed.epochs[e].train_acc, eager.epochs[e].train_acc);
+    EXPECT_EQ(graphed.epochs[e].val_loss, eager.epochs[e].val_loss);
+    EXPECT_EQ(graphed.epochs[e].steps, eager.epochs[e].steps);
+    EXPECT_EQ(graphed.epochs[e].lr, eager.epochs[e].lr);
+  }
+  EXPECT_EQ(graphed.result.test_loss, eager.result.test_loss);
+  ASSERT_EQ(graphed.weights.size(), eager.weights.size());
+  for (const auto& [name, t] : eager.weights) EXPECT_EQ(bytes_of(graphed.weights.at(name)), bytes_of(t)) << name;
+}
+
+// 10 steps, 5 an epoch: step 1 eager (the warm-up), 2 captured, 3 replayed, 4 a new rate (captured
+// again), 5 the partial batch (eager); 6 replayed, 7 a new rate after the partial batch's host code
+// (eager: a capture would run the forward's host code at a layout that did not run last), 8
+// captured, 9 replayed, 10 partial (eager): 6 replays of 3 captures.
+TEST(ExperimentsCudaGraphs, Fp32TrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(false, 1024, 10, 6, 3); }
+
+TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(true, 1024, 10, 6, 3); }
+
+// A loss scale of 2^18 overflows twice: the first step (the scaler's host state, during the
+// warm-up) and a later one, which the device skips inside a replay. That step must not count, as
+// in the eager loop, or the schedule, the progress lines and the run's step count would shift.
+TEST(ExperimentsCudaGraphs, AmpStepsTheDeviceSkipsAreNotCounted) { expect_same_training(true, 262144.0, 8, -1, -1); }
+
+// The fused losses skip their host check of the targets while capturing; GraphedStep checks every
+// batch's labels on the host before it copies them in, so a bad label fails at once, before any
+// capture or replay, and the step waits for a real eager step before it is replayable at all.
+TEST(ExperimentsCudaGraphs, LabelsAreCheckedOnTheHostBeforeAReplay) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = testing::tiny_config();
+  c.device = "cuda";
+  c.momentum = 0.9;
+  const Device dev = Device::cuda(0);
+  Model m = make_model(c, 3);
+  m.module->to(dev);
+  m.module->train();
+  auto opt = make_optimizer(c, *m.module, 0.01);
+  optim::GradScaler scaler({.enabled = false});
+  optim::AccumulatingTrainer trainer(*opt);
+  GraphedStep graphed(m, trainer, *opt, scaler, dev);
+  const TensorOptions f32{DType::f32, dev, false};
+  const Tensor x = randn(m.input_shape(4), f32);
+  const Tensor good = full({4}, 1.0, f32).to(DType::i64);
+  const optim::MicroBatch mb{.loss_weight = 1.0, .steps = true, .samples = 4};
+  EXPECT_FALSE(graphed.replayable(x, mb, 4));   // no eager step yet
+  EXPECT_TRUE(graphed.eager_step(m.loss(m.forward(x), good), mb, x));
+  EXPECT_TRUE(graphed.replayable(x, mb, 4));
+  EXPECT_FALSE(graphed.replayable(x.slice(0, 0, 2), mb, 4));   // a partial batch runs eagerly
+  EXPECT_FALSE(graphed.replayable(randn(m.input_shape(8), f32), mb, 8));   // a new shape: eager first
+  Tensor bad = good.to(Device::cpu()).clone();
+  bad.data<int64_t>()[2] = 2;
+  std::string what;
+  try {
+    graphed.step(x, bad.to(dev));
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("label 2 of sample 2 is outside [0, 2)"), std::string::npos) << what;
+  EXPECT_EQ(graphed.captures(), 0);
+  EXPECT_EQ(opt->step_count(), 1);
+  const GraphedStep::Output out = graphed.step(x, good);   // the good batch is captured and replayed
+  EXPECT_TRUE(out.stepped);
+  EXPECT_EQ(graphed.captures(), 1);
+  EXPECT_EQ(opt->step_count(), 2);
+  EXPECT_TRUE(std::isfinite(out.loss.item()));
+}
+
+}  // namespace
+}  // namespace minidl::harness
