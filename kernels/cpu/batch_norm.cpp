@@ -58,16 +58,41 @@ Layout layout_of(const Tensor& x, const char* what) {
   return common::channel_layout("cpu", x, "batch_norm", what, /*allow_channels_last=*/false);
 }
 
-// The arithmetic type of a storage type: f16 values are computed in f32 (each read widened, each
-// result rounded once to f16), which is what staging the whole tensor through an f32 copy gave,
-// bit for bit, without the copies (five f32 tensors in a fused backward under autocast).
+// f16 activations are computed in f32 one plane at a time: a plane is widened into a per-thread
+// f32 buffer (F16C, half.h), the f32 loops run on it unchanged, and a result plane is narrowed
+// back. That gives the bits of staging the whole tensor through f32 copies (what this kernel did
+// before) without the copies: five f32 tensors at once in a fused backward under autocast. Plain
+// f32 and f64 planes are used in place. The buffers are the loops' own scratch (a plane of S
+// values each), like a register file, not tensors.
 template <typename T>
-struct Arith {
-  using type = T;
-};
-template <>
-struct Arith<Half> {
-  using type = float;
+class PlaneBuffer {
+ public:
+  using A = compute_t<T>;
+  // The plane [p, p + n) as A values: p itself, or its widened copy.
+  const A* in(const T* p, int64_t n) {
+    if constexpr (std::is_same_v<T, A>) {
+      return p;
+    } else {
+      buf_.resize(static_cast<size_t>(n));
+      half_to_float(p, buf_.data(), n);
+      return buf_.data();
+    }
+  }
+  // Where to compute the plane that goes to p: p itself, or the buffer (then out() narrows it).
+  A* scratch(T* p, int64_t n) {
+    if constexpr (std::is_same_v<T, A>) {
+      return p;
+    } else {
+      buf_.resize(static_cast<size_t>(n));
+      return buf_.data();
+    }
+  }
+  void out(T* p, int64_t n) {
+    if constexpr (!std::is_same_v<T, A>) float_to_half(buf_.data(), p, n);
+  }
+
+ private:
+  std::vector<A> buf_;
 };
 
 // y = (x - mean[c]) * alpha[c] + bias[c], then + residual and ReLU when asked (residual null: no
@@ -76,30 +101,35 @@ struct Arith<Half> {
 template <typename T>
 void apply_affine(const T* x, T* y, const Layout& L, const std::vector<double>& mean, const std::vector<double>& alpha,
                   const std::vector<double>& bias, const T* residual = nullptr, bool relu = false) {
-  using A = typename Arith<T>::type;
+  using A = compute_t<T>;
   const int64_t planes = L.N * L.C;
-#pragma omp parallel for schedule(static) if (planes * L.S > 32768)
-  for (int64_t p = 0; p < planes; ++p) {
-    const int64_t c = p % L.C;
-    const A m = static_cast<A>(mean[c]);
-    const A a = static_cast<A>(alpha[c]);
-    const A b = static_cast<A>(bias[c]);
-    const T* xp = x + p * L.S;
-    T* yp = y + p * L.S;
-    const T* rp = residual != nullptr ? residual + p * L.S : nullptr;
-    if (rp != nullptr) {
-      for (int64_t s = 0; s < L.S; ++s) {
-        const A z = (static_cast<A>(xp[s]) - m) * a + b;
-        const A t = z + static_cast<A>(rp[s]);
-        yp[s] = static_cast<T>(relu ? (t > A(0) ? t : A(0)) : t);
+#pragma omp parallel if (planes * L.S > 32768)
+  {
+    PlaneBuffer<T> bx, br, by;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < planes; ++p) {
+      const int64_t c = p % L.C;
+      const A m = static_cast<A>(mean[c]);
+      const A a = static_cast<A>(alpha[c]);
+      const A b = static_cast<A>(bias[c]);
+      const A* xp = bx.in(x + p * L.S, L.S);
+      A* yp = by.scratch(y + p * L.S, L.S);
+      const A* rp = residual != nullptr ? br.in(residual + p * L.S, L.S) : nullptr;
+      if (rp != nullptr) {
+        for (int64_t s = 0; s < L.S; ++s) {
+          const A z = (xp[s] - m) * a + b;
+          const A t = z + rp[s];
+          yp[s] = relu ? (t > A(0) ? t : A(0)) : t;
+        }
+      } else if (relu) {
+        for (int64_t s = 0; s < L.S; ++s) {
+          const A z = (xp[s] - m) * a + b;
+          yp[s] = z > A(0) ? z : A(0);
+        }
+      } else {
+        for (int64_t s = 0; s < L.S; ++s) yp[s] = (xp[s] - m) * a + b;
       }
-    } else if (relu) {
-      for (int64_t s = 0; s < L.S; ++s) {
-        const A z = (static_cast<A>(xp[s]) - m) * a + b;
-        yp[s] = static_cast<T>(z > A(0) ? z : A(0));
-      }
-    } else {
-      for (int64_t s = 0; s < L.S; ++s) yp[s] = static_cast<T>((static_cast<A>(xp[s]) - m) * a + b);
+      by.out(y + p * L.S, L.S);
     }
   }
 }
@@ -187,16 +217,20 @@ void forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   const T* xd = x.data<T>();
   const int64_t n = L.N * L.S;
   // Two passes (mean, then squared deviations) in double: no cancellation for large means.
-#pragma omp parallel for schedule(dynamic, 1) if (L.C > 1 && L.N * L.C * L.S > 32768)
+#pragma omp parallel if (L.C > 1 && L.N * L.C * L.S > 32768)
+  {
+  PlaneBuffer<T> bx;
+#pragma omp for schedule(dynamic, 1)
   for (int64_t c = 0; c < L.C; ++c) {
     double s = 0.0;
-    for (int64_t i = 0; i < L.N; ++i) s += plane_sum(xd + (i * L.C + c) * L.S, L.S);
+    for (int64_t i = 0; i < L.N; ++i) s += plane_sum(bx.in(xd + (i * L.C + c) * L.S, L.S), L.S);
     const double m = n > 0 ? s / static_cast<double>(n) : 0.0;
     double sq = 0.0;
-    for (int64_t i = 0; i < L.N; ++i) sq += plane_sq_dev(xd + (i * L.C + c) * L.S, L.S, m);
+    for (int64_t i = 0; i < L.N; ++i) sq += plane_sq_dev(bx.in(xd + (i * L.C + c) * L.S, L.S), L.S, m);
     mean[c] = m;
     var[c] = n > 0 ? sq / static_cast<double>(n) : 0.0;
     invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+  }
   }
   std::vector<double> alpha(static_cast<size_t>(L.C));
   for (int64_t c = 0; c < L.C; ++c) alpha[c] = invstd[c] * w[c];
@@ -241,20 +275,14 @@ void forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   store_channels(save_invstd, invstd);
 }
 
-// One plane's gradient as batch norm sees it: gy itself, or gm = y > 0 ? gy : 0 written to `out`
-// (the residual's gradient, or scratch), which is then returned.
-template <typename T>
-const T* masked_plane(const T* g, const T* y, T* out, int64_t n) {
-  if (y == nullptr) return g;
-  for (int64_t k = 0; k < n; ++k) out[k] = static_cast<double>(y[k]) > 0.0 ? g[k] : T(0.0f);
-  return out;
-}
-
 // training: gx through the batch statistics; otherwise gx = gm * invstd * w (running statistics).
+// gm = y > 0 ? gy : 0 with a mask (tail.y), else gy; it is written to the residual's gradient when
+// there is one (tail.gres), else rebuilt for each pass.
 template <typename T>
 void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
               const Tensor& save_invstd, bool training, const Tensor& gx, const Tensor& gweight,
               const Tensor& gbias, const GradTail& tail) {
+  using A = compute_t<T>;
   const Layout L = layout_of(x, "x");
   const Layout G = layout_of(gy, "gy");
   MINIDL_CHECK(G.N == L.N && G.C == L.C && G.S == L.S, "batch_norm_backward (cpu): gy ", gy.meta(),
@@ -270,23 +298,38 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
   T* gxd = gx.defined() ? gx.data<T>() : nullptr;
   const int64_t n = L.N * L.S;
   const double inv_n = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
-#pragma omp parallel for schedule(dynamic, 1) if (L.C > 1 && L.N * L.C * L.S > 32768)
-  for (int64_t c = 0; c < L.C; ++c) {
-    // Without a residual's gradient to hold the masked planes, they are rebuilt per pass here.
-    std::vector<T> scratch(yd != nullptr && gres == nullptr ? static_cast<size_t>(L.S) : 0);
-    auto plane_grad = [&](int64_t base) {
-      return masked_plane(gd + base, yd != nullptr ? yd + base : nullptr,
-                          gres != nullptr ? gres + base : scratch.data(), L.S);
+#pragma omp parallel if (L.C > 1 && L.N * L.C * L.S > 32768)
+  {
+    PlaneBuffer<T> bg, by, bm, br, bx, bo;   // gy, y, gm (into gres), gres read back, x, gx
+    std::vector<A> masked;                   // gm when there is no residual's gradient to hold it
+    // One plane of gm as A values (written to gres too when there is one).
+    auto plane_grad = [&](int64_t base) -> const A* {
+      const A* g = bg.in(gd + base, L.S);
+      if (yd == nullptr) return g;
+      const A* yv = by.in(yd + base, L.S);
+      A* out;
+      if (gres != nullptr) {
+        out = bm.scratch(gres + base, L.S);
+      } else {
+        masked.resize(static_cast<size_t>(L.S));
+        out = masked.data();
+      }
+      for (int64_t k = 0; k < L.S; ++k) out[k] = yv[k] > A(0) ? g[k] : A(0);
+      if (gres != nullptr) bm.out(gres + base, L.S);
+      return out;
     };
-    const double m = mean[c];
-    double sg = 0.0, sd = 0.0;
-    for (int64_t i = 0; i < L.N; ++i) {
-      const int64_t base = (i * L.C + c) * L.S;
-      plane_grad_sums(plane_grad(base), xd + base, L.S, m, sg, sd);
-    }
-    sum_gy[c] = sg;
-    dot[c] = sd;
-    if (gxd != nullptr) {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < L.C; ++c) {
+      const double m = mean[c];
+      double sg = 0.0, sd = 0.0;
+      for (int64_t i = 0; i < L.N; ++i) {
+        const int64_t base = (i * L.C + c) * L.S;
+        const A* g = plane_grad(base);
+        plane_grad_sums(g, bx.in(xd + base, L.S), L.S, m, sg, sd);
+      }
+      sum_gy[c] = sg;
+      dot[c] = sd;
+      if (gxd == nullptr) continue;
       // gx = (gy - mean(gy) - xhat * mean(gy * xhat)) * invstd * w, with xhat = (x - m) * invstd.
       const double is = invstd[c];
       const double grad_mean = training ? sg * inv_n : 0.0;
@@ -294,13 +337,14 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
       const double scale = is * w[c];
       for (int64_t i = 0; i < L.N; ++i) {
         const int64_t base = (i * L.C + c) * L.S;
-        const T* g = gres != nullptr ? gres + base : plane_grad(base);
+        const A* g = gres != nullptr ? br.in(gres + base, L.S) : plane_grad(base);
+        const A* xv = bx.in(xd + base, L.S);
+        A* out = bo.scratch(gxd + base, L.S);
         for (int64_t k = 0; k < L.S; ++k) {
-          const double xm = static_cast<double>(xd[base + k]) - m;
-          // Through the arithmetic type, as an f32 staging copy rounded it before narrowing to f16.
-          gxd[base + k] = static_cast<T>(
-              static_cast<typename Arith<T>::type>((static_cast<double>(g[k]) - grad_mean - xm * proj) * scale));
+          const double xm = static_cast<double>(xv[k]) - m;
+          out[k] = static_cast<A>((static_cast<double>(g[k]) - grad_mean - xm * proj) * scale);
         }
+        bo.out(gxd + base, L.S);
       }
     }
   }
