@@ -182,18 +182,18 @@ Modelled model(const std::string& name, const StepConfig& c, Size target, const 
   auto profile = [&](Size s) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int attempt = 0; attempt < 4; ++attempt) {
-      TrainStep& ts = stepper.at(s);
       // Grids a heuristic sizes from the work are planned for the target, not this small size
-      // (runtime.h, set_launch_plan_scale): every activation grows by this ratio exactly.
+      // (runtime.h, set_launch_plan_scale): every activation grows by this ratio exactly. The
+      // scale holds from the warm-up on: in --mode graph the step is captured there, and a replay
+      // launches the grids of its capture (GraphReplaysKeepTheGridsPlannedAtTheCapture).
       const double scale = static_cast<double>(target.batch * target.image * target.image) /
                            static_cast<double>(s.batch * s.image * s.image);
-      StepProfile p = [&] {
-        struct Planned {
-          explicit Planned(double k) { cuda::set_launch_plan_scale(std::max(k, 1.0)); }
-          ~Planned() { cuda::set_launch_plan_scale(1.0); }
-        } planned(scale);
-        return profile_on_emulator([&] { ts.run(); }, s.batch, s.image);
-      }();
+      struct Planned {
+        explicit Planned(double k) { cuda::set_launch_plan_scale(std::max(k, 1.0)); }
+        ~Planned() { cuda::set_launch_plan_scale(1.0); }
+      } planned(scale);
+      TrainStep& ts = stepper.at(s);
+      StepProfile p = profile_on_emulator([&] { ts.run(); }, s.batch, s.image);
       if (ts.last_stepped()) {
         if (trace)
           for (const Work& w : p.work)
