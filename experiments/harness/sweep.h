@@ -63,6 +63,9 @@ struct Study {
 
 // keras-batch, utilization, techniques, lr-scaling, batch-schedule
 const std::vector<std::string>& study_names();
+// The keras-batch study's --diverge-loss: Keras trains on whatever the loss, so the study stops a
+// run only on NaN or a loss no run recovers from (studies.cpp says why the default 50 is too low).
+inline constexpr double kKerasBatchDivergeLoss = 1e4;
 // The predefined study with the published settings; quick scales it to minutes on 2 CPU cores.
 // `base` supplies what the study does not fix (--data, --device, --workers, --seed, ...): the
 // study overrides model, batch sizes, optimizers, epochs, and so on. Throws UsageError.
