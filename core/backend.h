@@ -148,9 +148,10 @@ class Backend : public DeviceServices {
   // parameter of a group in place with the formulas documented in optim/sgd.h and optim/adam.h.
   // Vectors are parallel (one entry per parameter); state buffers have their parameter's shape.
   // Return false, touching nothing, when this backend has no fused kernel for these tensors: the
-  // caller then runs its per-tensor path. That is the default, so the CPU backend keeps exactly
-  // the per-tensor arithmetic; the CUDA backend fuses contiguous f32 groups. The hyper-parameter
-  // structs are in core/op_options.h.
+  // caller then runs its per-tensor path. That is the default; the CUDA backend fuses contiguous
+  // f32 groups, and the CPU backend fuses Adam on contiguous f32 tensors with the per-tensor
+  // arithmetic to the bit (kernels/cpu/optim.cpp). The hyper-parameter structs are in
+  // core/op_options.h.
   // momentum_bufs is empty when momentum == 0; fresh[i] != 0: buffer i is new and is set to the
   // gradient (PyTorch's first step) instead of being updated.
   virtual bool fused_sgd_step(const std::vector<Tensor>& /*params*/, const std::vector<Tensor>& /*grads*/,

@@ -36,6 +36,9 @@ struct AdamHyper {
   double lr, weight_decay, beta1, beta2, eps;
   bool amsgrad, maximize, decoupled;   // decoupled: AdamW
   const float* skip_if = nullptr;      // as SgdHyper's
+  // Keras' epsilon: added to sqrt(v) before the bias correction, i.e. eps / sqrt(1 - beta2^t)
+  // after it (optim/adam.h). The CUDA kernel adds eps PyTorch's way only and declines this.
+  bool keras_eps = false;
 };
 
 }  // namespace minidl

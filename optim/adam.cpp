@@ -108,13 +108,13 @@ void Adam::update(const ParamGroup& group, Tensor& param, const Tensor& grad, Pa
   param.add_(exp_avg / denom, -step_size);
 }
 
-// All parameters of the group on one CUDA device: one Backend::fused_adam_step call. New state
-// and the incremented step counts are committed only when the backend took the group, so a
-// declined group goes through update() exactly as before.
+// All parameters of the group on one device: one Backend::fused_adam_step call (CUDA: one
+// launch; CPU: one multi-threaded pass with update()'s arithmetic to the bit). New state and the
+// incremented step counts are committed only when the backend took the group, so a declined group
+// goes through update() exactly as before.
 bool Adam::fused_group_step(size_t g) {
   std::vector<size_t> idx;
-  if (keras_eps(groups_[g])) return false;  // the fused kernel adds eps as PyTorch does
-  if (!group_on_one_cuda_device(g, idx)) return false;
+  if (!group_on_one_device(g, idx)) return false;
   if (idx.empty()) return true;
   const ParamGroup& group = groups_[g];
   const bool amsgrad = group.option("amsgrad") != 0.0;
@@ -143,7 +143,8 @@ bool Adam::fused_group_step(size_t g) {
                              amsgrad,
                              group.option("maximize") != 0.0,
                              decoupled_,
-                             skip_flag()};
+                             skip_flag(),
+                             keras_eps(group)};
   MINIDL_CHECK(skip_flag() == nullptr, name(), ": the gradient scaler's device state (CUDA graphs) cannot skip an ",
                name(), " step on the device: its step count (bias correction) is kept on the host. Use SGD with ",
                "--cuda-graphs, or run without it");

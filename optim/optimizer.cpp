@@ -118,9 +118,14 @@ const float* Optimizer::skip_flag() const {
 
 bool Optimizer::group_on_one_cuda_device(size_t g, std::vector<size_t>& with_grad) const {
   with_grad.clear();
+  // a GPU, or the meta device standing for one
+  return groups_[g].params.front().device().target() == DeviceType::CUDA && group_on_one_device(g, with_grad);
+}
+
+bool Optimizer::group_on_one_device(size_t g, std::vector<size_t>& with_grad) const {
+  with_grad.clear();
   const std::vector<Tensor>& ps = groups_[g].params;
   const Device dev = ps.front().device();
-  if (dev.target() != DeviceType::CUDA) return false;   // a GPU, or the meta device standing for one
   for (size_t i = 0; i < ps.size(); ++i) {
     if (ps[i].device() != dev) return false;
     const Tensor grad = ps[i].grad();

@@ -112,7 +112,9 @@ class Optimizer {
   // step() then calls update() per parameter. The default never fuses.
   virtual bool fused_group_step(size_t /*g*/) { return false; }
   // For fused_group_step: whether every parameter of group g, and every gradient it has, is on
-  // one CUDA device; `with_grad` gets the indices of the parameters that have a gradient.
+  // one device (any kind: group_on_one_device; a CUDA device or the meta device standing for one:
+  // group_on_one_cuda_device); `with_grad` gets the indices of the parameters that have a gradient.
+  bool group_on_one_device(size_t g, std::vector<size_t>& with_grad) const;
   bool group_on_one_cuda_device(size_t g, std::vector<size_t>& with_grad) const;
   // The device flag of set_skip_flag for the fused kernels (nullptr when none).
   const float* skip_flag() const;

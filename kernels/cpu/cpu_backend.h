@@ -65,6 +65,12 @@ class CpuBackend final : public Backend {
                                 const Tensor& gy) override;
 
   void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf) override;
+
+  // optim.cpp: Adam/AdamW in one multi-threaded pass, with optim::Adam::update()'s arithmetic to the bit.
+  bool fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                       const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                       const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
+                       const AdamHyper& h) override;
 };
 
 CpuBackend& cpu_backend();

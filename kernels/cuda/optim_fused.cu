@@ -151,7 +151,8 @@ bool adam_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>
                     const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                     const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
                     const AdamHyper& h) {
-  return grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size() &&
+  return !h.keras_eps && grads.size() == params.size() && exp_avg.size() == params.size() &&
+         exp_avg_sq.size() == params.size() &&
          steps.size() == params.size() && (!h.amsgrad || max_exp_avg_sq.size() == params.size()) &&
          eligible(params, {&params, &grads, &exp_avg, &exp_avg_sq, &max_exp_avg_sq});
 }

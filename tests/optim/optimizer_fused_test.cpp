@@ -40,14 +40,28 @@ void expect_bit_equal(const Tensor& got, const Tensor& want, const std::string& 
   for (size_t k = 0; k < a.size(); ++k) ASSERT_EQ(a[k], b[k]) << what << " element " << k;
 }
 
+// SGD has no CPU fused step; Adam's (kernels/cpu/optim.cpp) declines what it cannot walk flat
+// in f32 and the device skip flag of CUDA graphs, touching nothing.
 TEST(FusedDispatch, CpuBackendDeclinesAndTouchesNothing) {
   Backend& be = backend(Device::cpu());
   const Tensor p = ones({4}), g = full({4}, 2.0, {}), b = full({4}, 3.0, {});
+  const AdamHyper h{0.1, 0.0, 0.9, 0.999, 1e-8, false, false, false};
   EXPECT_FALSE(be.fused_sgd_step({p}, {g}, {b}, {1}, SgdHyper{0.1, 0.0, 0.9, 0.0, false, false}));
+  const Tensor half = ones({4}, {.dtype = DType::f16}), strided = ones({4, 2}).t();
+  EXPECT_FALSE(be.fused_adam_step({half}, {half}, {half}, {half}, {}, {1}, h)) << "f16";
+  EXPECT_FALSE(be.fused_adam_step({strided}, {strided}, {strided}, {strided}, {}, {1}, h)) << "not contiguous";
+  EXPECT_FALSE(be.fused_adam_step({p}, {g}, {b}, {b}, {}, {1, 1}, h)) << "lists of different lengths";
   EXPECT_FALSE(be.fused_adam_step({p}, {g}, {b}, {b}, {}, {1},
-                                  AdamHyper{0.1, 0.0, 0.9, 0.999, 1e-8, false, false, false}));
+                                  AdamHyper{0.1, 0.0, 0.9, 0.999, 1e-8, true, false, false}))
+      << "amsgrad without its buffers";
+  const float skip = 0.0f;
+  AdamHyper graphs = h;
+  graphs.skip_if = &skip;
+  EXPECT_FALSE(be.fused_adam_step({p}, {g}, {b}, {b}, {}, {1}, graphs)) << "a device skip flag (CUDA graphs)";
   EXPECT_EQ(p.to_vector(), std::vector<double>(4, 1.0));
   EXPECT_EQ(b.to_vector(), std::vector<double>(4, 3.0));
+  EXPECT_TRUE(be.fused_adam_step({p}, {g}, {b}, {b}, {}, {1}, h)) << "contiguous f32 on the CPU";
+  EXPECT_NE(p.to_vector(), std::vector<double>(4, 1.0));
   EXPECT_EQ(be.pinned_alloc(1024), nullptr) << "the CPU backend has no pinned memory of its own";
 }
 
@@ -105,6 +119,53 @@ TEST(FusedDispatch, AdamWAmsgradOnCpuIsTheUnchangedPerTensorPath) {
       expect_bit_equal(ps[i].detach(), p, what);
       expect_bit_equal(opt.state(0, i).buffers.at("exp_avg"), m[i], what + " exp_avg");
       expect_bit_equal(opt.state(0, i).buffers.at("max_exp_avg_sq"), vmax[i], what + " max_exp_avg_sq");
+      EXPECT_EQ(opt.state(0, i).step, s) << what;
+    }
+  }
+}
+
+// The Keras study's Adam (Keras' eps, kKerasEps) with L2 weight decay and maximize, on a
+// parameter large enough to be cut into slices that both threads share, and a tiny one: the
+// fused CPU pass gives the per-tensor op sequence of optim/adam.cpp to the bit over 5 steps.
+TEST(FusedDispatch, AdamKerasEpsOnCpuIsThePerTensorArithmeticAcrossThreads) {
+  const double lr = 1e-3, wd = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-7;
+  const std::vector<Shape> shapes{{3 * 65536 + 17}, {3, 5}};
+  auto make = [&](uint64_t seed) {
+    std::vector<Tensor> ps;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      Generator g(seed + i);
+      Tensor p = randn(shapes[i], {}, &g);
+      p.set_requires_grad(true);
+      ps.push_back(p);
+    }
+    return ps;
+  };
+  auto grad = [&](int step, size_t i) {
+    Generator g(900 * static_cast<uint64_t>(step) + i);
+    return randn(shapes[i], {}, &g) * 1e-2;   // Adam's second moment near eps's scale for some elements
+  };
+  std::vector<Tensor> ps = make(11), ref = make(11), m, v;
+  Adam opt(ps, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .maximize = true,
+                .keras_eps = true});
+  for (const Tensor& p : ref) {
+    m.push_back(zeros_like(p.detach()));
+    v.push_back(zeros_like(p.detach()));
+  }
+  for (int s = 1; s <= 5; ++s) {
+    for (size_t i = 0; i < ps.size(); ++i) ps[i].set_grad(grad(s, i));
+    opt.step();
+    for (size_t i = 0; i < ref.size(); ++i) {   // optim/adam.cpp's op sequence
+      Tensor p = ref[i].detach();
+      Tensor g = neg(grad(s, i)).clone();
+      g.add_(p, wd);
+      m[i].mul_(b1).add_(g, 1.0 - b1);
+      v[i].mul_(b2).add_(mul(g, g), 1.0 - b2);
+      const double bc1 = 1.0 - std::pow(b1, s), bc2_sqrt = std::sqrt(1.0 - std::pow(b2, s));
+      const Tensor denom = sqrt(v[i]) / bc2_sqrt + eps / bc2_sqrt;
+      p.add_(m[i] / denom, -(lr / bc1));
+      const std::string what = "Adam step " + std::to_string(s) + " param " + std::to_string(i);
+      expect_bit_equal(ps[i].detach(), p, what);
+      expect_bit_equal(opt.state(0, i).buffers.at("exp_avg_sq"), v[i], what + " exp_avg_sq");
       EXPECT_EQ(opt.state(0, i).step, s) << what;
     }
   }
