@@ -75,6 +75,14 @@ class CpuBackend final : public Backend {
 
 CpuBackend& cpu_backend();
 
+// Whether CpuBackend::fused_adam_step takes these tensors (contiguous f32, one shape per
+// parameter, on the CPU or the meta device standing for it, no device skip flag): the meta
+// backend answers with it so that a dry run's Adam step allocates what the real one does.
+bool fused_adam_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                          const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                          const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
+                          const AdamHyper& h);
+
 // Whether any defined operand is channels-last (prefers_channels_last): the CPU reference runs
 // such calls through contiguous NCHW copies (conv.cpp, pool.cpp, batch_norm.cpp), so the
 // channels-last mode is exact against NCHW and the NCHW loops stay as they are.

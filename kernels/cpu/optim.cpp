@@ -54,29 +54,40 @@ struct AdamSlice {
 
 constexpr int64_t kSliceElems = 1 << 16;   // 256 KiB of each stream: L2-sized, many slices to share out
 
-bool f32_contiguous_on_cpu(const Tensor& t, const Tensor& like) {
-  return t.defined() && t.device().is_cpu() && t.dtype() == DType::f32 && t.is_contiguous() &&
+// Contiguous f32 of `like`'s shape on `like`'s device.
+bool flat_f32_like(const Tensor& t, const Tensor& like) {
+  return t.defined() && t.device() == like.device() && t.dtype() == DType::f32 && t.is_contiguous() &&
          t.shape() == like.shape();
 }
 
 }  // namespace
 
-bool CpuBackend::fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
-                                 const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
-                                 const AdamHyper& h) {
+bool fused_adam_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                          const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                          const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
+                          const AdamHyper& h) {
   const size_t n = params.size();
-  if (h.skip_if != nullptr || grads.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n ||
+  if (n == 0 || h.skip_if != nullptr || grads.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n ||
       steps.size() != n || (h.amsgrad && max_exp_avg_sq.size() != n)) {
     return false;
   }
   for (size_t i = 0; i < n; ++i) {
     const Tensor& p = params[i];
-    if (!f32_contiguous_on_cpu(p, p) || !f32_contiguous_on_cpu(grads[i], p) || !f32_contiguous_on_cpu(exp_avg[i], p) ||
-        !f32_contiguous_on_cpu(exp_avg_sq[i], p) || (h.amsgrad && !f32_contiguous_on_cpu(max_exp_avg_sq[i], p))) {
+    if (!p.defined() || p.device().target() != DeviceType::CPU || p.device() != params[0].device() ||
+        !flat_f32_like(p, p) || !flat_f32_like(grads[i], p) || !flat_f32_like(exp_avg[i], p) ||
+        !flat_f32_like(exp_avg_sq[i], p) || (h.amsgrad && !flat_f32_like(max_exp_avg_sq[i], p))) {
       return false;
     }
   }
+  return true;
+}
+
+bool CpuBackend::fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                                 const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
+                                 const AdamHyper& h) {
+  if (!fused_adam_qualifies(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h)) return false;
+  const size_t n = params.size();
   std::vector<AdamScalars> sc(n);
   std::vector<AdamSlice> slices;
   for (size_t i = 0; i < n; ++i) {

@@ -243,7 +243,9 @@ bool MetaBackend::fused_adam_step(const std::vector<Tensor>& params, const std::
                                   const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                                   const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
                                   const AdamHyper& h) {
-  if (params.empty() || !models_cuda(params[0])) return false;
+  if (params.empty()) return false;
+  // The CPU's fused pass allocates no tensor: taking the group is all a dry run needs to model.
+  if (!models_cuda(params[0])) return cpu::fused_adam_qualifies(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h);
   return cuda_model::fused_adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h);
 }
 
