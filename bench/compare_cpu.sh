@@ -8,19 +8,23 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: bash bench/compare_cpu.sh [--quick] [--threads N] [--build DIR] [--out DIR] [--venv DIR]
-                                 [--steps N] [--skip-keras] [--skip-pytorch]
+                                 [--steps N] [--warmup N] [--skip-keras] [--skip-pytorch]
   --quick         tiny images and batches, one timed step: checks the plumbing (1-3 minutes, mostly TensorFlow imports)
   --threads N     threads for every framework (default: all cores, $(nproc))
   --build DIR     minidl build folder with bin/minidl_bench_cpu_step (default: build)
   --out DIR       where the results file goes (default: bench/results)
   --venv DIR      the tensorflow-cpu venv, created when missing (default: ~/.cache/minidl/venv-tf)
-  --steps N       timed steps per case after one warm-up step (default: 2)
+  --steps N       timed steps per case after the warm-up steps (default: 2)
+  --warmup N      untimed steps first, for every framework (default: 2, the steady state a training
+                  run sees: after one warm-up step minidl's small CNN at batch 64 still took about 40,000
+                  page faults, fresh memory touched for the first time, in the next step, and about 250
+                  in the third; PyTorch and Keras get the same warm-up)
 Measure on an otherwise idle machine: the file records the load average before and after.
 USAGE
 }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-quick=0 threads=$(nproc) build="$root/build" out="$root/bench/results" steps=2
+quick=0 threads=$(nproc) build="$root/build" out="$root/bench/results" steps=2 warmup=2
 venv="${MINIDL_TF_VENV:-$HOME/.cache/minidl/venv-tf}" skip_keras=0 skip_torch=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -30,6 +34,7 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift ;;
     --venv) venv=$2; shift ;;
     --steps) steps=$2; shift ;;
+    --warmup) warmup=$2; shift ;;
     --skip-keras) skip_keras=1 ;;
     --skip-pytorch) skip_torch=1 ;;
     -h | --help) usage; exit 0 ;;
@@ -60,7 +65,7 @@ fi
 if [[ $quick -eq 1 ]]; then
   cases=("smallcnn 32 4" "smallcnn 32 8" "resnet18 32 4" "resnet50 32 2")
   mini_only=("resnet18-small 16 4")
-  steps=1
+  steps=1 warmup=1
 else
   cases=("smallcnn 200 16" "smallcnn 200 64" "smallcnn 200 256" "resnet18 64 32" "resnet50 128 16")
   mini_only=("resnet18-small 32 16" "resnet18-small 32 256")
@@ -79,16 +84,16 @@ for c in "${cases[@]}" "${mini_only[@]}"; do
   if [[ $skip_torch -eq 0 && $model != *-small ]]; then
     "$py" "$root/bench/cpu_peers.py" flops --model "$model" --image-size "$size" | sed 's/^{/{"kind": "flops", /' >>"$raw"
   fi
-  "$step_bin" --model "$model" --image-size "$size" --batch-size "$batch" --steps "$steps" --warmup 1 \
+  "$step_bin" --model "$model" --image-size "$size" --batch-size "$batch" --steps "$steps" --warmup "$warmup" \
     --threads "$threads" | sed 's/^{/{"kind": "run", /' >>"$raw"
   [[ $model == *-small ]] && continue
   if [[ $skip_torch -eq 0 ]]; then
     "$py" "$root/bench/cpu_peers.py" pytorch --model "$model" --image-size "$size" --batch-size "$batch" \
-      --steps "$steps" --threads "$threads" | sed 's/^{/{"kind": "run", /' >>"$raw"
+      --steps "$steps" --warmup "$warmup" --threads "$threads" | sed 's/^{/{"kind": "run", /' >>"$raw"
   fi
   if [[ $skip_keras -eq 0 ]]; then
     TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" "$root/bench/cpu_peers.py" keras --model "$model" --image-size "$size" \
-      --batch-size "$batch" --steps "$steps" --threads "$threads" 2>/dev/null | sed 's/^{/{"kind": "run", /' >>"$raw"
+      --batch-size "$batch" --steps "$steps" --warmup "$warmup" --threads "$threads" 2>/dev/null | sed 's/^{/{"kind": "run", /' >>"$raw"
   fi
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -130,7 +135,7 @@ L.append(f"- **FMA peak** ({r'minidl_bench_cpu_step --peak'}, same threads, same
 L.append(f"- **versions**: PyTorch {versions.get('pytorch', '-')}; {versions.get('keras', 'Keras -')}")
 L.append("- **models**: the small CNN of the Keras study (conv 32 3x3 + ReLU, max-pool 2, dense 128 + ReLU, dense 1),")
 L.append("  torchvision's ResNet-18/50 (v1.5) with 2 classes, the same layers in Keras (channels-last, its own layout);")
-L.append("  SGD lr 0.01, random inputs, one warm-up step, then the median of $steps timed steps.")
+L.append("  SGD lr 0.01, random inputs, $warmup warm-up step(s), then the median of $steps timed steps.")
 L.append("- **GFLOP/s**: training FLOPs per image (2 per multiply-add of every conv and dense layer: forward, weight")
 L.append("  gradient, input gradient except the first layer's) x images/s. Convolutions are 99.99% of a ResNet's FLOPs,")
 L.append("  so a ResNet row's share of the peak is a lower bound on its convolutions' share.")
