@@ -18,20 +18,20 @@ namespace {
 
 const std::vector<Shape> kShapes{{5}, {7, 3}, {1}};
 
-std::vector<Tensor> make_params(uint64_t seed) {
+std::vector<Tensor> make_params(uint64_t seed, const std::vector<Shape>& shapes = kShapes) {
   std::vector<Tensor> ps;
-  for (size_t i = 0; i < kShapes.size(); ++i) {
+  for (size_t i = 0; i < shapes.size(); ++i) {
     Generator g(seed + i);
-    Tensor p = randn(kShapes[i], {}, &g);
+    Tensor p = randn(shapes[i], {}, &g);
     p.set_requires_grad(true);
     ps.push_back(p);
   }
   return ps;
 }
 
-Tensor grad_for(int step, size_t i) {
+Tensor grad_for(int step, size_t i, const std::vector<Shape>& shapes = kShapes) {
   Generator g(500 * static_cast<uint64_t>(step) + i);
-  return randn(kShapes[i], {}, &g);
+  return randn(shapes[i], {}, &g);
 }
 
 void expect_bit_equal(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -130,21 +130,10 @@ TEST(FusedDispatch, AdamWAmsgradOnCpuIsTheUnchangedPerTensorPath) {
 TEST(FusedDispatch, AdamKerasEpsOnCpuIsThePerTensorArithmeticAcrossThreads) {
   const double lr = 1e-3, wd = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-7;
   const std::vector<Shape> shapes{{3 * 65536 + 17}, {3, 5}};
-  auto make = [&](uint64_t seed) {
-    std::vector<Tensor> ps;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      Generator g(seed + i);
-      Tensor p = randn(shapes[i], {}, &g);
-      p.set_requires_grad(true);
-      ps.push_back(p);
-    }
-    return ps;
-  };
   auto grad = [&](int step, size_t i) {
-    Generator g(900 * static_cast<uint64_t>(step) + i);
-    return randn(shapes[i], {}, &g) * 1e-2;   // Adam's second moment near eps's scale for some elements
+    return grad_for(step, i, shapes) * 1e-2;   // Adam's second moment near eps's scale for some elements
   };
-  std::vector<Tensor> ps = make(11), ref = make(11), m, v;
+  std::vector<Tensor> ps = make_params(11, shapes), ref = make_params(11, shapes), m, v;
   Adam opt(ps, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .maximize = true,
                 .keras_eps = true});
   for (const Tensor& p : ref) {
