@@ -67,8 +67,8 @@ inline float vsum(Vec a) {
 // region GCC 12 kept the accumulator array in memory and stored all twelve every iteration, so the
 // loop ran at the store rate, half the FMA rate: 183.8 GFLOP/s on the 2 cores of the development
 // VM, below what every framework's ResNet steps sustained there (110-130% of it). Here the
-// array is a plain local that GCC keeps in registers; bench/check_fma_loop.sh fails the build's
-// tests if a store ever comes back into the loop.
+// array is a plain local that GCC keeps in registers; tests/tools/fma_loop_test.sh (ctest
+// bench.fma_peak_loop) fails if a store ever comes back into the loop.
 __attribute__((noinline)) float fma_chains(int64_t iters, float seed) {
   Vec acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = vset(seed + 1e-3f * static_cast<float>(c));

@@ -9,7 +9,7 @@
 // `x + alpha * y` (Tensor::add_ with alpha) is one fused multiply-add where the compiler contracts
 // the elementwise kernel's loop into one, i.e. when the build targets FMA (-march=native on an FMA
 // machine), two roundings otherwise. This file is compiled with -ffp-contract=off so that the
-// compiler fuses nothing else. tests/optim/fused_cpu_test.cpp compares both paths bit for bit.
+// compiler fuses nothing else. tests/optim/optimizer_fused_test.cpp compares both paths bit for bit.
 #include <omp.h>
 
 #include <algorithm>
