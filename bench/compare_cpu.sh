@@ -14,7 +14,8 @@ usage: bash bench/compare_cpu.sh [--quick] [--threads N] [--build DIR] [--out DI
   --build DIR     minidl build folder with bin/minidl_bench_cpu_step (default: build)
   --out DIR       where the results file goes (default: bench/results)
   --venv DIR      the tensorflow-cpu venv, created when missing (default: ~/.cache/minidl/venv-tf)
-  --steps N       timed steps per case after the warm-up steps (default: 2)
+  --steps N       timed steps per case after the warm-up steps; the median is reported (default: 5:
+                  with 2, the peers' rows moved by up to 40% between two runs minutes apart)
   --warmup N      untimed steps first, for every framework (default: 2, the steady state a training
                   run sees: after one warm-up step minidl's small CNN at batch 64 still took about 40,000
                   page faults, fresh memory touched for the first time, in the next step, and about 250
@@ -24,7 +25,7 @@ USAGE
 }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-quick=0 threads=$(nproc) build="$root/build" out="$root/bench/results" steps=2 warmup=2
+quick=0 threads=$(nproc) build="$root/build" out="$root/bench/results" steps=5 warmup=2
 venv="${MINIDL_TF_VENV:-$HOME/.cache/minidl/venv-tf}" skip_keras=0 skip_torch=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
