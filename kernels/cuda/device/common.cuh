@@ -154,8 +154,10 @@ OffsetCalc<N> make_elementwise_calc(const Shape& shape, const std::array<const S
   std::array<Shape, N> sorted;
   std::array<const Shape*, N> ptrs;
   for (int k = 0; k < N; ++k) {
-    sorted[k].resize(shape.size());
-    for (size_t d = 0; d < order.size(); ++d) sorted[k][d] = (*strides[k])[order[d]];
+    // push_back, not resize + assignment: GCC 12 warned of a bogus 2^64-byte memset in resize's
+    // inlined fill (-Wstringop-overflow) when this header was compiled for the emulator.
+    sorted[k].reserve(order.size());
+    for (const size_t d : order) sorted[k].push_back((*strides[k])[d]);
     ptrs[k] = &sorted[k];
   }
   for (size_t d = 0; d < order.size(); ++d) sorted_shape[d] = shape[order[d]];
