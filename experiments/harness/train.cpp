@@ -5,10 +5,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -40,15 +38,6 @@ namespace minidl::harness {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-std::atomic<bool> g_stop{false};
-std::atomic<int> g_signal{SIGINT};   // the signal that asked to stop, for the run's note
-
-extern "C" void on_sigint(int sig) {
-  g_signal.store(sig);
-  if (g_stop.exchange(true)) std::_Exit(128 + sig);  // the second Ctrl-C does not wait
-}
-
-const char* stop_signal() { return g_signal.load() == SIGTERM ? "SIGTERM" : "SIGINT"; }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -76,20 +65,6 @@ int64_t param_bytes(nn::Module& m) {
 }
 
 }  // namespace
-
-void install_sigint_handler() {
-  // SIGTERM (kill, a scheduler's time limit, mpirun passing one on) stops at the next step
-  // boundary as Ctrl-C does: the run still saves and writes what it has.
-  std::signal(SIGINT, on_sigint);
-  std::signal(SIGTERM, on_sigint);
-  // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported like a full disk,
-  // instead of killing the process in the middle of it.
-  std::signal(SIGXFSZ, SIG_IGN);
-}
-
-bool stop_requested() { return g_stop.load(); }
-void request_stop() { g_stop.store(true); }
-void clear_stop() { g_stop.store(false); }
 
 RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   validate(c);
@@ -299,7 +274,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   for (int64_t epoch = first_epoch; epoch <= c.epochs && !stop; ++epoch) {
     if (epoch > first_epoch && agreed(stop_requested())) {  // SIGINT during the last evaluation
       r.status = "interrupted";
-      r.note = std::string(stop_signal()) + " before epoch " + std::to_string(epoch);
+      r.note = std::string(stop_signal_name()) + " before epoch " + std::to_string(epoch);
       break;
     }
     double trial_seconds = 0.0;
@@ -442,7 +417,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         }
         if (agreed(stop_requested())) {
           r.status = "interrupted";
-          r.note = std::string(stop_signal()) + " at step " + std::to_string(step);
+          r.note = std::string(stop_signal_name()) + " at step " + std::to_string(step);
           stop = cut = true;
           break;
         }
@@ -517,16 +492,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     settle_skips();
     if (em.images > 0) {
       r.epochs.push_back(em);
-      char line[320];
-      std::snprintf(line, sizeof(line),
-                    "epoch %lld/%lld done: loss %.4f  acc %.2f%%  val loss %s  val acc %s  %.1f img/s  "
-                    "data wait %.1f%%  peak %s  %.1f s",
-                    static_cast<long long>(epoch), static_cast<long long>(c.epochs), em.train_loss,
-                    100.0 * em.train_acc, value_or_dash(em.val_loss, 4).c_str(),
-                    value_or_dash(em.val_acc, 2, 100.0, "%").c_str(), em.images_per_second,
-                    100.0 * em.data_wait_fraction, format_bytes(static_cast<size_t>(em.peak_allocated)).c_str(),
-                    em.train_seconds);
-      log(line);
+      log(epoch_done_line(em, epoch, c.epochs));
       if (hooks.on_epoch) hooks.on_epoch(em);
     }
   }

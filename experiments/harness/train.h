@@ -88,14 +88,18 @@ std::string model_summary(const TrainConfig& c);
 struct Interrupted : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// stop_signal.cpp: the flag the handler sets and the loops poll.
 void install_sigint_handler();
 bool stop_requested();
 void request_stop();   // as SIGINT (tests)
 void clear_stop();
+const char* stop_signal_name();   // "SIGINT" or "SIGTERM": what asked the last stop, for a run's note
 
 // For users' lines: v with `digits` decimals (times `scale`, then `suffix`), or "-" when v is not a
 // number (no validation split, a diverged run), never "nan" or a made-up 0.
 std::string value_or_dash(double v, int digits, double scale = 1.0, const char* suffix = "");
+// The line that ends an epoch: "epoch 3/5 done: loss ... val acc ... img/s ... peak ...".
+std::string epoch_done_line(const EpochMetrics& em, int64_t epoch, int64_t epochs);
 // "45 s", "3m05s", "1h02m": an estimated time left.
 std::string format_duration(double seconds);
 
