@@ -173,6 +173,12 @@ int64_t Module::num_parameters() const {
   return total;
 }
 
+int64_t Module::parameter_bytes() const {
+  int64_t total = 0;
+  for (const Tensor& p : parameters()) total += static_cast<int64_t>(p.nbytes());
+  return total;
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [n, c] : children_) c->train(on);

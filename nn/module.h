@@ -85,6 +85,7 @@ class Module {
   // A direct child by name; throws naming the available children when absent.
   std::shared_ptr<Module> child(const std::string& name) const;
   int64_t num_parameters() const;
+  int64_t parameter_bytes() const;   // the parameters' storage in their own dtypes
 
   void train(bool on = true);
   void eval() { train(false); }

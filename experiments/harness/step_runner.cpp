@@ -41,11 +41,7 @@ StepRunner::~StepRunner() {
   if (budget_ > 0) set_memory_budget(device_, 0);
 }
 
-int64_t StepRunner::parameter_bytes() const {
-  int64_t b = 0;
-  for (const Tensor& p : model_.module->parameters()) b += static_cast<int64_t>(p.nbytes());
-  return b;
-}
+int64_t StepRunner::parameter_bytes() const { return model_.module->parameter_bytes(); }
 
 int64_t StepRunner::step(int64_t batch) {
   // Inputs are made on the device like a loader's batch; their bytes count in the peak.

@@ -58,12 +58,6 @@ struct BudgetReset {
   }
 };
 
-int64_t param_bytes(nn::Module& m) {
-  int64_t b = 0;
-  for (const Tensor& p : m.parameters()) b += static_cast<int64_t>(p.nbytes());
-  return b;
-}
-
 }  // namespace
 
 RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
@@ -122,7 +116,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     const int64_t budget = static_cast<int64_t>(parse_bytes(c.memory_budget));
     // allocated: the weights (and anything else already on the device); then gradients and state.
     const int64_t fixed = memory_stats(device).allocated_bytes +
-                          static_cast<int64_t>(param_bytes(*m.module) * (1.0 + optimizer_state_factor(c)));
+                          static_cast<int64_t>(m.module->parameter_bytes() * (1.0 + optimizer_state_factor(c)));
     if (fixed > budget)
       throw UsageError("--memory-budget " + c.memory_budget + " is smaller than the model itself: " + c.model +
                        " needs " + format_bytes(static_cast<size_t>(fixed)) +
@@ -144,7 +138,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   double optimal_room = 0.0;
   if (optimal_under_budget) {
     const auto ms = memory_stats(device);
-    const double state = static_cast<double>(param_bytes(*m.module)) * optimizer_state_factor(c) * (c.amp ? 1.5 : 1.0);
+    const double state = static_cast<double>(m.module->parameter_bytes()) * optimizer_state_factor(c) * (c.amp ? 1.5 : 1.0);
     optimal_room = 0.9 * (static_cast<double>(ms.budget_bytes - ms.reserved_bytes) - state);
   }
   const auto set_optimal_limit = [&](int64_t micro) {

@@ -41,6 +41,7 @@ TEST(ModuleTest, NamesFollowPyTorchOrder) {
             (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",
                                       "1.num_batches_tracked", "5.weight", "5.bias"}));
   EXPECT_EQ(net->num_parameters(), 4 * 3 * 9 + 4 + 4 + 4 + 64 * 5 + 5);
+  EXPECT_EQ(net->parameter_bytes(), 4 * net->num_parameters()) << "f32 parameters; buffers are not parameters";
   for (const Tensor& p : net->parameters()) {
     EXPECT_TRUE(p.requires_grad());
     EXPECT_TRUE(p.is_leaf());
