@@ -210,12 +210,7 @@ void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& 
     for (int64_t ci = 0; ci < chunks; ++ci) {
       const int64_t c0 = ci * cc, c1 = std::min(g.c, c0 + cc);
       const CMapR<T> cm = item_columns(xp, g, seq, it, c0, c1, cols_scratch.at(omp_get_thread_num()));
-      auto dst = acc.middleCols(c0 * kk, (c1 - c0) * kk);
-      if (i == 0) {
-        dst.noalias() = gym * cm.transpose();
-      } else {
-        dst.noalias() += gym * cm.transpose();
-      }
+      product(acc.middleCols(c0 * kk, (c1 - c0) * kk), gym, cm.transpose(), i > 0);
     }
   }
 }

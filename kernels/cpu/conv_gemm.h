@@ -1,11 +1,14 @@
 // The GEMM of the CPU convolution (conv.cpp) without Eigen's own threads: a product made outside a
 // parallel region is split over OpenMP threads by blocks of its result, as matmul.cpp does, because
-// Eigen's parallel GEMM busy-waits and collapses when a core is busy elsewhere.
+// Eigen's parallel GEMM busy-waits and collapses when a core is busy elsewhere. Each block is
+// one single-threaded product(): minidl's sgemm for f32 on AVX-512, Eigen otherwise.
 #pragma once
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
+
+#include "kernels/cpu/sgemm.h"
 
 namespace minidl::cpu::conv_detail {
 
@@ -21,13 +24,7 @@ constexpr int64_t kMinGemmBlock = 16;
 // dst = lhs * rhs, or dst += lhs * rhs.
 template <typename Dst, typename Lhs, typename Rhs>
 void gemm(Dst dst, const Lhs& lhs, const Rhs& rhs, bool accumulate) {
-  const auto run = [accumulate](auto d, const auto& l, const auto& r) {
-    if (accumulate) {
-      d.noalias() += l * r;
-    } else {
-      d.noalias() = l * r;
-    }
-  };
+  const auto run = [accumulate](auto d, const auto& l, const auto& r) { product(d, l, r, accumulate); };
   const int nt = omp_get_max_threads();
   const double work =
       static_cast<double>(dst.rows()) * static_cast<double>(dst.cols()) * static_cast<double>(lhs.cols());

@@ -1,5 +1,6 @@
-// CPU batched GEMM through Eigen. Operands that are row-major or column-major in memory (e.g. a
-// transposed weight) are mapped without a copy; anything else is made contiguous first.
+// CPU batched GEMM: minidl's sgemm for f32 on AVX-512 (sgemm.h), Eigen otherwise. Operands that
+// are row-major or column-major in memory (e.g. a transposed weight) are mapped without a copy;
+// anything else is made contiguous first.
 // Threads split the work themselves and each runs Eigen single-threaded: a batch of products one
 // per thread, one product by blocks of rows or columns of the output. Eigen's own parallel GEMM
 // busy-waits on its threads at every depth block, which collapses (up to 200x slower) when a core
@@ -13,6 +14,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/strided.h"
 #include "kernels/cpu/workspace.h"
 
@@ -78,7 +80,7 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& ou
       }
       with_map<T>(pa + i * sa, M, K, a.strides()[1], a.strides()[2], la, [&](const auto& ma) {
         with_map<T>(pb + i * sb, K, N, b.strides()[1], b.strides()[2], lb, [&](const auto& mb) {
-          o.noalias() = ma * mb;
+          product(o, ma, mb, false);
         });
       });
     };
@@ -99,9 +101,9 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& ou
           for (int64_t p = 0; p < parts; ++p) {
             const int64_t lo = side * p / parts, len = side * (p + 1) / parts - lo;
             if (by_rows) {
-              o.middleRows(lo, len).noalias() = ma.middleRows(lo, len) * mb;
+              product(o.middleRows(lo, len), ma.middleRows(lo, len), mb, false);
             } else {
-              o.middleCols(lo, len).noalias() = ma * mb.middleCols(lo, len);
+              product(o.middleCols(lo, len), ma, mb.middleCols(lo, len), false);
             }
           }
         });
