@@ -125,6 +125,36 @@ void resnet18_conv_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_conv2d_forward)->Apply(resnet18_conv_shapes);
 BENCHMARK(BM_conv2d_forward_backward)->Apply(resnet18_conv_shapes);
 
+// ---- Batch norm + ReLU (+ residual add), forward and backward, training mode ----
+// The ResNet-50 shapes of bench/compare_cpu.sh's 128 px, batch 16 case: the activations after
+// its first convolutions (16 x 256 x 32 x 32, 16 MiB) and a deep stage (16 x 1024 x 8 x 8). The
+// counter is activation bytes per second (x once), to set against the memory bandwidth.
+void BM_batch_norm_act(benchmark::State& state) {
+  const int64_t n = state.range(0), c = state.range(1), s = state.range(2);
+  const bool add = state.range(3) != 0;
+  Generator gen(5);
+  Tensor x = randn({n, c, s, s}, {}, &gen), res = add ? randn({n, c, s, s}, {}, &gen) : Tensor();
+  Tensor w = ones({c}), b = zeros({c});
+  for (Tensor* t : {&x, &res, &w, &b}) {
+    if (t->defined()) t->set_requires_grad(true);
+  }
+  const Tensor rm = zeros({c}), rv = ones({c});
+  const Tensor gy = randn({n, c, s, s}, {}, &gen);
+  for (auto _ : state) {
+    const Tensor y = add ? batch_norm_add_relu(x, res, w, b, rm, rv, true) : batch_norm_relu(x, w, b, rm, rv, true);
+    y.backward(gy);
+    benchmark::DoNotOptimize(x.grad().data_ptr());
+  }
+  set_rate(state, "act_bytes/s", static_cast<double>(x.numel()) * 4.0);
+}
+BENCHMARK(BM_batch_norm_act)
+    ->ArgNames({"n", "c", "hw", "add"})
+    ->Args({16, 256, 32, 0})
+    ->Args({16, 256, 32, 1})
+    ->Args({16, 1024, 8, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // ---- Whole ResNet-18 step at 64x64, batch 32, 10 classes ----
 // Forward FLOPs of ResNet-18 at 64x64 (convolutions and the classifier): 2 x 148.05 M multiply-adds
 // per image; a training step is about 3x that.

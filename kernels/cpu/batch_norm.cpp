@@ -18,7 +18,7 @@
 namespace minidl::cpu {
 namespace {
 
-using namespace bn_detail;   // PlaneBuffer, apply_affine, plane_sum, plane_sq_dev, plane_grad_sums
+using namespace bn_detail;   // PlaneBuffer, affine_plane, apply_affine, prefetch_plane, plane sums
 
 // Per-channel tensors ([C], any stride) are read into and written from double, so their dtype
 // need not match x's (mixed precision keeps them f32 under f16 activations).
@@ -87,27 +87,41 @@ void forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   const std::vector<double> b = load_channels(bias, L.C, 0.0);
   std::vector<double> mean(static_cast<size_t>(L.C)), var(static_cast<size_t>(L.C)),
       invstd(static_cast<size_t>(L.C));
+  using A = compute_t<T>;
   const T* xd = x.data<T>();
-  const int64_t n = L.N * L.S;
-  // Two passes (mean, then squared deviations) in double: no cancellation for large means.
+  const T* rd = data_or_null<T>(tail.residual);
+  T* yd = y.data<T>();
+  const int64_t n = L.N * L.S, plane_bytes = L.S * static_cast<int64_t>(sizeof(T));
+  std::vector<double> alpha(static_cast<size_t>(L.C));
+  // Per channel: two passes (mean, then squared deviations) in double, no cancellation for large
+  // means, then the output while the channel's planes are still in cache: x comes from memory once.
 #pragma omp parallel if (L.C > 1 && L.N * L.C * L.S > 32768)
   {
-  PlaneBuffer<T> bx;
+  PlaneBuffer<T> bx, br, by;
 #pragma omp for schedule(dynamic, 1)
   for (int64_t c = 0; c < L.C; ++c) {
+    auto plane = [&](int64_t i) { return (i * L.C + c) * L.S; };
     double s = 0.0;
-    for (int64_t i = 0; i < L.N; ++i) s += plane_sum(bx.in(xd + (i * L.C + c) * L.S, L.S), L.S);
+    for (int64_t i = 0; i < L.N; ++i) {
+      if (i + 1 < L.N) prefetch_plane(xd + plane(i + 1), plane_bytes);
+      s += plane_sum(bx.in(xd + plane(i), L.S), L.S);
+    }
     const double m = n > 0 ? s / static_cast<double>(n) : 0.0;
     double sq = 0.0;
-    for (int64_t i = 0; i < L.N; ++i) sq += plane_sq_dev(bx.in(xd + (i * L.C + c) * L.S, L.S), L.S, m);
+    for (int64_t i = 0; i < L.N; ++i) sq += plane_sq_dev(bx.in(xd + plane(i), L.S), L.S, m);
     mean[c] = m;
     var[c] = n > 0 ? sq / static_cast<double>(n) : 0.0;
     invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+    alpha[c] = invstd[c] * w[c];
+    for (int64_t i = 0; i < L.N; ++i) {
+      if (rd != nullptr && i + 1 < L.N) prefetch_plane(rd + plane(i + 1), plane_bytes);
+      const A* rp = rd != nullptr ? br.in(rd + plane(i), L.S) : nullptr;
+      affine_plane<A>(bx.in(xd + plane(i), L.S), by.scratch(yd + plane(i), L.S), rp, L.S, static_cast<A>(m),
+                      static_cast<A>(alpha[c]), static_cast<A>(b[c]), tail.relu);
+      by.out(yd + plane(i), L.S);
+    }
   }
   }
-  std::vector<double> alpha(static_cast<size_t>(L.C));
-  for (int64_t c = 0; c < L.C; ++c) alpha[c] = invstd[c] * w[c];
-  apply_affine<T>(xd, y.data<T>(), L, mean, alpha, b, data_or_null<T>(tail.residual), tail.relu);
   store_channels(save_mean, mean);
   store_channels(save_invstd, invstd);
 
@@ -197,6 +211,12 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
       double sg = 0.0, sd = 0.0;
       for (int64_t i = 0; i < L.N; ++i) {
         const int64_t base = (i * L.C + c) * L.S;
+        if (i + 1 < L.N) {  // the next plane's operands, L.C planes away
+          const int64_t next = base + L.C * L.S, bytes = L.S * static_cast<int64_t>(sizeof(T));
+          prefetch_plane(gd + next, bytes);
+          prefetch_plane(xd + next, bytes);
+          if (yd != nullptr) prefetch_plane(yd + next, bytes);
+        }
         const A* g = plane_grad(base);
         plane_grad_sums(g, bx.in(xd + base, L.S), L.S, m, sg, sd);
       }
