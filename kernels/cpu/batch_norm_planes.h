@@ -99,58 +99,66 @@ inline void prefetch_plane(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
 }
 
-// Per-plane sums with four independent accumulators: the compiler may not reorder floating-point
-// adds, so a single accumulator would make these loops add-latency bound.
+// Per-plane sums in double over kLanes independent accumulators: value k goes to lane k % kLanes
+// whatever the plane's address, and the lanes are added in a fixed tree at the end, so a sum never
+// depends on where the data sits (an `omp simd` reduction would: its peel for alignment moves
+// values between lanes). The compiler keeps each add's order and still vectorises across lanes
+// (two 8-double vectors), where a single accumulator would serialise every add.
+constexpr int kLanes = 16;
+
+inline double sum_lanes(const double (&a)[kLanes]) {
+  double t[kLanes / 2];
+  for (int j = 0; j < kLanes / 2; ++j) t[j] = a[j] + a[j + kLanes / 2];
+  return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+}
+
 template <typename T>
 double plane_sum(const T* p, int64_t n) {
-  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  double a[kLanes] = {};
   int64_t k = 0;
-  for (; k + 4 <= n; k += 4) {
-    a0 += static_cast<double>(p[k]);
-    a1 += static_cast<double>(p[k + 1]);
-    a2 += static_cast<double>(p[k + 2]);
-    a3 += static_cast<double>(p[k + 3]);
+  for (; k + kLanes <= n; k += kLanes) {
+    for (int j = 0; j < kLanes; ++j) a[j] += static_cast<double>(p[k + j]);
   }
-  for (; k < n; ++k) a0 += static_cast<double>(p[k]);
-  return (a0 + a1) + (a2 + a3);
+  for (int j = 0; k + j < n; ++j) a[j] += static_cast<double>(p[k + j]);
+  return sum_lanes(a);
 }
 
 template <typename T>
 double plane_sq_dev(const T* p, int64_t n, double m) {
-  double a[4] = {0, 0, 0, 0};
+  double a[kLanes] = {};
   int64_t k = 0;
-  for (; k + 4 <= n; k += 4) {
-    for (int j = 0; j < 4; ++j) {
+  for (; k + kLanes <= n; k += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
       const double d = static_cast<double>(p[k + j]) - m;
       a[j] += d * d;
     }
   }
-  for (; k < n; ++k) {
-    const double d = static_cast<double>(p[k]) - m;
-    a[0] += d * d;
+  for (int j = 0; k + j < n; ++j) {
+    const double d = static_cast<double>(p[k + j]) - m;
+    a[j] += d * d;
   }
-  return (a[0] + a[1]) + (a[2] + a[3]);
+  return sum_lanes(a);
 }
 
 // Adds sum(g) and sum(g * (x - m)) over one plane.
 template <typename T>
 void plane_grad_sums(const T* g, const T* x, int64_t n, double m, double& sg, double& sd) {
-  double a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+  double a[kLanes] = {}, b[kLanes] = {};
   int64_t k = 0;
-  for (; k + 4 <= n; k += 4) {
-    for (int j = 0; j < 4; ++j) {
+  for (; k + kLanes <= n; k += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
       const double gv = static_cast<double>(g[k + j]);
       a[j] += gv;
       b[j] += gv * (static_cast<double>(x[k + j]) - m);
     }
   }
-  for (; k < n; ++k) {
-    const double gv = static_cast<double>(g[k]);
-    a[0] += gv;
-    b[0] += gv * (static_cast<double>(x[k]) - m);
+  for (int j = 0; k + j < n; ++j) {
+    const double gv = static_cast<double>(g[k + j]);
+    a[j] += gv;
+    b[j] += gv * (static_cast<double>(x[k + j]) - m);
   }
-  sg += (a[0] + a[1]) + (a[2] + a[3]);
-  sd += (b[0] + b[1]) + (b[2] + b[3]);
+  sg += sum_lanes(a);
+  sd += sum_lanes(b);
 }
 
 }  // namespace minidl::cpu::bn_detail
