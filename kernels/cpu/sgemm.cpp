@@ -94,12 +94,46 @@ inline void transpose_tile(const float* src, int64_t stride, int64_t rows, int64
   for (int l = 0; l < cols; ++l) _mm512_mask_storeu_ps(dst + l * dst_stride, store_mask, r[l]);
 }
 
+// The 8-row form of transpose_tile, for A's panels: row r < rows of the input, lane l < cols, is
+// src[r * stride + l]; its column l is stored as 8 values at dst + l * 8. Half the shuffles of
+// padding the rows to 16.
+inline void transpose_tile8(const float* src, int64_t stride, int64_t rows, int64_t cols, float* dst) {
+  static_assert(kMr == 8, "transpose_tile8 writes panels of 8 rows");
+  __m512 r[8], t[8];
+  const __mmask16 lm = lanes(cols);
+  for (int i = 0; i < 8; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(lm, src + i * stride) : _mm512_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {  // r[4i + q], 128-bit lane L: rows 4i..4i+3 of column 4L + q
+    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int q = 0; q < 4; ++q) {
+    // [lane 0 of r[q], of r[4+q], lane 1 of r[q], of r[4+q]]: columns q and 4 + q, 8 rows each.
+    const __m512 lo = _mm512_shuffle_f32x4(r[q], r[4 + q], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 hi = _mm512_shuffle_f32x4(r[q], r[4 + q], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 c01 = _mm512_shuffle_f32x4(lo, lo, _MM_SHUFFLE(3, 1, 2, 0));
+    const __m512 c23 = _mm512_shuffle_f32x4(hi, hi, _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256 col[4] = {_mm512_castps512_ps256(c01), _mm512_extractf32x8_ps(c01, 1), _mm512_castps512_ps256(c23),
+                           _mm512_extractf32x8_ps(c23, 1)};
+    for (int h = 0; h < 4; ++h) {
+      if (4 * h + q < cols) _mm256_storeu_ps(dst + (4 * h + q) * 8, col[h]);
+    }
+  }
+}
+
 // A's rows [i0, i0 + mr) and depth [p0, p0 + kc) into one panel: dst[p * kMr + ii], zero rows past mr.
 void pack_a(const float* a, int64_t rs, int64_t cs, int64_t i0, int64_t mr, int64_t p0, int64_t kc, float* dst) {
   const __mmask16 mrow = lanes(kMr);
   if (cs == 1) {  // rows are contiguous: 16 x 16 transposes
     for (int64_t p = 0; p < kc; p += 16) {
-      transpose_tile(a + i0 * rs + p0 + p, rs, mr, std::min<int64_t>(16, kc - p), dst + p * kMr, kMr, mrow);
+      transpose_tile8(a + i0 * rs + p0 + p, rs, mr, std::min<int64_t>(16, kc - p), dst + p * kMr);
     }
   } else if (rs == 1) {  // columns are contiguous: one masked load per depth
     const __mmask16 mm = lanes(mr);
