@@ -63,6 +63,23 @@ void* CpuAllocator::allocate(size_t nbytes) {
         s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
         return p;
       }
+      if (s_.budget_bytes == 0) {  // the smallest larger block within kFitRatio
+        const auto up = cache_.upper_bound(block);
+        if (up != cache_.end() && up->first <= kFitRatio * block) {
+          const auto it = std::prev(cache_.upper_bound(up->first));  // the most recently freed of that size
+          const size_t size = it->first;
+          void* p = it->second;
+          cache_.erase(it);
+          cached_bytes_ -= static_cast<int64_t>(size);
+          larger_.emplace(p, size);
+          ++cache_hits_;
+          high_water_ = std::max(high_water_, large_reserved_ - cached_bytes_);
+          s_.allocated_bytes += static_cast<int64_t>(nbytes);
+          ++s_.num_allocs;
+          s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
+          return p;
+        }
+      }
     }
     // A large block that the cache cannot serve: cached blocks of other sizes make room under the
     // cache's limit. Then, for any block, under the budget.
@@ -105,9 +122,16 @@ void CpuAllocator::raw_free(void* p) {
 
 void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   if (ptr == nullptr) return;
-  const size_t block = rounded(nbytes);
+  size_t block = rounded(nbytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!larger_.empty()) {
+      const auto it = larger_.find(ptr);
+      if (it != larger_.end()) {
+        block = it->second;
+        larger_.erase(it);
+      }
+    }
     s_.allocated_bytes -= static_cast<int64_t>(nbytes);
     ++s_.num_frees;
     if (cache_enabled_ && block >= kCacheMinBytes) {
@@ -137,6 +161,12 @@ void CpuAllocator::empty_cache() {
 int64_t CpuAllocator::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cached_bytes_;
+}
+
+size_t CpuAllocator::block_bytes(const void* p, size_t nbytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = larger_.find(p);
+  return it != larger_.end() ? it->second : rounded(nbytes);
 }
 
 int64_t CpuAllocator::cache_hits() const {

@@ -1,10 +1,16 @@
-// The initialisers of nn/init.h. They draw a fresh tensor from the generator and copy it in, so a
-// parameter keeps its identity (optimizers may already hold it) and its device.
+// The initialisers of nn/init.h. They draw from the generator into the parameter, so it keeps its
+// identity (optimizers may already hold it) and its device: in place for a contiguous host tensor,
+// else into a fresh host tensor that is copied in. In place matters for memory: a host temporary
+// per parameter would go to the allocator's cache, where it could serve the next, smaller
+// parameter with its larger block (core/allocator.h), and a dry run on the meta device, whose
+// parameters are never drawn, would then book different blocks than the real run.
 #include "nn/init.h"
 
 #include <cmath>
 
 #include "core/autograd.h"
+#include "core/backend.h"
+#include "core/generator.h"
 
 namespace minidl::nn::init {
 
@@ -17,6 +23,19 @@ Tensor assign(Tensor t, const Tensor& values) {
 }
 
 TensorOptions host_like(const Tensor& t) { return {t.dtype(), Device::cpu(), false}; }
+
+// Draws as uniform() / normal() would (same generator offsets, same values), into t.
+Tensor draw_(Tensor t, RandomKind kind, double a, double b, Generator* gen) {
+  if (!t.device().is_cpu() || !t.is_contiguous()) {
+    return assign(t, kind == RandomKind::Uniform ? uniform(t.shape(), a, b, host_like(t), gen)
+                                                 : normal(t.shape(), a, b, host_like(t), gen));
+  }
+  Generator& g = gen != nullptr ? *gen : default_generator();
+  const uint64_t seed = g.seed();
+  const uint64_t offset = g.reserve(static_cast<uint64_t>(t.numel()));
+  backend(t.device()).random(kind, t, seed, offset, a, b);
+  return t;
+}
 
 double fan_for(const Tensor& t, FanMode mode) {
   auto [in, out] = fans(t);
@@ -33,11 +52,13 @@ std::pair<int64_t, int64_t> fans(const Tensor& w) {
 }
 
 Tensor uniform_(Tensor t, double low, double high, Generator* gen) {
-  return assign(t, uniform(t.shape(), low, high, host_like(t), gen));
+  MINIDL_CHECK(low <= high, "init::uniform_: low ", low, " > high ", high);
+  return draw_(t, RandomKind::Uniform, low, high, gen);
 }
 
 Tensor normal_(Tensor t, double mean, double std, Generator* gen) {
-  return assign(t, normal(t.shape(), mean, std, host_like(t), gen));
+  MINIDL_CHECK(std >= 0, "init::normal_: std must be >= 0, got ", std);
+  return draw_(t, RandomKind::Normal, mean, std, gen);
 }
 
 Tensor constant_(Tensor t, double value) {

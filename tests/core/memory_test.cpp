@@ -136,27 +136,56 @@ TEST(CpuAllocatorCache, FreedLargeBlockStaysReservedAndIsReused) {
 
 TEST(CpuAllocatorCache, ReservedStaysWithinHalfAgainTheLiveHighWaterMark) {
   CpuAllocator a;
-  void* p8 = a.allocate(8 * kMiB);
-  a.deallocate(p8, 8 * kMiB);
-  // 8 MiB cached + 4 MiB new fits in 1.5 x the live peak (8 MiB): the cached block stays.
+  void* p9 = a.allocate(9 * kMiB);
+  a.deallocate(p9, 9 * kMiB);
+  // 9 MiB cached (more than twice 4 MiB: it cannot serve the request) + 4 MiB new fits in 1.5 x
+  // the live peak (9 MiB): the cached block stays.
   void* p4 = a.allocate(4 * kMiB);
-  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(12 * kMiB));
+  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(13 * kMiB));
   // 2 MiB more would not: the largest cached block goes back to the system.
   void* r2 = a.allocate(2 * kMiB);
   EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(6 * kMiB));
   EXPECT_EQ(a.cached_bytes(), 0);
-  EXPECT_EQ(a.stats().peak_reserved_bytes, static_cast<int64_t>(12 * kMiB));
+  EXPECT_EQ(a.stats().peak_reserved_bytes, static_cast<int64_t>(13 * kMiB));
   a.deallocate(p4, 4 * kMiB);
   a.deallocate(r2, 2 * kMiB);
-  // empty_cache() lowers the mark to what is live (nothing): 3 MiB then sets it.
   a.empty_cache();
-  a.reset_peak_stats();
-  void* x = a.allocate(3 * kMiB);
-  a.deallocate(x, 3 * kMiB);
-  void* y = a.allocate(2 * kMiB);  // 3 cached + 2 > 4.5: the 3 MiB block goes
-  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(2 * kMiB));
-  EXPECT_EQ(a.stats().peak_reserved_bytes, static_cast<int64_t>(3 * kMiB));
-  a.deallocate(y, 2 * kMiB);
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
+}
+
+TEST(CpuAllocatorCache, ALargerCachedBlockServesASmallerShapeWithoutABudgetOnly) {
+  // An epoch's last, partial batch asks for smaller versions of every large tensor: the cached
+  // blocks of the full batches serve them (up to twice the size) instead of being evicted.
+  CpuAllocator a;
+  void* full = a.allocate(8 * kMiB);
+  a.deallocate(full, 8 * kMiB);
+  void* part = a.allocate(5 * kMiB);
+  EXPECT_EQ(part, full);
+  EXPECT_EQ(a.cache_hits(), 1);
+  EXPECT_EQ(a.block_bytes(part, 5 * kMiB), 8 * kMiB);
+  EXPECT_EQ(a.stats().allocated_bytes, static_cast<int64_t>(5 * kMiB));
+  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(8 * kMiB));
+  a.deallocate(part, 5 * kMiB);  // back as the 8 MiB block it is
+  EXPECT_EQ(a.cached_bytes(), static_cast<int64_t>(8 * kMiB));
+  void* again = a.allocate(8 * kMiB);  // the next full batch: an exact hit
+  EXPECT_EQ(again, full);
+  EXPECT_EQ(a.block_bytes(again, 8 * kMiB), 8 * kMiB);
+  a.deallocate(again, 8 * kMiB);
+  // More than twice the request: not served (3 MiB from an 8 MiB block would waste 5).
+  void* small = a.allocate(3 * kMiB);
+  EXPECT_NE(small, full);
+  EXPECT_EQ(a.block_bytes(small, 3 * kMiB), 3 * kMiB);
+  a.deallocate(small, 3 * kMiB);
+  // Under a budget the sizes stay exact: the 5 MiB request gets its own block.
+  a.empty_cache();
+  a.set_budget(64 * kMiB);
+  void* f2 = a.allocate(8 * kMiB);
+  a.deallocate(f2, 8 * kMiB);
+  void* p2 = a.allocate(5 * kMiB);
+  EXPECT_EQ(a.block_bytes(p2, 5 * kMiB), 5 * kMiB);
+  // (8 cached + 5 new is over 1.5 x the 8 MiB mark, so the 8 MiB block went back to the system.)
+  EXPECT_EQ(a.stats().reserved_bytes, static_cast<int64_t>(5 * kMiB));
+  a.deallocate(p2, 5 * kMiB);
   a.empty_cache();
 }
 
@@ -169,12 +198,12 @@ TEST(CpuAllocatorCache, RandomSequenceKeepsTheBound) {
     if (live.empty() || rng() % 2 == 0) {
       const size_t n = (1 + rng() % 8) * kMiB + 64 * (rng() % 3);
       live.emplace_back(a.allocate(n), n);
-      live_bytes += static_cast<int64_t>(CpuAllocator::rounded(n));
+      live_bytes += static_cast<int64_t>(a.block_bytes(live.back().first, n));  // a larger cached block may serve it
       live_peak = std::max(live_peak, live_bytes);
     } else {
       const size_t k = rng() % live.size();
+      live_bytes -= static_cast<int64_t>(a.block_bytes(live[k].first, live[k].second));
       a.deallocate(live[k].first, live[k].second);
-      live_bytes -= static_cast<int64_t>(CpuAllocator::rounded(live[k].second));
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
     }
     const MemoryStats s = a.stats();
