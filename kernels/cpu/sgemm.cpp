@@ -53,14 +53,16 @@ inline __mmask16 lanes(int64_t count) {
   return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
 }
 
-// r[c] = column c of the 16 x 16 tile whose rows are r[0..15] on entry.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
+// The first two steps of a transpose, within 128-bit lanes, on Groups groups of 4 rows: afterwards
+// r[4i + q] holds, in its 128-bit lane L, rows 4i..4i+3 of column 4L + q.
+template <int Groups>
+inline void transpose_in_lanes(__m512* r) {
+  __m512 t[4 * Groups];
+  for (int i = 0; i < 2 * Groups; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
-  for (int i = 0; i < 4; ++i) {  // r[4i + q], 128-bit lane L: rows 4i..4i+3 of column 4L + q
+  for (int i = 0; i < Groups; ++i) {
     const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
     const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
     r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
@@ -68,6 +70,11 @@ inline void transpose16(__m512 r[16]) {
     r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
     r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
   }
+}
+
+// r[c] = column c of the 16 x 16 tile whose rows are r[0..15] on entry.
+inline void transpose16(__m512 r[16]) {
+  transpose_in_lanes<4>(r);
   __m512 out[16];
   for (int q = 0; q < 4; ++q) {
     const __m512 u0 = _mm512_shuffle_f32x4(r[q], r[4 + q], _MM_SHUFFLE(1, 0, 1, 0));
@@ -99,21 +106,10 @@ inline void transpose_tile(const float* src, int64_t stride, int64_t rows, int64
 // padding the rows to 16.
 inline void transpose_tile8(const float* src, int64_t stride, int64_t rows, int64_t cols, float* dst) {
   static_assert(kMr == 8, "transpose_tile8 writes panels of 8 rows");
-  __m512 r[8], t[8];
+  __m512 r[8];
   const __mmask16 lm = lanes(cols);
   for (int i = 0; i < 8; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(lm, src + i * stride) : _mm512_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {  // r[4i + q], 128-bit lane L: rows 4i..4i+3 of column 4L + q
-    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
-    const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
-  }
+  transpose_in_lanes<2>(r);
   for (int q = 0; q < 4; ++q) {
     // [lane 0 of r[q], of r[4+q], lane 1 of r[q], of r[4+q]]: columns q and 4 + q, 8 rows each.
     const __m512 lo = _mm512_shuffle_f32x4(r[q], r[4 + q], _MM_SHUFFLE(1, 0, 1, 0));
