@@ -26,7 +26,9 @@ TensorOptions host_like(const Tensor& t) { return {t.dtype(), Device::cpu(), fal
 
 // Draws as uniform() / normal() would (same generator offsets, same values), into t.
 Tensor draw_(Tensor t, RandomKind kind, double a, double b, Generator* gen) {
-  if (!t.device().is_cpu() || !t.is_contiguous()) {
+  // Not on the host, strided, or an integer dtype (which uniform() refuses with its message):
+  // through a host tensor.
+  if (!t.device().is_cpu() || !t.is_contiguous() || !is_floating(t.dtype())) {
     return assign(t, kind == RandomKind::Uniform ? uniform(t.shape(), a, b, host_like(t), gen)
                                                  : normal(t.shape(), a, b, host_like(t), gen));
   }
