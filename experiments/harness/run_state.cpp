@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 
+#include "core/generator.h"
 #include "experiments/harness/config.h"
 #include "nn/safetensors.h"
 
@@ -149,6 +150,46 @@ void save_state(const std::string& path, Model& m, const optim::Optimizer& opt, 
   }
   if (group && group->any(!failed.empty()))
     throw Error(lead ? failed : "rank 0 could not write --save-weights " + path);
+}
+
+ResumePoint resume_point(const TrainConfig& c, const std::map<std::string, std::string>& weights_meta,
+                         const EpochBatches& batches, optim::Optimizer& opt, optim::GradScaler& scaler,
+                         const std::function<void(const std::string&)>& log) {
+  const Progress saved = progress_from(weights_meta, c.resume);
+  load_optimizer_state(c, weights_meta, opt, scaler, log);
+  if (saved.micro_batches > 0 && saved.world_size != c.world_size)
+    throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) + " on " +
+                     std::to_string(saved.world_size) + " rank(s); the epoch's shards depend on the number of "
+                     "ranks: resume it with mpirun -np " + std::to_string(saved.world_size));
+  const EpochBatch seb{saved.scheduled_batch, saved.batch_size, saved.accumulation_steps};
+  const bool same_phase =
+      saved.epoch >= 1 && saved.epoch <= c.epochs && batches.scheduled(saved.epoch) == seb.scheduled &&
+      (seb.fell_back() ? seb.accumulation % c.accumulation_steps == 0 : seb.accumulation == c.accumulation_steps);
+  if (saved.micro_batches > 0 && saved.epoch <= c.epochs && !same_phase)
+    throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) +
+                     " with batch " + std::to_string(saved.scheduled_batch) + " (micro-batch " +
+                     std::to_string(saved.batch_size) + " x " + std::to_string(saved.accumulation_steps) +
+                     " accumulation); resume it with the same --batch-size, --batch-schedule and "
+                     "--accumulation-steps");
+  if (saved.has_rng) {
+    default_generator().manual_seed(saved.rng_seed);
+    default_generator().set_offset(saved.rng_offset);
+  }
+  ResumePoint rp;
+  rp.first_epoch = saved.micro_batches > 0 ? saved.epoch : saved.epoch + 1;
+  rp.skip_micro = saved.micro_batches;
+  if (same_phase && (saved.micro_batches > 0 ||
+                     (rp.first_epoch <= c.epochs && batches.scheduled(rp.first_epoch) == seb.scheduled)))
+    rp.batch = seb;
+  rp.line = resume_line(c, saved, opt.step_count(), rp.first_epoch);
+  Progress& p = rp.progress;   // what the session carries on; the rest is set as it trains
+  p.epoch = saved.epoch;
+  p.micro_batches = saved.micro_batches;
+  p.best_val_acc = saved.best_val_acc;
+  p.best_epoch = saved.best_epoch;
+  p.time_to_target = saved.time_to_target;
+  p.train_seconds = saved.train_seconds;
+  return rp;
 }
 
 }  // namespace minidl::harness

@@ -6,9 +6,11 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "distributed/process_group.h"
+#include "experiments/harness/batch_schedule.h"
 #include "experiments/harness/config.h"
 #include "experiments/harness/model.h"
 #include "nn/safetensors.h"
@@ -58,6 +60,23 @@ void load_weights(Model& m, const std::string& flag, const std::string& path, co
 void load_optimizer_state(const TrainConfig& c, const std::map<std::string, std::string>& weights_meta,
                           optim::Optimizer& opt,
                           optim::GradScaler& scaler, const std::function<void(const std::string&)>& log);
+// Where a resumed run continues. From the --resume file's metadata: the optimizer and scaler
+// state loaded beside it, the default generator restored, and the checks that the saved partial
+// epoch can be continued (same ranks; same batch-schedule phase, micro-batch and accumulation),
+// each a UsageError naming the flags to change.
+struct ResumePoint {
+  Progress progress;         // epoch, micro-batches and the best-so-far figures of the saved run
+  int64_t first_epoch = 1;   // the first epoch this session trains
+  int64_t skip_micro = 0;    // micro-batches of first_epoch done before the resume
+  // The saved epoch's micro-batch and accumulation, for the resumed epoch when it continues the
+  // same phase of the batch schedule (the uninterrupted run would not have tried it again).
+  std::optional<EpochBatch> batch;
+  std::string line;          // the log's line on where the run continues (resume_line)
+};
+ResumePoint resume_point(const TrainConfig& c, const std::map<std::string, std::string>& weights_meta,
+                         const EpochBatches& batches, optim::Optimizer& opt, optim::GradScaler& scaler,
+                         const std::function<void(const std::string&)>& log);
+
 // The log's line on where a resumed run continues: "resumed from FILE: inside epoch 2 after
 // micro-batch 2, optimizer step 6; continuing at epoch 2" (or "... nothing left to train ...").
 std::string resume_line(const TrainConfig& c, const Progress& saved, int64_t steps, int64_t first_epoch);

@@ -187,50 +187,17 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   // --cuda-graphs: full batches replay a captured step once the warm-up has stepped eagerly.
   std::unique_ptr<GraphedStep> graphed;
   if (c.cuda_graphs) graphed = std::make_unique<GraphedStep>(m, trainer, *opt, scaler, device);
-  Progress prog;
-  int64_t first_epoch = 1;
-  int64_t skip_micro = 0;   // micro-batches of first_epoch done before the resume
-  // The saved epoch's micro-batch and accumulation, for the resumed epoch when it continues the
-  // same phase of the batch schedule (the uninterrupted run would not have tried it again).
-  std::optional<EpochBatch> resumed_batch;
-  std::string resumed_from;   // the log's line on where a resumed run continues
+  ResumePoint rp;   // where this session starts: epoch 1, or where the --resume file stopped
   if (!c.resume.empty()) {
-    const Progress saved = progress_from(resumed_meta, c.resume);
-    load_optimizer_state(c, resumed_meta, *opt, scaler, log);
-    if (saved.micro_batches > 0 && saved.world_size != c.world_size)
-      throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) + " on " +
-                       std::to_string(saved.world_size) + " rank(s); the epoch's shards depend on the number of "
-                       "ranks: resume it with mpirun -np " + std::to_string(saved.world_size));
-    const EpochBatch seb{saved.scheduled_batch, saved.batch_size, saved.accumulation_steps};
-    const bool same_phase =
-        saved.epoch >= 1 && saved.epoch <= c.epochs && batches.scheduled(saved.epoch) == seb.scheduled &&
-        (seb.fell_back() ? seb.accumulation % c.accumulation_steps == 0 : seb.accumulation == c.accumulation_steps);
-    if (saved.micro_batches > 0 && saved.epoch <= c.epochs && !same_phase)
-      throw UsageError("--resume " + c.resume + " stopped inside epoch " + std::to_string(saved.epoch) +
-                       " with batch " + std::to_string(saved.scheduled_batch) + " (micro-batch " +
-                       std::to_string(saved.batch_size) + " x " + std::to_string(saved.accumulation_steps) +
-                       " accumulation); resume it with the same --batch-size, --batch-schedule and "
-                       "--accumulation-steps");
-    if (saved.has_rng) {
-      default_generator().manual_seed(saved.rng_seed);
-      default_generator().set_offset(saved.rng_offset);
-    }
-    first_epoch = saved.micro_batches > 0 ? saved.epoch : saved.epoch + 1;
-    skip_micro = saved.micro_batches;
-    if (same_phase && (saved.micro_batches > 0 ||
-                       (first_epoch <= c.epochs && batches.scheduled(first_epoch) == seb.scheduled)))
-      resumed_batch = seb;
-    resumed_from = resume_line(c, saved, opt->step_count(), first_epoch);
-    prog.epoch = saved.epoch;
-    prog.micro_batches = saved.micro_batches;
-    prog.best_val_acc = saved.best_val_acc;
-    prog.best_epoch = saved.best_epoch;
-    prog.time_to_target = saved.time_to_target;
-    prog.train_seconds = saved.train_seconds;
-    r.best_val_acc = saved.best_val_acc;
-    r.best_epoch = saved.best_epoch;
-    r.time_to_target = saved.time_to_target;
+    rp = resume_point(c, resumed_meta, batches, *opt, scaler, log);
+    r.best_val_acc = rp.progress.best_val_acc;
+    r.best_epoch = rp.progress.best_epoch;
+    r.time_to_target = rp.progress.time_to_target;
   }
+  Progress& prog = rp.progress;
+  const int64_t first_epoch = rp.first_epoch, skip_micro = rp.skip_micro;
+  const std::optional<EpochBatch>& resumed_batch = rp.batch;
+  const std::string& resumed_from = rp.line;
   r.first_epoch = first_epoch;
 
   // A scheduled batch is tried before its phase where memory is limited (a budget, or a device's
