@@ -90,15 +90,14 @@ inline void transpose16(__m512 r[16]) {
 }
 
 // Transposes a strided tile: row r < rows of the input, lane l < cols, is src[r * stride + l]
-// (rows beyond `rows` read as zeros); its column l < cols is stored at dst + l * dst_stride
-// through store_mask.
-inline void transpose_tile(const float* src, int64_t stride, int64_t rows, int64_t cols, float* dst, int64_t dst_stride,
-                           __mmask16 store_mask) {
+// (rows beyond `rows` read as zeros); its column l < cols is stored, 16 values, at
+// dst + l * dst_stride.
+inline void transpose_tile(const float* src, int64_t stride, int64_t rows, int64_t cols, float* dst, int64_t dst_stride) {
   __m512 r[16];
   const __mmask16 lm = lanes(cols);
   for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(lm, src + i * stride) : _mm512_setzero_ps();
   transpose16(r);
-  for (int l = 0; l < cols; ++l) _mm512_mask_storeu_ps(dst + l * dst_stride, store_mask, r[l]);
+  for (int l = 0; l < cols; ++l) _mm512_storeu_ps(dst + l * dst_stride, r[l]);
 }
 
 // The 8-row form of transpose_tile, for A's panels: row r < rows of the input, lane l < cols, is
@@ -156,7 +155,7 @@ void pack_b(const float* b, int64_t rs, int64_t cs, int64_t j0, int64_t nr, int6
     for (int64_t h = 0; h < kNr; h += 16) {
       for (int64_t p = 0; p < kc; p += 16) {
         transpose_tile(b + (j0 + h) * cs + p0 + p, cs, std::max<int64_t>(0, nr - h), std::min<int64_t>(16, kc - p),
-                       dst + p * kNr + h, kNr, lanes(16));
+                       dst + p * kNr + h, kNr);
       }
     }
   } else {
