@@ -142,6 +142,9 @@ void BM_batch_norm_act(benchmark::State& state) {
   const Tensor gy = randn({n, c, s, s}, {}, &gen);
   for (auto _ : state) {
     const Tensor y = add ? batch_norm_add_relu(x, res, w, b, rm, rv, true) : batch_norm_relu(x, w, b, rm, rv, true);
+    for (Tensor* t : {&x, &res, &w, &b}) {
+      if (t->defined()) t->zero_grad();   // assigned, not accumulated: no extra pass over x's gradient
+    }
     y.backward(gy);
     benchmark::DoNotOptimize(x.grad().data_ptr());
   }
