@@ -15,8 +15,8 @@ KerasSmallCnn::KerasSmallCnn(int64_t image_size, Generator* gen) : Module("Keras
   const int64_t pooled = image_size / 2;
   // Activations are modules too, so summary() shows the bytes each keeps for backward.
   conv_ = register_module("conv", std::make_shared<Conv2d>(3, 32, 3, 1, 1, 1, true, gen));
-  relu1_ = register_module("relu1", std::make_shared<ReLU>());
   pool_ = register_module("pool", std::make_shared<MaxPool2d>(2));
+  relu1_ = register_module("relu1", std::make_shared<ReLU>());
   flatten_ = register_module("flatten", std::make_shared<Flatten>());
   fc1_ = register_module("fc1", std::make_shared<Linear>(32 * pooled * pooled, 128, true, gen));
   relu2_ = register_module("relu2", std::make_shared<ReLU>());
@@ -36,7 +36,7 @@ Tensor KerasSmallCnn::forward(const Tensor& x) {
                "KerasSmallCnn: expects images [N, 3, ", image_size_, ", ", image_size_, "] but got ",
                shape_str(x.shape()), "; build the model with image_size=", (x.dim() == 4 ? x.size(2) : 0),
                " or resize the images");
-  return (*fc2_)((*relu2_)((*fc1_)((*flatten_)((*pool_)((*relu1_)((*conv_)(x)))))));
+  return (*fc2_)((*relu2_)((*fc1_)((*flatten_)((*relu1_)((*pool_)((*conv_)(x)))))));
 }
 
 Tensor KerasSmallCnn::predict(const Tensor& x) { return sigmoid(forward(x)); }

@@ -19,7 +19,9 @@ namespace minidl::nn {
 // binary_cross_entropy_with_logits (the same function, numerically stable); predict() applies it.
 // Parameter names: conv.weight/bias, fc1.weight/bias, fc2.weight/bias. At 200x200 it has 40,961,153
 // parameters like the Keras model (whose flatten order is channels-last, so fc1's columns are
-// ordered differently when importing Keras weights).
+// ordered differently when importing Keras weights). forward() pools before the first ReLU: the
+// same numbers, forward and backward (max-pooling commutes with the ReLU, keras_cnn_test.cpp checks
+// it bit for bit), with the ReLU on a quarter of the elements and none of the conv's full-size output kept.
 class KerasSmallCnn : public Module {
  public:
   explicit KerasSmallCnn(int64_t image_size = 200, Generator* gen = nullptr);

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "core/generator.h"
 #include "core/ops.h"
@@ -92,10 +95,51 @@ TEST(KerasSmallCnn, SummaryShowsEveryLayer) {
   const Summary s = m.summary({8, 3, 32, 32});
   std::vector<std::string> names;
   for (const auto& r : s.rows) names.push_back(r.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"conv", "relu1", "pool", "flatten", "fc1", "relu2", "fc2"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"conv", "pool", "relu1", "flatten", "fc1", "relu2", "fc2"}));
   EXPECT_EQ(s.rows.back().output_shape, (Shape{1, 1}));
   EXPECT_EQ(s.total_parameters, m.num_parameters());
-  EXPECT_GT(s.total_saved_bytes_per_sample, 32 * 32 * 32 * 4);  // at least the conv output the ReLU keeps
+  // Pooling first, nothing of the conv's full-size output is kept for backward: the pool keeps
+  // its i64 indices (32 x 16 x 16 x 8 bytes), the ReLU its pooled output (x 4), the conv its input.
+  EXPECT_GE(s.total_saved_bytes_per_sample, 32 * 16 * 16 * (8 + 4));
+  EXPECT_LT(s.total_saved_bytes_per_sample, 32 * 32 * 32 * 4);
+}
+
+// forward() pools before the ReLU (Keras' model applies the ReLU first): max-pooling commutes with
+// any non-decreasing function, so the logits are the same numbers, and so are the gradients (a
+// window whose max is positive sends its gradient to the same first argmax either way; one whose
+// max is <= 0 sends none, through the ReLU's zero slope). Bit for bit, with ties and all-negative
+// windows in the batch; the ReLU then touches a quarter of the elements, forward and backward.
+TEST(KerasSmallCnn, PoolingBeforeTheReluGivesTheSameLogitsAndGradientsBitForBit) {
+  Generator g(4);
+  KerasSmallCnn m(16, &g);
+  Tensor x = data::make_synthetic_images(6, 16, 5).images.clone();
+  // Ties inside pooling windows and windows that stay negative: a constant image gives a constant
+  // conv output per channel away from the border, positive in some channels, negative in others.
+  x.slice(0, 0, 1).fill_(0.25);
+  std::map<std::string, Tensor> sd;  // the parameters themselves (state_dict() gives detached tensors)
+  for (const auto& [name, p] : m.named_parameters()) sd.emplace(name, p);
+  // Keras' order with the model's own parameters: conv, ReLU, pool, dense + ReLU, dense.
+  auto keras_order = [&] {
+    const Tensor h = max_pool2d(relu(conv2d(x, sd.at("conv.weight"), sd.at("conv.bias"), {.padding = {1, 1}})), {});
+    return linear(relu(linear(h.flatten(1), sd.at("fc1.weight"), sd.at("fc1.bias"))), sd.at("fc2.weight"),
+                  sd.at("fc2.bias"));
+  };
+  auto logits_and_grads = [&](const Tensor& logits) {
+    for (auto [name, p] : m.named_parameters()) p.zero_grad();
+    // A loss whose gradient differs per sample, so every window's argmax matters.
+    sum(logits * (arange(logits.size(0), {.dtype = DType::f32}).unsqueeze(1) + 1.0)).backward();
+    std::vector<std::vector<double>> out{logits.to_vector()};
+    for (const auto& [name, p] : m.named_parameters()) out.push_back(p.grad().to_vector());
+    return out;
+  };
+  const auto mine = logits_and_grads(m.forward(x));
+  const auto keras = logits_and_grads(keras_order());
+  ASSERT_EQ(mine.size(), keras.size());
+  for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(mine[i], keras[i]) << "tensor " << i << " (0: logits, then parameters)";
+  // The batch really has both kinds of windows: pooled conv outputs <= 0 and > 0.
+  const Tensor pooled = max_pool2d(conv2d(x, sd.at("conv.weight"), sd.at("conv.bias"), {.padding = {1, 1}}), {});
+  EXPECT_GT(sum(gt(pooled, scalar_tensor(0.0, pooled.options())).to(DType::f32)).item(), 0.0);
+  EXPECT_GT(sum(le(pooled, scalar_tensor(0.0, pooled.options())).to(DType::f32)).item(), 0.0);
 }
 
 }  // namespace
