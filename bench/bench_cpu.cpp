@@ -125,6 +125,37 @@ void resnet18_conv_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_conv2d_forward)->Apply(resnet18_conv_shapes);
 BENCHMARK(BM_conv2d_forward_backward)->Apply(resnet18_conv_shapes);
 
+// ResNet-50 (v1.5) at 128 px, batch 16 (bench/compare_cpu.sh's case): every distinct convolution
+// shape; the comment says how many of the network's 53 convolutions have it.
+void resnet50_conv_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"N", "C", "H", "W", "O", "k", "s", "p"});
+  b->Args({16, 3, 128, 128, 64, 7, 2, 3});     // stem (1)
+  b->Args({16, 64, 32, 32, 64, 1, 1, 0});      // layer1 reduce, first block (1)
+  b->Args({16, 256, 32, 32, 64, 1, 1, 0});     // layer1 reduce (2)
+  b->Args({16, 64, 32, 32, 64, 3, 1, 1});      // layer1 3x3 (3)
+  b->Args({16, 64, 32, 32, 256, 1, 1, 0});     // layer1 expand and downsample (4)
+  b->Args({16, 256, 32, 32, 128, 1, 1, 0});    // layer2 reduce, first block (1)
+  b->Args({16, 128, 32, 32, 128, 3, 2, 1});    // layer2 3x3, stride 2 (1)
+  b->Args({16, 256, 32, 32, 512, 1, 2, 0});    // layer2 downsample (1)
+  b->Args({16, 512, 16, 16, 128, 1, 1, 0});    // layer2 reduce (3)
+  b->Args({16, 128, 16, 16, 128, 3, 1, 1});    // layer2 3x3 (3)
+  b->Args({16, 128, 16, 16, 512, 1, 1, 0});    // layer2 expand (4)
+  b->Args({16, 512, 16, 16, 256, 1, 1, 0});    // layer3 reduce, first block (1)
+  b->Args({16, 256, 16, 16, 256, 3, 2, 1});    // layer3 3x3, stride 2 (1)
+  b->Args({16, 512, 16, 16, 1024, 1, 2, 0});   // layer3 downsample (1)
+  b->Args({16, 1024, 8, 8, 256, 1, 1, 0});     // layer3 reduce (5)
+  b->Args({16, 256, 8, 8, 256, 3, 1, 1});      // layer3 3x3 (5)
+  b->Args({16, 256, 8, 8, 1024, 1, 1, 0});     // layer3 expand (6)
+  b->Args({16, 1024, 8, 8, 512, 1, 1, 0});     // layer4 reduce, first block (1)
+  b->Args({16, 512, 8, 8, 512, 3, 2, 1});      // layer4 3x3, stride 2 (1)
+  b->Args({16, 1024, 8, 8, 2048, 1, 2, 0});    // layer4 downsample (1)
+  b->Args({16, 2048, 4, 4, 512, 1, 1, 0});     // layer4 reduce (2)
+  b->Args({16, 512, 4, 4, 512, 3, 1, 1});      // layer4 3x3 (2)
+  b->Args({16, 512, 4, 4, 2048, 1, 1, 0});     // layer4 expand (3)
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_conv2d_forward_backward)->Apply(resnet50_conv_shapes);
+
 // ---- Batch norm + ReLU (+ residual add), forward and backward, training mode ----
 // The ResNet-50 shapes of bench/compare_cpu.sh's 128 px, batch 16 case: the activations after
 // its first convolutions (16 x 256 x 32 x 32, 16 MiB) and a deep stage (16 x 1024 x 8 x 8). The
