@@ -98,12 +98,13 @@ void forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, co
 #pragma omp parallel if (L.C > 1 && L.N * L.C * L.S > 32768)
   {
   PlaneBuffer<T> bx, br, by;
-#pragma omp for schedule(dynamic, 1)
+  const bool ahead = channel_ahead_fits(L.N * plane_bytes * (rd != nullptr ? 2 : 1));
+#pragma omp for schedule(static)
   for (int64_t c = 0; c < L.C; ++c) {
     auto plane = [&](int64_t i) { return (i * L.C + c) * L.S; };
     double s = 0.0;
     for (int64_t i = 0; i < L.N; ++i) {
-      if (i + 1 < L.N) prefetch_plane(xd + plane(i + 1), plane_bytes);
+      if (!ahead && i + 1 < L.N) prefetch_plane(xd + plane(i + 1), plane_bytes);
       s += plane_sum(bx.in(xd + plane(i), L.S), L.S);
     }
     const double m = n > 0 ? s / static_cast<double>(n) : 0.0;
@@ -114,7 +115,12 @@ void forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, co
     invstd[c] = 1.0 / std::sqrt(var[c] + eps);
     alpha[c] = invstd[c] * w[c];
     for (int64_t i = 0; i < L.N; ++i) {
-      if (rd != nullptr && i + 1 < L.N) prefetch_plane(rd + plane(i + 1), plane_bytes);
+      if (ahead && c + 1 < L.C) {  // the next channel's plane i, while this pass runs from cache
+        prefetch_plane(xd + plane(i) + L.S, plane_bytes);
+        if (rd != nullptr) prefetch_plane(rd + plane(i) + L.S, plane_bytes);
+      } else if (rd != nullptr && i + 1 < L.N) {
+        prefetch_plane(rd + plane(i + 1), plane_bytes);
+      }
       const A* rp = rd != nullptr ? br.in(rd + plane(i), L.S) : nullptr;
       affine_plane<A>(bx.in(xd + plane(i), L.S), by.scratch(yd + plane(i), L.S), rp, L.S, static_cast<A>(m),
                       static_cast<A>(alpha[c]), static_cast<A>(b[c]), tail.relu);
@@ -205,14 +211,16 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
       if (gres != nullptr) bm.out(gres + base, L.S);
       return out;
     };
-#pragma omp for schedule(dynamic, 1)
+    const int64_t bytes = L.S * static_cast<int64_t>(sizeof(T));
+    const bool ahead = channel_ahead_fits(L.N * bytes * (yd != nullptr ? 3 : 2));
+#pragma omp for schedule(static)
     for (int64_t c = 0; c < L.C; ++c) {
       const double m = mean[c];
       double sg = 0.0, sd = 0.0;
       for (int64_t i = 0; i < L.N; ++i) {
         const int64_t base = (i * L.C + c) * L.S;
-        if (i + 1 < L.N) {  // the next plane's operands, L.C planes away
-          const int64_t next = base + L.C * L.S, bytes = L.S * static_cast<int64_t>(sizeof(T));
+        if (!ahead && i + 1 < L.N) {  // the next plane's operands, L.C planes away
+          const int64_t next = base + L.C * L.S;
           prefetch_plane(gd + next, bytes);
           prefetch_plane(xd + next, bytes);
           if (yd != nullptr) prefetch_plane(yd + next, bytes);
@@ -230,6 +238,11 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
       const double scale = is * w[c];
       for (int64_t i = 0; i < L.N; ++i) {
         const int64_t base = (i * L.C + c) * L.S;
+        if (ahead && c + 1 < L.C) {  // the next channel's plane i, while this pass runs from cache
+          prefetch_plane(gd + base + L.S, bytes);
+          prefetch_plane(xd + base + L.S, bytes);
+          if (yd != nullptr) prefetch_plane(yd + base + L.S, bytes);
+        }
         const A* g = gres != nullptr ? br.in(gres + base, L.S) : plane_grad(base);
         const A* xv = bx.in(xd + base, L.S);
         A* out = bo.scratch(gxd + base, L.S);
