@@ -106,6 +106,10 @@ TEST(Sgemm, ProductsLargerThanOneCacheBlock) {
   check(171, 36, 70, Layout::Col, Layout::Row, false);     // rows past one 160-row block
   check(10, 2100, 33, Layout::Row, Layout::Row, true);     // columns past one 2048-wide block
   check(64, 576, 600, Layout::Row, Layout::Col, false);    // a ResNet weight-gradient shape
+  // Depth blocks of 256 or more with contiguous rows of B pack the whole block row by row:
+  // partial panels, a padded row stride, and a second column block.
+  check(9, 70, 300, Layout::Col, Layout::Padded, true);
+  check(9, 2100, 280, Layout::Row, Layout::Row, false);
 }
 
 TEST(Sgemm, ZeroDepthWritesZerosOrLeavesCAlone) {
