@@ -126,7 +126,8 @@ BENCHMARK(BM_conv2d_forward)->Apply(resnet18_conv_shapes);
 BENCHMARK(BM_conv2d_forward_backward)->Apply(resnet18_conv_shapes);
 
 // ResNet-50 (v1.5) at 128 px, batch 16 (bench/compare_cpu.sh's case): every distinct convolution
-// shape; the comment says how many of the network's 53 convolutions have it.
+// shape, forward and forward + backward; the comment says how many of the network's 53
+// convolutions have it.
 void resnet50_conv_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"N", "C", "H", "W", "O", "k", "s", "p"});
   b->Args({16, 3, 128, 128, 64, 7, 2, 3});     // stem (1)
@@ -155,6 +156,7 @@ void resnet50_conv_shapes(benchmark::internal::Benchmark* b) {
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 BENCHMARK(BM_conv2d_forward_backward)->Apply(resnet50_conv_shapes);
+BENCHMARK(BM_conv2d_forward)->Apply(resnet50_conv_shapes);
 
 // ---- Batch norm + ReLU (+ residual add), forward and backward, training mode ----
 // The ResNet-50 shapes of bench/compare_cpu.sh's 128 px, batch 16 case: the activations after
