@@ -89,8 +89,15 @@ for c in "${cases[@]}" "${mini_only[@]}"; do
     --threads "$threads" | sed 's/^{/{"kind": "run", /' >>"$raw"
   [[ $model == *-small ]] && continue
   if [[ $skip_torch -eq 0 ]]; then
-    "$py" "$root/bench/cpu_peers.py" pytorch --model "$model" --image-size "$size" --batch-size "$batch" \
-      --steps "$steps" --warmup "$warmup" --threads "$threads" | sed 's/^{/{"kind": "run", /' >>"$raw"
+    # PyTorch at its best: the ResNets in both layouts (on the Zen 5 VM channels_last ran ResNet-18
+    # 12-40% faster), the table keeps the faster; the small CNN's step is its dense layer, the same
+    # in either layout (15.1 and 15.4 images/s at batch 16), so NCHW only.
+    formats=(nchw)
+    [[ $model == resnet* ]] && formats=(nchw channels_last)
+    for fmt in "${formats[@]}"; do
+      "$py" "$root/bench/cpu_peers.py" pytorch --model "$model" --image-size "$size" --batch-size "$batch" \
+        --steps "$steps" --warmup "$warmup" --threads "$threads" --memory-format "$fmt" | sed 's/^{/{"kind": "run", /' >>"$raw"
+    done
   fi
   if [[ $skip_keras -eq 0 ]]; then
     TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" "$root/bench/cpu_peers.py" keras --model "$model" --image-size "$size" \
@@ -116,10 +123,14 @@ for r in runs:
     key = (r["model"], r["image_size"], r["batch"])
     if key not in cases:
         cases.append(key)
-def get(fw, key):
-    return next((r for r in runs if r["framework"] == fw and (r["model"], r["image_size"], r["batch"]) == key), None)
+def get(fw, key):  # the framework's fastest run of the case (PyTorch runs the ResNets in two layouts)
+    rs = [r for r in runs if r["framework"] == fw and (r["model"], r["image_size"], r["batch"]) == key]
+    return max(rs, key=lambda r: r["images_per_s"]) if rs else None
 def ips(r):
-    return f'{r["images_per_s"]:.1f}' if r else "-"
+    if not r:
+        return "-"
+    layout = " (channels_last)" if r.get("memory_format") == "channels_last" else ""
+    return f'{r["images_per_s"]:.1f}{layout}'
 def cpu_ms(r):
     return f'{1000 * (r["user_s_per_step"] + r["sys_s_per_step"]) / r["batch"]:.1f}' if r else "-"
 versions = {r["framework"]: r.get("version", "") for r in runs}
@@ -137,6 +148,9 @@ L.append(f"- **versions**: PyTorch {versions.get('pytorch', '-')}; {versions.get
 L.append("- **models**: the small CNN of the Keras study (conv 32 3x3 + ReLU, max-pool 2, dense 128 + ReLU, dense 1),")
 L.append("  torchvision's ResNet-18/50 (v1.5) with 2 classes, the same layers in Keras (channels-last, its own layout);")
 L.append("  SGD lr 0.01, random inputs, $warmup warm-up step(s), then the median of $steps timed steps.")
+L.append("- **PyTorch's layout**: the ResNets run in NCHW and in channels_last (oneDNN's NHWC kernels), and the")
+L.append("  table shows the faster, naming channels_last when it won; the small CNN runs in NCHW (its step is the")
+L.append("  dense layer: 15.1 and 15.4 images/s at batch 16 in the two layouts).")
 L.append("- **GFLOP/s**: training FLOPs per image (2 per multiply-add of every conv and dense layer: forward, weight")
 L.append("  gradient, input gradient except the first layer's) x images/s. Convolutions are 99.99% of a ResNet's FLOPs,")
 L.append("  so a ResNet row's share of the peak is a lower bound on its convolutions' share.")

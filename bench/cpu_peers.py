@@ -63,6 +63,9 @@ def run_torch(a):
     model = torch_model(a.model, torch).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(a.batch_size, 3, a.image_size, a.image_size)
+    if a.memory_format == "channels_last":  # oneDNN's NHWC convolutions and batch norm
+        model = model.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
     if a.model == "smallcnn":
         y = (torch.rand(a.batch_size, 1) > 0.5).float()
         loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -76,6 +79,7 @@ def run_torch(a):
         opt.step()
 
     times, extra = timed_steps(step, a.warmup, a.steps, a.min_seconds)
+    extra["memory_format"] = a.memory_format
     report("pytorch", torch.__version__, a, times, extra)
 
 
@@ -192,6 +196,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--memory-format", default="nchw", choices=["nchw", "channels_last"],
+                   help="PyTorch's layout of the model and the input (channels_last: oneDNN's NHWC kernels)")
     p.add_argument("--min-seconds", type=float, default=0.0, help="keep timing steps until this long (at most 50)")
     global ARGS
     ARGS = p.parse_args()
