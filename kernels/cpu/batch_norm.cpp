@@ -212,7 +212,8 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
       return out;
     };
     const int64_t bytes = L.S * static_cast<int64_t>(sizeof(T));
-    const bool ahead = channel_ahead_fits(L.N * bytes * (yd != nullptr ? 3 : 2));
+    // Only with an output pass (gx wanted) is there a pass from cache to prefetch the next channel in.
+    const bool ahead = gxd != nullptr && channel_ahead_fits(L.N * bytes * (yd != nullptr ? 3 : 2));
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < L.C; ++c) {
       const double m = mean[c];
