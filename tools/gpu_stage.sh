@@ -126,7 +126,7 @@ if want studies; then
   echo "$COMMIT" >"$tmp/COMMIT"
   rm -rf "$STUDIES_DIR" && mkdir -p "$STUDIES_DIR" || die 3 "cannot create $STUDIES_DIR"
   say "compressing the studies stage (xz -9)"
-  tar -C "$tmp" -cf - COMMIT MODEL_TSV bin lib | xz -9 -T1 >"$STUDIES_DIR/studies.tar.xz" || die 3 "packing the studies stage failed"
+  tar -C "$tmp" -cf - COMMIT bin lib | xz -9 -T1 >"$STUDIES_DIR/studies.tar.xz" || die 3 "packing the studies stage failed"
   echo "$COMMIT" >"$STUDIES_DIR/COMMIT"
   say "studies stage: $STUDIES_DIR/studies.tar.xz ($(du -sh "$STUDIES_DIR/studies.tar.xz" | cut -f1); unpacked $(du -sh "$tmp" | cut -f1))"
   # The newest glibc / libstdc++ symbol versions they need: the GPU machine's must be at least these.
