@@ -8,7 +8,7 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: bash bench/compare_cpu.sh [--quick] [--threads N] [--build DIR] [--out DIR] [--venv DIR]
-                                 [--steps N] [--warmup N] [--skip-keras] [--skip-pytorch]
+                                 [--steps N] [--warmup N] [--rounds N] [--skip-keras] [--skip-pytorch]
   --quick         tiny images and batches, one timed step: checks the plumbing (1-3 minutes, mostly TensorFlow imports)
   --threads N     threads for every framework (default: all cores, $(nproc))
   --build DIR     minidl build folder with bin/minidl_bench_cpu_step (default: build)
@@ -16,6 +16,9 @@ usage: bash bench/compare_cpu.sh [--quick] [--threads N] [--build DIR] [--out DI
   --venv DIR      the tensorflow-cpu venv, created when missing (default: ~/.cache/minidl/venv-tf)
   --steps N       timed steps per case after the warm-up steps; the median is reported (default: 5:
                   with 2, the peers' rows moved by up to 40% between two runs minutes apart)
+  --rounds N      run every case N times, round after round, and report each framework's median
+                  round (default 1; on the shared 2-core VM a framework moved by 10-15% between idle
+                  runs an hour apart, and rounds spread that drift over every framework)
   --warmup N      untimed steps first, for every framework (default: 2, the steady state a training
                   run sees: after one warm-up step minidl's small CNN at batch 64 still took about 40,000
                   page faults, fresh memory touched for the first time, in the next step, and about 250
@@ -25,7 +28,7 @@ USAGE
 }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-quick=0 threads=$(nproc) build="$root/build" out="$root/bench/results" steps=5 warmup=2
+quick=0 threads=$(nproc) build="$root/build" out="$root/bench/results" steps=5 warmup=2 rounds=1
 venv="${MINIDL_TF_VENV:-$HOME/.cache/minidl/venv-tf}" skip_keras=0 skip_torch=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -36,6 +39,7 @@ while [[ $# -gt 0 ]]; do
     --venv) venv=$2; shift ;;
     --steps) steps=$2; shift ;;
     --warmup) warmup=$2; shift ;;
+    --rounds) rounds=$2; shift ;;
     --skip-keras) skip_keras=1 ;;
     --skip-pytorch) skip_torch=1 ;;
     -h | --help) usage; exit 0 ;;
@@ -79,14 +83,16 @@ raw="$tmp/raw.jsonl"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 start=$(date +%s)
 "$step_bin" --peak --threads "$threads" | sed 's/^/{"kind": "peak", /; s/{"kind": "peak", {/{"kind": "peak", /' >>"$raw"
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "compare_cpu: --rounds wants a positive integer, got '$rounds'" >&2; exit 2; }
+for round in $(seq "$rounds"); do
 for c in "${cases[@]}" "${mini_only[@]}"; do
   read -r model size batch <<<"$c"
-  echo "compare_cpu: $model ${size}px batch $batch" >&2
+  echo "compare_cpu: round $round of $rounds: $model ${size}px batch $batch" >&2
   if [[ $skip_torch -eq 0 && $model != *-small ]]; then
     "$py" "$root/bench/cpu_peers.py" flops --model "$model" --image-size "$size" | sed 's/^{/{"kind": "flops", /' >>"$raw"
   fi
   "$step_bin" --model "$model" --image-size "$size" --batch-size "$batch" --steps "$steps" --warmup "$warmup" \
-    --threads "$threads" | sed 's/^{/{"kind": "run", /' >>"$raw"
+    --threads "$threads" | sed "s/^{/{\"kind\": \"run\", \"round\": $round, /" >>"$raw"
   [[ $model == *-small ]] && continue
   if [[ $skip_torch -eq 0 ]]; then
     # PyTorch at its best: the ResNets in both layouts (on the Zen 5 VM channels_last ran ResNet-18
@@ -96,13 +102,14 @@ for c in "${cases[@]}" "${mini_only[@]}"; do
     [[ $model == resnet* ]] && formats=(nchw channels_last)
     for fmt in "${formats[@]}"; do
       "$py" "$root/bench/cpu_peers.py" pytorch --model "$model" --image-size "$size" --batch-size "$batch" \
-        --steps "$steps" --warmup "$warmup" --threads "$threads" --memory-format "$fmt" | sed 's/^{/{"kind": "run", /' >>"$raw"
+        --steps "$steps" --warmup "$warmup" --threads "$threads" --memory-format "$fmt" | sed "s/^{/{\"kind\": \"run\", \"round\": $round, /" >>"$raw"
     done
   fi
   if [[ $skip_keras -eq 0 ]]; then
     TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" "$root/bench/cpu_peers.py" keras --model "$model" --image-size "$size" \
-      --batch-size "$batch" --steps "$steps" --warmup "$warmup" --threads "$threads" 2>/dev/null | sed 's/^{/{"kind": "run", /' >>"$raw"
+      --batch-size "$batch" --steps "$steps" --warmup "$warmup" --threads "$threads" 2>/dev/null | sed "s/^{/{\"kind\": \"run\", \"round\": $round, /" >>"$raw"
   fi
+done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 elapsed=$(($(date +%s) - start))
@@ -123,9 +130,15 @@ for r in runs:
     key = (r["model"], r["image_size"], r["batch"])
     if key not in cases:
         cases.append(key)
-def get(fw, key):  # the framework's fastest run of the case (PyTorch runs the ResNets in two layouts)
+def get(fw, key):
+    """The framework's median round of the case (the lower median for an even count), in its faster
+    layout when it ran two (PyTorch's ResNets)."""
     rs = [r for r in runs if r["framework"] == fw and (r["model"], r["image_size"], r["batch"]) == key]
-    return max(rs, key=lambda r: r["images_per_s"]) if rs else None
+    layouts = {}
+    for r in rs:
+        layouts.setdefault(r.get("memory_format", ""), []).append(r)
+    medians = [sorted(l, key=lambda r: r["images_per_s"])[(len(l) - 1) // 2] for l in layouts.values()]
+    return max(medians, key=lambda r: r["images_per_s"]) if medians else None
 def ips(r):
     if not r:
         return "-"
@@ -148,6 +161,8 @@ L.append(f"- **versions**: PyTorch {versions.get('pytorch', '-')}; {versions.get
 L.append("- **models**: the small CNN of the Keras study (conv 32 3x3 + ReLU, max-pool 2, dense 128 + ReLU, dense 1),")
 L.append("  torchvision's ResNet-18/50 (v1.5) with 2 classes, the same layers in Keras (channels-last, its own layout);")
 L.append("  SGD lr 0.01, random inputs, $warmup warm-up step(s), then the median of $steps timed steps.")
+L.append("- **rounds**: $rounds: every case ran $rounds time(s), round after round; a row shows each framework's")
+L.append("  median round (the lower median for an even count).")
 L.append("- **PyTorch's layout**: the ResNets run in NCHW and in channels_last (oneDNN's NHWC kernels), and the")
 L.append("  table shows the faster, naming channels_last when it won; the small CNN runs in NCHW (its step is the")
 L.append("  dense layer: 15.1 and 15.4 images/s at batch 16 in the two layouts).")
