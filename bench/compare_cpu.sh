@@ -48,6 +48,7 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "compare_cpu: --rounds wants a positive integer, got '$rounds'" >&2; exit 2; }
 step_bin="$build/bin/minidl_bench_cpu_step"
 if [[ ! -x "$step_bin" ]]; then
   echo "compare_cpu: $step_bin is missing: cmake --build $build --target minidl_bench_cpu_step" >&2
@@ -83,7 +84,6 @@ raw="$tmp/raw.jsonl"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 start=$(date +%s)
 "$step_bin" --peak --threads "$threads" | sed 's/^/{"kind": "peak", /; s/{"kind": "peak", {/{"kind": "peak", /' >>"$raw"
-[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "compare_cpu: --rounds wants a positive integer, got '$rounds'" >&2; exit 2; }
 for round in $(seq "$rounds"); do
 for c in "${cases[@]}" "${mini_only[@]}"; do
   read -r model size batch <<<"$c"
