@@ -158,6 +158,28 @@ void resnet50_conv_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_conv2d_forward_backward)->Apply(resnet50_conv_shapes);
 BENCHMARK(BM_conv2d_forward)->Apply(resnet50_conv_shapes);
 
+// ---- Max pooling forward (stride 2): the small CNN's 2x2 at 200 px (batch 64) and ResNet's stem
+// pool, 3x3 padded, at 64 px (ResNet-18, batch 32) and 128 px (ResNet-50, batch 16) ----
+void BM_max_pool2d(benchmark::State& state) {
+  const int64_t n = state.range(0), c = state.range(1), s = state.range(2), k = state.range(3);
+  Generator gen(6);
+  const Tensor x = randn({n, c, s, s}, {}, &gen);
+  const Pool2dOptions o{.kernel = {k, k}, .stride = {2, 2}, .padding = {k / 2 * (k % 2), k / 2 * (k % 2)}};
+  NoGradGuard no_grad;
+  for (auto _ : state) {
+    const Tensor y = max_pool2d(x, o);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  set_rate(state, "in_bytes/s", static_cast<double>(x.numel()) * 4.0);
+}
+BENCHMARK(BM_max_pool2d)
+    ->ArgNames({"n", "c", "hw", "k"})
+    ->Args({64, 32, 200, 2})
+    ->Args({32, 64, 32, 3})
+    ->Args({16, 64, 64, 3})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // ---- Batch norm + ReLU (+ residual add), forward and backward, training mode ----
 // The ResNet-50 shapes of bench/compare_cpu.sh's 128 px, batch 16 case: the activations after
 // its first convolutions (16 x 256 x 32 x 32, 16 MiB) and a deep stage (16 x 1024 x 8 x 8). The

@@ -5,6 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -99,12 +104,99 @@ void max_forward(const T* x, const PoolGeom& g, T* y, int64_t* idx) {
   }
 }
 
+#if defined(__AVX512F__)
+// f32 with a column stride of 2 (ResNet's stem pool, 3x3; the small CNN's, 2x2), 16 outputs of a
+// row at a time: a stride-2 read does not vectorise as written above, so each tap loads 32
+// consecutive columns (masked: columns outside the row read as -inf, never taken, the same as
+// skipping them) and keeps the even ones. Taps run in the same order with the same comparison, so
+// values, ties and NaNs come out as from the loop above; the pool tests run both (f32 and f64).
+void max_forward_f32_s2(const float* x, const PoolGeom& g, float* y, int64_t* idx) {
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i lane2 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  auto cols = [&](int64_t first, int64_t n) {  // lanes [0, n) of the columns first, first + 1, ... inside the row
+    const int64_t lo = std::clamp<int64_t>(-first, 0, n), hi = std::clamp<int64_t>(g.w - first, 0, n);
+    const uint32_t upto = hi >= 32 ? 0xFFFFFFFFu : (1u << hi) - 1, from = lo >= 32 ? 0u : ~((1u << lo) - 1);
+    return upto & from;
+  };
+  // Masked loads only at a row's edges: on the Zen 5 machine a masked load was slow whenever its
+  // 64 bytes crossed a page (about one load in 64 here; 30% of the small CNN's step went to them).
+  auto load16 = [&](const float* p, __mmask16 m) {
+    if (m == 0xFFFF) return _mm512_loadu_ps(p);
+    return m == 0 ? ninf : _mm512_mask_loadu_ps(ninf, m, p);
+  };
+#pragma omp parallel for schedule(static) if (g.planes > 1 && g.planes * out_plane * g.kh * g.kw > kParallelWork)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    const float* xp = x + pl * in_plane;
+    for (int64_t r = 0; r < g.oh; ++r) {
+      const int64_t h0 = std::max<int64_t>(r * g.sh - g.ph, 0);
+      const int64_t h1 = std::min(r * g.sh - g.ph + g.kh, g.h);
+      // Chunks of up to kChunk outputs, their row's window rows and taps outermost (the loop above's
+      // order): each input row is read front to back, and the outputs are stored after the loads.
+      for (int64_t k0 = 0; k0 < g.ow; k0 += kChunk) {
+        const int64_t groups = (std::min(g.ow, k0 + kChunk) - k0 + 15) / 16;
+        __m512 best[kChunk / 16];
+        __m512i arg[kChunk / 16];
+        for (int64_t q = 0; q < groups; ++q) {
+          // An all -inf window reports its first real element, as the loop above does.
+          const __m512i first_col = _mm512_max_epi32(
+              _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(2 * (k0 + 16 * q) - g.pw)), lane2),
+              _mm512_setzero_si512());
+          arg[q] = _mm512_add_epi32(first_col, _mm512_set1_epi32(static_cast<int32_t>(h0 * g.w)));
+          best[q] = ninf;
+        }
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          const float* row = xp + ih * g.w;
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            for (int64_t q = 0; q < groups; ++q) {
+              const int64_t c0 = k0 + 16 * q, n = std::min<int64_t>(16, g.ow - c0);
+              const int64_t first = 2 * c0 - g.pw + kj;  // the input column of this tap for output c0
+              const uint32_t m = cols(first, 2 * n);
+              const __m512 a = load16(row + first, static_cast<__mmask16>(m));
+              const __m512 b = load16(row + first + 16, static_cast<__mmask16>(m >> 16));
+              const __m512 v = _mm512_permutex2var_ps(a, even, b);
+              const __mmask16 take =
+                  _mm512_cmp_ps_mask(v, best[q], _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+              best[q] = _mm512_mask_mov_ps(best[q], take, v);
+              const __m512i at = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(ih * g.w + first)), lane2);
+              arg[q] = _mm512_mask_mov_epi32(arg[q], take, at);
+            }
+          }
+        }
+        for (int64_t q = 0; q < groups; ++q) {
+          const int64_t c0 = k0 + 16 * q, n = std::min<int64_t>(16, g.ow - c0);
+          const int64_t o = pl * out_plane + r * g.ow + c0;
+          const __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(arg[q]));
+          const __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(arg[q], 1));
+          if (n == 16) {
+            _mm512_storeu_ps(y + o, best[q]);
+            _mm512_storeu_si512(idx + o, lo);
+            _mm512_storeu_si512(idx + o + 8, hi);
+          } else {
+            const __mmask16 out = static_cast<__mmask16>((1u << n) - 1);
+            _mm512_mask_storeu_ps(y + o, out, best[q]);
+            _mm512_mask_storeu_epi64(idx + o, static_cast<__mmask8>(out), lo);
+            _mm512_mask_storeu_epi64(idx + o + 8, static_cast<__mmask8>(out >> 8), hi);
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
 template <typename T>
 void max_forward(const T* x, const PoolGeom& g, T* y, int64_t* idx) {
   // Offsets inside one plane are tracked in 32 bits, which vectorise alongside f32 values.
   MINIDL_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(), "max_pool2d_forward (cpu): input plane of ",
                g.h * g.w, " elements is too large (at most 2^31 - 1)");
   if (g.sw == 1) return max_forward<T, 1>(x, g, y, idx);
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.sw == 2) return max_forward_f32_s2(x, g, y, idx);
+  }
+#endif
   if (g.sw == 2) return max_forward<T, 2>(x, g, y, idx);
   max_forward<T, 0>(x, g, y, idx);
 }
