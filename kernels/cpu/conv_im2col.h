@@ -8,9 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/avx512.h"
 
 namespace minidl::cpu::conv_detail {
 
@@ -150,16 +148,14 @@ void pad_rows(const T* xc, const ConvGeom& g, int64_t pr0, int64_t pr1, T* pad) 
 // kept. The last vector of a row stops at s[2 n - 2], the last value it needs (masked; the padded
 // rows are on the stack, hot in cache).
 inline void copy_even(const float* s, float* d, int64_t n) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   int64_t j = 0;
   for (; j + 16 < n; j += 16) {  // s[2 j + 31] is still inside the row's values
-    _mm512_storeu_ps(d + j, _mm512_permutex2var_ps(_mm512_loadu_ps(s + 2 * j), even, _mm512_loadu_ps(s + 2 * j + 16)));
+    _mm512_storeu_ps(d + j, avx512::even_lanes(_mm512_loadu_ps(s + 2 * j), _mm512_loadu_ps(s + 2 * j + 16)));
   }
   const int64_t need = 2 * (n - j) - 1;  // values s[2 j .. 2 n - 2]
-  const auto mask = [](int64_t k) { return static_cast<__mmask16>(k >= 16 ? 0xFFFF : k <= 0 ? 0 : (1u << k) - 1); };
-  const __m512 a = _mm512_maskz_loadu_ps(mask(need), s + 2 * j);
-  const __m512 b = _mm512_maskz_loadu_ps(mask(need - 16), s + 2 * j + 16);
-  _mm512_mask_storeu_ps(d + j, mask(n - j), _mm512_permutex2var_ps(a, even, b));
+  const __m512 a = _mm512_maskz_loadu_ps(avx512::lanes(need), s + 2 * j);
+  const __m512 b = _mm512_maskz_loadu_ps(avx512::lanes(need - 16), s + 2 * j + 16);
+  _mm512_mask_storeu_ps(d + j, avx512::lanes(n - j), avx512::even_lanes(a, b));
 }
 #endif
 

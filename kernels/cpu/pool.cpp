@@ -7,11 +7,9 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "core/tensor.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
 #include "kernels/common/checks.h"
@@ -112,17 +110,13 @@ void max_forward(const T* x, const PoolGeom& g, T* y, int64_t* idx) {
 // values, ties and NaNs come out as from the loop above; the pool tests run both (f32 and f64).
 void max_forward_f32_s2(const float* x, const PoolGeom& g, float* y, int64_t* idx) {
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i lane2 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  auto cols = [&](int64_t first, int64_t n) {  // lanes [0, n) of the columns first, first + 1, ... inside the row
-    const int64_t lo = std::clamp<int64_t>(-first, 0, n), hi = std::clamp<int64_t>(g.w - first, 0, n);
-    const uint32_t upto = hi >= 32 ? 0xFFFFFFFFu : (1u << hi) - 1, from = lo >= 32 ? 0u : ~((1u << lo) - 1);
-    return upto & from;
-  };
-  // Masked loads only at a row's edges: on the Zen 5 machine a masked load was slow whenever its
-  // 64 bytes crossed a page (about one load in 64 here; 30% of the small CNN's step went to them).
-  auto load16 = [&](const float* p, __mmask16 m) {
+  // The 16 columns from p (row column `first`, of which the first n are wanted), -inf outside the
+  // row. Masked loads only at a row's edges: on the Zen 5 machine a masked load was slow whenever
+  // its 64 bytes crossed a page (about one load in 64 here; 30% of the small CNN's step went to them).
+  auto load16 = [&](const float* p, int64_t first, int64_t n) {
+    const __mmask16 m = avx512::lanes(std::max<int64_t>(-first, 0), std::min(n, g.w - first));
     if (m == 0xFFFF) return _mm512_loadu_ps(p);
     return m == 0 ? ninf : _mm512_mask_loadu_ps(ninf, m, p);
   };
@@ -152,10 +146,8 @@ void max_forward_f32_s2(const float* x, const PoolGeom& g, float* y, int64_t* id
             for (int64_t q = 0; q < groups; ++q) {
               const int64_t c0 = k0 + 16 * q, n = std::min<int64_t>(16, g.ow - c0);
               const int64_t first = 2 * c0 - g.pw + kj;  // the input column of this tap for output c0
-              const uint32_t m = cols(first, 2 * n);
-              const __m512 a = load16(row + first, static_cast<__mmask16>(m));
-              const __m512 b = load16(row + first + 16, static_cast<__mmask16>(m >> 16));
-              const __m512 v = _mm512_permutex2var_ps(a, even, b);
+              const __m512 v = avx512::even_lanes(load16(row + first, first, 2 * n),
+                                                  load16(row + first + 16, first + 16, 2 * n - 16));
               const __mmask16 take =
                   _mm512_cmp_ps_mask(v, best[q], _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
               best[q] = _mm512_mask_mov_ps(best[q], take, v);

@@ -8,6 +8,8 @@
 // the tile stores through masks, so no shape takes a slow path.
 #include "kernels/cpu/sgemm.h"
 
+#include "kernels/cpu/avx512.h"
+
 #include <algorithm>
 #include <memory>
 #include <new>
@@ -49,9 +51,7 @@ PackBuffers& buffers() {
   return bufs;
 }
 
-inline __mmask16 lanes(int64_t count) {
-  return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
-}
+using avx512::lanes;
 
 // The first two steps of a transpose, within 128-bit lanes, on Groups groups of 4 rows: afterwards
 // r[4i + q] holds, in its 128-bit lane L, rows 4i..4i+3 of column 4L + q.
