@@ -161,10 +161,10 @@ BENCHMARK(BM_conv2d_forward)->Apply(resnet50_conv_shapes);
 // ---- Max pooling forward (stride 2): the small CNN's 2x2 at 200 px (batch 64) and ResNet's stem
 // pool, 3x3 padded, at 64 px (ResNet-18, batch 32) and 128 px (ResNet-50, batch 16) ----
 void BM_max_pool2d(benchmark::State& state) {
-  const int64_t n = state.range(0), c = state.range(1), s = state.range(2), k = state.range(3);
+  const int64_t n = state.range(0), c = state.range(1), s = state.range(2), k = state.range(3), p = state.range(4);
   Generator gen(6);
   const Tensor x = randn({n, c, s, s}, {}, &gen);
-  const Pool2dOptions o{.kernel = {k, k}, .stride = {2, 2}, .padding = {k / 2 * (k % 2), k / 2 * (k % 2)}};
+  const Pool2dOptions o{.kernel = {k, k}, .stride = {2, 2}, .padding = {p, p}};
   NoGradGuard no_grad;
   for (auto _ : state) {
     const Tensor y = max_pool2d(x, o);
@@ -173,10 +173,10 @@ void BM_max_pool2d(benchmark::State& state) {
   set_rate(state, "in_bytes/s", static_cast<double>(x.numel()) * 4.0);
 }
 BENCHMARK(BM_max_pool2d)
-    ->ArgNames({"n", "c", "hw", "k"})
-    ->Args({64, 32, 200, 2})
-    ->Args({32, 64, 32, 3})
-    ->Args({16, 64, 64, 3})
+    ->ArgNames({"n", "c", "hw", "k", "p"})
+    ->Args({64, 32, 200, 2, 0})
+    ->Args({32, 64, 32, 3, 1})
+    ->Args({16, 64, 64, 3, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

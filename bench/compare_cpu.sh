@@ -88,7 +88,7 @@ for round in $(seq "$rounds"); do
 for c in "${cases[@]}" "${mini_only[@]}"; do
   read -r model size batch <<<"$c"
   echo "compare_cpu: round $round of $rounds: $model ${size}px batch $batch" >&2
-  if [[ $skip_torch -eq 0 && $model != *-small ]]; then
+  if [[ $round -eq 1 && $skip_torch -eq 0 && $model != *-small ]]; then  # the FLOPs once per case
     "$py" "$root/bench/cpu_peers.py" flops --model "$model" --image-size "$size" | sed 's/^{/{"kind": "flops", /' >>"$raw"
   fi
   "$step_bin" --model "$model" --image-size "$size" --batch-size "$batch" --steps "$steps" --warmup "$warmup" \
