@@ -15,8 +15,10 @@
 # shorter call (--resume) runs only the phases the first did not finish (tools' plan: docs/cuda.md,
 # "A GPU session: the plan").
 #
-#   tools/gpu_check.sh --stage [DIR]    build machine: tools/gpu_stage.sh (DIR/stage.tar.xz, default
-#                                       build-gpu-stage; also the studies stage and the photos)
+#   tools/gpu_check.sh --stage [DIR] [OPTIONS]
+#                                       build machine: tools/gpu_stage.sh (DIR/stage.tar.xz, default
+#                                       build-gpu-stage; also the studies stage and the photos;
+#                                       OPTIONS go to gpu_stage.sh: --only tests, --photos SRC)
 #   tools/gpu_check.sh [--rehearse] [--resume STATE] [DIR]
 #                                       GPU machine: the check with DIR's stage (default
 #                                       build-gpu-stage). --resume STATE: gpu_check_state.tar.gz of an
@@ -45,7 +47,10 @@ GPU_ENV_PROG=gpu_check
 source "$ROOT/tools/gpu_env.sh"
 
 if [[ "${1:-}" == "--stage" ]]; then
-  exec bash "$ROOT/tools/gpu_stage.sh" --tests-dir "${2:-build-gpu-stage}"
+  shift
+  stage_dir=build-gpu-stage
+  if [[ $# -gt 0 && "$1" != -* ]]; then stage_dir=$1; shift; fi
+  exec bash "$ROOT/tools/gpu_stage.sh" --tests-dir "$stage_dir" "$@"
 fi
 ARGS="$*"
 REHEARSE=0; RESUME=""; DIR=""
