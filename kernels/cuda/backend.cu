@@ -9,6 +9,7 @@
 namespace minidl::cuda {
 namespace {
 std::atomic<bool> g_benchmark{false};
+std::atomic<bool> g_deterministic{false};
 std::atomic<bool> g_tf32_matmul{false};
 std::atomic<bool> g_tf32_cudnn{true};
 std::atomic<bool> g_nhwc{false};
@@ -16,6 +17,8 @@ std::atomic<bool> g_nhwc{false};
 
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }
 bool cudnn_benchmark() { return g_benchmark; }
+void set_cudnn_deterministic(bool on) { g_deterministic = on; }
+bool cudnn_deterministic() { return g_deterministic; }
 void set_allow_tf32_matmul(bool on) { g_tf32_matmul = on; }
 bool allow_tf32_matmul() { return g_tf32_matmul; }
 void set_allow_tf32_cudnn(bool on) { g_tf32_cudnn = on; }

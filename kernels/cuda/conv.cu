@@ -95,8 +95,9 @@ struct Descriptors {
 // One candidate algorithm, whatever the direction.
 struct Candidate {
   int algo = 0;
-  size_t memory = 0;
+  size_t memory = 0;   // what the query reported; a plan's candidates hold the exact workspace
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  cudnnDeterminism_t determinism = CUDNN_DETERMINISTIC;
 };
 
 std::string cache_key(const ConvShape& cs, Dir dir) {
@@ -108,9 +109,17 @@ std::string cache_key(const ConvShape& cs, Dir dir) {
   return os.str();
 }
 
+// One shape's plan: the algorithms run() tries, in order, each with its exact workspace. Built on
+// the shape's first call and kept: cuDNN's queries (heuristics, workspace sizes) cost host time on
+// every call otherwise, milliseconds each for f16 (a ResNet-50 AMP step spent over a second in
+// them on an H100, bench/results/gpu_check_2026-11-26_bbe331e.md), and they cannot run inside a
+// CUDA graph capture. Keyed by the shape and every switch the plan depends on.
+struct Plan {
+  std::vector<Candidate> order;
+};
 std::mutex g_cache_mu;
-std::map<std::string, Candidate>& algo_cache() {
-  static auto* m = new std::map<std::string, Candidate>();
+std::map<std::string, Plan>& algo_cache() {
+  static auto* m = new std::map<std::string, Plan>();
   return *m;
 }
 
@@ -118,6 +127,18 @@ std::map<std::string, Candidate>& algo_cache() {
 void pin_math(const Descriptors& d, std::vector<Candidate>& cs) {
   if (d.default_math != CUDNN_FMA_MATH) return;
   for (Candidate& c : cs) c.math = CUDNN_FMA_MATH;
+}
+
+template <class Perf>
+Candidate candidate_of(const Perf& p) {
+  return {static_cast<int>(p.algo), p.memory, p.mathType, p.determinism};
+}
+
+// Deterministic mode (set_cudnn_deterministic) keeps only the algorithms cuDNN reports as
+// deterministic (no atomics: the same bits on every run).
+void keep_deterministic(std::vector<Candidate>& cs) {
+  if (!cudnn_deterministic()) return;
+  std::erase_if(cs, [](const Candidate& c) { return c.determinism != CUDNN_DETERMINISTIC; });
 }
 
 // cuDNN's heuristic ranking, successful entries only.
@@ -128,19 +149,20 @@ std::vector<Candidate> heuristic(cudnnHandle_t h, const Descriptors& d, Dir dir)
     cudnnConvolutionFwdAlgoPerf_t p[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     MINIDL_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, p));
     for (int i = 0; i < n; ++i)
-      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back(candidate_of(p[i]));
   } else if (dir == Dir::BwdData) {
     cudnnConvolutionBwdDataAlgoPerf_t p[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     MINIDL_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, p));
     for (int i = 0; i < n; ++i)
-      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back(candidate_of(p[i]));
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t p[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     MINIDL_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, p));
     for (int i = 0; i < n; ++i)
-      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+      if (p[i].status == CUDNN_STATUS_SUCCESS) out.push_back(candidate_of(p[i]));
   }
   pin_math(d, out);
+  keep_deterministic(out);
   return out;
 }
 
@@ -184,24 +206,64 @@ Candidate autotune(DeviceContext& ctx, const Descriptors& d, Dir dir, const std:
     MINIDL_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, a, d.w, b, d.conv, d.y, out,
                                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, p, ws->get(), want));
     for (int i = 0; i < n; ++i)
-      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back(candidate_of(p[i]));
   } else if (dir == Dir::BwdData) {
     cudnnConvolutionBwdDataAlgoPerf_t p[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     MINIDL_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, b, d.y, a, d.conv, d.x, out,
                                                                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, p, ws->get(), want));
     for (int i = 0; i < n; ++i)
-      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back(candidate_of(p[i]));
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t p[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     MINIDL_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, a, d.y, b, d.conv, d.w, out,
                                                                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, p, ws->get(), want));
     for (int i = 0; i < n; ++i)
-      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back({static_cast<int>(p[i].algo), p[i].memory, p[i].mathType});
+      if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].memory <= want) found.push_back(candidate_of(p[i]));
   }
-  MINIDL_CHECK(!found.empty(), "conv2d (cuda): cuDNN found no working algorithm within a workspace of ",
-               format_bytes(want));
   pin_math(d, found);
+  keep_deterministic(found);
+  MINIDL_CHECK(!found.empty(), "conv2d (cuda): cuDNN found no working", cudnn_deterministic() ? " deterministic" : "",
+               " algorithm within a workspace of ", format_bytes(want),
+               cudnn_deterministic() ? " (set_cudnn_deterministic(false) allows the others)" : "");
   return found.front();   // sorted by time
+}
+
+std::string plan_key(const ConvShape& cs, Dir dir) {
+  return cache_key(cs, dir) + (cudnn_benchmark() ? ":benchmark" : ":heuristic") +
+         (cudnn_deterministic() ? ":deterministic" : "");
+}
+
+// cuDNN's heuristic ranking with each algorithm's exact workspace under its math type; the
+// algorithms whose workspace query fails are left out.
+std::vector<Candidate> sized(cudnnHandle_t h, const Descriptors& d, Dir dir, std::vector<Candidate> cands) {
+  std::vector<Candidate> out;
+  for (Candidate c : cands) {
+    c.memory = workspace_size(h, d, dir, c);   // also sets the math type
+    if (c.memory != SIZE_MAX) out.push_back(c);
+  }
+  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
+  return out;
+}
+
+// The shape's plan, built on its first call: heuristic mode, cuDNN's ranking; benchmark mode, the
+// autotuned winner first, then the ranking as fallbacks.
+const Plan& plan(DeviceContext& ctx, const Descriptors& d, const ConvShape& cs, Dir dir, const void* a, const void* b,
+                 void* out) {
+  const std::string key = plan_key(cs, dir);
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = algo_cache().find(key);
+    if (it != algo_cache().end()) return it->second;   // std::map: references stay valid
+  }
+  cudnnHandle_t h = ctx.cudnn();
+  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
+  const std::vector<Candidate> ranked = heuristic(h, d, dir);
+  std::vector<Candidate> cands;
+  if (cudnn_benchmark()) cands.push_back(autotune(ctx, d, dir, ranked, a, b, out));
+  cands.insert(cands.end(), ranked.begin(), ranked.end());
+  Plan p{sized(h, d, dir, std::move(cands))};
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  return algo_cache().try_emplace(key, std::move(p)).first->second;
 }
 
 // Runs one direction: picks the algorithm, draws its workspace from the allocator and calls cuDNN.
@@ -210,36 +272,15 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
   if (cs.n == 0 || cs.k == 0 || cs.c == 0) return;
   const Descriptors d(cs);
   cudnnHandle_t h = ctx.cudnn();
-  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
-  std::vector<Candidate> order;
-  if (cudnn_benchmark()) {
-    const std::string key = cache_key(cs, dir);
-    Candidate best;
-    bool hit = false;
-    {
-      std::lock_guard<std::mutex> lock(g_cache_mu);
-      auto it = algo_cache().find(key);
-      if (it != algo_cache().end()) {
-        best = it->second;
-        hit = true;
-      }
-    }
-    if (!hit) {
-      best = autotune(ctx, d, dir, heuristic(h, d, dir), a, b, out);
-      std::lock_guard<std::mutex> lock(g_cache_mu);
-      algo_cache()[key] = best;
-    }
-    order.push_back(best);
-  }
-  for (const Candidate& c : heuristic(h, d, dir)) order.push_back(c);   // fallbacks, ranked
+  const std::vector<Candidate>& order = plan(ctx, d, cs, dir, a, b, out).order;
   const float one32 = 1.0f, zero32 = 0.0f;
   const double one64 = 1.0, zero64 = 0.0;
   const void* alpha = cs.dtype == DType::f64 ? static_cast<const void*>(&one64) : &one32;
   const void* beta = cs.dtype == DType::f64 ? static_cast<const void*>(&zero64) : &zero32;
   std::string tried;
   for (const Candidate& c : order) {
-    const size_t wsz = workspace_size(h, d, dir, c);   // also sets the math type
-    if (wsz == SIZE_MAX) continue;
+    const size_t wsz = c.memory;
+    MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     std::unique_ptr<DeviceBuffer> ws;
     try {
       ws = std::make_unique<DeviceBuffer>(ctx, wsz);
@@ -339,10 +380,7 @@ std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const
   MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
   const Dir dd = dir == ConvDir::Forward ? Dir::Fwd : dir == ConvDir::BackwardData ? Dir::BwdData : Dir::BwdFilter;
   std::vector<size_t> out;
-  for (const Candidate& c : heuristic(h, d, dd)) {   // run()'s fallback order, as it sizes each
-    const size_t wsz = workspace_size(h, d, dd, c);
-    if (wsz != SIZE_MAX) out.push_back(wsz);
-  }
+  for (const Candidate& c : sized(h, d, dd, heuristic(h, d, dd))) out.push_back(c.memory);   // run()'s fallback order
   return out;
 }
 

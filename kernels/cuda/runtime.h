@@ -27,6 +27,12 @@ Backend& cuda_backend();
 // the fastest that fits the memory budget. Autotuning may pick algorithms with big workspaces.
 void set_cudnn_benchmark(bool on);
 bool cudnn_benchmark();
+// Only the convolution algorithms cuDNN reports as deterministic, as
+// torch.backends.cudnn.deterministic (default off): some of the fastest backward algorithms add
+// with atomics, so two runs of the same step differ in the last bits. Bit-for-bit comparisons on
+// a GPU (eager against a replayed CUDA graph, two runs of a seed) need it on.
+void set_cudnn_deterministic(bool on);
+bool cudnn_deterministic();
 // TF32 tensor cores for f32 work, as torch.backends.{cuda.matmul,cudnn}.allow_tf32
 // (defaults as PyTorch: off for GEMM, on for convolutions).
 void set_allow_tf32_matmul(bool on);
@@ -59,7 +65,8 @@ double launch_plan_scale();
 void synchronize(int device = 0);
 // The caching allocator's full statistics (fragmentation, segments, cudaMalloc calls).
 CachingStats caching_stats(int device = 0);
-// Autotune cache (benchmark mode) size, and clearing it.
+// The convolutions' per-shape plans (conv.cu: cuDNN's algorithms in the order they are tried,
+// with their workspaces; both modes, keyed by the switches too): how many, and clearing them.
 size_t conv_algo_cache_size();
 void clear_conv_algo_cache();
 // "NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, driver 13000, runtime 13000"

@@ -22,6 +22,10 @@
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
+
 namespace minidl::optim {
 namespace {
 
@@ -29,8 +33,19 @@ const Device kGpu = Device::cuda(0);
 
 class GraphStep : public ::testing::Test {
  protected:
+  // Bit-for-bit against eager needs the same bits from every run of a step: on a GPU some of
+  // cuDNN's backward algorithms add with atomics (the first H100 run's ResNet-18 FP32 parameters
+  // differed), so these tests run the deterministic ones, as PyTorch's would.
   void SetUp() override {
     if (!minidl::cuda_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef MINIDL_WITH_CUDA
+    cuda::set_cudnn_deterministic(true);
+#endif
+  }
+  void TearDown() override {
+#ifdef MINIDL_WITH_CUDA
+    cuda::set_cudnn_deterministic(false);
+#endif
   }
 };
 

@@ -292,6 +292,7 @@ template <class Perf, class Algo>
 cudnnStatus_t heuristic_query(const char* fn, Dir d, cudnnHandle_t h, cudnnTensorDescriptor_t x,
                               cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t conv, cudnnTensorDescriptor_t y,
                               int requested, int* returned, Perf* perf) {
+  ++cudnn_query_count();
   Problem p;
   if (cudnnStatus_t st = make_problem(fn, h, x, w, conv, y, p); st != CUDNN_STATUS_SUCCESS) return st;
   if (cudnnStatus_t st = check_counts(fn, requested, returned, perf); st != CUDNN_STATUS_SUCCESS) return st;
@@ -307,6 +308,7 @@ cudnnStatus_t heuristic_query(const char* fn, Dir d, cudnnHandle_t h, cudnnTenso
 cudnnStatus_t workspace_query(const char* fn, Dir d, cudnnHandle_t h, cudnnTensorDescriptor_t x,
                               cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t conv, cudnnTensorDescriptor_t y,
                               int algo, size_t* size) {
+  ++cudnn_query_count();
   Problem p;
   if (cudnnStatus_t st = make_problem(fn, h, x, w, conv, y, p); st != CUDNN_STATUS_SUCCESS) return st;
   if (size == nullptr) return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": sizeInBytes is NULL"));
@@ -327,6 +329,7 @@ cudnnStatus_t find_ex(const char* fn, Dir d, cudnnHandle_t h, cudnnTensorDescrip
                       cudnnConvolutionDescriptor_t conv, cudnnTensorDescriptor_t y, const void* in_a,
                       const void* in_b, void* out, int requested, int* returned, Perf* perf, void* ws,
                       size_t ws_bytes) {
+  ++cudnn_query_count();
   Problem p;
   if (cudnnStatus_t st = make_problem(fn, h, x, w, conv, y, p); st != CUDNN_STATUS_SUCCESS) return st;
   if (cudnnStatus_t st = check_counts(fn, requested, returned, perf); st != CUDNN_STATUS_SUCCESS) return st;

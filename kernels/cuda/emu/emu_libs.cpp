@@ -29,6 +29,8 @@ void set_fault_reporter(FaultReporter f) { g_fault_reporter.store(f); }
 const char* last_error_detail() { return t_detail.c_str(); }
 void clear_last_error_detail() { t_detail.clear(); }
 
+long long cudnn_algorithm_queries() { return detail::cudnn_query_count().load(); }
+
 LibObjectCounts live_object_counts() {
   LibObjectCounts c;
   c.cublas_handles = detail::cublas_live_handles();

@@ -34,6 +34,11 @@ void set_fault_reporter(FaultReporter);
 const char* last_error_detail();
 void clear_last_error_detail();
 
+// cuDNN's convolution algorithm queries answered so far (cudnnGet*Algorithm_v7,
+// cudnnGet*WorkspaceSize, cudnnFind*AlgorithmEx): on a GPU each costs host time (milliseconds for
+// f16 heuristics), so the backend asks once per shape; tests check it does.
+long long cudnn_algorithm_queries();
+
 // Handles and descriptors created and not yet destroyed (leak checks in tests).
 struct LibObjectCounts {
   int cublas_handles = 0;

@@ -1,0 +1,130 @@
+// The CUDA convolutions' per-shape plans (kernels/cuda/conv.cu): cuDNN is asked which algorithms to
+// run, and how much workspace each needs, once per shape, in both algorithm modes. The first GPU run
+// (bench/results/gpu_check_2026-11-26_bbe331e.md) found a ResNet-50 AMP step spending over a second
+// of host time in those queries, asked again on every call. And the deterministic mode
+// (set_cudnn_deterministic, as torch.backends.cudnn.deterministic) runs no algorithm that adds with
+// atomics, so the same step gives the same bits. kernels_cuda_emu counts the emulated cuDNN's
+// queries and reads the algorithms it ran from its call log; on a GPU the cache and the bits speak.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "tests/support/parity_helpers.h"
+
+#ifdef MINIDL_CUDA_EMU
+#include "kernels/cuda/emu/call_log.h"
+#include "kernels/cuda/emu/emu_libs.h"
+#endif
+
+namespace minidl::testing::parity {
+namespace {
+
+#ifdef MINIDL_WITH_CUDA
+
+struct Grads {
+  std::vector<uint8_t> y, gx, gw;
+};
+
+std::vector<uint8_t> bytes(const Tensor& t) {
+  const Tensor c = t.to(Device::cpu()).contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  return {p, p + c.nbytes()};
+}
+
+// One convolution forward and backward on the GPU: a 3x3 stride-1 layer and a strided 1x1.
+Grads conv_step(DType dt, bool stride2) {
+  const Shape xs = stride2 ? Shape{4, 16, 9, 9} : Shape{4, 8, 10, 10};
+  const Shape ws = stride2 ? Shape{32, 16, 1, 1} : Shape{16, 8, 3, 3};
+  const Conv2dOptions o{.stride = {stride2 ? 2 : 1, stride2 ? 2 : 1}, .padding = {stride2 ? 0 : 1, stride2 ? 0 : 1}};
+  const Tensor x = rnd(xs, dt, 11).to(kGpu).set_requires_grad(true);
+  const Tensor w = rnd(ws, dt, 12).to(kGpu).set_requires_grad(true);
+  const Tensor y = conv2d(x, w, Tensor(), o);
+  y.backward(rnd(y.shape(), dt, 13).to(kGpu));
+  return {bytes(y.detach()), bytes(x.grad()), bytes(w.grad())};
+}
+
+class ConvPlan : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (self_test() || !cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one)";
+    cuda::clear_conv_algo_cache();
+  }
+  void TearDown() override {
+    cuda::set_cudnn_benchmark(false);
+    cuda::set_cudnn_deterministic(false);
+  }
+};
+
+TEST_F(ConvPlan, CuDnnIsAskedOncePerShapeInBothModes) {
+  for (const bool benchmark : {false, true}) {
+    cuda::set_cudnn_benchmark(benchmark);
+    for (const DType dt : {DType::f32, DType::f16}) {
+      const std::string tag = std::string(benchmark ? "benchmark " : "heuristic ") + dtype_name(dt);
+      const Grads first = conv_step(dt, false);
+      conv_step(dt, true);
+      const size_t plans = cuda::conv_algo_cache_size();
+#ifdef MINIDL_CUDA_EMU
+      const long long queries = cuda::emu::cudnn_algorithm_queries();
+#endif
+      for (int i = 0; i < 3; ++i) {
+        const Grads again = conv_step(dt, false);
+        conv_step(dt, true);
+        EXPECT_EQ(again.y, first.y) << tag << ": the forward under the cached plan";
+      }
+      EXPECT_EQ(cuda::conv_algo_cache_size(), plans) << tag << ": a repeated shape made a new plan";
+#ifdef MINIDL_CUDA_EMU
+      EXPECT_EQ(cuda::emu::cudnn_algorithm_queries(), queries)
+          << tag << ": cuDNN was asked again for shapes it had already planned";
+#endif
+    }
+  }
+  // Three directions for two shapes, in each of the four (mode, dtype) pairs.
+  EXPECT_EQ(cuda::conv_algo_cache_size(), 4u * 2u * 3u);
+}
+
+TEST_F(ConvPlan, DeterministicModeRunsOnlyDeterministicAlgorithms) {
+#ifdef MINIDL_CUDA_EMU
+  // The emulated heuristics rank backward-filter ALGO_3 (partial sums added with atomics) first for
+  // the strided 1x1 layer: without the switch it runs, with it it must not.
+  const auto nondeterministic = [](const cuda::emu::LibCall& c) {
+    return (c.op == "conv backward filter" && (c.algo == "ALGO_0" || c.algo == "ALGO_3")) ||
+           (c.op == "conv backward data" && c.algo == "ALGO_0");
+  };
+  cuda::emu::clear_call_log();
+  cuda::emu::set_call_logging(true);
+  conv_step(DType::f32, true);
+  cuda::emu::set_call_logging(false);
+  int picked = 0;
+  for (const cuda::emu::LibCall& c : cuda::emu::call_log()) picked += nondeterministic(c);
+  ASSERT_EQ(picked, 1) << "the emulated heuristics no longer pick a nondeterministic algorithm: this test checks nothing";
+#endif
+  cuda::set_cudnn_deterministic(true);
+  for (const bool benchmark : {false, true}) {
+    cuda::set_cudnn_benchmark(benchmark);
+    for (const DType dt : {DType::f32, DType::f16}) {
+      const std::string tag = std::string(benchmark ? "benchmark " : "heuristic ") + dtype_name(dt);
+#ifdef MINIDL_CUDA_EMU
+      cuda::emu::clear_call_log();
+      cuda::emu::set_call_logging(true);
+#endif
+      for (const bool stride2 : {false, true}) {
+        const Grads a = conv_step(dt, stride2), b = conv_step(dt, stride2);
+        EXPECT_EQ(a.gx, b.gx) << tag;
+        EXPECT_EQ(a.gw, b.gw) << tag;
+      }
+#ifdef MINIDL_CUDA_EMU
+      cuda::emu::set_call_logging(false);
+      for (const cuda::emu::LibCall& c : cuda::emu::call_log())
+        EXPECT_FALSE(nondeterministic(c)) << tag << ": " << c.op << " ran " << c.algo;
+#endif
+    }
+  }
+}
+
+#endif  // MINIDL_WITH_CUDA
+
+}  // namespace
+}  // namespace minidl::testing::parity
