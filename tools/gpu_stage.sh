@@ -98,13 +98,15 @@ if want tests; then
   stage_libs "$tmp/lib" "$tmp"/bin/*
   echo "$COMMIT" >"$tmp/COMMIT"
   # The model table the GPU calibrates (tools/gpu_phases.sh, phase 4): the last committed
-  # bench/results/gpu_model_*.tsv (a new, uncommitted one counts as the last); file names sort by
-  # commit hash, not by time, within a day. The phase measures the eager NCHW step
+  # bench/results/gpu_model_*.tsv by the commit that added it (a new, uncommitted one counts as the
+  # last): a later commit that edits every table (a09f11e added a header line to each) must not
+  # make them all "last" and leave the choice to the names' order, which is how the first GPU run
+  # (bbe331e) calibrated the pre-fusion 60d57e3 table. The phase measures the eager NCHW step
   # (GPU_CHECK_MODEL_CONFIGS=resnet50-amp), so tables of other modes or layouts (_graph, _nhwc in
   # their names) are not candidates.
   for f in bench/results/gpu_model_*.tsv; do
     [[ $f == *_graph* || $f == *_nhwc* ]] && continue
-    [[ -f $f ]] && echo "$(git log -1 --format=%ct -- "$f" 2>/dev/null | grep . || date +%s) $f"
+    [[ -f $f ]] && echo "$(git log --diff-filter=A -1 --format=%ct -- "$f" 2>/dev/null | grep . || date +%s) $f"
   done | sort -n | tail -1 | cut -d' ' -f2- >"$tmp/MODEL_TSV"
   rm -rf "$TESTS_DIR" && mkdir -p "$TESTS_DIR" || die 3 "cannot create $TESTS_DIR"
   say "compressing the check stage (xz -9)"
