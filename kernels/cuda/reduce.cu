@@ -1,6 +1,12 @@
 // CUDA reductions over any set of dims of a strided tensor: one block per output, threads stride
-// over the reduced elements, and warp shuffles combine them. Sums accumulate in double (floating)
-// (f32, f64, f16) or int64 as on the CPU; max/min keep the first extreme index and let NaN win, as PyTorch does.
+// over the reduced elements, and warp shuffles combine them. An output with many elements and few
+// outputs beside it (a whole-tensor sum) is split across blocks: each block reduces one chunk into
+// a partial, and a second kernel combines an output's partials in chunk order. The split depends
+// on the shape only (reduce_splits), never on the GPU, so the bits are the same everywhere. The
+// first H100 run measured a whole-tensor sum of 256 MiB at 2 GB/s on one block
+// (bench/results/gpu_check_2026-11-26_bbe331e.md). Reduced elements that lie contiguously are
+// read without the offset calculator. Sums accumulate in double (floating) (f32, f64, f16) or
+// int64 as on the CPU; max/min keep the first extreme index and let NaN win, as PyTorch does.
 #include <algorithm>
 #include <limits>
 
@@ -8,15 +14,28 @@
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
 #include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
 
-// Offsets of the kept (outputs) and reduced dims of x, each in row-major order.
+// Offsets of the kept (outputs) and reduced dims of x, each in row-major order; each output's R
+// reduced elements in `splits` chunks of `chunk` (the last one shorter).
 struct ReduceGeom {
   OffsetCalc<1> kept, red;
   int64_t O, R;
+  int64_t splits, chunk;
+  bool contiguous;   // an output's reduced element r is at its base + r
 };
+
+// A split output's partial: the chunk's sum, or its (best, index).
+constexpr size_t kPartialBytes = 16;
+template <typename T>
+struct BestAt {
+  T v;
+  int64_t i;
+};
+static_assert(sizeof(BestAt<double>) == kPartialBytes && sizeof(BestAt<int64_t>) == kPartialBytes);
 
 template <typename C>
 __device__ __forceinline__ bool is_nan(C v) {
@@ -38,8 +57,28 @@ __device__ __forceinline__ bool better(bool is_max, T vt, int64_t i, T bt, int64
   return is_max ? v > best : v < best;
 }
 
+template <typename T>
+__device__ __forceinline__ T load_reduced(const T* xo, const ReduceGeom& g, int64_t r) {
+  if (g.contiguous) return xo[r];
+  int64_t off[1];
+  g.red.get(r, off);
+  return xo[off[0]];
+}
+
+template <typename Out, typename Acc>
+__device__ __forceinline__ void write_sum(ReduceOp op, Acc s, int64_t R, Out* out) {
+  if (op == ReduceOp::Mean) {
+    const double m = R > 0 ? static_cast<double>(s) / static_cast<double>(R) : __longlong_as_double(0x7ff8000000000000LL);
+    *out = cvt<Out>(m);
+  } else {
+    *out = cvt<Out>(s);
+  }
+}
+
+// Work item w: output w / splits, chunk w % splits. With one split the block writes the output;
+// with more, its partial (combine_kernel finishes).
 template <typename T, typename Out>
-__global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out) {
+__global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out, void* partials) {
   using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;   // f16 sums in double too
   MINIDL_SHARED_ARRAY(Acc, s_sum, 32);
   MINIDL_SHARED_ARRAY(T, s_best, 32);
@@ -47,36 +86,39 @@ __global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out) {
   const bool ext = op != ReduceOp::Sum && op != ReduceOp::Mean;
   const bool is_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t o = blockIdx.x; o < g.O; o += gridDim.x) {
+  for (int64_t w = blockIdx.x; w < g.O * g.splits; w += gridDim.x) {
+    const int64_t o = w / g.splits, begin = (w % g.splits) * g.chunk;
+    const int64_t end = begin + g.chunk < g.R ? begin + g.chunk : g.R;
     int64_t base[1];
     g.kept.get(o, base);
     const T* xo = x + base[0];
     if (!ext) {
+      // Four loads in flight before their adds (the same additions in the same order as one at a
+      // time): a thread's loads, not its adds, bound a memory-bound reduction.
       Acc s = 0;
-      for (int64_t r = threadIdx.x; r < g.R; r += blockDim.x) {
-        int64_t off[1];
-        g.red.get(r, off);
-        s += cvt<Acc>(xo[off[0]]);
+      const int64_t step = blockDim.x;
+      int64_t r = begin + threadIdx.x;
+      for (; r + 3 * step < end; r += 4 * step) {
+        const T v0 = load_reduced(xo, g, r), v1 = load_reduced(xo, g, r + step);
+        const T v2 = load_reduced(xo, g, r + 2 * step), v3 = load_reduced(xo, g, r + 3 * step);
+        s += cvt<Acc>(v0);
+        s += cvt<Acc>(v1);
+        s += cvt<Acc>(v2);
+        s += cvt<Acc>(v3);
       }
+      for (; r < end; r += step) s += cvt<Acc>(load_reduced(xo, g, r));
       s = block_sum<Acc>(s, s_sum);
       if (threadIdx.x == 0) {
-        if (op == ReduceOp::Mean) {
-          const double m = g.R > 0 ? static_cast<double>(s) / static_cast<double>(g.R)
-                                   : __longlong_as_double(0x7ff8000000000000LL);
-          out[o] = cvt<Out>(m);
-        } else {
-          out[o] = cvt<Out>(s);
-        }
+        if (g.splits == 1) write_sum<Out>(op, s, g.R, out + o);
+        else static_cast<Acc*>(partials)[2 * w] = s;   // 16-byte slots
       }
       __syncthreads();
       continue;
     }
     T best = cvt<T>(0.0f);
     int64_t bi = -1;
-    for (int64_t r = threadIdx.x; r < g.R; r += blockDim.x) {
-      int64_t off[1];
-      g.red.get(r, off);
-      const T v = xo[off[0]];
+    for (int64_t r = begin + threadIdx.x; r < end; r += blockDim.x) {
+      const T v = load_reduced(xo, g, r);
       if (better<T>(is_max, v, r, best, bi)) {
         best = v;
         bi = r;
@@ -98,29 +140,100 @@ __global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out) {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
-        if (better<T>(is_max, s_best[w], s_idx[w], best, bi)) {
-          best = s_best[w];
-          bi = s_idx[w];
+      for (int k = 1; k < static_cast<int>(blockDim.x >> 5); ++k) {
+        if (better<T>(is_max, s_best[k], s_idx[k], best, bi)) {
+          best = s_best[k];
+          bi = s_idx[k];
         }
       }
-      if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) out[o] = cvt<Out>(bi);
+      if (g.splits > 1) static_cast<BestAt<T>*>(partials)[w] = {best, bi};
+      else if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) out[o] = cvt<Out>(bi);
       else out[o] = cvt<Out>(best);
     }
     __syncthreads();
   }
 }
 
+// A split output's partials, combined in chunk order by one thread: the same bits on every run.
 template <typename T, typename Out>
-void launch(ReduceOp op, const Tensor& x, const ReduceGeom& g, const Tensor& out, cudaStream_t stream) {
+__global__ void combine_kernel(ReduceOp op, ReduceGeom g, const void* partials, Out* out) {
+  using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+  const bool ext = op != ReduceOp::Sum && op != ReduceOp::Mean;
+  const bool is_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
+  for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < g.O;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (!ext) {
+      const Acc* p = static_cast<const Acc*>(partials) + 2 * o * g.splits;
+      Acc s = 0;
+      for (int64_t k = 0; k < g.splits; ++k) s += p[2 * k];
+      write_sum<Out>(op, s, g.R, out + o);
+      continue;
+    }
+    const BestAt<T>* p = static_cast<const BestAt<T>*>(partials) + o * g.splits;
+    T best = p[0].v;
+    int64_t bi = p[0].i;
+    for (int64_t k = 1; k < g.splits; ++k) {
+      if (better<T>(is_max, p[k].v, p[k].i, best, bi)) {
+        best = p[k].v;
+        bi = p[k].i;
+      }
+    }
+    out[o] = (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) ? cvt<Out>(bi) : cvt<Out>(best);
+  }
+}
+
+template <typename T, typename Out>
+void launch(DeviceContext& ctx, ReduceOp op, const Tensor& x, const ReduceGeom& g, const Tensor& out) {
   int threads = 32;
-  while (threads < 256 && threads < g.R) threads *= 2;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(g.O, int64_t{1} << 20));
-  MINIDL_LAUNCH("reduce", (reduce_kernel<T, Out>), blocks, threads, 0, stream, op, static_cast<const T*>(x.data_ptr()),
-                g, static_cast<Out*>(out.data_ptr()));
+  while (threads < 256 && threads < g.chunk) threads *= 2;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(g.O * g.splits, int64_t{1} << 20));
+  const DeviceBuffer partials(ctx, g.splits > 1 ? static_cast<size_t>(g.O * g.splits) * kPartialBytes : 0);
+  MINIDL_LAUNCH("reduce", (reduce_kernel<T, Out>), blocks, threads, 0, ctx.stream(), op,
+                static_cast<const T*>(x.data_ptr()), g, static_cast<Out*>(out.data_ptr()), partials.get());
+  if (g.splits == 1) return;
+  const unsigned cblocks = static_cast<unsigned>(std::min<int64_t>((g.O + 255) / 256, 4096));
+  MINIDL_LAUNCH("reduce combine", (combine_kernel<T, Out>), cblocks, 256, 0, ctx.stream(), op, g,
+                static_cast<const void*>(partials.get()), static_cast<Out*>(out.data_ptr()));
+}
+
+// Whether the reduced dims' elements, in row-major order, lie at consecutive addresses.
+bool contiguous_reduced(const Shape& rs, const Shape& rst) {
+  int64_t expected = 1;
+  for (size_t i = rs.size(); i-- > 0;) {
+    if (rs[i] == 1) continue;
+    if (rst[i] != expected) return false;
+    expected *= rs[i];
+  }
+  return true;
+}
+
+// (splits, chunk) of each output's R reduced elements. Fewer outputs than about a thousand blocks'
+// worth, each with at least 16 K elements: chunks of at least 8 K elements (a multiple of 8, so each
+// starts as aligned as the first), enough to give the GPU about 1024 blocks; otherwise one chunk.
+std::pair<int64_t, int64_t> reduce_chunks(int64_t outputs, int64_t reduced) {
+  constexpr int64_t kBlocks = 1024, kMinChunk = 8192;
+  if (outputs <= 0 || outputs >= kBlocks || reduced < 2 * kMinChunk) return {1, reduced};
+  const int64_t want = std::min((kBlocks + outputs - 1) / outputs, reduced / kMinChunk);
+  const int64_t chunk = ((reduced + want - 1) / want + 7) / 8 * 8;
+  return {(reduced + chunk - 1) / chunk, chunk};
+}
+
+int64_t outputs_of(const Shape& shape, const std::vector<int64_t>& dims, int64_t* reduced) {
+  int64_t o = 1, r = 1;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d)
+    (std::find(dims.begin(), dims.end(), d) != dims.end() ? r : o) *= shape[static_cast<size_t>(d)];
+  *reduced = r;
+  return o;
 }
 
 }  // namespace
+
+size_t reduce_scratch_bytes(const Tensor& x, const std::vector<int64_t>& dims) {
+  int64_t r = 0;
+  const int64_t o = outputs_of(x.shape(), dims, &r);
+  const int64_t splits = reduce_chunks(o, r).first;
+  return splits > 1 ? static_cast<size_t>(o * splits) * kPartialBytes : 0;
+}
 
 void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, const Tensor& out) {
   const char* name = op == ReduceOp::Sum ? "sum" : op == ReduceOp::Mean ? "mean" : op == ReduceOp::Max ? "max"
@@ -133,8 +246,10 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
     (reduced ? rs : ks).push_back(x.shape()[d]);
     (reduced ? rst : kst).push_back(x.strides()[d]);
   }
-  ReduceGeom g{make_offset_calc<1>(ks, {&kst}, name), make_offset_calc<1>(rs, {&rst}, name), numel_of(ks),
-               numel_of(rs)};
+  const int64_t O = numel_of(ks), R = numel_of(rs);
+  const auto [splits, chunk] = reduce_chunks(O, R);
+  ReduceGeom g{make_offset_calc<1>(ks, {&kst}, name), make_offset_calc<1>(rs, {&rst}, name), O, R,
+               splits, chunk, contiguous_reduced(rs, rst)};
   MINIDL_CHECK(out.numel() == g.O, name, " (cuda): output ", out.meta(), " should have ", g.O, " elements");
   if (g.O == 0) return;
   DeviceContext& ctx = context_of(x);
@@ -145,21 +260,21 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
         case ReduceOp::Sum:
         case ReduceOp::Mean:
           switch (out.dtype()) {
-            case DType::f32: return launch<T, float>(op, x, g, out, ctx.stream());
-            case DType::f64: return launch<T, double>(op, x, g, out, ctx.stream());
-            case DType::i32: return launch<T, int32_t>(op, x, g, out, ctx.stream());
-            case DType::i64: return launch<T, int64_t>(op, x, g, out, ctx.stream());
-            case DType::f16: return launch<T, __half>(op, x, g, out, ctx.stream());
+            case DType::f32: return launch<T, float>(ctx, op, x, g, out);
+            case DType::f64: return launch<T, double>(ctx, op, x, g, out);
+            case DType::i32: return launch<T, int32_t>(ctx, op, x, g, out);
+            case DType::i64: return launch<T, int64_t>(ctx, op, x, g, out);
+            case DType::f16: return launch<T, __half>(ctx, op, x, g, out);
             default: MINIDL_FAIL(name, " (cuda): unsupported output dtype ", out.meta());
           }
         case ReduceOp::Max:
         case ReduceOp::Min:
           MINIDL_CHECK(out.dtype() == x.dtype(), name, " (cuda): output ", out.meta(), " must have x's dtype");
-          return launch<T, T>(op, x, g, out, ctx.stream());
+          return launch<T, T>(ctx, op, x, g, out);
         case ReduceOp::ArgMax:
         case ReduceOp::ArgMin:
           MINIDL_CHECK(out.dtype() == DType::i64, name, " (cuda): output ", out.meta(), " must be i64");
-          return launch<T, int64_t>(op, x, g, out, ctx.stream());
+          return launch<T, int64_t>(ctx, op, x, g, out);
       }
     }
   });

@@ -9,7 +9,8 @@ extern "C" const minidl::detail::CudaEntry* minidl_cuda_entry() {
   static const c::WorkspaceQueries queries{&c::cublas_workspace_bytes,     &c::matmul_operand_copies,
                                            &c::conv_workspace_candidates,  &c::conv_nhwc,
                                            &c::batch_norm_forward_scratch, &c::batch_norm_backward_scratch,
-                                           &c::unscale_table_bytes,        &c::fused_sgd_table_bytes,
+                                           &c::reduce_scratch_bytes,       &c::unscale_table_bytes,
+                                           &c::fused_sgd_table_bytes,
                                            &c::fused_adam_table_bytes};
   static const minidl::detail::CudaEntry entry{&c::device_count, &c::runtime_status, &c::cuda_backend, &queries};
   return &entry;

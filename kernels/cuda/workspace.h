@@ -51,6 +51,10 @@ BatchNormScratch batch_norm_backward_scratch(const Tensor& gy, const Tensor& x, 
                                              const Tensor& gresidual, bool training, bool wants_gweight,
                                              bool wants_gbias);
 
+// reduce.cu: the partials of a reduction split across blocks (few outputs, many elements each);
+// 0 when each output is one block's.
+size_t reduce_scratch_bytes(const Tensor& x, const std::vector<int64_t>& dims);
+
 // amp.cu: the chunk table of the fused unscale (bytes; 0 when no gradient has elements). Strided
 // gradients are unscaled in contiguous copies besides.
 size_t unscale_table_bytes(const std::vector<Tensor>& grads);
@@ -75,6 +79,7 @@ struct WorkspaceQueries {
   decltype(&cuda::conv_nhwc) conv_nhwc;
   decltype(&cuda::batch_norm_forward_scratch) batch_norm_forward_scratch;
   decltype(&cuda::batch_norm_backward_scratch) batch_norm_backward_scratch;
+  decltype(&cuda::reduce_scratch_bytes) reduce_scratch_bytes;
   decltype(&cuda::unscale_table_bytes) unscale_table_bytes;
   decltype(&cuda::fused_sgd_table_bytes) fused_sgd_table_bytes;
   decltype(&cuda::fused_adam_table_bytes) fused_adam_table_bytes;

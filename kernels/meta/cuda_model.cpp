@@ -139,6 +139,11 @@ void cross_entropy_forward(const Tensor& logits) {
   if (logits.size(0) > 0) Buffer flag(logits.device(), sizeof(unsigned long long));
 }
 
+void reduce(const Tensor& x, const std::vector<int64_t>& dims) {
+  const size_t bytes = q("reduce").reduce_scratch_bytes(x, dims);
+  if (bytes > 0) Buffer partials(x.device(), bytes);
+}
+
 void unscale_grads(const std::vector<Tensor>& grads) {
   std::vector<Tensor> copies;
   for (const Tensor& g : grads) {

@@ -28,6 +28,7 @@ void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& y, con
 Tensor f32_like(const Tensor& t);
 void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses);
 void cross_entropy_forward(const Tensor& logits);
+void reduce(const Tensor& x, const std::vector<int64_t>& dims);
 void unscale_grads(const std::vector<Tensor>& grads);
 bool fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                     const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,

@@ -228,6 +228,10 @@ void MetaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& /*ta
 void MetaBackend::cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double,
                                          const Tensor&) {}
 
+void MetaBackend::reduce(ReduceOp, const Tensor& x, const std::vector<int64_t>& dims, const Tensor& out) {
+  if (models_cuda(out)) cuda_model::reduce(x, dims);   // a split reduction's partials
+}
+
 void MetaBackend::unscale_grads(const std::vector<Tensor>& grads, double /*inv_scale*/, const Tensor& found_inf) {
   if (models_cuda(found_inf)) cuda_model::unscale_grads(grads);
 }

@@ -23,7 +23,7 @@ class MetaBackend final : public Backend {
   void fill(const Tensor&, double) override {}
   void unary(UnaryOp, const Tensor&, const Tensor&, double) override {}
   void binary(BinaryOp, const Tensor&, const Tensor&, const Tensor&, double) override {}
-  void reduce(ReduceOp, const Tensor&, const std::vector<int64_t>&, const Tensor&) override {}
+  void reduce(ReduceOp, const Tensor& x, const std::vector<int64_t>& dims, const Tensor& out) override;
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void random(RandomKind, const Tensor&, uint64_t, uint64_t, double, double) override {}
 

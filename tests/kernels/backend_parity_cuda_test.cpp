@@ -162,7 +162,9 @@ TEST_F(Parity, StridedCopiesFillsAndLargeTransfers) {
 TEST_F(Parity, ReductionsOverAnyDims) {
   const std::vector<std::pair<Shape, std::vector<int64_t>>> cases{
       {{1}, {0}}, {{1000}, {0}}, {{33, 17}, {0}}, {{33, 17}, {1}}, {{33, 17}, {}}, {{4, 5, 6, 7}, {0, 2, 3}},
-      {{4, 5, 6, 7}, {1}}, {{3, 70000}, {1}}, {{2, 3, 5}, {0, 2}}};
+      {{4, 5, 6, 7}, {1}}, {{3, 70000}, {1}}, {{2, 3, 5}, {0, 2}},
+      // split across blocks (reduce.cu): one output, and outputs whose elements are strided
+      {{40000}, {0}}, {{20000, 3}, {0}}};
   for (DType dt : {DType::f32, DType::f64}) {
     for (const auto& [s, dims] : cases) {
       for (bool nc : {false, true}) {
@@ -188,6 +190,30 @@ TEST_F(Parity, ArgmaxArgminTiesAndNaN) {
   EXPECT_EQ(argmin(r.t().to(kGpu), 0).to_vector(), argmin(r.t(), 0).to_vector());
   Tensor i = rnd({9, 31}, DType::f32, 5).mul_(100.0).to(DType::i64);
   EXPECT_EQ(sum(i.to(kGpu), {1}).to_vector(), sum(i, {1}).to_vector());
+}
+
+// Reductions split across blocks (few outputs, many elements: reduce.cu) combine their chunks'
+// partials with the same rules: the first maximum and the first NaN win across chunks, integer sums
+// stay exact, f16 sums in double.
+TEST_F(Parity, ReductionsSplitAcrossBlocksKeepTheirRules) {
+  std::vector<double> v(40000, 1.0);
+  v[30000] = v[10000] = 9.0;   // a tie in different chunks: the first wins
+  v[39999] = -5.0;
+  const Tensor t = from_vector(v, {40000});
+  EXPECT_EQ(argmax(t.to(kGpu), 0).to_vector(), std::vector<double>{10000});
+  EXPECT_EQ(argmin(t.to(kGpu), 0).to_vector(), std::vector<double>{39999});
+  EXPECT_EQ(max(t.to(kGpu)).item(), 9.0);
+  v[35000] = NAN;
+  v[20000] = NAN;
+  const Tensor n = from_vector(v, {2, 20000});
+  EXPECT_EQ(argmax(n.to(kGpu), 1).to_vector(), argmax(n, 1).to_vector()) << "the first NaN of each row";
+  EXPECT_EQ(argmax(n.reshape({40000}).to(kGpu), 0).to_vector(), std::vector<double>{20000}) << "first NaN wins";
+  const Tensor i = rnd({3, 50000}, DType::f32, 6).mul_(1000.0).to(DType::i64);
+  EXPECT_EQ(sum(i.to(kGpu), {1}).to_vector(), sum(i, {1}).to_vector());
+  EXPECT_EQ(sum(i.to(kGpu)).to_vector(), sum(i).to_vector());
+  const Tensor h = rnd({60000}, DType::f16, 7);
+  EXPECT_EQ(sum(h.to(kGpu)).to_vector(), sum(h).to_vector()) << "f16 sums in double, as on the CPU";
+  EXPECT_EQ(mean(h.to(kGpu)).to_vector(), mean(h).to_vector());
 }
 
 // ---- Linear algebra ----

@@ -129,6 +129,31 @@ Peaks fused_bn(Device d, const Shape& s, DType dt, bool channels_last, bool resi
   return {after.peak_allocated_bytes - before.allocated_bytes, after.peak_reserved_bytes - before.reserved_bytes};
 }
 
+// A reduction with few outputs over many elements is split across blocks, whose partials are a
+// temporary (kernels/cuda/reduce.cu): whole-tensor and per-row sums, max and argmax; the peaks
+// above the start.
+Peaks reductions(Device d) {
+  const Tensor x = zeros({3, 40000}, {DType::f32, d}), v = zeros({50000}, {DType::f16, d});
+  empty_cache(d);
+  const MemoryStats before = memory_stats(d);
+  reset_peak_stats(d);
+  {
+    // The large output first, so that each split reduction's partials add to the peak.
+    const Tensor f = sum(x, {0}), a = sum(x), b = sum(x, {1}), c = max(v), e = argmax(x, 1);
+  }
+  const MemoryStats after = memory_stats(d);
+  return {after.peak_allocated_bytes - before.allocated_bytes, after.peak_reserved_bytes - before.reserved_bytes};
+}
+
+TEST(MetaDeviceCuda, SplitReductionScratchEqualsTheDevices) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one)";
+  const Peaks dry = reductions(Device::meta(DeviceType::CUDA)), real = reductions(Device::cuda(0));
+  // The outputs alone are 160000 + 4 + 12 + 2 + 24 bytes.
+  EXPECT_GT(real.allocated, 160042) << "no partials were allocated: the test checks nothing";
+  EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
+  EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+}
+
 TEST(MetaDeviceCuda, FusedBatchNormScratchEqualsTheDevices) {
   if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one)";
 #ifdef MINIDL_WITH_CUDA
