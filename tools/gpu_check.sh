@@ -28,9 +28,9 @@
 # Environment:
 #   GPU_CHECK_DEADLINE   seconds for everything, report included (default 450; --rehearse 240)
 #   GPU_CHECK_PHASES     the phases, in priority order (default tests,step,sanitizer,model,bench,maxbatch)
-#   GPU_CHECK_CAP_<PHASE> a phase's own cap in seconds (defaults: TESTS 110, STEP 190, SANITIZER 75,
-#                        MODEL 45, BENCH 40, MAXBATCH 100); a phase gets min(cap, time left)
-#   GPU_CHECK_STEP_SECONDS  timed seconds per step run (default 30; --rehearse 2)
+#   GPU_CHECK_CAP_<PHASE> a phase's own cap in seconds (defaults: TESTS 60, STEP 190, SANITIZER 75,
+#                        MODEL 45, BENCH 40, MAXBATCH 170); a phase gets min(cap, time left)
+#   GPU_CHECK_STEP_SECONDS  timed seconds per step run (default 20; --rehearse 2)
 #   GPU_CHECK_STEP_RUNS  step runs in order (default "minidl:amp pytorch:amp minidl:tf32 pytorch:tf32
 #                        minidl:amp:nhwc"; FRAMEWORK:PRECISION[:nhwc])
 #   GPU_CHECK_STEP_MIN   seconds a step run needs at least to be started (default 20)

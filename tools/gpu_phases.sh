@@ -8,8 +8,11 @@
 # gpu_env_run_until, gpu_env_min.
 
 phase_default_cap() {
-  case $1 in tests) echo 110 ;; step) echo 190 ;; sanitizer) echo 75 ;; model) echo 45 ;; bench) echo 40 ;;
-    maxbatch) echo 100 ;; *) echo 60 ;; esac
+  # Sized by the first H100 run (docs/cuda.md, "Measured"): tests took 15 s, memcheck 5, the model 4-7,
+  # the benchmarks 10; maxbatch did not finish in 66 or 100 s (minidl's dry run 40 s, then PyTorch's
+  # doubling and bisection with cudnn.benchmark at every batch).
+  case $1 in tests) echo 60 ;; step) echo 190 ;; sanitizer) echo 75 ;; model) echo 45 ;; bench) echo 40 ;;
+    maxbatch) echo 170 ;; *) echo 60 ;; esac
 }
 
 count_lines() { grep -cE "$1" "$2" 2>/dev/null || true; }
@@ -66,7 +69,7 @@ phase_tests() {
 step_run() {
   local spec=$1 budget=$2 fw prec layout secs args log json rc
   IFS=: read -r fw prec layout <<<"$spec"
-  secs=${GPU_CHECK_STEP_SECONDS:-$([[ $REHEARSE == 1 ]] && echo 2 || echo 30)}
+  secs=${GPU_CHECK_STEP_SECONDS:-$([[ $REHEARSE == 1 ]] && echo 2 || echo 20)}
   if [[ $REHEARSE == 1 ]]; then
     args=(--device cpu --model resnet18-small --image-size 32 --batch 4 --warmup 1 --seconds "$secs")
   else
@@ -111,7 +114,7 @@ phase_step() {
     echo "## 2. Training step: minidl beside PyTorch"
     echo
     if [[ $REHEARSE == 1 ]]; then echo "Rehearsal: resnet18-small, 32 px, batch 4, on the CPU (not GPU numbers)."
-    else echo "ResNet-50, 224 px, batch 128, SGD lr 0.001 momentum 0.9, one device-resident batch, ${GPU_CHECK_STEP_SECONDS:-30} s of steps after 15 warm-up steps; PyTorch $TORCH_LINE at its best eager settings (channels_last, cudnn.benchmark, fused SGD; amp: autocast f16 + GradScaler; tf32: TF32 in cuBLAS and cuDNN)."; fi
+    else echo "ResNet-50, 224 px, batch 128, SGD lr 0.001 momentum 0.9, one device-resident batch, ${GPU_CHECK_STEP_SECONDS:-20} s of steps after 15 warm-up steps; PyTorch $TORCH_LINE at its best eager settings (channels_last, cudnn.benchmark, fused SGD; amp: autocast f16 + GradScaler; tf32: TF32 in cuBLAS and cuDNN)."; fi
     echo
     echo "| run | images/s | detail |"
     echo "| --- | ---: | --- |"
