@@ -2,11 +2,15 @@
 // divisors and the i64 argmax indices are exactly the CPU backend's (kernels/cpu/pool.cpp).
 // Both backwards gather (each input element sums, in output order, the outputs whose window covers
 // it), so they are deterministic without atomics and max backward equals the CPU's bit for bit.
+#include <atomic>
+
 #include "kernels/common/checks.h"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/fast_div.h"
 #include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/runtime.h"
 
 namespace minidl::cuda {
 namespace {
@@ -23,24 +27,55 @@ __host__ __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return 
 struct Pos {
   int64_t row, col, in_base, in_rs, in_cs, out_base, out_rs, out_cs;
 };
-__device__ __forceinline__ Pos locate(const Geom& g, int64_t i, int64_t rows, int64_t cols) {
+
+// The divisors of a launch's index arithmetic: the walked tensor's rows and columns, the channels
+// (channels-last) and the strides. `fast` (every index and every value divided below 2^31, which
+// pool_divs checks on the host) divides with FastDiv; otherwise with 64-bit '/'.
+struct PoolDivs {
+  bool fast = false;
+  FastDiv rows, cols, channels, sh, sw;
+};
+PoolDivs pool_divs(const Geom& g, int64_t rows, int64_t cols) {
+  PoolDivs d;
+  const int64_t limit = FastDiv::kLimit / 2;   // room for the window arithmetic beside the indices
+  d.fast = !pool_wide_index() && g.planes * g.h * g.w < limit && g.planes * g.oh * g.ow < limit &&
+           g.h + g.ph + g.sh < limit && g.w + g.pw + g.sw < limit && g.channels < limit;
+  if (d.fast) {
+    d.rows = FastDiv(rows);
+    d.cols = FastDiv(cols);
+    d.channels = FastDiv(g.channels);
+    d.sh = FastDiv(g.sh);
+    d.sw = FastDiv(g.sw);
+  }
+  return d;
+}
+
+// n / d, with FastDiv when the launch allows it.
+__device__ __forceinline__ int64_t divide(const PoolDivs& dv, const FastDiv& f, int64_t n, int64_t d) {
+  return dv.fast ? static_cast<int64_t>(f.div(static_cast<uint32_t>(n))) : n / d;
+}
+
+__device__ __forceinline__ Pos locate(const Geom& g, const PoolDivs& dv, int64_t i, int64_t rows, int64_t cols) {
   Pos p;
+  int64_t q = i, c = 0;
+  if (g.nhwc) {
+    const int64_t q1 = divide(dv, dv.channels, q, g.channels);
+    c = q - q1 * g.channels;
+    q = q1;
+  }
+  const int64_t q2 = divide(dv, dv.cols, q, cols);
+  p.col = q - q2 * cols;
+  const int64_t outer = divide(dv, dv.rows, q2, rows);   // the (n, c) plane, or n channels-last
+  p.row = q2 - outer * rows;
   if (!g.nhwc) {
-    p.col = i % cols;
-    p.row = (i / cols) % rows;
-    const int64_t pl = i / (cols * rows);
-    p.in_base = pl * g.h * g.w;
-    p.out_base = pl * g.oh * g.ow;
+    p.in_base = outer * g.h * g.w;
+    p.out_base = outer * g.oh * g.ow;
     p.in_rs = g.w;
     p.out_rs = g.ow;
     p.in_cs = p.out_cs = 1;
   } else {
-    const int64_t c = i % g.channels;
-    p.col = (i / g.channels) % cols;
-    p.row = (i / (g.channels * cols)) % rows;
-    const int64_t n = i / (g.channels * cols * rows);
-    p.in_base = n * g.h * g.w * g.channels + c;
-    p.out_base = n * g.oh * g.ow * g.channels + c;
+    p.in_base = outer * g.h * g.w * g.channels + c;
+    p.out_base = outer * g.oh * g.ow * g.channels + c;
     p.in_rs = g.w * g.channels;
     p.out_rs = g.ow * g.channels;
     p.in_cs = p.out_cs = g.channels;
@@ -56,11 +91,11 @@ __device__ __forceinline__ int64_t window_count(int64_t o, int64_t s, int64_t p,
 }
 
 template <typename T>
-__global__ void max_fwd_kernel(const T* x, Geom g, T* y, int64_t* idx) {
+__global__ void max_fwd_kernel(const T* x, Geom g, PoolDivs dv, T* y, int64_t* idx) {
   using C = typename Compute<T>::type;
   const int64_t total = g.planes * g.oh * g.ow;
   MINIDL_GRID_STRIDE(i, total) {
-    const Pos p = locate(g, i, g.oh, g.ow);
+    const Pos p = locate(g, dv, i, g.oh, g.ow);
     const int64_t c = p.col, r = p.row;
     const T* xp = x + p.in_base;
     const int64_t h0 = imax(r * g.sh - g.ph, 0), h1 = imin(r * g.sh - g.ph + g.kh, g.h);
@@ -83,11 +118,11 @@ __global__ void max_fwd_kernel(const T* x, Geom g, T* y, int64_t* idx) {
 }
 
 template <typename T>
-__global__ void avg_fwd_kernel(const T* x, Geom g, T* y) {
+__global__ void avg_fwd_kernel(const T* x, Geom g, PoolDivs dv, T* y) {
   using C = typename Compute<T>::type;
   const int64_t total = g.planes * g.oh * g.ow;
   MINIDL_GRID_STRIDE(i, total) {
-    const Pos p = locate(g, i, g.oh, g.ow);
+    const Pos p = locate(g, dv, i, g.oh, g.ow);
     const int64_t c = p.col, r = p.row;
     const T* xp = x + p.in_base;
     const int64_t h0 = imax(r * g.sh - g.ph, 0), h1 = imin(r * g.sh - g.ph + g.kh, g.h);
@@ -101,13 +136,13 @@ __global__ void avg_fwd_kernel(const T* x, Geom g, T* y) {
   }
 }
 
-// Output rows (or columns) whose window covers input position `in`: [lo, hi).
-__device__ __forceinline__ void covering(int64_t in, int64_t s, int64_t p, int64_t k, int64_t out_size, int64_t& lo,
-                                         int64_t& hi) {
+// Output rows (or columns) whose window covers input position `in`: [lo, hi). sd is s's FastDiv.
+__device__ __forceinline__ void covering(const PoolDivs& dv, const FastDiv& sd, int64_t in, int64_t s, int64_t p,
+                                         int64_t k, int64_t out_size, int64_t& lo, int64_t& hi) {
   // o*s - p <= in < o*s - p + k  <=>  (in + p - k) / s < o <= (in + p) / s
   const int64_t a = in + p - k + 1;   // o*s >= a
-  lo = a <= 0 ? 0 : (a + s - 1) / s;
-  hi = imin((in + p) / s + 1, out_size);
+  lo = a <= 0 ? 0 : divide(dv, sd, a + s - 1, s);
+  hi = imin(divide(dv, sd, in + p, s) + 1, out_size);
   if (hi < lo) hi = lo;
 }
 
@@ -117,15 +152,15 @@ __device__ __forceinline__ void covering(int64_t in, int64_t s, int64_t p, int64
 // CPU's bit for bit and every run gives the same bits (overlapping windows included); f16 adds in
 // f32 and rounds once, as the CPU's widened path does.
 template <typename T>
-__global__ void max_bwd_gather_kernel(const T* gy, const int64_t* idx, Geom g, T* gx) {
+__global__ void max_bwd_gather_kernel(const T* gy, const int64_t* idx, Geom g, PoolDivs dv, T* gx) {
   using C = typename Compute<T>::type;
   const int64_t total = g.planes * g.h * g.w;
   MINIDL_GRID_STRIDE(i, total) {
-    const Pos p = locate(g, i, g.h, g.w);
+    const Pos p = locate(g, dv, i, g.h, g.w);
     const int64_t iw = p.col, ih = p.row;
     int64_t r0, r1, c0, c1;
-    covering(ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
-    covering(iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
+    covering(dv, dv.sh, ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
+    covering(dv, dv.sw, iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
     const int64_t self = ih * g.w + iw;
     C acc = 0;
     for (int64_t r = r0; r < r1; ++r) {
@@ -139,15 +174,15 @@ __global__ void max_bwd_gather_kernel(const T* gy, const int64_t* idx, Geom g, T
 }
 
 template <typename T>
-__global__ void avg_bwd_kernel(const T* gy, Geom g, T* gx) {
+__global__ void avg_bwd_kernel(const T* gy, Geom g, PoolDivs dv, T* gx) {
   using C = typename Compute<T>::type;
   const int64_t total = g.planes * g.h * g.w;
   MINIDL_GRID_STRIDE(i, total) {
-    const Pos p = locate(g, i, g.h, g.w);
+    const Pos p = locate(g, dv, i, g.h, g.w);
     const int64_t iw = p.col, ih = p.row;
     int64_t r0, r1, c0, c1;
-    covering(ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
-    covering(iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
+    covering(dv, dv.sh, ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
+    covering(dv, dv.sw, iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
     C acc = 0;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t hc = window_count(r, g.sh, g.ph, g.kh, g.h, g.include_pad);
@@ -170,7 +205,12 @@ void dispatch_pool(DType t, const char* op, F&& f) {
   }
 }
 
+std::atomic<bool> g_pool_wide{false};
+
 }  // namespace
+
+void set_pool_wide_index(bool on) { g_pool_wide = on; }
+bool pool_wide_index() { return g_pool_wide; }
 
 void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
   check_cuda("max_pool2d_forward", {&x, &y, &indices});
@@ -185,7 +225,7 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   dispatch_pool(x.dtype(), "max_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH("max_pool2d_forward", (max_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(x.data_ptr()), g, static_cast<T*>(y.data_ptr()),
+                  static_cast<const T*>(x.data_ptr()), g, pool_divs(g, g.oh, g.ow), static_cast<T*>(y.data_ptr()),
                   static_cast<int64_t*>(indices.data_ptr()));
   });
 }
@@ -206,7 +246,7 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, c
     using T = decltype(tag);
     MINIDL_LAUNCH("max_pool2d_backward", (max_bwd_gather_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
                   static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()), g,
-                  static_cast<T*>(gx.data_ptr()));
+                  pool_divs(g, g.h, g.w), static_cast<T*>(gx.data_ptr()));
   });
 }
 
@@ -220,7 +260,7 @@ void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   dispatch_pool(x.dtype(), "avg_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH("avg_pool2d_forward", (avg_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(x.data_ptr()), g, static_cast<T*>(y.data_ptr()));
+                  static_cast<const T*>(x.data_ptr()), g, pool_divs(g, g.oh, g.ow), static_cast<T*>(y.data_ptr()));
   });
 }
 
@@ -234,7 +274,7 @@ void CudaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, 
   dispatch_pool(gy.dtype(), "avg_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH("avg_pool2d_backward", (avg_bwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(gy.data_ptr()), g, static_cast<T*>(gx.data_ptr()));
+                  static_cast<const T*>(gy.data_ptr()), g, pool_divs(g, g.h, g.w), static_cast<T*>(gx.data_ptr()));
   });
 }
 

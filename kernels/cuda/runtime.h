@@ -51,6 +51,11 @@ bool conv_nhwc();
 // on small tensors so the cross-block sums run on the emulated device.
 void set_batch_norm_split(int blocks);
 int batch_norm_split();
+// The pooling kernels divide their indices with FastDiv (32-bit multiply-high) when every index
+// and window bound stays below 2^30, and with 64-bit '/' otherwise. Tests force the wide path on
+// small tensors; default off.
+void set_pool_wide_index(bool on);
+bool pool_wide_index();
 // The step-time model (bench/gpumodel) profiles a step at small sizes on the emulated device and
 // extrapolates its counters to the target size. A launch whose grid a host heuristic sizes from
 // the work (the batch-norm reductions' blocks per channel, capped by the vectors each thread

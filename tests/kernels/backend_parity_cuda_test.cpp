@@ -348,6 +348,15 @@ TEST_F(Parity, Conv2dAutotuneNhwcAndTf32) {
 
 // ---- Pooling ----
 
+// The pooling kernels' 64-bit index path, which only tensors of 2^30 elements take unforced.
+void force_wide_pool_index(bool on) {
+#ifdef MINIDL_WITH_CUDA
+  cuda::set_pool_wide_index(on);
+#else
+  (void)on;
+#endif
+}
+
 TEST_F(Parity, MaxAndAvgPooling) {
   std::vector<std::pair<Shape, Pool2dOptions>> cases;
   cases.push_back({{2, 3, 8, 8}, {}});
@@ -364,6 +373,23 @@ TEST_F(Parity, MaxAndAvgPooling) {
   rect.kernel = {2, 3};
   rect.stride = {1, 2};
   cases.push_back({{3, 1, 7, 11}, rect});
+  // Both index paths of the kernels: FastDiv (every tensor here) and 64-bit division (forced; huge
+  // tensors take it).
+  for (const bool wide : {false, true}) {
+    force_wide_pool_index(wide);
+    for (const auto& [s, o] : cases) {
+      const Pool2dOptions opt = o;
+      for (const bool nc : {false, true}) {
+        check_op("max_pool2d", [opt](const std::vector<Tensor>& v) { return max_pool2d(v[0], opt); }, {s}, DType::f32,
+                 nc, true);
+        check_op("avg_pool2d", [opt](const std::vector<Tensor>& v) { return avg_pool2d(v[0], opt); }, {s}, DType::f32,
+                 nc, true);
+      }
+      if (HasFatalFailure()) break;
+    }
+  }
+  force_wide_pool_index(false);
+  if (HasFatalFailure()) return;
   for (DType dt : {DType::f32, DType::f64}) {
     for (const auto& [s, o] : cases) {
       const Pool2dOptions opt = o;

@@ -107,34 +107,43 @@ TEST_F(Parity, ChannelsLastPoolingMatchesTheCpu) {
       {"avg_pool2d", [&](const Tensor& t) { return avg_pool2d(t, avg); }},
       {"adaptive_avg_pool2d", [](const Tensor& t) { return adaptive_avg_pool2d(t); }},
   };
-  for (const auto& [name, fn] : ops) {
-    for (DType dt : {DType::f32, DType::f16, DType::f64}) {
-      const std::string tag = name + " " + dtype_name(dt);
-      const Tensor x = rnd({2, 6, 7, 9}, dt, 4);
-      Tensor xc = x.clone().set_requires_grad(true);
-      const Tensor yc = fn(xc);
-      const Tensor gy = rnd(yc.shape(), dt, 5);
-      yc.backward(gy);
-      const Tensor xg = gpu_leaf(x, true);
-      const Tensor gyg = gy.size(2) * gy.size(3) > 1 ? to_channels_last(to_target(gy)) : to_target(gy);
-      Tensor yg;
-      const auto keys = launches_of([&] {
-        yg = fn(xg);
-        yg.backward(gyg);
-      });
-      EXPECT_TRUE(close(yc.detach(), yg.detach(), tol_for(dt), tag + " y"));
-      EXPECT_TRUE(close(xc.grad(), xg.grad(), tol_for(dt), tag + " gx"));
-      if (name == "max_pool2d") {   // max pooling is exact: the CPU's bits, forward and backward
-        EXPECT_EQ(yc.to_vector(), yg.to_vector()) << tag;
-        EXPECT_EQ(xc.grad().to_vector(), xg.grad().to_vector()) << tag;
+  // Both index paths of the pooling kernels: FastDiv, and the 64-bit division that huge tensors take.
+  for (const bool wide : {false, true}) {
+#ifdef MINIDL_WITH_CUDA
+    cuda::set_pool_wide_index(wide);
+#endif
+    for (const auto& [name, fn] : ops) {
+      for (DType dt : {DType::f32, DType::f16, DType::f64}) {
+        const std::string tag = name + " " + dtype_name(dt) + (wide ? " wide index" : "");
+        const Tensor x = rnd({2, 6, 7, 9}, dt, 4);
+        Tensor xc = x.clone().set_requires_grad(true);
+        const Tensor yc = fn(xc);
+        const Tensor gy = rnd(yc.shape(), dt, 5);
+        yc.backward(gy);
+        const Tensor xg = gpu_leaf(x, true);
+        const Tensor gyg = gy.size(2) * gy.size(3) > 1 ? to_channels_last(to_target(gy)) : to_target(gy);
+        Tensor yg;
+        const auto keys = launches_of([&] {
+          yg = fn(xg);
+          yg.backward(gyg);
+        });
+        EXPECT_TRUE(close(yc.detach(), yg.detach(), tol_for(dt), tag + " y"));
+        EXPECT_TRUE(close(xc.grad(), xg.grad(), tol_for(dt), tag + " gx"));
+        if (name == "max_pool2d") {   // max pooling is exact: the CPU's bits, forward and backward
+          EXPECT_EQ(yc.to_vector(), yg.to_vector()) << tag;
+          EXPECT_EQ(xc.grad().to_vector(), xg.grad().to_vector()) << tag;
+        }
+        if (yg.size(2) * yg.size(3) > 1) {
+          EXPECT_TRUE(prefers_channels_last(yg)) << tag << " " << shape_str(yg.strides());
+        }
+        EXPECT_TRUE(prefers_channels_last(xg.grad())) << tag << " " << shape_str(xg.grad().strides());
+        for (const std::string& key : keys) EXPECT_EQ(key.find("copy"), std::string::npos) << tag << ": " << key;
       }
-      if (yg.size(2) * yg.size(3) > 1) {
-        EXPECT_TRUE(prefers_channels_last(yg)) << tag << " " << shape_str(yg.strides());
-      }
-      EXPECT_TRUE(prefers_channels_last(xg.grad())) << tag << " " << shape_str(xg.grad().strides());
-      for (const std::string& key : keys) EXPECT_EQ(key.find("copy"), std::string::npos) << tag << ": " << key;
     }
   }
+#ifdef MINIDL_WITH_CUDA
+  cuda::set_pool_wide_index(false);
+#endif
 }
 
 // Channels-last operands of one format walk as flat arrays: the vector kernels, as for NCHW.
