@@ -18,6 +18,12 @@ synchronize, images / elapsed wall time (minidl_bench_step measures the same spa
 
   python3 bench/pytorch_step.py --model resnet50 --batch 128 --precision amp --seconds 30 --json pt_amp.json
   python3 bench/pytorch_step.py --model resnet50 --precision amp --max-batch-under 11GiB --json pt_max.json
+  python3 bench/pytorch_step.py --model resnet50 --batch 256 --precision amp --profile-steps 5 --profile-out pt.md
+The profile (tools/gpu_check.sh, phase `profile`): --warmup steps, then --profile-steps steps under
+torch.profiler; each kernel's device time per step, summed by category (convolution, batch norm,
+elementwise, ...) beside the same categories of minidl's measured launches (the `model` phase), so a
+GPU session sees where PyTorch's step is faster, not only that it is. On a CPU it profiles the aten
+operators' CPU time instead (a rehearsal of the plumbing).
 The largest batch: torch.cuda.set_per_process_memory_fraction(budget / total memory), then batches
 doubled from --batch until one runs out of memory, then bisected; each trial runs --trial-steps
 steps (3, as minidl-maxbatch's default) on a fresh model. Exit status 0, 1 on an error other than
@@ -63,12 +69,17 @@ def parse_args(argv):
     ap.add_argument("--trial-steps", type=int, default=3, help="steps per --max-batch-under trial (default: 3)")
     ap.add_argument("--limit", type=int, default=4096, help="never try a batch above this (default: 4096)")
     ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed (default: 0)")
+    ap.add_argument("--profile-steps", type=int, default=0, help="instead of timing: profile this many steps "
+                    "after --warmup and print their kernels' time per step by category (default: 0, off)")
+    ap.add_argument("--profile-out", default="", help="with --profile-steps: also write the markdown tables here")
     ap.add_argument("--json", default="", help="also write the result, with provenance, to this file")
     a = ap.parse_args(argv)
     if a.model not in pu.MODELS:
         pu.die(f"--model '{a.model}': expected one of {', '.join(pu.MODELS)}")
-    if a.batch < 1 or a.warmup < 0 or a.seconds <= 0 or a.trial_steps < 1:
-        pu.die("--batch and --trial-steps must be >= 1, --warmup >= 0 and --seconds > 0")
+    if a.batch < 1 or a.warmup < 0 or a.seconds <= 0 or a.trial_steps < 1 or a.profile_steps < 0:
+        pu.die("--batch and --trial-steps must be >= 1, --warmup and --profile-steps >= 0 and --seconds > 0")
+    if a.profile_steps and a.max_batch_under:
+        pu.die("--profile-steps and --max-batch-under are separate runs: give one")
     a.budget = parse_bytes(a.max_batch_under) if a.max_batch_under else 0
     # What pytorch_utilization's helpers read.
     a.lr, a.momentum, a.optimizer_impl = 0.001, 0.9, "fused"
@@ -133,6 +144,83 @@ def time_steps(torch, a, device):
             "warmup_seconds": warmup_s, "optimizer_impl": s.impl, "peak_allocated_bytes": peak}
 
 
+# Kernel (or, on a CPU, aten operator) names to categories, first match wins. cuDNN's convolution
+# kernels name their direction (fprop / dgrad / wgrad) or "conv"; its layout transposes are apart.
+CATEGORIES = (
+    ("layout transposes", r"nchwtonhwc|nhwctonchw|transpose"),
+    ("convolution", r"conv|fprop|dgrad|wgrad|implicit_?gemm|winograd|fft"),
+    ("batch norm", r"batch_?norm|bn_fw|bn_bw|bn_"),
+    ("GEMM", r"gemm|cublas|addmm|matmul|linear"),
+    ("pooling", r"pool"),
+    ("optimizer and loss scaling", r"multi_tensor|sgd|foreach|unscale|scale"),
+    ("reductions", r"reduce|sum|mean|norm"),
+    ("loss", r"softmax|nll|cross_entropy"),
+    ("elementwise and copies", r"elementwise|vectorized|unrolled|copy|fill|relu|threshold|clamp|add|mul|cat|_to"),
+)
+
+
+def category(name):
+    low = name.lower()
+    for cat, pattern in CATEGORIES:
+        if re.search(pattern, low):
+            return cat
+    return "other"
+
+
+def profile_steps(torch, a, device):
+    """--warmup steps, then --profile-steps steps under torch.profiler: time per step by category."""
+    from torch.profiler import ProfilerActivity, profile
+    s = Step(torch, a, device, a.batch)
+    s.run(a.warmup)
+    s.sync()
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        s.run(a.profile_steps)
+        s.sync()
+    rows = {}
+    for e in prof.key_averages():
+        if cuda:
+            # Device kernels only (their self time is the kernel's): torch 2.x names it device time.
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = getattr(e, "self_cuda_time_total", 0)
+            if getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type):
+                continue
+        else:
+            if not e.key.startswith("aten::"):
+                continue
+            us = e.self_cpu_time_total
+        if us and us > 0:
+            rows[e.key] = (rows.get(e.key, (0, 0.0))[0] + e.count, rows.get(e.key, (0, 0.0))[1] + us)
+    per_step = {k: (n / a.profile_steps, us / a.profile_steps) for k, (n, us) in rows.items()}
+    total = sum(us for _, us in per_step.values()) or 1.0
+    cats = {}
+    for k, (n, us) in per_step.items():
+        c = cats.setdefault(category(k), [0.0, 0.0])
+        c[0] += n
+        c[1] += us
+    what = "kernel time on the GPU" if cuda else "aten operators' self CPU time (a rehearsal: not GPU numbers)"
+    lines = [f"PyTorch {torch.__version__}, {a.model}, {a.image_size} px, batch {a.batch}, {a.precision}"
+             f"{', channels_last' if a.channels_last and cuda else ''}: {what} per step, over {a.profile_steps} "
+             f"steps after {a.warmup} warm-up steps; {total / 1e3:.2f} ms in all.", "",
+             "| category | launches per step | µs per step | share |", "| --- | ---: | ---: | ---: |"]
+    for c, (n, us) in sorted(cats.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| {c} | {n:.0f} | {us:.1f} | {100 * us / total:.1f}% |")
+    lines += ["", "The 15 costliest:", "", "| kernel | category | launches per step | µs per step |",
+              "| --- | --- | ---: | ---: |"]
+    for k, (n, us) in sorted(per_step.items(), key=lambda kv: -kv[1][1])[:15]:
+        name = k if len(k) <= 90 else k[:87] + "..."
+        lines.append(f"| `{name.replace('|', '/')}` | {category(k)} | {n:.0f} | {us:.1f} |")
+    md = "\n".join(lines) + "\n"
+    print(md, end="", flush=True)
+    if a.profile_out:
+        with open(a.profile_out, "w") as f:
+            f.write(md)
+    return {"profile_steps": a.profile_steps, "total_us_per_step": total,
+            "categories_us_per_step": {c: v[1] for c, v in cats.items()},
+            "kernels": {k: {"launches_per_step": n, "us_per_step": us} for k, (n, us) in per_step.items()}}
+
+
 def fits(torch, a, device, batch):
     """Whether --trial-steps steps at `batch` run under the budget; everything is freed after."""
     s = None
@@ -190,7 +278,12 @@ def main(argv=None):
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
     if a.budget and device.type != "cuda":
         pu.die("--max-batch-under needs --device cuda (a memory fraction is a CUDA allocator setting)")
-    result = max_batch(torch, a, device) if a.budget else time_steps(torch, a, device)
+    if a.budget:
+        result = max_batch(torch, a, device)
+    elif a.profile_steps:
+        result = profile_steps(torch, a, device)
+    else:
+        result = time_steps(torch, a, device)
     if a.json:
         prov = pu.provenance(torch, argparse.Namespace(
             model=a.model, image_size=a.image_size, batch_list=[a.batch], steps=0, warmup_steps=a.warmup,

@@ -8,6 +8,7 @@
 #                (channels_last, autocast + GradScaler, cudnn.benchmark, fused SGD): AMP, then TF32
 #   3 sanitizer  compute-sanitizer memcheck on kernels_cuda
 #   4 model      each kernel of the step-time model, modelled against measured (when staged)
+#   4b profile   PyTorch's AMP step under torch.profiler, by kernel category, beside minidl's
 #   5 bench      the short benchmarks: copy bandwidth, elementwise and reductions as a share of it
 #   6 maxbatch   the largest AMP batch under an 11 GiB budget, minidl and PyTorch
 # The report (bench/results/gpu_check_<date>_<commit>.md) and a state tarball are rewritten after
@@ -27,9 +28,9 @@
 #                                       plumbing on the CPU (tests CPU against CPU, tiny step runs).
 # Environment:
 #   GPU_CHECK_DEADLINE   seconds for everything, report included (default 450; --rehearse 240)
-#   GPU_CHECK_PHASES     the phases, in priority order (default tests,step,sanitizer,model,bench,maxbatch)
+#   GPU_CHECK_PHASES     the phases, in priority order (default tests,step,sanitizer,model,profile,bench,maxbatch)
 #   GPU_CHECK_CAP_<PHASE> a phase's own cap in seconds (defaults: TESTS 60, STEP 190, SANITIZER 75,
-#                        MODEL 45, BENCH 40, MAXBATCH 170); a phase gets min(cap, time left)
+#                        MODEL 45, PROFILE 45, BENCH 40, MAXBATCH 170); a phase gets min(cap, time left)
 #   GPU_CHECK_STEP_SECONDS  timed seconds per step run (default 20; --rehearse 2)
 #   GPU_CHECK_STEP_RUNS  step runs in order (default "minidl:amp pytorch:amp minidl:tf32 pytorch:tf32
 #                        minidl:amp:nhwc"; FRAMEWORK:PRECISION[:nhwc])
@@ -64,7 +65,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 DEADLINE="${GPU_CHECK_DEADLINE:-$([[ $REHEARSE == 1 ]] && echo 240 || echo 450)}"
-PHASES="${GPU_CHECK_PHASES:-tests,step,sanitizer,model,bench,maxbatch}"
+PHASES="${GPU_CHECK_PHASES:-tests,step,sanitizer,model,profile,bench,maxbatch}"
 START=$SECONDS
 left() { echo $((DEADLINE - (SECONDS - START))); }
 REPORT_RESERVE=10   # seconds kept for the last report
@@ -73,7 +74,7 @@ PHASE_MIN=15        # a phase is not started with less than this
 # shellcheck source=tools/gpu_phases.sh
 source "$ROOT/tools/gpu_phases.sh"
 for p in ${PHASES//,/ }; do
-  declare -F "phase_$p" >/dev/null || die 3 "GPU_CHECK_PHASES: '$p' is not one of tests, step, sanitizer, model, bench, maxbatch"
+  declare -F "phase_$p" >/dev/null || die 3 "GPU_CHECK_PHASES: '$p' is not one of tests, step, sanitizer, model, profile, bench, maxbatch"
 done
 
 # SIGTERM (the device tool's own limit): stop the running program, write the report, exit 4.

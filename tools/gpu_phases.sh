@@ -11,8 +11,8 @@ phase_default_cap() {
   # Sized by the first H100 run (docs/cuda.md, "Measured"): tests took 15 s, memcheck 5, the model 4-7,
   # the benchmarks 10; maxbatch did not finish in 66 or 100 s (minidl's dry run 40 s, then PyTorch's
   # doubling and bisection with cudnn.benchmark at every batch).
-  case $1 in tests) echo 60 ;; step) echo 190 ;; sanitizer) echo 75 ;; model) echo 45 ;; bench) echo 40 ;;
-    maxbatch) echo 170 ;; *) echo 60 ;; esac
+  case $1 in tests) echo 60 ;; step) echo 190 ;; sanitizer) echo 75 ;; model) echo 45 ;; profile) echo 45 ;;
+    bench) echo 40 ;; maxbatch) echo 170 ;; *) echo 60 ;; esac
 }
 
 count_lines() { grep -cE "$1" "$2" 2>/dev/null || true; }
@@ -180,6 +180,39 @@ phase_model() {
     if [[ $rc == 0 && -s "$LOGDIR/model.md" ]]; then cat "$LOGDIR/model.md"
     else echo "exit $rc after at most ${budget} s: $(tail -3 "$LOGDIR/model.log" | tr '\n' ' ')"; fi
   } >"$SEC/model.md"
+  case $rc in 0) PHASE_RC=0 ;; 124|137) PHASE_RC=4 ;; *) PHASE_RC=1 ;; esac
+}
+
+# ---------------------------------------------------------------- 4b PyTorch's step by kernel
+# PyTorch's AMP step at the model phase's batch (256), channels_last, under torch.profiler: each
+# kernel's time per step by category, and beside it minidl's measured launches (the model phase's
+# table) in the same categories (bench/step_categories.py), so the report says where the two
+# steps differ, not only by how much.
+phase_profile() {
+  local budget=$1 rc args
+  if [[ $REHEARSE == 1 ]]; then
+    args=(--device cpu --model resnet18-small --image-size 32 --batch 4 --warmup 1 --profile-steps 2)
+  else
+    args=(--device cuda --model resnet50 --image-size 224 --batch 256 --warmup 15 --profile-steps 5)
+  fi
+  PYTHONUNBUFFERED=1 gpu_env_run_until TERM "$budget" 5 "$LOGDIR/profile.log" "$TORCH_PY" "$ROOT/bench/pytorch_step.py" \
+    "${args[@]}" --precision amp --profile-out "$LOGDIR/profile.md" --json "$LOGDIR/profile.json"
+  rc=$?
+  {
+    echo "## 4b. PyTorch's AMP step by kernel category (torch.profiler)"
+    echo
+    if [[ $rc == 0 && -s "$LOGDIR/profile.md" ]]; then
+      cat "$LOGDIR/profile.md"
+      if [[ -s "$LOGDIR/model.md" ]]; then
+        echo
+        echo "minidl's measured launches (section 4, batch 256, NCHW) beside PyTorch's, by category:"
+        echo
+        python3 "$ROOT/bench/step_categories.py" --minidl "$LOGDIR/model.md" --pytorch "$LOGDIR/profile.json"
+      fi
+    else
+      echo "exit $rc after at most ${budget} s: $(tail -3 "$LOGDIR/profile.log" | tr '\n' ' ')"
+    fi
+  } >"$SEC/profile.md"
   case $rc in 0) PHASE_RC=0 ;; 124|137) PHASE_RC=4 ;; *) PHASE_RC=1 ;; esac
 }
 

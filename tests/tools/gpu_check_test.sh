@@ -22,6 +22,11 @@ cat >"$T/tree/bench/pytorch_step.py" <<'PY'
 import json, sys
 a = sys.argv
 j = a[a.index("--json") + 1]
+if "--profile-out" in a:   # the profile phase: a category table and the JSON step_categories.py reads
+    open(a[a.index("--profile-out") + 1], "w").write("| category | launches per step | µs per step | share |\n"
+                                                     "| --- | ---: | ---: | ---: |\n| convolution | 3 | 90.0 | 90.0% |\n")
+    json.dump({"categories_us_per_step": {"convolution": 90.0}}, open(j, "w"))
+    sys.exit(0)
 json.dump({"images_per_s": 200.0, "steps": 10, "seconds": 2.0, "peak_allocated_bytes": None}, open(j, "w"))
 print("pytorch resnet18-small batch 4 32px: 200.0 images/s")
 PY
@@ -62,13 +67,15 @@ run_check GPU_CHECK_DEADLINE=120 -- build-gpu-stage
 rc=$?
 [[ $rc == 0 ]] || fail "a call where everything fits exited $rc, not 0"
 [[ -f "$T/out/gpu_check_state.tar.gz" && -f "$T/out/gpu_check_logs.tar.gz" ]] || fail "state or logs not in \$OUT"
-order="$(grep -oE '^gpu_check: (tests|step|sanitizer|model|bench|maxbatch): at most' "$T/log" | awk '{print $2}' | tr -d ':' | xargs)"
-[[ "$order" == "tests step sanitizer model bench maxbatch" ]] || fail "phases ran in the order '$order'"
+order="$(grep -oE '^gpu_check: (tests|step|sanitizer|model|profile|bench|maxbatch): at most' "$T/log" | awk '{print $2}' | tr -d ':' | xargs)"
+[[ "$order" == "tests step sanitizer model profile bench maxbatch" ]] || fail "phases ran in the order '$order'"
 report | grep -q '^| tests | passed |' || fail "the report does not say tests passed"
 report | grep -q '9 passed, 0 failed, 1 skipped' || fail "the test counts are wrong"
 report | grep -q 'minidl / PyTorch, amp: 0.50x' || fail "the step section has no minidl / PyTorch ratio"
 report | grep -q '| minidl | 42 |' || fail "the max-batch section lacks minidl's 42"
 report | grep -q '^| bench | skipped |' || fail "a rehearsal's benchmarks are not marked skipped"
+report | grep -q '^| profile | passed |' || fail "the profile phase did not pass"
+report | grep -q '^| convolution | 3 | 90.0 | 90.0% |' || fail "the profile section lacks PyTorch's category table"
 
 # 2. A short deadline: a step run that never ends is stopped at the phase's budget, the phase is
 #    cut and the phases below it are not reached; exit 4.
