@@ -40,18 +40,20 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"unary", "kernels/backend_parity_cuda_test.cpp:Parity.UnaryOpsForwardBackward"},
       {"binary", "kernels/backend_parity_cuda_test.cpp:Parity.BinaryOpsWithBroadcastingForwardBackward "
                  "kernels/backend_parity_cuda_test.cpp:Parity.ComparisonsAndIntegerArithmetic"},
-      {"reduce", "kernels/backend_parity_cuda_test.cpp:Parity.ReductionsOverAnyDims "
-                 "kernels/backend_parity_cuda_test.cpp:Parity.ArgmaxArgminTiesAndNaN"},
+      {"reduce", "kernels/reduce_pool_parity_cuda_test.cpp:Parity.ReductionsOverAnyDims "
+                 "kernels/reduce_pool_parity_cuda_test.cpp:Parity.ArgmaxArgminTiesAndNaN "
+                 "kernels/reduce_pool_parity_cuda_test.cpp:Parity.ReductionsSplitAcrossBlocksKeepTheirRules"},
       {"matmul", "kernels/backend_parity_cuda_test.cpp:Parity.MatmulLayoutsAndBatches "
                  "kernels/backend_parity_cuda_test.cpp:Parity.MatmulTf32AndHalf"},
       {"random", "kernels/backend_parity_cuda_test.cpp:Parity.RandomDrawsMatchTheCpuStream"},
       {"conv2d_forward", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
       {"conv2d_backward_input", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
       {"conv2d_backward_weight", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
-      {"max_pool2d_forward", "kernels/backend_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
-      {"max_pool2d_backward", "kernels/backend_parity_cuda_test.cpp:Parity.MaxPoolBackwardOverlappingWindowsIsDeterministic"},
-      {"avg_pool2d_forward", "kernels/backend_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
-      {"avg_pool2d_backward", "kernels/backend_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
+      {"max_pool2d_forward", "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
+      {"max_pool2d_backward",
+       "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxPoolBackwardOverlappingWindowsIsDeterministic"},
+      {"avg_pool2d_forward", "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
+      {"avg_pool2d_backward", "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
       {"batch_norm_forward_train", "kernels/backend_parity_cuda_test.cpp:Parity.BatchNormTrainEvalAndRunningStats"},
       {"batch_norm_forward_eval", "kernels/backend_parity_cuda_test.cpp:Parity.BatchNormTrainEvalAndRunningStats"},
       {"batch_norm_backward", "kernels/backend_parity_cuda_test.cpp:Parity.BatchNormTrainEvalAndRunningStats"},
