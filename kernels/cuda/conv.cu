@@ -233,8 +233,8 @@ std::string plan_key(const ConvShape& cs, Dir dir) {
          (cudnn_deterministic() ? ":deterministic" : "");
 }
 
-// cuDNN's heuristic ranking with each algorithm's exact workspace under its math type; the
-// algorithms whose workspace query fails are left out.
+// The candidates, in order, each with its exact workspace under its math type; those whose
+// workspace query fails are left out.
 std::vector<Candidate> sized(cudnnHandle_t h, const Descriptors& d, Dir dir, std::vector<Candidate> cands) {
   std::vector<Candidate> out;
   for (Candidate c : cands) {
