@@ -154,6 +154,52 @@ __global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out, v
   }
 }
 
+// Outputs of few elements each (up to kWarpR, e.g. a global average pool's 7x7), many of them:
+// a warp per output, kBlockWarps outputs per block, lanes striding over the elements and shuffles
+// combining them (no shared memory, no barrier), where reduce_kernel would spend a whole block
+// and two barriers on 49 elements.
+constexpr int64_t kWarpR = 128;
+constexpr int kBlockWarps = 8;
+template <typename T, typename Out>
+__global__ void reduce_warp_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out) {
+  using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+  const bool ext = op != ReduceOp::Sum && op != ReduceOp::Mean;
+  const bool is_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); o < g.O; o += warps) {
+    int64_t base[1];
+    g.kept.get(o, base);
+    const T* xo = x + base[0];
+    if (!ext) {
+      Acc s = 0;
+      for (int64_t r = lane; r < g.R; r += 32) s += cvt<Acc>(load_reduced(xo, g, r));
+      s = warp_sum(s);
+      if (lane == 0) write_sum<Out>(op, s, g.R, out + o);
+      continue;
+    }
+    T best = cvt<T>(0.0f);
+    int64_t bi = -1;
+    for (int64_t r = lane; r < g.R; r += 32) {
+      const T v = load_reduced(xo, g, r);
+      if (better<T>(is_max, v, r, best, bi)) {
+        best = v;
+        bi = r;
+      }
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      const T ov = __shfl_down_sync(0xffffffffu, best, d);
+      const int64_t oi = __shfl_down_sync(0xffffffffu, bi, d);
+      if (better<T>(is_max, ov, oi, best, bi)) {
+        best = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) out[o] = (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) ? cvt<Out>(bi) : cvt<Out>(best);
+  }
+}
+
 // A split output's partials, combined in chunk order by one thread: the same bits on every run.
 template <typename T, typename Out>
 __global__ void combine_kernel(ReduceOp op, ReduceGeom g, const void* partials, Out* out) {
@@ -184,6 +230,13 @@ __global__ void combine_kernel(ReduceOp op, ReduceGeom g, const void* partials, 
 
 template <typename T, typename Out>
 void launch(DeviceContext& ctx, ReduceOp op, const Tensor& x, const ReduceGeom& g, const Tensor& out) {
+  if (g.splits == 1 && g.R <= kWarpR && g.O >= 2 * kBlockWarps) {
+    const int64_t want = (g.O + kBlockWarps - 1) / kBlockWarps;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(want, int64_t{1} << 20));
+    MINIDL_LAUNCH("reduce", (reduce_warp_kernel<T, Out>), blocks, 32 * kBlockWarps, 0, ctx.stream(), op,
+                  static_cast<const T*>(x.data_ptr()), g, static_cast<Out*>(out.data_ptr()));
+    return;
+  }
   int threads = 32;
   while (threads < 256 && threads < g.chunk) threads *= 2;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(g.O * g.splits, int64_t{1} << 20));

@@ -54,6 +54,16 @@ TEST_F(Parity, ArgmaxArgminTiesAndNaN) {
   EXPECT_EQ(argmin(r.t().to(kGpu), 0).to_vector(), argmin(r.t(), 0).to_vector());
   Tensor i = rnd({9, 31}, DType::f32, 5).mul_(100.0).to(DType::i64);
   EXPECT_EQ(sum(i.to(kGpu), {1}).to_vector(), sum(i, {1}).to_vector());
+  // Many short rows take a warp per row (reduce_warp_kernel): the same rules. Few distinct values
+  // make ties common; two rows hold two NaNs each.
+  std::vector<double> v = rnd({64, 20}, DType::f32, 8).mul_(2.0).to(DType::i64).to(DType::f32).to_vector();
+  v[5 * 20 + 7] = v[5 * 20 + 3] = NAN;
+  v[40 * 20 + 19] = v[40 * 20 + 0] = NAN;
+  const Tensor rows = from_vector(v, {64, 20});
+  EXPECT_EQ(argmax(rows.to(kGpu), 1).to_vector(), argmax(rows, 1).to_vector()) << "first maximum, first NaN";
+  EXPECT_EQ(argmin(rows.to(kGpu), 1).to_vector(), argmin(rows, 1).to_vector());
+  EXPECT_TRUE(close(max(rows, {1}), max(rows.to(kGpu), {1}), 0, "max of short rows"));
+  EXPECT_EQ(argmax(rows.t().to(kGpu), 0).to_vector(), argmax(rows.t(), 0).to_vector()) << "strided rows";
 }
 
 // Reductions split across blocks (few outputs, many elements: reduce.cu) combine their chunks'
