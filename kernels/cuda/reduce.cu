@@ -65,6 +65,31 @@ __device__ __forceinline__ T load_reduced(const T* xo, const ReduceGeom& g, int6
   return xo[off[0]];
 }
 
+// max/min (and arg) of elements r0, r0 + step, ... below end, then across the warp: lane 0 holds
+// the warp's (best, index), by better()'s rules; bi = -1 for a warp that saw nothing.
+template <typename T>
+__device__ __forceinline__ void warp_extreme(bool is_max, const T* xo, const ReduceGeom& g, int64_t r0, int64_t end,
+                                             int64_t step, T& best, int64_t& bi) {
+  best = cvt<T>(0.0f);
+  bi = -1;
+  for (int64_t r = r0; r < end; r += step) {
+    const T v = load_reduced(xo, g, r);
+    if (better<T>(is_max, v, r, best, bi)) {
+      best = v;
+      bi = r;
+    }
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    const T ov = __shfl_down_sync(0xffffffffu, best, d);
+    const int64_t oi = __shfl_down_sync(0xffffffffu, bi, d);
+    if (better<T>(is_max, ov, oi, best, bi)) {
+      best = ov;
+      bi = oi;
+    }
+  }
+}
+
 template <typename Out, typename Acc>
 __device__ __forceinline__ void write_sum(ReduceOp op, Acc s, int64_t R, Out* out) {
   if (op == ReduceOp::Mean) {
@@ -115,24 +140,9 @@ __global__ void reduce_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* out, v
       __syncthreads();
       continue;
     }
-    T best = cvt<T>(0.0f);
-    int64_t bi = -1;
-    for (int64_t r = begin + threadIdx.x; r < end; r += blockDim.x) {
-      const T v = load_reduced(xo, g, r);
-      if (better<T>(is_max, v, r, best, bi)) {
-        best = v;
-        bi = r;
-      }
-    }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      const T ov = __shfl_down_sync(0xffffffffu, best, d);
-      const int64_t oi = __shfl_down_sync(0xffffffffu, bi, d);
-      if (better<T>(is_max, ov, oi, best, bi)) {
-        best = ov;
-        bi = oi;
-      }
-    }
+    T best;
+    int64_t bi;
+    warp_extreme(is_max, xo, g, begin + threadIdx.x, end, blockDim.x, best, bi);
     __syncthreads();
     if (lane == 0) {
       s_best[warp] = best;
@@ -178,24 +188,9 @@ __global__ void reduce_warp_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* o
       if (lane == 0) write_sum<Out>(op, s, g.R, out + o);
       continue;
     }
-    T best = cvt<T>(0.0f);
-    int64_t bi = -1;
-    for (int64_t r = lane; r < g.R; r += 32) {
-      const T v = load_reduced(xo, g, r);
-      if (better<T>(is_max, v, r, best, bi)) {
-        best = v;
-        bi = r;
-      }
-    }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      const T ov = __shfl_down_sync(0xffffffffu, best, d);
-      const int64_t oi = __shfl_down_sync(0xffffffffu, bi, d);
-      if (better<T>(is_max, ov, oi, best, bi)) {
-        best = ov;
-        bi = oi;
-      }
-    }
+    T best;
+    int64_t bi;
+    warp_extreme(is_max, xo, g, lane, g.R, 32, best, bi);
     if (lane == 0) out[o] = (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) ? cvt<Out>(bi) : cvt<Out>(best);
   }
 }
