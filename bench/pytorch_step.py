@@ -191,7 +191,8 @@ def profile_steps(torch, a, device):
                 continue
             us = e.self_cpu_time_total
         if us and us > 0:
-            rows[e.key] = (rows.get(e.key, (0, 0.0))[0] + e.count, rows.get(e.key, (0, 0.0))[1] + us)
+            n0, us0 = rows.get(e.key, (0, 0.0))
+            rows[e.key] = (n0 + e.count, us0 + us)
     per_step = {k: (n / a.profile_steps, us / a.profile_steps) for k, (n, us) in rows.items()}
     total = sum(us for _, us in per_step.values()) or 1.0
     cats = {}

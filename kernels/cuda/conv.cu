@@ -228,9 +228,21 @@ Candidate autotune(DeviceContext& ctx, const Descriptors& d, Dir dir, const std:
   return found.front();   // sorted by time
 }
 
-std::string plan_key(const ConvShape& cs, Dir dir) {
-  return cache_key(cs, dir) + (cudnn_benchmark() ? ":benchmark" : ":heuristic") +
-         (cudnn_deterministic() ? ":deterministic" : "");
+std::string plan_key(const ConvShape& cs, Dir dir, bool benchmark) {
+  return cache_key(cs, dir) + (benchmark ? ":benchmark" : ":heuristic") + (cudnn_deterministic() ? ":deterministic" : "");
+}
+
+// The plan kept under `key`, made by build() on the key's first call.
+template <class Build>
+const Plan& cached_plan(const std::string& key, Build&& build) {
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = algo_cache().find(key);
+    if (it != algo_cache().end()) return it->second;   // std::map: references stay valid
+  }
+  Plan p = build();
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  return algo_cache().try_emplace(key, std::move(p)).first->second;
 }
 
 // The candidates, in order, each with its exact workspace under its math type; those whose
@@ -249,21 +261,16 @@ std::vector<Candidate> sized(cudnnHandle_t h, const Descriptors& d, Dir dir, std
 // autotuned winner first, then the ranking as fallbacks.
 const Plan& plan(DeviceContext& ctx, const Descriptors& d, const ConvShape& cs, Dir dir, const void* a, const void* b,
                  void* out) {
-  const std::string key = plan_key(cs, dir);
-  {
-    std::lock_guard<std::mutex> lock(g_cache_mu);
-    auto it = algo_cache().find(key);
-    if (it != algo_cache().end()) return it->second;   // std::map: references stay valid
-  }
-  cudnnHandle_t h = ctx.cudnn();
-  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
-  const std::vector<Candidate> ranked = heuristic(h, d, dir);
-  std::vector<Candidate> cands;
-  if (cudnn_benchmark()) cands.push_back(autotune(ctx, d, dir, ranked, a, b, out));
-  cands.insert(cands.end(), ranked.begin(), ranked.end());
-  Plan p{sized(h, d, dir, std::move(cands))};
-  std::lock_guard<std::mutex> lock(g_cache_mu);
-  return algo_cache().try_emplace(key, std::move(p)).first->second;
+  const bool benchmark = cudnn_benchmark();
+  return cached_plan(plan_key(cs, dir, benchmark), [&] {
+    cudnnHandle_t h = ctx.cudnn();
+    MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
+    const std::vector<Candidate> ranked = heuristic(h, d, dir);
+    std::vector<Candidate> cands;
+    if (benchmark) cands.push_back(autotune(ctx, d, dir, ranked, a, b, out));
+    cands.insert(cands.end(), ranked.begin(), ranked.end());
+    return Plan{sized(h, d, dir, std::move(cands))};
+  });
 }
 
 // Runs one direction: picks the algorithm, draws its workspace from the allocator and calls cuDNN.
@@ -375,12 +382,17 @@ void conv_backward_filter_raw(DeviceContext& ctx, const ConvShape& cs, const voi
 std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const Shape& w, const Shape& y,
                                               const Conv2dOptions& o, DType dtype, bool channels_last) {
   const ConvShape cs = shape_of(x, dtype, w, y, o, channels_last);
-  const Descriptors d(cs);
-  cudnnHandle_t h = context(0).cudnn();
-  MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
   const Dir dd = dir == ConvDir::Forward ? Dir::Fwd : dir == ConvDir::BackwardData ? Dir::BwdData : Dir::BwdFilter;
+  // run()'s fallback order, from the heuristic-mode plan it shares: a dry run asks cuDNN once per
+  // shape too, not at every trial's every convolution.
+  const Plan& p = cached_plan(plan_key(cs, dd, /*benchmark=*/false), [&] {
+    const Descriptors d(cs);
+    cudnnHandle_t h = context(0).cudnn();
+    MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
+    return Plan{sized(h, d, dd, heuristic(h, d, dd))};
+  });
   std::vector<size_t> out;
-  for (const Candidate& c : sized(h, d, dd, heuristic(h, d, dd))) out.push_back(c.memory);   // run()'s fallback order
+  for (const Candidate& c : p.order) out.push_back(c.memory);
   return out;
 }
 

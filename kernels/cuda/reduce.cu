@@ -2,11 +2,13 @@
 // over the reduced elements, and warp shuffles combine them. An output with many elements and few
 // outputs beside it (a whole-tensor sum) is split across blocks: each block reduces one chunk into
 // a partial, and a second kernel combines an output's partials in chunk order. The split depends
-// on the shape only (reduce_splits), never on the GPU, so the bits are the same everywhere. The
+// on the shape only (reduce_chunks), never on the GPU, so the bits are the same everywhere. The
 // first H100 run measured a whole-tensor sum of 256 MiB at 2 GB/s on one block
-// (bench/results/gpu_check_2026-11-26_bbe331e.md). Reduced elements that lie contiguously are
-// read without the offset calculator. Sums accumulate in double (floating) (f32, f64, f16) or
-// int64 as on the CPU; max/min keep the first extreme index and let NaN win, as PyTorch does.
+// (bench/results/gpu_check_2026-11-26_bbe331e.md). Many short outputs (a global average pool's
+// 7x7) take a warp each instead of a block (reduce_warp_kernel). Reduced elements that lie
+// contiguously are read without the offset calculator. Sums accumulate in double (floating: f32,
+// f64, f16) or int64 as on the CPU; max/min keep the first extreme index and let NaN win, as
+// PyTorch does.
 #include <algorithm>
 #include <limits>
 
@@ -244,17 +246,6 @@ void launch(DeviceContext& ctx, ReduceOp op, const Tensor& x, const ReduceGeom& 
                 static_cast<const void*>(partials.get()), static_cast<Out*>(out.data_ptr()));
 }
 
-// Whether the reduced dims' elements, in row-major order, lie at consecutive addresses.
-bool contiguous_reduced(const Shape& rs, const Shape& rst) {
-  int64_t expected = 1;
-  for (size_t i = rs.size(); i-- > 0;) {
-    if (rs[i] == 1) continue;
-    if (rst[i] != expected) return false;
-    expected *= rs[i];
-  }
-  return true;
-}
-
 // (splits, chunk) of each output's R reduced elements. Fewer outputs than about a thousand blocks'
 // worth, each with at least 16 K elements: chunks of at least 8 K elements (a multiple of 8, so each
 // starts as aligned as the first), enough to give the GPU about 1024 blocks; otherwise one chunk.
@@ -296,8 +287,9 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
   }
   const int64_t O = numel_of(ks), R = numel_of(rs);
   const auto [splits, chunk] = reduce_chunks(O, R);
-  ReduceGeom g{make_offset_calc<1>(ks, {&kst}, name), make_offset_calc<1>(rs, {&rst}, name), O, R,
-               splits, chunk, contiguous_reduced(rs, rst)};
+  ReduceGeom g{make_offset_calc<1>(ks, {&kst}, name), make_offset_calc<1>(rs, {&rst}, name), O, R, splits, chunk,
+               false};
+  g.contiguous = g.red.contiguous();   // the reduced dims merge into one of stride 1 (or none)
   MINIDL_CHECK(out.numel() == g.O, name, " (cuda): output ", out.meta(), " should have ", g.O, " elements");
   if (g.O == 0) return;
   DeviceContext& ctx = context_of(x);

@@ -14,6 +14,9 @@
 #include "core/ops.h"
 #include "tests/support/parity_helpers.h"
 
+#ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/workspace.h"
+#endif
 #ifdef MINIDL_CUDA_EMU
 #include "kernels/cuda/emu/call_log.h"
 #include "kernels/cuda/emu/emu_libs.h"
@@ -83,6 +86,32 @@ TEST_F(ConvPlan, CuDnnIsAskedOncePerShapeInBothModes) {
   }
   // Three directions for two shapes, in each of the four (mode, dtype) pairs.
   EXPECT_EQ(cuda::conv_algo_cache_size(), 4u * 2u * 3u);
+}
+
+// The meta device's dry run (conv_workspace_candidates, kernels/meta/cuda_model.cpp) asks for the
+// same shapes at every trial of a max-batch search: it shares the heuristic-mode plan that the
+// convolution itself runs by, so cuDNN is asked once per shape there too.
+TEST_F(ConvPlan, TheDryRunsWorkspaceCandidatesShareThePlan) {
+  const Shape x{4, 8, 10, 10}, w{16, 8, 3, 3}, y{4, 16, 10, 10};
+  const Conv2dOptions o{.stride = {1, 1}, .padding = {1, 1}};
+  for (const DType dt : {DType::f32, DType::f16}) {
+    const std::vector<size_t> first = cuda::conv_workspace_candidates(cuda::ConvDir::Forward, x, w, y, o, dt);
+    ASSERT_FALSE(first.empty()) << dtype_name(dt);
+    const size_t plans = cuda::conv_algo_cache_size();
+#ifdef MINIDL_CUDA_EMU
+    const long long queries = cuda::emu::cudnn_algorithm_queries();
+#endif
+    EXPECT_EQ(cuda::conv_workspace_candidates(cuda::ConvDir::Forward, x, w, y, o, dt), first) << dtype_name(dt);
+    conv_step(dt, false);   // the same 3x3 layer's forward runs by that plan: no new one for it
+    EXPECT_EQ(cuda::conv_algo_cache_size(), plans + 2) << dtype_name(dt) << ": only the two backward plans are new";
+#ifdef MINIDL_CUDA_EMU
+    conv_step(dt, false);
+    const long long after_backward = cuda::emu::cudnn_algorithm_queries();
+    EXPECT_EQ(cuda::conv_workspace_candidates(cuda::ConvDir::Forward, x, w, y, o, dt), first);
+    EXPECT_EQ(cuda::emu::cudnn_algorithm_queries(), after_backward) << dtype_name(dt);
+    EXPECT_GT(after_backward, queries) << "the backward plans were built: the counter counts";
+#endif
+  }
 }
 
 TEST_F(ConvPlan, DeterministicModeRunsOnlyDeterministicAlgorithms) {
