@@ -1,7 +1,9 @@
-// CPU convolution (NCHW): im2col + Eigen GEMM, the reference every other backend is checked against
+// CPU convolution (NCHW): im2col + GEMM, the reference every other backend is checked against
 // and the engine of CPU training. Column matrices are built in tiles (row bands, channel chunks) that
 // stay in L2 until the GEMM reads them; small planes (deep ResNet stages) are batched across samples
 // so weights are streamed once per group, and threads split channels when groups are too few.
+// f32 3x3 stride-1 layers that winograd_ok() accepts take Winograd F(2x2, 3x3) in all three passes
+// instead (winograd.h); MINIDL_CPU_WINOGRAD=0 keeps them on im2col.
 #include <omp.h>
 
 #include <Eigen/Core>
@@ -104,8 +106,23 @@ struct Scratch {
   T* at(int tid) const { return per_thread > 0 ? t.data<T>() + tid * per_thread : nullptr; }
 };
 
+// A convolution through Winograd F(2x2, 3x3) (winograd.h): the transformed weight, then each
+// thread's block of transformed tiles, allocated in the order winograd_workspace() reports. g is
+// the convolution run: the layer's, or for its input gradient (flipped) transposed_geom() of it.
+void conv_winograd(const Tensor& x, const Tensor& w, bool flipped, const Tensor& bias, const ConvGeom& g,
+                   const Tensor& y) {
+  const WinogradPlan pl = winograd_plan(g);
+  const Scratch<float> u(pl.weight_elems, 1, x);
+  const Scratch<float> scratch(pl.per_thread, pl.threads, x);
+  winograd_forward(x.data<float>(), w.data<float>(), flipped, bias.defined() ? bias.data<float>() : nullptr, g, pl,
+                   u.at(0), scratch.at(0), y.data<float>());
+}
+
 template <typename T>
 void conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvGeom& g, const Tensor& y) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (winograd_ok(g)) return conv_winograd(x, w, false, bias, g, y);
+  }
   const T* xp = x.data<T>();
   const T* bp = bias.defined() ? bias.data<T>() : nullptr;
   T* yp = y.data<T>();
@@ -217,7 +234,7 @@ void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& 
 
 template <typename T>
 void conv_backward_input_transposed(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
-  const ConvGeom t = input_workspace<T>(g).inner;
+  const ConvGeom t = transposed_geom(g);
   const Tensor wt = empty({g.c, g.o, g.kh, g.kw}, w.options());  // the workspace's weight_copy
   const T* src = w.data<T>();
   T* dst = wt.data<T>();
@@ -238,6 +255,9 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, c
   T* gxp = gx.data<T>();
   const int64_t k = g.k(), o = g.o, kk = g.kh * g.kw;
   const CMapR<T> wm(w.data<T>(), o, k, Eigen::OuterStride<>(k));
+  if constexpr (std::is_same_v<T, float>) {
+    if (winograd_input_ok<T>(g)) return conv_winograd(gy, w, true, Tensor(), transposed_geom(g), gx);
+  }
   if (transposed_ok(g)) return conv_backward_input_transposed<T>(gy, w, g, gx);
   const Plan pl = plan_batch<T>(g, Pass::BackwardInput);
   // Small planes and a big weight: the weight-gradient plan (one group of all samples) with threads
@@ -268,6 +288,13 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, c
 
 template <typename T>
 void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, const Tensor& gw) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (winograd_ok(g)) {
+      const WinogradPlan pl = winograd_plan(g);
+      const Scratch<float> scratch(pl.per_thread + pl.weight_elems, pl.threads, x);  // weight_workspace()'s block
+      return winograd_backward_weight(gy.data<float>(), x.data<float>(), g, pl, scratch.at(0), gw.data<float>());
+    }
+  }
   const T* gyp = gy.data<T>();
   const T* xp = x.data<T>();
   const int64_t k = g.k(), o = g.o;

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "kernels/cpu/conv_im2col.h"
+#include "kernels/cpu/winograd.h"
 
 namespace minidl::cpu::conv_detail {
 
@@ -122,25 +124,40 @@ int64_t thread_chunk_channels(const ConvGeom& g, const Plan& pl, int nt) {
 
 // With stride 1 the input gradient is itself a convolution: of gy with the weight transposed
 // ([C, O]) and flipped, padded by (kH-1)*dH - pH. Its GEMM is O*kH*kW deep instead of O deep, which
-// is what Eigen's kernel wants when O is small (ResNet stage 1: 64), and its im2col of gy replaces
+// is what the GEMM wants when O is small (ResNet stage 1: 64), and its im2col of gy replaces
 // col2im's scattered adds. Not for wide O (the GEMM is deep enough already) or few input channels
-// (the transposed GEMM would have only C rows).
+// (the transposed GEMM would have only C rows). 3x3 layers that Winograd takes (winograd.h) run
+// this convolution through it whatever their widths, reading the weight flipped in place.
 constexpr int64_t kTransposedMaxOut = 128;
 constexpr int64_t kTransposedMinIn = 16;
 
-inline bool transposed_ok(const ConvGeom& g) {
+inline bool transposable(const ConvGeom& g) {
   const int64_t ph = (g.kh - 1) * g.dh - g.ph, pw = (g.kw - 1) * g.dw - g.pw;
-  return g.sh == 1 && g.sw == 1 && !g.pointwise() && g.o < kTransposedMaxOut && g.c >= kTransposedMinIn &&
-         ph >= 0 && pw >= 0 && g.h == g.oh + 2 * ph - (g.kh - 1) * g.dh &&
-         g.w == g.ow + 2 * pw - (g.kw - 1) * g.dw;
+  return g.sh == 1 && g.sw == 1 && !g.pointwise() && ph >= 0 && pw >= 0 &&
+         g.h == g.oh + 2 * ph - (g.kh - 1) * g.dh && g.w == g.ow + 2 * pw - (g.kw - 1) * g.dw;
+}
+
+inline ConvGeom transposed_geom(const ConvGeom& g) {
+  return ConvGeom{g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, g.h, g.w,
+                  1, 1, (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+}
+
+inline bool transposed_ok(const ConvGeom& g) {
+  return transposable(g) && g.o < kTransposedMaxOut && g.c >= kTransposedMinIn;
+}
+
+template <typename T>
+bool winograd_input_ok(const ConvGeom& g) {
+  return std::is_same_v<T, float> && transposable(g) && winograd_ok(transposed_geom(g));
 }
 
 // The temporaries of one pass, in elements of T and in allocation order: the flipped weight of the
-// transposed input gradient, one shared block (a gathered output gradient), then per-thread scratch.
+// transposed input gradient or Winograd's transformed weight, one shared block (a gathered output
+// gradient), then per-thread scratch.
 // The kernels size their allocations from this, and conv2d_workspace_bytes() reports the same
 // numbers, so a dry run that asks for them reproduces the peak exactly.
 struct Workspace {
-  enum class Path { Forward, Transposed, ByChannel, Items } path = Path::Items;
+  enum class Path { Forward, Winograd, Transposed, ByChannel, Items } path = Path::Items;
   int64_t weight_copy = 0;
   int64_t shared = 0;
   int64_t per_thread = 0;
@@ -148,8 +165,20 @@ struct Workspace {
   ConvGeom inner{};  // Transposed: the forward convolution it runs (whose workspace follows)
 };
 
+// Winograd's: the transformed weight, then each thread's block (g: the convolution it runs).
+inline Workspace winograd_workspace(const ConvGeom& g) {
+  const WinogradPlan wp = winograd_plan(g);
+  Workspace ws;
+  ws.path = Workspace::Path::Winograd;
+  ws.weight_copy = wp.weight_elems;
+  ws.per_thread = wp.per_thread;
+  ws.threads = wp.threads;
+  return ws;
+}
+
 template <typename T>
 Workspace forward_workspace(const ConvGeom& g) {
+  if (std::is_same_v<T, float> && winograd_ok(g)) return winograd_workspace(g);
   const Plan pl = plan_batch<T>(g, Pass::Forward);
   const int64_t max_cols = pl.max_cols(g.ow), cc = chunk_channels<T>(g, pl);
   const int64_t col_sz = (g.pointwise() && pl.group == 1) ? 0 : cc * g.kh * g.kw * max_cols;
@@ -164,11 +193,11 @@ template <typename T>
 Workspace input_workspace(const ConvGeom& g) {
   Workspace ws;
   const int64_t kk = g.kh * g.kw;
+  if (winograd_input_ok<T>(g)) return winograd_workspace(transposed_geom(g));
   if (transposed_ok(g)) {
     ws.path = Workspace::Path::Transposed;
     ws.weight_copy = g.c * g.o * kk;
-    ws.inner = ConvGeom{g.n, g.o, g.oh, g.ow, g.c, g.kh, g.kw, g.h, g.w,
-                        1, 1, (g.kh - 1) * g.dh - g.ph, (g.kw - 1) * g.dw - g.pw, g.dh, g.dw};
+    ws.inner = transposed_geom(g);
     return ws;
   }
   const Plan pl = plan_batch<T>(g, Pass::BackwardInput);
@@ -197,6 +226,13 @@ Workspace input_workspace(const ConvGeom& g) {
 template <typename T>
 Workspace weight_workspace(const ConvGeom& g) {
   Workspace ws;
+  if (std::is_same_v<T, float> && winograd_ok(g)) {  // each thread's V, W and dU
+    const WinogradPlan wp = winograd_plan(g);
+    ws.path = Workspace::Path::Winograd;
+    ws.per_thread = wp.per_thread + wp.weight_elems;
+    ws.threads = wp.threads;
+    return ws;
+  }
   const Plan pl = plan_batch<T>(g, Pass::BackwardWeight);
   const int nt = std::max(1, omp_get_max_threads());
   const int64_t max_cols = pl.max_cols(g.ow), kk = g.kh * g.kw;

@@ -1,8 +1,8 @@
 // conv2d_workspace_bytes (kernels/cpu/conv_workspace.h) against what the CPU convolution kernels
 // really allocate: the peak of allocated bytes during each pass, above what was allocated before
 // it, equals the sum of the blocks it reports, on every path of the kernels (per-sample tiles,
-// grouped small planes, threads splitting channels, the transposed input gradient, 1x1), for 1 and
-// 2 threads, f32, f64 and f16. A shape-only dry run relies on this to reproduce the CPU's peak.
+// grouped small planes, threads splitting channels, the transposed input gradient, Winograd, 1x1),
+// for 1 and 2 threads, f32, f64 and f16. A shape-only dry run relies on this to reproduce the CPU's peak.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -59,7 +59,8 @@ TEST(ConvWorkspace, ReportedBlocksAreWhatTheKernelsAllocate) {
   const int saved = omp_get_max_threads();
   const Geometry shapes[] = {
       {2, 3, 40, 8, 3, 1, 1},      // the small CNN's shape: per-sample row tiles
-      {4, 64, 16, 64, 3, 1, 1},    // ResNet stage 1: the transposed input gradient
+      {4, 64, 16, 64, 3, 1, 1},    // ResNet stage 1: Winograd in f32 (winograd.h), im2col in f64
+      {1, 64, 8, 64, 3, 1, 1},     // too few tiles for Winograd: the transposed input gradient
       {8, 256, 4, 256, 3, 1, 1},   // deep stage, big weight: grouped samples, threads split channels
       {4, 64, 8, 128, 3, 2, 1},    // strided
       {4, 128, 8, 256, 1, 1, 0},   // 1x1: columns are views of the input
@@ -77,8 +78,8 @@ TEST(ConvWorkspace, ReportedBlocksAreWhatTheKernelsAllocate) {
 
 TEST(ConvWorkspace, TransposedInputGradientCountsItsFlippedWeight) {
   const Conv2dOptions o{.padding = {1, 1}};
-  const auto blocks = cpu::conv2d_workspace_bytes(ConvPass::BackwardInput, {4, 64, 16, 16}, {64, 64, 3, 3},
-                                                  {4, 64, 16, 16}, o, DType::f32);
+  const auto blocks = cpu::conv2d_workspace_bytes(ConvPass::BackwardInput, {1, 64, 8, 8}, {64, 64, 3, 3},
+                                                  {1, 64, 8, 8}, o, DType::f32);
   ASSERT_FALSE(blocks.empty());
   EXPECT_EQ(blocks.front(), 64 * 64 * 9 * 4);
 }
