@@ -348,9 +348,13 @@ void winograd_backward_weight(const float* gy, const float* x, const ConvGeom& g
   const bool par = pl.threads > 1 || pl.inner;
   if (pl.threads > 1) {
     // Each thread sums its blocks into its own dU; the sums are added in thread order afterwards,
-    // so the result does not depend on timing.
+    // so the result does not depend on timing. The team can be smaller than planned (called from
+    // inside another parallel region, where a nested one gets one thread): only its dUs are added.
+    int team = 1;
 #pragma omp parallel num_threads(pl.threads)
     {
+#pragma omp single
+      team = omp_get_num_threads();
       const int t = omp_get_thread_num();
       float* buf = scratch + t * stride;
       bool first = true;
@@ -362,7 +366,7 @@ void winograd_backward_weight(const float* gy, const float* x, const ConvGeom& g
       if (first) std::fill(buf + pl.per_thread, buf + stride, 0.0f);  // a thread without blocks
     }
     float* du = scratch + pl.per_thread;
-    for (int t = 1; t < pl.threads; ++t) {
+    for (int t = 1; t < team; ++t) {
       const float* part = scratch + t * stride + pl.per_thread;
 #pragma omp parallel for schedule(static) num_threads(pl.threads)
       for (int64_t i = 0; i < pl.weight_elems; ++i) du[i] += part[i];

@@ -3,7 +3,8 @@
 // loop in conv_test.cpp) on the same values: every tile layout the transforms special-case (tile
 // rows narrower and wider than 16 lanes, odd output sizes with half tiles, paddings 0 to 2, bias),
 // both plans (threads over blocks, threads inside a block), and an error no larger than a few
-// times the direct f32 sum's. Also the switch that turns it off.
+// times the direct f32 sum's. Also calls from inside another parallel region, and the switch that
+// turns it off.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -109,6 +110,41 @@ TEST(Winograd, MatchesTheF64ConvolutionOnEveryTileLayout) {
                    }),
                    "weight gradient, " + what);
     }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(Winograd, GradientsInsideAnotherParallelRegionEqualTheSerialOnes) {
+  // A nested parallel region gets one thread while omp_get_max_threads() still says 2: the plan's
+  // per-thread sums must not count threads that never ran.
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  const Case k{2, 16, 64, 64, 16, 1, false};  // threads over blocks, per-thread weight-gradient sums
+  ASSERT_EQ(cpu::conv_detail::winograd_plan(k.geom()).threads, 2);
+  const Conv2dOptions o{.padding = {1, 1}};
+  const Tensor x = randn({k.n, k.c, k.h, k.w}), gy = randn({k.n, k.o, k.oh(), k.ow()});
+  auto& be = cpu::cpu_backend();
+  const Tensor serial = empty({k.o, k.c, 3, 3});
+  be.conv2d_backward_weight(gy, x, o, serial);
+  const Tensor nested[2] = {empty({k.o, k.c, 3, 3}), empty({k.o, k.c, 3, 3})};
+  {  // the scratch the passes will get from the allocator's cache holds garbage, not fresh zeros
+    const auto pl = cpu::conv_detail::winograd_plan(k.geom());
+    empty({(pl.per_thread + pl.weight_elems) * pl.threads}).fill_(1e30);
+  }
+  int team = 0;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+    be.conv2d_backward_weight(gy, x, o, nested[omp_get_thread_num()]);
+  }
+  ASSERT_EQ(team, 2) << "the outer region must run two threads (the suite is compiled with OpenMP)";
+  for (const Tensor& t : nested) {
+    ASSERT_TRUE(t.defined());
+    const std::vector<double> a = serial.to_vector(), b = t.to_vector();
+    double diff = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
+    EXPECT_LT(diff, 1e-3 * max_abs(serial));
   }
   omp_set_num_threads(saved);
 }
