@@ -1,20 +1,23 @@
-// Winograd F(2x2, 3x3) for the CPU convolution's 3x3 stride-1 layers (issue 28). The im2col path
-// runs ResNet's convolutions at 70-85% of the FMA peak, so no GEMM tuning could win more than a
-// few percent there, while 3x3 stride-1 convolutions are most of a ResNet's arithmetic (about 80%
-// of ResNet-18's, 45% of ResNet-50's). Winograd's minimal filtering computes a 2x2 output tile
-// from a 4x4 input tile with 16 multiplications instead of 36: each tile's input is transformed
-// (V = B^T d B), multiplied element-wise with the transformed filter (U = G g G^T) summed over
-// input channels, which is 16 GEMMs [O x C] x [C x tiles], and transformed back (Y = A^T M A).
-// The input gradient of such a layer is itself one (conv.cpp's transposed path, reading the
-// weight flipped), and the weight gradient is the same products' gradient: G^T (sum over tiles of
-// (A gy A^T) x V) G, so all three passes take it.
+// Winograd F(2x2, 3x3) for the CPU convolution's 3x3 stride-1 layers (issue 28). Under im2col the
+// GEMM already runs at 75-90% of the FMA peak inside ResNet's convolutions, so no GEMM tuning could
+// win more than a few percent there, while 3x3 stride-1 convolutions are most of a ResNet's
+// arithmetic (about 80% of ResNet-18's, 45% of ResNet-50's). Winograd's minimal filtering computes
+// a 2x2 output tile from a 4x4 input tile with 16 multiplications instead of 36: each tile's input
+// is transformed (V = B^T d B), multiplied element-wise with the transformed filter (U = G g G^T)
+// summed over input channels, which is 16 GEMMs [O x C] x [C x tiles], and transformed back
+// (Y = A^T M A). The input gradient of such a layer is itself one (the flipped, transposed
+// convolution, its weight read flipped in place), and the weight gradient is the same products'
+// gradient: G^T (sum over tiles of (A gy A^T) x V) G, so all three passes take it.
 //
 // Numerics: F(2x2, 3x3)'s transforms use only 0, +-1 and 1/2, so its f32 error stays within a few
-// units of the last place of the direct sum (tests/kernels/winograd_test.cpp bounds it against
-// f64). Larger tiles (F(4x4, 3x3), 4x fewer products) lose digits to their 1/4 and 1/6 factors.
-// f32 only, in AVX-512 builds (the transforms and sgemm are written for it); f64, f16 and builds
-// without AVX-512 keep im2col. MINIDL_CPU_WINOGRAD=0 in the environment, or
-// set_winograd_enabled(false), turns it off: every convolution is then the direct sum.
+// times the direct sum's (tests/kernels/winograd_test.cpp bounds it against f64). Larger tiles
+// (F(4x4, 3x3), 4x fewer products) lose digits to their 1/4 and 1/6 factors. Every output of a
+// tile is computed from all 16 inputs of its window, so an infinite input can make the tile's
+// other outputs NaN where the direct sum left them finite (non-finite values stay non-finite; a
+// gradient scaler skips the step either way). f32 in AVX-512 builds (the transforms and sgemm are
+// written for it), f16 too (the CPU widens it to f32 first); f64 and builds without AVX-512 keep
+// im2col. MINIDL_CPU_WINOGRAD=0 in the environment, or set_winograd_enabled(false), turns it off:
+// every convolution is then the direct sum.
 #pragma once
 #include <cstdint>
 
