@@ -112,8 +112,9 @@ struct Scratch {
 void conv_winograd(const Tensor& x, const Tensor& w, bool flipped, const Tensor& bias, const ConvGeom& g,
                    const Tensor& y) {
   const WinogradPlan pl = winograd_plan(g);
-  const Scratch<float> u(pl.weight_elems, 1, x);
-  const Scratch<float> scratch(pl.per_thread, pl.threads, x);
+  const Workspace ws = winograd_workspace(g);
+  const Scratch<float> u(ws.weight_copy, 1, x);
+  const Scratch<float> scratch(ws.per_thread, ws.threads, x);
   winograd_forward(x.data<float>(), w.data<float>(), flipped, bias.defined() ? bias.data<float>() : nullptr, g, pl,
                    u.at(0), scratch.at(0), y.data<float>());
 }
@@ -291,7 +292,8 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
   if constexpr (std::is_same_v<T, float>) {
     if (winograd_ok(g)) {
       const WinogradPlan pl = winograd_plan(g);
-      const Scratch<float> scratch(pl.per_thread + pl.weight_elems, pl.threads, x);  // weight_workspace()'s block
+      const Workspace ws = weight_workspace<float>(g);  // each thread's V, W and dU
+      const Scratch<float> scratch(ws.per_thread, ws.threads, x);
       return winograd_backward_weight(gy.data<float>(), x.data<float>(), g, pl, scratch.at(0), gw.data<float>());
     }
   }

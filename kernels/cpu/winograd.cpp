@@ -64,7 +64,7 @@ WinogradPlan winograd_plan(const ConvGeom& g) {
     // leaves blocks under kMinBlockTiles: then the threads share each block.
     const int64_t even = (blocks + nt - 1) / nt * nt;
     const int64_t even_rows = (pl.tile_rows + even - 1) / even;
-    if (even_rows * pl.tw >= kMinBlockTiles || even_rows * pl.tw >= target) {
+    if (even_rows * pl.tw >= kMinBlockTiles) {
       rows = even_rows;
       blocks = (pl.tile_rows + rows - 1) / rows;
       pl.threads = blocks >= nt ? nt : 1;
@@ -84,6 +84,15 @@ WinogradPlan winograd_plan(const ConvGeom& g) {
 namespace {
 
 using avx512::lanes;
+
+// Block b's tile rows [r0, r1) and its GEMMs' columns.
+struct BlockRows {
+  int64_t r0, r1, cols;
+};
+BlockRows block_rows(const WinogradPlan& pl, int64_t b) {
+  const int64_t r0 = b * pl.rows_per_block, r1 = std::min(pl.tile_rows, r0 + pl.rows_per_block);
+  return {r0, r1, (r1 - r0) * pl.tw};
+}
 
 // Runs f(i) for i < count, over the threads when parallel.
 template <typename F>
@@ -309,8 +318,7 @@ void winograd_forward(const float* x, const float* w, bool flipped, const float*
   transform_weights(w, g, flipped, par, u);
   const int64_t ld = pl.block_tiles, v_xi = g.c * ld, m_xi = g.o * ld, oc = g.o * g.c;
   const auto block = [&](int64_t b, float* buf, bool inner) {
-    const int64_t r0 = b * pl.rows_per_block, r1 = std::min(pl.tile_rows, r0 + pl.rows_per_block);
-    const int64_t cols = (r1 - r0) * pl.tw;
+    const auto [r0, r1, cols] = block_rows(pl, b);
     float* v = buf;
     float* m = buf + 16 * v_xi;
     for_range(inner, g.c, [&](int64_t ch) { transform_input(x, g, pl, ch, r0, r1, v + ch * ld, v_xi); });
@@ -334,8 +342,7 @@ void winograd_backward_weight(const float* gy, const float* x, const ConvGeom& g
   const int64_t ld = pl.block_tiles, v_xi = g.c * ld, w_xi = g.o * ld, oc = g.o * g.c;
   const int64_t stride = pl.per_thread + pl.weight_elems;  // a thread's V, W, then its dU
   const auto block = [&](int64_t b, float* buf, bool inner, bool first) {
-    const int64_t r0 = b * pl.rows_per_block, r1 = std::min(pl.tile_rows, r0 + pl.rows_per_block);
-    const int64_t cols = (r1 - r0) * pl.tw;
+    const auto [r0, r1, cols] = block_rows(pl, b);
     float* v = buf;
     float* wt = buf + 16 * v_xi;
     float* du = buf + pl.per_thread;
