@@ -151,7 +151,8 @@ std::string measure(const std::string& name, const StepConfig& c, Size target, i
     modelled = read_modelled(in, config_key(name, target));
   }
   std::ostringstream os;
-  os << "### " << title_of(c, target) << ": modelled against measured (" << cuda::device_description(0) << ")\n\n";
+  os << "### " << title_of(c, target) << ": modelled against measured (" << cuda::device_description(0)
+     << "; cuDNN autotuning " << (cuda::cudnn_benchmark() ? "on" : "off") << ")\n\n";
   if (modelled.empty())
     os << "(no modelled rows for `" << config_key(name, target) << "`"
        << (modelled_tsv.empty() ? "" : " in " + modelled_tsv) << ")\n\n";
@@ -291,6 +292,7 @@ int run(int argc, char** argv) {
   std::string samples, validate, out, tsv, resources = MINIDL_KERNEL_RESOURCES_DIR, modelled_tsv, mode = "eager";
   std::string save_profiles, load_profiles;
   bool measure_mode = false, trace = false;
+  std::string cudnn_benchmark = "on";
   int steps = 3, warmup = 2;
   app.add_option("--configs", configs,
                  "comma-separated MODEL-PRECISION[-nhwc]: resnet50-amp, resnet50-fp32-nhwc, smallcnn-fp32, ...");
@@ -319,6 +321,11 @@ int run(int argc, char** argv) {
   app.add_option("--modelled", modelled_tsv, "with --measure: the model's TSV to compare with");
   app.add_option("--steps", steps, "with --measure: timed steps (after the warm-up)");
   app.add_option("--warmup", warmup, "with --measure: untimed steps first");
+  app.add_option("--cudnn-benchmark", cudnn_benchmark,
+                 "with --measure: on, cuDNN autotuning as the step runs of tools/gpu_check.sh and PyTorch's "
+                 "cudnn.benchmark use it (the warm-up steps pay for it); off, cuDNN's heuristic choice")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::string> names;
@@ -350,6 +357,7 @@ int run(int argc, char** argv) {
     const bool resnet = c.model == "resnet50";
     const Size target{batch > 0 ? batch : (resnet ? 256 : 64), image > 0 ? image : (resnet ? 224 : 200)};
     if (measure_mode) {
+      cuda::set_cudnn_benchmark(cudnn_benchmark == "on");
       const std::string m = measure(name, c, target, warmup, steps, modelled_tsv);
       std::cout << m << "\n";
       md << m << "\n";
