@@ -36,6 +36,7 @@ struct StepOptions {
   int64_t max_steps = 0;
   std::string json;
   bool cuda_graphs = false;
+  bool host_scaler = false;
 };
 
 // The TF32 and layout switches of a precision mode, as PyTorch's flags of the same names.
@@ -90,40 +91,53 @@ int run(TrainConfig& c, const StepOptions& o) {
   for (int i = 0; i < o.warmup; ++i) step();   // cuDNN autotuning, allocator growth, the scaler's first skips
   // --cuda-graphs: the step captured once (docs/cuda.md, CUDA graphs) after the optimizer really
   // stepped (its momentum buffers exist: AMP's first steps are often skipped), then replayed.
-  std::unique_ptr<Backend::Graph> graph;
+  // The scaler's device state (no host sync in a step: the fused SGD kernel reads the found-inf flag
+  // and skips on it, as PyTorch's fused SGD does under its GradScaler) for graphs, and by default
+  // for eager CUDA AMP with SGD; --host-scaler keeps the decision on the host (a sync a step).
+  const bool device_scaler = scaler.is_enabled() && dev.is_cuda() && c.optimizer == "sgd" && !o.host_scaler;
   if (o.cuda_graphs) {
     if (!dev.is_cuda()) throw UsageError("--cuda-graphs needs a CUDA device, got " + dev.str());
     if (c.optimizer != "sgd")
       throw UsageError("--cuda-graphs replays SGD only (" + c.optimizer + " keeps its step count on the host)");
+    if (o.host_scaler) throw UsageError("--cuda-graphs keeps the scaler on the device; drop --host-scaler");
+  }
+  std::unique_ptr<Backend::Graph> graph;
+  if (o.cuda_graphs || device_scaler) {
     for (int i = 0; i < 40 && opt->step_count() == 0; ++i) step();
     if (scaler.is_enabled()) scaler.to_device_state(dev);
-    graph = backend(dev).capture_graph(dev.index, step);
   }
+  if (o.cuda_graphs) graph = backend(dev).capture_graph(dev.index, step);
   synchronize(dev);
   const double warmup_s = std::chrono::duration<double>(Clock::now() - w0).count();
   reset_peak_stats(dev);
   skipped = 0;
   int64_t steps = 0;
+  // The host's time inside the steps' calls: close to the wall time per step when the host, not
+  // the GPU, sets the pace (launch overhead, library calls, a sync a step).
+  double host_s = 0;
   const auto t0 = Clock::now();
   while ((o.max_steps == 0 || steps < o.max_steps) &&
          (steps == 0 || std::chrono::duration<double>(Clock::now() - t0).count() < o.seconds)) {
+    const auto h0 = Clock::now();
     if (graph) graph->replay();
     else step();
+    host_s += std::chrono::duration<double>(Clock::now() - h0).count();
     ++steps;
   }
   synchronize(dev);   // the host runs ahead of a GPU: the span ends when the last step's kernels do
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double ips = static_cast<double>(steps * c.batch_size) / secs;
   const auto ms = memory_stats(dev);
-  // Replays skip on the device: only the last one's verdict is known (read after the timing).
-  if (graph && scaler.is_enabled()) skipped = scaler.device_found_inf().item() != 0.0 ? -1 : 0;
+  // Device-state steps skip on the device: only the last one's verdict is known (read after the
+  // timing).
+  if (scaler.device_state()) skipped = scaler.device_found_inf().item() != 0.0 ? -1 : 0;
   std::printf("minidl %s batch %lld %dpx %s%s%s: %.1f images/s (%lld steps in %.2f s after %d warm-up steps in %.1f s; "
-              "%lld skipped by the scaler; peak allocated %s)\n",
+              "%lld skipped by the %s scaler; host %.1f of %.1f ms a step; peak allocated %s)\n",
               c.model.c_str(), static_cast<long long>(c.batch_size), static_cast<int>(c.resolved_image_size()),
               o.precision.c_str(), o.channels_last ? " channels-last" : "", graph ? " cuda-graphs" : "", ips,
               static_cast<long long>(steps), secs,
-              o.warmup, warmup_s, static_cast<long long>(skipped),
-              format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str());
+              o.warmup, warmup_s, static_cast<long long>(skipped), scaler.device_state() ? "device's" : "host's",
+              1e3 * host_s / static_cast<double>(steps), 1e3 * secs / static_cast<double>(steps), format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str());
   if (!o.json.empty()) {
     nlohmann::json j = provenance(device_description(dev));
     j["program"] = "minidl_bench_step";
@@ -134,6 +148,7 @@ int run(TrainConfig& c, const StepOptions& o) {
     j["precision"] = o.precision;
     j["channels_last"] = o.channels_last;
     j["cuda_graphs"] = o.cuda_graphs;
+    j["scaler"] = !scaler.is_enabled() ? "off" : scaler.device_state() ? "device" : "host";
     j["cudnn_benchmark"] = c.cudnn_benchmark;
     j["optimizer"] = {{"name", c.optimizer}, {"lr", c.resolved_lr()}, {"momentum", c.momentum},
                       {"weight_decay", c.resolved_weight_decay()}};
@@ -141,6 +156,7 @@ int run(TrainConfig& c, const StepOptions& o) {
     j["warmup_seconds"] = warmup_s;
     j["steps"] = steps;
     j["seconds"] = secs;
+    j["host_seconds"] = host_s;
     j["images_per_s"] = ips;
     j["skipped_steps"] = skipped;
     j["peak_allocated_bytes"] = ms.peak_allocated_bytes;
@@ -177,6 +193,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-graphs", o.cuda_graphs,
                "capture the step into a CUDA graph after the warm-up and replay it (SGD; AMP with the scaler's "
                "device state; skipped_steps is then -1 if the last replay skipped, else 0)");
+  app.add_flag("--host-scaler", o.host_scaler,
+               "AMP: the gradient scaler decides on the host (reads the found-inf flag every step, a sync); "
+               "default on CUDA with SGD: on the device, as PyTorch's fused SGD (skipped_steps is then -1 if the "
+               "last step skipped, else 0)");
   app.add_option("--cudnn-benchmark", c.cudnn_benchmark, "on: cuDNN autotuning (as torch.backends.cudnn.benchmark)")
       ->capture_default_str();
   app.add_option("--lr", c.lr, "SGD learning rate")->capture_default_str();

@@ -64,21 +64,36 @@ phase_tests() {
 }
 
 # ---------------------------------------------------------------- 2 step: minidl beside PyTorch
-# One run: FRAMEWORK:PRECISION[:nhwc]. minidl_bench_step and bench/pytorch_step.py take the same
+# One run: FRAMEWORK:PRECISION[:OPTION...], options nhwc (minidl channels-last), graphs (minidl
+# --cuda-graphs), hostscaler (minidl --host-scaler: the AMP scaler decides on the host, a sync a
+# step), bN (batch N instead of 128). minidl_bench_step and bench/pytorch_step.py take the same
 # flags, model, optimizer and timing rule; PyTorch always runs channels_last (its best).
+step_name() { local s=${1//:/_}; echo "step_$s"; }   # minidl:amp:nhwc -> step_minidl_amp_nhwc
 step_run() {
-  local spec=$1 budget=$2 fw prec layout secs args log json rc
-  IFS=: read -r fw prec layout <<<"$spec"
+  local spec=$1 budget=$2 fw prec opt secs args json rc batch=128 extra=()
+  local log="$LOGDIR/$(step_name "$spec").log"
+  IFS=: read -r fw prec _ <<<"$spec"
+  local -a opts=(); IFS=: read -r -a opts <<<"$spec"
+  for opt in "${opts[@]:2}"; do
+    case $opt in
+      nhwc) extra+=(--channels-last) ;;
+      graphs) [[ $REHEARSE == 1 ]] || extra+=(--cuda-graphs) ;;   # a rehearsal's CPU has no graphs
+      hostscaler) extra+=(--host-scaler) ;;
+      b[0-9]*) batch=${opt#b} ;;
+      *) echo "unknown option '$opt' in step run '$spec' (nhwc, graphs, hostscaler, bN)" >"$log"; return 3 ;;
+    esac
+  done
+  [[ $fw == pytorch && ${#extra[@]} -gt 0 ]] && { echo "step run '$spec': PyTorch takes only bN" >"$log"; return 3; }
   secs=${GPU_CHECK_STEP_SECONDS:-$([[ $REHEARSE == 1 ]] && echo 2 || echo 20)}
   if [[ $REHEARSE == 1 ]]; then
     args=(--device cpu --model resnet18-small --image-size 32 --batch 4 --warmup 1 --seconds "$secs")
   else
-    args=(--device cuda --model resnet50 --image-size 224 --batch 128 --warmup 15 --seconds "$secs")
+    args=(--device cuda --model resnet50 --image-size 224 --batch "$batch" --warmup 15 --seconds "$secs")
   fi
-  log="$LOGDIR/step_${fw}_${prec}${layout:+_$layout}.log"; json="${log%.log}.json"
+  json="${log%.log}.json"
   case $fw in
     minidl) gpu_env_run_until TERM "$budget" 5 "$log" "$BIN/minidl_bench_step" "${args[@]}" --precision "$prec" \
-              ${layout:+--channels-last} --json "$json" ;;
+              ${extra[@]+"${extra[@]}"} --json "$json" ;;
     pytorch) PYTHONUNBUFFERED=1 gpu_env_run_until TERM "$budget" 5 "$log" "$TORCH_PY" "$ROOT/bench/pytorch_step.py" \
               "${args[@]}" --precision "$prec" --json "$json" ;;
     *) echo "unknown framework '$fw' in GPU_CHECK_STEP_RUNS" >"$log"; return 3 ;;
@@ -89,7 +104,7 @@ step_run() {
 }
 
 phase_step() {
-  local budget=$1 end=$((SECONDS + $1)) runs spec rc b rows="" failed=0 cut=0 fw prec layout ips
+  local budget=$1 end=$((SECONDS + $1)) runs spec rc b rows="" failed=0 cut=0 ips json prec
   runs=${GPU_CHECK_STEP_RUNS:-minidl:amp pytorch:amp minidl:tf32 pytorch:tf32 minidl:amp:nhwc}
   declare -A IPS=()
   for spec in $runs; do
@@ -98,8 +113,7 @@ phase_step() {
     if (( b < ${GPU_CHECK_STEP_MIN:-20} )); then rows+="| $spec | not run: ${b} s left | |"$'\n'; cut=1; continue; fi
     say "  step $spec (at most ${b} s)"
     step_run "$spec" "$b"; rc=$?
-    IFS=: read -r fw prec layout <<<"$spec"
-    local json="$LOGDIR/step_${fw}_${prec}${layout:+_$layout}.json"
+    json="$LOGDIR/$(step_name "$spec").json"
     ips="$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["images_per_s"])' "$json" 2>/dev/null)"
     if [[ -n "$ips" ]]; then
       IPS[$spec]=$ips
@@ -107,7 +121,7 @@ phase_step() {
     elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
       rows+="| $spec | cut by the budget | |"$'\n'; cut=1
     else
-      rows+="| $spec | failed (exit $rc): $(tail -2 "$LOGDIR/step_${fw}_${prec}${layout:+_$layout}.log" | tr '|\n' '/ ' | cut -c1-200) | |"$'\n'; failed=1
+      rows+="| $spec | failed (exit $rc): $(tail -2 "${json%.json}.log" | tr '|\n' '/ ' | cut -c1-200) | |"$'\n'; failed=1
     fi
   done
   {
@@ -119,12 +133,15 @@ phase_step() {
     echo "| run | images/s | detail |"
     echo "| --- | ---: | --- |"
     printf '%s' "$rows"
-    local p
-    for p in amp tf32; do
-      if [[ -n "${IPS[minidl:$p]:-}" && -n "${IPS[pytorch:$p]:-}" ]]; then
-        echo
-        echo "minidl / PyTorch, $p: $(python3 -c "print('%.2f' % (${IPS[minidl:$p]} / ${IPS[pytorch:$p]}))")x"
-      fi
+    # Each minidl run against the PyTorch run of the same precision and batch.
+    local m peer
+    for m in $runs; do
+      [[ $m == minidl:* && -n "${IPS[$m]:-}" ]] || continue
+      IFS=: read -r _ prec _ <<<"$m"
+      peer="pytorch:$prec$(grep -o ':b[0-9]*' <<<"$m" | head -1)"
+      [[ -n "${IPS[$peer]:-}" ]] || continue
+      echo
+      echo "$m / $peer: $(python3 -c "print('%.2f' % (${IPS[$m]} / ${IPS[$peer]}))")x"
     done
   } >"$SEC/step.md"
   if [[ $failed == 1 ]]; then PHASE_RC=1; elif [[ $cut == 1 ]]; then PHASE_RC=4; else PHASE_RC=0; fi

@@ -71,11 +71,33 @@ order="$(grep -oE '^gpu_check: (tests|step|sanitizer|model|profile|bench|maxbatc
 [[ "$order" == "tests step sanitizer model profile bench maxbatch" ]] || fail "phases ran in the order '$order'"
 report | grep -q '^| tests | passed |' || fail "the report does not say tests passed"
 report | grep -q '9 passed, 0 failed, 1 skipped' || fail "the test counts are wrong"
-report | grep -q 'minidl / PyTorch, amp: 0.50x' || fail "the step section has no minidl / PyTorch ratio"
+report | grep -q 'minidl:amp / pytorch:amp: 0.50x' || fail "the step section has no minidl / PyTorch ratio"
 report | grep -q '| minidl | 42 |' || fail "the max-batch section lacks minidl's 42"
 report | grep -q '^| bench | skipped |' || fail "a rehearsal's benchmarks are not marked skipped"
 report | grep -q '^| profile | passed |' || fail "the profile phase did not pass"
 report | grep -q '^| convolution | 3 | 90.0 | 90.0% |' || fail "the profile section lacks PyTorch's category table"
+
+# 1b. Step runs with options: each minidl run against PyTorch's of the same precision and batch;
+#     the stub sees the options' flags; an unknown option fails its run and names the option.
+stub minidl_bench_step 'j=""; while [[ $# -gt 0 ]]; do [[ $1 == --json ]] && j=$2; echo "arg $1"; shift; done
+echo "{\"images_per_s\": 150.0, \"steps\": 5, \"seconds\": 2.0, \"peak_allocated_bytes\": 1048576}" >"$j"
+echo "minidl resnet18-small batch 4: 150.0 images/s"'
+pack
+run_check GPU_CHECK_DEADLINE=120 GPU_CHECK_PHASES=step \
+  GPU_CHECK_STEP_RUNS="minidl:amp:nhwc:hostscaler:b256 pytorch:amp:b256 minidl:amp:bogus" -- build-gpu-stage
+rc=$?
+[[ $rc == 1 ]] || fail "a step run with an unknown option gave exit $rc, not 1"
+report | grep -q 'minidl:amp:nhwc:hostscaler:b256 / pytorch:amp:b256: 0.75x' || fail "no ratio against the same batch"
+report | grep -q "minidl:amp:bogus | failed (exit 3): unknown option 'bogus'" || fail "the unknown option is not reported"
+mkdir -p "$T/logs" && tar -xzf "$T/out/gpu_check_logs.tar.gz" -C "$T/logs" || fail "unpacking the logs"
+slog="$(find "$T/logs" -name step_minidl_amp_nhwc_hostscaler_b256.log | head -1)"
+[[ -n "$slog" ]] || fail "no log named after the step run"
+grep -q 'arg --channels-last' "$slog" && grep -q 'arg --host-scaler' "$slog" ||
+  fail "the options' flags did not reach minidl_bench_step"
+stub minidl_bench_step 'sleep ${STUB_STEP_SLEEP:-0}; j=""; while [[ $# -gt 0 ]]; do [[ $1 == --json ]] && j=$2; shift; done
+echo "{\"images_per_s\": 100.0, \"steps\": 5, \"seconds\": 2.0, \"peak_allocated_bytes\": 1048576}" >"$j"
+echo "minidl resnet18-small batch 4: 100.0 images/s"'
+pack
 
 # 2. A short deadline: a step run that never ends is stopped at the phase's budget, the phase is
 #    cut and the phases below it are not reached; exit 4.
