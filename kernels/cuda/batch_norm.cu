@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "core/ops.h"
 #include "kernels/cuda/batch_norm.cuh"
@@ -19,12 +21,31 @@ namespace minidl::cuda {
 namespace {
 
 std::atomic<int> g_split{0};
+std::atomic<int> g_rows_bytes{0};
+
+int rows_bytes_default() {
+  static const int bytes = [] {
+    const char* s = std::getenv("MINIDL_CUDA_BN_ROWS_BYTES");
+    if (s == nullptr || *s == '\0') return 16;
+    const std::string v(s);
+    MINIDL_CHECK(v == "8" || v == "16", "MINIDL_CUDA_BN_ROWS_BYTES=", v, ": the batch-norm kernels' widest access on ",
+                 "channels-last rows is 8 or 16 bytes; unset it for the default (16)");
+    return std::stoi(v);
+  }();
+  return bytes;
+}
 std::atomic<double> g_plan_scale{1.0};
 
 }  // namespace
 
 void set_batch_norm_split(int blocks) { g_split = std::max(blocks, 0); }
 int batch_norm_split() { return g_split; }
+void set_batch_norm_rows_bytes(int bytes) {
+  MINIDL_CHECK(bytes == 0 || bytes == 8 || bytes == 16, "set_batch_norm_rows_bytes: ", bytes,
+               " bytes; the widest access is 8 or 16 (0: the default)");
+  g_rows_bytes = bytes;
+}
+int batch_norm_rows_bytes() { return g_rows_bytes != 0 ? g_rows_bytes.load() : rows_bytes_default(); }
 void set_launch_plan_scale(double scale) {
   MINIDL_CHECK(scale >= 1.0, "set_launch_plan_scale: scale ", scale, " must be >= 1 (the target's work over the run's)");
   g_plan_scale = scale;
@@ -62,15 +83,19 @@ Geo geometry(const Tensor& x, std::initializer_list<const Tensor*> same, const c
   g.N = g.rows ? L.N * L.S : L.N;
   g.S = g.rows ? 1 : L.S;
 
-  // The widest access every operand allows: V divides the contiguous run (a plane, or a row of
-  // channels) and each base address is aligned to V elements.
-  const size_t esize = dtype_size(x.dtype());
-  const int vmax = x.dtype() == DType::f64 ? 1 : static_cast<int>(16 / esize);
+  // The widest access every operand allows, of 16 bytes (rows: at most batch_norm_rows_bytes()),
+  // 8 bytes or one element (the widths dispatch() instantiates): V divides the contiguous run (a
+  // plane, or a row of channels) and each base address is aligned to V elements.
+  const int esize = static_cast<int>(dtype_size(x.dtype()));
+  const int widest = g.rows ? batch_norm_rows_bytes() : 16;
   const int64_t run = g.rows ? g.C : g.S;
   auto aligned = [&](const Tensor& t, int v) {
-    return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % (esize * static_cast<size_t>(v)) == 0;
+    return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(esize * v) == 0;
   };
-  for (int v : {vmax, std::max(vmax / 2, 1), 1}) {
+  for (int bytes : {16, 8, esize}) {
+    if (bytes > widest && bytes != esize) continue;
+    const int v = std::max(bytes / esize, 1);
+    if (x.dtype() == DType::f64 && v > 1) continue;   // the reference dtype has no vector path
     bool ok = run % v == 0 && aligned(x, v);
     for (const Tensor* t : same) ok = ok && aligned(*t, v);
     if (ok) {
@@ -160,17 +185,19 @@ __global__ void stats_kernel(const T* __restrict__ x, Geo g, double* __restrict_
   }
 }
 
-// Per channel (a warp each): the G partial sums, mean and biased variance, saved mean and
+// Per channel (P lanes each, finalize_lanes): the G partial sums, mean and biased variance, saved mean and
 // 1 / sqrt(var + eps), and PyTorch's running-statistics update (unbiased variance). Evaluation:
 // the running statistics, snapshotted into the saved ones for the backward.
+template <int P>
 __global__ void finalize_kernel(Geo g, const double* part, Channel running_mean, Channel running_var, double momentum,
                                 double eps, bool training, Channel save_mean, Channel save_invstd) {
-  MINIDL_WARP_STRIDE(c, g.C) {
+  MINIDL_SHARED_ARRAY(double, scratch, 32);
+  MINIDL_CHANNEL_STRIDE(P, c, g.C) {
     double mean, var;
     if (training) {
       double s, q;
-      warp_channel_totals(g, part, c, s, q);
-      if ((threadIdx.x & 31) != 0) continue;
+      channel_totals<P>(g, part, c, s, q, scratch);
+      if ((threadIdx.x & (P - 1)) != 0) continue;
       const double n = static_cast<double>(g.count());
       const double dm = s / n;
       var = q / n - dm * dm;
@@ -181,7 +208,7 @@ __global__ void finalize_kernel(Geo g, const double* part, Channel running_mean,
       if (running_var.p != nullptr)
         running_var.set(c, (1.0 - momentum) * running_var.get(c, 1.0) + momentum * var * unbias);
     } else {
-      if ((threadIdx.x & 31) != 0) continue;
+      if ((threadIdx.x & (P - 1)) != 0) continue;
       mean = running_mean.get(c, 0.0);
       var = running_var.get(c, 1.0);
     }
@@ -265,8 +292,11 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, const Tens
     const T* xp = static_cast<const T*>(x.data_ptr());
     if (training) MINIDL_LAUNCH(op, (stats_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp, g, part_d);
     if (snapshot) {
-      MINIDL_LAUNCH(op, finalize_kernel, warp_grid_for(g.C), kThreads, 0, ctx.stream(), g, part_d, rm, rv, momentum,
-                    eps, training, aff.mean, aff.invstd);
+      with_finalize_lanes(g, [&](auto lanes) {
+        constexpr int P = decltype(lanes)::value;
+        MINIDL_LAUNCH(op, (finalize_kernel<P>), finalize_grid(g, P), kBlock, 0, ctx.stream(), g, part_d, rm, rv,
+                      momentum, eps, training, aff.mean, aff.invstd);
+      });
     }
     if (x.numel() == 0) return;
     MINIDL_LAUNCH(op, (apply_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp,

@@ -3,6 +3,7 @@
 // walks over x, vector accesses, deterministic per-block reductions and the launch geometry.
 // docs/cuda.md "Fused batch norm + ReLU" explains the passes and why the work is split this way.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -223,29 +224,52 @@ __device__ __forceinline__ void write_block_sums(PairSums<A, L>& ps, const Geo& 
 // value, written by the statistics pass) so the finalize never reads x.
 __host__ __device__ inline int64_t shift_index(const Geo& g, int64_t c) { return int64_t{g.G} * g.C * 2 + c; }
 
-// Channel c's totals of the G partial pairs part[(k * C + c) * 2 + {0, 1}], summed by one warp:
-// lane l adds k = l, l + 32, ... in order, then a fixed shuffle tree (deterministic, no atomics).
-// One thread per channel summing G partials serially was latency-bound (the step-time model's
-// "latency" rows); a warp per channel reads them 32 at a time. Valid in lane 0.
-__device__ __forceinline__ void warp_channel_totals(const Geo& g, const double* part, int64_t c, double& s,
-                                                    double& q) {
+// Channel c's totals of the G partial pairs part[(k * C + c) * 2 + {0, 1}], summed by P lanes (a
+// warp, P = 32, or the whole block, P = kBlock): lane l adds k = l, l + P, ... in order, then a fixed
+// shuffle (and shared-memory) tree: deterministic, no atomics. One thread per channel summing G
+// partials serially was latency-bound (the step-time model's "latency" rows); a warp per channel
+// still was with channels-last grids, whose channels have up to 2048 partials each (every channel
+// of a tile gets all of the tile's G blocks): the six finalize kernels took 2.3 ms of a ResNet-50
+// AMP step at batch 256 on an H100 (0b0d306), 0.6 ms in NCHW. finalize_lanes() picks P. Valid in
+// lane 0 of the channel's lanes.
+template <int P, typename SharedT>
+__device__ __forceinline__ void channel_totals(const Geo& g, const double* part, int64_t c, double& s, double& q,
+                                               SharedT scratch) {
   s = 0;
   q = 0;
-  for (int k = static_cast<int>(threadIdx.x & 31); k < g.G; k += 32) {
+  for (int k = static_cast<int>(threadIdx.x & (P - 1)); k < g.G; k += P) {
     s += part[(static_cast<int64_t>(k) * g.C + c) * 2];
     q += part[(static_cast<int64_t>(k) * g.C + c) * 2 + 1];
   }
-  s = warp_sum(s);
-  q = warp_sum(q);
+  if constexpr (P == 32) {
+    s = warp_sum(s);
+    q = warp_sum(q);
+    (void)scratch;
+  } else {
+    s = block_sum<double>(s, scratch);
+    q = block_sum<double>(q, scratch);
+  }
 }
 
-// A warp-stride loop over channels: warp w of the grid takes c = w, w + warps, ... (all 32 lanes of
-// a warp share c, so warp_channel_totals' shuffles see the whole warp). Launch with
-// warp_grid_for(C) blocks of kThreads.
-#define MINIDL_WARP_STRIDE(c, n)                                                                      \
-  for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; c < (n);        \
-       c += (static_cast<int64_t>(blockDim.x) * gridDim.x) >> 5)
-inline unsigned warp_grid_for(int64_t channels) { return grid_for(channels * 32); }
+// Lanes per channel of the finalize kernels: a warp for up to 128 partials (4 each), else a block.
+inline int finalize_lanes(const Geo& g) { return g.G > 128 ? kBlock : 32; }
+
+// A loop over channels for P lanes each: P = 32, warp w of the grid takes c = w, w + warps, ...;
+// P = kBlock, block b takes c = b, b + blocks, ... (all of a channel's lanes run the same
+// iterations, so their shuffles and barriers see every lane). Launch with finalize_grid().
+#define MINIDL_CHANNEL_STRIDE(P, c, n)                                                                     \
+  for (int64_t c = P == 32 ? (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5 : blockIdx.x; \
+       c < (n); c += P == 32 ? (static_cast<int64_t>(blockDim.x) * gridDim.x) >> 5 : gridDim.x)
+inline unsigned finalize_grid(const Geo& g, int P) {
+  return P == 32 ? grid_for(g.C * 32) : static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(g.C, 1), 65535));
+}
+
+// Calls f(integral_constant P) with finalize_lanes(g).
+template <typename F>
+void with_finalize_lanes(const Geo& g, F&& f) {
+  if (finalize_lanes(g) == 32) f(std::integral_constant<int, 32>{});
+  else f(std::integral_constant<int, kBlock>{});
+}
 
 // Host side: the layout, vector width and grid of one call (every tensor in `same` must share x's
 // shape, dtype and layout). split > 0 forces G (tests use it to run several blocks per channel on

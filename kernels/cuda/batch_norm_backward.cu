@@ -63,14 +63,16 @@ __global__ void grad_sums_kernel(const T* __restrict__ gy, const T* __restrict__
   write_block_sums<kRows>(ps, g, c0, part);
 }
 
-// Per channel (a warp each): the G partial sums; gweight = sum(gm * xhat), gbias = sum(gm); and the
+// Per channel (P lanes each, finalize_lanes): the G partial sums; gweight = sum(gm * xhat), gbias = sum(gm); and the
 // coefficients of pass 2, gx = (gm - k1 - (x - m) * k2) * invstd * w (k1 = k2 = 0 in evaluation).
+template <int P>
 __global__ void grad_finalize_kernel(Geo g, const double* part, Channel save_invstd, Channel gweight, Channel gbias,
                                      bool training, double* coef) {
-  MINIDL_WARP_STRIDE(c, g.C) {
+  MINIDL_SHARED_ARRAY(double, scratch, 32);
+  MINIDL_CHANNEL_STRIDE(P, c, g.C) {
     double sg, sd;
-    warp_channel_totals(g, part, c, sg, sd);
-    if ((threadIdx.x & 31) != 0) continue;
+    channel_totals<P>(g, part, c, sg, sd, scratch);
+    if ((threadIdx.x & (P - 1)) != 0) continue;
     const double is = save_invstd.get(c, 1.0);
     const double inv_n = 1.0 / static_cast<double>(g.count());
     gweight.set(c, sd * is);
@@ -174,8 +176,11 @@ void backward(const char* op, const Tensor& gy, const Tensor& x, const Tensor& y
     if (sums) {
       MINIDL_LAUNCH(op, (grad_sums_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), gyp, xp,
                     mask == Mask::FromY ? static_cast<const T*>(y.data_ptr()) : nullptr, grp, g, aff, mask, part_d);
-      MINIDL_LAUNCH(op, grad_finalize_kernel, warp_grid_for(g.C), kThreads, 0, ctx.stream(), g, part_d, aff.invstd, gw, gb,
-                    training, coef_d);
+      with_finalize_lanes(g, [&](auto lanes) {
+        constexpr int P = decltype(lanes)::value;
+        MINIDL_LAUNCH(op, (grad_finalize_kernel<P>), finalize_grid(g, P), kBlock, 0, ctx.stream(), g, part_d, aff.invstd,
+                      gw, gb, training, coef_d);
+      });
     }
     if (!gx.defined()) return;
     MINIDL_LAUNCH(op, (grad_input_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), with_res ? grp : gyp, xp,

@@ -51,6 +51,12 @@ bool conv_nhwc();
 // on small tensors so the cross-block sums run on the emulated device.
 void set_batch_norm_split(int blocks);
 int batch_norm_split();
+// The widest access of the batch-norm kernels on channels-last rows, in bytes: 16 (8 f16
+// channels a thread) or 8 (4: half the registers of 16, so twice the resident threads; the f16
+// row kernels used 66-111 registers with 16). 0 restores the default, MINIDL_CUDA_BN_ROWS_BYTES
+// when set (8 or 16), else 16. Planar (NCHW) kernels always take 16.
+void set_batch_norm_rows_bytes(int bytes);
+int batch_norm_rows_bytes();
 // The pooling kernels divide their indices with FastDiv (32-bit multiply-high) when every index
 // and window bound stays below 2^30, and with 64-bit '/' otherwise. Tests force the wide path on
 // small tensors; default off.

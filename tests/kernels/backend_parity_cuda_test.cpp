@@ -66,7 +66,9 @@ TEST_F(Parity, BinaryOpsWithBroadcastingForwardBackward) {
   };
   const std::vector<std::pair<Shape, Shape>> shapes{
       {{1}, {1}}, {{37}, {37}}, {{17, 33}, {33}}, {{17, 33}, {17, 1}}, {{5, 1, 7}, {1, 6, 7}}, {{4100}, {1}},
-      {{2, 3, 4, 5}, {2, 3, 4, 5}}};
+      {{2, 3, 4, 5}, {2, 3, 4, 5}},
+      // the innermost dim contiguous or broadcast, whole vectors of it (binary_inner_vec_kernel)
+      {{6, 8}, {8}}, {{6, 8}, {6, 1}}, {{2, 3, 12}, {3, 1}}};
   for (const auto& [name, op] : ops) {
     for (DType dt : {DType::f32, DType::f64}) {
       for (const auto& [sa, sb] : shapes) {

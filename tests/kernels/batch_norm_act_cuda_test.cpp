@@ -176,6 +176,51 @@ TEST_F(BatchNormActParity, SeveralBlocksPerChannelAreDeterministic) {
   }
 }
 
+// More than 128 partials per channel: the finalize kernels give each channel a whole block
+// (finalize_lanes) instead of a warp. The one-block result to rounding, the same bits twice.
+TEST_F(BatchNormActParity, ManyPartialsPerChannelAreSummedByABlock) {
+  for (DType dt : {DType::f32}) {
+    for (bool channels_last : {false, true}) {
+      const Case c{{2, 6, 4, 4}, dt, true, true};
+      const Inputs in = make_inputs(c, 5);
+      set_split(1);
+      const Result one = run(in, c, kGpu, true, channels_last);
+      set_split(130);
+      const Result a = run(in, c, kGpu, true, channels_last);
+      const Result b = run(in, c, kGpu, true, channels_last);
+      set_split(0);
+      const std::string tag = std::string(channels_last ? "nhwc " : "nchw ") + c.str();
+      expect_same(one, a, c, "1 vs 130 blocks per channel, " + tag);
+      EXPECT_TRUE(bit_equal(a.gw, b.gw, tag + " gw, run twice"));
+      EXPECT_TRUE(bit_equal(a.rv, b.rv, tag + " running_var, run twice"));
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Channels-last rows with 8-byte accesses (set_batch_norm_rows_bytes(8): 4 f16 or 2 f32 channels
+// a thread) give the 16-byte kernels' results to rounding; other widths are refused.
+TEST_F(BatchNormActParity, ChannelsLastRowsWithEightByteAccesses) {
+#ifdef MINIDL_WITH_CUDA
+  if (self_test()) GTEST_SKIP() << "a CUDA switch";
+  EXPECT_THROW(cuda::set_batch_norm_rows_bytes(4), Error);
+  for (DType dt : {DType::f32, DType::f16}) {
+    for (const Shape& s : {Shape{2, 16, 4, 4}, Shape{2, 6, 2, 6}}) {
+      const Case c{s, dt, true, true};
+      const Inputs in = make_inputs(c, 9);
+      const Result wide = run(in, c, kGpu, true, true);
+      cuda::set_batch_norm_rows_bytes(8);
+      const Result narrow = run(in, c, kGpu, true, true);
+      cuda::set_batch_norm_rows_bytes(0);
+      expect_same(wide, narrow, c, "16- vs 8-byte rows");
+      if (HasFailure()) return;
+    }
+  }
+#else
+  GTEST_SKIP() << "a CUDA switch";
+#endif
+}
+
 // Walks longer than a block: threads step through several vectors, crossing planes (NCHW: the
 // (n, s) position carries into the next sample, with 7x7 planes after several samples at once)
 // and rows (NHWC), with one and with two blocks per channel.

@@ -146,6 +146,35 @@ TEST_F(Parity, ChannelsLastPoolingMatchesTheCpu) {
 #endif
 }
 
+// The global average pool of a channels-last batch with channels enough for a warp sums each (n, c)
+// in a thread of its own (reduce_cols_kernel: neighbouring threads read neighbouring channels);
+// its backward spreads the gradient without a strided kernel.
+TEST_F(Parity, ChannelsLastGlobalAveragePoolReadsAlongTheChannels) {
+  for (DType dt : {DType::f32, DType::f16, DType::f64}) {
+    const std::string tag = std::string("adaptive_avg_pool2d ") + dtype_name(dt);
+    const Tensor x = rnd({3, 40, 3, 5}, dt, 6);
+    Tensor xc = x.clone().set_requires_grad(true);
+    const Tensor yc = adaptive_avg_pool2d(xc);
+    const Tensor gy = rnd(yc.shape(), dt, 7);
+    yc.backward(gy);
+    const Tensor xg = gpu_leaf(x, true);
+    Tensor yg;
+    const auto keys = launches_of([&] {
+      yg = adaptive_avg_pool2d(xg);
+      yg.backward(to_target(gy));
+    });
+    EXPECT_TRUE(close(yc.detach(), yg.detach(), tol_for(dt), tag + " y"));
+    EXPECT_TRUE(close(xc.grad(), xg.grad(), tol_for(dt), tag + " gx"));
+    EXPECT_TRUE(prefers_channels_last(xg.grad())) << tag << " " << shape_str(xg.grad().strides());
+    if (!self_test()) {
+      std::string all;
+      for (const std::string& k : keys) all += k + "; ";
+      EXPECT_NE(all.find("reduce_cols_kernel"), std::string::npos) << tag << ": " << all;
+      EXPECT_EQ(all.find("binary_strided"), std::string::npos) << tag << ": " << all;
+    }
+  }
+}
+
 // Channels-last operands of one format walk as flat arrays: the vector kernels, as for NCHW.
 TEST_F(Parity, ChannelsLastElementwiseOpsAndCastsUseTheVectorKernels) {
   const Tensor a = to_channels_last(to_target(rnd({2, 16, 5, 3}, DType::f32, 6)));
