@@ -5,6 +5,7 @@
 // the budget; benchmark mode times them once per shape with cudnnFind*AlgorithmEx over a workspace
 // drawn from the allocator, and caches the winner, like torch.backends.cudnn.benchmark.
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -273,11 +274,24 @@ const Plan& plan(DeviceContext& ctx, const Descriptors& d, const ConvShape& cs, 
   });
 }
 
+// The descriptors of a shape, made on this thread's first call with it and kept (creating and
+// setting four descriptors cost host time on every convolution of every step); per thread, so the
+// math type run() sets on them before each call never races another thread's. Every direction
+// shares them (cache_key of the forward: the shape, dtype, layout and TF32 switch).
+const Descriptors& descriptors_for(const ConvShape& cs) {
+  constexpr size_t kMaxShapes = 4096;   // a long search over batch sizes: start again past this
+  thread_local std::map<std::string, std::unique_ptr<Descriptors>> cache;
+  if (cache.size() >= kMaxShapes) cache.clear();
+  std::unique_ptr<Descriptors>& slot = cache[cache_key(cs, Dir::Fwd)];
+  if (!slot) slot = std::make_unique<Descriptors>(cs);
+  return *slot;
+}
+
 // Runs one direction: picks the algorithm, draws its workspace from the allocator and calls cuDNN.
 // a, b: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter.
 void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const void* b, void* out) {
   if (cs.n == 0 || cs.k == 0 || cs.c == 0) return;
-  const Descriptors d(cs);
+  const Descriptors& d = descriptors_for(cs);
   cudnnHandle_t h = ctx.cudnn();
   const std::vector<Candidate>& order = plan(ctx, d, cs, dir, a, b, out).order;
   const float one32 = 1.0f, zero32 = 0.0f;
