@@ -26,10 +26,10 @@ std::atomic<int> g_rows_bytes{0};
 int rows_bytes_default() {
   static const int bytes = [] {
     const char* s = std::getenv("MINIDL_CUDA_BN_ROWS_BYTES");
-    if (s == nullptr || *s == '\0') return 16;
+    if (s == nullptr || *s == '\0') return 8;
     const std::string v(s);
     MINIDL_CHECK(v == "8" || v == "16", "MINIDL_CUDA_BN_ROWS_BYTES=", v, ": the batch-norm kernels' widest access on ",
-                 "channels-last rows is 8 or 16 bytes; unset it for the default (16)");
+                 "channels-last rows is 8 or 16 bytes; unset it for the default (8)");
     return std::stoi(v);
   }();
   return bytes;

@@ -51,10 +51,11 @@ bool conv_nhwc();
 // on small tensors so the cross-block sums run on the emulated device.
 void set_batch_norm_split(int blocks);
 int batch_norm_split();
-// The widest access of the batch-norm kernels on channels-last rows, in bytes: 16 (8 f16
-// channels a thread) or 8 (4: half the registers of 16, so twice the resident threads; the f16
-// row kernels used 66-111 registers with 16). 0 restores the default, MINIDL_CUDA_BN_ROWS_BYTES
-// when set (8 or 16), else 16. Planar (NCHW) kernels always take 16.
+// The widest access of the batch-norm kernels on channels-last rows, in bytes: 8 (4 f16 channels
+// a thread) or 16 (8: the f16 row kernels then use 66-111 registers, 2-3 resident blocks an SM).
+// 0 restores the default, MINIDL_CUDA_BN_ROWS_BYTES when set (8 or 16), else 8: on an H100 the
+// 8-byte kernels took 3.1 ms less of a ResNet-50 AMP step at batch 256 than the 16-byte ones
+// (bench/results/gpu_check_2026-11-26_d10cebe.md). Planar (NCHW) kernels always take 16.
 void set_batch_norm_rows_bytes(int bytes);
 int batch_norm_rows_bytes();
 // The pooling kernels divide their indices with FastDiv (32-bit multiply-high) when every index

@@ -198,8 +198,8 @@ TEST_F(BatchNormActParity, ManyPartialsPerChannelAreSummedByABlock) {
   }
 }
 
-// Channels-last rows with 8-byte accesses (set_batch_norm_rows_bytes(8): 4 f16 or 2 f32 channels
-// a thread) give the 16-byte kernels' results to rounding; other widths are refused.
+// Channels-last rows with 8-byte accesses (the default: 4 f16 or 2 f32 channels a thread) give
+// the 16-byte kernels' results to rounding (set_batch_norm_rows_bytes(16)); other widths are refused.
 TEST_F(BatchNormActParity, ChannelsLastRowsWithEightByteAccesses) {
 #ifdef MINIDL_WITH_CUDA
   if (self_test()) GTEST_SKIP() << "a CUDA switch";
@@ -208,6 +208,7 @@ TEST_F(BatchNormActParity, ChannelsLastRowsWithEightByteAccesses) {
     for (const Shape& s : {Shape{2, 16, 4, 4}, Shape{2, 6, 2, 6}}) {
       const Case c{s, dt, true, true};
       const Inputs in = make_inputs(c, 9);
+      cuda::set_batch_norm_rows_bytes(16);
       const Result wide = run(in, c, kGpu, true, true);
       cuda::set_batch_norm_rows_bytes(8);
       const Result narrow = run(in, c, kGpu, true, true);
