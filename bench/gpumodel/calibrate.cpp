@@ -20,11 +20,13 @@ std::vector<MeasuredRow> per_kernel_measured(const std::vector<TimedLaunch>& lau
     r.key = l.key;
     r.launches += 1.0;
     r.us += l.ms * 1e3;
+    r.host_us += l.host_ms * 1e3;
   }
   std::vector<MeasuredRow> out;
   for (auto& [k, r] : m) {
     r.launches /= std::max(1, steps);
     r.us /= std::max(1, steps);
+    r.host_us /= std::max(1, steps);
     out.push_back(r);
   }
   std::sort(out.begin(), out.end(), [](const MeasuredRow& a, const MeasuredRow& b) { return a.us > b.us; });
@@ -80,6 +82,26 @@ std::string comparison_table(const std::vector<ModelledRow>& modelled, const std
        << fmt("%.2f ms", measured_step_ms);
     if (images_per_step > 0) os << ", " << fmt("%.0f images/s", images_per_step / (measured_step_ms * 1e-3));
     os << "; modelled step (the launches' sum, launch costs included): " << fmt("%.2f ms", model_total * 1e-3) << ".\n";
+  }
+  return os.str();
+}
+
+std::string host_table(const std::vector<MeasuredRow>& measured, double step_host_ms, double step_wall_ms, int top) {
+  std::vector<MeasuredRow> rows = measured;
+  std::sort(rows.begin(), rows.end(), [](const MeasuredRow& a, const MeasuredRow& b) { return a.host_us > b.host_us; });
+  double inside = 0;
+  for (const MeasuredRow& r : rows) inside += r.host_us;
+  std::ostringstream os;
+  os << "| host time per step | ms |\n| --- | ---: |\n";
+  if (step_host_ms > 0) os << "| the whole step (the host's calls) | " << fmt("%.2f", step_host_ms) << " |\n";
+  if (step_wall_ms > 0) os << "| the whole step (wall, GPU events) | " << fmt("%.2f", step_wall_ms) << " |\n";
+  os << "| inside the launches and library calls | " << fmt("%.2f", inside * 1e-3) << " |\n";
+  if (step_host_ms > 0) os << "| minidl's own work between them | " << fmt("%.2f", step_host_ms - inside * 1e-3) << " |\n";
+  os << "\n| kernel or call | launches | host µs per step | host µs per launch |\n| --- | ---: | ---: | ---: |\n";
+  for (size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i) {
+    const MeasuredRow& r = rows[i];
+    os << "| `" << r.key << "` | " << fmt("%.0f", r.launches) << " | " << fmt("%.1f", r.host_us) << " | "
+       << (r.launches > 0 ? fmt("%.1f", r.host_us / r.launches) : std::string("-")) << " |\n";
   }
   return os.str();
 }

@@ -16,10 +16,12 @@ struct MeasuredRow {
   std::string key;
   double launches = 0;   // per step
   double us = 0;         // per step, summed over its launches
+  double host_us = 0;    // the host's time inside those launches or library calls, per step
 };
 struct TimedLaunch {
   std::string key;
   double ms = 0;
+  double host_ms = 0;
 };
 // Per key, per step (the launches of `steps` steps divided by steps); costliest first.
 std::vector<MeasuredRow> per_kernel_measured(const std::vector<TimedLaunch>& launches, int steps);
@@ -38,5 +40,11 @@ std::vector<ModelledRow> read_modelled(std::istream& tsv, const std::string& con
 // around the whole step), 0 when unknown.
 std::string comparison_table(const std::vector<ModelledRow>& modelled, const std::vector<MeasuredRow>& measured,
                              double measured_step_ms, double images_per_step);
+
+// Markdown: where an eager step's host time goes. `step_host_ms` is the host's time in a whole step
+// (0 when unknown); the rows' host_us are its time inside each key's launches or library calls;
+// the rest is minidl's own work between them (autograd, allocator, checks, the timer's own event
+// records). The `top` keys by host time are listed.
+std::string host_table(const std::vector<MeasuredRow>& measured, double step_host_ms, double step_wall_ms, int top);
 
 }  // namespace minidl::gpumodel

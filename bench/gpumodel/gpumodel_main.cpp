@@ -135,15 +135,19 @@ std::string measure(const std::string& name, const StepConfig& c, Size target, i
   cuda::take_launch_times();
   cuda::EventTimer whole(0);
   cuda::set_launch_timing(true);
+  double host_ms = 0;
   for (int i = 0; i < steps; ++i) {
     whole.start();
+    const auto h0 = std::chrono::steady_clock::now();
     ts.run();
+    host_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
     whole.stop();
   }
   cuda::synchronize(0);
   cuda::set_launch_timing(false);
   std::vector<TimedLaunch> timed;
-  for (const cuda::LaunchTime& t : cuda::take_launch_times()) timed.push_back({launch_key(t.op, t.kernel), t.ms});
+  for (const cuda::LaunchTime& t : cuda::take_launch_times())
+    timed.push_back({launch_key(t.op, t.kernel), t.ms, t.host_ms});
   std::vector<ModelledRow> modelled;
   if (!modelled_tsv.empty()) {
     std::ifstream in(modelled_tsv);
@@ -156,8 +160,15 @@ std::string measure(const std::string& name, const StepConfig& c, Size target, i
   if (modelled.empty())
     os << "(no modelled rows for `" << config_key(name, target) << "`"
        << (modelled_tsv.empty() ? "" : " in " + modelled_tsv) << ")\n\n";
-  os << comparison_table(modelled, per_kernel_measured(timed, steps), whole.elapsed_seconds() * 1e3 / steps,
-                         static_cast<double>(target.batch));
+  const std::vector<MeasuredRow> rows = per_kernel_measured(timed, steps);
+  const double wall_ms = whole.elapsed_seconds() * 1e3 / steps;
+  os << comparison_table(modelled, rows, wall_ms, static_cast<double>(target.batch));
+  // Eager steps only: a replay's host time is the graph launch.
+  if (!c.graph) {
+    os << "\nThe host's time in the same steps (steady clock; the scaler on the device, so no step waits "
+          "for the GPU; each timed launch also records two events on the host):\n\n"
+       << host_table(rows, host_ms / steps, wall_ms, 15);
+  }
   return os.str();
 }
 
@@ -358,6 +369,7 @@ int run(int argc, char** argv) {
     const Size target{batch > 0 ? batch : (resnet ? 256 : 64), image > 0 ? image : (resnet ? 224 : 200)};
     if (measure_mode) {
       cuda::set_cudnn_benchmark(cudnn_benchmark == "on");
+      c.device_scaler = true;
       const std::string m = measure(name, c, target, warmup, steps, modelled_tsv);
       std::cout << m << "\n";
       md << m << "\n";

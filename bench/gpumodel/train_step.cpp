@@ -42,6 +42,8 @@ void TrainStep::prepare(int64_t batch, int64_t image) {
                " px images, not ", image);
   graph_.reset();   // its captured inputs are the previous shape's
   if (scaler_->device_state()) scaler_->to_host_state();
+  // An eager step with the device's scaler (StepConfig::device_scaler); a graph moves it at capture.
+  if (c_.amp && c_.device_scaler && !c_.graph && device_.is_cuda()) scaler_->to_device_state(device_);
   Generator gen(static_cast<uint64_t>(batch) * 1000 + static_cast<uint64_t>(image));
   x_ = randn({batch, 3, image, image}, {}, &gen).to(device_);
   if (c_.nhwc) x_ = to_channels_last(x_);   // as the loader writes it with --channels-last

@@ -31,6 +31,10 @@ struct StepConfig {
   // The step as a CUDA graph replays it (--mode graph): captured after one eager warm-up step at
   // each shape, with the gradient scaler's device state; run() is then one replay.
   bool graph = false;
+  // AMP: the gradient scaler's state on the device from the first step (no host sync a step), as
+  // minidl_bench_step and PyTorch's fused SGD keep it; --measure sets it, so the host time it
+  // reports is the host's own work and not a wait for the GPU.
+  bool device_scaler = false;
 };
 
 class TrainStep {

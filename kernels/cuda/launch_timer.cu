@@ -1,6 +1,7 @@
 // Per-launch event timing (launch_timer.cuh; the query API is in runtime.h). Events come from a
 // free list, so a timed step creates none after its first launches; records are resolved only
 // when take_launch_times() is called, so timing adds no host synchronisation to the step.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -21,11 +22,15 @@ bool g_launch_timing = [] {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct Record {
   const char* op;
   const char* kernel;
   cudaEvent_t start;
   cudaEvent_t stop;
+  Clock::time_point host_start{};   // after the start event's record: the call's own host time
+  double host_ms = 0.0;
 };
 
 struct Timings {
@@ -57,16 +62,21 @@ ScopedLaunchTimer::ScopedLaunchTimer(const char* op, const char* kernel, cudaStr
   Record r{op, kernel, t.take_event(), t.take_event()};
   MINIDL_CUDA_CHECK(cudaEventRecord(r.start, stream));
   slot_ = static_cast<long>(t.records.size());
-  t.records.push_back(r);
   stream_ = stream;
+  r.host_start = Clock::now();
+  t.records.push_back(r);
 }
 
 ScopedLaunchTimer::~ScopedLaunchTimer() {
   if (slot_ < 0) return;
+  const Clock::time_point host_end = Clock::now();
   Timings& t = timings();
   std::lock_guard<std::mutex> lock(t.mu);
-  if (static_cast<size_t>(slot_) < t.records.size())   // take_launch_times() may have run in between
-    MINIDL_CUDA_LOG(cudaEventRecord(t.records[static_cast<size_t>(slot_)].stop, stream_));
+  if (static_cast<size_t>(slot_) < t.records.size()) {   // take_launch_times() may have run in between
+    Record& r = t.records[static_cast<size_t>(slot_)];
+    r.host_ms = std::chrono::duration<double, std::milli>(host_end - r.host_start).count();
+    MINIDL_CUDA_LOG(cudaEventRecord(r.stop, stream_));
+  }
 }
 
 void set_launch_timing(bool on) { detail::g_launch_timing = on; }
@@ -81,7 +91,7 @@ std::vector<LaunchTime> take_launch_times() {
     float ms = 0.0f;
     MINIDL_CUDA_CHECK(cudaEventSynchronize(r.stop));
     MINIDL_CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
-    out.push_back({r.op, r.kernel, static_cast<double>(ms)});
+    out.push_back({r.op, r.kernel, static_cast<double>(ms), r.host_ms});
     t.free_events.push_back(r.start);
     t.free_events.push_back(r.stop);
   }

@@ -89,10 +89,13 @@ std::string device_description(int device = 0);
 // every kernel launch, cuBLAS GEMM and cuDNN convolution records a CUDA event pair on its stream.
 // take_launch_times() waits for them and returns the launches since the last call, in launch
 // order: `op` is MINIDL_LAUNCH's op ("batch_norm apply") or the library call ("cuDNN conv
-// forward"), `kernel` the launched kernel's text ("(apply_kernel<T>)", "" for a library call).
+// forward"), `kernel` the launched kernel's text ("(apply_kernel<T>)", "" for a library call),
+// `ms` its GPU time, `host_ms` the host's time inside the launch or library call (what an eager
+// step pays on the host for it, beside minidl's own work between calls).
 struct LaunchTime {
   std::string op, kernel;
   double ms = 0.0;
+  double host_ms = 0.0;
 };
 void set_launch_timing(bool on);
 bool launch_timing();

@@ -43,5 +43,22 @@ TEST(Calibration, TheModelsRowsOfOneConfigurationAreJoinedWithTheMeasuredOnes) {
   EXPECT_NE(table.find("12800 images/s"), std::string::npos) << table;   // 256 images in 20 ms
 }
 
+// The host's time: per key inside its launches or library calls, and the rest of the step.
+TEST(Calibration, HostTimeIsSplitBetweenTheCallsAndTheRest) {
+  const std::vector<TimedLaunch> t = {{"cuDNN conv forward", 0.5, 0.080}, {"relu / (unary_vec_kernel<T>)", 0.01, 0.004},
+                                      {"cuDNN conv forward", 0.7, 0.120}, {"relu / (unary_vec_kernel<T>)", 0.03, 0.006}};
+  const std::vector<MeasuredRow> rows = per_kernel_measured(t, 2);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(rows[0].host_us, 100.0);   // (80 + 120) µs over 2 steps
+  EXPECT_DOUBLE_EQ(rows[1].host_us, 5.0);
+  const std::string table = host_table(rows, 0.5, 0.9, 10);
+  EXPECT_NE(table.find("| the whole step (the host's calls) | 0.50 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| inside the launches and library calls | 0.10 |"), std::string::npos) << table;   // 105 µs
+  EXPECT_NE(table.find("| minidl's own work between them | 0.40 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| `cuDNN conv forward` | 1 | 100.0 | 100.0 |"), std::string::npos) << table;
+  EXPECT_LT(table.find("cuDNN conv forward"), table.find("relu"));   // costliest on the host first
+  EXPECT_EQ(host_table(rows, 0.5, 0.9, 1).find("relu"), std::string::npos);   // only the top one
+}
+
 }  // namespace
 }  // namespace minidl::gpumodel
