@@ -91,8 +91,6 @@ __global__ void f16_to_f32_kernel(float* __restrict__ dst, const __half* __restr
   MINIDL_GRID_STRIDE(j, n - nv * 8) { dst[nv * 8 + j] = __half2float(src[nv * 8 + j]); }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 // PyTorch's _amp_update_scale_, one thread: the scale and the growth tracker never leave the device.
 __global__ void update_scale_kernel(float* __restrict__ scale, int32_t* __restrict__ tracker,
                                     const float* __restrict__ found_inf, double growth, double backoff,

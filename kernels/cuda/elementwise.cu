@@ -73,16 +73,6 @@ __device__ __forceinline__ bool apply_compare(BinaryOp op, C a, C b) {
 
 // ---- Kernels ----
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
-};
-
-template <typename T>
-__host__ __device__ constexpr int vec_width() { return 16 / static_cast<int>(sizeof(T)) > 0 ? 16 / static_cast<int>(sizeof(T)) : 1; }
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 template <typename D, typename S>
 __global__ void copy_strided_kernel(D* dst, const S* src, OffsetCalc<2> oc, int64_t n) {
   MINIDL_GRID_STRIDE(i, n) {

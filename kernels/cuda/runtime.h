@@ -63,6 +63,11 @@ int batch_norm_rows_bytes();
 // small tensors; default off.
 void set_pool_wide_index(bool on);
 bool pool_wide_index();
+// Channels-last max pooling takes V channels a thread (16-byte accesses) when the channels are a
+// multiple of V and the tensors 16-byte aligned; off, one channel a thread. Tests compare the two
+// (the same bits); default on.
+void set_vector_pool(bool on);
+bool vector_pool();
 // The step-time model (bench/gpumodel) profiles a step at small sizes on the emulated device and
 // extrapolates its counters to the target size. A launch whose grid a host heuristic sizes from
 // the work (the batch-norm reductions' blocks per channel, capped by the vectors each thread

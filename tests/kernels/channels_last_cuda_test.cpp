@@ -146,6 +146,49 @@ TEST_F(Parity, ChannelsLastPoolingMatchesTheCpu) {
 #endif
 }
 
+// Channels-last max pooling with the channels a multiple of the vector width takes V channels a
+// thread (max_fwd_vec_kernel, max_bwd_gather_vec_kernel): the CPU's bits forward and backward, as
+// the one-channel kernels give them, with ties (few distinct values) and NaNs in the windows.
+TEST_F(Parity, ChannelsLastMaxPoolTakesAVectorOfChannelsAThread) {
+  Pool2dOptions stem;
+  stem.kernel = {3, 3};
+  stem.stride = {2, 2};
+  stem.padding = {1, 1};
+  for (DType dt : {DType::f32, DType::f16, DType::f64}) {
+    const std::string tag = std::string("max_pool2d ") + dtype_name(dt);
+    std::vector<double> v = rnd({2, 16, 9, 7}, DType::f32, 8).mul_(3.0).to(DType::i64).to(DType::f32).to_vector();
+    v[5] = v[300] = v[301] = NAN;
+    const Tensor x = from_vector(v, {2, 16, 9, 7}).to(dt);
+    Tensor xc = x.clone().set_requires_grad(true);
+    const Tensor yc = max_pool2d(xc, stem);
+    const Tensor gy = rnd(yc.shape(), dt, 9);
+    yc.backward(gy);
+    for (bool vector : {true, false}) {
+#ifdef MINIDL_WITH_CUDA
+      if (!self_test()) cuda::set_vector_pool(vector);
+#endif
+      const Tensor xg = gpu_leaf(x, true);
+      Tensor yg;
+      const auto keys = launches_of([&] {
+        yg = max_pool2d(xg, stem);
+        yg.backward(to_channels_last(to_target(gy)));
+      });
+      const std::string t = tag + (vector ? " vector" : " one channel a thread");
+      EXPECT_TRUE(bit_equal(yc.detach(), yg.detach(), t + " y"));
+      EXPECT_TRUE(bit_equal(xc.grad(), xg.grad(), t + " gx"));
+      if (!self_test()) {
+        std::string all;
+        for (const std::string& k : keys) all += k + "; ";
+        EXPECT_EQ(all.find("max_fwd_vec_kernel") != std::string::npos, vector) << t << ": " << all;
+        EXPECT_EQ(all.find("max_bwd_gather_vec_kernel") != std::string::npos, vector) << t << ": " << all;
+      }
+    }
+#ifdef MINIDL_WITH_CUDA
+    if (!self_test()) cuda::set_vector_pool(true);
+#endif
+  }
+}
+
 // The global average pool of a channels-last batch with channels enough for a warp sums each (n, c)
 // in a thread of its own (reduce_cols_kernel: neighbouring threads read neighbouring channels);
 // its backward spreads the gradient without a strided kernel.

@@ -164,6 +164,19 @@ OffsetCalc<N> make_elementwise_calc(const Shape& shape, const std::array<const S
   return make_offset_calc<N>(sorted_shape, ptrs, op);
 }
 
+// ---- Vector accesses ----
+
+// V elements read or written as one access (16 bytes for V = vec_width<T>()).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <typename T>
+__host__ __device__ constexpr int vec_width() { return 16 / static_cast<int>(sizeof(T)) > 0 ? 16 / static_cast<int>(sizeof(T)) : 1; }
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 // ---- Launch sizing ----
 
 constexpr int kThreads = 256;
