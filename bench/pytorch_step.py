@@ -7,14 +7,16 @@ phases `step` and `maxbatch`).
 The step is minidl's: torchvision's ResNet (2 classes, as minidl's harness), cross-entropy, SGD
 lr 0.001 momentum 0.9 without weight decay (bench/pytorch_utilization.py's model and optimizer
 helpers), zero_grad(set_to_none) after each step, no host sync inside the loop other than the
-ones GradScaler.step makes itself. PyTorch's best settings, always on here:
+ones GradScaler.step makes itself (none with the fused SGD). PyTorch's best settings, always on here:
   - channels_last model and input (--no-channels-last to compare like for like with minidl's NCHW),
   - cudnn.benchmark = True,
   - the fused SGD kernel (torch >= 2.0 on CUDA),
   - --precision amp: float16 autocast + GradScaler; tf32: float32 with TF32 in cuBLAS and cuDNN;
     fp32: float32 without TF32 anywhere.
 Timing: --warmup untimed steps, a synchronize, then steps until --seconds have passed, a final
-synchronize, images / elapsed wall time (minidl_bench_step measures the same span).
+synchronize, images / elapsed wall time (minidl_bench_step measures the same span). --cuda-graphs
+captures the whole step into one CUDA graph after the warm-up and times its replays (PyTorch's
+documented whole-network capture), against minidl_bench_step --cuda-graphs.
 
   python3 bench/pytorch_step.py --model resnet50 --batch 128 --precision amp --seconds 30 --json pt_amp.json
   python3 bench/pytorch_step.py --model resnet50 --precision amp --max-batch-under 11GiB --json pt_max.json
@@ -72,6 +74,10 @@ def parse_args(argv):
     ap.add_argument("--profile-steps", type=int, default=0, help="instead of timing: profile this many steps "
                     "after --warmup and print their kernels' time per step by category (default: 0, off)")
     ap.add_argument("--profile-out", default="", help="with --profile-steps: also write the markdown tables here")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="capture the whole step (forward, loss, backward, GradScaler, fused SGD step) into one "
+                         "CUDA graph after the warm-up and replay it, as PyTorch's docs' whole-network capture does "
+                         "(minidl_bench_step --cuda-graphs' counterpart; CUDA only)")
     ap.add_argument("--json", default="", help="also write the result, with provenance, to this file")
     a = ap.parse_args(argv)
     if a.model not in pu.MODELS:
@@ -120,27 +126,62 @@ class Step:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
 
+    def capture(self):
+        """The step as one CUDA graph (PyTorch's whole-network capture): warm-up on a side stream,
+        gradients set to None before the capture so the captured backward writes them (static
+        addresses in the graph's pool), then forward, loss, backward, scaler and fused SGD step
+        captured; run() replays it. The fused SGD takes the scaler's found-inf flag on the device, so
+        nothing in the step syncs the host."""
+        torch = self.torch
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self.run(3)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            with torch.autocast(device_type="cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext():
+                out = self.model(self.x)
+            out = out.float()
+            loss = (torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), self.y.float())
+                    if self.binary else torch.nn.functional.cross_entropy(out, self.y))
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        self.graph = graph
+
+    def replay(self, steps):
+        for _ in range(steps):
+            self.graph.replay()
+
 
 def time_steps(torch, a, device):
     s = Step(torch, a, device, a.batch)
     t = time.perf_counter()
     s.run(a.warmup)
+    if a.cuda_graphs:
+        s.capture()
+        step = s.replay
+    else:
+        step = s.run
     s.sync()
     warmup_s = time.perf_counter() - t
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     steps, t0 = 0, time.perf_counter()
     while steps == 0 or time.perf_counter() - t0 < a.seconds:
-        s.run(1)
+        step(1)
         steps += 1
     s.sync()
     secs = time.perf_counter() - t0
     ips = steps * a.batch / secs
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     print(f"pytorch {a.model} batch {a.batch} {a.image_size}px {a.precision}"
-          f"{' channels-last' if a.channels_last and device.type == 'cuda' else ''}: {ips:.1f} images/s ({steps} steps in {secs:.2f} s after "
+          f"{' channels-last' if a.channels_last and device.type == 'cuda' else ''}"
+          f"{' cuda-graphs' if a.cuda_graphs else ''}: {ips:.1f} images/s ({steps} steps in {secs:.2f} s after "
           f"{a.warmup} warm-up steps in {warmup_s:.1f} s; SGD {s.impl}{'; ' + s.note if s.note else ''})", flush=True)
-    return {"images_per_s": ips, "steps": steps, "seconds": secs, "warmup_steps": a.warmup,
+    return {"images_per_s": ips, "steps": steps, "seconds": secs, "warmup_steps": a.warmup, "cuda_graphs": a.cuda_graphs,
             "warmup_seconds": warmup_s, "optimizer_impl": s.impl, "peak_allocated_bytes": peak}
 
 
@@ -277,6 +318,8 @@ def main(argv=None):
     # fp32: no TF32 at all. minidl_bench_step sets its switches of the same names the same way.
     torch.backends.cudnn.allow_tf32 = a.precision != "fp32"
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    if a.cuda_graphs and (device.type != "cuda" or a.budget or a.profile_steps):
+        pu.die("--cuda-graphs times steps on a CUDA device (not with --max-batch-under or --profile-steps)")
     if a.budget and device.type != "cuda":
         pu.die("--max-batch-under needs --device cuda (a memory fraction is a CUDA allocator setting)")
     if a.budget:

@@ -33,8 +33,8 @@
 #                        MODEL 45, PROFILE 45, BENCH 40, MAXBATCH 170); a phase gets min(cap, time left)
 #   GPU_CHECK_STEP_SECONDS  timed seconds per step run (default 20; --rehearse 2)
 #   GPU_CHECK_STEP_RUNS  step runs in order (default "minidl:amp pytorch:amp minidl:tf32 pytorch:tf32
-#                        minidl:amp:nhwc"; FRAMEWORK:PRECISION[:OPTION...], options nhwc, graphs,
-#                        hostscaler (minidl only) and bN (batch N, default 128))
+#                        minidl:amp:nhwc"; FRAMEWORK:PRECISION[:OPTION...], options in this order
+#                        nhwc (minidl), graphs (both), hostscaler (minidl), bN (batch N, default 128))
 #   GPU_CHECK_STEP_MIN   seconds a step run needs at least to be started (default 20)
 #   GPU_CHECK_MODEL_CONFIGS  the model phase's configurations (default resnet50-amp; minidl-gpumodel --help)
 #   GPU_CHECK_SANITIZER_FILTER, GPU_CHECK_BENCH_FILTER: see tools/gpu_phases.sh

@@ -64,26 +64,30 @@ phase_tests() {
 }
 
 # ---------------------------------------------------------------- 2 step: minidl beside PyTorch
-# One run: FRAMEWORK:PRECISION[:OPTION...], options nhwc (minidl channels-last), graphs (minidl
-# --cuda-graphs), hostscaler (minidl --host-scaler: the AMP scaler decides on the host, a sync a
-# step), bN (batch N instead of 128). minidl_bench_step and bench/pytorch_step.py take the same
-# flags, model, optimizer and timing rule; PyTorch always runs channels_last (its best).
+# One run: FRAMEWORK:PRECISION[:OPTION...], options in this order: nhwc (minidl channels-last),
+# graphs (--cuda-graphs, both frameworks), hostscaler (minidl --host-scaler: the AMP scaler decides
+# on the host, a sync a step), bN (batch N instead of 128). minidl_bench_step and
+# bench/pytorch_step.py take the same flags, model, optimizer and timing rule; PyTorch always runs
+# channels_last (its best). Each minidl run is compared with PyTorch's eager run of its precision
+# and batch, and a graphed one with PyTorch's graphed run too.
 step_name() { local s=${1//:/_}; echo "step_$s"; }   # minidl:amp:nhwc -> step_minidl_amp_nhwc
 step_run() {
-  local spec=$1 budget=$2 fw prec opt secs args json rc batch=128 extra=()
+  local spec=$1 budget=$2 fw prec opt secs args json rc batch=128 extra=() minidl_only=()
   local log="$LOGDIR/$(step_name "$spec").log"
   IFS=: read -r fw prec _ <<<"$spec"
   local -a opts=(); IFS=: read -r -a opts <<<"$spec"
   for opt in "${opts[@]:2}"; do
     case $opt in
-      nhwc) extra+=(--channels-last) ;;
+      nhwc) extra+=(--channels-last); minidl_only+=("$opt") ;;   # PyTorch always runs channels_last
       graphs) [[ $REHEARSE == 1 ]] || extra+=(--cuda-graphs) ;;   # a rehearsal's CPU has no graphs
-      hostscaler) extra+=(--host-scaler) ;;
+      hostscaler) extra+=(--host-scaler); minidl_only+=("$opt") ;;
       b[0-9]*) batch=${opt#b} ;;
       *) echo "unknown option '$opt' in step run '$spec' (nhwc, graphs, hostscaler, bN)" >"$log"; return 3 ;;
     esac
   done
-  [[ $fw == pytorch && ${#extra[@]} -gt 0 ]] && { echo "step run '$spec': PyTorch takes only bN" >"$log"; return 3; }
+  if [[ $fw == pytorch && ${#minidl_only[@]} -gt 0 ]]; then
+    echo "step run '$spec': PyTorch takes graphs and bN only (it always runs channels_last)" >"$log"; return 3
+  fi
   secs=${GPU_CHECK_STEP_SECONDS:-$([[ $REHEARSE == 1 ]] && echo 2 || echo 20)}
   if [[ $REHEARSE == 1 ]]; then
     args=(--device cpu --model resnet18-small --image-size 32 --batch 4 --warmup 1 --seconds "$secs")
@@ -95,7 +99,7 @@ step_run() {
     minidl) gpu_env_run_until TERM "$budget" 5 "$log" "$BIN/minidl_bench_step" "${args[@]}" --precision "$prec" \
               ${extra[@]+"${extra[@]}"} --json "$json" ;;
     pytorch) PYTHONUNBUFFERED=1 gpu_env_run_until TERM "$budget" 5 "$log" "$TORCH_PY" "$ROOT/bench/pytorch_step.py" \
-              "${args[@]}" --precision "$prec" --json "$json" ;;
+              "${args[@]}" --precision "$prec" ${extra[@]+"${extra[@]}"} --json "$json" ;;
     *) echo "unknown framework '$fw' in GPU_CHECK_STEP_RUNS" >"$log"; return 3 ;;
   esac
   rc=$?
@@ -138,10 +142,14 @@ phase_step() {
     for m in $runs; do
       [[ $m == minidl:* && -n "${IPS[$m]:-}" ]] || continue
       IFS=: read -r _ prec _ <<<"$m"
-      peer="pytorch:$prec$(grep -o ':b[0-9]*' <<<"$m" | head -1)"
-      [[ -n "${IPS[$peer]:-}" ]] || continue
-      echo
-      echo "$m / $peer: $(python3 -c "print('%.2f' % (${IPS[$m]} / ${IPS[$peer]}))")x"
+      # Against PyTorch's eager run, and against its graphed one when both graph.
+      local b; b="$(grep -o ':b[0-9]*' <<<"$m" | head -1)"
+      for peer in "pytorch:$prec$b" "pytorch:$prec:graphs$b"; do
+        [[ $peer == *graphs* && $m != *graphs* ]] && continue
+        [[ -n "${IPS[$peer]:-}" ]] || continue
+        echo
+        echo "$m / $peer: $(python3 -c "print('%.2f' % (${IPS[$m]} / ${IPS[$peer]}))")x"
+      done
     done
   } >"$SEC/step.md"
   if [[ $failed == 1 ]]; then PHASE_RC=1; elif [[ $cut == 1 ]]; then PHASE_RC=4; else PHASE_RC=0; fi

@@ -84,11 +84,17 @@ echo "{\"images_per_s\": 150.0, \"steps\": 5, \"seconds\": 2.0, \"peak_allocated
 echo "minidl resnet18-small batch 4: 150.0 images/s"'
 pack
 run_check GPU_CHECK_DEADLINE=120 GPU_CHECK_PHASES=step \
-  GPU_CHECK_STEP_RUNS="minidl:amp:nhwc:hostscaler:b256 pytorch:amp:b256 minidl:amp:bogus" -- build-gpu-stage
+  GPU_CHECK_STEP_RUNS="minidl:amp:nhwc:hostscaler:b256 pytorch:amp:b256 minidl:amp:bogus minidl:amp:graphs \
+  pytorch:amp pytorch:amp:graphs pytorch:amp:nhwc" -- build-gpu-stage
 rc=$?
 [[ $rc == 1 ]] || fail "a step run with an unknown option gave exit $rc, not 1"
 report | grep -q 'minidl:amp:nhwc:hostscaler:b256 / pytorch:amp:b256: 0.75x' || fail "no ratio against the same batch"
 report | grep -q "minidl:amp:bogus | failed (exit 3): unknown option 'bogus'" || fail "the unknown option is not reported"
+report | grep -q 'minidl:amp:graphs / pytorch:amp: 0.75x' || fail "a graphed run is not compared with PyTorch's eager one"
+report | grep -q 'minidl:amp:graphs / pytorch:amp:graphs: 0.75x' || fail "a graphed run is not compared with PyTorch's graphed one"
+report | grep -q 'minidl:amp:nhwc:hostscaler:b256 / pytorch:amp:graphs' && fail "an eager run was compared with a graphed one"
+report | grep -q "pytorch:amp:nhwc | failed (exit 3): step run 'pytorch:amp:nhwc': PyTorch takes graphs and bN only" ||
+  fail "a minidl-only option on a PyTorch run is not refused"
 mkdir -p "$T/logs" && tar -xzf "$T/out/gpu_check_logs.tar.gz" -C "$T/logs" || fail "unpacking the logs"
 slog="$(find "$T/logs" -name step_minidl_amp_nhwc_hostscaler_b256.log | head -1)"
 [[ -n "$slog" ]] || fail "no log named after the step run"
