@@ -95,41 +95,17 @@ __device__ __forceinline__ int64_t window_count(int64_t o, int64_t s, int64_t p,
   return inc ? end - start : imin(end, in) - imax(start, 0);
 }
 
-template <typename T>
-__global__ void max_fwd_kernel(const T* x, Geom g, PoolDivs dv, T* y, int64_t* idx) {
-  using C = typename Compute<T>::type;
-  const int64_t total = g.planes * g.oh * g.ow;
-  MINIDL_GRID_STRIDE(i, total) {
-    const Pos p = locate(g, dv, i, g.oh, g.ow);
-    const int64_t c = p.col, r = p.row;
-    const T* xp = x + p.in_base;
-    const int64_t h0 = imax(r * g.sh - g.ph, 0), h1 = imin(r * g.sh - g.ph + g.kh, g.h);
-    const int64_t w0 = imax(c * g.sw - g.pw, 0), w1 = imin(c * g.sw - g.pw + g.kw, g.w);
-    // Padding acts as -inf; an all -inf window reports its first real element, as the CPU does.
-    C best = -INFINITY;
-    int64_t arg = h0 * g.w + w0;   // a flat index into the H*W plane in either format
-    for (int64_t ih = h0; ih < h1; ++ih) {
-      for (int64_t iw = w0; iw < w1; ++iw) {
-        const C v = cvt<C>(xp[ih * p.in_rs + iw * p.in_cs]);
-        if (v > best || v != v) {   // first maximum wins; NaN propagates
-          best = v;
-          arg = ih * g.w + iw;
-        }
-      }
-    }
-    y[i] = cvt<T>(best);
-    idx[i] = arg;
-  }
-}
-
-// Channels-last max pooling, V channels a thread (V = vec_width<T>(): 16-byte loads and stores).
-// `gv` is the geometry in vectors (channels and planes divided by V), so locate() gives offsets in
-// vectors; each lane keeps max_fwd_kernel's rules and order, so the bits and indices are the same.
-// One channel a thread read 2-byte values, 64 bytes a warp, with the index arithmetic repeated for
-// every channel: ResNet-50's stem pool took 1.30 ms at batch 256 on an H100 in channels-last,
-// 0.85 ms in NCHW (bench/results/gpu_check_2026-11-26_d10cebe.md).
+// Max forward, V channels a thread: V = 1 for any layout, V = vec_width<T>() (16-byte loads and
+// stores) for channels-last with the channels a multiple of V. `gv` is the geometry in vectors
+// (channels and planes divided by V, vector_geom), so locate() gives offsets in vectors; each lane
+// keeps the same rules and order, so the bits and indices are those of V = 1. One channel a thread
+// read 2-byte values, 64 bytes a warp, with the index arithmetic repeated for every channel:
+// ResNet-50's channels-last stem pool took 1.30 ms at batch 256 on an H100, 0.85 ms in NCHW
+// (bench/results/gpu_check_2026-11-26_d10cebe.md).
+// Padding acts as -inf; an all -inf window reports its first real element, as the CPU does; the
+// first maximum wins and NaN propagates. The index is flat into the H*W plane in either format.
 template <typename T, int V>
-__global__ void max_fwd_vec_kernel(const T* x, Geom gv, PoolDivs dv, T* y, int64_t* idx) {
+__global__ void max_fwd_kernel(const T* x, Geom gv, PoolDivs dv, T* y, int64_t* idx) {
   using C = typename Compute<T>::type;
   const int64_t total = gv.planes * gv.oh * gv.ow;
   MINIDL_GRID_STRIDE(i, total) {
@@ -201,33 +177,10 @@ __device__ __forceinline__ void covering(const PoolDivs& dv, const FastDiv& sd, 
 // row-major order, and adds the gradient of those whose saved index is itself. That is the CPU's
 // order of addition (it scatters outputs in order into a zeroed plane), so f32/f64 results are the
 // CPU's bit for bit and every run gives the same bits (overlapping windows included); f16 adds in
-// f32 and rounds once, as the CPU's widened path does.
-template <typename T>
-__global__ void max_bwd_gather_kernel(const T* gy, const int64_t* idx, Geom g, PoolDivs dv, T* gx) {
-  using C = typename Compute<T>::type;
-  const int64_t total = g.planes * g.h * g.w;
-  MINIDL_GRID_STRIDE(i, total) {
-    const Pos p = locate(g, dv, i, g.h, g.w);
-    const int64_t iw = p.col, ih = p.row;
-    int64_t r0, r1, c0, c1;
-    covering(dv, dv.sh, ih, g.sh, g.ph, g.kh, g.oh, r0, r1);
-    covering(dv, dv.sw, iw, g.sw, g.pw, g.kw, g.ow, c0, c1);
-    const int64_t self = ih * g.w + iw;
-    C acc = 0;
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const int64_t o = p.out_base + r * p.out_rs + c * p.out_cs;
-        if (idx[o] == self) acc += cvt<C>(gy[o]);
-      }
-    }
-    gx[i] = cvt<T>(acc);
-  }
-}
-
-// max_bwd_gather_kernel, channels-last, V channels a thread (see max_fwd_vec_kernel): the same
-// outputs visited in the same order per lane, so the same bits.
+// f32 and rounds once, as the CPU's widened path does. V channels a thread as max_fwd_kernel: each
+// lane visits the same outputs in the same order, so V changes no bit.
 template <typename T, int V>
-__global__ void max_bwd_gather_vec_kernel(const T* gy, const int64_t* idx, Geom gv, PoolDivs dv, T* gx) {
+__global__ void max_bwd_gather_kernel(const T* gy, const int64_t* idx, Geom gv, PoolDivs dv, T* gx) {
   using C = typename Compute<T>::type;
   const int64_t total = gv.planes * gv.h * gv.w;
   const Vec<T, V>* gyv = reinterpret_cast<const Vec<T, V>*>(gy);
@@ -257,8 +210,8 @@ __global__ void max_bwd_gather_vec_kernel(const T* gy, const int64_t* idx, Geom 
   }
 }
 
-// The geometry in vectors of V channels, when a channels-last launch can take the vector kernels
-// (channels a multiple of V, every operand 16-byte aligned); else nullopt-like `ok = false`.
+// The geometry in vectors of V channels, and ok = true, when a channels-last launch can take V
+// channels a thread (channels a multiple of V, every operand 16-byte aligned, set_vector_pool on).
 Geom vector_geom(const Geom& g, int V, std::initializer_list<const void*> ptrs, bool& ok) {
   ok = g.nhwc && V > 1 && g.channels % V == 0 && !vector_pool_off();
   for (const void* q : ptrs) ok = ok && aligned16(q);
@@ -325,12 +278,12 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
     bool vec = false;
     const Geom gv = vector_geom(g, V, {x.data_ptr(), y.data_ptr(), indices.data_ptr()}, vec);
     if (vec) {
-      MINIDL_LAUNCH("max_pool2d_forward", (max_fwd_vec_kernel<T, V>), grid_for(n / V), kThreads, 0, ctx.stream(),
+      MINIDL_LAUNCH("max_pool2d_forward", (max_fwd_kernel<T, V>), grid_for(n / V), kThreads, 0, ctx.stream(),
                     static_cast<const T*>(x.data_ptr()), gv, pool_divs(gv, gv.oh, gv.ow),
                     static_cast<T*>(y.data_ptr()), static_cast<int64_t*>(indices.data_ptr()));
       return;
     }
-    MINIDL_LAUNCH("max_pool2d_forward", (max_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+    MINIDL_LAUNCH("max_pool2d_forward", (max_fwd_kernel<T, 1>), grid_for(n), kThreads, 0, ctx.stream(),
                   static_cast<const T*>(x.data_ptr()), g, pool_divs(g, g.oh, g.ow), static_cast<T*>(y.data_ptr()),
                   static_cast<int64_t*>(indices.data_ptr()));
   });
@@ -354,12 +307,12 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, c
     bool vec = false;
     const Geom gv = vector_geom(g, V, {gy.data_ptr(), gx.data_ptr(), indices.data_ptr()}, vec);
     if (vec) {
-      MINIDL_LAUNCH("max_pool2d_backward", (max_bwd_gather_vec_kernel<T, V>), grid_for(n / V), kThreads, 0,
+      MINIDL_LAUNCH("max_pool2d_backward", (max_bwd_gather_kernel<T, V>), grid_for(n / V), kThreads, 0,
                     ctx.stream(), static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()),
                     gv, pool_divs(gv, gv.h, gv.w), static_cast<T*>(gx.data_ptr()));
       return;
     }
-    MINIDL_LAUNCH("max_pool2d_backward", (max_bwd_gather_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+    MINIDL_LAUNCH("max_pool2d_backward", (max_bwd_gather_kernel<T, 1>), grid_for(n), kThreads, 0, ctx.stream(),
                   static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()), g,
                   pool_divs(g, g.h, g.w), static_cast<T*>(gx.data_ptr()));
   });
