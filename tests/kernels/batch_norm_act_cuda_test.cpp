@@ -19,16 +19,18 @@ namespace {
 
 using namespace testing::parity;   // NOLINT: the shared harness (tests/support/parity_helpers.h)
 
+// Blocks per channel of the GPU kernels (0: sized to fill the GPU); nothing in self-test mode.
+void set_split(int blocks) {
+#ifdef MINIDL_WITH_CUDA
+  if (!self_test()) cuda::set_batch_norm_split(blocks);
+#else
+  (void)blocks;
+#endif
+}
+
 class BatchNormActParity : public Parity {
  protected:
   void TearDown() override { set_split(0); }
-  static void set_split(int blocks) {
-#ifdef MINIDL_WITH_CUDA
-    if (!self_test()) cuda::set_batch_norm_split(blocks);
-#else
-    (void)blocks;
-#endif
-  }
 };
 
 struct Case {
@@ -154,48 +156,36 @@ TEST_F(BatchNormActParity, Float64MatchesTheCpuToRounding) {
 
 // Several blocks per channel sum partial sums in a fixed order: the result is the one-block
 // result to rounding, and the same bits on every run.
+void expect_split_like_one_block(DType dt, const Shape& s, uint64_t seed, int split) {
+  for (bool channels_last : {false, true}) {
+    const Case c{s, dt, true, true};
+    const Inputs in = make_inputs(c, seed);
+    set_split(1);
+    const Result one = run(in, c, kGpu, true, channels_last);
+    set_split(split);
+    const Result a = run(in, c, kGpu, true, channels_last);
+    const Result b = run(in, c, kGpu, true, channels_last);
+    set_split(0);
+    const std::string tag = std::string(channels_last ? "nhwc " : "nchw ") + c.str();
+    expect_same(one, a, c, "1 vs " + std::to_string(split) + " blocks per channel, " + tag);
+    EXPECT_TRUE(bit_equal(a.y, b.y, tag + " y, run twice"));
+    EXPECT_TRUE(bit_equal(a.gx, b.gx, tag + " gx, run twice"));
+    EXPECT_TRUE(bit_equal(a.gw, b.gw, tag + " gw, run twice"));
+    EXPECT_TRUE(bit_equal(a.rv, b.rv, tag + " running_var, run twice"));
+  }
+}
+
 TEST_F(BatchNormActParity, SeveralBlocksPerChannelAreDeterministic) {
   for (DType dt : {DType::f32, DType::f16}) {
-    for (bool channels_last : {false, true}) {
-      const Case c{{4, 6, 4, 4}, dt, true, true};
-      const Inputs in = make_inputs(c, 3);
-      set_split(1);
-      const Result one = run(in, c, kGpu, true, channels_last);
-      set_split(3);
-      const Result a = run(in, c, kGpu, true, channels_last);
-      const Result b = run(in, c, kGpu, true, channels_last);
-      set_split(0);
-      const std::string tag = std::string(channels_last ? "nhwc " : "nchw ") + c.str();
-      expect_same(one, a, c, "1 vs 3 blocks per channel, " + tag);
-      EXPECT_TRUE(bit_equal(a.y, b.y, tag + " y, run twice"));
-      EXPECT_TRUE(bit_equal(a.gx, b.gx, tag + " gx, run twice"));
-      EXPECT_TRUE(bit_equal(a.gw, b.gw, tag + " gw, run twice"));
-      EXPECT_TRUE(bit_equal(a.rv, b.rv, tag + " running_var, run twice"));
-      if (HasFailure()) return;
-    }
+    expect_split_like_one_block(dt, {4, 6, 4, 4}, 3, 3);
+    if (HasFailure()) return;
   }
 }
 
 // More than 128 partials per channel: the finalize kernels give each channel a whole block
-// (finalize_lanes) instead of a warp. The one-block result to rounding, the same bits twice.
+// (finalize_lanes) instead of a warp.
 TEST_F(BatchNormActParity, ManyPartialsPerChannelAreSummedByABlock) {
-  for (DType dt : {DType::f32}) {
-    for (bool channels_last : {false, true}) {
-      const Case c{{2, 6, 4, 4}, dt, true, true};
-      const Inputs in = make_inputs(c, 5);
-      set_split(1);
-      const Result one = run(in, c, kGpu, true, channels_last);
-      set_split(130);
-      const Result a = run(in, c, kGpu, true, channels_last);
-      const Result b = run(in, c, kGpu, true, channels_last);
-      set_split(0);
-      const std::string tag = std::string(channels_last ? "nhwc " : "nchw ") + c.str();
-      expect_same(one, a, c, "1 vs 130 blocks per channel, " + tag);
-      EXPECT_TRUE(bit_equal(a.gw, b.gw, tag + " gw, run twice"));
-      EXPECT_TRUE(bit_equal(a.rv, b.rv, tag + " running_var, run twice"));
-      if (HasFailure()) return;
-    }
-  }
+  expect_split_like_one_block(DType::f32, {2, 6, 4, 4}, 5, 130);
 }
 
 // Channels-last rows with 8-byte accesses (the default: 4 f16 or 2 f32 channels a thread) give

@@ -46,6 +46,21 @@ struct Outputs {
   Tensor y, gx, gw;
 };
 
+// fn's forward and backward on the CPU: y, the random output gradient gy (seed), and x's gradient.
+struct CpuReference {
+  Tensor y, gy, gx;
+};
+CpuReference cpu_reference(const Tensor& x, const std::function<Tensor(const Tensor&)>& fn, uint64_t seed) {
+  Tensor xc = x.clone().set_requires_grad(true);
+  CpuReference r;
+  r.y = fn(xc);
+  r.gy = rnd(r.y.shape(), x.dtype(), seed);
+  r.y.backward(r.gy);
+  r.y = r.y.detach();
+  r.gx = xc.grad();
+  return r;
+}
+
 TEST_F(Parity, ChannelsLastConvolutionMatchesNchwAndTheCpu) {
   struct Case {
     Shape x, w;
@@ -116,22 +131,19 @@ TEST_F(Parity, ChannelsLastPoolingMatchesTheCpu) {
       for (DType dt : {DType::f32, DType::f16, DType::f64}) {
         const std::string tag = name + " " + dtype_name(dt) + (wide ? " wide index" : "");
         const Tensor x = rnd({2, 6, 7, 9}, dt, 4);
-        Tensor xc = x.clone().set_requires_grad(true);
-        const Tensor yc = fn(xc);
-        const Tensor gy = rnd(yc.shape(), dt, 5);
-        yc.backward(gy);
+        const CpuReference c = cpu_reference(x, fn, 5);
         const Tensor xg = gpu_leaf(x, true);
-        const Tensor gyg = gy.size(2) * gy.size(3) > 1 ? to_channels_last(to_target(gy)) : to_target(gy);
+        const Tensor gyg = c.gy.size(2) * c.gy.size(3) > 1 ? to_channels_last(to_target(c.gy)) : to_target(c.gy);
         Tensor yg;
         const auto keys = launches_of([&] {
           yg = fn(xg);
           yg.backward(gyg);
         });
-        EXPECT_TRUE(close(yc.detach(), yg.detach(), tol_for(dt), tag + " y"));
-        EXPECT_TRUE(close(xc.grad(), xg.grad(), tol_for(dt), tag + " gx"));
+        EXPECT_TRUE(close(c.y, yg.detach(), tol_for(dt), tag + " y"));
+        EXPECT_TRUE(close(c.gx, xg.grad(), tol_for(dt), tag + " gx"));
         if (name == "max_pool2d") {   // max pooling is exact: the CPU's bits, forward and backward
-          EXPECT_EQ(yc.to_vector(), yg.to_vector()) << tag;
-          EXPECT_EQ(xc.grad().to_vector(), xg.grad().to_vector()) << tag;
+          EXPECT_EQ(c.y.to_vector(), yg.to_vector()) << tag;
+          EXPECT_EQ(c.gx.to_vector(), xg.grad().to_vector()) << tag;
         }
         if (yg.size(2) * yg.size(3) > 1) {
           EXPECT_TRUE(prefers_channels_last(yg)) << tag << " " << shape_str(yg.strides());
@@ -159,10 +171,7 @@ TEST_F(Parity, ChannelsLastMaxPoolTakesAVectorOfChannelsAThread) {
     std::vector<double> v = rnd({2, 16, 9, 7}, DType::f32, 8).mul_(3.0).to(DType::i64).to(DType::f32).to_vector();
     v[5] = v[300] = v[301] = NAN;
     const Tensor x = from_vector(v, {2, 16, 9, 7}).to(dt);
-    Tensor xc = x.clone().set_requires_grad(true);
-    const Tensor yc = max_pool2d(xc, stem);
-    const Tensor gy = rnd(yc.shape(), dt, 9);
-    yc.backward(gy);
+    const CpuReference c = cpu_reference(x, [&](const Tensor& t) { return max_pool2d(t, stem); }, 9);
     for (bool vector : {true, false}) {
 #ifdef MINIDL_WITH_CUDA
       if (!self_test()) cuda::set_vector_pool(vector);
@@ -171,11 +180,11 @@ TEST_F(Parity, ChannelsLastMaxPoolTakesAVectorOfChannelsAThread) {
       Tensor yg;
       const auto keys = launches_of([&] {
         yg = max_pool2d(xg, stem);
-        yg.backward(to_channels_last(to_target(gy)));
+        yg.backward(to_channels_last(to_target(c.gy)));
       });
       const std::string t = tag + (vector ? " vector" : " one channel a thread");
-      EXPECT_TRUE(bit_equal(yc.detach(), yg.detach(), t + " y"));
-      EXPECT_TRUE(bit_equal(xc.grad(), xg.grad(), t + " gx"));
+      EXPECT_TRUE(bit_equal(c.y, yg.detach(), t + " y"));
+      EXPECT_TRUE(bit_equal(c.gx, xg.grad(), t + " gx"));
       if (!self_test()) {
         std::string all;
         for (const std::string& k : keys) all += k + "; ";
@@ -197,18 +206,15 @@ TEST_F(Parity, ChannelsLastGlobalAveragePoolReadsAlongTheChannels) {
   for (DType dt : {DType::f32, DType::f16, DType::f64}) {
     const std::string tag = std::string("adaptive_avg_pool2d ") + dtype_name(dt);
     const Tensor x = rnd({3, 40, 3, 5}, dt, 6);
-    Tensor xc = x.clone().set_requires_grad(true);
-    const Tensor yc = adaptive_avg_pool2d(xc);
-    const Tensor gy = rnd(yc.shape(), dt, 7);
-    yc.backward(gy);
+    const CpuReference c = cpu_reference(x, [](const Tensor& t) { return adaptive_avg_pool2d(t); }, 7);
     const Tensor xg = gpu_leaf(x, true);
     Tensor yg;
     const auto keys = launches_of([&] {
       yg = adaptive_avg_pool2d(xg);
-      yg.backward(to_target(gy));
+      yg.backward(to_target(c.gy));
     });
-    EXPECT_TRUE(close(yc.detach(), yg.detach(), tol_for(dt), tag + " y"));
-    EXPECT_TRUE(close(xc.grad(), xg.grad(), tol_for(dt), tag + " gx"));
+    EXPECT_TRUE(close(c.y, yg.detach(), tol_for(dt), tag + " y"));
+    EXPECT_TRUE(close(c.gx, xg.grad(), tol_for(dt), tag + " gx"));
     EXPECT_TRUE(prefers_channels_last(xg.grad())) << tag << " " << shape_str(xg.grad().strides());
     if (!self_test()) {
       std::string all;
