@@ -31,12 +31,13 @@
 #   GPU_CHECK_PHASES     the phases, in priority order (default tests,step,sanitizer,model,profile,bench,maxbatch)
 #   GPU_CHECK_CAP_<PHASE> a phase's own cap in seconds (defaults: TESTS 60, STEP 190, SANITIZER 75,
 #                        MODEL 45, PROFILE 45, BENCH 40, MAXBATCH 170); a phase gets min(cap, time left)
-#   GPU_CHECK_STEP_SECONDS  timed seconds per step run (default 20; --rehearse 2)
-#   GPU_CHECK_STEP_RUNS  step runs in order (default "minidl:amp pytorch:amp minidl:tf32 pytorch:tf32
-#                        minidl:amp:nhwc"; FRAMEWORK:PRECISION[:OPTION...], options in this order
+#   GPU_CHECK_STEP_SECONDS  timed seconds per step run (default 15; --rehearse 2)
+#   GPU_CHECK_STEP_RUNS  step runs in order (default "minidl:amp:nhwc:graphs pytorch:amp:graphs pytorch:amp
+#                        minidl:amp:nhwc minidl:amp minidl:tf32 pytorch:tf32"; FRAMEWORK:PRECISION[:OPTION...], options in this order
 #                        nhwc (minidl), graphs (both), hostscaler (minidl), bN (batch N, default 128))
 #   GPU_CHECK_STEP_MIN   seconds a step run needs at least to be started (default 20)
-#   GPU_CHECK_MODEL_CONFIGS  the model phase's configurations (default resnet50-amp; minidl-gpumodel --help)
+#   GPU_CHECK_MODEL_CONFIGS  the model phase's configurations (default resnet50-amp-nhwc,resnet50-amp;
+#                        minidl-gpumodel --help)
 #   GPU_CHECK_SANITIZER_FILTER, GPU_CHECK_BENCH_FILTER: see tools/gpu_phases.sh
 # Exit status: 0 all ran and passed, 1 a failure, 2 no usable GPU, 3 setup (stage, libraries),
 # 4 nothing failed but a phase was cut or not reached (run the --resume call).
