@@ -181,7 +181,8 @@ def time_steps(torch, a, device):
           f"{' channels-last' if a.channels_last and device.type == 'cuda' else ''}"
           f"{' cuda-graphs' if a.cuda_graphs else ''}: {ips:.1f} images/s ({steps} steps in {secs:.2f} s after "
           f"{a.warmup} warm-up steps in {warmup_s:.1f} s; SGD {s.impl}{'; ' + s.note if s.note else ''})", flush=True)
-    return {"images_per_s": ips, "steps": steps, "seconds": secs, "warmup_steps": a.warmup, "cuda_graphs": a.cuda_graphs,
+    return {"images_per_s": ips, "steps": steps, "seconds": secs, "warmup_steps": a.warmup,
+            "cuda_graphs": a.cuda_graphs,
             "warmup_seconds": warmup_s, "optimizer_impl": s.impl, "peak_allocated_bytes": peak}
 
 

@@ -96,7 +96,8 @@ std::string host_table(const std::vector<MeasuredRow>& measured, double step_hos
   if (step_host_ms > 0) os << "| the whole step (the host's calls) | " << fmt("%.2f", step_host_ms) << " |\n";
   if (step_wall_ms > 0) os << "| the whole step (wall, GPU events) | " << fmt("%.2f", step_wall_ms) << " |\n";
   os << "| inside the launches and library calls | " << fmt("%.2f", inside * 1e-3) << " |\n";
-  if (step_host_ms > 0) os << "| minidl's own work between them | " << fmt("%.2f", step_host_ms - inside * 1e-3) << " |\n";
+  if (step_host_ms > 0)
+    os << "| minidl's own work between them | " << fmt("%.2f", step_host_ms - inside * 1e-3) << " |\n";
   os << "\n| kernel or call | launches | host µs per step | host µs per launch |\n| --- | ---: | ---: | ---: |\n";
   for (size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i) {
     const MeasuredRow& r = rows[i];

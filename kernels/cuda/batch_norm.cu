@@ -22,6 +22,7 @@ namespace {
 
 std::atomic<int> g_split{0};
 std::atomic<int> g_rows_bytes{0};
+std::atomic<double> g_plan_scale{1.0};
 
 int rows_bytes_default() {
   static const int bytes = [] {
@@ -34,7 +35,6 @@ int rows_bytes_default() {
   }();
   return bytes;
 }
-std::atomic<double> g_plan_scale{1.0};
 
 }  // namespace
 
@@ -185,9 +185,9 @@ __global__ void stats_kernel(const T* __restrict__ x, Geo g, double* __restrict_
   }
 }
 
-// Per channel (P lanes each, finalize_lanes): the G partial sums, mean and biased variance, saved mean and
-// 1 / sqrt(var + eps), and PyTorch's running-statistics update (unbiased variance). Evaluation:
-// the running statistics, snapshotted into the saved ones for the backward.
+// Per channel (P lanes each, finalize_lanes): the G partial sums, mean and biased variance, saved
+// mean and 1 / sqrt(var + eps), and PyTorch's running-statistics update (unbiased variance).
+// Evaluation: the running statistics, snapshotted into the saved ones for the backward.
 template <int P>
 __global__ void finalize_kernel(Geo g, const double* part, Channel running_mean, Channel running_var, double momentum,
                                 double eps, bool training, Channel save_mean, Channel save_invstd) {

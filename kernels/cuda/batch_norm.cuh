@@ -257,9 +257,10 @@ inline int finalize_lanes(const Geo& g) { return g.G > 128 ? kBlock : 32; }
 // A loop over channels for P lanes each: P = 32, warp w of the grid takes c = w, w + warps, ...;
 // P = kBlock, block b takes c = b, b + blocks, ... (all of a channel's lanes run the same
 // iterations, so their shuffles and barriers see every lane). Launch with finalize_grid().
-#define MINIDL_CHANNEL_STRIDE(P, c, n)                                                                     \
-  for (int64_t c = P == 32 ? (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5 : blockIdx.x; \
-       c < (n); c += P == 32 ? (static_cast<int64_t>(blockDim.x) * gridDim.x) >> 5 : gridDim.x)
+#define MINIDL_CHANNEL_STRIDE(P, c, n)                                                          \
+  for (int64_t c = (P) == 32 ? (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5  \
+                             : static_cast<int64_t>(blockIdx.x);                                    \
+       c < (n); c += (P) == 32 ? (static_cast<int64_t>(blockDim.x) * gridDim.x) >> 5 : gridDim.x)
 inline unsigned finalize_grid(const Geo& g, int P) {
   return P == 32 ? grid_for(g.C * 32) : static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(g.C, 1), 65535));
 }

@@ -63,8 +63,9 @@ __global__ void grad_sums_kernel(const T* __restrict__ gy, const T* __restrict__
   write_block_sums<kRows>(ps, g, c0, part);
 }
 
-// Per channel (P lanes each, finalize_lanes): the G partial sums; gweight = sum(gm * xhat), gbias = sum(gm); and the
-// coefficients of pass 2, gx = (gm - k1 - (x - m) * k2) * invstd * w (k1 = k2 = 0 in evaluation).
+// Per channel (P lanes each, finalize_lanes): the G partial sums; gweight = sum(gm * xhat), gbias =
+// sum(gm); and the coefficients of pass 2, gx = (gm - k1 - (x - m) * k2) * invstd * w (k1 = k2 = 0
+// in evaluation).
 template <int P>
 __global__ void grad_finalize_kernel(Geo g, const double* part, Channel save_invstd, Channel gweight, Channel gbias,
                                      bool training, double* coef) {
@@ -178,8 +179,8 @@ void backward(const char* op, const Tensor& gy, const Tensor& x, const Tensor& y
                     mask == Mask::FromY ? static_cast<const T*>(y.data_ptr()) : nullptr, grp, g, aff, mask, part_d);
       with_finalize_lanes(g, [&](auto lanes) {
         constexpr int P = decltype(lanes)::value;
-        MINIDL_LAUNCH(op, (grad_finalize_kernel<P>), finalize_grid(g, P), kBlock, 0, ctx.stream(), g, part_d, aff.invstd,
-                      gw, gb, training, coef_d);
+        MINIDL_LAUNCH(op, (grad_finalize_kernel<P>), finalize_grid(g, P), kBlock, 0, ctx.stream(), g, part_d,
+                      aff.invstd, gw, gb, training, coef_d);
       });
     }
     if (!gx.defined()) return;

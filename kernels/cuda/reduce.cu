@@ -6,8 +6,8 @@
 // first H100 run measured a whole-tensor sum of 256 MiB at 2 GB/s on one block
 // (bench/results/gpu_check_2026-11-26_bbe331e.md). Many short outputs (a global average pool's
 // 7x7) take a warp each instead of a block (reduce_warp_kernel); sums over one stride whose
-// outputs lie side by side (the channels-last pool) a thread each (reduce_cols_kernel). Reduced elements that lie
-// contiguously are read without the offset calculator. Sums accumulate in double (floating: f32,
+// outputs lie side by side (the channels-last pool) a thread each (reduce_cols_kernel). Reduced
+// elements that lie contiguously are read without the offset calculator. Sums accumulate in double (floating: f32,
 // f64, f16) or int64 as on the CPU; max/min keep the first extreme index and let NaN win, as
 // PyTorch does.
 #include <algorithm>
