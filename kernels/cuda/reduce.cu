@@ -7,9 +7,9 @@
 // (bench/results/gpu_check_2026-11-26_bbe331e.md). Many short outputs (a global average pool's
 // 7x7) take a warp each instead of a block (reduce_warp_kernel); sums over one stride whose
 // outputs lie side by side (the channels-last pool) a thread each (reduce_cols_kernel). Reduced
-// elements that lie contiguously are read without the offset calculator. Sums accumulate in double (floating: f32,
-// f64, f16) or int64 as on the CPU; max/min keep the first extreme index and let NaN win, as
-// PyTorch does.
+// elements that lie contiguously are read without the offset calculator. Sums accumulate in
+// double (floating: f32, f64, f16) or int64 as on the CPU; max/min keep the first extreme index
+// and let NaN win, as PyTorch does.
 #include <algorithm>
 #include <limits>
 
@@ -226,11 +226,14 @@ __global__ void reduce_cols_kernel(ReduceOp op, const T* x, ReduceGeom g, Out* o
 }
 
 // Whether a sum takes reduce_cols_kernel: one chunk, the reduced elements along one stride, and the
-// outputs' innermost dim contiguous and at least a warp wide; at most kColsR elements each.
-constexpr int64_t kColsR = 4096;
+// outputs' innermost dim contiguous and at least a warp wide; short outputs (at most kShortR
+// elements), or enough outputs to fill the GPU with threads (kManyO) for up to kColsR each; fewer
+// and longer ones keep a block each (a thread would add thousands of values alone).
+constexpr int64_t kShortR = 128, kManyO = 16384, kColsR = 4096;
 bool column_sum(ReduceOp op, const ReduceGeom& g) {
   if (op != ReduceOp::Sum && op != ReduceOp::Mean) return false;
-  if (g.splits != 1 || g.red.ndim != 1 || g.R > kColsR || g.kept.ndim < 1) return false;
+  if (g.splits != 1 || g.red.ndim != 1 || g.kept.ndim < 1) return false;
+  if (g.R > kColsR || (g.R > kShortR && g.O < kManyO)) return false;
   const int inner = g.kept.ndim - 1;
   return g.kept.strides[inner][0] == 1 && g.kept.sizes[inner] >= 32 && g.red.strides[0][0] != 1;
 }

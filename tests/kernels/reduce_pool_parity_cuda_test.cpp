@@ -28,7 +28,10 @@ TEST_F(Parity, ReductionsOverAnyDims) {
       {{1}, {0}}, {{1000}, {0}}, {{33, 17}, {0}}, {{33, 17}, {1}}, {{33, 17}, {}}, {{4, 5, 6, 7}, {0, 2, 3}},
       {{4, 5, 6, 7}, {1}}, {{3, 70000}, {1}}, {{2, 3, 5}, {0, 2}},
       // split across blocks (reduce.cu): one output, and outputs whose elements are strided
-      {{40000}, {0}}, {{20000, 3}, {0}}};
+      {{40000}, {0}}, {{20000, 3}, {0}},
+      // outputs side by side, elements along one stride: a thread each (reduce_cols_kernel) when
+      // short, a block each when long and few
+      {{100, 40}, {0}}, {{300, 40}, {0}}};
   for (DType dt : {DType::f32, DType::f64}) {
     for (const auto& [s, dims] : cases) {
       for (bool nc : {false, true}) {
