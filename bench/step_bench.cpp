@@ -137,7 +137,8 @@ int run(TrainConfig& c, const StepOptions& o) {
               o.precision.c_str(), o.channels_last ? " channels-last" : "", graph ? " cuda-graphs" : "", ips,
               static_cast<long long>(steps), secs,
               o.warmup, warmup_s, static_cast<long long>(skipped), scaler.device_state() ? "device's" : "host's",
-              1e3 * host_s / static_cast<double>(steps), 1e3 * secs / static_cast<double>(steps), format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str());
+              1e3 * host_s / static_cast<double>(steps), 1e3 * secs / static_cast<double>(steps),
+              format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str());
   if (!o.json.empty()) {
     nlohmann::json j = provenance(device_description(dev));
     j["program"] = "minidl_bench_step";
