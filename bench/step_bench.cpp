@@ -132,13 +132,15 @@ int run(TrainConfig& c, const StepOptions& o) {
   // timing).
   if (scaler.device_state()) skipped = scaler.device_found_inf().item() != 0.0 ? -1 : 0;
   std::printf("minidl %s batch %lld %dpx %s%s%s: %.1f images/s (%lld steps in %.2f s after %d warm-up steps in %.1f s; "
-              "%lld skipped by the %s scaler; host %.1f of %.1f ms a step; peak allocated %s)\n",
+              "%lld skipped by the %s scaler; host %.1f of %.1f ms a step; peak allocated %s, reserved %s%s)\n",
               c.model.c_str(), static_cast<long long>(c.batch_size), static_cast<int>(c.resolved_image_size()),
               o.precision.c_str(), o.channels_last ? " channels-last" : "", graph ? " cuda-graphs" : "", ips,
               static_cast<long long>(steps), secs,
               o.warmup, warmup_s, static_cast<long long>(skipped), scaler.device_state() ? "device's" : "host's",
               1e3 * host_s / static_cast<double>(steps), 1e3 * secs / static_cast<double>(steps),
-              format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str());
+              format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str(),
+              format_bytes(static_cast<size_t>(ms.peak_reserved_bytes)).c_str(),
+              graph ? " (the graph's private pool, made at the capture, is reserved, not allocated)" : "");
   if (!o.json.empty()) {
     nlohmann::json j = provenance(device_description(dev));
     j["program"] = "minidl_bench_step";

@@ -124,7 +124,7 @@ phase_step() {
     ips="$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["images_per_s"])' "$json" 2>/dev/null)"
     if [[ -n "$ips" ]]; then
       IPS[$spec]=$ips
-      rows+="| $spec | $ips | $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%d steps in %.1f s; peak %s MiB%s" % (d["steps"], d["seconds"], "%.0f" % (d["peak_allocated_bytes"] / 2**20) if d.get("peak_allocated_bytes") else "-", "; host %.1f of %.1f ms a step" % (1e3 * d["host_seconds"] / d["steps"], 1e3 * d["seconds"] / d["steps"]) if d.get("host_seconds") is not None else ""))' "$json" 2>/dev/null) |"$'\n'
+      rows+="| $spec | $ips | $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%d steps in %.1f s; peak %s MiB%s%s" % (d["steps"], d["seconds"], "%.0f" % (d["peak_allocated_bytes"] / 2**20) if d.get("peak_allocated_bytes") else "-", " (reserved %.0f)" % (d["peak_reserved_bytes"] / 2**20) if d.get("peak_reserved_bytes") else "", "; host %.1f of %.1f ms a step" % (1e3 * d["host_seconds"] / d["steps"], 1e3 * d["seconds"] / d["steps"]) if d.get("host_seconds") is not None else ""))' "$json" 2>/dev/null) |"$'\n'
     elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
       rows+="| $spec | cut by the budget | |"$'\n'; cut=1
     else
