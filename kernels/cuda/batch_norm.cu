@@ -165,7 +165,7 @@ __global__ void stats_kernel(const T* __restrict__ x, Geo g, double* __restrict_
   PairSums<A, L> ps;
   if (active) {
     walk<kRows, V>(g, c0, [&](int64_t off) {
-      const Pack<T, V> p = load<T, V>(x, off);
+      const Vec<T, V> p = load<T, V>(x, off);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const int j = kRows ? k : 0;
@@ -231,10 +231,10 @@ __global__ void apply_kernel(const T* __restrict__ x, const T* __restrict__ res,
 #pragma unroll
   for (int j = 0; j < L; ++j) aff.at(c0 + j, m[j], a[j], b[j]);
   walk<kRows, V>(g, c0, [&](int64_t off) {
-    const Pack<T, V> px = load<T, V>(x, off);
-    Pack<T, V> pr;
+    const Vec<T, V> px = load<T, V>(x, off);
+    Vec<T, V> pr;
     if (res != nullptr) pr = load<T, V>(res, off);
-    Pack<T, V> py;
+    Vec<T, V> py;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const int j = kRows ? k : 0;

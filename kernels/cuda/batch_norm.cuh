@@ -70,17 +70,12 @@ struct Affine {
 enum class Mask : int { None, FromY, FromX };
 
 template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> load(const T* p, int64_t off) {
-  return *reinterpret_cast<const Pack<T, V>*>(p + off);
+__device__ __forceinline__ Vec<T, V> load(const T* p, int64_t off) {
+  return *reinterpret_cast<const Vec<T, V>*>(p + off);
 }
 template <typename T, int V>
-__device__ __forceinline__ void store(T* p, int64_t off, const Pack<T, V>& v) {
-  *reinterpret_cast<Pack<T, V>*>(p + off) = v;
+__device__ __forceinline__ void store(T* p, int64_t off, const Vec<T, V>& v) {
+  *reinterpret_cast<Vec<T, V>*>(p + off) = v;
 }
 
 // One rounding, never contracted differently by two compilers: the forward and the backward

@@ -42,11 +42,11 @@ __global__ void grad_sums_kernel(const T* __restrict__ gy, const T* __restrict__
   const T zero = cvt<T>(A(0));
   if (active) {
     walk<kRows, V>(g, c0, [&](int64_t off) {
-      const Pack<T, V> pg = load<T, V>(gy, off);
-      const Pack<T, V> px = load<T, V>(x, off);
-      Pack<T, V> py;
+      const Vec<T, V> pg = load<T, V>(gy, off);
+      const Vec<T, V> px = load<T, V>(x, off);
+      Vec<T, V> py;
       if (mask == Mask::FromY) py = load<T, V>(y, off);
-      Pack<T, V> pm;
+      Vec<T, V> pm;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const int j = kRows ? k : 0;
@@ -101,9 +101,9 @@ __global__ void grad_input_kernel(const T* __restrict__ gsrc, const T* __restric
   }
   const T zero = cvt<T>(A(0));
   walk<kRows, V>(g, c0, [&](int64_t off) {
-    const Pack<T, V> pg = load<T, V>(gsrc, off);
-    const Pack<T, V> px = load<T, V>(x, off);
-    Pack<T, V> out;
+    const Vec<T, V> pg = load<T, V>(gsrc, off);
+    const Vec<T, V> px = load<T, V>(x, off);
+    Vec<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const int j = kRows ? k : 0;

@@ -229,8 +229,9 @@ Candidate autotune(DeviceContext& ctx, const Descriptors& d, Dir dir, const std:
   return found.front();   // sorted by time
 }
 
-std::string plan_key(const ConvShape& cs, Dir dir, bool benchmark) {
-  return cache_key(cs, dir) + (benchmark ? ":benchmark" : ":heuristic") + (cudnn_deterministic() ? ":deterministic" : "");
+// The plan's key: the shape's (cache_key) and the switches the plan depends on.
+std::string plan_key(const std::string& shape_key, bool benchmark) {
+  return shape_key + (benchmark ? ":benchmark" : ":heuristic") + (cudnn_deterministic() ? ":deterministic" : "");
 }
 
 // The plan kept under `key`, made by build() on the key's first call.
@@ -260,10 +261,10 @@ std::vector<Candidate> sized(cudnnHandle_t h, const Descriptors& d, Dir dir, std
 
 // The shape's plan, built on its first call: heuristic mode, cuDNN's ranking; benchmark mode, the
 // autotuned winner first, then the ranking as fallbacks.
-const Plan& plan(DeviceContext& ctx, const Descriptors& d, const ConvShape& cs, Dir dir, const void* a, const void* b,
-                 void* out) {
+const Plan& plan(DeviceContext& ctx, const Descriptors& d, const std::string& shape_key, Dir dir, const void* a,
+                 const void* b, void* out) {
   const bool benchmark = cudnn_benchmark();
-  return cached_plan(plan_key(cs, dir, benchmark), [&] {
+  return cached_plan(plan_key(shape_key, benchmark), [&] {
     cudnnHandle_t h = ctx.cudnn();
     MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
     const std::vector<Candidate> ranked = heuristic(h, d, dir);
@@ -276,13 +277,13 @@ const Plan& plan(DeviceContext& ctx, const Descriptors& d, const ConvShape& cs, 
 
 // The descriptors of a shape, made on this thread's first call with it and kept (creating and
 // setting four descriptors cost host time on every convolution of every step); per thread, so the
-// math type run() sets on them before each call never races another thread's. Every direction
-// shares them (cache_key of the forward: the shape, dtype, layout and TF32 switch).
-const Descriptors& descriptors_for(const ConvShape& cs) {
+// math type run() sets on them before each call never races another thread's. Keyed by the call's
+// cache_key (the direction, shape, dtype, layout and TF32 switch), which run() builds once.
+const Descriptors& descriptors_for(const ConvShape& cs, const std::string& shape_key) {
   constexpr size_t kMaxShapes = 4096;   // a long search over batch sizes: start again past this
   thread_local std::map<std::string, std::unique_ptr<Descriptors>> cache;
   if (cache.size() >= kMaxShapes) cache.clear();
-  std::unique_ptr<Descriptors>& slot = cache[cache_key(cs, Dir::Fwd)];
+  std::unique_ptr<Descriptors>& slot = cache[shape_key];
   if (!slot) slot = std::make_unique<Descriptors>(cs);
   return *slot;
 }
@@ -291,9 +292,10 @@ const Descriptors& descriptors_for(const ConvShape& cs) {
 // a, b: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter.
 void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const void* b, void* out) {
   if (cs.n == 0 || cs.k == 0 || cs.c == 0) return;
-  const Descriptors& d = descriptors_for(cs);
+  const std::string shape_key = cache_key(cs, dir);
+  const Descriptors& d = descriptors_for(cs, shape_key);
   cudnnHandle_t h = ctx.cudnn();
-  const std::vector<Candidate>& order = plan(ctx, d, cs, dir, a, b, out).order;
+  const std::vector<Candidate>& order = plan(ctx, d, shape_key, dir, a, b, out).order;
   const float one32 = 1.0f, zero32 = 0.0f;
   const double one64 = 1.0, zero64 = 0.0;
   const void* alpha = cs.dtype == DType::f64 ? static_cast<const void*>(&one64) : &one32;
@@ -338,7 +340,7 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
   }
   const MemoryStats s = ctx.allocator().stats();
   MINIDL_CHECK(tried.find("workspace") != std::string::npos, "conv2d (cuda): no cuDNN algorithm ran (tried", tried,
-               ") for ", cache_key(cs, dir));
+               ") for ", shape_key);
   throw OutOfMemoryError("out of memory on cuda:" + std::to_string(ctx.index()) +
                              ": no cuDNN convolution algorithm's workspace fits (tried" + tried +
                              "). Use a smaller batch, or raise the memory budget.",
@@ -399,7 +401,7 @@ std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const
   const Dir dd = dir == ConvDir::Forward ? Dir::Fwd : dir == ConvDir::BackwardData ? Dir::BwdData : Dir::BwdFilter;
   // run()'s fallback order, from the heuristic-mode plan it shares: a dry run asks cuDNN once per
   // shape too, not at every trial's every convolution.
-  const Plan& p = cached_plan(plan_key(cs, dd, /*benchmark=*/false), [&] {
+  const Plan& p = cached_plan(plan_key(cache_key(cs, dd), /*benchmark=*/false), [&] {
     const Descriptors d(cs);
     cudnnHandle_t h = context(0).cudnn();
     MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));

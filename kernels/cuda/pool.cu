@@ -4,6 +4,7 @@
 // it), so they are deterministic without atomics and max backward equals the CPU's bit for bit.
 #include <atomic>
 #include <initializer_list>
+#include <type_traits>
 
 #include "kernels/common/checks.h"
 #include "kernels/cuda/context.cuh"
@@ -19,8 +20,7 @@ namespace {
 using Geom = common::PoolGeom;
 
 std::atomic<bool> g_pool_wide{false};
-std::atomic<bool> g_pool_scalar{false};   // set_vector_pool(false): tests compare the two paths
-bool vector_pool_off() { return g_pool_scalar; }
+std::atomic<bool> g_pool_vector{true};   // set_vector_pool(false): tests compare the two paths
 
 __host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -210,17 +210,19 @@ __global__ void max_bwd_gather_kernel(const T* gy, const int64_t* idx, Geom gv, 
   }
 }
 
-// The geometry in vectors of V channels, and ok = true, when a channels-last launch can take V
-// channels a thread (channels a multiple of V, every operand 16-byte aligned, set_vector_pool on).
-Geom vector_geom(const Geom& g, int V, std::initializer_list<const void*> ptrs, bool& ok) {
-  ok = g.nhwc && V > 1 && g.channels % V == 0 && !vector_pool_off();
+// Calls f(integral_constant V, the geometry in vectors of V channels) with V = vec_width<T>() when
+// a channels-last launch can take V channels a thread (channels a multiple of V, every operand
+// 16-byte aligned, set_vector_pool on), else with V = 1 and g itself.
+template <typename T, typename F>
+void with_pool_width(const Geom& g, std::initializer_list<const void*> ptrs, F&& f) {
+  constexpr int V = vec_width<T>();
+  bool ok = g.nhwc && V > 1 && g.channels % V == 0 && g_pool_vector;
   for (const void* q : ptrs) ok = ok && aligned16(q);
+  if (!ok) return f(std::integral_constant<int, 1>{}, g);
   Geom gv = g;
-  if (ok) {
-    gv.channels = g.channels / V;
-    gv.planes = g.planes / V;
-  }
-  return gv;
+  gv.channels = g.channels / V;
+  gv.planes = g.planes / V;
+  f(std::integral_constant<int, V>{}, gv);
 }
 
 template <typename T>
@@ -259,8 +261,8 @@ void dispatch_pool(DType t, const char* op, F&& f) {
 
 void set_pool_wide_index(bool on) { g_pool_wide = on; }
 bool pool_wide_index() { return g_pool_wide; }
-void set_vector_pool(bool on) { g_pool_scalar = !on; }
-bool vector_pool() { return !g_pool_scalar; }
+void set_vector_pool(bool on) { g_pool_vector = on; }
+bool vector_pool() { return g_pool_vector; }
 
 void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
   check_cuda("max_pool2d_forward", {&x, &y, &indices});
@@ -274,18 +276,14 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   DeviceContext& ctx = context_of(x);
   dispatch_pool(x.dtype(), "max_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int V = vec_width<T>();
-    bool vec = false;
-    const Geom gv = vector_geom(g, V, {x.data_ptr(), y.data_ptr(), indices.data_ptr()}, vec);
-    if (vec) {
-      MINIDL_LAUNCH("max_pool2d_forward", (max_fwd_kernel<T, V>), grid_for(n / V), kThreads, 0, ctx.stream(),
+    with_pool_width<T>(g, {x.data_ptr(), y.data_ptr(), indices.data_ptr()}, [&](auto vtag, const Geom& gv) {
+      constexpr int V = decltype(vtag)::value;
+      // The launch's text names the width (MINIDL_LAUNCH would write <T, V> for both).
+      launch_kernel("max_pool2d_forward", V == 1 ? "(max_fwd_kernel<T, 1>)" : "(max_fwd_kernel<T, V>)",
+                    max_fwd_kernel<T, V>, grid_for(n / V), kThreads, 0, ctx.stream(),
                     static_cast<const T*>(x.data_ptr()), gv, pool_divs(gv, gv.oh, gv.ow),
                     static_cast<T*>(y.data_ptr()), static_cast<int64_t*>(indices.data_ptr()));
-      return;
-    }
-    MINIDL_LAUNCH("max_pool2d_forward", (max_fwd_kernel<T, 1>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(x.data_ptr()), g, pool_divs(g, g.oh, g.ow), static_cast<T*>(y.data_ptr()),
-                  static_cast<int64_t*>(indices.data_ptr()));
+    });
   });
 }
 
@@ -303,18 +301,13 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, c
   DeviceContext& ctx = context_of(gy);
   dispatch_pool(gy.dtype(), "max_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int V = vec_width<T>();
-    bool vec = false;
-    const Geom gv = vector_geom(g, V, {gy.data_ptr(), gx.data_ptr(), indices.data_ptr()}, vec);
-    if (vec) {
-      MINIDL_LAUNCH("max_pool2d_backward", (max_bwd_gather_kernel<T, V>), grid_for(n / V), kThreads, 0,
-                    ctx.stream(), static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()),
-                    gv, pool_divs(gv, gv.h, gv.w), static_cast<T*>(gx.data_ptr()));
-      return;
-    }
-    MINIDL_LAUNCH("max_pool2d_backward", (max_bwd_gather_kernel<T, 1>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()), g,
-                  pool_divs(g, g.h, g.w), static_cast<T*>(gx.data_ptr()));
+    with_pool_width<T>(g, {gy.data_ptr(), gx.data_ptr(), indices.data_ptr()}, [&](auto vtag, const Geom& gv) {
+      constexpr int V = decltype(vtag)::value;
+      launch_kernel("max_pool2d_backward", V == 1 ? "(max_bwd_gather_kernel<T, 1>)" : "(max_bwd_gather_kernel<T, V>)",
+                    max_bwd_gather_kernel<T, V>, grid_for(n / V), kThreads, 0, ctx.stream(),
+                    static_cast<const T*>(gy.data_ptr()), static_cast<const int64_t*>(indices.data_ptr()), gv,
+                    pool_divs(gv, gv.h, gv.w), static_cast<T*>(gx.data_ptr()));
+    });
   });
 }
 
