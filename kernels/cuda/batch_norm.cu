@@ -46,6 +46,7 @@ void set_batch_norm_rows_bytes(int bytes) {
   g_rows_bytes = bytes;
 }
 int batch_norm_rows_bytes() { return g_rows_bytes != 0 ? g_rows_bytes.load() : rows_bytes_default(); }
+int batch_norm_access_width(const Tensor& x) { return bn::geometry(x, {}, "batch_norm").V; }
 void set_launch_plan_scale(double scale) {
   MINIDL_CHECK(scale >= 1.0, "set_launch_plan_scale: scale ", scale, " must be >= 1 (the target's work over the run's)");
   g_plan_scale = scale;

@@ -58,6 +58,9 @@ int batch_norm_split();
 // (bench/results/gpu_check_2026-11-26_d10cebe.md). Planar (NCHW) kernels always take 16.
 void set_batch_norm_rows_bytes(int bytes);
 int batch_norm_rows_bytes();
+// The elements per access the batch-norm kernels take for x (a CUDA tensor) under the switches
+// above: what the tests check the width rules with.
+int batch_norm_access_width(const Tensor& x);
 // The pooling kernels divide their indices with FastDiv (32-bit multiply-high) when every index
 // and window bound stays below 2^30, and with 64-bit '/' otherwise. Tests force the wide path on
 // small tensors; default off.

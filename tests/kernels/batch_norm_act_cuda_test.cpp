@@ -198,11 +198,25 @@ TEST_F(BatchNormActParity, ChannelsLastRowsWithEightByteAccesses) {
     for (const Shape& s : {Shape{2, 16, 4, 4}, Shape{2, 6, 2, 6}}) {
       const Case c{s, dt, true, true};
       const Inputs in = make_inputs(c, 9);
+      // The widest of `bytes`, 8 bytes or one element whose count divides the row of C channels.
+      const int esize = static_cast<int>(dtype_size(dt));
+      auto widest = [&](int bytes) {
+        for (int b : {bytes, 8}) {
+          if (b <= bytes && s[1] % (b / esize) == 0) return b / esize;
+        }
+        return 1;
+      };
+      const Tensor xl = to_channels_last(to_target(in.x)), xp = to_target(in.x);
       cuda::set_batch_norm_rows_bytes(16);
+      EXPECT_EQ(cuda::batch_norm_access_width(xl), widest(16)) << c.str();
+      const int planar = cuda::batch_norm_access_width(xp);
       const Result wide = run(in, c, kGpu, true, true);
       cuda::set_batch_norm_rows_bytes(8);
+      EXPECT_EQ(cuda::batch_norm_access_width(xl), widest(8)) << c.str();
+      EXPECT_EQ(cuda::batch_norm_access_width(xp), planar) << c.str() << ": the planar kernels keep their width";
       const Result narrow = run(in, c, kGpu, true, true);
       cuda::set_batch_norm_rows_bytes(0);
+      EXPECT_EQ(cuda::batch_norm_access_width(xl), widest(8)) << c.str() << ": the default is 8 bytes";
       expect_same(wide, narrow, c, "16- vs 8-byte rows");
       if (HasFailure()) return;
     }
