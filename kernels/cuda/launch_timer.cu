@@ -1,11 +1,14 @@
 // Per-launch event timing (launch_timer.cuh; the query API is in runtime.h). Events come from a
 // free list, so a timed step creates none after its first launches; records are resolved only
 // when take_launch_times() is called, so timing adds no host synchronisation to the step.
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/check.cuh"
@@ -19,6 +22,39 @@ bool g_launch_timing = [] {
   return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
 }();
 }  // namespace detail
+
+// The host-function half of a gated launch (launch_timer.cuh). Both the host function and the timer
+// hold the gate, so whichever finishes last frees it, whether or not the wait timed out.
+struct LaunchGate {
+  std::atomic<bool> open{false};
+  const char* op = "";   // named when the gate times out
+};
+
+namespace {
+
+bool g_launch_gating = false;
+std::atomic<size_t> g_gate_timeouts{0};
+// A gate still shut after this long is opened anyway and counted (launch_gate_timeouts): a call
+// that synchronises with the stream inside a timed launch (an allocator's cudaFree, cuDNN's autotuning
+// on a shape's first call) would otherwise wait for itself.
+constexpr auto kGateTimeout = std::chrono::milliseconds(500);
+
+void CUDART_CB wait_for_gate(void* p) {
+  auto* held = static_cast<std::shared_ptr<LaunchGate>*>(p);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!(*held)->open.load(std::memory_order_acquire)) {
+    if (std::chrono::steady_clock::now() - t0 > kGateTimeout) {
+      if (g_gate_timeouts.fetch_add(1) < 8)
+        std::fprintf(stderr, "minidl: the launch gate of '%s' opened by its timeout (%lld ms): something inside the call waited for the stream\n",
+                     (*held)->op, static_cast<long long>(kGateTimeout.count()));
+      break;
+    }
+    std::this_thread::yield();
+  }
+  delete held;
+}
+
+}  // namespace
 
 namespace {
 
@@ -60,6 +96,29 @@ ScopedLaunchTimer::ScopedLaunchTimer(const char* op, const char* kernel, cudaStr
   Timings& t = timings();
   std::lock_guard<std::mutex> lock(t.mu);
   Record r{op, kernel, t.take_event(), t.take_event()};
+  // The emulated cuDNN and cuBLAS compute inside the call, after running the stream's queued work
+  // (the gate among it): a gate before them would wait for the call itself. Their times on the
+  // emulator are the host's anyway.
+#ifdef MINIDL_CUDA_EMU
+  const bool gate = g_launch_gating && *kernel != '\0';
+#else
+  const bool gate = g_launch_gating;
+#endif
+  if (gate) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    MINIDL_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+    if (st == cudaStreamCaptureStatusNone) {   // a captured host function would hold every replay
+      gate_ = std::make_shared<LaunchGate>();
+      gate_->op = op;
+      auto* held = new std::shared_ptr<LaunchGate>(gate_);
+      const cudaError_t e = cudaLaunchHostFunc(stream, wait_for_gate, held);
+      if (e != cudaSuccess) {
+        delete held;
+        gate_.reset();
+        MINIDL_CUDA_CHECK(e);
+      }
+    }
+  }
   MINIDL_CUDA_CHECK(cudaEventRecord(r.start, stream));
   slot_ = static_cast<long>(t.records.size());
   stream_ = stream;
@@ -77,10 +136,14 @@ ScopedLaunchTimer::~ScopedLaunchTimer() {
     r.host_ms = std::chrono::duration<double, std::milli>(host_end - r.host_start).count();
     MINIDL_CUDA_LOG(cudaEventRecord(r.stop, stream_));
   }
+  if (gate_) gate_->open.store(true, std::memory_order_release);   // after the stop event's record
 }
 
 void set_launch_timing(bool on) { detail::g_launch_timing = on; }
 bool launch_timing() { return detail::g_launch_timing; }
+void set_launch_gating(bool on) { g_launch_gating = on; }
+bool launch_gating() { return g_launch_gating; }
+size_t launch_gate_timeouts() { return g_gate_timeouts.load(); }
 
 std::vector<LaunchTime> take_launch_times() {
   Timings& t = timings();

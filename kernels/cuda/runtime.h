@@ -33,6 +33,11 @@ bool cudnn_benchmark();
 // a GPU (eager against a replayed CUDA graph, two runs of a seed) need it on.
 void set_cudnn_deterministic(bool on);
 bool cudnn_deterministic();
+// How many times autotuning (set_cudnn_benchmark) runs cuDNN's Find on a shape, each algorithm
+// keeping its fastest time (kernels/cuda/conv.cu, autotune): the first run of an algorithm in a
+// process also loads its kernels. Default 2, or MINIDL_CUDNN_FIND_TRIALS; at least 1.
+void set_cudnn_find_trials(int n);
+int cudnn_find_trials();
 // TF32 tensor cores for f32 work, as torch.backends.{cuda.matmul,cudnn}.allow_tf32
 // (defaults as PyTorch: off for GEMM, on for convolutions).
 void set_allow_tf32_matmul(bool on);
@@ -108,6 +113,14 @@ struct LaunchTime {
 void set_launch_timing(bool on);
 bool launch_timing();
 std::vector<LaunchTime> take_launch_times();
+// Gated timing (kernels/cuda/launch_timer.cuh): each timed launch waits on the GPU until the host has
+// enqueued it, so `ms` is the GPU's time even where the host, not the GPU, sets an eager step's
+// pace (library calls); the gaps make the step itself slower, so time its wall in other steps.
+// A gate the host does not open within 0.5 s (a sync inside a timed call) opens itself and is
+// counted by launch_gate_timeouts() (since the process started): its launch's time is not the GPU's.
+void set_launch_gating(bool on);
+bool launch_gating();
+size_t launch_gate_timeouts();
 
 // Host->device copies of the data loader's batches from page-locked memory (Backend::pinned_alloc)
 // on a dedicated copy stream per device, so the transfer of the next batch overlaps the compute

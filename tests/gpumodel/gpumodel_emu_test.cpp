@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "bench/gpumodel/calibrate.h"
 #include "bench/gpumodel/emu_profile.h"
 #include "bench/gpumodel/extrapolate.h"
 #include "bench/gpumodel/train_step.h"
 #include "core/ops.h"
+#include "kernels/cuda/emu/runtime_state.h"
 #include "kernels/cuda/runtime.h"
 #include "core/backend.h"
 #include "nn/layers.h"
@@ -110,6 +112,49 @@ TEST(GpuModelOnTheEmulator, TheLaunchTimerKeysLaunchesAsTheModelDoes) {
   EXPECT_EQ(keys.front().rfind("copy (conv2d NHWC transpose) / ", 0), 0u) << keys.front();
   EXPECT_EQ(keys.back(), "relu / (unary_vec_kernel<T>)");
   EXPECT_TRUE(cuda::take_launch_times().empty());   // taken once
+}
+
+// Gated timing (runtime.h, set_launch_gating): each timed launch sits behind a host function that
+// waits until the host has enqueued the launch and its stop event, so on a GPU the event pair
+// brackets the GPU's work alone. Deferred (the emulator's default, like a GPU that runs behind the
+// host), the gates are open when the stream reaches them: the same launches are timed, none waits.
+// Immediate (each piece of work runs as it is queued, like a GPU that keeps up with its host), the
+// gate comes up before its launch is enqueued, so it waits out its timeout: that it does shows it
+// holds the stream until the host opens it. (The emulated cuDNN and cuBLAS compute inside the
+// call, so their calls are not gated on the emulator.)
+TEST(GpuModelOnTheEmulator, GatedLaunchTimingTimesTheSameLaunchesAndHoldsTheStream) {
+  const TensorOptions o{DType::f32, Device::cuda(0), false};
+  const Tensor x = randn({2, 3, 8, 8}, o), w = randn({4, 3, 3, 3}, o);
+  auto keys_of = [&](bool gated, bool with_conv) {
+    cuda::synchronize(0);
+    cuda::take_launch_times();
+    cuda::set_launch_gating(gated);
+    cuda::set_launch_timing(true);
+    const Tensor y = relu(with_conv ? conv2d(x, w, Tensor(), pad1()) : x);
+    cuda::set_launch_timing(false);
+    cuda::set_launch_gating(false);
+    std::vector<std::string> keys;
+    for (const cuda::LaunchTime& t : cuda::take_launch_times()) {
+      keys.push_back(launch_key(t.op, t.kernel));
+      EXPECT_GE(t.ms, 0.0);
+    }
+    return keys;
+  };
+  const size_t timeouts = cuda::launch_gate_timeouts();
+  const std::vector<std::string> ungated = keys_of(false, true);
+  ASSERT_EQ(ungated.size(), 2u);   // the convolution and the relu
+  EXPECT_EQ(keys_of(true, true), ungated);
+  EXPECT_EQ(cuda::launch_gate_timeouts(), timeouts) << "deferred: every gate was open when the stream reached it";
+
+  const bool deferred = cuda::emu::deferred_streams();
+  cuda::emu::set_deferred_streams(false);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(keys_of(true, false), std::vector<std::string>{ungated.back()});
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(keys_of(false, false), std::vector<std::string>{ungated.back()});
+  cuda::emu::set_deferred_streams(deferred);
+  EXPECT_EQ(cuda::launch_gate_timeouts(), timeouts + 1) << "immediate: the relu's gate waited for its host";
+  EXPECT_GE(waited, 0.45);
 }
 
 // The batch-norm reductions size their blocks per channel from the work (capped by the vectors a

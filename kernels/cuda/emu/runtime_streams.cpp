@@ -212,6 +212,17 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   return cudaSuccess;
 }
 
+// A host function runs in stream order, as on a GPU (where a driver thread runs it once the stream's
+// earlier work is done and holds the stream's later work until it returns): deferred, at the next
+// synchronising call; immediate, at once. It may not call the CUDA API (as on a GPU). Captured, it is
+// a node of the graph and runs at every replay.
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  MINIDL_EMU_STICKY();
+  if (fn == nullptr) return runtime_fail(cudaErrorInvalidValue, "cudaLaunchHostFunc: NULL function");
+  if (!stream_live(s)) return runtime_fail(cudaErrorInvalidResourceHandle, "cudaLaunchHostFunc: not a live stream");
+  return enqueue(s, [fn, data] { fn(data); }, "host function");
+}
+
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   MINIDL_EMU_STICKY();
   if (!event_live(e) || !stream_live(s)) {
