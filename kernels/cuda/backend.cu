@@ -1,6 +1,7 @@
 // The CUDA backend object, its allocator hook and the global switches (cuDNN autotune, TF32,
 // NHWC). The switches are plain atomics: flipping one between steps is safe, as in PyTorch.
 #include <atomic>
+#include <cstdlib>
 
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
@@ -19,6 +20,18 @@ void set_cudnn_benchmark(bool on) { g_benchmark = on; }
 bool cudnn_benchmark() { return g_benchmark; }
 void set_cudnn_deterministic(bool on) { g_deterministic = on; }
 bool cudnn_deterministic() { return g_deterministic; }
+namespace {
+int g_find_trials = [] {
+  const char* v = std::getenv("MINIDL_CUDNN_FIND_TRIALS");
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n > 0 ? n : 2;
+}();
+}  // namespace
+void set_cudnn_find_trials(int n) {
+  MINIDL_CHECK(n >= 1, "set_cudnn_find_trials: ", n, " trials; cuDNN's autotuning needs at least 1 (default 2)");
+  g_find_trials = n;
+}
+int cudnn_find_trials() { return g_find_trials; }
 void set_allow_tf32_matmul(bool on) { g_tf32_matmul = on; }
 bool allow_tf32_matmul() { return g_tf32_matmul; }
 void set_allow_tf32_cudnn(bool on) { g_tf32_cudnn = on; }

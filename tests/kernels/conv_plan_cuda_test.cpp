@@ -18,6 +18,8 @@
 #include "kernels/cuda/workspace.h"
 #endif
 #ifdef MINIDL_CUDA_EMU
+#include <cudnn.h>
+
 #include "kernels/cuda/emu/call_log.h"
 #include "kernels/cuda/emu/emu_libs.h"
 #endif
@@ -152,6 +154,56 @@ TEST_F(ConvPlan, DeterministicModeRunsOnlyDeterministicAlgorithms) {
     }
   }
 }
+
+#ifdef MINIDL_CUDA_EMU
+// cuDNN's Find times each algorithm once, and an algorithm's first run in a process also loads its
+// kernels: the same step autotuned in two processes on an H100 ran its channels-last convolutions
+// in 18 and in 27 ms. The backend runs Find cudnn_find_trials() times and keeps each algorithm's
+// best. The emulated Find adds a first-run delay to the fastest algorithm in its first call only:
+// one trial picks another algorithm, two pick the fastest.
+TEST_F(ConvPlan, AutotuningKeepsEachAlgorithmsBestTimeOverItsTrials) {
+  cuda::set_cudnn_benchmark(true);
+  auto forward_algorithm = [] {
+    cuda::clear_conv_algo_cache();
+    cuda::emu::clear_call_log();
+    cuda::emu::set_call_logging(true);
+    conv_step(DType::f16, false);
+    cuda::emu::set_call_logging(false);
+    std::string algo;
+    for (const cuda::emu::LibCall& c : cuda::emu::call_log())
+      if (c.op == "conv forward") algo = c.algo;
+    return algo;
+  };
+  const int trials_before = cuda::cudnn_find_trials();
+  EXPECT_EQ(trials_before, 2) << "the default (or MINIDL_CUDNN_FIND_TRIALS in the environment)";
+  const std::string fastest = forward_algorithm();
+  ASSERT_FALSE(fastest.empty());
+  int fastest_id = -1;   // the forward enum value whose name the call log wrote
+  for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT && fastest_id < 0; ++a) {
+    cuda::emu::set_cudnn_find_delay([a](long long, int algo) { return algo == a ? 1e6f : 0.0f; });
+    if (forward_algorithm() != fastest) fastest_id = a;
+  }
+  ASSERT_GE(fastest_id, 0) << "no delay moved the pick off " << fastest;
+  // Delayed in one Find only: the forward's first (call 0: it runs first), or its last.
+  for (const int trials : {1, 2, 3}) {
+    for (const long long delayed : {0LL, trials - 1LL}) {
+      cuda::set_cudnn_find_trials(trials);
+      cuda::emu::set_cudnn_find_delay([fastest_id, delayed](long long call, int algo) {
+        return call == delayed && algo == fastest_id ? 1e6f : 0.0f;
+      });
+      const long long queries = cuda::emu::cudnn_algorithm_queries();
+      const std::string picked = forward_algorithm();
+      if (trials == 1) EXPECT_NE(picked, fastest) << "one trial: the first-run delay should have cost it the pick";
+      else EXPECT_EQ(picked, fastest) << trials << " trials, trial " << delayed << " delayed";
+      // Per direction: the ranking, then `trials` Finds, then a workspace query per candidate.
+      EXPECT_GE(cuda::emu::cudnn_algorithm_queries() - queries, 3LL * (1 + trials)) << trials << " trials";
+    }
+  }
+  cuda::emu::set_cudnn_find_delay({});
+  cuda::set_cudnn_find_trials(trials_before);
+  EXPECT_THROW(cuda::set_cudnn_find_trials(0), Error);
+}
+#endif
 
 #endif  // MINIDL_WITH_CUDA
 

@@ -341,9 +341,11 @@ cudnnStatus_t find_ex(const char* fn, Dir d, cudnnHandle_t h, cudnnTensorDescrip
   }
   std::vector<std::pair<float, int>> timed;
   std::vector<int> rest;
+  const long long call = next_cudnn_find_call();
   for (const int algo : ranked_algos(d, p, p.math)) {
     const AlgoInfo a = algo_info(d, algo, p, p.math);
-    if (a.status == CUDNN_STATUS_SUCCESS && a.workspace <= ws_bytes) timed.emplace_back(fake_time_ms(p, a), algo);
+    if (a.status == CUDNN_STATUS_SUCCESS && a.workspace <= ws_bytes)
+      timed.emplace_back(fake_time_ms(p, a) + cudnn_find_delay(call, algo), algo);
     else rest.push_back(algo);
   }
   std::stable_sort(timed.begin(), timed.end(), [](const auto& l, const auto& r) { return l.first < r.first; });

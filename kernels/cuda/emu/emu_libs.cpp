@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <utility>
 
 #include "kernels/cuda/emu/emu_libs_internal.h"
 
@@ -30,6 +32,27 @@ const char* last_error_detail() { return t_detail.c_str(); }
 void clear_last_error_detail() { t_detail.clear(); }
 
 long long cudnn_algorithm_queries() { return detail::cudnn_query_count().load(); }
+
+namespace {
+std::mutex g_find_delay_mu;
+FindDelay g_find_delay;
+long long g_find_calls = 0;
+}  // namespace
+void set_cudnn_find_delay(FindDelay delay) {
+  std::lock_guard<std::mutex> lock(g_find_delay_mu);
+  g_find_delay = std::move(delay);
+  g_find_calls = 0;
+}
+namespace detail {
+long long next_cudnn_find_call() {
+  std::lock_guard<std::mutex> lock(g_find_delay_mu);
+  return g_find_calls++;
+}
+float cudnn_find_delay(long long call, int algo) {
+  std::lock_guard<std::mutex> lock(g_find_delay_mu);
+  return g_find_delay ? g_find_delay(call, algo) : 0.0f;
+}
+}  // namespace detail
 
 LibObjectCounts live_object_counts() {
   LibObjectCounts c;

@@ -39,6 +39,13 @@ void clear_last_error_detail();
 // f16 heuristics), so the backend asks once per shape; tests check it does.
 long long cudnn_algorithm_queries();
 
+// What a GPU's Find adds to an algorithm's time the first time it runs in a process (CUDA loads its
+// kernels lazily), for the tests of the backend's autotuning: while set, each cudnnFind*AlgorithmEx
+// adds delay(call, algo) milliseconds to the time it reports for algorithm `algo` (the direction's
+// enum value), `call` counting this process's Find calls from 0 at the setting. Empty: no delay.
+using FindDelay = std::function<float(long long call, int algo)>;
+void set_cudnn_find_delay(FindDelay delay);
+
 // Handles and descriptors created and not yet destroyed (leak checks in tests).
 struct LibObjectCounts {
   int cublas_handles = 0;

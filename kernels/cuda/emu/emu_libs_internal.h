@@ -109,6 +109,10 @@ inline std::atomic<long long>& cudnn_query_count() {
   return n;
 }
 
+// emu_libs.h's set_cudnn_find_delay: the delay in ms a Find reports on top of an algorithm's time.
+float cudnn_find_delay(long long call, int algo);
+long long next_cudnn_find_call();
+
 // ---- elements ----
 
 // The element types both libraries' calls use, whatever each library's enum calls them.
