@@ -38,6 +38,7 @@
 #   GPU_CHECK_STEP_MIN   seconds a step run needs at least to be started (default 20)
 #   GPU_CHECK_MODEL_CONFIGS  the model phase's configurations (default resnet50-amp-nhwc,resnet50-amp;
 #                        minidl-gpumodel --help)
+#   GPU_CHECK_MODEL_BATCHES  the model phase's batches, one run each (default 256)
 #   GPU_CHECK_SANITIZER_FILTER, GPU_CHECK_BENCH_FILTER: see tools/gpu_phases.sh
 # Exit status: 0 all ran and passed, 1 a failure, 2 no usable GPU, 3 setup (stage, libraries),
 # 4 nothing failed but a phase was cut or not reached (run the --resume call).
