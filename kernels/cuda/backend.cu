@@ -24,11 +24,11 @@ namespace {
 int g_find_trials = [] {
   const char* v = std::getenv("MINIDL_CUDNN_FIND_TRIALS");
   const int n = v != nullptr ? std::atoi(v) : 0;
-  return n > 0 ? n : 2;
+  return n > 0 ? n : 1;
 }();
 }  // namespace
 void set_cudnn_find_trials(int n) {
-  MINIDL_CHECK(n >= 1, "set_cudnn_find_trials: ", n, " trials; cuDNN's autotuning needs at least 1 (default 2)");
+  MINIDL_CHECK(n >= 1, "set_cudnn_find_trials: ", n, " trials; cuDNN's autotuning needs at least 1 (default 1)");
   g_find_trials = n;
 }
 int cudnn_find_trials() { return g_find_trials; }

@@ -186,9 +186,10 @@ size_t workspace_size(cudnnHandle_t h, const Descriptors& d, Dir dir, const Cand
 // what the hungriest candidate wants. a/b are the direction's inputs, out its output (scratch).
 // cuDNN's Find runs each algorithm once; an algorithm's first run in a process also loads its
 // kernels (CUDA's lazy module loading), so one trial ranks by load time as much as by speed: the
-// same step autotuned in two processes on an H100 ran its NHWC convolutions in 18 and 27 ms
-// (bench/results/gpu_check_2026-11-26_d10cebe.md). Find runs cudnn_find_trials() times (default 2,
-// runtime.h) and each algorithm keeps its fastest time.
+// same graphed step ran at 5237 images/s in one process on an H200 and 6020-6031 in seven others
+// (bench/results/gpu_check_2026-11-26_5fe0802.md, _ab67ceb.md, gpu_repeat_2026-11-26_ab67ceb.md).
+// Find runs cudnn_find_trials() times (runtime.h; default 1: two changed nothing measurable in six
+// processes) and each algorithm keeps its fastest time.
 Candidate autotune(DeviceContext& ctx, const Descriptors& d, Dir dir, const std::vector<Candidate>& cands,
                    const void* a, const void* b, void* out) {
   size_t want = 0;

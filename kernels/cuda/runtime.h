@@ -35,7 +35,10 @@ void set_cudnn_deterministic(bool on);
 bool cudnn_deterministic();
 // How many times autotuning (set_cudnn_benchmark) runs cuDNN's Find on a shape, each algorithm
 // keeping its fastest time (kernels/cuda/conv.cu, autotune): the first run of an algorithm in a
-// process also loads its kernels. Default 2, or MINIDL_CUDNN_FIND_TRIALS; at least 1.
+// process also loads its kernels. Default 1, or MINIDL_CUDNN_FIND_TRIALS; at least 1. Two trials
+// changed nothing measurable on an H200 (bench/results/gpu_repeat_2026-11-26_ab67ceb.md: six
+// processes, 6020-6024 images/s either way) and cost 2.4 s of warm-up: a switch for a GPU whose
+// processes disagree, not a default.
 void set_cudnn_find_trials(int n);
 int cudnn_find_trials();
 // TF32 tensor cores for f32 work, as torch.backends.{cuda.matmul,cudnn}.allow_tf32
