@@ -77,6 +77,19 @@ report | grep -q '^| bench | skipped |' || fail "a rehearsal's benchmarks are no
 report | grep -q '^| profile | passed |' || fail "the profile phase did not pass"
 report | grep -q '^| convolution | 3 | 90.0 | 90.0% |' || fail "the profile section lacks PyTorch's category table"
 
+# 1a. The category table reads the model phase's first table only (one per configuration and
+#     batch: a later one's launches are another step's).
+cat >"$T/model.md" <<'MD'
+### first
+| `cuDNN conv forward` | 1 | 1 | 10.0 | 40.0 | 4.00 |
+| **sum of the launches** | | | 10.0 | 40.0 | 4.00 |
+### second
+| `cuDNN conv forward` | 1 | 1 | 10.0 | 500.0 | 50.00 |
+MD
+echo '{"categories_us_per_step": {"convolution": 20.0}}' >"$T/profile.json"
+python3 "$ROOT/bench/step_categories.py" --minidl "$T/model.md" --pytorch "$T/profile.json" |
+  grep -q '^| convolution | 40.0 | 20.0 | 2.00 |' || fail "step_categories.py did not read the first table alone"
+
 # 1b. Step runs with options: each minidl run against PyTorch's of the same precision and batch;
 #     the stub sees the options' flags; an unknown option fails its run and names the option.
 stub minidl_bench_step 'j=""; while [[ $# -gt 0 ]]; do [[ $1 == --json ]] && j=$2; echo "arg $1"; shift; done
