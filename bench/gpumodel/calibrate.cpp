@@ -86,7 +86,8 @@ std::string comparison_table(const std::vector<ModelledRow>& modelled, const std
   return os.str();
 }
 
-std::string host_table(const std::vector<MeasuredRow>& measured, double step_host_ms, double step_wall_ms, int top) {
+std::string host_table(const std::vector<MeasuredRow>& measured, double step_host_ms, double step_wall_ms, int top,
+                       double gpu_ms) {
   std::vector<MeasuredRow> rows = measured;
   std::sort(rows.begin(), rows.end(), [](const MeasuredRow& a, const MeasuredRow& b) { return a.host_us > b.host_us; });
   double inside = 0;
@@ -98,6 +99,16 @@ std::string host_table(const std::vector<MeasuredRow>& measured, double step_hos
   os << "| inside the launches and library calls | " << fmt("%.2f", inside * 1e-3) << " |\n";
   if (step_host_ms > 0)
     os << "| minidl's own work between them | " << fmt("%.2f", step_host_ms - inside * 1e-3) << " |\n";
+  if (gpu_ms > 0) os << "| the GPU's own work (the gated launches) | " << fmt("%.2f", gpu_ms) << " |\n";
+  if (gpu_ms > 0 && step_wall_ms > 0) {
+    if (gpu_ms >= 0.9 * step_wall_ms)
+      os << "\nGPU-bound: the GPU's launches fill " << fmt("%.0f", 100 * gpu_ms / step_wall_ms)
+         << "% of the wall, so the host also waits for a full launch queue, inside the timer's event records: "
+            "the own-work row holds those waits.\n";
+    else
+      os << "\nHost-bound: the GPU's launches fill " << fmt("%.0f", 100 * gpu_ms / step_wall_ms)
+         << "% of the wall; the GPU waits for the host " << fmt("%.2f", step_wall_ms - gpu_ms) << " ms a step.\n";
+  }
   os << "\n| kernel or call | launches | host µs per step | host µs per launch |\n| --- | ---: | ---: | ---: |\n";
   for (size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i) {
     const MeasuredRow& r = rows[i];

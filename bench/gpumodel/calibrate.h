@@ -45,6 +45,11 @@ std::string comparison_table(const std::vector<ModelledRow>& modelled, const std
 // (0 when unknown); the rows' host_us are its time inside each key's launches or library calls;
 // the rest is minidl's own work between them (autograd, allocator, checks, the timer's own event
 // records). The `top` keys by host time are listed.
-std::string host_table(const std::vector<MeasuredRow>& measured, double step_host_ms, double step_wall_ms, int top);
+// gpu_ms: the GPU's own time a step (the gated launches' sum; 0 when not measured). With it the
+// table says which side sets the pace: host-bound, the GPU idles for the difference; GPU-bound
+// (its launches fill at least 90% of the wall), the host's own-work row also holds its waits for
+// a full launch queue (inside the timer's event records), not work.
+std::string host_table(const std::vector<MeasuredRow>& measured, double step_host_ms, double step_wall_ms, int top,
+                       double gpu_ms = 0);
 
 }  // namespace minidl::gpumodel

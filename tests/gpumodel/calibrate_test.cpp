@@ -58,6 +58,14 @@ TEST(Calibration, HostTimeIsSplitBetweenTheCallsAndTheRest) {
   EXPECT_NE(table.find("| `cuDNN conv forward` | 1 | 100.0 | 100.0 |"), std::string::npos) << table;
   EXPECT_LT(table.find("cuDNN conv forward"), table.find("relu"));   // costliest on the host first
   EXPECT_EQ(host_table(rows, 0.5, 0.9, 1).find("relu"), std::string::npos);   // only the top one
+  EXPECT_EQ(table.find("bound"), std::string::npos) << "no GPU time given: no verdict";
+  // With the GPU's own time: which side sets the pace.
+  const std::string host_bound = host_table(rows, 0.5, 0.9, 10, 0.6);
+  EXPECT_NE(host_bound.find("| the GPU's own work (the gated launches) | 0.60 |"), std::string::npos) << host_bound;
+  EXPECT_NE(host_bound.find("Host-bound: the GPU's launches fill 67% of the wall; the GPU waits for the host 0.30 ms"),
+            std::string::npos) << host_bound;
+  const std::string gpu_bound = host_table(rows, 0.5, 0.9, 10, 0.85);
+  EXPECT_NE(gpu_bound.find("GPU-bound: the GPU's launches fill 94% of the wall"), std::string::npos) << gpu_bound;
 }
 
 }  // namespace
