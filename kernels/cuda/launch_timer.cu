@@ -45,7 +45,9 @@ void CUDART_CB wait_for_gate(void* p) {
   while (!(*held)->open.load(std::memory_order_acquire)) {
     if (std::chrono::steady_clock::now() - t0 > kGateTimeout) {
       if (g_gate_timeouts.fetch_add(1) < 8)
-        std::fprintf(stderr, "minidl: the launch gate of '%s' opened by its timeout (%lld ms): something inside the call waited for the stream\n",
+        std::fprintf(stderr,
+                     "minidl: the launch gate of '%s' opened by its timeout (%lld ms): something inside the call "
+                     "waited for the stream\n",
                      (*held)->op, static_cast<long long>(kGateTimeout.count()));
       break;
     }
@@ -53,10 +55,6 @@ void CUDART_CB wait_for_gate(void* p) {
   }
   delete held;
 }
-
-}  // namespace
-
-namespace {
 
 using Clock = std::chrono::steady_clock;
 

@@ -91,21 +91,32 @@ TEST(GpuModelOnTheEmulator, ASmallCnnStepExtrapolatesToAHeldOutSize) {
   }
 }
 
-TEST(GpuModelOnTheEmulator, TheLaunchTimerKeysLaunchesAsTheModelDoes) {
-  const TensorOptions o{DType::f32, Device::cuda(0), false};
-  const Tensor x = randn({2, 3, 8, 8}, o), w = randn({4, 3, 3, 3}, o);
+// The keys of the launches `work` makes, timed (gated or not) by the launch timer.
+template <class Work>
+std::vector<std::string> timed_keys(bool gated, Work&& work) {
   cuda::synchronize(0);
   cuda::take_launch_times();
+  cuda::set_launch_gating(gated);
   cuda::set_launch_timing(true);
-  cuda::set_conv_nhwc(true);
-  const Tensor y = relu(conv2d(x, w, Tensor(), pad1()));
-  cuda::set_conv_nhwc(false);
+  work();
   cuda::set_launch_timing(false);
+  cuda::set_launch_gating(false);
   std::vector<std::string> keys;
   for (const cuda::LaunchTime& t : cuda::take_launch_times()) {
     keys.push_back(launch_key(t.op, t.kernel));
     EXPECT_GE(t.ms, 0.0);
   }
+  return keys;
+}
+
+TEST(GpuModelOnTheEmulator, TheLaunchTimerKeysLaunchesAsTheModelDoes) {
+  const TensorOptions o{DType::f32, Device::cuda(0), false};
+  const Tensor x = randn({2, 3, 8, 8}, o), w = randn({4, 3, 3, 3}, o);
+  const std::vector<std::string> keys = timed_keys(false, [&] {
+    cuda::set_conv_nhwc(true);
+    const Tensor y = relu(conv2d(x, w, Tensor(), pad1()));
+    cuda::set_conv_nhwc(false);
+  });
   // The transposes into and out of channels-last are filed apart from other copies.
   const auto conv = std::find(keys.begin(), keys.end(), "cuDNN conv forward");
   ASSERT_NE(conv, keys.end());
@@ -126,19 +137,7 @@ TEST(GpuModelOnTheEmulator, GatedLaunchTimingTimesTheSameLaunchesAndHoldsTheStre
   const TensorOptions o{DType::f32, Device::cuda(0), false};
   const Tensor x = randn({2, 3, 8, 8}, o), w = randn({4, 3, 3, 3}, o);
   auto keys_of = [&](bool gated, bool with_conv) {
-    cuda::synchronize(0);
-    cuda::take_launch_times();
-    cuda::set_launch_gating(gated);
-    cuda::set_launch_timing(true);
-    const Tensor y = relu(with_conv ? conv2d(x, w, Tensor(), pad1()) : x);
-    cuda::set_launch_timing(false);
-    cuda::set_launch_gating(false);
-    std::vector<std::string> keys;
-    for (const cuda::LaunchTime& t : cuda::take_launch_times()) {
-      keys.push_back(launch_key(t.op, t.kernel));
-      EXPECT_GE(t.ms, 0.0);
-    }
-    return keys;
+    return timed_keys(gated, [&] { const Tensor y = relu(with_conv ? conv2d(x, w, Tensor(), pad1()) : x); });
   };
   const size_t timeouts = cuda::launch_gate_timeouts();
   const std::vector<std::string> ungated = keys_of(false, true);
