@@ -198,6 +198,8 @@ phase_model() {
   # tools/gpu_stage.sh) is what the GPU calibrates: per kernel, its modelled microseconds beside
   # the CUDA-event times of the same step.
   tsv="$(head -1 "$WORK/MODEL_TSV" 2>/dev/null)"
+  # On an H200, the H200's model (minidl-gpumodel --gpu h200) when the stage has one.
+  [[ ${GPU_LINE:-} == *H200* && -s "$WORK/MODEL_TSV_H200" ]] && tsv="$(head -1 "$WORK/MODEL_TSV_H200")"
   [[ -n "$tsv" && -f "$ROOT/$tsv" ]] && tsv="$ROOT/$tsv" || tsv=""
   # One run per batch (GPU_CHECK_MODEL_BATCHES, default the model's target, 256), each with what
   # is left of the phase's budget.

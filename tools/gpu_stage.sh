@@ -101,16 +101,24 @@ if want tests; then
   # bench/results/gpu_model_*.tsv by the commit that added it (a new, uncommitted one counts as the
   # last): a later commit that edits every table (a09f11e added a header line to each) must not
   # make them all "last" and leave the choice to the names' order, which is how the first GPU run
-  # (bbe331e) calibrated the pre-fusion 60d57e3 table. The phase measures the eager NCHW step
-  # (GPU_CHECK_MODEL_CONFIGS=resnet50-amp), so tables of other modes or layouts (_graph, _nhwc in
-  # their names) are not candidates.
-  for f in bench/results/gpu_model_*.tsv; do
-    [[ $f == *_graph* || $f == *_nhwc* ]] && continue
-    [[ -f $f ]] && echo "$(git log --diff-filter=A -1 --format=%ct -- "$f" 2>/dev/null | grep . || date +%s) $f"
-  done | sort -n | tail -1 | cut -d' ' -f2- >"$tmp/MODEL_TSV"
+  # (bbe331e) calibrated the pre-fusion 60d57e3 table. The phase measures eager steps, so tables of
+  # the graph mode (_graph in their names) are not candidates, nor the older one-layout channels-last
+  # tables (_nhwc); a table may hold several configurations (its rows are keyed by configuration,
+  # batch and image). MODEL_TSV is the H100's; MODEL_TSV_H200 the H200's (_h200 in the
+  # name: minidl-gpumodel --gpu h200), which the phase takes on an H200.
+  last_table() {   # $1: h100 or h200
+    local f
+    for f in bench/results/gpu_model_*.tsv; do
+      [[ $f == *_graph* || $f == *_nhwc* ]] && continue
+      if [[ $f == *_h200* ]]; then [[ $1 == h200 ]] || continue; else [[ $1 == h100 ]] || continue; fi
+      [[ -f $f ]] && echo "$(git log --diff-filter=A -1 --format=%ct -- "$f" 2>/dev/null | grep . || date +%s) $f"
+    done | sort -n | tail -1 | cut -d' ' -f2-
+  }
+  last_table h100 >"$tmp/MODEL_TSV"
+  last_table h200 >"$tmp/MODEL_TSV_H200"
   rm -rf "$TESTS_DIR" && mkdir -p "$TESTS_DIR" || die 3 "cannot create $TESTS_DIR"
   say "compressing the check stage (xz -9)"
-  tar -C "$tmp" -cf - COMMIT MODEL_TSV bin lib | xz -9 -T2 >"$TESTS_DIR/stage.tar.xz" || die 3 "packing the check stage failed"
+  tar -C "$tmp" -cf - COMMIT MODEL_TSV MODEL_TSV_H200 bin lib | xz -9 -T2 >"$TESTS_DIR/stage.tar.xz" || die 3 "packing the check stage failed"
   echo "$COMMIT" >"$TESTS_DIR/COMMIT"
   say "check stage: $TESTS_DIR/stage.tar.xz ($(du -sh "$TESTS_DIR/stage.tar.xz" | cut -f1); unpacked $(du -sh "$tmp" | cut -f1)); on the GPU machine: tools/gpu_check.sh $TESTS_DIR"
   rm -rf "$tmp"

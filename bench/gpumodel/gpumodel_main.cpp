@@ -217,7 +217,7 @@ struct Modelled {
 Modelled model(const std::string& name, const StepConfig& c, Size target, const std::vector<Size>& samples,
                const std::vector<Size>& held_out, const std::vector<KernelResources>& table, LaunchMode mode,
                const ReportInfo& base, bool trace, const std::vector<StepProfile>& saved,
-               const std::string& save_to) {
+               const std::string& save_to, const H100Spec& spec) {
   Stepper stepper(c);
   auto profile = [&](Size s) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -293,9 +293,9 @@ Modelled model(const std::string& name, const StepConfig& c, Size target, const 
   }
   for (const StepProfile& p : fitted)
     for (const Work& w : p.work) out.launches.push_back(w);
-  const ModelledStep m = model_step(predict(fit, target.batch, target.image), table, H100Spec{}, mode);
-  out.markdown = markdown_report(m, info, H100Spec{});
-  out.summary = markdown_report(m, info, H100Spec{}, 10);
+  const ModelledStep m = model_step(predict(fit, target.batch, target.image), table, spec, mode);
+  out.markdown = markdown_report(m, info, spec);
+  out.summary = markdown_report(m, info, spec, 10);
   out.tsv = per_kernel_tsv(m, config_key(name, target));
   return out;
 }
@@ -303,7 +303,7 @@ Modelled model(const std::string& name, const StepConfig& c, Size target, const 
 std::string spec_table(const H100Spec& s) {
   std::ostringstream os;
   os << "| figure | value | source |\n| --- | ---: | --- |\n";
-  os << "| HBM3 bandwidth | " << s.hbm_bytes_per_s / 1e12 << " TB/s (x " << s.hbm_efficiency
+  os << "| HBM bandwidth | " << s.hbm_bytes_per_s / 1e12 << " TB/s (x " << s.hbm_efficiency
      << " achievable) | datasheet; the efficiency is an assumption |\n";
   os << "| L2 | " << s.l2_bytes / 1e6 << " MB, " << s.l2_bytes_per_s / 1e12
      << " TB/s to the SMs | whitepaper; the bandwidth is an assumption |\n";
@@ -349,6 +349,14 @@ int run(int argc, char** argv) {
   app.add_option("--mode", mode,
                  "eager, or graph: the step captured into a CUDA graph once per shape and replayed, each launch "
                  "at the graph's launch cost")->check(CLI::IsMember({"eager", "graph"}));
+  std::string gpu = "h100";
+#ifdef MINIDL_CUDA_EMU
+  app.add_option("--gpu", gpu,
+                 "the modelled chip: h100 (H100 SXM, 3.35 TB/s of HBM3) or h200 (the same processor, 4.8 TB/s of "
+                 "HBM3e); bench/gpumodel/h100.h")
+      ->check(CLI::IsMember({"h100", "h200"}))
+      ->capture_default_str();
+#endif
   app.add_option("--resources", resources, "folder of ptxas reports (the build's kernel_resources/)");
   app.add_option("--out", out, "write the full markdown tables here");
   app.add_option("--tsv", tsv, "write the per-kernel modelled times here (the calibration's input)");
@@ -366,6 +374,9 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+#ifdef MINIDL_CUDA_EMU
+  const H100Spec spec = gpu == "h200" ? h200_spec() : H100Spec{};
+#endif
 
   std::vector<std::string> names;
   {
@@ -416,7 +427,7 @@ int run(int argc, char** argv) {
       saved = read_profiles(in, profile_label(name, c, target));
     }
     const Modelled r = model(name, c, target, s, v, table, mode == "graph" ? LaunchMode::Graph : LaunchMode::Eager,
-                             base, trace, saved, save_profiles);
+                             base, trace, saved, save_profiles, spec);
     md << r.markdown << "\n";
     summary << r.summary << "\n";
     tsv_text << r.tsv;
@@ -426,13 +437,14 @@ int run(int argc, char** argv) {
 #ifdef MINIDL_CUDA_EMU
   if (!measure_mode) {
     std::ostringstream doc;
-    doc << "# H100 step-time model (modelled: no GPU ran any of this), " << base.date << "\n\n"
+    doc << "# " << (gpu == "h200" ? "H200" : "H100") << " step-time model (modelled: no GPU ran any of this), "
+        << base.date << "\n\n"
         << "Every time, rate and byte count below is **modelled** from the emulated device's per-launch counters "
            "(docs/cuda.md, \"The step-time model\"), launch cost " << mode << ".\n\n"
-        << "## The modelled H100 SXM (bench/gpumodel/h100.h)\n\n" << spec_table(H100Spec{}) << "\n"
+        << "## The modelled " << spec.name << " (bench/gpumodel/h100.h)\n\n" << spec_table(spec) << "\n"
         << "## Steps\n\n" << md.str()
         << "## ptxas resources (sm_90) and theoretical occupancy at each launch configuration\n\n"
-        << resource_table(table, all_launches, H100Spec{});
+        << resource_table(table, all_launches, spec);
     if (!out.empty()) std::ofstream(out) << doc.str();
     if (!tsv.empty()) std::ofstream(tsv) << tsv_text.str();
     std::cout << summary.str();

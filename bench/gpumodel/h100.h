@@ -62,4 +62,15 @@ struct H100Spec {
   int warp_size = 32;
 };
 
+// The H200 SXM: the H100's processor (the same 132 SMs and the same dense tensor and FP32 peaks by
+// NVIDIA's H200 datasheet) with 141 GB of HBM3e at 4.8 TB/s. The GPU sessions are lent either chip,
+// and a measurement is compared with the model of the chip it ran on (minidl-gpumodel --gpu h200).
+// Every assumption stays the H100's until an H200 calibrates it.
+inline H100Spec h200_spec() {
+  H100Spec s;
+  s.name = "H200 SXM 141GB (modelled)";
+  s.hbm_bytes_per_s = 4.8e12;   // datasheet: GPU memory bandwidth 4.8 TB/s (HBM3e)
+  return s;
+}
+
 }  // namespace minidl::gpumodel

@@ -38,6 +38,20 @@ TEST(CostModel, ACoalescedCopyRunsAtTheAchievableHbmBandwidth) {
   EXPECT_DOUBLE_EQ(ideal_fused_seconds(copy_kernel(n, 132 * 32), s), 0.0);   // fused into the convolutions
 }
 
+// The H200 (h200_spec): the H100's processor with 4.8 TB/s of HBM3e. The same copy is HBM-bound at
+// the H200's bandwidth; a convolution, bound by the tensor cores, costs what it costs on the H100.
+TEST(CostModel, TheH200IsTheH100WithFasterMemory) {
+  const H100Spec h100, h200 = h200_spec();
+  EXPECT_STRNE(h200.name, h100.name);
+  const double n = 256e6;
+  const Cost c = model_cost(copy_kernel(n, 132 * 32), {}, h200, LaunchMode::Eager);
+  EXPECT_EQ(c.bound, "HBM");
+  EXPECT_NEAR(c.seconds, 8 * n / (4.8e12 * 0.9) + 4e-6, 1e-12);
+  EXPECT_EQ(h200.f16_tensor_flops, h100.f16_tensor_flops);
+  EXPECT_EQ(h200.sms, h100.sms);
+  EXPECT_EQ(h200.cudnn_efficiency, h100.cudnn_efficiency);
+}
+
 TEST(CostModel, TooFewResidentWarpsAreLatencyBound) {
   // 64 blocks of 256 threads: 512 resident warps of the 132 x 32 it takes to keep HBM busy.
   const H100Spec s;
