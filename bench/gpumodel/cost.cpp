@@ -23,6 +23,10 @@ double peak_flops(Math m, const H100Spec& s) {
   return s.fp32_flops;
 }
 
+bool is_f16_nchw_convolution(const Work& w) {
+  return starts_with(w.op, "cuDNN conv") && w.detail == "f16 NCHW";
+}
+
 bool is_parameter_update(const Work& w) {
   return starts_with(w.op, "fused_") || w.op == "unscale_grads";
 }
@@ -47,7 +51,8 @@ Cost model_cost(const Work& w, const std::vector<KernelResources>& table, const 
     const double t_math = c.flops / (peak_flops(w.math, s) * eff);
     const double t_mem = c.dram_bytes / hbm;
     c.bound = t_math >= t_mem ? math_name(w.math) : "HBM";
-    c.seconds = std::max(t_math, t_mem) + c.launch_s;
+    const double layout = is_f16_nchw_convolution(w) ? s.cudnn_f16_nchw_factor : 1.0;
+    c.seconds = std::max(t_math, t_mem) * layout + c.launch_s;
     return c;
   }
   // A kernel of ours.

@@ -41,5 +41,7 @@ double ideal_fused_bytes(const Work& w);
 
 double peak_flops(Math m, const H100Spec& spec);
 bool is_parameter_update(const Work& w);   // the work a fused step still has to do once
+// A cuDNN convolution on f16 NCHW tensors: priced at cudnn_f16_nchw_factor times its channels-last cost.
+bool is_f16_nchw_convolution(const Work& w);
 
 }  // namespace minidl::gpumodel

@@ -317,6 +317,8 @@ std::string spec_table(const H100Spec& s) {
   os << "| FP32 | " << s.fp32_flops / 1e12 << " TFLOPS | datasheet |\n";
   os << "| cuDNN / cuBLAS share of the peak | " << s.cudnn_efficiency << " / " << s.cublas_efficiency
      << " | assumption |\n";
+  os << "| cuDNN's f16 convolutions on NCHW tensors, time against channels-last | x " << s.cudnn_f16_nchw_factor
+     << " | measured (an H200, gated, ab67ceb; h100.h) |\n";
   os << "| launch, eager / in a CUDA graph | " << s.launch_eager_s * 1e6 << " / " << s.launch_graph_s * 1e6
      << " µs | assumption (h100.h says why) |\n";
   os << "| SMs, registers per SM, warps per SM, shared memory per SM | " << s.sms << ", " << s.regs_per_sm << ", "

@@ -98,6 +98,35 @@ TEST(CostModel, ConvolutionsRunAtTheirMathsPeakTimesTheEfficiency) {
   EXPECT_NEAR(c.seconds, 1e9 / (3.35e12 * 0.9) + 4e-6, 1e-12);
 }
 
+// cuDNN's f16 convolutions on NCHW tensors cost cudnn_f16_nchw_factor times the same call
+// channels-last (measured on a GPU: h100.h); other dtypes and the ideal step keep one price.
+TEST(CostModel, NchwHalfPrecisionConvolutionsCostTheMeasuredFactorMore) {
+  const H100Spec s;
+  ASSERT_GT(s.cudnn_f16_nchw_factor, 1.0);
+  Work w;
+  w.kind = Work::Kind::Library;
+  w.op = "cuDNN conv backward filter";
+  w.math = Math::F16Tensor;
+  w.v.assign(kLibFields, 0.0);
+  w.v[kFlops] = 1e12;
+  w.v[kMinBytes] = 1e8;
+  w.detail = "f16 NHWC";
+  const double nhwc = model_cost(w, {}, s, LaunchMode::Graph).seconds;
+  EXPECT_NEAR(nhwc, 1e12 / (989.5e12 * 0.6) + 1e-6, 1e-12);
+  w.detail = "f16 NCHW";
+  EXPECT_NEAR(model_cost(w, {}, s, LaunchMode::Graph).seconds, 1e12 / (989.5e12 * 0.6) * s.cudnn_f16_nchw_factor + 1e-6,
+              1e-12);
+  EXPECT_NEAR(ideal_fused_seconds(w, s), 1e12 / 989.5e12, 1e-15);   // the ideal runs at peak in any layout
+  w.detail = "f32 NCHW";
+  w.math = Math::Tf32Tensor;
+  EXPECT_NEAR(model_cost(w, {}, s, LaunchMode::Graph).seconds, 1e12 / (494.5e12 * 0.6) + 1e-6, 1e-12);
+  // cuBLAS is not cuDNN: no layout factor.
+  w.op = "cuBLAS gemm";
+  w.detail = "f16 NCHW";
+  w.math = Math::F16Tensor;
+  EXPECT_NEAR(model_cost(w, {}, s, LaunchMode::Graph).seconds, 1e12 / (989.5e12 * 0.7) + 1e-6, 1e-12);
+}
+
 TEST(CostModel, TheStepIsTheSumInStreamOrderAndTheTablesGroupByKernel) {
   const H100Spec s;
   StepProfile p;
