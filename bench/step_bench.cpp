@@ -70,7 +70,7 @@ int run(TrainConfig& c, const StepOptions& o) {
   optim::GradScaler scaler({.init_scale = c.amp_init_scale, .enabled = c.amp});
   const TensorOptions fo{DType::f32, dev, false};
   Tensor x = randn(m.input_shape(c.batch_size), fo);
-  if (c.channels_last) x = to_channels_last(x);   // as the loader writes it: no conversion per step
+  if (o.channels_last) x = to_channels_last(x);   // as the loader writes it: no conversion per step
   const Tensor labels = gt(rand({c.batch_size}, fo), full({1}, 0.5, fo)).to(DType::i64);
   int64_t skipped = 0;
   auto step = [&] {

@@ -59,6 +59,12 @@ double TrainConfig::resolved_weight_decay() const {
   return optimizer == "adamw" ? 0.01 : 0.0;
 }
 
+bool TrainConfig::resolved_channels_last() const {
+  if (channels_last) return *channels_last;
+  const bool cuda = device == "cuda" || device.rfind("cuda:", 0) == 0;
+  return cuda && amp;
+}
+
 double TrainConfig::scaled_lr() const {
   return optim::scaled_lr(resolved_lr(), effective_batch(), base_batch, optim::parse_lr_scaling(lr_scaling));
 }
@@ -139,8 +145,15 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
                                                "(ResNet models)");
   app.add_option("--cudnn-benchmark", c.cudnn_benchmark,
                  "cuDNN convolution algorithms: on (autotune, as torch.backends.cudnn.benchmark) or off (heuristic)");
-  app.add_flag("--channels-last", c.channels_last,
-               "weights and input batches in channels-last (NHWC) memory, kept end to end; off by default");
+  // Flag functions, so that a config file's "channels-last = false" (a negative count) says NCHW too.
+  app.add_flag_function(
+      "--channels-last", [&c](int64_t n) { c.channels_last = n > 0; },
+      "weights and input batches in channels-last (NHWC) memory, kept end to end; the default with --device cuda "
+      "and --amp, off otherwise");
+  app.add_flag_function(
+         "--no-channels-last", [&c](int64_t n) { c.channels_last = n <= 0; },
+         "NCHW weights and batches, also with --device cuda and --amp")
+      ->excludes("--channels-last");
   app.add_flag("--cuda-graphs", c.cuda_graphs,
                "capture the training step into a CUDA graph after the warm-up and replay it for every full "
                "batch (CUDA device, SGD, no accumulation, clipping or ranks; the divergence check follows the "

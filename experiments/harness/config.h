@@ -3,6 +3,7 @@
 // minidl-train, minidl-maxbatch, minidl-sweep and minidl-memest accept the same spelling.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,7 +74,9 @@ struct TrainConfig {
   int64_t amp_growth_interval = 2000;  // clean steps before the scale doubles (PyTorch's default)
   std::string checkpoint = "none";  // none | stages | sequential:N | optimal
   std::string cudnn_benchmark = "on";
-  bool channels_last = false;       // weights and batches in channels-last memory (NHWC)
+  // Weights and batches in channels-last memory (NHWC): --channels-last / --no-channels-last; unset,
+  // on for CUDA + AMP (resolved_channels_last()).
+  std::optional<bool> channels_last;
   bool cuda_graphs = false;         // replay each step from a CUDA graph (graphed_step.h)
   std::string memory_budget;        // "11GiB"; empty: none
   std::string device = "cpu";
@@ -100,6 +103,9 @@ struct TrainConfig {
   int64_t resolved_image_size() const;
   double resolved_lr() const;            // before batch scaling
   double resolved_weight_decay() const;
+  // channels_last when set, else the default: on for a CUDA device with --amp (cuDNN's f16 convolutions
+  // run channels-last; docs/experiments.md says what was measured), off otherwise.
+  bool resolved_channels_last() const;
   // Images per optimizer step over all ranks: per-device batch x world size x accumulation.
   int64_t effective_batch() const { return batch_size * world_size * accumulation_steps; }
   double scaled_lr() const;              // resolved_lr with --lr-scaling applied

@@ -168,7 +168,7 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   o.seed = seed;
   o.device = device;
   o.transform.size = image_size;
-  o.channels_last = c.channels_last;
+  o.channels_last = c.resolved_channels_last();
   o.transform.normalize = c.normalize == "imagenet";
   const std::string fit = resolved_resize_mode(c);
   o.transform.fit = fit == "squash" || fit == "keras" ? data::Fit::Squash : data::Fit::ShorterCrop;

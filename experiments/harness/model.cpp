@@ -47,12 +47,12 @@ Model make_model(const TrainConfig& c, uint64_t seed) {
   m.image_size = c.resolved_image_size();
   m.checkpoint = parse_checkpoint(c.checkpoint);
   m.amp = c.amp;
-  m.channels_last = c.channels_last;
+  m.channels_last = c.resolved_channels_last();
   Generator gen(seed);
   if (c.model == "smallcnn") {
     m.module = std::make_shared<nn::KerasSmallCnn>(m.image_size, &gen);
     m.binary = true;
-    if (c.channels_last) m.module->to_channels_last();
+    if (m.channels_last) m.module->to_channels_last();
     return m;
   }
   const bool small = c.model.size() > 6 && c.model.substr(c.model.size() - 6) == "-small";
@@ -62,7 +62,7 @@ Model make_model(const TrainConfig& c, uint64_t seed) {
   else if (base == "resnet50") m.resnet = nn::resnet50(2, &gen, false, small);
   else throw UsageError("--model '" + c.model + "' is unknown");
   m.module = m.resnet;
-  if (c.channels_last) m.module->to_channels_last();   // device moves keep the format
+  if (m.channels_last) m.module->to_channels_last();   // device moves keep the format
   // The recomputation modes of nn/recompute.h; optimal plans for the device's memory budget.
   if (m.checkpoint.kind != CheckpointSpec::Kind::None)
     m.recomputer = std::make_shared<nn::Recomputer>(*m.resnet, nn::RecomputeMode::parse(c.checkpoint));

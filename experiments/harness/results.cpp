@@ -252,7 +252,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"amp_growth_interval", c.amp_growth_interval},
           {"checkpoint", c.checkpoint},
           {"cudnn_benchmark", c.cudnn_benchmark},
-          {"channels_last", c.channels_last},
+          {"channels_last", c.resolved_channels_last()},
           {"cuda_graphs", c.cuda_graphs},
           {"memory_budget", c.memory_budget},
           {"device", c.device},

@@ -109,7 +109,7 @@ Study utilization(bool quick, const TrainConfig& base) {
     s.title += " (mixed precision)";
     s.notes += " This table runs with --amp (f16 autocast, dynamic loss scaling), the precision of PyTorch's "
                "--best; --best also uses channels_last, which minidl runs with --channels-last (" +
-               std::string(base.channels_last ? "on here" : "off here") + ").";
+               std::string(base.resolved_channels_last() ? "on here" : "off here") + ").";
   }
   for (int64_t b : powers(4, quick ? 512 : 1024)) {
     SweepRun r;

@@ -83,6 +83,37 @@ TEST(ExperimentsConfig, UnknownFlagsAndBadValuesAreParseErrors) {
   EXPECT_NE(app3.help().find("=32"), std::string::npos) << "defaults are shown in --help";
 }
 
+// Channels-last is the default for CUDA + AMP only (cuDNN's f16 convolutions run channels-last: the
+// step-time model and the GPU runs agree, docs/experiments.md); either flag overrides it, and a
+// config file's "channels-last = false" asks for NCHW.
+TEST(ExperimentsConfig, ChannelsLastIsTheDefaultForCudaWithAmpOnly) {
+  auto resolved = [](std::vector<std::string> args) {
+    TrainConfig c;
+    CLI::App app;
+    add_config_flag(app);
+    add_train_flags(app, c);
+    EXPECT_EQ(parse(app, std::move(args)), -1);
+    return c.resolved_channels_last();
+  };
+  EXPECT_FALSE(resolved({}));
+  EXPECT_FALSE(resolved({"--amp"}));                      // the CPU
+  EXPECT_FALSE(resolved({"--device", "cuda"}));           // f32 on CUDA
+  EXPECT_TRUE(resolved({"--device", "cuda", "--amp"}));
+  EXPECT_TRUE(resolved({"--device", "cuda:1", "--amp"}));
+  EXPECT_FALSE(resolved({"--device", "cuda", "--amp", "--no-channels-last"}));
+  EXPECT_TRUE(resolved({"--channels-last"}));
+  EXPECT_TRUE(resolved({"--device", "cuda", "--channels-last"}));
+  const auto dir = temp_dir();
+  const auto file = dir / "nchw.toml";
+  std::ofstream(file) << "device = \"cuda\"\namp = true\nchannels-last = false\n";
+  EXPECT_FALSE(resolved({"--config", file.string()}));
+  std::filesystem::remove_all(dir);
+  TrainConfig c;
+  CLI::App app;
+  add_train_flags(app, c);
+  EXPECT_EQ(parse(app, {"--channels-last", "--no-channels-last"}), 2);   // one or the other
+}
+
 TEST(ExperimentsConfig, ValidateNamesTheFlagAndTheFix) {
   auto bad = [](auto edit) {
     TrainConfig c = testing::tiny_config();
