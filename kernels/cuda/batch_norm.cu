@@ -155,7 +155,8 @@ namespace {
 // Per channel, sums of d = x - K and d * d with K the channel's first value: shifting by a value
 // of the channel keeps E[d^2] - E[d]^2 free of the cancellation a large mean would cause.
 template <typename T, int V, bool kRows>
-__global__ void stats_kernel(const T* __restrict__ x, Geo g, double* __restrict__ part) {
+__global__ void __launch_bounds__(kBlock, min_blocks_for<T, V, kRows>())
+    stats_kernel(const T* __restrict__ x, Geo g, double* __restrict__ part) {
   using A = typename Compute<T>::type;
   constexpr int L = kRows ? V : 1;
   bool active;
@@ -165,17 +166,18 @@ __global__ void stats_kernel(const T* __restrict__ x, Geo g, double* __restrict_
   for (int j = 0; j < L; ++j) K[j] = active ? cvt<A>(x[first_offset(g, c0 + j)]) : A(0);
   PairSums<A, L> ps;
   if (active) {
-    walk<kRows, V>(g, c0, [&](int64_t off) {
-      const Vec<T, V> p = load<T, V>(x, off);
+    walk_loaded<kRows, V, unroll_for<T, V>()>(
+        g, c0, [&](int64_t off) { return load<T, V>(x, off); },
+        [&](int64_t, const Vec<T, V>& p) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const int j = kRows ? k : 0;
-        const A d = cvt<A>(p.v[k]) - K[j];
-        ps.fs[j] += d;
-        ps.fq[j] = fma_rn(d, d, ps.fq[j]);
-      }
-      ps.end_vector();
-    });
+          for (int k = 0; k < V; ++k) {
+            const int j = kRows ? k : 0;
+            const A d = cvt<A>(p.v[k]) - K[j];
+            ps.fs[j] += d;
+            ps.fq[j] = fma_rn(d, d, ps.fq[j]);
+          }
+          ps.end_vector();
+        });
   }
   write_block_sums<kRows>(ps, g, c0, part);
   // The shift, for the finalize: once per channel, by the first row of blocks.
@@ -221,8 +223,8 @@ __global__ void finalize_kernel(Geo g, const double* part, Channel running_mean,
 // y = relu?(fma(x - m, a, b) [+ residual]) in the compute type, rounded once to T. Each thread
 // keeps its channels' coefficients in registers for its whole walk.
 template <typename T, int V, bool kRows>
-__global__ void apply_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y, Geo g, Affine aff,
-                             bool relu) {
+__global__ void __launch_bounds__(kBlock, min_blocks_for<T, V, kRows>())
+    apply_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y, Geo g, Affine aff, bool relu) {
   using A = typename Compute<T>::type;
   constexpr int L = kRows ? V : 1;
   bool active;
@@ -231,21 +233,31 @@ __global__ void apply_kernel(const T* __restrict__ x, const T* __restrict__ res,
   A m[L], a[L], b[L];
 #pragma unroll
   for (int j = 0; j < L; ++j) aff.at(c0 + j, m[j], a[j], b[j]);
-  walk<kRows, V>(g, c0, [&](int64_t off) {
-    const Vec<T, V> px = load<T, V>(x, off);
-    Vec<T, V> pr;
-    if (res != nullptr) pr = load<T, V>(res, off);
-    Vec<T, V> py;
+  struct Loaded {
+    Vec<T, V> x, r;
+  };
+  walk_loaded<kRows, V, unroll_for<T, V>()>(
+      g, c0,
+      [&](int64_t off) {
+        Loaded l;
+        l.x = load<T, V>(x, off);
+        if (res != nullptr) l.r = load<T, V>(res, off);
+        return l;
+      },
+      [&](int64_t off, const Loaded& l) {
+        const Vec<T, V>& px = l.x;
+        const Vec<T, V>& pr = l.r;
+        Vec<T, V> py;
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int j = kRows ? k : 0;
-      A z = affine(cvt<A>(px.v[k]), m[j], a[j], b[j]);
-      if (res != nullptr) z = z + cvt<A>(pr.v[k]);
-      if (relu) z = z > A(0) ? z : A(0);
-      py.v[k] = cvt<T>(z);
-    }
-    store<T, V>(y, off, py);
-  });
+        for (int k = 0; k < V; ++k) {
+          const int j = kRows ? k : 0;
+          A z = affine(cvt<A>(px.v[k]), m[j], a[j], b[j]);
+          if (res != nullptr) z = z + cvt<A>(pr.v[k]);
+          if (relu) z = z > A(0) ? z : A(0);
+          py.v[k] = cvt<T>(z);
+        }
+        store<T, V>(y, off, py);
+      });
 }
 
 }  // namespace

@@ -142,6 +142,55 @@ __device__ __forceinline__ void walk(const Geo& g, int64_t c0, F&& f) {
   }
 }
 
+// walk() with a thread's loads issued ahead of their use: load(offset) reads one position's
+// operands (the vectors it returns), use(offset, loaded) computes and stores. Channels-last rows are
+// taken kUnroll at a time, their loads first, so a thread keeps kUnroll loads in flight instead of
+// one: an 8-byte row access (batch_norm_rows_bytes) with one load in flight leaves 16 KB a fully
+// occupied SM waiting on memory, about half of what HBM's latency asks for (Little's law), and the
+// H200 measured these kernels at 35-65% of its bandwidth against 79% for the two-operand
+// binary_vec_kernel (gpu_check_2026-11-26_ab67ceb.md). The positions are used in walk()'s order,
+// so every sum adds the same values in the same order: the same bits. The planar walk (and U = 1)
+// is walk().
+constexpr int kUnroll = 4;   // the statistics, the apply and the backward's pass 2 (pass 1: see there)
+// The four walking kernels are compiled for at least this many resident blocks per SM (half of
+// an SM's warps; __launch_bounds__ caps their registers at 64): kUnroll loads in flight per thread
+// need registers, and without the cap the backward's pass 2 took 93 and fitted two blocks.
+constexpr int kMinBlocks = 4;
+// U: positions a thread loads ahead. kUnroll for rows of 8-byte accesses and narrower (the default,
+// batch_norm_rows_bytes); one, as before, for 16-byte rows (MINIDL_CUDA_BN_ROWS_BYTES=16), whose
+// kernels already need more than 64 registers with one. The minimum of resident blocks follows.
+template <typename T, int V>
+__host__ __device__ constexpr bool wide_rows() {
+  return sizeof(T) * V > 8;
+}
+template <typename T, int V>
+__host__ __device__ constexpr int unroll_for() {
+  return wide_rows<T, V>() ? 1 : kUnroll;
+}
+template <typename T, int V, bool kRows>
+__host__ __device__ constexpr int min_blocks_for() {
+  return kRows && wide_rows<T, V>() ? 1 : kMinBlocks;
+}
+template <bool kRows, int V, int U, typename Load, typename Use>
+__device__ __forceinline__ void walk_loaded(const Geo& g, int64_t c0, Load&& load, Use&& use) {
+  if constexpr (kRows && U > 1) {
+    using Loaded = decltype(load(int64_t{0}));
+    const int ry = static_cast<int>(blockDim.x) / g.cx;
+    const int64_t step = static_cast<int64_t>(ry) * gridDim.y;
+    int64_t r = static_cast<int64_t>(blockIdx.y) * ry + threadIdx.x / g.cx;
+    for (; r + (U - 1) * step < g.N; r += U * step) {
+      Loaded v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = load((r + u * step) * g.C + c0);
+#pragma unroll
+      for (int u = 0; u < U; ++u) use((r + u * step) * g.C + c0, v[u]);
+    }
+    for (; r < g.N; r += step) use(r * g.C + c0, load(r * g.C + c0));
+  } else {
+    walk<kRows, V>(g, c0, [&](int64_t off) { use(off, load(off)); });
+  }
+}
+
 // Per-thread sums of two quantities per lane: a few values in the compute type A, then into double
 // every kFlush vectors, so f32 rounding never builds up over a long walk.
 template <typename A, int L>

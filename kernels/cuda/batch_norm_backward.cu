@@ -26,8 +26,9 @@ __device__ __forceinline__ bool keeps(Mask mask, T y, A x, A m, A a, A b) {
 // Pass 1: gm = masked gy (written to gres when given), and per channel sum(gm) and
 // sum(gm * (x - m)) into part, as the statistics pass does.
 template <typename T, int V, bool kRows>
-__global__ void grad_sums_kernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ y,
-                                 T* __restrict__ gres, Geo g, Affine aff, Mask mask, double* __restrict__ part) {
+__global__ void __launch_bounds__(kBlock, min_blocks_for<T, V, kRows>())
+    grad_sums_kernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ gres,
+                     Geo g, Affine aff, Mask mask, double* __restrict__ part) {
   using A = typename Compute<T>::type;
   constexpr int L = kRows ? V : 1;
   bool active;
@@ -41,24 +42,38 @@ __global__ void grad_sums_kernel(const T* __restrict__ gy, const T* __restrict__
   PairSums<A, L> ps;
   const T zero = cvt<T>(A(0));
   if (active) {
-    walk<kRows, V>(g, c0, [&](int64_t off) {
-      const Vec<T, V> pg = load<T, V>(gy, off);
-      const Vec<T, V> px = load<T, V>(x, off);
-      Vec<T, V> py;
-      if (mask == Mask::FromY) py = load<T, V>(y, off);
-      Vec<T, V> pm;
+    struct Loaded {
+      Vec<T, V> g, x, y;
+    };
+    // One at a time, as walk(): the three operands and the double sums of two positions ahead
+    // take 80 registers (three blocks an SM, which the step-time model prices as latency-bound,
+    // knowing nothing of loads in flight), and four spill past the 64 of four blocks.
+    walk_loaded<kRows, V, 1>(
+        g, c0,
+        [&](int64_t off) {
+          Loaded l;
+          l.g = load<T, V>(gy, off);
+          l.x = load<T, V>(x, off);
+          if (mask == Mask::FromY) l.y = load<T, V>(y, off);
+          return l;
+        },
+        [&](int64_t off, const Loaded& l) {
+          const Vec<T, V>& pg = l.g;
+          const Vec<T, V>& px = l.x;
+          const Vec<T, V>& py = l.y;
+          Vec<T, V> pm;
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const int j = kRows ? k : 0;
-        const A xv = cvt<A>(px.v[k]);
-        pm.v[k] = keeps<T>(mask, mask == Mask::FromY ? py.v[k] : zero, xv, m[j], a[j], b[j]) ? pg.v[k] : zero;
-        const A gm = cvt<A>(pm.v[k]);
-        ps.fs[j] += gm;
-        ps.fq[j] = fma_rn(gm, xv - m[j], ps.fq[j]);
-      }
-      if (gres != nullptr) store<T, V>(gres, off, pm);
-      ps.end_vector();
-    });
+          for (int k = 0; k < V; ++k) {
+            const int j = kRows ? k : 0;
+            const A xv = cvt<A>(px.v[k]);
+            pm.v[k] = keeps<T>(mask, mask == Mask::FromY ? py.v[k] : zero, xv, m[j], a[j], b[j]) ? pg.v[k] : zero;
+            const A gm = cvt<A>(pm.v[k]);
+            ps.fs[j] += gm;
+            ps.fq[j] = fma_rn(gm, xv - m[j], ps.fq[j]);
+          }
+          if (gres != nullptr) store<T, V>(gres, off, pm);
+          ps.end_vector();
+        });
   }
   write_block_sums<kRows>(ps, g, c0, part);
 }
@@ -85,8 +100,9 @@ __global__ void grad_finalize_kernel(Geo g, const double* part, Channel save_inv
 
 // Pass 2: gx from the masked gradient (gres, or gy masked again through x) and x.
 template <typename T, int V, bool kRows>
-__global__ void grad_input_kernel(const T* __restrict__ gsrc, const T* __restrict__ x, T* __restrict__ gx, Geo g,
-                                  Affine aff, Mask mask, const double* __restrict__ coef) {
+__global__ void __launch_bounds__(kBlock, min_blocks_for<T, V, kRows>())
+    grad_input_kernel(const T* __restrict__ gsrc, const T* __restrict__ x, T* __restrict__ gx, Geo g, Affine aff,
+                      Mask mask, const double* __restrict__ coef) {
   using A = typename Compute<T>::type;
   constexpr int L = kRows ? V : 1;
   bool active;
@@ -100,19 +116,30 @@ __global__ void grad_input_kernel(const T* __restrict__ gsrc, const T* __restric
     k2[j] = coef != nullptr ? static_cast<A>(coef[2 * (c0 + j) + 1]) : A(0);
   }
   const T zero = cvt<T>(A(0));
-  walk<kRows, V>(g, c0, [&](int64_t off) {
-    const Vec<T, V> pg = load<T, V>(gsrc, off);
-    const Vec<T, V> px = load<T, V>(x, off);
-    Vec<T, V> out;
+  struct Loaded {
+    Vec<T, V> g, x;
+  };
+  walk_loaded<kRows, V, unroll_for<T, V>()>(
+      g, c0,
+      [&](int64_t off) {
+        Loaded l;
+        l.g = load<T, V>(gsrc, off);
+        l.x = load<T, V>(x, off);
+        return l;
+      },
+      [&](int64_t off, const Loaded& l) {
+        const Vec<T, V>& pg = l.g;
+        const Vec<T, V>& px = l.x;
+        Vec<T, V> out;
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int j = kRows ? k : 0;
-      const A xv = cvt<A>(px.v[k]);
-      const A gm = keeps<T>(mask, zero, xv, m[j], a[j], b[j]) ? cvt<A>(pg.v[k]) : A(0);
-      out.v[k] = cvt<T>(fma_rn(-(xv - m[j]), k2[j], gm - k1[j]) * a[j]);
-    }
-    store<T, V>(gx, off, out);
-  });
+        for (int k = 0; k < V; ++k) {
+          const int j = kRows ? k : 0;
+          const A xv = cvt<A>(px.v[k]);
+          const A gm = keeps<T>(mask, zero, xv, m[j], a[j], b[j]) ? cvt<A>(pg.v[k]) : A(0);
+          out.v[k] = cvt<T>(fma_rn(-(xv - m[j]), k2[j], gm - k1[j]) * a[j]);
+        }
+        store<T, V>(gx, off, out);
+      });
 }
 
 }  // namespace

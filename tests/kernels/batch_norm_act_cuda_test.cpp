@@ -228,11 +228,17 @@ TEST_F(BatchNormActParity, ChannelsLastRowsWithEightByteAccesses) {
 
 // Walks longer than a block: threads step through several vectors, crossing planes (NCHW: the
 // (n, s) position carries into the next sample, with 7x7 planes after several samples at once)
-// and rows (NHWC), with one and with two blocks per channel.
+// and rows (NHWC), with one and two blocks per channel, and the grid sized to fill the GPU. The
+// statistics, apply and pass-2 kernels load channels-last rows four at a time ahead of their use
+// (bn::walk_loaded), then one by one: [3, 2, 25, 25] gives some threads one group of four and a
+// tail, [4, 8, 20, 20] in f16
+// (8-byte rows of 4 channels, 128 rows a block pass) with one block per channel 12 or 13 rows a
+// thread: three groups and a tail.
 TEST_F(BatchNormActParity, LongWalksCrossPlanesAndRows) {
-  for (const Shape& s : {Shape{3, 2, 25, 25}, Shape{12, 3, 7, 7}}) {
-    for (int split : {0, 2}) {
-      const Case c{s, DType::f32, false, true};
+  for (const auto& [s, dt] : {std::pair{Shape{3, 2, 25, 25}, DType::f32}, std::pair{Shape{12, 3, 7, 7}, DType::f32},
+                              std::pair{Shape{4, 8, 20, 20}, DType::f16}}) {
+    for (int split : {0, 2, 1}) {
+      const Case c{s, dt, dt == DType::f16, true};
       const Inputs in = make_inputs(c, 31);
       const Result cpu = run(in, c, Device::cpu(), true, false);
       set_split(split);

@@ -14,6 +14,7 @@
   static_assert(false, "emulated device: declare shared memory with MINIDL_SHARED_ARRAY or " \
                        "MINIDL_SHARED_VAR (kernels/cuda/device/shared.cuh)");
 #define __constant__ static
+#define __launch_bounds__(...)   // a register budget for ptxas: nothing to the emulated device
 
 #include <cuda_runtime_api.h>
 #include <vector_functions.h>
