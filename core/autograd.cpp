@@ -17,6 +17,23 @@ thread_local bool g_grad_enabled = true;
 thread_local bool g_recomputing = false;
 std::atomic<uint64_t> g_sequence{0};
 
+// Only the engine holds g (one reference to its impl, one to its storage), in a plain dense
+// layout from offset 0, not a leaf's or a graph's tensor: whoever takes it may write into it.
+bool exclusively_held(const Tensor& g) {
+  const bool dense = g.is_contiguous() || prefers_channels_last(g);
+  return g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && dense && g.offset() == 0 && g.is_leaf() &&
+         !g.requires_grad();
+}
+
+// The running node and the engine's inbox, for pending_grad (thread-local: a backward runs on
+// the thread that called it; a nested backward, as checkpoint's, saves and restores it).
+struct RunningNode {
+  const Node* node = nullptr;
+  std::unordered_map<Node*, std::vector<Tensor>>* inbox = nullptr;
+  std::vector<const TensorImpl*>* handed = nullptr;   // per input: what pending_grad gave out
+};
+thread_local RunningNode g_running;
+
 // A node whose backward is a closure; releasing it destroys the closure and its saved tensors.
 class FunctionNode final : public Node {
  public:
@@ -51,9 +68,7 @@ class AccumulateGrad final : public Node {
       // Take the incoming gradient as it is when nothing else can see it (only the engine's inbox
       // holds it, its storage is its own, plain layout): that saves a parameter-sized copy per
       // leaf per step. Otherwise own a fresh copy (in g's format), since it may be shared.
-      const bool dense = g.is_contiguous() || prefers_channels_last(g);
-      const bool unshared = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && dense &&
-                            g.offset() == 0 && g.dtype() == l.dtype() && g.is_leaf() && !g.requires_grad();
+      const bool unshared = exclusively_held(g) && g.dtype() == l.dtype();
       leaf->grad = unshared ? g.impl_ptr() : g.detach().to(l.dtype()).clone().impl_ptr();
     } else {
       Tensor(leaf->grad).add_(g.to(l.dtype()));
@@ -141,6 +156,18 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
   }
 }
 
+Tensor pending_grad(size_t input) {
+  if (g_running.node == nullptr || input >= g_running.node->next_edges.size()) return {};
+  const Edge& e = g_running.node->next_edges[input];
+  if (!e.fn) return {};
+  const auto it = g_running.inbox->find(e.fn.get());
+  if (it == g_running.inbox->end() || e.input_nr >= it->second.size()) return {};
+  const Tensor& waiting = it->second[e.input_nr];
+  if (!waiting.defined() || !exclusively_held(waiting)) return {};
+  (*g_running.handed)[input] = &waiting.impl();
+  return waiting;
+}
+
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   MINIDL_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
   NoGradGuard no_grad;  // backward computations are not recorded (no create_graph)
@@ -177,11 +204,14 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
   }
 
-  auto deliver = [&](Node* n, uint32_t slot, const Tensor& g) {
+  // added_in: the backward returned, for this input, the waiting gradient pending_grad gave it,
+  // which is already the sum. (The same tensor delivered twice otherwise, as x + x's backward
+  // does, is added to itself.)
+  auto deliver = [&](Node* n, uint32_t slot, const Tensor& g, bool added_in = false) {
     auto& box = inbox[n];
     if (box.empty()) box.resize(n->num_outputs);
     if (!box[slot].defined()) box[slot] = g;
-    else box[slot] = add(box[slot], g);
+    else if (!(added_in && box[slot].same(g))) box[slot] = add(box[slot], g);
   };
   auto cmp = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
   std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
@@ -203,12 +233,23 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       bool any = false;
       for (const Tensor& t : in) any = any || t.defined();
       std::vector<Tensor> out;
-      if (any) out = n->apply(in);
+      std::vector<const TensorImpl*> handed(n->next_edges.size(), nullptr);
+      if (any) {
+        const RunningNode outer = g_running;
+        g_running = {n, &inbox, &handed};
+        try {
+          out = n->apply(in);
+        } catch (...) {
+          g_running = outer;
+          throw;
+        }
+        g_running = outer;
+      }
       if (!retain_graph) n->release_saved();  // free its saved tensors now, as PyTorch does, not at the end
       for (size_t i = 0; i < n->next_edges.size(); ++i) {
         const Edge& e = n->next_edges[i];
         if (!e.fn) continue;
-        if (i < out.size() && out[i].defined()) deliver(e.fn.get(), e.input_nr, out[i]);
+        if (i < out.size() && out[i].defined()) deliver(e.fn.get(), e.input_nr, out[i], &out[i].impl() == handed[i]);
         if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
       }
     }

@@ -88,6 +88,15 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             BackwardFn fn);
 
+// Inside a backward function (run_backward): the gradient already waiting for input `input` of
+// the running op, when another use of the same tensor delivered it first and nothing else holds
+// it (its storage is its own, dense, not a view). The backward may then add its own gradient into
+// it in place and return that same tensor for the input: the engine, seeing its own tensor come
+// back, adds nothing (a convolution's data gradient added by cuDNN as it is computed, beta = 1,
+// instead of a separate add that reads both and writes a third buffer). Undefined otherwise, and
+// outside a backward.
+Tensor pending_grad(size_t input);
+
 // Runs backward from `roots` with the given gradients (same shapes).
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph);
 

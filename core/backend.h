@@ -49,6 +49,14 @@ class Backend : public DeviceServices {
                                      const Tensor& gx) = 0;
   virtual void conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o,
                                       const Tensor& gw) = 0;
+  // gx += the input gradient, added as it is computed (cuDNN's beta = 1), where the backend can:
+  // true when it did; false, having done nothing, when it cannot (the caller then computes into a
+  // fresh gx and the autograd engine adds). For a gradient that is already waiting (pending_grad).
+  virtual bool conv2d_backward_input_add(const Tensor& gy, const Tensor& w, const Conv2dOptions& o,
+                                         const Tensor& gx) {
+    (void)gy, (void)w, (void)o, (void)gx;
+    return false;
+  }
 
   // Pooling, NCHW, options already resolved (stride != 0). indices: i64 flat offsets into H*W.
   virtual void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y,

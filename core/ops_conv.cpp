@@ -119,8 +119,20 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
              gy = in_format(gy, cl);
              Backend& be = backend(gy.device());
              if (need_x) {
-               out[0] = empty_in_format(x_shape, gy.options(), cl);
-               be.conv2d_backward_input(gy, saved_w, opts, out[0]);
+               // Another use of x already delivered its gradient: add into it where the backend
+               // can (cuDNN's beta = 1), which saves the engine's add (two reads and a write of an
+               // activation-sized buffer, and that buffer): ResNet's block inputs, whose shortcut's
+               // gradient arrives first.
+               const Tensor waiting = pending_grad(0);
+               const bool fits = waiting.defined() && waiting.shape() == x_shape && waiting.dtype() == gy.dtype() &&
+                                 waiting.device() == gy.device() &&
+                                 (cl ? is_channels_last(waiting) : waiting.is_contiguous());
+               if (fits && be.conv2d_backward_input_add(gy, saved_w, opts, waiting)) {
+                 out[0] = waiting;
+               } else {
+                 out[0] = empty_in_format(x_shape, gy.options(), cl);
+                 be.conv2d_backward_input(gy, saved_w, opts, out[0]);
+               }
              }
              if (need_w) {
                // In the call's format; then in the weight's own, so .grad matches its parameter.

@@ -233,20 +233,11 @@ __global__ void __launch_bounds__(kBlock, min_blocks_for<T, V, kRows>())
   A m[L], a[L], b[L];
 #pragma unroll
   for (int j = 0; j < L; ++j) aff.at(c0 + j, m[j], a[j], b[j]);
-  struct Loaded {
-    Vec<T, V> x, r;
-  };
   walk_loaded<kRows, V, unroll_for<T, V>()>(
-      g, c0,
-      [&](int64_t off) {
-        Loaded l;
-        l.x = load<T, V>(x, off);
-        if (res != nullptr) l.r = load<T, V>(res, off);
-        return l;
-      },
-      [&](int64_t off, const Loaded& l) {
-        const Vec<T, V>& px = l.x;
-        const Vec<T, V>& pr = l.r;
+      g, c0, [&](int64_t off) { return load_operands<T, V>(off, x, res); },
+      [&](int64_t off, const Operands<T, V>& l) {
+        const Vec<T, V>& px = l.v[0];
+        const Vec<T, V>& pr = l.v[1];
         Vec<T, V> py;
 #pragma unroll
         for (int k = 0; k < V; ++k) {

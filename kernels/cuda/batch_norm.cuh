@@ -191,6 +191,22 @@ __device__ __forceinline__ void walk_loaded(const Geo& g, int64_t c0, Load&& loa
   }
 }
 
+// The vectors of up to three operands at one position, for walk_loaded's load: an absent operand
+// (nullptr) is not read, and its vector is never used.
+template <typename T, int V>
+struct Operands {
+  Vec<T, V> v[3];
+};
+template <typename T, int V>
+__device__ __forceinline__ Operands<T, V> load_operands(int64_t off, const T* a, const T* b = nullptr,
+                                                         const T* c = nullptr) {
+  Operands<T, V> o;
+  o.v[0] = load<T, V>(a, off);
+  if (b != nullptr) o.v[1] = load<T, V>(b, off);
+  if (c != nullptr) o.v[2] = load<T, V>(c, off);
+  return o;
+}
+
 // Per-thread sums of two quantities per lane: a few values in the compute type A, then into double
 // every kFlush vectors, so f32 rounding never builds up over a long walk.
 template <typename A, int L>

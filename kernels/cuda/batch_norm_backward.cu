@@ -42,38 +42,27 @@ __global__ void __launch_bounds__(kBlock, min_blocks_for<T, V, kRows>())
   PairSums<A, L> ps;
   const T zero = cvt<T>(A(0));
   if (active) {
-    struct Loaded {
-      Vec<T, V> g, x, y;
-    };
-    // One at a time, as walk(): the three operands and the double sums of two positions ahead
-    // take 80 registers (three blocks an SM, which the step-time model prices as latency-bound,
-    // knowing nothing of loads in flight), and four spill past the 64 of four blocks.
-    walk_loaded<kRows, V, 1>(
-        g, c0,
-        [&](int64_t off) {
-          Loaded l;
-          l.g = load<T, V>(gy, off);
-          l.x = load<T, V>(x, off);
-          if (mask == Mask::FromY) l.y = load<T, V>(y, off);
-          return l;
-        },
-        [&](int64_t off, const Loaded& l) {
-          const Vec<T, V>& pg = l.g;
-          const Vec<T, V>& px = l.x;
-          const Vec<T, V>& py = l.y;
-          Vec<T, V> pm;
+    // One position at a time (walk, not walk_loaded): the three operands and the double sums of
+    // two positions ahead take 80 registers (three blocks an SM, which the step-time model prices
+    // as latency-bound, knowing nothing of loads in flight), and four spill past the 64 of four.
+    walk<kRows, V>(g, c0, [&](int64_t off) {
+      const Vec<T, V> pg = load<T, V>(gy, off);
+      const Vec<T, V> px = load<T, V>(x, off);
+      Vec<T, V> py;
+      if (mask == Mask::FromY) py = load<T, V>(y, off);
+      Vec<T, V> pm;
 #pragma unroll
-          for (int k = 0; k < V; ++k) {
-            const int j = kRows ? k : 0;
-            const A xv = cvt<A>(px.v[k]);
-            pm.v[k] = keeps<T>(mask, mask == Mask::FromY ? py.v[k] : zero, xv, m[j], a[j], b[j]) ? pg.v[k] : zero;
-            const A gm = cvt<A>(pm.v[k]);
-            ps.fs[j] += gm;
-            ps.fq[j] = fma_rn(gm, xv - m[j], ps.fq[j]);
-          }
-          if (gres != nullptr) store<T, V>(gres, off, pm);
-          ps.end_vector();
-        });
+      for (int k = 0; k < V; ++k) {
+        const int j = kRows ? k : 0;
+        const A xv = cvt<A>(px.v[k]);
+        pm.v[k] = keeps<T>(mask, mask == Mask::FromY ? py.v[k] : zero, xv, m[j], a[j], b[j]) ? pg.v[k] : zero;
+        const A gm = cvt<A>(pm.v[k]);
+        ps.fs[j] += gm;
+        ps.fq[j] = fma_rn(gm, xv - m[j], ps.fq[j]);
+      }
+      if (gres != nullptr) store<T, V>(gres, off, pm);
+      ps.end_vector();
+    });
   }
   write_block_sums<kRows>(ps, g, c0, part);
 }
@@ -116,20 +105,11 @@ __global__ void __launch_bounds__(kBlock, min_blocks_for<T, V, kRows>())
     k2[j] = coef != nullptr ? static_cast<A>(coef[2 * (c0 + j) + 1]) : A(0);
   }
   const T zero = cvt<T>(A(0));
-  struct Loaded {
-    Vec<T, V> g, x;
-  };
   walk_loaded<kRows, V, unroll_for<T, V>()>(
-      g, c0,
-      [&](int64_t off) {
-        Loaded l;
-        l.g = load<T, V>(gsrc, off);
-        l.x = load<T, V>(x, off);
-        return l;
-      },
-      [&](int64_t off, const Loaded& l) {
-        const Vec<T, V>& pg = l.g;
-        const Vec<T, V>& px = l.x;
+      g, c0, [&](int64_t off) { return load_operands<T, V>(off, gsrc, x); },
+      [&](int64_t off, const Operands<T, V>& l) {
+        const Vec<T, V>& pg = l.v[0];
+        const Vec<T, V>& px = l.v[1];
         Vec<T, V> out;
 #pragma unroll
         for (int k = 0; k < V; ++k) {

@@ -314,16 +314,17 @@ const Descriptors& descriptors_for(const ConvShape& cs, const std::string& shape
 
 // Runs one direction: picks the algorithm, draws its workspace from the allocator and calls cuDNN.
 // a, b: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter.
-void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const void* b, void* out) {
+// beta 1 adds into out (the data gradient into one already waiting: conv2d_backward_input_add).
+void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const void* b, void* out, bool add = false) {
   if (cs.n == 0 || cs.k == 0 || cs.c == 0) return;
   const std::string shape_key = cache_key(cs, dir);
   const Descriptors& d = descriptors_for(cs, shape_key);
   cudnnHandle_t h = ctx.cudnn();
   const std::vector<Candidate>& order = plan(ctx, d, shape_key, dir, a, b, out).order;
-  const float one32 = 1.0f, zero32 = 0.0f;
-  const double one64 = 1.0, zero64 = 0.0;
+  const float one32 = 1.0f, beta32 = add ? 1.0f : 0.0f;
+  const double one64 = 1.0, beta64 = add ? 1.0 : 0.0;
   const void* alpha = cs.dtype == DType::f64 ? static_cast<const void*>(&one64) : &one32;
-  const void* beta = cs.dtype == DType::f64 ? static_cast<const void*>(&zero64) : &zero32;
+  const void* beta = cs.dtype == DType::f64 ? static_cast<const void*>(&beta64) : &beta32;
   std::string tried;
   for (const Candidate& c : order) {
     const size_t wsz = c.memory;
@@ -412,8 +413,9 @@ Tensor empty_nhwc(const Shape& nchw, const Tensor& like) {
 void conv_forward_raw(DeviceContext& ctx, const ConvShape& cs, const void* x, const void* w, void* y) {
   run(ctx, cs, Dir::Fwd, x, w, y);
 }
-void conv_backward_data_raw(DeviceContext& ctx, const ConvShape& cs, const void* dy, const void* w, void* dx) {
-  run(ctx, cs, Dir::BwdData, dy, w, dx);
+void conv_backward_data_raw(DeviceContext& ctx, const ConvShape& cs, const void* dy, const void* w, void* dx,
+                            bool add) {
+  run(ctx, cs, Dir::BwdData, dy, w, dx, add);
 }
 void conv_backward_filter_raw(DeviceContext& ctx, const ConvShape& cs, const void* x, const void* dy, void* dw) {
   run(ctx, cs, Dir::BwdFilter, x, dy, dw);
@@ -489,6 +491,17 @@ void CudaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const
   } else {
     conv_backward_data_raw(ctx, cs, gy.data_ptr(), w.data_ptr(), gx.data_ptr());
   }
+}
+
+bool CudaBackend::conv2d_backward_input_add(const Tensor& gy, const Tensor& w, const Conv2dOptions& o,
+                                            const Tensor& gx) {
+  check_cuda("conv2d_backward_input_add", {&gy, &w, &gx});
+  const bool cl = check_memory_format("conv2d_backward_input_add", {&gy, &w, &gx});
+  const ConvShape cs = shape_of(gx, w.shape(), gy.shape(), o, cl);
+  if (cs.nhwc && !cl) return false;   // set_conv_nhwc's transposes compute into a copy
+  if (gy.numel() == 0 || w.numel() == 0) return true;   // nothing flows back: gx stays as it is
+  conv_backward_data_raw(context_of(gy), cs, gy.data_ptr(), w.data_ptr(), gx.data_ptr(), /*add=*/true);
+  return true;
 }
 
 void CudaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {

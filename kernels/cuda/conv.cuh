@@ -19,7 +19,9 @@ struct ConvShape {
 // y = conv(x, w); dx = conv_transpose(dy, w); dw = correlation of x and dy. Each overwrites its
 // output. Workspaces come from the context's caching allocator.
 void conv_forward_raw(DeviceContext& ctx, const ConvShape& cs, const void* x, const void* w, void* y);
-void conv_backward_data_raw(DeviceContext& ctx, const ConvShape& cs, const void* dy, const void* w, void* dx);
+// add: dx += the data gradient (cuDNN's beta = 1) instead of dx = it.
+void conv_backward_data_raw(DeviceContext& ctx, const ConvShape& cs, const void* dy, const void* w, void* dx,
+                            bool add = false);
 void conv_backward_filter_raw(DeviceContext& ctx, const ConvShape& cs, const void* x, const void* dy, void* dw);
 
 }  // namespace minidl::cuda

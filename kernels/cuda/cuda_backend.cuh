@@ -24,6 +24,8 @@ class CudaBackend final : public Backend {
                       const Tensor& y) override;
   void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) override;
   void conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) override;
+  bool conv2d_backward_input_add(const Tensor& gy, const Tensor& w, const Conv2dOptions& o,
+                                 const Tensor& gx) override;
 
   void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) override;
   void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,

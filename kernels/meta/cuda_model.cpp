@@ -104,6 +104,13 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
                          0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
 }
 
+bool conv_backward_input_add(const Tensor& gx, const Tensor& w, const Tensor& gy, const Conv2dOptions& o) {
+  const bool cl = prefers_channels_last(gx) || prefers_channels_last(w) || prefers_channels_last(gy);
+  if (q("conv2d").conv_nhwc() && !cl) return false;
+  conv(ConvDir::BackwardData, gx, w, gy, o);
+  return true;
+}
+
 // batch_norm.cu's forward(): the statistics it makes itself, then (training) the partial sums;
 // batch_norm_backward.cu's backward(): the partial sums and the coefficients.
 void batch_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,

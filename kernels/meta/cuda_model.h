@@ -19,6 +19,9 @@ void copy(const Tensor& src, const Tensor& dst);
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MetaBackend& backend);
 // x: the input (or its gradient), w: the weight (or its gradient), y: the output (or its gradient).
 void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o);
+// CudaBackend::conv2d_backward_input_add: false (nothing held) in set_conv_nhwc's transposing mode
+// around NCHW operands, else the data gradient's workspace, as conv() holds it, and true.
+bool conv_backward_input_add(const Tensor& gx, const Tensor& w, const Tensor& gy, const Conv2dOptions& o);
 // Plain and fused batch norm (residual undefined: none); save_mean / save_invstd as the caller
 // passes them (undefined: the kernel makes its own when it needs them).
 void batch_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,

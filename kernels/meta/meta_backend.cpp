@@ -93,6 +93,11 @@ void MetaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const
   hold_conv_scratch(cpu::ConvPass::BackwardInput, gx.shape(), w.shape(), gy.shape(), o, gy);
 }
 
+bool MetaBackend::conv2d_backward_input_add(const Tensor& gy, const Tensor& w, const Conv2dOptions& o,
+                                            const Tensor& gx) {
+  return models_cuda(gx) && cuda_model::conv_backward_input_add(gx, w, gy, o);
+}
+
 void MetaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {
   if (models_cuda(gw)) return cuda_model::conv(cuda_model::ConvDir::BackwardFilter, x, gw, gy, o);
   if (is_half(gy) || is_half(x) || is_half(gw)) {

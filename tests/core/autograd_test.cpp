@@ -146,6 +146,17 @@ TEST(Autograd, DiamondGraphSumsGradients) {
   expect_values(x.grad(), expected, 1e-10);
 }
 
+// One tensor delivered twice to the same input (an add's backward gives x + x's gradient to both of
+// its inputs, which are x): the engine adds it to itself.
+TEST(Autograd, ATensorUsedTwiceByOneOpGetsBothGradients) {
+  Tensor x = leaf({1, -2, 0.5}, {3});
+  sum(x + x).backward();
+  expect_values(x.grad(), {2, 2, 2});
+  x.zero_grad();
+  sum((x + x) * 3.0).backward();
+  expect_values(x.grad(), {6, 6, 6});
+}
+
 TEST(Autograd, DeepChainDoesNotOverflowTheStack) {
   Tensor x = leaf({1.0}, {1});
   Tensor y = x;
@@ -272,6 +283,56 @@ TEST(Autograd, PostAccumulateGradHookSeesTheFinalGradientOncePerBackward) {
   EXPECT_EQ(seen.size(), 2u);
   Tensor x = from_vector({1.0}, {1});
   EXPECT_THROW(x.register_post_accumulate_grad_hook([](const Tensor&) {}), Error);
+}
+
+// An op y = k * x whose backward, with add_into, adds its gradient into the one already waiting for
+// x (pending_grad) and returns that tensor; `seen` records the memory pending_grad gave it (null:
+// none), without holding the tensor.
+Tensor scaled(const Tensor& x, double k, bool add_into, const void** seen) {
+  Tensor y = empty(x.shape(), x.options());
+  {
+    NoGradGuard no_grad;
+    y = x.detach() * k;
+  }
+  record("scaled", {x}, {y}, [k, add_into, seen](const std::vector<Tensor>& g) {
+    Tensor waiting = add_into ? pending_grad(0) : Tensor();
+    if (seen != nullptr) *seen = waiting.defined() ? waiting.data_ptr() : nullptr;
+    if (!waiting.defined()) return std::vector<Tensor>{g[0] * k};
+    waiting.add_(g[0], k);
+    return std::vector<Tensor>{waiting};
+  });
+  return y;
+}
+
+// x feeds two ops; the later-created one runs first in the backward and delivers a fresh gradient,
+// which the other then finds waiting, adds into in place, and returns: the engine adds nothing and
+// x.grad is the sum. Where the waiting gradient is shared (the same tensor delivered to two
+// inputs, as an add's backward does), pending_grad gives nothing and the engine adds as before.
+TEST(Autograd, ABackwardMayAddIntoTheGradientAlreadyWaitingForItsInput) {
+  Tensor x = leaf({1, -2, 0.5}, {3});
+  const void* seen = nullptr;
+  const Tensor b = scaled(x, 3.0, true, &seen);   // created first: runs last
+  const Tensor a = scaled(x, 2.0, false, nullptr);
+  sum(a * 1.0 + b * 10.0).backward();
+  expect_values(x.grad(), {32, 32, 32});
+  ASSERT_NE(seen, nullptr) << "the gradient a's backward delivered was waiting, held by nothing else";
+  EXPECT_EQ(seen, x.grad().data_ptr()) << "added into in place and taken by x.grad without a copy";
+
+  // a's backward returns its incoming gradient, which the sum's backward gave to both a and b (the
+  // same tensor): b must not write into it.
+  Tensor y = leaf({1, 2, 3}, {3});
+  const void* seen2 = &seen2;
+  const Tensor d = scaled(y, 3.0, true, &seen2);
+  Tensor c = empty({3});
+  {
+    NoGradGuard no_grad;
+    c = y.detach().clone();
+  }
+  record("identity", {y}, {c}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  sum(c + d).backward();
+  expect_values(y.grad(), {4, 4, 4});
+  EXPECT_EQ(seen2, nullptr) << "a gradient another input also holds is not offered";
+  EXPECT_FALSE(pending_grad(0).defined()) << "outside a backward";
 }
 
 }  // namespace

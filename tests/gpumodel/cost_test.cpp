@@ -74,15 +74,22 @@ TEST(CostModel, UncoalescedAccessesAreL2Bound) {
   EXPECT_NEAR(c.seconds, 32 * (n + n / 8) / 5.5e12 + 4e-6, 1e-12);
 }
 
-TEST(CostModel, ConvolutionsRunAtTheirMathsPeakTimesTheEfficiency) {
-  const H100Spec s;
+// A library call of 1 TFLOP over 100 MB in f16 on the tensor cores.
+Work library_call(const char* op, const char* detail = "") {
   Work w;
   w.kind = Work::Kind::Library;
-  w.op = "cuDNN conv forward";
+  w.op = op;
+  w.detail = detail;
   w.math = Math::F16Tensor;
   w.v.assign(kLibFields, 0.0);
   w.v[kFlops] = 1e12;
   w.v[kMinBytes] = 1e8;
+  return w;
+}
+
+TEST(CostModel, ConvolutionsRunAtTheirMathsPeakTimesTheEfficiency) {
+  const H100Spec s;
+  Work w = library_call("cuDNN conv forward");
   Cost c = model_cost(w, {}, s, LaunchMode::Eager);
   EXPECT_EQ(c.bound, "f16 tensor");
   EXPECT_NEAR(c.seconds, 1e12 / (989.5e12 * 0.6) + 4e-6, 1e-12);
@@ -103,14 +110,7 @@ TEST(CostModel, ConvolutionsRunAtTheirMathsPeakTimesTheEfficiency) {
 TEST(CostModel, NchwHalfPrecisionConvolutionsCostTheMeasuredFactorMore) {
   const H100Spec s;
   ASSERT_GT(s.cudnn_f16_nchw_factor, 1.0);
-  Work w;
-  w.kind = Work::Kind::Library;
-  w.op = "cuDNN conv backward filter";
-  w.math = Math::F16Tensor;
-  w.v.assign(kLibFields, 0.0);
-  w.v[kFlops] = 1e12;
-  w.v[kMinBytes] = 1e8;
-  w.detail = "f16 NHWC";
+  Work w = library_call("cuDNN conv backward filter", "f16 NHWC");
   const double nhwc = model_cost(w, {}, s, LaunchMode::Graph).seconds;
   EXPECT_NEAR(nhwc, 1e12 / (989.5e12 * 0.6) + 1e-6, 1e-12);
   w.detail = "f16 NCHW";

@@ -106,6 +106,51 @@ TEST_F(Parity, ChannelsLastConvolutionMatchesNchwAndTheCpu) {
   }
 }
 
+// A residual join as in a ResNet block: x feeds a convolution and, as the shortcut, the fused
+// batch norm + add + ReLU. The shortcut's gradient arrives first; the convolution's data gradient
+// is added into it by cuDNN (beta = 1, conv2d_backward_input_add) instead of the engine adding
+// two buffers: no add launch in the backward, x's gradient as on the CPU, in both formats. In
+// set_conv_nhwc's transposing mode (NCHW operands, NHWC copies for cuDNN) the backend declines and
+// the engine adds, with the same result.
+TEST_F(Parity, AResidualJoinAddsTheConvolutionsGradientIntoTheShortcuts) {
+  const Conv2dOptions o{.stride = {1, 1}, .padding = {1, 1}};
+  for (DType dt : {DType::f32, DType::f16}) {
+    for (int mode : {0, 1, 2}) {   // NCHW, channels-last, NCHW through the transposing mode
+      const bool cl = mode == 1, transposing = mode == 2;
+      const std::string tag = std::string(dtype_name(dt)) + (cl ? " nhwc" : transposing ? " transposing" : " nchw");
+      const Tensor x = rnd({2, 8, 6, 6}, dt, 11), w = rnd({8, 8, 3, 3}, dt, 12), gy = rnd({2, 8, 6, 6}, dt, 13);
+      const Tensor bw = rnd({8}, DType::f32, 14, 0.5, 1.5), bb = rnd({8}, DType::f32, 15);
+      auto block = [&](const Tensor& xi, const Tensor& wi, const Tensor& bwi, const Tensor& bbi) {
+        const Tensor rm = zeros({8}, {.device = xi.device()}), rv = ones({8}, {.device = xi.device()});
+        return batch_norm_add_relu(conv2d(xi, wi, Tensor(), o), xi, bwi, bbi, rm, rv, true);
+      };
+      Tensor xc = x.clone().set_requires_grad(true);
+      block(xc, w, bw, bb).backward(gy);
+#ifdef MINIDL_WITH_CUDA
+      if (!self_test()) cuda::set_conv_nhwc(transposing);
+#endif
+      const Tensor xg = gpu_leaf(x, cl), wg = gpu_leaf(w, cl);
+      const Tensor gyg = cl ? to_channels_last(to_target(gy)) : to_target(gy);
+      const Tensor yg = block(xg, wg, to_target(bw), to_target(bb));
+      const auto keys = launches_of([&] { yg.backward(gyg); });
+#ifdef MINIDL_WITH_CUDA
+      if (!self_test()) cuda::set_conv_nhwc(false);
+#endif
+      EXPECT_TRUE(close(xc.grad(), xg.grad(), dt == DType::f16 ? 5e-3 : tol_for(dt), tag + " gx"));
+      int adds = 0, data_grads = 0;
+      for (const std::string& key : keys) {
+        adds += key.rfind("add / ", 0) == 0;
+        data_grads += key.rfind("cuDNN conv backward data", 0) == 0;
+      }
+      if (!self_test()) {
+        EXPECT_EQ(data_grads, 1) << tag;
+        EXPECT_EQ(adds, transposing ? 1 : 0) << tag << ": the engine adds only where the backend declines";
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST_F(Parity, ChannelsLastPoolingMatchesTheCpu) {
   Pool2dOptions stem;   // ResNet's stem pool: 3x3, stride 2, padding 1 (overlapping windows)
   stem.kernel = {3, 3};

@@ -49,6 +49,9 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"conv2d_forward", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
       {"conv2d_backward_input", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
       {"conv2d_backward_weight", "kernels/backend_parity_cuda_test.cpp:Parity.Conv2dHeuristicAlgorithms"},
+      // The CPU declines (false); the CUDA join's gradient against the CPU's engine-added one.
+      {"conv2d_backward_input_add",
+       "kernels/channels_last_cuda_test.cpp:Parity.AResidualJoinAddsTheConvolutionsGradientIntoTheShortcuts"},
       {"max_pool2d_forward", "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
       {"max_pool2d_backward",
        "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxPoolBackwardOverlappingWindowsIsDeterministic"},
