@@ -151,10 +151,13 @@ void reduce(const Tensor& x, const std::vector<int64_t>& dims) {
   if (bytes > 0) Buffer partials(x.device(), bytes);
 }
 
+// amp.cu's unscale: strided gradients in contiguous copies; dense ones (contiguous or
+// channels-last: a channels-last model's weight gradients) walked flat, with no copy.
 void unscale_grads(const std::vector<Tensor>& grads) {
   std::vector<Tensor> copies;
   for (const Tensor& g : grads) {
-    if (g.defined() && g.numel() > 0 && !g.is_contiguous()) copies.push_back(g.detach().contiguous());
+    if (g.defined() && g.numel() > 0 && !g.is_contiguous() && !is_channels_last(g))
+      copies.push_back(g.detach().contiguous());
   }
   const size_t bytes = q("unscale_grads").unscale_table_bytes(grads);
   if (bytes > 0) Buffer table(grads.front().device(), bytes);

@@ -16,6 +16,7 @@
 #include "core/generator.h"
 #include "core/ops.h"
 #include "nn/layers.h"
+#include "nn/resnet.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #ifdef MINIDL_WITH_CUDA
@@ -38,11 +39,16 @@ std::shared_ptr<nn::Sequential> net(Generator& gen) {
       std::make_shared<Flatten>(), std::make_shared<Linear>(32 * 4 * 4, 10, true, &gen)});
 }
 
-// Two training steps (SGD with momentum; AMP with a gradient scaler), peaks above the start.
-Peaks train(Device d, bool amp) {
+// Two training steps (SGD with momentum; AMP with a gradient scaler), peaks above the start, of
+// the small net, or of a ResNet-18 for 32 px images (its residual joins: the convolution's data
+// gradient added into the shortcut's, conv2d_backward_input_add), NCHW or channels-last.
+Peaks train(Device d, bool amp, bool resnet = false, bool channels_last = false) {
   Generator gen(7);
-  auto model = net(gen);
+  std::shared_ptr<nn::Module> model;
+  if (resnet) model = nn::resnet18(10, &gen, false, /*small=*/true);
+  else model = net(gen);
   model->to(d);
+  if (channels_last) model->to_channels_last();
   optim::SgdOptions so;
   so.lr = 0.01;
   so.momentum = 0.9;
@@ -54,8 +60,9 @@ Peaks train(Device d, bool amp) {
   const MemoryStats before = memory_stats(d);
   reset_peak_stats(d);
   for (int s = 0; s < 2; ++s) {
-    const Tensor x = randn({6, 3, 16, 16}, {DType::f32, d}, &gen);
-    const Tensor y = zeros({6}, {DType::i64, d});
+    Tensor x = randn({resnet ? 2 : 6, 3, 16, 16}, {DType::f32, d}, &gen);
+    if (channels_last) x = to_channels_last(x);
+    const Tensor y = zeros({x.size(0)}, {DType::i64, d});
     Tensor loss;
     {
       AutocastGuard autocast(DType::f16, amp);
@@ -76,6 +83,18 @@ TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStep) {
     SCOPED_TRACE(amp ? "AMP" : "FP32");
     const Peaks dry = train(Device::meta(DeviceType::CUDA), amp);
     const Peaks real = train(Device::cuda(0), amp);
+    EXPECT_GT(real.allocated, 0);
+    EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
+    EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+  }
+}
+
+TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStepOfAResNet) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one) for cuDNN's answers";
+  for (bool channels_last : {false, true}) {
+    SCOPED_TRACE(channels_last ? "AMP, channels-last" : "AMP, NCHW");
+    const Peaks dry = train(Device::meta(DeviceType::CUDA), true, true, channels_last);
+    const Peaks real = train(Device::cuda(0), true, true, channels_last);
     EXPECT_GT(real.allocated, 0);
     EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
     EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
