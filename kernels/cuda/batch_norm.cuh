@@ -147,7 +147,7 @@ __device__ __forceinline__ void walk(const Geo& g, int64_t c0, F&& f) {
 // taken kUnroll at a time, their loads first, so a thread keeps kUnroll loads in flight instead of
 // one: an 8-byte row access (batch_norm_rows_bytes) with one load in flight leaves 16 KB a fully
 // occupied SM waiting on memory, about half of what HBM's latency asks for (Little's law), and the
-// H200 measured these kernels at 35-65% of its bandwidth against 79% for the two-operand
+// H200 measured these kernels at 35-69% of its bandwidth against 79% for the two-operand
 // binary_vec_kernel (gpu_check_2026-11-26_ab67ceb.md). The positions are used in walk()'s order,
 // so every sum adds the same values in the same order: the same bits. The planar walk (and U = 1)
 // is walk().
