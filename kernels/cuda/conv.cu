@@ -190,8 +190,15 @@ size_t workspace_size(cudnnHandle_t h, const Descriptors& d, Dir dir, const Cand
 // (bench/results/gpu_check_2026-11-26_5fe0802.md, _ab67ceb.md, gpu_repeat_2026-11-26_ab67ceb.md).
 // Find runs cudnn_find_trials() times (runtime.h; default 1: two changed nothing measurable in six
 // processes) and each algorithm keeps its fastest time.
+// out_bytes > 0: out holds data the call adds to (beta = 1), so Find, which writes its trials'
+// results, times them into a scratch output of that size instead.
 Candidate autotune(DeviceContext& ctx, const Descriptors& d, Dir dir, const std::vector<Candidate>& cands,
-                   const void* a, const void* b, void* out) {
+                   const void* a, const void* b, void* out, size_t out_bytes) {
+  std::unique_ptr<DeviceBuffer> scratch_out;
+  if (out_bytes > 0) {
+    scratch_out = std::make_unique<DeviceBuffer>(ctx, out_bytes);
+    out = scratch_out->get();
+  }
   size_t want = 0;
   for (const Candidate& c : cands) want = std::max(want, c.memory);
   std::unique_ptr<DeviceBuffer> ws;
@@ -286,14 +293,14 @@ std::vector<Candidate> sized(cudnnHandle_t h, const Descriptors& d, Dir dir, std
 // The shape's plan, built on its first call: heuristic mode, cuDNN's ranking; benchmark mode, the
 // autotuned winner first, then the ranking as fallbacks.
 const Plan& plan(DeviceContext& ctx, const Descriptors& d, const std::string& shape_key, Dir dir, const void* a,
-                 const void* b, void* out) {
+                 const void* b, void* out, size_t out_bytes) {
   const bool benchmark = cudnn_benchmark();
   return cached_plan(plan_key(shape_key, benchmark), [&] {
     cudnnHandle_t h = ctx.cudnn();
     MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
     const std::vector<Candidate> ranked = heuristic(h, d, dir);
     std::vector<Candidate> cands;
-    if (benchmark) cands.push_back(autotune(ctx, d, dir, ranked, a, b, out));
+    if (benchmark) cands.push_back(autotune(ctx, d, dir, ranked, a, b, out, out_bytes));
     cands.insert(cands.end(), ranked.begin(), ranked.end());
     return Plan{sized(h, d, dir, std::move(cands))};
   });
@@ -320,7 +327,9 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
   const std::string shape_key = cache_key(cs, dir);
   const Descriptors& d = descriptors_for(cs, shape_key);
   cudnnHandle_t h = ctx.cudnn();
-  const std::vector<Candidate>& order = plan(ctx, d, shape_key, dir, a, b, out).order;
+  // Adding into out: autotuning must not write its trials there (a scratch output of dx's size).
+  const size_t keep_out = add ? static_cast<size_t>(cs.n * cs.c * cs.h * cs.w) * dtype_size(cs.dtype) : 0;
+  const std::vector<Candidate>& order = plan(ctx, d, shape_key, dir, a, b, out, keep_out).order;
   const float one32 = 1.0f, beta32 = add ? 1.0f : 0.0f;
   const double one64 = 1.0, beta64 = add ? 1.0 : 0.0;
   const void* alpha = cs.dtype == DType::f64 ? static_cast<const void*>(&one64) : &one32;
