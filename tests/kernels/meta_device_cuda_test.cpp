@@ -89,16 +89,16 @@ TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStep) {
   }
 }
 
-TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStepOfAResNet) {
+// Channels-last, the CUDA + AMP default, with residual joins: this test found the model copying
+// the weight gradients for the AMP unscale, which amp.cu walks flat (25 MB over the device's peak
+// here). One format only (about 20 s emulated); the NCHW pieces are the small net's above.
+TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStepOfAChannelsLastResNet) {
   if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one) for cuDNN's answers";
-  for (bool channels_last : {false, true}) {
-    SCOPED_TRACE(channels_last ? "AMP, channels-last" : "AMP, NCHW");
-    const Peaks dry = train(Device::meta(DeviceType::CUDA), true, true, channels_last);
-    const Peaks real = train(Device::cuda(0), true, true, channels_last);
-    EXPECT_GT(real.allocated, 0);
-    EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
-    EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
-  }
+  const Peaks dry = train(Device::meta(DeviceType::CUDA), true, true, true);
+  const Peaks real = train(Device::cuda(0), true, true, true);
+  EXPECT_GT(real.allocated, 0);
+  EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
+  EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
 }
 
 TEST(MetaDeviceCuda, ConvolutionWorkspacesEqualTheDevices) {
