@@ -450,7 +450,12 @@ int run(int argc, char** argv) {
         << "## ptxas resources (sm_90) and theoretical occupancy at each launch configuration\n\n"
         << resource_table(table, all_launches, spec);
     if (!out.empty()) std::ofstream(out) << doc.str();
-    if (!tsv.empty()) std::ofstream(tsv) << tsv_text.str();
+    // The first line labels the table (calibrate.cpp's reader keeps only rows of its configuration).
+    if (!tsv.empty())
+      std::ofstream(tsv) << "# modelled, not measured: per-kernel step times of the " << spec.name
+                         << " from the step-time model on the emulated device (no GPU ran any of this), "
+                         << base.date << ", launch cost " << mode << "\n"
+                         << tsv_text.str();
     std::cout << summary.str();
     return 0;
   }

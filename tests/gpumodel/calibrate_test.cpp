@@ -27,6 +27,7 @@ TEST(Calibration, TimesAreSummedPerKernelAndPerStep) {
 
 TEST(Calibration, TheModelsRowsOfOneConfigurationAreJoinedWithTheMeasuredOnes) {
   std::istringstream tsv(
+      "# modelled, not measured: the label line minidl-gpumodel --tsv writes first\n"
       "resnet50-amp-b256-i224\tcuDNN conv forward\t53\t5000.000\t123\tf16 tensor\n"
       "resnet50-amp-b256-i224\trelu / (unary_vec_kernel<T>)\t49\t2000.000\t456\tHBM\n"
       "resnet50-fp32-b256-i224\tcuDNN conv forward\t53\t9000.000\t123\ttf32 tensor\n");
