@@ -11,6 +11,7 @@
 
 #include "core/allocator.h"
 #include "core/generator.h"
+#include "core/thread_policy.h"
 #include "data/synthetic.h"
 #include "nn/functional_cnn.h"
 
@@ -154,6 +155,7 @@ int run(const DemoOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  minidl::apply_thread_policy(argv);   // OpenMP threads wait passively unless the user chose (core/thread_policy.h)
   try {
     return run(parse_args(argc, argv));
   } catch (const std::exception& e) {

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "core/thread_policy.h"
 #include "experiments/harness/config.h"
 #include "experiments/harness/maxbatch.h"
 #include "experiments/harness/ranks.h"
@@ -13,6 +14,7 @@
 using namespace minidl::harness;
 
 int main(int argc, char** argv) {
+  minidl::apply_thread_policy(argv);   // OpenMP threads wait passively unless the user chose (core/thread_policy.h)
   TrainConfig c;
   MaxBatchOptions o;
   std::string time_budget = "0";

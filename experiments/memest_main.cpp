@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "core/thread_policy.h"
 #include "experiments/harness/config.h"
 #include "experiments/harness/memest.h"
 #include "experiments/harness/results.h"
@@ -11,6 +12,7 @@
 using namespace minidl::harness;
 
 int main(int argc, char** argv) {
+  minidl::apply_thread_policy(argv);   // OpenMP threads wait passively unless the user chose (core/thread_policy.h)
   TrainConfig c;
   std::string batches = "1,4,16,64";
   bool no_measure = false;

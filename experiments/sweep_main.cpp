@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "core/thread_policy.h"
 #include "experiments/harness/config.h"
 #include "experiments/harness/ranks.h"
 #include "experiments/harness/sweep.h"
@@ -44,6 +45,7 @@ void distribute(Study& st, int world, bool split) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  minidl::apply_thread_policy(argv);   // OpenMP threads wait passively unless the user chose (core/thread_policy.h)
   TrainConfig base;
   std::string study_name, batches, optimizers, augments, checkpoints, only, rank_batch = "split";
   bool quick = false, process_per_run = false, list = false, retry_failed = false;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "core/thread_policy.h"
 #include "experiments/harness/config.h"
 #include "experiments/harness/ranks.h"
 #include "experiments/harness/results.h"
@@ -12,6 +13,7 @@
 using namespace minidl::harness;
 
 int main(int argc, char** argv) {
+  minidl::apply_thread_policy(argv);   // OpenMP threads wait passively unless the user chose (core/thread_policy.h)
   TrainConfig c;
   CLI::App app{"minidl-train: train one model and report loss, accuracy, speed and memory per epoch"};
   add_config_flag(app);
@@ -26,6 +28,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     install_sigint_handler();
+    // A busy CPU slows training whatever the program does; the line says how the threads wait.
+    if (ranks.lead() && !c.quiet && c.device == "cpu")
+      if (const std::string note = minidl::cpu_load_note(); !note.empty()) std::printf("minidl-train: %s\n", note.c_str());
     if (ranks.lead()) {   // before training, not after: a read-only or full --out is found now
       if (!c.out.empty()) check_writable("--out", std::filesystem::path(c.out) / "results.json");
       if (!c.save_weights.empty()) check_writable("--save-weights", c.save_weights);
