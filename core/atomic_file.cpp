@@ -8,6 +8,7 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,12 +45,32 @@ bool write_all(int fd, const char* p, size_t n) {
   return true;
 }
 
+// A writer killed mid-write (kill -9, a power cut) leaves its `<target>.tmp.<pid>` behind: the
+// next writer of the same target removes those whose process is gone (kill(pid, 0) says ESRCH),
+// never one of a live process, which may be another writer still at work. Best effort.
+void remove_stale_tmp_files(const std::filesystem::path& target) {
+  const std::string prefix = target.filename().string() + ".tmp.";
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code ignored;
+    std::filesystem::remove(it->path(), ignored);
+  }
+}
+
 }  // namespace
 
 AtomicFile::AtomicFile(std::filesystem::path path)
     : path_(std::move(path)), tmp_(path_.string() + ".tmp." + std::to_string(::getpid())) {
   const std::string fault = injected_fault(path_.string());
   if (fault == "readonly") fail("cannot create", EROFS);
+  remove_stale_tmp_files(path_);
   fault_armed_ = fault == "full" || fault == "kill";
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot create", errno);

@@ -12,8 +12,10 @@ namespace minidl {
 
 class AtomicFile {
  public:
-  // Creates `<path>.tmp.<pid>` beside `path` (the folder must exist). Throws minidl::Error naming
-  // the path and the system's reason (read-only file system, permission denied, not a folder).
+  // Creates `<path>.tmp.<pid>` beside `path` (the folder must exist), after removing the
+  // `<path>.tmp.<pid>` files of writers that were killed (their process is gone). Throws
+  // minidl::Error naming the path and the system's reason (read-only file system, permission
+  // denied, not a folder).
   explicit AtomicFile(std::filesystem::path path);
   // Without commit(): removes the temporary file, so a failed write leaves nothing behind.
   ~AtomicFile();

@@ -2,7 +2,8 @@
 # Issue 30's fault matrix (ctest experiments.faults.*): each fault leaves the previous checkpoint or
 # results file byte for byte as it was and ends with one clear line.
 #   save_weights_kill  kill -9 in the middle of writing --save-weights (the weights file, then the
-#                      optimizer file): the old files stay; a pair cut between the two is refused
+#                      optimizer file): the old files stay; a pair cut between the two is refused;
+#                      the next save of each file removes the killed writer's temporary file
 #   results_kill       kill -9 in the middle of writing the sweep's results.csv and runs.jsonl: the
 #                      old tables stay and the rerun completes them
 #   full_disk          ENOSPC in the middle of --save-weights, and a real file-size limit (ulimit -f,
@@ -35,10 +36,14 @@ save_weights_kill)
   [[ $rc == 137 ]] || fail "the writer was not killed (status $rc): $(cat err.log)"
   same w.safetensors w.before "kill -9 while writing the weights"
   same w.safetensors.optimizer.safetensors o.before "kill -9 while writing the weights"
+  compgen -G "w.safetensors.tmp.*" > /dev/null || fail "the killed writer left no temporary file: $(ls)"
   # Killed between the two files: new weights, old optimizer state. Resuming refuses the pair.
   rc=$(MINIDL_TEST_WRITE_FAULT=kill:w.safetensors.optimizer status_of "$bin/minidl-train" "${tiny[@]}" --epochs 2 --save-weights w.safetensors)
   [[ $rc == 137 ]] || fail "the optimizer writer was not killed (status $rc)"
   same w.safetensors.optimizer.safetensors o.before "kill -9 while writing the optimizer state"
+  # Its weights were saved: the first killed writer's temporary file went then; its own stays.
+  ! compgen -G "w.safetensors.tmp.*" > /dev/null || fail "the next save left a stale temporary file: $(ls)"
+  compgen -G "w.safetensors.optimizer.safetensors.tmp.*" > /dev/null || fail "no temporary file: $(ls)"
   rc=$(status_of "$bin/minidl-train" "${tiny[@]}" --epochs 3 --resume w.safetensors)
   (( rc == 2 )) && grep -q "are from different saves (steps 8 and 4): the save was cut short" err.log ||
     fail "a torn pair was not refused: status $rc: $(cat err.log)"
@@ -46,6 +51,9 @@ save_weights_kill)
   cp w.before w.safetensors
   rc=$(status_of "$bin/minidl-train" "${tiny[@]}" --epochs 2 --resume w.safetensors)
   (( rc == 0 )) || fail "the kept checkpoint does not resume: $(cat err.log)"
+  # The next save of the optimizer state removes the second killed writer's file.
+  "$bin/minidl-train" "${tiny[@]}" --epochs 1 --save-weights w.safetensors > again.log
+  ! compgen -G "w.safetensors*.tmp.*" > /dev/null || fail "stale temporary files stayed: $(ls)"
   ;;
 results_kill)
   grid=("${tiny[@]}" --epochs 1 --optimizers sgd --quiet --out res)
