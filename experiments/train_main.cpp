@@ -45,12 +45,14 @@ int main(int argc, char** argv) {
     // No epoch trained in this session (a resumed run that had already finished): nothing measured.
     const double nan = std::numeric_limits<double>::quiet_NaN();
     const bool trained = !r.epochs.empty();
-    std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s), test acc %s, %s img/s, "
+    // Accuracies within two standard errors of 50% say so, as the studies' summaries do.
+    const auto chance = [](double acc, int64_t n) { return at_chance(acc, n) ? ", chance" : ""; };
+    std::printf("%s: %s%s%s; %lld steps, best val acc %s (epoch %s%s), test acc %s%s, %s img/s, "
                 "peak allocated %s, %.1f s%s\n",
                 c.model.c_str(), r.status.c_str(), r.note.empty() ? "" : " (", r.note.empty() ? "" : (r.note + ")").c_str(),
                 static_cast<long long>(r.steps), value_or_dash(r.best_val_acc, 2, 100.0, "%").c_str(),
-                r.best_epoch > 0 ? std::to_string(r.best_epoch).c_str() : "-",
-                value_or_dash(r.test_acc, 2, 100.0, "%").c_str(),
+                r.best_epoch > 0 ? std::to_string(r.best_epoch).c_str() : "-", chance(r.best_val_acc, r.val_images),
+                value_or_dash(r.test_acc, 2, 100.0, "%").c_str(), at_chance(r.test_acc, r.test_images) ? " (chance)" : "",
                 value_or_dash(trained ? r.mean_images_per_second() : nan, 1).c_str(),
                 trained ? minidl::format_bytes(static_cast<size_t>(r.peak_allocated)).c_str() : "-",
                 r.total_seconds, skipped.c_str());

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's main-job command: installs what is missing, configures the `build` folder once
 # (Release, MINIDL_CUDA=AUTO), builds `minidl-sweep` and runs the Keras batch-size study scaled
-# down (`--study keras-batch --quick`: 42 short runs on the built-in synthetic images, a few
-# minutes on 2 CPU cores), then prints where the table, the summary and the plot are. Extra
+# down (`--study keras-batch --quick`: 42 short runs on the built-in synthetic images, under a
+# minute on 2 CPU cores), then prints where the table, the summary and the plot are. Extra
 # arguments go to minidl-sweep (e.g. `--out DIR`, or `--study lr-scaling`); a rerun resumes.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

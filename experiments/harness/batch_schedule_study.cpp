@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "experiments/harness/results.h"
 #include "experiments/harness/sweep.h"
 
 namespace minidl::harness {
@@ -67,10 +68,10 @@ double chance_band(const Study& st) {
   if (st.runs.empty()) return 0.0;
   try {
     const SplitSpec s = parse_split(st.runs.front().config.split);
-    if (s.counts && s.parts.size() > 1 && s.parts[1] > 0) return 2.0 * std::sqrt(0.25 / (2.0 * s.parts[1]));
+    if (s.counts && s.parts.size() > 1 && s.parts[1] > 0) return harness::chance_band(static_cast<int64_t>(2 * s.parts[1]));
   } catch (const std::exception&) {
   }
-  return 0.05;
+  return harness::chance_band(0);
 }
 
 std::string outputs(const Study& st, const CsvTable& t, const std::map<std::string, nlohmann::json>& runs,

@@ -54,6 +54,11 @@ double TrainConfig::resolved_lr() const {
   return optimizer == "sgd" ? 0.01 : 0.001;
 }
 
+double TrainConfig::resolved_diverge_loss() const {
+  if (diverge_loss > 0) return diverge_loss;
+  return optimizer == "sgd" ? kSgdDivergeLoss : kAdamDivergeLoss;
+}
+
 double TrainConfig::resolved_weight_decay() const {
   if (weight_decay >= 0) return weight_decay;
   return optimizer == "adamw" ? 0.01 : 0.0;
@@ -87,7 +92,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
                  "with a fractional --split: synthetic images per class (0: 1000); counts need none");
   app.add_option("--synthetic-difficulty", c.synthetic_difficulty, "synthetic task difficulty in [0, 1]");
   app.add_option("--split", c.split, "train,val,test per class: integers are counts (the Keras study's "
-                                     "600,200,200), decimals are fractions (0.8,0.1,0.1)");
+                                     "600,200,200), decimals are fractions (0.8,0.1,0.1); unset, a folder with "
+                                     "fewer than 1000 usable images in a class gets 0.6,0.2,0.2")
+      ->each([&c](const std::string&) { c.split_given = true; });
   app.add_option("--manifest", c.manifest, "split manifest: read when it exists, else written; empty: none");
   app.add_flag("--validate-data", c.validate_data, "decode every file of a --data folder before the split (every run "
                                                    "reads their headers), print the report, and leave unreadable files "
@@ -174,7 +181,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_flag("--summary", c.summary,
                "print the model table (layers, shapes, parameters, memory) and exit; off by default");
   app.add_option("--out", c.out, "folder for metrics.csv and results.json; empty: print only");
-  app.add_option("--diverge-loss", c.diverge_loss, "a training loss above this (or NaN) stops the run as diverged");
+  app.add_option("--diverge-loss", c.diverge_loss, "a training loss above this (or NaN) stops the run as diverged; "
+                                                   "0: the optimizer's default (sgd 50, adam/adamw 10000)");
   app.add_option("--target-accuracy", c.target_accuracy,
                  "record the training time to reach this validation accuracy (0-1); 0: off");
   app.add_option("--progress-every", c.progress_every, "steps between progress lines; 0: one line per epoch");
@@ -336,7 +344,7 @@ void validate(const TrainConfig& c) {
   if (c.synthetic_size < 0) usage("--synthetic-size must be >= 0");
   if (c.synthetic_difficulty < 0 || c.synthetic_difficulty > 1) usage("--synthetic-difficulty must be in [0, 1]");
   if (c.target_accuracy < 0 || c.target_accuracy > 1) usage("--target-accuracy must be in [0, 1]");
-  if (!(c.diverge_loss > 0)) usage("--diverge-loss must be > 0");
+  if (!(c.diverge_loss >= 0)) usage("--diverge-loss must be > 0 (or 0 for the optimizer's default)");
   if (c.progress_every < 0) usage("--progress-every must be >= 0");
   if (c.progress_seconds < 0) usage("--progress-seconds must be >= 0");
   parse_split(c.split);

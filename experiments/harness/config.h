@@ -30,6 +30,17 @@ class RunInputError : public UsageError {
   explicit RunInputError(const std::string& msg) : UsageError(msg) {}
 };
 
+// The default --split: the Keras study's counts per class, and the same proportions as fractions,
+// which the default falls back to on a folder with fewer than 1,000 usable images in a class.
+inline constexpr const char* kDefaultSplit = "600,200,200";
+inline constexpr const char* kDefaultSplitFractions = "0.6,0.2,0.2";
+// The default --diverge-loss of each optimizer. Adam's first steps through the small CNN's
+// 320,000-wide dense layer reach losses of 34-123 on the photos and recover within the first
+// epoch (the keras-batch study, docs/experiments.md), so its limit only catches a loss that has
+// left any recoverable range; SGD's losses stay far below 50 unless the run is lost.
+inline constexpr double kSgdDivergeLoss = 50.0;
+inline constexpr double kAdamDivergeLoss = 1e4;
+
 struct TrainConfig {
   // Model and input.
   std::string model = "smallcnn";  // smallcnn | resnet18 | resnet34 | resnet50 | resnet18-small | ...
@@ -38,7 +49,10 @@ struct TrainConfig {
   std::string data = "synthetic";  // "synthetic" or a folder (class folders, Kaggle train/, PetImages)
   int64_t synthetic_size = 0;      // synthetic images per class in total; 0: what the split needs
   double synthetic_difficulty = 0.6;
-  std::string split = "600,200,200";  // train,val,test per class (integers) or fractions (0.8,0.1,0.1)
+  std::string split = kDefaultSplit;  // train,val,test per class (integers) or fractions (0.8,0.1,0.1)
+  // --split was given (on the command line or in --config): a split that does not fit the folder is
+  // refused. Unset, the default counts fall back to kDefaultSplitFractions on a folder too small for them.
+  bool split_given = false;
   std::string manifest;               // write (or, when it exists, read) the split here
   bool validate_data = false;         // decode every file before the split; leave unreadable ones out
   std::string augment = "none";       // none | keras | article | rrc
@@ -89,7 +103,8 @@ struct TrainConfig {
   bool summary = false;
   std::string out;                  // folder for metrics.csv and results.json; empty: none
   // Monitoring.
-  double diverge_loss = 50.0;       // a training loss above this (or NaN) marks the run diverged
+  double diverge_loss = 0.0;        // a training loss above this (or NaN) marks the run diverged; 0: the
+                                    // optimizer's default (resolved_diverge_loss)
   double target_accuracy = 0.0;     // > 0: record the time to reach this validation accuracy
   int64_t progress_every = 20;      // steps between progress lines; 0: per epoch only
   double progress_seconds = 15.0;   // also a line when this long passed since the last one; 0: off
@@ -103,6 +118,8 @@ struct TrainConfig {
   int64_t resolved_image_size() const;
   double resolved_lr() const;            // before batch scaling
   double resolved_weight_decay() const;
+  // diverge_loss when set, else the optimizer's: sgd kSgdDivergeLoss, adam/adamw kAdamDivergeLoss.
+  double resolved_diverge_loss() const;
   // channels_last when set, else the default: on for a CUDA device with --amp (cuDNN's f16 convolutions
   // run channels-last; docs/experiments.md says what was measured), off otherwise.
   bool resolved_channels_last() const;

@@ -244,6 +244,27 @@ data::Split usable_part(const data::Split& all, const std::vector<int64_t>& usab
   return {keep(all.train), keep(all.val), keep(all.test)};
 }
 
+// The split of a folder run: --split as given, or, when it was not given, the default counts or, on a
+// folder with fewer usable images in a class than they ask for, the same proportions as fractions
+// (*note says so). The synthetic set is made to the split's size and keeps the counts.
+std::string folder_split(const TrainConfig& c, const DataAccount& a, std::string* note) {
+  if (c.split_given || c.split != kDefaultSplit) return c.split;
+  const SplitSpec s = parse_split(c.split);
+  const auto need = static_cast<int64_t>(s.parts[0] + s.parts[1] + s.parts[2]);
+  std::string have;
+  bool fits = true;
+  for (size_t k = 0; k < a.classes.size(); ++k) {
+    have += (k == 0 ? "" : " / ") + std::to_string(a.usable[k]) + " " + a.classes[k];
+    fits = fits && a.usable[k] >= need;
+  }
+  if (fits) return c.split;
+  std::string sum = kDefaultSplit;
+  std::replace(sum.begin(), sum.end(), ',', '+');
+  *note = "--split: '" + a.what + "' has " + have + " usable images, fewer than " + sum +
+          " per class: using fractions " + kDefaultSplitFractions + " (give --split to choose)";
+  return kDefaultSplitFractions;
+}
+
 }  // namespace
 
 std::string resolved_resize_mode(const TrainConfig& c) {
@@ -273,6 +294,7 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
     r.description = "synthetic " + std::to_string(image_size) + "x" + std::to_string(image_size) + ", " +
                     std::to_string(2 * n[0]) + " train / " + std::to_string(2 * n[1]) + " val / " +
                     std::to_string(2 * n[2]) + " test images";
+    r.split = c.split;
     return r;
   }
   std::shared_ptr<const data::Dataset> d;
@@ -293,7 +315,7 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
     what = c.data;
     account.emplace();
     account->what = what;
-    account->split = c.split;
+    account->split = c.split;   // until folder_split() below: the messages of the checks before it
     account->classes = folder->class_names();
     account->files = account->usable = class_counts(*folder);
     check_classes(*account, false);
@@ -303,9 +325,12 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
     check_classes(*account, false);
     d = static_cast<int64_t>(usable.size()) == folder->size() ? folder : data::subset(folder, usable);
   }
-  const SplitSpec s = parse_split(c.split);
+  const bool read_manifest = !c.manifest.empty() && std::filesystem::exists(c.manifest);
+  r.split = c.split;
+  if (account && !read_manifest) account->split = r.split = folder_split(c, *account, &r.split_note);
+  const SplitSpec s = parse_split(r.split);
   data::Split split;
-  if (!c.manifest.empty() && std::filesystem::exists(c.manifest)) {
+  if (read_manifest) {
     try {
       // Read against every file, so a manifest naming a file that has since become unreadable
       // still loads: that file is left out of its part, as it would be of a new split.
@@ -321,7 +346,9 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
                        : data::split_by_fractions(*d, s.parts[0], s.parts[1], s.parts[2], c.seed);
     } catch (const Error& e) {
       throw UsageError("--split " + c.split + " does not fit " + what + (account ? " (usable / files: " +
-                       account->counts() + ")" : "") + ": " + e.what());
+                       account->counts() + ")" : "") + ": " + e.what() +
+                       (s.counts ? "; fractions fit any folder, e.g. --split " + std::string(kDefaultSplitFractions)
+                                 : ""));
     }
     if (!c.manifest.empty()) {
       try {
@@ -352,7 +379,7 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
   r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard, article);
   r.test = loader_source(d, split.test, c, device, image_size, false, c.seed, shard);
   r.account = std::move(account);
-  if (!r.train) throw UsageError("--split " + c.split + " leaves no training images in " + what);
+  if (!r.train) throw UsageError("--split " + r.split + " leaves no training images in " + what);
   return r;
 }
 

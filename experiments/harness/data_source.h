@@ -58,6 +58,8 @@ struct RunData {
   std::unique_ptr<BatchSource> train, val, test;  // val / test may hold 0 images (then null)
   std::string description;                        // one line for the log
   std::string validation_report;                  // --validate-data's report ("" without it)
+  std::string split;                              // the split in force: --split, or the default's fallback
+  std::string split_note;                         // why the default split fell back to fractions ("": it did not)
   std::optional<DataAccount> account;             // folder data: files, usable images, the split
 };
 

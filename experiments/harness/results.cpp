@@ -199,6 +199,10 @@ std::string fmt(double v, int digits) {
   return buf;
 }
 
+double chance_band(int64_t n) { return n > 0 ? 2.0 * std::sqrt(0.25 / static_cast<double>(n)) : 0.05; }
+
+bool at_chance(double acc, int64_t n) { return std::isfinite(acc) && std::fabs(acc - 0.5) <= chance_band(n); }
+
 nlohmann::json provenance(const std::string& device_name) {
   nlohmann::json j;
   std::string commit = run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' rev-parse HEAD 2>/dev/null");

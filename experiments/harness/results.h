@@ -54,6 +54,12 @@ std::string markdown_table(const Row& header, const std::vector<Row>& rows);
 // Formats a double for tables: fixed `digits` decimals; NaN as "" (missing).
 std::string fmt(double v, int digits = 4);
 
+// Where an accuracy of two balanced classes is at chance: within chance_band(n) of 50%, two binomial
+// standard errors for `n` evaluated images (n <= 0: 5 points). One rule for summary.md's "(chance)",
+// the plots' shaded band and minidl-train's last line.
+double chance_band(int64_t n);
+bool at_chance(double acc, int64_t n);
+
 // Commit id of the source tree (git, or the id captured at configure time), the date (UTC, ISO
 // 8601) and the host: the provenance every results.json carries.
 nlohmann::json provenance(const std::string& device_name);

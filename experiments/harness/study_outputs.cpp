@@ -8,6 +8,7 @@
 #include <set>
 #include <type_traits>
 
+#include "experiments/harness/results.h"
 #include "experiments/harness/seed_summary.h"
 #include "experiments/harness/sweep.h"
 
@@ -81,8 +82,7 @@ std::string accuracy_cell(const std::string& value, int64_t n) {
   } catch (const std::exception&) {
     return value;
   }
-  const double band = n > 0 ? 2.0 * std::sqrt(0.25 / static_cast<double>(n)) : 0.05;
-  return std::fabs(v - 0.5) <= band ? value + " (chance)" : value;
+  return at_chance(v, n) ? value + " (chance)" : value;
 }
 
 namespace {
@@ -160,7 +160,7 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
   if ((st.plot_y == "best_val_acc" || st.plot_y == "test_acc") && !st.runs.empty()) {
     // The same band summary.md's "(chance)" marks: two standard errors of 50% for the images evaluated.
     const int64_t n = evaluated_images(st.runs.front().config)[st.plot_y == "test_acc" ? 2 : 1];
-    plot.chance_band = n > 0 ? 2.0 * std::sqrt(0.25 / static_cast<double>(n)) : 0.05;
+    plot.chance_band = chance_band(n);
   }
   const std::string png = st.name + ".png";
   const std::string note = st.extra_outputs ? "" : plot_png(plot, out / png);

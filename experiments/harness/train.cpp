@@ -58,6 +58,45 @@ struct BudgetReset {
   }
 };
 
+// A diverged run's note. A high but finite loss may be one that would recover (Adam's first steps
+// on photos), so the note names the limit and the flag that raises it.
+std::string diverged_note(double loss, int64_t step, double limit) {
+  char b[320];
+  if (std::isfinite(loss))
+    std::snprintf(b, sizeof(b), "training loss %.4g at step %lld above --diverge-loss %g; if it would recover, "
+                  "give a higher --diverge-loss", loss, static_cast<long long>(step), limit);
+  else
+    std::snprintf(b, sizeof(b), "training loss %g at step %lld; a lower --lr or --max-grad-norm may keep it finite",
+                  loss, static_cast<long long>(step));
+  return b;
+}
+
+// Why an epoch ended before its last micro-batch, for its line instead of "done".
+std::string epoch_cut_reason(const RunResult& r, const TrainConfig& c, int64_t steps) {
+  if (r.status == "oom") return "out of memory in step " + std::to_string(steps + 1);
+  if (r.status == "interrupted") return "interrupted (" + r.note + ")";
+  if (r.status == "diverged") return "diverged at step " + std::to_string(steps);
+  return "stopped at --max-steps " + std::to_string(c.max_steps);
+}
+
+// A batch larger than the training set would train every step on the whole set while its memory
+// and any learning-rate scaling are those of the asked batch: refused (an `error` row in a sweep,
+// whose other batches may fit). `train_size` is this rank's share under several ranks.
+void check_batch_fits_data(const TrainConfig& c, const EpochBatches& batches, int64_t train_size) {
+  int64_t largest = 0, at = 1;
+  for (int64_t e = 1; e <= c.epochs; ++e)
+    if (batches.scheduled(e) > largest) largest = batches.scheduled(e), at = e;
+  if (largest <= train_size) return;
+  const std::string set = c.world_size > 1 ? std::to_string(train_size) + " images per rank over " +
+                                                 std::to_string(c.world_size) + " ranks"
+                                           : std::to_string(train_size) + " images";
+  const std::string what = batches.schedule().active() ? "--batch-schedule " + c.batch_schedule + ": batch " +
+                                                             std::to_string(largest) + " at epoch " + std::to_string(at)
+                                                       : "--batch-size " + std::to_string(c.batch_size);
+  throw RunInputError(what + " is larger than the training set (" + set + "): use a batch of at most " +
+                      std::to_string(train_size) + ", or a --split with more training images");
+}
+
 }  // namespace
 
 RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
@@ -146,8 +185,12 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     if (optimal_under_budget && limit > 0) m.recomputer->set_memory_limit(static_cast<int64_t>(limit));
   };
   set_optimal_limit(c.batch_size);
+  if (!data.split_note.empty()) log(data.split_note);
   if (!data.validation_report.empty()) log(data.validation_report);
   r.data_description = data.description;
+  r.split = data.split;
+  r.val_images = (data.val ? data.val->size() : 0) * c.world_size;
+  r.test_images = (data.test ? data.test->size() : 0) * c.world_size;
   // Unreadable files found while loading are counted out after each pass; one that empties a
   // class's part ends the run (UsageError) on every rank at once.
   const auto settle_skips = [&] {
@@ -156,6 +199,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   };
   settle_skips();
   const EpochBatches batches(c, data.train->size());   // --batch-schedule (a fixed batch without it)
+  check_batch_fits_data(c, batches, data.train->size());
   int64_t total_steps = batches.total_steps();
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   const auto epoch_start_step = [&](double completed) { return batches.epoch_start_step(completed); };
@@ -225,6 +269,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
   if (!resumed_from.empty()) log(resumed_from);
 
   double train_seconds = prog.train_seconds;
+  const double diverge_loss = c.resolved_diverge_loss();
   // The progress lines: every --progress-every steps and every --progress-seconds; their ETA
   // counts the evaluations to come and leaves the first step's warm-up out of the rate (eta.h).
   const auto t_loop = Clock::now();
@@ -333,13 +378,12 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
         correct += m.correct(logits, labels);
         em.images += n;
         session_images += n;
-        if (agreed(!std::isfinite(lv) || lv > c.diverge_loss)) {   // every rank stops at the same micro-batch
+        if (agreed(!std::isfinite(lv) || lv > diverge_loss)) {   // every rank stops at the same micro-batch
           r.status = "diverged";
-          r.note = group && std::isfinite(lv) && lv <= c.diverge_loss
+          r.note = group && std::isfinite(lv) && lv <= diverge_loss
                        ? "another rank's training loss was NaN or above --diverge-loss at step " +
                              std::to_string(opt->step_count())
-                       : "training loss " + std::to_string(lv) + " at step " + std::to_string(opt->step_count()) +
-                             (std::isfinite(lv) ? " above --diverge-loss " + std::to_string(c.diverge_loss) : "");
+                       : diverged_note(lv, opt->step_count(), diverge_loss);
           stop = cut = true;
           break;
         }
@@ -453,7 +497,7 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
     settle_skips();
     if (em.images > 0) {
       r.epochs.push_back(em);
-      log(epoch_done_line(em, epoch, c.epochs));
+      log(epoch_done_line(em, epoch, c.epochs, complete ? "" : epoch_cut_reason(r, c, opt->step_count())));
       if (hooks.on_epoch) hooks.on_epoch(em);
     }
   }

@@ -61,6 +61,9 @@ struct RunResult {
   std::string device_name;
   int64_t first_epoch = 1;        // > 1 (or a partial epoch) when --resume continued a saved run
   int64_t skipped_files = 0;      // folder data: unreadable files left out, up front and while loading
+  std::string split;              // the split in force (--split, or the default's fallback to fractions)
+  int64_t val_images = 0;         // images evaluated per validation / test pass, over all ranks (about:
+  int64_t test_images = 0;        //   this rank's x ranks), for the chance marker's band (at_chance)
   bool diverged() const { return status == "diverged"; }
   double mean_images_per_second() const;
   double steady_images_per_second() const;   // over the epochs' steady parts; NaN when none had one
@@ -98,8 +101,10 @@ const char* stop_signal_name();   // "SIGINT" or "SIGTERM": what asked the last 
 // For users' lines: v with `digits` decimals (times `scale`, then `suffix`), or "-" when v is not a
 // number (no validation split, a diverged run), never "nan" or a made-up 0.
 std::string value_or_dash(double v, int digits, double scale = 1.0, const char* suffix = "");
-// The line that ends an epoch: "epoch 3/5 done: loss ... val acc ... img/s ... peak ...".
-std::string epoch_done_line(const EpochMetrics& em, int64_t epoch, int64_t epochs);
+// The line that ends an epoch: "epoch 3/5 done: loss ... val acc ... img/s ... peak ...", or for an
+// epoch cut short, `cut` instead of "done" ("epoch 1/5 out of memory in step 1: ..."): its figures
+// are those of the micro-batches it ran.
+std::string epoch_done_line(const EpochMetrics& em, int64_t epoch, int64_t epochs, const std::string& cut = "");
 // "45 s", "3m05s", "1h02m": an estimated time left.
 std::string format_duration(double seconds);
 

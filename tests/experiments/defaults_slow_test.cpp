@@ -76,7 +76,7 @@ TEST(ExperimentsDefaults, PhotoDefaultsLossFalls) {
   c.max_steps = 20;
   const std::vector<double> l = run_steps(c).loss;
   ASSERT_EQ(l.size(), 20u);
-  EXPECT_LT(*std::max_element(l.begin(), l.end()), c.diverge_loss / 2);
+  EXPECT_LT(*std::max_element(l.begin(), l.end()), c.resolved_diverge_loss() / 2);
   EXPECT_LT(mean(l, 15, 20), mean(l, 0, 5)) << "the loss falls";
   EXPECT_LT(mean(l, 15, 20), 0.75);
 }

@@ -144,7 +144,7 @@ TEST(ExperimentsSweep, BatchScheduleStudyComparesLikeWithLike) {
     for (const auto& r : make_study("keras-batch", quick, photos).runs)
       EXPECT_EQ(r.config.diverge_loss, kKerasBatchDivergeLoss)
           << r.id << ": Keras does not stop on a high loss; Adam's first steps on the photos reach 34-123 and recover";
-  EXPECT_GT(kKerasBatchDivergeLoss, 20 * TrainConfig{}.diverge_loss);
+  EXPECT_GT(kKerasBatchDivergeLoss, 20 * TrainConfig{}.resolved_diverge_loss());
   const Study quick = make_study("batch-schedule", true, TrainConfig{});
   EXPECT_EQ(quick.runs.size(), 9u) << "three variants x three seeds";
   EXPECT_EQ(quick.runs[3].id, "decay-lr-s1");
