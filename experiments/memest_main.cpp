@@ -28,8 +28,9 @@ int main(int argc, char** argv) {
     const auto bs = parse_int_list("--batch-sizes", batches);
     const MemestReport rep = run_memest(c, bs, !no_measure);
     const std::string table = memest_table(rep);
-    std::printf("minidl-memest: %s\n%s\nweights + optimizer state: %.1f MiB\n\n%s", rep.title.c_str(),
-                rep.device.c_str(), static_cast<double>(rep.baseline_bytes) / (1 << 20), table.c_str());
+    std::printf("minidl-memest: %s\n%s\nweights + optimizer state: %.1f MiB\nalso held, as in the run: %s\n\n%s",
+                rep.title.c_str(), rep.device.c_str(), static_cast<double>(rep.baseline_bytes) / (1 << 20),
+                rep.footprint.c_str(), table.c_str());
     for (const auto& r : rep.rows) {
       if (r.over_budget())
         std::printf("batch %lld exceeds --memory-budget %s in the dry run: not run\n", static_cast<long long>(r.batch),
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
       j["config"] = to_json(c);
       j["title"] = rep.title;
       j["baseline_bytes"] = rep.baseline_bytes;
+      j["also_held"] = rep.footprint;
       nlohmann::json arr = nlohmann::json::array();
       for (const auto& r : rep.rows) {
         nlohmann::json row = {{"batch", r.batch},

@@ -92,6 +92,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   say("minidl-maxbatch: " + c.model + " at " + std::to_string(runner.model().image_size) + " px, " + c.optimizer +
       ", checkpoint " + c.checkpoint + ", budget " + mib(rep.budget_bytes) + ", " + std::to_string(o.steps) +
       " steps per trial; weights + optimizer state " + mib(runner.baseline_allocated()) +
+      "; every trial also holds what the run holds beside its steps: " + runner.footprint().describe() +
       (group ? "; " + std::to_string(group->world_size()) + " ranks: the maximum per device, each trial agreed "
                       "across the ranks (gradient buckets " + mib(static_cast<int64_t>(buckets.nbytes())) + " held)"
              : ""));

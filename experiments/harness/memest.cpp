@@ -45,6 +45,7 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
                 std::to_string(c.accumulation_steps) +
                 (budget > 0 ? ", budget " + format_bytes(static_cast<size_t>(budget)) : ", no budget");
     rep.baseline_bytes = dry.baseline_allocated();
+    rep.footprint = dry.footprint().describe();
     for (int64_t b : batches) {
       MemestRow r;
       r.batch = b;
@@ -86,8 +87,10 @@ std::string memest_table(const MemestReport& rep) {
 std::string memest_markdown(const MemestReport& r, const std::string& commit, const std::string& date) {
   return "# minidl-memest: " + r.title + "\n\n" + "- device: " + r.device + "\n- commit: " + commit +
          "\n- date: " + date + "\n- weights + optimizer state (dry run): " + mib(r.baseline_bytes) +
-         " MiB\n\nEstimated: a dry run of one training step on the shape-only device (docs/memory.md). "
-         "Measured: the same step run for real. A batch over the budget is not run.\n\n" +
+         " MiB\n- also held, as in the run: " + r.footprint +
+         "\n\nEstimated: a dry run on the shape-only device of one training step and the run's evaluation pass, "
+         "beside the data the run holds (docs/memory.md). Measured: the same, run for real. A batch over the "
+         "budget is not run.\n\n" +
          memest_table(r);
 }
 

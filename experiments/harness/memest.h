@@ -28,6 +28,7 @@ struct MemestReport {
   std::string title;               // model, image size, optimizer, AMP, recomputation, budget
   std::string device;              // the measured device, and the dry run's
   int64_t baseline_bytes = 0;      // weights + optimizer state (+ the cuBLAS workspace), dry run
+  std::string footprint;           // what the run holds beside its steps (RunFootprint::describe)
   std::vector<MemestRow> rows;
 };
 

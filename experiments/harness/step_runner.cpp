@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <vector>
 
 #include "core/allocator.h"
+#include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
 
@@ -12,8 +14,21 @@ namespace minidl::harness {
 
 Device dry_run_device(const TrainConfig& c) { return Device::meta(resolve_device(c.device).type); }
 
+namespace {
+
+// The device with its allocator's cache released, before the model is made: blocks cached by the
+// runs and trials before this one (a sweep, a test suite) could otherwise serve the weights from
+// larger blocks, which a fresh minidl-train would not (core/allocator.h), and the answer would
+// depend on what ran before it.
+Device released(Device d) {
+  empty_cache(d);
+  return d;
+}
+
+}  // namespace
+
 StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional<Device> device)
-    : c_(c), device_(device ? *device : resolve_device(c.device)), model_(make_model(c, c.seed * 4 + 3)),
+    : c_(c), device_(released(device ? *device : resolve_device(c.device))), model_(make_model(c, c.seed * 4 + 3)),
       scaler_(optim::GradScalerOptions{.init_scale = c.amp_init_scale, .enabled = c.amp}), budget_(budget_bytes) {
   apply_backend_switches(c_, device_);
   model_.module->to(device_);
@@ -28,13 +43,23 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
                      " is smaller than the model itself: " + c.model + " needs " +
                      format_bytes(static_cast<size_t>(fixed)) + " for weights, gradients and optimizer state");
   if (budget_ > 0) set_memory_budget(device_, static_cast<size_t>(budget_));
+  footprint_ = run_footprint(c_, device_, model_.image_size);
+  if (footprint_.resident_bytes > 0) {
+    try {
+      resident_ = empty({footprint_.resident_bytes}, {DType::u8, device_, false});
+    } catch (const OutOfMemoryError&) {
+      throw UsageError("--memory-budget " + format_bytes(static_cast<size_t>(budget_)) + " cannot hold the run's " +
+                       "in-memory data set (" + format_bytes(static_cast<size_t>(footprint_.resident_bytes)) +
+                       ") beside " + c.model + "'s weights: give a larger budget, or a smaller --split");
+    }
+  }
   // The trials must measure the steady state, where the optimizer state exists. With AMP the
   // first steps are usually skipped (the scaler starts at 65536 and halves on every overflow) and
   // a skipped step creates no state, so step at batch 1 until one update has really run (the
   // scale reaches 1 after 16 halvings; a model that still overflows then trains on NaN anyway).
   step(1);
   for (int i = 0; i < 40 && !last_stepped_; ++i) step(1);
-  baseline_ = memory_stats(device_).allocated_bytes;
+  baseline_ = memory_stats(device_).allocated_bytes - footprint_.resident_bytes;
 }
 
 StepRunner::~StepRunner() {
@@ -84,6 +109,19 @@ int64_t StepRunner::step(int64_t batch) {
   return phase;
 }
 
+void StepRunner::evaluate(int64_t batch) {
+  // Back to training mode however the pass ends (an OOM is the trial's answer, not the runner's end).
+  struct TrainAgain {
+    nn::Module& m;
+    ~TrainAgain() { m.train(); }
+  } again{*model_.module};
+  const NoGradGuard no_grad;
+  model_.module->eval();
+  const Tensor x = randn(model_.input_shape(batch), {DType::f32, device_, false});
+  const Tensor labels = zeros({batch}, {DType::i64, device_, false});
+  const Tensor loss = model_.loss(model_.forward(x), labels);
+}
+
 Trial StepRunner::run(int64_t batch, int steps) {
   Trial t;
   empty_cache(device_);
@@ -92,6 +130,12 @@ Trial StepRunner::run(int64_t batch, int steps) {
   peak_allocated_ = peak_reserved_ = 0;
   double timed = 0.0;
   try {
+    // The batches the run's loader holds beside the one trained on, for the whole trial.
+    std::vector<Tensor> held;
+    for (int k = 1; k < footprint_.batches_held; ++k) {
+      held.push_back(empty(model_.input_shape(batch), {DType::f32, device_, false}));
+      held.push_back(empty({batch}, {DType::i64, device_, false}));
+    }
     for (int s = 0; s < steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
       t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(batch));
@@ -99,6 +143,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s > 0 || steps == 1) timed += dt;
     }
+    if (footprint_.evaluation) evaluate(batch);
     t.ok = true;
     t.step_seconds = timed / (steps > 1 ? steps - 1 : 1);
   } catch (const OutOfMemoryError&) {

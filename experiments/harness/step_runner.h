@@ -1,5 +1,8 @@
 // Runs K full training steps (forward, backward, optimizer step; two micro-batches per step with
-// gradient accumulation) of a configuration at a given micro-batch on random inputs under the memory budget, and measures peak memory and step time.
+// gradient accumulation) of a configuration at a given micro-batch on random inputs under the
+// memory budget, then an evaluation pass, and measures peak memory and step time. Beside the steps
+// it holds what the run minidl-train would make also holds on the device (run_footprint.h: the
+// in-memory data set, prefetched batches), so its answer is the run's, not one step's.
 // The finder, --profile and minidl-memest use it; an OOM inside a trial is caught, the step's
 // tensors are dropped, and the runner checks that the memory statistics return to their level.
 #pragma once
@@ -11,6 +14,7 @@
 #include "experiments/harness/config.h"
 #include "experiments/harness/finder.h"
 #include "experiments/harness/model.h"
+#include "experiments/harness/run_footprint.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 
@@ -31,11 +35,14 @@ class StepRunner {
   Device device() const { return device_; }
   int64_t baseline_allocated() const { return baseline_; }   // weights + optimizer state
   int64_t parameter_bytes() const;
+  const RunFootprint& footprint() const { return footprint_; }
 
  private:
   // One step; returns the peak bytes of its forward + backward phase that the batch needs (reserved on
   // a GPU, live blocks on the CPU: see step_runner.cpp).
   int64_t step(int64_t batch);
+  // The run's evaluation pass at `batch`: a forward without gradients in evaluation mode.
+  void evaluate(int64_t batch);
 
   TrainConfig c_;
   Device device_;
@@ -44,6 +51,8 @@ class StepRunner {
   optim::GradScaler scaler_;
   int64_t budget_ = 0;
   int64_t baseline_ = 0;
+  RunFootprint footprint_;
+  Tensor resident_;             // footprint_.resident_bytes, held for the runner's life
   int64_t peak_allocated_ = 0;   // over the current trial, across the phase resets
   int64_t peak_reserved_ = 0;
   bool last_stepped_ = false;   // the last step() really updated the weights (not skipped by AMP)

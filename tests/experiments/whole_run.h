@@ -1,0 +1,42 @@
+// The whole-run check of minidl-maxbatch's answer, shared by the CPU suite (whole_run_test.cpp) and
+// the emulated GPU's (whole_run_cuda_test.cpp): the run minidl-train makes at the answer trains, and
+// the run at the answer + 1 runs out of memory. A step on random inputs alone fits a few more
+// images than the run, which also holds its data set, prefetched batches and evaluation pass.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "experiments/harness/maxbatch.h"
+#include "experiments/harness/train.h"
+
+namespace minidl::harness::testing {
+
+// minidl-train with c at `batch`: two optimizer steps of one epoch, then the evaluation passes.
+inline RunResult train_at(TrainConfig c, int64_t batch) {
+  c.batch_size = batch;
+  c.epochs = 1;
+  c.max_steps = 2;
+  c.quiet = true;
+  return run_training(c);
+}
+
+// The answer for c (which must set --memory-budget), checked against two runs.
+inline int64_t expect_answer_trains(const TrainConfig& c) {
+  MaxBatchOptions o;
+  o.steps = 2;
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  const int64_t answer = rep.finder.max_batch;
+  EXPECT_GT(answer, 1) << rep.text;
+  EXPECT_FALSE(rep.finder.hit_limit) << rep.text;
+  const RunResult fits = train_at(c, answer);
+  EXPECT_EQ(fits.status, "ok") << "minidl-maxbatch answered " << answer << " but the run there ended '"
+                               << fits.status << "': " << fits.note << "\n" << rep.text;
+  const RunResult over = train_at(c, answer + 1);
+  EXPECT_EQ(over.status, "oom") << "the run at " << answer + 1 << " (one over the answer) fits, peak allocated "
+                                << over.peak_allocated << " B: the answer is not the largest batch that trains\n"
+                                << rep.text;
+  return answer;
+}
+
+}  // namespace minidl::harness::testing

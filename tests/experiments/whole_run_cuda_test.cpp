@@ -1,0 +1,57 @@
+// minidl-maxbatch's answer holds for the whole run on a GPU (tests/experiments/whole_run.h): the
+// run at the answer trains and the run at the answer + 1 runs out of the budget, on the caching
+// allocator, with the dry run on meta:cuda. On the emulated device (experiments_cuda_emu) the
+// backend's own allocator, kernels and loader staging run, so the answers are checked in CI.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/backend.h"
+#include "experiments/harness/run_footprint.h"
+#include "tests/experiments/helpers.h"
+#include "tests/experiments/whole_run.h"
+
+namespace minidl::harness {
+namespace {
+
+TrainConfig small_cnn_on_gpu(const std::string& budget) {
+  TrainConfig c = testing::tiny_config();
+  c.image_size = 32;
+  c.split = "64,4,4";
+  c.device = "cuda";
+  c.memory_budget = budget;
+  c.workers = 0;
+  // The heuristic's algorithms, which the dry run asks cuDNN for. Autotuning picks by timing, under
+  // the memory free when a shape is first seen, which no dry run can know in advance.
+  c.cudnn_benchmark = "off";
+  return c;
+}
+
+TEST(WholeRunCuda, SyntheticData) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const TrainConfig c = small_cnn_on_gpu("24MiB");
+  // The synthetic set stays in host memory: on a GPU the run holds one batch of it at a time.
+  EXPECT_EQ(run_footprint(c, Device::cuda(0), 32).resident_bytes, 0);
+  testing::expect_answer_trains(c);
+}
+
+TEST(WholeRunCuda, SyntheticDataWithAmp) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = small_cnn_on_gpu("24MiB");
+  c.amp = true;
+  testing::expect_answer_trains(c);
+}
+
+// Photos through the loader's pinned staging: without workers one batch is on the device at a time.
+TEST(WholeRunCuda, PhotoFolder) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::filesystem::path photos = std::filesystem::path(MINIDL_SHARED_DATA_DIR) / "catsdogs";
+  if (!std::filesystem::exists(photos)) GTEST_SKIP() << "no photos at " << photos << " (../shared/data)";
+  TrainConfig c = small_cnn_on_gpu("24MiB");
+  c.data = photos.string();
+  c.split = "48,4,4";
+  testing::expect_answer_trains(c);
+}
+
+}  // namespace
+}  // namespace minidl::harness

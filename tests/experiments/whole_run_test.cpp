@@ -1,0 +1,84 @@
+// minidl-maxbatch's answer holds for the whole run on the CPU (tests/experiments/whole_run.h): the
+// synthetic set (held in memory for the whole run) and a photo folder (decoded by the loader), in
+// f32, with AMP and with recomputation. The folder runs use --workers 0, whose loader holds one
+// batch at a time, so that the answer + 1 runs out every time; with workers the loader holds up to
+// its queue's worth, which the answer counts, so the answer trains but its neighbour may too.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "experiments/harness/run_footprint.h"
+#include "tests/experiments/helpers.h"
+#include "tests/experiments/whole_run.h"
+
+namespace minidl::harness {
+namespace {
+
+TrainConfig small_cnn(const std::string& budget) {
+  TrainConfig c = testing::tiny_config();
+  c.image_size = 16;
+  c.split = "96,8,8";
+  c.memory_budget = budget;
+  c.workers = 0;
+  return c;
+}
+
+std::filesystem::path photos() { return std::filesystem::path(MINIDL_SHARED_DATA_DIR) / "catsdogs"; }
+
+TEST(WholeRun, SyntheticDataHeldInMemoryCountsAgainstTheBudget) {
+  const TrainConfig c = small_cnn("6MiB");
+  // The set alone is worth several images of the step: without it the answer was too large.
+  const RunFootprint f = run_footprint(c, Device::cpu(), 16);
+  EXPECT_EQ(f.resident_bytes, 2 * (96 + 8 + 8) * (3 * 16 * 16 * 4 + 8));
+  testing::expect_answer_trains(c);
+}
+
+TEST(WholeRun, SyntheticDataWithAmp) {
+  TrainConfig c = small_cnn("5MiB");
+  c.amp = true;
+  testing::expect_answer_trains(c);
+}
+
+TEST(WholeRun, SyntheticDataWithRecomputation) {
+  TrainConfig c = small_cnn("120MiB");
+  c.model = "resnet18-small";
+  c.checkpoint = "stages";
+  testing::expect_answer_trains(c);
+}
+
+TEST(WholeRun, PhotoFolder) {
+  if (!std::filesystem::exists(photos())) GTEST_SKIP() << "no photos at " << photos() << " (../shared/data)";
+  TrainConfig c = small_cnn("4MiB");
+  c.data = photos().string();
+  c.split = "48,4,4";
+  testing::expect_answer_trains(c);
+}
+
+TEST(WholeRun, PhotoFolderWithAmpAndRecomputation) {
+  if (!std::filesystem::exists(photos())) GTEST_SKIP() << "no photos at " << photos() << " (../shared/data)";
+  TrainConfig c = small_cnn("110MiB");
+  c.data = photos().string();
+  c.split = "40,4,4";
+  c.model = "resnet18-small";
+  c.amp = true;
+  c.checkpoint = "stages";
+  testing::expect_answer_trains(c);
+}
+
+// With loader workers the answer counts the loader's whole queue: the run at the answer trains
+// (whether the queue is full at the step's peak or not).
+TEST(WholeRun, PhotoFolderWithLoaderWorkersHoldsItsQueue) {
+  if (!std::filesystem::exists(photos())) GTEST_SKIP() << "no photos at " << photos() << " (../shared/data)";
+  TrainConfig c = small_cnn("4MiB");
+  c.data = photos().string();
+  c.split = "48,4,4";
+  c.workers = 2;
+  EXPECT_EQ(run_footprint(c, Device::cpu(), 16).batches_held, 6);
+  MaxBatchOptions o;
+  o.steps = 2;
+  const int64_t answer = run_maxbatch(c, o, false).finder.max_batch;
+  EXPECT_EQ(testing::train_at(c, answer).status, "ok");
+}
+
+}  // namespace
+}  // namespace minidl::harness
