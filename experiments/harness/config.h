@@ -110,6 +110,10 @@ struct TrainConfig {
   double progress_seconds = 15.0;   // also a line when this long passed since the last one; 0: off
   bool quiet = false;
   bool verbose = false;             // error lines keep the source location of the failed check
+  // Not a flag: the batch is a memory bound rather than a request (minidl-sweep's runs at the max-batch
+  // finder's recommendation), so one larger than the training set trains on the whole set instead of
+  // being refused.
+  bool batch_up_to_data = false;
   // Not a flag: the processes training together (mpirun -np N, or MINIDL_WORLD_SIZE), set by the
   // programs from distributed::world(); each trains batch_size images per micro-batch on its own shard.
   int64_t world_size = 1;

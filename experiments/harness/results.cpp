@@ -290,6 +290,7 @@ nlohmann::json to_json(const RunResult& r) {
   return {{"status", r.status},
           {"note", r.note},
           {"skipped_files", r.skipped_files},
+          {"split", r.split},   // the split in force: config.split, or the default's fallback to fractions
           {"steps", r.steps},
           {"parameters", r.parameters},
           {"lr", r.lr},

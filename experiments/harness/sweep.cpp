@@ -170,6 +170,7 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
       // Train at the recommended batch (the margin below the maximum): the training loop also
       // holds the data and evaluation tensors that the finder's random batches do not.
       c.batch_size = std::max<int64_t>(1, rep.recommended);
+      c.batch_up_to_data = true;   // a memory bound: over the training set, the run trains on all of it
       // The effective batch: per device x accumulation x ranks.
       max_batch = rep.finder.max_batch * c.accumulation_steps * c.world_size;
       predicted = rep.finder.predicted * c.accumulation_steps * c.world_size;

@@ -198,8 +198,14 @@ RunResult run_training(const TrainConfig& c, const RunHooks& hooks) {
       r.skipped_files = settle_late_skips(*data.account, {data.train.get(), data.val.get(), data.test.get()}, group);
   };
   settle_skips();
-  const EpochBatches batches(c, data.train->size());   // --batch-schedule (a fixed batch without it)
-  check_batch_fits_data(c, batches, data.train->size());
+  TrainConfig fitted = c;   // the batch of a bound (batch_up_to_data) down to the training set
+  if (c.batch_up_to_data && c.batch_schedule.empty() && c.batch_size > data.train->size()) {
+    fitted.batch_size = data.train->size();
+    log("batch " + std::to_string(c.batch_size) + " is larger than the training set: training at batch " +
+        std::to_string(fitted.batch_size) + ", the whole set");
+  }
+  const EpochBatches batches(fitted, data.train->size());   // --batch-schedule (a fixed batch without it)
+  check_batch_fits_data(fitted, batches, data.train->size());
   int64_t total_steps = batches.total_steps();
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   const auto epoch_start_step = [&](double completed) { return batches.epoch_start_step(completed); };

@@ -175,6 +175,12 @@ TEST(ExperimentsFirstRun, ABatchLargerThanTheTrainingSetIsRefused) {
   TrainConfig c = testing::tiny_config();   // 32 training images
   c.batch_size = 33;
   EXPECT_THROW(run_training(c, {[](const std::string&) {}, {}, {}}), RunInputError);
+  c.batch_up_to_data = true;   // the sweep's runs at the max-batch finder's answer: a bound, not a request
+  const RunResult whole = run_training(c, {[](const std::string&) {}, {}, {}});
+  EXPECT_EQ(whole.status, "ok");
+  ASSERT_EQ(whole.epochs.size(), 1u);
+  EXPECT_EQ(whole.epochs[0].batch_size, 32);
+  c.batch_up_to_data = false;
   c.batch_size = 32;
   EXPECT_EQ(run_training(c, {[](const std::string&) {}, {}, {}}).status, "ok");
   if (!built("minidl-train")) GTEST_SKIP() << "minidl-train is not built";

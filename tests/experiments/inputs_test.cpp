@@ -82,7 +82,7 @@ TEST(ExperimentsInputs, ValidatedRunsCountUsableImagesOnly) {
   make_class(root / "cat", "cat", 3, 1);
   make_class(root / "dog", "dog", 3, 2);
   const Outcome o = run("--data " + root.string() + " --split 2,0,1 --image-size 8 --max-steps 1 --workers 0 "
-                        "--validate-data");
+                        "--batch-size 4 --validate-data");
   EXPECT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("(6 usable images, 3 unreadable files skipped)"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("unreadable (skipped by the loader): 3"), std::string::npos) << "the report: " << o.output;
