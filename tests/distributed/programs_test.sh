@@ -191,9 +191,9 @@ unreadable)
   ;;
 sweep_failing_run)
   # Batch 256 does not fit the budget, batch 32 does: the 256 row says oom on 1 and 2 ranks (each
-  # rank trains the batch; on 2 ranks that is its shard's 128 images, 2.5 MiB allocated at 8 px by
-  # minidl-memest, against 1.0 MiB at batch 32), and the sweep goes on to batch 32 (listed after it).
-  grid=(--model smallcnn --image-size 8 --split 128,4,4 --synthetic-difficulty 0.2 --workers 0 --epochs 1 --quiet
+  # rank trains the batch, all of its shard's 256 images on 2 ranks; a batch larger than the shard
+  # would be refused), and the sweep goes on to batch 32 (listed after it).
+  grid=(--model smallcnn --image-size 8 --split 256,4,4 --synthetic-difficulty 0.2 --workers 0 --epochs 1 --quiet
         --memory-budget 2MiB --batch-sizes 256,32 --optimizers sgd)
   "$bin/minidl-sweep" "${grid[@]}" --out one > one.log
   rc=0
