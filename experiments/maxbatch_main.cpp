@@ -6,6 +6,7 @@
 
 #include "core/thread_policy.h"
 #include "experiments/harness/config.h"
+#include "experiments/harness/gpu_plan.h"
 #include "experiments/harness/maxbatch.h"
 #include "experiments/harness/ranks.h"
 #include "experiments/harness/results.h"
@@ -33,6 +34,10 @@ int main(int argc, char** argv) {
   app.add_option("--probe-small", o.probe_small, "the smaller probe batch of the memory model");
   app.add_option("--probe-large", o.probe_large, "the larger probe batch of the memory model");
   app.add_option("--limit", o.limit, "never try a batch above this");
+  app.add_option("--gpu", c.gpu,
+                 "plan for this GPU from any machine, with the dry run alone (no step runs): h100, h200, a100-80gb, "
+                 "a100-40gb, l4, rtx-2080ti, rtx-4090, or its memory (24GiB); needs --device cuda; the budget is "
+                 "--memory-budget or the GPU's memory less its CUDA context; empty: the device itself");
   if (const int rc = parse_command_line(app, argc, argv, "minidl-maxbatch"); rc >= 0) return rc;
   // Under mpirun -np N: the per-device maximum, every trial agreed across the ranks; rank 0 reports.
   return run_program("minidl-maxbatch", c.verbose, [&](const Ranks& ranks) {
@@ -41,7 +46,7 @@ int main(int argc, char** argv) {
     o.time_budget_s = parse_duration(time_budget);
     const MaxBatchReport rep = run_maxbatch(c, o, ranks.lead());
     if (!c.out.empty() && ranks.lead()) {
-      nlohmann::json j = provenance(device_description(resolve_device(c.device)));
+      nlohmann::json j = provenance(c.gpu.empty() ? device_description(resolve_device(c.device)) : plan_assumptions(c));
       j["program"] = "minidl-maxbatch";
       j["config"] = to_json(c);
       j["result"] = rep.json;

@@ -23,6 +23,10 @@ int main(int argc, char** argv) {
   app.get_option("--out")->description("folder for memest.json and memest.md; empty: print only");
   app.add_option("--batch-sizes", batches, "comma-separated batch sizes to estimate and measure");
   app.add_flag("--no-measure", no_measure, "dry runs only: no real step (the estimate column alone)");
+  app.add_option("--gpu", c.gpu,
+                 "plan for this GPU from any machine, with the dry run alone (no step runs): h100, h200, a100-80gb, "
+                 "a100-40gb, l4, rtx-2080ti, rtx-4090, or its memory (24GiB); needs --device cuda; the budget is "
+                 "--memory-budget or the GPU's memory less its CUDA context; empty: the device itself");
   if (const int rc = parse_command_line(app, argc, argv, "minidl-memest"); rc >= 0) return rc;
   try {
     const auto bs = parse_int_list("--batch-sizes", batches);

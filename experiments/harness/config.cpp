@@ -377,7 +377,11 @@ void validate(const TrainConfig& c) {
     if (!f->empty() && !std::filesystem::is_regular_file(*f))
       usage("'" + *f + "': no such file (--init-weights / --resume)");
   }
-  resolve_device(c.device);
+  if (c.gpu.empty()) {
+    resolve_device(c.device);
+  } else if (!cuda_built()) {   // a plan for a GPU needs the CUDA backend's kernels' answers, not a GPU
+    usage("--gpu " + c.gpu + ": this build has no CUDA backend (rebuild with -DMINIDL_CUDA=ON)");
+  }
 }
 
 std::string user_message(const std::exception& e, bool verbose) {

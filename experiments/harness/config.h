@@ -93,6 +93,9 @@ struct TrainConfig {
   std::optional<bool> channels_last;
   bool cuda_graphs = false;         // replay each step from a CUDA graph (graphed_step.h)
   std::string memory_budget;        // "11GiB"; empty: none
+  // minidl-memest and minidl-maxbatch only: plan for this GPU (gpu_plan.h) with the dry run alone,
+  // on any machine; empty: the configured device itself.
+  std::string gpu;
   std::string device = "cpu";
   uint64_t seed = 0;
   // Weights and outputs.

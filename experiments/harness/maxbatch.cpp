@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "core/allocator.h"
 #include "distributed/process_group.h"
+#include "experiments/harness/gpu_plan.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
 #include "experiments/harness/train.h"
@@ -57,13 +59,20 @@ double parse_duration(const std::string& s) {
 
 MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool verbose) {
   validate(c);
-  if (c.memory_budget.empty())
-    throw UsageError("minidl-maxbatch needs --memory-budget (e.g. 11GiB): the search is relative to a budget");
+  // --gpu: a plan for a GPU this machine need not have, from the dry run alone (gpu_plan.h).
+  const bool plan = !c.gpu.empty();
+  if (c.memory_budget.empty() && !plan)
+    throw UsageError("minidl-maxbatch needs --memory-budget (e.g. 11GiB) or --gpu (e.g. h100): the search is "
+                     "relative to a budget");
+  if (plan && o.profile)
+    throw UsageError("--profile times real steps, which a plan (--gpu) does not run: profile on the GPU itself, "
+                     "without --gpu");
+  if (plan && c.world_size > 1) throw UsageError("--gpu plans for one device: run it as one process");
   if (o.steps < 1) throw UsageError("--steps must be >= 1");
   if (o.margin < 0 || o.margin >= 1) throw UsageError("--margin must be in [0, 1)");
   if (o.effective_batch < 0) throw UsageError("--effective-batch must be > 0");
   MaxBatchReport rep;
-  rep.budget_bytes = static_cast<int64_t>(parse_bytes(c.memory_budget));
+  rep.budget_bytes = plan ? plan_budget(c) : static_cast<int64_t>(parse_bytes(c.memory_budget));
   // Several ranks: each searches its own device's maximum micro-batch with trials that do not
   // communicate (an OOM inside one cannot leave another rank waiting in a collective), and the
   // ranks agree on every trial's outcome afterwards. The trials hold, beside the model, a buffer
@@ -78,7 +87,9 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   // Built first: its model passes through host memory on the way to the meta device, which must
   // not count against the real runner's budget.
   StepRunner dry(c, rep.budget_bytes, dry_run_device(c));
-  StepRunner runner(c, rep.budget_bytes);
+  std::optional<StepRunner> real;   // none for a plan
+  if (!plan) real.emplace(c, rep.budget_bytes);
+  StepRunner& runner = real ? *real : dry;   // the real one when there is one
   Tensor buckets, dry_buckets;   // the dry run holds them too
   if (group) {
     buckets = zeros({std::max<int64_t>(1, runner.parameter_bytes())}, {DType::u8, runner.device(), false});
@@ -89,6 +100,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
     os << line << "\n";
     if (verbose) std::printf("%s\n", line.c_str()), std::fflush(stdout);
   };
+  if (plan) say(plan_assumptions(c));
   say("minidl-maxbatch: " + c.model + " at " + std::to_string(runner.model().image_size) + " px, " + c.optimizer +
       ", checkpoint " + c.checkpoint + ", budget " + mib(rep.budget_bytes) + ", " + std::to_string(o.steps) +
       " steps per trial; weights + optimizer state " + mib(runner.baseline_allocated()) +
@@ -124,8 +136,10 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
       std::to_string(dry_search.trials.size()) + " dry trials in " + fmt(dry_seconds, 3) + " s (peak allocated " +
       mib(dry_search.at_max.peak_allocated) + ", reserved " + mib(dry_search.at_max.peak_reserved) + ")");
   Trial confirm;
-  if (dry_search.max_batch > 0) confirm = real_trial(dry_search.max_batch);
-  if (confirm.ok) {
+  if (dry_search.max_batch > 0 && !plan) confirm = real_trial(dry_search.max_batch);
+  if (plan) {
+    rep.finder = dry_search;   // the plan's answer: not tried on the GPU
+  } else if (confirm.ok) {
     rep.finder = dry_search;
     rep.finder.trials = {{dry_search.max_batch, confirm}};
     rep.finder.ooms = 0;
@@ -154,9 +168,11 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
   const double frag =
       f.at_max.peak_reserved > 0 ? 1.0 - static_cast<double>(f.at_max.peak_allocated) / f.at_max.peak_reserved : 0.0;
   say("maximum batch: " + std::to_string(f.max_batch) + (f.hit_limit ? " (the --limit; memory allows more)" : "") +
-      (f.confirmed ? " (the dry run's answer, confirmed by one real trial; the dry run says " +
-                         std::to_string(f.max_batch + 1) + " does not fit)"
-                   : " after " + std::to_string(f.trials.size()) + " real trials (" + std::to_string(f.ooms) +
+      (plan ? " (the dry run's answer for --gpu " + c.gpu + ", not tried on a GPU; the dry run says " +
+                  std::to_string(f.max_batch + 1) + " does not fit)"
+       : f.confirmed ? " (the dry run's answer, confirmed by one real trial; the dry run says " +
+                           std::to_string(f.max_batch + 1) + " does not fit)"
+                     : " after " + std::to_string(f.trials.size()) + " real trials (" + std::to_string(f.ooms) +
                          " OOM, " + (f.all_recovered ? "all recovered cleanly" : "NOT all recovered") + ")") +
       "; linear-model prediction error " + fmt(f.prediction_error_pct(), 1) + "% (probes), " +
       fmt(f.refined_error_pct(), 1) + "% (refit)");
@@ -164,6 +180,7 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
       ", fragmentation " + fmt(100 * frag, 1) + "%");
   say("recommended batch (" + fmt(100 * o.margin, 0) + "% margin): " + std::to_string(rep.recommended));
   rep.json = {{"budget_bytes", rep.budget_bytes},
+              {"gpu", c.gpu},
               {"world_size", c.world_size},
               {"steps_per_trial", o.steps},
               {"fixed_bytes", f.model.fixed_bytes},

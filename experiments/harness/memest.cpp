@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/allocator.h"
+#include "experiments/harness/gpu_plan.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
 #include "experiments/harness/train.h"
@@ -33,11 +34,14 @@ double MemestRow::reserved_error_pct() const { return pct(estimate.peak_reserved
 
 MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batches, bool measure) {
   validate(c);
-  const int64_t budget = c.memory_budget.empty() ? 0 : static_cast<int64_t>(parse_bytes(c.memory_budget));
+  const bool plan = !c.gpu.empty();   // --gpu: the dry run alone, for a GPU this machine need not have
+  const int64_t budget = plan                     ? plan_budget(c)
+                         : c.memory_budget.empty() ? 0
+                                                   : static_cast<int64_t>(parse_bytes(c.memory_budget));
   const ModelledTimes times(c.checkpoint == "optimal");
   MemestReport rep;
-  const Device real = resolve_device(c.device);
-  rep.device = device_description(real) + "; dry run on " + dry_run_device(c).str();
+  rep.device = (plan ? plan_assumptions(c) : device_description(resolve_device(c.device))) + "; dry run on " +
+               dry_run_device(c).str();
   {
     StepRunner dry(c, budget, dry_run_device(c));
     rep.title = c.model + " at " + std::to_string(dry.model().image_size) + " px, " + c.optimizer +
@@ -53,7 +57,7 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
       rep.rows.push_back(r);
     }
   }
-  if (!measure) return rep;
+  if (!measure || plan) return rep;
   StepRunner runner(c, budget);
   for (MemestRow& r : rep.rows) {
     if (r.over_budget()) continue;

@@ -258,6 +258,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"cudnn_benchmark", c.cudnn_benchmark},
           {"channels_last", c.resolved_channels_last()},
           {"cuda_graphs", c.cuda_graphs},
+          {"gpu", c.gpu},
           {"memory_budget", c.memory_budget},
           {"device", c.device},
           {"seed", c.seed},

@@ -12,7 +12,10 @@
 
 namespace minidl::harness {
 
-Device dry_run_device(const TrainConfig& c) { return Device::meta(resolve_device(c.device).type); }
+Device dry_run_device(const TrainConfig& c) {
+  // A plan for a named GPU stands for a GPU that this machine need not have.
+  return c.gpu.empty() ? Device::meta(resolve_device(c.device).type) : Device::meta(DeviceType::CUDA);
+}
 
 namespace {
 

@@ -432,6 +432,12 @@ void conv_backward_filter_raw(DeviceContext& ctx, const ConvShape& cs, const voi
 
 std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const Shape& w, const Shape& y,
                                               const Conv2dOptions& o, DType dtype, bool channels_last) {
+  // No GPU to ask cuDNN on (a plan for a GPU made on a machine without one: minidl-memest --gpu):
+  // the workspace-free algorithms (implicit GEMM in each direction), which every convolution has and
+  // to which run() falls back when a faster one's workspace does not fit. So a planned maximum batch
+  // is the one where the leanest algorithms fit, as on the GPU at its limit; docs/memory.md says
+  // what a plan assumes.
+  if (device_count() == 0) return {0};
   const ConvShape cs = shape_of(x, dtype, w, y, o, channels_last);
   const Dir dd = dir == ConvDir::Forward ? Dir::Fwd : dir == ConvDir::BackwardData ? Dir::BwdData : Dir::BwdFilter;
   // run()'s fallback order, from the heuristic-mode plan it shares: a dry run asks cuDNN once per

@@ -23,7 +23,8 @@ std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b);
 // conv.cu: the workspace sizes the convolution tries, in order, until one fits the allocator:
 // cuDNN's heuristic ranking (cudnnGet*Algorithm_v7 and cudnnGet*WorkspaceSize under the current
 // math and layout switches) on device 0's handle, so it needs a GPU or the emulated device.
-// Benchmark mode's autotuning (timed, so unknown in advance) is not part of it.
+// Benchmark mode's autotuning (timed, so unknown in advance) is not part of it. Without a GPU (a
+// plan made on a machine that has none) there is no handle to ask: the workspace-free algorithms.
 enum class ConvDir { Forward, BackwardData, BackwardFilter };
 // channels_last: the operands are channels-last tensors (NHWC descriptors, no transposes).
 std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const Shape& w, const Shape& y,

@@ -53,5 +53,13 @@ TEST(WholeRunCuda, PhotoFolder) {
   testing::expect_answer_trains(c);
 }
 
+// A plan for a GPU (--gpu, the dry run alone) holds on the GPU: the same answer, trained.
+TEST(WholeRunCuda, APlanForTheGpuTrains) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = small_cnn_on_gpu("24MiB");
+  c.gpu = "4GiB";
+  testing::expect_answer_trains(c);
+}
+
 }  // namespace
 }  // namespace minidl::harness
