@@ -19,6 +19,7 @@
 #include "data/transform.h"
 #include "distributed/process_group.h"
 #include "distributed/sampler.h"
+#include "experiments/harness/run_footprint.h"
 
 namespace minidl::harness {
 namespace {
@@ -102,17 +103,6 @@ class TensorSource final : public BatchSource {
   double wait_ = 0.0;
 };
 
-// Images per class of each part for the synthetic set.
-std::array<int64_t, 3> synthetic_counts(const TrainConfig& c) {
-  const SplitSpec s = parse_split(c.split);
-  std::array<int64_t, 3> n{};
-  const int64_t per_class = c.synthetic_size > 0 ? c.synthetic_size : 1000;
-  for (size_t i = 0; i < 3; ++i) {
-    n[i] = s.counts ? static_cast<int64_t>(s.parts[i]) : static_cast<int64_t>(s.parts[i] * per_class);
-  }
-  if (n[0] <= 0) throw UsageError("--split " + c.split + " leaves no training images");
-  return n;
-}
 
 class LoaderSource final : public BatchSource {
  public:
@@ -282,7 +272,7 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
   RunData r;
   const bool shuffle = !c.no_shuffle;
   if (c.data == "synthetic" && c.augment == "none") {
-    const auto n = synthetic_counts(c);
+    const auto n = synthetic_part_counts(c);
     auto make = [&](int64_t per_class, uint64_t stream, bool train) -> std::unique_ptr<BatchSource> {
       if (per_class <= 0) return nullptr;
       auto s = data::make_synthetic_images(2 * per_class, image_size, c.seed * 4 + stream, c.synthetic_difficulty);
@@ -303,7 +293,7 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
   std::vector<int64_t> usable;   // folder data: the indices of the usable files
   std::shared_ptr<data::Dataset> folder;
   if (c.data == "synthetic") {
-    const auto n = synthetic_counts(c);
+    const auto n = synthetic_part_counts(c);
     d = data::synthetic_dataset(2 * (n[0] + n[1] + n[2]), image_size, c.seed * 4 + 1, c.synthetic_difficulty);
     what = "synthetic";
   } else {

@@ -167,8 +167,8 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
         ex.json["status"] = "oom";
         return ex;
       }
-      // Train at the recommended batch (the margin below the maximum): the training loop also
-      // holds the data and evaluation tensors that the finder's random batches do not.
+      // Train at the recommended batch: the maximum is already the run's (the finder's trials hold
+      // what the run holds), and the margin below it leaves room for what no trial sees.
       c.batch_size = std::max<int64_t>(1, rep.recommended);
       c.batch_up_to_data = true;   // a memory bound: over the training set, the run trains on all of it
       // The effective batch: per device x accumulation x ranks.
