@@ -1,6 +1,6 @@
 // CPU benchmarks: GEMM, the convolutions of a ResNet-18 at 64x64 / batch 32, and a whole ResNet-18
 // training step, with FLOP/s and images/s counters, so each kernel change can be weighed against
-// PyTorch on the same machine (bench/pytorch_resnet18_cpu.py; results in bench/results/).
+// PyTorch on the same machine (bench/pytorch_resnet18_cpu.py; results in lab/results/bench/).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>

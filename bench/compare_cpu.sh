@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # minidl beside PyTorch (Debian's python3-torch) and TF-Keras (tensorflow-cpu from PyPI, in a venv
 # this script creates) on the CPU: the same models, SGD, the same thread count, back to back in one
-# run (issue 28). Writes bench/results/cpu_peers_<date>_<commit>.md with images/s, the ratios,
+# run (issue 28). Writes lab/results/bench/cpu_peers_<date>_<commit>.md with images/s, the ratios,
 # GFLOP/s and the share of the FMA peak measured by minidl_bench_cpu_step --peak in the same run.
 set -euo pipefail
 
@@ -12,7 +12,7 @@ usage: bash bench/compare_cpu.sh [--quick] [--threads N] [--build DIR] [--out DI
   --quick         tiny images and batches, one timed step: checks the plumbing (1-3 minutes, mostly TensorFlow imports)
   --threads N     threads for every framework (default: all cores, $(nproc))
   --build DIR     minidl build folder with bin/minidl_bench_cpu_step (default: build)
-  --out DIR       where the results file goes (default: bench/results)
+  --out DIR       where the results file goes (default: lab/results/bench)
   --venv DIR      the tensorflow-cpu venv, created when missing (default: ~/.cache/minidl/venv-tf)
   --steps N       timed steps per case after the warm-up steps; the median is reported (default: 5:
                   with 2, the peers' rows moved by up to 40% between two runs minutes apart)
@@ -28,7 +28,7 @@ USAGE
 }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-quick=0 threads=$(nproc) build="$root/build" out="$root/bench/results" steps=5 warmup=2 rounds=1
+quick=0 threads=$(nproc) build="$root/build" out="$root/lab/results/bench" steps=5 warmup=2 rounds=1
 venv="${MINIDL_TF_VENV:-$HOME/.cache/minidl/venv-tf}" skip_keras=0 skip_torch=0
 while [[ $# -gt 0 ]]; do
   case "$1" in

@@ -2,7 +2,7 @@
 # How OpenMP's wait policy holds up on a busy machine (issue 49, item 3): a fixed number of
 # ResNet-18-small training steps, idle and loaded (one busy-loop process per core beside the run),
 # under the old spin-waiting policies and the programs' default (passive), REPS times each,
-# interleaved. Prints one TSV row per run; bench/results/cpu_threading_*.md holds a table of them.
+# interleaved. Prints one TSV row per run; lab/results/bench/cpu_threading_*.md holds a table of them.
 #   bench/cpu_threading.sh [BIN_DIR] [REPS] [STEPS]
 # Policies: active (OMP_WAIT_POLICY=active, spin for minutes), spin (GOMP_SPINCOUNT=300000: libgomp's
 # own default when nothing is set, spin ~3 ms then sleep), passive (nothing set: the programs'

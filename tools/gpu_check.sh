@@ -11,7 +11,7 @@
 #   4b profile   PyTorch's AMP step under torch.profiler, by kernel category, beside minidl's
 #   5 bench      the short benchmarks: copy bandwidth, elementwise and reductions as a share of it
 #   6 maxbatch   the largest AMP batch under an 11 GiB budget, minidl and PyTorch
-# The report (bench/results/gpu_check_<date>_<commit>.md) and a state tarball are rewritten after
+# The report (lab/results/bench/gpu_check_<date>_<commit>.md) and a state tarball are rewritten after
 # every phase and copied to $OUT, so a call cut at any point returns what it measured, and a second,
 # shorter call (--resume) runs only the phases the first did not finish (tools' plan: docs/cuda.md,
 # "A GPU session: the plan").
@@ -127,8 +127,8 @@ if [[ -n "$RESUME" ]]; then
 fi
 echo "$COMMIT" >"$SEC/commit"
 DATE="$(date -u +%Y-%m-%d)"
-mkdir -p bench/results
-REPORT="bench/results/gpu_check_${DATE}_${COMMIT%%[ +]*}$([[ $REHEARSE == 1 ]] && echo _rehearsal).md"
+mkdir -p lab/results/bench
+REPORT="lab/results/bench/gpu_check_${DATE}_${COMMIT%%[ +]*}$([[ $REHEARSE == 1 ]] && echo _rehearsal).md"
 STATUS=0; CUT=""
 
 # A phase is done when its latest line is not "cut" (a cut phase runs again in the --resume call).

@@ -194,7 +194,7 @@ phase_model() {
       "$([[ $REHEARSE == 1 ]] && echo "a rehearsal has no GPU to time" || echo "no minidl-gpumodel-cuda in the stage")" >"$SEC/model.md"
     PHASE_RC=5; return
   fi
-  # The model table the stage names (the last committed bench/results/gpu_model_*.tsv, chosen by
+  # The model table the stage names (the last committed lab/results/bench/gpu_model_*.tsv, chosen by
   # tools/gpu_stage.sh) is what the GPU calibrates: per kernel, its modelled microseconds beside
   # the CUDA-event times of the same step.
   tsv="$(head -1 "$WORK/MODEL_TSV" 2>/dev/null)"

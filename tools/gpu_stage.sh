@@ -98,20 +98,21 @@ if want tests; then
   stage_libs "$tmp/lib" "$tmp"/bin/*
   echo "$COMMIT" >"$tmp/COMMIT"
   # The model table the GPU calibrates (tools/gpu_phases.sh, phase 4): the last committed
-  # bench/results/gpu_model_*.tsv by the commit that added it (a new, uncommitted one counts as the
-  # last): a later commit that edits every table (a09f11e added a header line to each) must not
-  # make them all "last" and leave the choice to the names' order, which is how the first GPU run
-  # (bbe331e) calibrated the pre-fusion 60d57e3 table. The phase measures eager steps, so tables of
-  # the graph mode (_graph in their names) are not candidates, nor the older one-layout channels-last
-  # tables (_nhwc); a table may hold several configurations (its rows are keyed by configuration,
-  # batch and image). MODEL_TSV is the H100's; MODEL_TSV_H200 the H200's (_h200 in the
-  # name: minidl-gpumodel --gpu h200), which the phase takes on an H200.
+  # lab/results/bench/gpu_model_*.tsv by the commit that added it (a new, uncommitted one counts as
+  # the last; --follow looks past their move into lab/): a later commit that edits or moves every
+  # table (a09f11e added a header line to each) must not make them all "last" and leave the choice to
+  # the names' order, which is how the first GPU run (bbe331e) calibrated the pre-fusion 60d57e3
+  # table. The phase measures eager steps, so tables of the graph mode (_graph in their names) are not
+  # candidates, nor the older one-layout channels-last tables (_nhwc); a table may hold several
+  # configurations (its rows are keyed by configuration, batch and image). MODEL_TSV is the H100's;
+  # MODEL_TSV_H200 the H200's (_h200 in the name: minidl-gpumodel --gpu h200), which the phase takes
+  # on an H200.
   last_table() {   # $1: h100 or h200
     local f
-    for f in bench/results/gpu_model_*.tsv; do
+    for f in lab/results/bench/gpu_model_*.tsv; do
       [[ $f == *_graph* || $f == *_nhwc* ]] && continue
       if [[ $f == *_h200* ]]; then [[ $1 == h200 ]] || continue; else [[ $1 == h100 ]] || continue; fi
-      [[ -f $f ]] && echo "$(git log --diff-filter=A -1 --format=%ct -- "$f" 2>/dev/null | grep . || date +%s) $f"
+      [[ -f $f ]] && echo "$(git log --follow --diff-filter=A -1 --format=%ct -- "$f" 2>/dev/null | grep . || date +%s) $f"
     done | sort -n | tail -1 | cut -d' ' -f2-
   }
   last_table h100 >"$tmp/MODEL_TSV"

@@ -7,7 +7,7 @@
 #
 #   tools/gpu_studies.sh [--rehearse] PLAN       on the GPU machine (the device tool)
 #   tools/gpu_studies.sh --collect TARBALL [DEST] afterwards, here: copies each study of the newest
-#                                                tarball into DEST (default experiments/results) as
+#                                                tarball into DEST (default lab/results/experiments) as
 #                                                <study>-photos-cuda/ (utilization-cuda/,
 #                                                utilization-amp-cuda/) with
 #                                                gpu_calls.md (every call's provenance), then --plot
@@ -84,12 +84,12 @@ plot_dirs() {
 }
 if [[ "${1:-}" == "--plot" ]]; then
   shift
-  [[ $# -gt 0 ]] || die 3 "--plot needs result folders, e.g. tools/gpu_studies.sh --plot experiments/results/keras-batch-photos-cuda"
+  [[ $# -gt 0 ]] || die 3 "--plot needs result folders, e.g. tools/gpu_studies.sh --plot lab/results/experiments/keras-batch-photos-cuda"
   plot_dirs "$@"
   exit 0
 fi
 if [[ "${1:-}" == "--collect" ]]; then
-  tarball="${2:-}"; dest="${3:-experiments/results}"
+  tarball="${2:-}"; dest="${3:-lab/results/experiments}"
   [[ -f "$tarball" ]] || die 3 "--collect needs the newest gpu_studies_<stamp>.tar.gz a call returned (it holds every call's results)"
   [[ "$(basename "$tarball")" != gpu_studies_rehearsal_* ]] || die 3 "$tarball is a CPU rehearsal: nothing to collect"
   tmp="$(mktemp -d /tmp/gpu_collect.XXXXXX)"

@@ -210,7 +210,7 @@ nlohmann::json provenance(const std::string& device_name) {
   const std::string dirty =
       // Committed results being rewritten are not changes to the code that produced them.
       run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' status --porcelain --untracked-files=no -- . "
-                  "':!experiments/results' 2>/dev/null");
+                  "':!lab' 2>/dev/null");
   j["commit"] = commit + (dirty.empty() ? "" : " (with uncommitted changes)");
   const std::time_t now = std::time(nullptr);
   char date[32];

@@ -14,7 +14,7 @@ namespace minidl::cpu::conv_detail {
 
 // Eigen threads a product itself when it is made outside a parallel region and has at least
 // 2 x 50000 multiply-adds; its threads then spin until the others have packed their blocks
-// (bench/results/conv_threads_cpu_2026-11-22.md: 0.03 ms of work took 12-46 ms on a loaded
+// (lab/results/bench/conv_threads_cpu_2026-11-22.md: 0.03 ms of work took 12-46 ms on a loaded
 // machine). Such products are split into blocks of rows or columns of the result, at least
 // kMinGemmBlock wide, one per thread of a team of at least two (inside a team Eigen does not
 // thread), each computed by Eigen single-threaded. Inside a parallel region they run as they are.

@@ -101,7 +101,7 @@ __device__ __forceinline__ int64_t window_count(int64_t o, int64_t s, int64_t p,
 // keeps the same rules and order, so the bits and indices are those of V = 1. One channel a thread
 // read 2-byte values, 64 bytes a warp, with the index arithmetic repeated for every channel:
 // ResNet-50's channels-last stem pool took 1.30 ms at batch 256 on an H100, 0.85 ms in NCHW
-// (bench/results/gpu_check_2026-11-26_d10cebe.md).
+// (lab/results/bench/gpu_check_2026-11-26_d10cebe.md).
 // Padding acts as -inf; an all -inf window reports its first real element, as the CPU does; the
 // first maximum wins and NaN propagates. The index is flat into the H*W plane in either format.
 template <typename T, int V>

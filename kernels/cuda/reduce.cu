@@ -4,7 +4,7 @@
 // a partial, and a second kernel combines an output's partials in chunk order. The split depends
 // on the shape only (reduce_chunks), never on the GPU, so the bits are the same everywhere. The
 // first H100 run measured a whole-tensor sum of 256 MiB at 2 GB/s on one block
-// (bench/results/gpu_check_2026-11-26_bbe331e.md). Many short outputs (a global average pool's
+// (lab/results/bench/gpu_check_2026-11-26_bbe331e.md). Many short outputs (a global average pool's
 // 7x7) take a warp each instead of a block (reduce_warp_kernel); sums over one stride whose
 // outputs lie side by side (the channels-last pool) a thread each (reduce_cols_kernel). Reduced
 // elements that lie contiguously are read without the offset calculator. Sums accumulate in

@@ -36,7 +36,7 @@ bool cudnn_deterministic();
 // How many times autotuning (set_cudnn_benchmark) runs cuDNN's Find on a shape, each algorithm
 // keeping its fastest time (kernels/cuda/conv.cu, autotune): the first run of an algorithm in a
 // process also loads its kernels. Default 1, or MINIDL_CUDNN_FIND_TRIALS; at least 1. Two trials
-// changed nothing measurable on an H200 (bench/results/gpu_repeat_2026-11-26_ab67ceb.md: six
+// changed nothing measurable on an H200 (lab/results/bench/gpu_repeat_2026-11-26_ab67ceb.md: six
 // processes, 6020-6024 images/s either way) and cost 2.4 s of warm-up: a switch for a GPU whose
 // processes disagree, not a default.
 void set_cudnn_find_trials(int n);
@@ -48,7 +48,7 @@ bool allow_tf32_matmul();
 void set_allow_tf32_cudnn(bool on);
 bool allow_tf32_cudnn();
 // NHWC cuDNN convolutions on NCHW tensors: the backend transposes into and out of NHWC around
-// every call (the "before" of bench/results/gpu_model_2026-11-26_60d57e3.md). Superseded by
+// every call (the "before" of lab/results/bench/gpu_model_2026-11-26_60d57e3.md). Superseded by
 // channels-last tensors (to_channels_last, Module::to_channels_last), which run NHWC with no
 // transposes whatever this switch says; kept to measure the transposing design.
 void set_conv_nhwc(bool on);
@@ -63,7 +63,7 @@ int batch_norm_split();
 // a thread) or 16 (8: the f16 row kernels then use 66-111 registers, 2-3 resident blocks an SM).
 // 0 restores the default, MINIDL_CUDA_BN_ROWS_BYTES when set (8 or 16), else 8: on an H100 the
 // 8-byte kernels took 3.1 ms less of a ResNet-50 AMP step at batch 256 than the 16-byte ones
-// (bench/results/gpu_check_2026-11-26_d10cebe.md). Planar (NCHW) kernels always take 16.
+// (lab/results/bench/gpu_check_2026-11-26_d10cebe.md). Planar (NCHW) kernels always take 16.
 void set_batch_norm_rows_bytes(int bytes);
 int batch_norm_rows_bytes();
 // The elements per access the batch-norm kernels take for x (a CUDA tensor) under the switches

@@ -2,7 +2,7 @@
 // an add and a shift instead of a division, which a GPU has no instruction for (a 64-bit integer
 // division costs dozens of instructions). The first H100 run found the pooling kernels bound by
 // their index arithmetic: the max-pool backward of ResNet-50 at batch 256 took 3.1 ms, 3.8x what
-// its memory traffic needs (bench/results/gpu_check_2026-11-26_4fbeebd.md), with about seven 64-bit
+// its memory traffic needs (lab/results/bench/gpu_check_2026-11-26_4fbeebd.md), with about seven 64-bit
 // divisions per element. The magic number is Granlund and Montgomery's ("Division by invariant
 // integers using multiplication", PLDI 1994): with s = ceil(log2 d) and
 // m = floor(2^32 (2^s - d) / d) + 1, n / d = (mulhi(n, m) + n) >> s for every n < 2^31.
