@@ -89,7 +89,7 @@ int run(TrainConfig& c, const StepOptions& o) {
   using Clock = std::chrono::steady_clock;
   const auto w0 = Clock::now();
   for (int i = 0; i < o.warmup; ++i) step();   // cuDNN autotuning, allocator growth, the scaler's first skips
-  // --cuda-graphs: the step captured once (docs/cuda.md, CUDA graphs) after the optimizer really
+  // --cuda-graphs: the step captured once (docs/cuda/graphs.md) after the optimizer really
   // stepped (its momentum buffers exist: AMP's first steps are often skipped), then replayed.
   // The scaler's device state (no host sync in a step: the fused SGD kernel reads the found-inf flag
   // and skips on it, as PyTorch's fused SGD does under its GradScaler) for graphs, and by default

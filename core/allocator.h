@@ -42,7 +42,7 @@ class Allocator {
 // The host allocator: 64-byte aligned blocks; reserved = the sizes of live blocks (a request's
 // rounded size, or the cached block that served it) plus the cache. The cache exists because glibc serves blocks over 32 MiB with mmap and returns them with
 // munmap, so without it every large tensor of a training step came back as fresh pages that the
-// kernel faults in and zeroes (half the CPU time of the small CNN at batch 64, issue 28).
+// kernel faults in and zeroes (half the CPU time of the small CNN at batch 64).
 // Its rules, exact so that a model of this allocator can reproduce the statistics:
 //  - a freed block of at least kCacheMinBytes (rounded) stays reserved, in the cache;
 //  - a request of that size first takes a cached block of exactly its rounded size (the most

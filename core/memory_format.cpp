@@ -1,6 +1,6 @@
 // Channels-last (NHWC) as a memory format of logical [N, C, H, W] tensors, as PyTorch's
 // torch.channels_last: the tests and factories every op uses to keep its input's format, so a
-// channels-last ResNet step runs without a transpose (docs/cuda.md "Channels-last end to end").
+// channels-last ResNet step runs without a transpose (docs/cuda/backend.md "Channels-last end to end").
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"

@@ -1,5 +1,5 @@
-// The dataset and loader API shared by the data layer (issue 6) and the experiment harness
-// (issue 9): a Dataset maps an index to a decoded 8-bit image and a label; a Loader turns a
+// The dataset and loader API shared by the data layer and the experiment harness: a
+// Dataset maps an index to a decoded 8-bit image and a label; a Loader turns a
 // Dataset into shuffled, transformed, batched tensors on worker threads. Declared first so both
 // sides can be built against the same contract; data/*.cpp implement it.
 #pragma once

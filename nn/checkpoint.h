@@ -1,4 +1,4 @@
-// Activation checkpointing (recomputation, issue 8; DESIGN.md "Recomputation"): trade compute for
+// Activation checkpointing (recomputation; DESIGN.md "Recomputation"): trade compute for
 // memory by running a piece of the network without keeping its intermediates and rerunning it in
 // backward. The mechanism here is the base the per-stage, sequential:N and optimal modes build on.
 #pragma once

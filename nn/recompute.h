@@ -1,4 +1,4 @@
-// The user-facing face of recomputation (issue 8): pick a mode by name ("none", "stages",
+// The user-facing face of recomputation: pick a mode by name ("none", "stages",
 // "sequential:N", "optimal") and run a ResNet's forward with it. The experiment harness calls only
 // this; checkpoint(), run_chain(), the profiler and the planner are the parts underneath.
 #pragma once

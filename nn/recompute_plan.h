@@ -1,4 +1,4 @@
-// The planning half of the `optimal` recomputation mode (DESIGN.md "Recomputation", issue 8): a
+// The planning half of the `optimal` recomputation mode (DESIGN.md "Recomputation"): a
 // pure dynamic program over a profiled chain of stages, in the spirit of rotor (Beaumont et al.
 // 2019), plus a simulator of the same cost model so plans can be checked and compared.
 //

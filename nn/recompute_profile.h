@@ -1,6 +1,6 @@
 // Measures the numbers the `optimal` recomputation planner needs (nn/recompute_plan.h) on a real
 // batch: per chain link, forward and backward time and the bytes its graph keeps for backward,
-// from the allocator's statistics and steady_clock timers (issue 8, DESIGN.md "Recomputation").
+// from the allocator's statistics and steady_clock timers (DESIGN.md "Recomputation").
 #pragma once
 #include <cstdint>
 #include <string>

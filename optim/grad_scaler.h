@@ -53,7 +53,7 @@ class GradScaler {
   double get_scale() const;               // 1.0 when disabled, as PyTorch
   int64_t growth_tracker() const;
 
-  // The device state, for CUDA graphs (docs/cuda.md): the scale, the growth tracker and each
+  // The device state, for CUDA graphs (docs/cuda/graphs.md): the scale, the growth tracker and each
   // step's found-inf flag live on `device` (a CUDA device), and every decision is made there:
   // scale() multiplies by the device scale, unscale_ computes 1/scale on the device, step() hands
   // the flag to the optimizer's fused kernels (which skip on it), update() runs PyTorch's rule in

@@ -13,7 +13,7 @@
 #   6 maxbatch   the largest AMP batch under an 11 GiB budget, minidl and PyTorch
 # The report (lab/results/bench/gpu_check_<date>_<commit>.md) and a state tarball are rewritten after
 # every phase and copied to $OUT, so a call cut at any point returns what it measured, and a second,
-# shorter call (--resume) runs only the phases the first did not finish (tools' plan: docs/cuda.md,
+# shorter call (--resume) runs only the phases the first did not finish (the plan: lab/README.md,
 # "A GPU session: the plan").
 #
 #   tools/gpu_check.sh --stage [DIR] [OPTIONS]

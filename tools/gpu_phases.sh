@@ -8,7 +8,7 @@
 # gpu_env_run_until, gpu_env_min.
 
 phase_default_cap() {
-  # Sized by the first H100 run (docs/cuda.md, "Measured"): tests took 15 s, memcheck 5, the model 4-7,
+  # Sized by the first H100 run (lab/journal.md, the GPU sessions): tests took 15 s, memcheck 5, the model 4-7,
   # the benchmarks 10; maxbatch did not finish in 66 or 100 s (minidl's dry run 40 s, then PyTorch's
   # doubling and bisection with cudnn.benchmark at every batch).
   case $1 in tests) echo 60 ;; step) echo 190 ;; sanitizer) echo 75 ;; model) echo 45 ;; profile) echo 45 ;;

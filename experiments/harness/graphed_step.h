@@ -1,4 +1,4 @@
-// --cuda-graphs (docs/cuda.md, "CUDA graphs for a whole training step"): minidl-train's step of one
+// --cuda-graphs (docs/cuda/graphs.md): minidl-train's step of one
 // micro-batch captured into a CUDA graph once and replayed for every full batch, which cuts the
 // host's launch cost of a small-batch step to one cudaGraphLaunch. The training loop (train.cpp)
 // keeps everything that reads the host (loss, accuracy, divergence, progress) outside the replay.

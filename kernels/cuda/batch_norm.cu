@@ -2,7 +2,7 @@
 // a statistics pass that reads x once with many blocks per channel (per-block partial sums, summed
 // in a fixed order: no float atomics), a per-channel finalize, and one pass that reads x (and the
 // residual) and writes y. Shared pieces (walks, reductions, geometry) are in batch_norm.cuh; the
-// backward is batch_norm_backward.cu. Design: docs/cuda.md "Fused batch norm + ReLU".
+// backward is batch_norm_backward.cu. Design: docs/cuda/kernels.md "Fused batch norm + ReLU".
 #include <algorithm>
 #include <atomic>
 #include <cmath>

@@ -1,7 +1,7 @@
 // Device pieces of the batch-norm kernels, plain and fused with the residual add and ReLU
 // (batch_norm.cu forward, batch_norm_backward.cu): the per-channel tensor view, the two layouts'
 // walks over x, vector accesses, deterministic per-block reductions and the launch geometry.
-// docs/cuda.md "Fused batch norm + ReLU" explains the passes and why the work is split this way.
+// docs/cuda/kernels.md "Fused batch norm + ReLU" explains the passes and why the work is split this way.
 #pragma once
 #include <algorithm>
 #include <cstdint>

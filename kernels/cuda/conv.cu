@@ -1,5 +1,5 @@
 // Convolutions through cuDNN's legacy API, on NCHW tensors or on channels-last ones (NHWC
-// descriptors over the tensors' own memory, filters KRSC: no transposes; see docs/cuda.md
+// descriptors over the tensors' own memory, filters KRSC: no transposes; see docs/cuda/backend.md
 // "Channels-last end to end"). Heuristic mode takes cuDNN's ranked list
 // (cudnnGet*Algorithm_v7) and the first algorithm whose workspace the allocator can give within
 // the budget; benchmark mode times them once per shape with cudnnFind*AlgorithmEx over a workspace

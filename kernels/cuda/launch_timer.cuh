@@ -1,4 +1,4 @@
-// Per-launch GPU times for calibrating the H100 step-time model (bench/gpumodel, docs/cuda.md):
+// Per-launch GPU times for calibrating the H100 step-time model (perfmodel/, docs/cuda/perfmodel.md):
 // with MINIDL_LAUNCH_TIMING=1 (or cuda::set_launch_timing(true)) every kernel launch, cuBLAS GEMM
 // and cuDNN convolution is bracketed by a pair of CUDA events, keyed by its op and kernel as the
 // model keys them. Off, a launch pays one load and one predictable branch.

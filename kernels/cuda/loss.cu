@@ -144,7 +144,7 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
                   static_cast<double*>(lse.data_ptr()), bad);
   });
   // A CUDA graph capture cannot read the verdict (a host sync): the graph's caller checks the
-  // targets on the host before copying them into the captured batch (docs/cuda.md, CUDA graphs).
+  // targets on the host before copying them into the captured batch (docs/cuda/graphs.md).
   if (ctx.capturing()) return;
   unsigned long long verdict = 0;
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(&verdict, bad, sizeof(verdict), cudaMemcpyDeviceToHost, ctx.stream()));

@@ -101,7 +101,7 @@ void clear_conv_algo_cache();
 std::string device_description(int device = 0);
 
 // Per-launch GPU times (kernels/cuda/launch_timer.cu), to calibrate the H100 step-time model
-// (docs/cuda.md, "The step-time model"): while on (MINIDL_LAUNCH_TIMING=1 sets it at start-up),
+// (docs/cuda/perfmodel.md): while on (MINIDL_LAUNCH_TIMING=1 sets it at start-up),
 // every kernel launch, cuBLAS GEMM and cuDNN convolution records a CUDA event pair on its stream.
 // take_launch_times() waits for them and returns the launches since the last call, in launch
 // order: `op` is MINIDL_LAUNCH's op ("batch_norm apply") or the library call ("cuDNN conv

@@ -1,5 +1,5 @@
 // conv2d's device check needs a tensor on each device, so it lives with the CUDA tests: kernels_cuda
-// on a GPU, kernels_cuda_emu on the emulated device (docs/cuda.md).
+// on a GPU, kernels_cuda_emu on the emulated device (docs/cuda/emulator.md).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Moving modules and saving tensors across devices: parameters keep their identity (an optimizer
 // holding them stays valid) and CUDA tensors are saved through the CPU. Needs a CUDA device, so it
-// runs as nn_cuda on a GPU and as nn_cuda_emu on the emulated device (docs/cuda.md).
+// runs as nn_cuda on a GPU and as nn_cuda_emu on the emulated device (docs/cuda/emulator.md).
 #include <gtest/gtest.h>
 
 #include <filesystem>
