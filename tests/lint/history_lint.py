@@ -54,7 +54,7 @@ RULES = [
     ("commit id", re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}"
                              r"(?![0-9A-Za-z])")),
     ("date", re.compile(r"(?<!\d)(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?!\d)")),
-    ("issue number", re.compile(r"(?i)\b(issues?|PR)\s*#?\d+")),
+    ("issue number", re.compile(r"\b(?i:issues?)\s*#?\d+|\bPR ?#\d+")),
     ("remote GPU machine's limits", re.compile(
         r"(?i)\bdevice[- ](time|minutes?|budget)\b"
         r"|\bdevice tool\b"
@@ -175,7 +175,7 @@ SELF_TEST_CPP = r"""
 const char* s = "abc1234 2026-11-26 issue 5";  // a string literal is code, not prose
 uint32_t m = 0xdeadbeef1; int n = 1'000'000; auto r = R"(// not a comment 9f3c2e1)";
 /* the check took 15 minutes of device time; the call carried 57.8 MiB of the 64 */
-// deadbeef has no digit; 1234567 has no letter; sha 0123456789abcdef0123456789abcdef0123456789 is 42 long
+// deadbeef has no digit; 1234567 has no letter; rows [pr0, pr1) are no PR; sha 0123456789abcdef0123456789abcdef0123456789 is 42 long
 """
 SELF_TEST_EXPECT = [
     (2, "commit id"), (2, "date"), (2, "issue number"),
