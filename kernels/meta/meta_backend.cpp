@@ -61,6 +61,14 @@ void MetaBackend::copy(const Tensor& src, const Tensor& dst) {
   }
 }
 
+// Elementwise kernels, random fills and the BCE loss allocate nothing on either modelled device.
+void MetaBackend::fill(const Tensor&, double) {}
+void MetaBackend::unary(UnaryOp, const Tensor&, const Tensor&, double) {}
+void MetaBackend::binary(BinaryOp, const Tensor&, const Tensor&, const Tensor&, double) {}
+void MetaBackend::random(RandomKind, const Tensor&, uint64_t, uint64_t, double, double) {}
+void MetaBackend::bce_with_logits_forward(const Tensor&, const Tensor&, const Tensor&) {}
+void MetaBackend::bce_with_logits_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {}
+
 void MetaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (models_cuda(out)) return cuda_model::matmul(a, b, out, *this);
   if (is_half(a) || is_half(b) || is_half(out)) {

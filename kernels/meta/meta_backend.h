@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/backend.h"
+#include "kernels/common/backend_overrides.h"
 
 namespace minidl::meta {
 
@@ -19,64 +20,11 @@ class MetaBackend final : public Backend {
   // caching allocator on address ranges (kernels/caching_allocator.h).
   Allocator& allocator(int device_index) override;
 
-  void copy(const Tensor& src, const Tensor& dst) override;
-  void fill(const Tensor&, double) override {}
-  void unary(UnaryOp, const Tensor&, const Tensor&, double) override {}
-  void binary(BinaryOp, const Tensor&, const Tensor&, const Tensor&, double) override {}
-  void reduce(ReduceOp, const Tensor& x, const std::vector<int64_t>& dims, const Tensor& out) override;
-  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
-  void random(RandomKind, const Tensor&, uint64_t, uint64_t, double, double) override {}
-
-  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
-                      const Tensor& y) override;
-  void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) override;
-  void conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) override;
-  // A model of a GPU adds as CudaBackend does; a model of the CPU, as the CPU, does not.
-  bool conv2d_backward_input_add(const Tensor& gy, const Tensor& w, const Conv2dOptions& o,
-                                 const Tensor& gx) override;
-
-  void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) override;
-  void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
-                           const Tensor& gx) override;
-  void avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) override;
-  void avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) override;
-
-  void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,
-                                const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd) override;
-  void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean,
-                               const Tensor& var, double eps, const Tensor& y) override;
-  void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                           const Tensor& save_invstd, const Tensor& gx, const Tensor& gweight,
-                           const Tensor& gbias) override;
-  void batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
-                              const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
-                              double eps, const Tensor& y, const Tensor& save_mean,
-                              const Tensor& save_invstd) override;
-  void batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y, const Tensor& weight,
-                               const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd, bool training,
-                               const Tensor& gx, const Tensor& gresidual, const Tensor& gweight,
-                               const Tensor& gbias) override;
-
-  void softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) override;
-  void softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) override;
-  void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) override;
-  void nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) override;
-  void cross_entropy_forward(const Tensor& logits, const Tensor& target, double label_smoothing,
-                             const Tensor& losses, const Tensor& lse) override;
-  void cross_entropy_backward(const Tensor& g, const Tensor& logits, const Tensor& target, const Tensor& lse,
-                              double label_smoothing, const Tensor& glogits) override;
-  void bce_with_logits_forward(const Tensor&, const Tensor&, const Tensor&) override {}
-  void bce_with_logits_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-
-  void unscale_grads(const std::vector<Tensor>& grads, double inv_scale, const Tensor& found_inf) override;
-  bool fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                      const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh,
-                      const SgdHyper& h) override;
-  bool fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                       const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
-                       const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
-                       const AdamHyper& h) override;
+  // Every kernel of core/backend.h and what a GPU adds (kernels/common/backend_overrides.h): each
+  // allocates what its real counterpart would and computes nothing. conv2d_backward_input_add
+  // adds for a model of a GPU, as CudaBackend does, and not for one of the CPU, as the CPU does not.
+  MINIDL_BACKEND_KERNELS(MINIDL_DECLARE_OVERRIDE)
+  MINIDL_DEVICE_BACKEND_KERNELS(MINIDL_DECLARE_OVERRIDE)
 
   // The CUDA model's cuBLAS workspace: drawn at the first GEMM and held, as a device context does.
   void draw_cublas_workspace();
