@@ -17,7 +17,7 @@ void CpuBackend::unscale_grads(const std::vector<Tensor>& grads, double inv_scal
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
     const auto plan = make_plan<1>(g.shape(), {&g.strides()});
-    dispatch_float_half(g.dtype(), "unscale_grads", [&](auto tag) {
+    dispatch_floating(g.dtype(), "unscale_grads", [&](auto tag) {
       using T = decltype(tag);
       using C = compute_t<T>;
       const C inv = static_cast<C>(inv_scale);

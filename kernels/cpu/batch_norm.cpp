@@ -381,7 +381,7 @@ void CpuBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual,
   const Tensor &xs = st.x, &ys = st.y;
   const Tail tail{st.residual, true};
   check_act_dtype(xs, op);
-  dispatch_float_half(xs.dtype(), op, [&](auto tag) {
+  dispatch_floating(xs.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     if (training) {
       forward_train<T>(xs, weight, bias, running_mean, running_var, momentum, eps, ys, save_mean, save_invstd, tail);
@@ -402,7 +402,7 @@ void CpuBackend::batch_norm_act_backward(const Tensor& gy, const Tensor& x, cons
   const Tensor &gys = st.gy, &xs = st.x, &gxs = st.gx;
   const GradTail tail{st.y, st.gresidual};
   check_act_dtype(xs, op);
-  dispatch_float_half(xs.dtype(), op, [&](auto tag) {
+  dispatch_floating(xs.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     backward<T>(gys, xs, weight, save_mean, save_invstd, training, gxs, gweight, gbias, tail);
   });

@@ -3,6 +3,7 @@
 // are 1. f16 operands compute in f32 (compute_t) and round once on store.
 #include <cmath>
 
+#include "kernels/common/scalar_ops.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/strided.h"
@@ -28,40 +29,8 @@ inline T apply_unary(UnaryOp op, T x, double s) {
   return x;
 }
 
-template <typename T>
-inline T apply_arith(BinaryOp op, T a, T b, T alpha) {
-  switch (op) {
-    case BinaryOp::Add: return a + alpha * b;
-    case BinaryOp::Sub: return a - alpha * b;
-    case BinaryOp::Mul: return a * b;
-    case BinaryOp::Div: return a / b;
-    case BinaryOp::Maximum:
-      if constexpr (std::is_floating_point_v<T>) {
-        if (std::isnan(a) || std::isnan(b)) return a + b;  // NaN propagates, as PyTorch
-      }
-      return a > b ? a : b;
-    case BinaryOp::Minimum:
-      if constexpr (std::is_floating_point_v<T>) {
-        if (std::isnan(a) || std::isnan(b)) return a + b;
-      }
-      return a < b ? a : b;
-    case BinaryOp::ReluGrad: return b > T(0) ? a : T(0);
-    default: return T(0);
-  }
-}
-
-template <typename T>
-inline bool apply_compare(BinaryOp op, T a, T b) {
-  switch (op) {
-    case BinaryOp::Eq: return a == b;
-    case BinaryOp::Ne: return a != b;
-    case BinaryOp::Lt: return a < b;
-    case BinaryOp::Le: return a <= b;
-    case BinaryOp::Gt: return a > b;
-    case BinaryOp::Ge: return a >= b;
-    default: return false;
-  }
-}
+using common::apply_arith;     // kernels/common/scalar_ops.h, shared with the CUDA kernels
+using common::apply_compare;
 
 }  // namespace
 
@@ -120,7 +89,7 @@ void CpuBackend::fill(const Tensor& dst, double value) {
 
 void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) {
   const auto plan = make_plan<2>(out.shape(), {&out.strides(), &x.strides()});
-  dispatch_float_half(x.dtype(), unary_name(op), [&](auto tag) {
+  dispatch_floating(x.dtype(), unary_name(op), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     for_each_run<2>(plan, {static_cast<char*>(out.data_ptr()), static_cast<char*>(x.data_ptr())}, {sizeof(T), sizeof(T)},
@@ -211,7 +180,6 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
                       }
                     });
   };
-  if (a.dtype() == DType::f16) return arith(Half{});
   dispatch_arith(a.dtype(), binary_name(op), arith);
 }
 

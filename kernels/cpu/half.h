@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "kernels/common/dispatch.h"
 
 namespace minidl::cpu {
 
@@ -19,18 +20,13 @@ namespace minidl::cpu {
 template <typename T>
 using compute_t = std::conditional_t<std::is_same_v<T, Half>, float, T>;
 
-// Calls f(T{}) for f32, f64 and f16.
-template <typename F>
-void dispatch_float_half(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16: f(Half{}); return;
-    default:
-      MINIDL_FAIL(op, ": needs a floating tensor (f32, f64 or f16) on the CPU, got ", dtype_name(t),
-                  "; convert with .to(DType::f32)");
-  }
-}
+// Dtype dispatch (kernels/common/dispatch.h): dispatch_x(dtype, op, f) calls f(T{}) with T the
+// C++ type of the dtype, Half for f16. The same names take the same dtypes on the CUDA backend.
+inline constexpr common::Dispatch<Half, common::DTypeFamily::All> dispatch_all{"cpu"};
+inline constexpr common::Dispatch<Half, common::DTypeFamily::Floating> dispatch_floating{"cpu"};
+inline constexpr common::Dispatch<Half, common::DTypeFamily::Arith> dispatch_arith{"cpu"};
+// f32 and f64 only, for the kernels that widen f16 operands to f32 before they dispatch (matmul).
+inline constexpr common::Dispatch<void, common::DTypeFamily::Floating> dispatch_wide{"cpu"};
 
 // Contiguous f16 <-> f32 conversion, the inner loop of every f16 staging copy: the F16C
 // instructions when the build has them (IEEE round-to-nearest-even, subnormals and inf exactly as

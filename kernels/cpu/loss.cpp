@@ -113,7 +113,7 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
                  " classes; targets must be class indices in [0, ", C,
                  ") (check the label encoding or the number of classes of the model's output layer)");
   }
-  dispatch_float_half(logits.dtype(), op, [&](auto tag) {
+  dispatch_floating(logits.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     ce_fwd<T>(logits.data<T>(), tg, ts, N, C, label_smoothing, losses.data<T>(), losses.stride(0),
               lse.data<double>());
@@ -140,7 +140,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& g, const Tensor& logits, c
                  " is out of range for C = ", C);
   }
   const int64_t gs = g.dim() == 0 ? 0 : g.stride(0);
-  dispatch_float_half(logits.dtype(), op, [&](auto tag) {
+  dispatch_floating(logits.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     ce_bwd<T>(g.data<T>(), gs, logits.data<T>(), tg, ts, lse.data<double>(), N, C, label_smoothing,
               glogits.data<T>());
@@ -153,7 +153,7 @@ void CpuBackend::bce_with_logits_forward(const Tensor& x, const Tensor& y, const
                    loss.shape() == x.shape() && x.is_contiguous() && y.is_contiguous() && loss.is_contiguous(),
                op, " (cpu): x ", x.meta(), ", y ", y.meta(), " and loss ", loss.meta(),
                " must be contiguous with one shape and dtype");
-  dispatch_float_half(x.dtype(), op, [&](auto tag) {
+  dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     bce_fwd<T>(x.data<T>(), y.data<T>(), x.numel(), loss.data<T>());
   });
@@ -172,7 +172,7 @@ void CpuBackend::bce_with_logits_backward(const Tensor& g, const Tensor& x, cons
   }
   if (!gx.defined() && !gy.defined()) return;
   const int64_t gs = common::grad_step("cpu", g, op);
-  dispatch_float_half(x.dtype(), op, [&](auto tag) {
+  dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     bce_bwd<T>(g.data<T>(), gs, x.data<T>(), y.data<T>(), x.numel(), data_or_null<T>(gx), data_or_null<T>(gy));
   });

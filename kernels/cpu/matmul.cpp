@@ -66,7 +66,7 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& ou
   if (copy_b) b = b.contiguous();
   const Layout la = layout_of(M, K, a.strides()[1], a.strides()[2]);
   const Layout lb = layout_of(K, N, b.strides()[1], b.strides()[2]);
-  dispatch_floating(out.dtype(), "matmul", [&](auto tag) {
+  dispatch_wide(out.dtype(), "matmul", [&](auto tag) {
     using T = decltype(tag);
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();

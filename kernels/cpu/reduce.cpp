@@ -186,7 +186,6 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
       write(o, acc);
     }
   };
-  if (x.dtype() == DType::f16) return run(Half{});
   dispatch_arith(x.dtype(), name, run);
 }
 

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/cpu/half.h"
 
 namespace minidl::cpu {
 
@@ -93,44 +94,6 @@ void for_each_run(const StridedPlan<N>& p, std::array<char*, N> base, const std:
         }
       }
     }
-  }
-}
-
-// Calls f(T{}) with T the C++ type of dtype t, for the listed families.
-template <typename F>
-void dispatch_all(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16: f(Half{}); return;
-    case DType::i32: f(int32_t{}); return;
-    case DType::i64: f(int64_t{}); return;
-    case DType::u8: f(uint8_t{}); return;
-    case DType::boolean: f(bool{}); return;
-  }
-  MINIDL_FAIL(op, ": unknown dtype");
-}
-
-template <typename F>
-void dispatch_floating(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16:
-      MINIDL_FAIL(op, ": f16 arithmetic is not implemented on the CPU yet (f16 is storage only for now); "
-                      "convert with .to(DType::f32)");
-    default:
-      MINIDL_FAIL(op, ": needs a floating tensor (f32 or f64) on the CPU, got ", dtype_name(t),
-                  "; convert with .to(DType::f32)");
-  }
-}
-
-template <typename F>
-void dispatch_arith(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::i32: f(int32_t{}); return;
-    case DType::i64: f(int64_t{}); return;
-    default: dispatch_floating(t, op, f);
   }
 }
 

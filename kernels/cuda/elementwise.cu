@@ -3,6 +3,7 @@
 // vectorised grid-stride path; anything else goes through the strided offset calculator.
 #include <cmath>
 
+#include "kernels/common/scalar_ops.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/amp.cuh"
 #include "kernels/cuda/context.cuh"
@@ -14,7 +15,7 @@
 namespace minidl::cuda {
 namespace {
 
-// ---- Operators (same formulas as kernels/cpu/elementwise.cpp) ----
+// ---- Operators (the same formulas as kernels/cpu/elementwise.cpp) ----
 
 // libm functions by type: kernels/cuda/device/math.cuh.
 
@@ -36,40 +37,8 @@ __device__ __forceinline__ C apply_unary(UnaryOp op, C x, C s) {
   return x;
 }
 
-template <typename C>
-__device__ __forceinline__ C apply_arith(BinaryOp op, C a, C b, C alpha) {
-  switch (op) {
-    case BinaryOp::Add: return a + alpha * b;
-    case BinaryOp::Sub: return a - alpha * b;
-    case BinaryOp::Mul: return a * b;
-    case BinaryOp::Div: return a / b;
-    case BinaryOp::Maximum:
-      if constexpr (std::is_floating_point_v<C>) {
-        if (::isnan(a) || ::isnan(b)) return a + b;   // NaN propagates, as PyTorch
-      }
-      return a > b ? a : b;
-    case BinaryOp::Minimum:
-      if constexpr (std::is_floating_point_v<C>) {
-        if (::isnan(a) || ::isnan(b)) return a + b;
-      }
-      return a < b ? a : b;
-    case BinaryOp::ReluGrad: return b > C(0) ? a : C(0);
-    default: return C(0);
-  }
-}
-
-template <typename C>
-__device__ __forceinline__ bool apply_compare(BinaryOp op, C a, C b) {
-  switch (op) {
-    case BinaryOp::Eq: return a == b;
-    case BinaryOp::Ne: return a != b;
-    case BinaryOp::Lt: return a < b;
-    case BinaryOp::Le: return a <= b;
-    case BinaryOp::Gt: return a > b;
-    case BinaryOp::Ge: return a >= b;
-    default: return false;
-  }
-}
+using common::apply_arith;     // kernels/common/scalar_ops.h, shared with the CPU reference
+using common::apply_compare;
 
 // ---- Kernels ----
 

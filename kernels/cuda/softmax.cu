@@ -109,15 +109,6 @@ __global__ void nll_bwd_kernel(const T* g, int64_t gs, const int64_t* target, in
   }
 }
 
-template <typename F>
-void dispatch_sm(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    default: MINIDL_FAIL(op, " (cuda): ", dtype_name(t), " is not supported (f32 or f64); convert with .to(DType::f32)");
-  }
-}
-
 unsigned warp_grid(int64_t rows) {
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t{132} * 16)));
@@ -173,7 +164,7 @@ void CudaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const 
   const Layout L = common::softmax_layout("cuda", x, dim, op);
   if (x.numel() == 0) return;
   DeviceContext& ctx = context_of(x);
-  dispatch_sm(x.dtype(), op, [&](auto tag) {
+  dispatch_wide(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH(op, (softmax_fwd_kernel<T>), warp_grid(L.outer * L.inner), 32 * kWarpsPerBlock, 0, ctx.stream(),
                   static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), L, log);
@@ -199,7 +190,7 @@ void CudaBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t di
   common::softmax_layout("cuda", gy, dim, op);
   if (y.numel() == 0) return;
   DeviceContext& ctx = context_of(y);
-  dispatch_sm(y.dtype(), op, [&](auto tag) {
+  dispatch_wide(y.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH(op, (softmax_bwd_kernel<T>), warp_grid(L.outer * L.inner), 32 * kWarpsPerBlock, 0, ctx.stream(),
                   static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(y.data_ptr()),
@@ -226,7 +217,7 @@ void CudaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, con
   DeviceContext& ctx = context_of(log_probs);
   validate_targets(ctx, target, N, C, "cross_entropy/nll_loss");
   if (N == 0) return;
-  dispatch_sm(log_probs.dtype(), "nll_loss", [&](auto tag) {
+  dispatch_wide(log_probs.dtype(), "nll_loss", [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH("nll_loss", (nll_fwd_kernel<T>), grid_for(N), kThreads, 0, ctx.stream(),
                   static_cast<const T*>(log_probs.data_ptr()), static_cast<const int64_t*>(target.data_ptr()),
@@ -253,7 +244,7 @@ void CudaBackend::nll_backward(const Tensor& g, const Tensor& target, const Tens
   DeviceContext& ctx = context_of(glogp);
   validate_targets(ctx, target, N, C, "nll_loss backward");
   if (N * C == 0) return;
-  dispatch_sm(glogp.dtype(), "nll_loss_backward", [&](auto tag) {
+  dispatch_wide(glogp.dtype(), "nll_loss_backward", [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH("nll_loss_backward", (nll_bwd_kernel<T>), grid_for(N * C), kThreads, 0, ctx.stream(),
                   static_cast<const T*>(g.data_ptr()), g.dim() == 0 ? 0 : g.stride(0),

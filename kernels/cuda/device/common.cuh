@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/common/dispatch.h"
 
 namespace minidl::cuda {
 
@@ -39,41 +40,14 @@ __device__ __forceinline__ To cvt(From v) {
   }
 }
 
-template <typename F>
-void dispatch_all(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16: f(__half{}); return;
-    case DType::i32: f(int32_t{}); return;
-    case DType::i64: f(int64_t{}); return;
-    case DType::u8: f(uint8_t{}); return;
-    case DType::boolean: f(bool{}); return;
-  }
-  MINIDL_FAIL(op, " (cuda): unknown dtype");
-}
-
-// f32, f64 and f16 (f16 computes in f32).
-template <typename F>
-void dispatch_floating(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16: f(__half{}); return;
-    default:
-      MINIDL_FAIL(op, " (cuda): needs a floating tensor (f32, f64 or f16), got ", dtype_name(t),
-                  "; convert with .to(DType::f32)");
-  }
-}
-
-template <typename F>
-void dispatch_arith(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::i32: f(int32_t{}); return;
-    case DType::i64: f(int64_t{}); return;
-    default: dispatch_floating(t, op, f);
-  }
-}
+// Dtype dispatch (kernels/common/dispatch.h): dispatch_x(dtype, op, f) calls f(T{}) with T the
+// C++ type of the dtype, __half for f16 (computed in f32, Compute). The same names take the same
+// dtypes on the CPU backend.
+inline constexpr common::Dispatch<__half, common::DTypeFamily::All> dispatch_all{"cuda"};
+inline constexpr common::Dispatch<__half, common::DTypeFamily::Floating> dispatch_floating{"cuda"};
+inline constexpr common::Dispatch<__half, common::DTypeFamily::Arith> dispatch_arith{"cuda"};
+// f32 and f64 only, for the kernels that widen f16 operands to f32 before they dispatch (softmax, NLL).
+inline constexpr common::Dispatch<void, common::DTypeFamily::Floating> dispatch_wide{"cuda"};
 
 // ---- Strided iteration ----
 
