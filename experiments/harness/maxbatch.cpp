@@ -57,107 +57,156 @@ double parse_duration(const std::string& s) {
   }
 }
 
-MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool verbose) {
-  validate(c);
+namespace {
+
+// One search of run_maxbatch, as named parts: the checks and runners, the report's first line, the
+// dry search and its confirmation (or the search on real trials), the summary lines and JSON, the
+// accumulation plan and the profile. The members are what the parts share.
+class Search {
+ public:
+  Search(const TrainConfig& c, const MaxBatchOptions& o, bool verbose);
+  MaxBatchReport run();
+
+ private:
+  void check() const;
+  void say(const std::string& line);
+  void first_line();
+  Trial real_trial(int64_t b);
+  void search();
+  void summary();
+  void accumulation();
+  void profile();
+
+  const TrainConfig& c_;
+  const MaxBatchOptions& o_;
+  const bool verbose_;
   // --gpu: a plan for a GPU this machine need not have, from the dry run alone (gpu_plan.h).
-  const bool plan = !c.gpu.empty();
-  if (c.memory_budget.empty() && !plan)
-    throw UsageError("minidl-maxbatch needs --memory-budget (e.g. 11GiB) or --gpu (e.g. h100): the search is "
-                     "relative to a budget");
-  if (plan && o.profile)
-    throw UsageError("--profile times real steps, which a plan (--gpu) does not run: profile on the GPU itself, "
-                     "without --gpu");
-  if (plan && c.world_size > 1) throw UsageError("--gpu plans for one device: run it as one process");
-  if (o.steps < 1) throw UsageError("--steps must be >= 1");
-  if (o.margin < 0 || o.margin >= 1) throw UsageError("--margin must be in [0, 1)");
-  if (o.effective_batch < 0) throw UsageError("--effective-batch must be > 0");
-  MaxBatchReport rep;
-  rep.budget_bytes = plan ? plan_budget(c) : static_cast<int64_t>(parse_bytes(c.memory_budget));
+  const bool plan_;
   // Several ranks: each searches its own device's maximum micro-batch with trials that do not
   // communicate (an OOM inside one cannot leave another rank waiting in a collective), and the
   // ranks agree on every trial's outcome afterwards. The trials hold, beside the model, a buffer
   // as large as the gradients: DataParallel's buckets in training.
-  distributed::ProcessGroup* group = c.world_size > 1 ? &distributed::world() : nullptr;
-  if (group && group->world_size() != c.world_size)
-    throw UsageError("the configuration says " + std::to_string(c.world_size) + " ranks but this process is " +
-                     group->describe());
+  distributed::ProcessGroup* group_ = nullptr;
+  MaxBatchReport rep_;
   // The dry run: the same trials on the shape-only device standing for this one (each one a
   // fraction of a real step's time), with the same budget. Its answer is then confirmed by one
-  // real trial; only when that fails does the search run on real trials.
-  // Built first: its model passes through host memory on the way to the meta device, which must
-  // not count against the real runner's budget.
-  StepRunner dry(c, rep.budget_bytes, dry_run_device(c));
-  std::optional<StepRunner> real;   // none for a plan
-  if (!plan) real.emplace(c, rep.budget_bytes);
-  StepRunner& runner = real ? *real : dry;   // the real one when there is one
-  Tensor buckets, dry_buckets;   // the dry run holds them too
-  if (group) {
-    buckets = zeros({std::max<int64_t>(1, runner.parameter_bytes())}, {DType::u8, runner.device(), false});
-    dry_buckets = zeros({std::max<int64_t>(1, dry.parameter_bytes())}, {DType::u8, dry.device(), false});
+  // real trial; only when that fails does the search run on real trials. Built first: its model
+  // passes through host memory on the way to the meta device, which must not count against the
+  // real runner's budget.
+  std::optional<StepRunner> dry_;
+  std::optional<StepRunner> real_;   // none for a plan
+  StepRunner* runner_ = nullptr;      // the real one when there is one
+  Tensor buckets_, dry_buckets_;      // the dry run holds them too
+  FinderOptions fo_;
+  std::ostringstream os_;
+};
+
+Search::Search(const TrainConfig& c, const MaxBatchOptions& o, bool verbose)
+    : c_(c), o_(o), verbose_(verbose), plan_(!c.gpu.empty()) {
+  check();
+  rep_.budget_bytes = plan_ ? plan_budget(c_) : static_cast<int64_t>(parse_bytes(c_.memory_budget));
+  group_ = c_.world_size > 1 ? &distributed::world() : nullptr;
+  if (group_ && group_->world_size() != c_.world_size)
+    throw UsageError("the configuration says " + std::to_string(c_.world_size) + " ranks but this process is " +
+                     group_->describe());
+  dry_.emplace(c_, rep_.budget_bytes, dry_run_device(c_));
+  if (!plan_) real_.emplace(c_, rep_.budget_bytes);
+  runner_ = real_ ? &*real_ : &*dry_;
+  if (group_) {
+    buckets_ = zeros({std::max<int64_t>(1, runner_->parameter_bytes())}, {DType::u8, runner_->device(), false});
+    dry_buckets_ = zeros({std::max<int64_t>(1, dry_->parameter_bytes())}, {DType::u8, dry_->device(), false});
   }
-  std::ostringstream os;
-  auto say = [&](const std::string& line) {
-    os << line << "\n";
-    if (verbose) std::printf("%s\n", line.c_str()), std::fflush(stdout);
-  };
-  if (plan) say(plan_assumptions(c));
-  say("minidl-maxbatch: " + c.model + " at " + std::to_string(runner.model().image_size) + " px, " + c.optimizer +
-      ", checkpoint " + c.checkpoint + ", budget " + mib(rep.budget_bytes) + ", " + std::to_string(o.steps) +
-      " steps per trial; weights + optimizer state " + mib(runner.baseline_allocated()) +
-      "; every trial also holds what the run holds beside its steps: " + runner.footprint().describe() +
-      (group ? "; " + std::to_string(group->world_size()) + " ranks: the maximum per device, each trial agreed "
-                      "across the ranks (gradient buckets " + mib(static_cast<int64_t>(buckets.nbytes())) + " held)"
-             : ""));
-  FinderOptions fo;
   // The prediction aims at the smallest budget over the ranks (devices of different sizes), so that
   // every rank tries the same batches.
-  fo.budget_bytes = group ? static_cast<int64_t>(group->allreduce(static_cast<double>(rep.budget_bytes), distributed::ReduceOp::Min))
-                          : rep.budget_bytes;
-  fo.probe_small = o.probe_small;
-  fo.probe_large = o.probe_large;
-  fo.limit = o.limit;
-  const auto real_trial = [&](int64_t b) {
-    // A sweep stopped by SIGINT (a deadline) should not wait for the rest of the search.
-    const bool stop = group ? group->any(stop_requested()) : stop_requested();
-    if (stop) throw Interrupted("minidl-maxbatch: stopped (SIGINT) before trying batch " + std::to_string(b));
-    const Trial t = agree(group, runner.run(b, o.steps));
-    say("  batch " + std::to_string(b) + ": " + (t.ok ? "ok" : "OOM") + ", peak allocated " + mib(t.peak_allocated) +
-        ", reserved " + mib(t.peak_reserved) +
-        (t.ok ? ", " + fmt(t.step_seconds, 3) + " s/step" : (t.recovered ? ", recovered" : ", NOT recovered")));
-    return t;
-  };
+  fo_.budget_bytes =
+      group_ ? static_cast<int64_t>(group_->allreduce(static_cast<double>(rep_.budget_bytes), distributed::ReduceOp::Min))
+             : rep_.budget_bytes;
+  fo_.probe_small = o_.probe_small;
+  fo_.probe_large = o_.probe_large;
+  fo_.limit = o_.limit;
+}
+
+void Search::check() const {
+  validate(c_);
+  if (c_.memory_budget.empty() && !plan_)
+    throw UsageError("minidl-maxbatch needs --memory-budget (e.g. 11GiB) or --gpu (e.g. h100): the search is "
+                     "relative to a budget");
+  if (plan_ && o_.profile)
+    throw UsageError("--profile times real steps, which a plan (--gpu) does not run: profile on the GPU itself, "
+                     "without --gpu");
+  if (plan_ && c_.world_size > 1) throw UsageError("--gpu plans for one device: run it as one process");
+  if (o_.steps < 1) throw UsageError("--steps must be >= 1");
+  if (o_.margin < 0 || o_.margin >= 1) throw UsageError("--margin must be in [0, 1)");
+  if (o_.effective_batch < 0) throw UsageError("--effective-batch must be > 0");
+}
+
+void Search::say(const std::string& line) {
+  os_ << line << "\n";
+  if (verbose_) std::printf("%s\n", line.c_str()), std::fflush(stdout);
+}
+
+void Search::first_line() {
+  if (plan_) say(plan_assumptions(c_));
+  say("minidl-maxbatch: " + c_.model + " at " + std::to_string(runner_->model().image_size) + " px, " + c_.optimizer +
+      ", checkpoint " + c_.checkpoint + ", budget " + mib(rep_.budget_bytes) + ", " + std::to_string(o_.steps) +
+      " steps per trial; weights + optimizer state " + mib(runner_->baseline_allocated()) +
+      "; every trial also holds what the run holds beside its steps: " + runner_->footprint().describe() +
+      (group_ ? "; " + std::to_string(group_->world_size()) + " ranks: the maximum per device, each trial agreed "
+                "across the ranks (gradient buckets " + mib(static_cast<int64_t>(buckets_.nbytes())) + " held)"
+              : ""));
+}
+
+Trial Search::real_trial(int64_t b) {
+  // A sweep stopped by SIGINT (a deadline) should not wait for the rest of the search.
+  const bool stop = group_ ? group_->any(stop_requested()) : stop_requested();
+  if (stop) throw Interrupted("minidl-maxbatch: stopped (SIGINT) before trying batch " + std::to_string(b));
+  const Trial t = agree(group_, runner_->run(b, o_.steps));
+  say("  batch " + std::to_string(b) + ": " + (t.ok ? "ok" : "OOM") + ", peak allocated " + mib(t.peak_allocated) +
+      ", reserved " + mib(t.peak_reserved) +
+      (t.ok ? ", " + fmt(t.step_seconds, 3) + " s/step" : (t.recovered ? ", recovered" : ", NOT recovered")));
+  return t;
+}
+
+void Search::search() {
   const auto t0 = std::chrono::steady_clock::now();
-  FinderOptions dry_fo = fo;
+  FinderOptions dry_fo = fo_;
   dry_fo.max_trials = 200;
   // Agreed across ranks like the real trials: ranks with different budgets search the same batches.
-  const FinderResult dry_search = find_max_batch([&](int64_t b) { return agree(group, dry.run(b, o.steps)); }, dry_fo);
+  const FinderResult dry_search =
+      find_max_batch([&](int64_t b) { return agree(group_, dry_->run(b, o_.steps)); }, dry_fo);
   const double dry_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  say("dry run on " + dry_run_device(c).str() + ": maximum batch " + std::to_string(dry_search.max_batch) + " after " +
-      std::to_string(dry_search.trials.size()) + " dry trials in " + fmt(dry_seconds, 3) + " s (peak allocated " +
-      mib(dry_search.at_max.peak_allocated) + ", reserved " + mib(dry_search.at_max.peak_reserved) + ")");
+  say("dry run on " + dry_run_device(c_).str() + ": maximum batch " + std::to_string(dry_search.max_batch) +
+      " after " + std::to_string(dry_search.trials.size()) + " dry trials in " + fmt(dry_seconds, 3) +
+      " s (peak allocated " + mib(dry_search.at_max.peak_allocated) + ", reserved " +
+      mib(dry_search.at_max.peak_reserved) + ")");
   Trial confirm;
-  if (dry_search.max_batch > 0 && !plan) confirm = real_trial(dry_search.max_batch);
-  if (plan) {
-    rep.finder = dry_search;   // the plan's answer: not tried on the GPU
+  if (dry_search.max_batch > 0 && !plan_) confirm = real_trial(dry_search.max_batch);
+  FinderResult& f = rep_.finder;
+  if (plan_) {
+    f = dry_search;   // the plan's answer: not tried on the GPU
   } else if (confirm.ok) {
-    rep.finder = dry_search;
-    rep.finder.trials = {{dry_search.max_batch, confirm}};
-    rep.finder.ooms = 0;
-    rep.finder.all_recovered = true;
-    rep.finder.at_max = confirm;
-    rep.finder.confirmed = true;
+    f = dry_search;
+    f.trials = {{dry_search.max_batch, confirm}};
+    f.ooms = 0;
+    f.all_recovered = true;
+    f.at_max = confirm;
+    f.confirmed = true;
   } else {
     say(dry_search.max_batch > 0 ? "the real trial at the dry run's answer failed: searching on real trials"
                                  : "the dry run fits no batch: searching on real trials");
-    rep.finder = find_max_batch(real_trial, fo);
+    f = find_max_batch([this](int64_t b) { return real_trial(b); }, fo_);
   }
-  rep.finder.dry_max_batch = dry_search.max_batch;
-  rep.finder.dry_trials = static_cast<int>(dry_search.trials.size());
-  rep.finder.dry_seconds = dry_seconds;
-  rep.finder.dry_at_max = dry_search.at_max;
-  const FinderResult& f = rep.finder;
-  if (group) group->check_same("the maximum batch found", f.max_batch);   // agreed trials: never differs
-  rep.recommended = recommended_batch(f.max_batch, o.margin);
+  f.dry_max_batch = dry_search.max_batch;
+  f.dry_trials = static_cast<int>(dry_search.trials.size());
+  f.dry_seconds = dry_seconds;
+  f.dry_at_max = dry_search.at_max;
+  if (group_) group_->check_same("the maximum batch found", f.max_batch);   // agreed trials: never differs
+  rep_.recommended = recommended_batch(f.max_batch, o_.margin);
+}
+
+// The lines after the search, and maxbatch.json's figures.
+void Search::summary() {
+  const FinderResult& f = rep_.finder;
   say("memory model: " + mib(static_cast<int64_t>(f.model.fixed_bytes)) + " + " +
       mib(static_cast<int64_t>(f.model.bytes_per_sample)) + " per sample -> predicted maximum " +
       std::to_string(f.predicted) +
@@ -167,103 +216,120 @@ MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool
                                 : ""));
   const double frag =
       f.at_max.peak_reserved > 0 ? 1.0 - static_cast<double>(f.at_max.peak_allocated) / f.at_max.peak_reserved : 0.0;
+  const std::string next = std::to_string(f.max_batch + 1);
   say("maximum batch: " + std::to_string(f.max_batch) + (f.hit_limit ? " (the --limit; memory allows more)" : "") +
-      (plan ? " (the dry run's answer for --gpu " + c.gpu + ", not tried on a GPU; the dry run says " +
-                  std::to_string(f.max_batch + 1) + " does not fit)"
-       : f.confirmed ? " (the dry run's answer, confirmed by one real trial; the dry run says " +
-                           std::to_string(f.max_batch + 1) + " does not fit)"
+      (plan_ ? " (the dry run's answer for --gpu " + c_.gpu + ", not tried on a GPU; the dry run says " + next +
+                   " does not fit)"
+       : f.confirmed ? " (the dry run's answer, confirmed by one real trial; the dry run says " + next +
+                           " does not fit)"
                      : " after " + std::to_string(f.trials.size()) + " real trials (" + std::to_string(f.ooms) +
-                         " OOM, " + (f.all_recovered ? "all recovered cleanly" : "NOT all recovered") + ")") +
+                           " OOM, " + (f.all_recovered ? "all recovered cleanly" : "NOT all recovered") + ")") +
       "; linear-model prediction error " + fmt(f.prediction_error_pct(), 1) + "% (probes), " +
       fmt(f.refined_error_pct(), 1) + "% (refit)");
   say("peak at the maximum: allocated " + mib(f.at_max.peak_allocated) + ", reserved " + mib(f.at_max.peak_reserved) +
       ", fragmentation " + fmt(100 * frag, 1) + "%");
-  say("recommended batch (" + fmt(100 * o.margin, 0) + "% margin): " + std::to_string(rep.recommended));
-  rep.json = {{"budget_bytes", rep.budget_bytes},
-              {"gpu", c.gpu},
-              {"world_size", c.world_size},
-              {"steps_per_trial", o.steps},
-              {"fixed_bytes", f.model.fixed_bytes},
-              {"bytes_per_sample", f.model.bytes_per_sample},
-              {"predicted", f.predicted},
-              {"refined_prediction", f.refined},
-              {"max_batch", f.max_batch},
-              {"dry_max_batch", f.dry_max_batch},
-              {"dry_trials", f.dry_trials},
-              {"dry_seconds", f.dry_seconds},
-              {"dry_peak_allocated_bytes", f.dry_at_max.peak_allocated},
-              {"dry_peak_reserved_bytes", f.dry_at_max.peak_reserved},
-              {"confirmed_by_one_real_trial", f.confirmed},
-              {"hit_limit", f.hit_limit},
-              {"trials", f.trials.size()},
-              {"ooms", f.ooms},
-              {"all_recovered", f.all_recovered},
-              {"prediction_error_pct", f.prediction_error_pct()},
-              {"refined_error_pct", f.refined_error_pct()},
-              {"peak_allocated_bytes", f.at_max.peak_allocated},
-              {"peak_reserved_bytes", f.at_max.peak_reserved},
-              {"fragmentation", frag},
-              {"margin", o.margin},
-              {"recommended", rep.recommended}};
-  if (o.effective_batch > 0 && rep.recommended > 0) {
-    // Each rank's share of the effective batch (rounded up) is split into micro-batches.
-    const int64_t share = (o.effective_batch + c.world_size - 1) / c.world_size;
-    rep.accumulation = accumulation_for(share, rep.recommended);
-    say("effective batch " + std::to_string(o.effective_batch) + ": --batch-size " +
-        std::to_string(rep.accumulation.micro_batch) + " --accumulation-steps " +
-        std::to_string(rep.accumulation.steps) + " (= " +
-        (c.world_size > 1 ? std::to_string(rep.accumulation.effective()) + " per rank x " +
-                                std::to_string(c.world_size) + " ranks = "
-                          : "") +
-        std::to_string(rep.accumulation.effective() * c.world_size) + ")");
-    rep.json["effective_batch"] = o.effective_batch;
-    rep.json["accumulation_micro_batch"] = rep.accumulation.micro_batch;
-    rep.json["accumulation_steps"] = rep.accumulation.steps;
+  say("recommended batch (" + fmt(100 * o_.margin, 0) + "% margin): " + std::to_string(rep_.recommended));
+  rep_.json = {{"budget_bytes", rep_.budget_bytes},
+               {"gpu", c_.gpu},
+               {"world_size", c_.world_size},
+               {"steps_per_trial", o_.steps},
+               {"fixed_bytes", f.model.fixed_bytes},
+               {"bytes_per_sample", f.model.bytes_per_sample},
+               {"predicted", f.predicted},
+               {"refined_prediction", f.refined},
+               {"max_batch", f.max_batch},
+               {"dry_max_batch", f.dry_max_batch},
+               {"dry_trials", f.dry_trials},
+               {"dry_seconds", f.dry_seconds},
+               {"dry_peak_allocated_bytes", f.dry_at_max.peak_allocated},
+               {"dry_peak_reserved_bytes", f.dry_at_max.peak_reserved},
+               {"confirmed_by_one_real_trial", f.confirmed},
+               {"hit_limit", f.hit_limit},
+               {"trials", f.trials.size()},
+               {"ooms", f.ooms},
+               {"all_recovered", f.all_recovered},
+               {"prediction_error_pct", f.prediction_error_pct()},
+               {"refined_error_pct", f.refined_error_pct()},
+               {"peak_allocated_bytes", f.at_max.peak_allocated},
+               {"peak_reserved_bytes", f.at_max.peak_reserved},
+               {"fragmentation", frag},
+               {"margin", o_.margin},
+               {"recommended", rep_.recommended}};
+}
+
+// --effective-batch: each rank's share of it (rounded up) split into micro-batches.
+void Search::accumulation() {
+  if (o_.effective_batch <= 0 || rep_.recommended <= 0) return;
+  const int64_t share = (o_.effective_batch + c_.world_size - 1) / c_.world_size;
+  AccumulationPlan& a = rep_.accumulation;
+  a = accumulation_for(share, rep_.recommended);
+  say("effective batch " + std::to_string(o_.effective_batch) + ": --batch-size " + std::to_string(a.micro_batch) +
+      " --accumulation-steps " + std::to_string(a.steps) + " (= " +
+      (c_.world_size > 1 ? std::to_string(a.effective()) + " per rank x " + std::to_string(c_.world_size) + " ranks = "
+                         : "") +
+      std::to_string(a.effective() * c_.world_size) + ")");
+  rep_.json["effective_batch"] = o_.effective_batch;
+  rep_.json["accumulation_micro_batch"] = a.micro_batch;
+  rep_.json["accumulation_steps"] = a.steps;
+}
+
+void Search::profile() {
+  if (!o_.profile || rep_.finder.max_batch <= 0) return;
+  const int64_t n = o_.dataset_size > 0 ? o_.dataset_size : train_images(c_);
+  say("profile (" + std::to_string(n) + " images per epoch, " + std::to_string(c_.epochs) + " epochs):");
+  say("  batch  images/s  peak allocated  epoch time  run time");
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t b : profile_candidates(rep_.finder.max_batch, rep_.recommended)) {
+    const Trial t = agree(group_, runner_->run(b, std::max(o_.steps, 2)));
+    if (!t.ok) continue;
+    ProfileRow r;
+    r.batch = b;
+    r.images_per_second = static_cast<double>(b * c_.world_size) / t.step_seconds;   // all ranks
+    r.peak_allocated = t.peak_allocated;
+    r.peak_reserved = t.peak_reserved;
+    r.epoch_seconds = static_cast<double>(n) / r.images_per_second;
+    r.run_seconds = r.epoch_seconds * static_cast<double>(c_.epochs);
+    r.within_margin = b <= rep_.recommended;
+    rep_.profile.push_back(r);
+    char line[160];
+    std::snprintf(line, sizeof(line), "  %5lld  %8.1f  %14s  %9.1fs  %7.1fs%s", static_cast<long long>(b),
+                  r.images_per_second, mib(r.peak_allocated).c_str(), r.epoch_seconds, r.run_seconds,
+                  r.within_margin ? "" : "  (beyond the margin)");
+    say(line);
+    rows.push_back({{"batch", b},
+                    {"images_per_second", r.images_per_second},
+                    {"peak_allocated_bytes", r.peak_allocated},
+                    {"peak_reserved_bytes", r.peak_reserved},
+                    {"epoch_seconds", r.epoch_seconds},
+                    {"run_seconds", r.run_seconds}});
   }
-  if (o.profile && f.max_batch > 0) {
-    const int64_t n = o.dataset_size > 0 ? o.dataset_size : train_images(c);
-    say("profile (" + std::to_string(n) + " images per epoch, " + std::to_string(c.epochs) + " epochs):");
-    say("  batch  images/s  peak allocated  epoch time  run time");
-    nlohmann::json rows = nlohmann::json::array();
-    for (int64_t b : profile_candidates(f.max_batch, rep.recommended)) {
-      const Trial t = agree(group, runner.run(b, std::max(o.steps, 2)));
-      if (!t.ok) continue;
-      ProfileRow r;
-      r.batch = b;
-      r.images_per_second = static_cast<double>(b * c.world_size) / t.step_seconds;   // all ranks
-      r.peak_allocated = t.peak_allocated;
-      r.peak_reserved = t.peak_reserved;
-      r.epoch_seconds = static_cast<double>(n) / r.images_per_second;
-      r.run_seconds = r.epoch_seconds * static_cast<double>(c.epochs);
-      r.within_margin = b <= rep.recommended;
-      rep.profile.push_back(r);
-      char line[160];
-      std::snprintf(line, sizeof(line), "  %5lld  %8.1f  %14s  %9.1fs  %7.1fs%s", static_cast<long long>(b),
-                    r.images_per_second, mib(r.peak_allocated).c_str(), r.epoch_seconds, r.run_seconds,
-                    r.within_margin ? "" : "  (beyond the margin)");
-      say(line);
-      rows.push_back({{"batch", b},
-                      {"images_per_second", r.images_per_second},
-                      {"peak_allocated_bytes", r.peak_allocated},
-                      {"peak_reserved_bytes", r.peak_reserved},
-                      {"epoch_seconds", r.epoch_seconds},
-                      {"run_seconds", r.run_seconds}});
-    }
-    rep.chosen = pick_profile_batch(rep.profile, o.time_budget_s);
-    rep.json["profile"] = rows;
-    if (rep.chosen >= 0) {
-      const ProfileRow& r = rep.profile[static_cast<size_t>(rep.chosen)];
-      const bool fits = o.time_budget_s > 0 && r.run_seconds <= o.time_budget_s;
-      say("profile recommendation: batch " + std::to_string(r.batch) + " (" +
-          (fits ? "the smallest whose run fits the " + fmt(o.time_budget_s, 0) + " s budget"
-                : std::string(o.time_budget_s > 0 ? "none fits the time budget; " : "") +
-                      "the fastest within the memory margin") +
-          ", " + fmt(r.images_per_second, 1) + " images/s)");
-      rep.json["profile_recommendation"] = r.batch;
-    }
-  }
-  rep.text = os.str();
-  return rep;
+  rep_.chosen = pick_profile_batch(rep_.profile, o_.time_budget_s);
+  rep_.json["profile"] = rows;
+  if (rep_.chosen < 0) return;
+  const ProfileRow& r = rep_.profile[static_cast<size_t>(rep_.chosen)];
+  const bool fits = o_.time_budget_s > 0 && r.run_seconds <= o_.time_budget_s;
+  say("profile recommendation: batch " + std::to_string(r.batch) + " (" +
+      (fits ? "the smallest whose run fits the " + fmt(o_.time_budget_s, 0) + " s budget"
+            : std::string(o_.time_budget_s > 0 ? "none fits the time budget; " : "") +
+                  "the fastest within the memory margin") +
+      ", " + fmt(r.images_per_second, 1) + " images/s)");
+  rep_.json["profile_recommendation"] = r.batch;
+}
+
+MaxBatchReport Search::run() {
+  first_line();
+  search();
+  summary();
+  accumulation();
+  profile();
+  rep_.text = os_.str();
+  return rep_;
+}
+
+}  // namespace
+
+MaxBatchReport run_maxbatch(const TrainConfig& c, const MaxBatchOptions& o, bool verbose) {
+  return Search(c, o, verbose).run();
 }
 
 }  // namespace minidl::harness
