@@ -1,4 +1,4 @@
-// Issue 16's measurements on the CPU: MPI allreduce bandwidth over a range of sizes, and the
+// The data-parallel measurements on the CPU: MPI allreduce bandwidth over a range of sizes, and the
 // data-parallel training step with bucket allreduces started during backward (overlap) or after
 // it. Run under mpirun with 1 and 2 ranks (lab/results/bench/dist_cpu_<date>.md); a plain program,
 // not Google Benchmark, so that every rank runs exactly the same number of collectives.

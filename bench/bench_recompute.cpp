@@ -1,4 +1,4 @@
-// The recomputation measurement of issue 8: for each mode (none, stages, sequential:N, optimal),
+// The recomputation measurement: for each mode (none, stages, sequential:N, optimal),
 // the largest batch whose full training step (forward, loss, backward, SGD momentum step) fits a
 // fixed allocator budget, and the time per image there and at the baseline's largest batch.
 // A bisection over batch sizes, not a Google Benchmark: one number per mode, with OOMs caught.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # minidl beside PyTorch (Debian's python3-torch) and TF-Keras (tensorflow-cpu from PyPI, in a venv
 # this script creates) on the CPU: the same models, SGD, the same thread count, back to back in one
-# run (issue 28). Writes lab/results/bench/cpu_peers_<date>_<commit>.md with images/s, the ratios,
+# run. Writes lab/results/bench/cpu_peers_<date>_<commit>.md with images/s, the ratios,
 # GFLOP/s and the share of the FMA peak measured by minidl_bench_cpu_step --peak in the same run.
 set -euo pipefail
 

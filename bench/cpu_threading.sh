@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How OpenMP's wait policy holds up on a busy machine (issue 49, item 3): a fixed number of
+# How OpenMP's wait policy holds up on a busy machine: a fixed number of
 # ResNet-18-small training steps, idle and loaded (one busy-loop process per core beside the run),
 # under the old spin-waiting policies and the programs' default (passive), REPS times each,
 # interleaved. Prints one TSV row per run; lab/results/bench/cpu_threading_*.md holds a table of them.

@@ -222,7 +222,7 @@ def profile_steps(torch, a, device):
     rows = {}
     for e in prof.key_averages():
         if cuda:
-            # Device kernels only (their self time is the kernel's): torch 2.x names it device time.
+            # Device kernels only (their self time is the kernel's): torch 2.x's self_device_time_total.
             us = getattr(e, "self_device_time_total", None)
             if us is None:
                 us = getattr(e, "self_cuda_time_total", 0)

@@ -1,5 +1,5 @@
-// What became of a folder's files: a run must never report on images it did not have (issue 30:
-// 20 unreadable "cats" once gave "test acc 100%"). Usable images are counted per class after the
+// What became of a folder's files: a run must never report on images it did not have (20 unreadable
+// "cats" must not give "test acc 100%"). Usable images are counted per class after the
 // unreadable files are dropped, up front and again when the loaders find more while reading, and
 // a class or part left without images stops the run (UsageError, exit 2) naming the counts.
 #pragma once

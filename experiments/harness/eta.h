@@ -1,5 +1,5 @@
-// The ETA of minidl-train's progress lines. Training time alone under-predicted runs by half
-// (issue 32: "2 min 54 s" ran 5 minutes): evaluations (each epoch's validation, the final test)
+// The ETA of minidl-train's progress lines. Training time alone under-predicts a run by half (an
+// ETA of "2 min 54 s" can run 5 minutes): evaluations (each epoch's validation, the final test)
 // come on top, and the first steps pay one-time costs that later steps do not. So the rate is the
 // steady one (steps after the session's first, evaluations excluded), and the evaluations still to
 // come are added at their measured rate, or before the first one at a third of the training time
@@ -42,8 +42,8 @@ class RunEta {
 // (from --split; fractions of 1000 synthetic images per class when it gives no counts).
 double run_work(const TrainConfig& c);
 
-// minidl-sweep's ETA. The mean time of the finished runs times the runs left said 25 s where 73 s
-// remained (issue 32): the runs differ in work (epochs, split) and in cost per image (augmented
+// minidl-sweep's ETA. The mean time of the finished runs times the runs left can say 25 s where
+// 73 s remain: the runs differ in work (epochs, split) and in cost per image (augmented
 // runs go through the loader, small batches run slower). So each run left costs its work at the
 // rate (seconds per image of work) of the finished runs of its group (a plot series: the same
 // optimizer, augmentation...), or of all finished runs while its group has none.
