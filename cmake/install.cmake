@@ -3,6 +3,8 @@
 # public headers as <minidl/...>, the exported targets and a package config (docs/embedding.md).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
+# Never installed: the emulated CUDA device (cuda_emu/, a test platform: minidl_emu, minidl_emu_prof,
+# minidl_emu_libs) and the step-time model (perfmodel/): no target of theirs is named here.
 
 set(MINIDL_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/minidl CACHE STRING
     "Where the minidl package config goes, relative to the install prefix")

@@ -2,7 +2,7 @@
 # static shared memory, barriers), as ptxas reports it for sm_90, captured while `minidl_cuda`'s CUDA
 # sources compile: a compiler launcher (cmake/ptxas_resources.sh) adds --resource-usage and writes
 # the report beside the build, one file per source in MINIDL_KERNEL_RESOURCES_DIR. The H100
-# step-time model (bench/gpumodel) reads that folder for each kernel's theoretical occupancy. No
+# step-time model (perfmodel) reads that folder for each kernel's theoretical occupancy. No
 # GPU is needed, and no second compile: the objects are the library's own.
 # Output: MINIDL_KERNEL_RESOURCES_DIR (empty when the CUDA backend is off).
 set(MINIDL_KERNEL_RESOURCES_DIR "")

@@ -8,9 +8,7 @@
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/workspace.h"
-#ifdef MINIDL_CUDA_EMU
-#include "kernels/cuda/emu/runtime_state.h"
-#endif
+// emu::poison_device, unpoison_device: the emulator's backend_hooks.h, force-included in its build
 
 namespace minidl::cuda {
 namespace {

@@ -1,4 +1,4 @@
-// The counters of emu/profiler.h on planted kernels whose answers are known by hand (docs/cuda.md,
+// The counters of cuda_emu/profiler.h on planted kernels whose answers are known by hand (docs/cuda.md,
 // "Counters per launch"): a coalesced f32 copy (4 sectors per request), a stride-2 read (8), a
 // float4 copy (16), a naive transpose (32 on the store side), a 32x32 shared tile read by column
 // (32 wavefronts per request) and padded to 33 (1), atomics, barriers and divergent lanes. Built
@@ -12,7 +12,7 @@
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "kernels/cuda/device/launch.cuh"
-#include "kernels/cuda/emu/profiler.h"
+#include "cuda_emu/profiler.h"
 #include "tests/emu/emu_test_util.h"
 #include "tests/emu/planted_kernels.h"
 

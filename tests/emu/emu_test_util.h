@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/cuda/emu/race_check.h"
-#include "kernels/cuda/emu/runtime_state.h"
+#include "cuda_emu/race_check.h"
+#include "cuda_emu/runtime_state.h"
 
 namespace minidl::cuda {
 

@@ -1,4 +1,4 @@
-// The cross-stream race check (emu/race_check.h) on copies and memsets, which every build of the
+// The cross-stream race check (cuda_emu/race_check.h) on copies and memsets, which every build of the
 // emulated device sees (kernels' accesses need minidl_emu_prof: races_prof_test.cpp). The planted
 // race: two streams touch the same bytes, one writing, with no event between them; it is reported
 // as the device's fault naming both streams, both pieces of work and the allocation, in either
@@ -8,8 +8,8 @@
 
 #include <string>
 
-#include "kernels/cuda/emu/race_check.h"
-#include "kernels/cuda/emu/runtime_state.h"
+#include "cuda_emu/race_check.h"
+#include "cuda_emu/runtime_state.h"
 #include "tests/emu/emu_test_util.h"
 
 namespace minidl::cuda {

@@ -1,4 +1,4 @@
-// The cross-stream race check on kernels (emu/race_check.h), which needs each launch's read and
+// The cross-stream race check on kernels (cuda_emu/race_check.h), which needs each launch's read and
 // write sets: the instrumented kernels of minidl_emu_prof (the counters' build) give them. The
 // planted race: a kernel on one stream writes what a kernel on another reads, with no event between
 // them; the report names both kernels, both streams and the allocation. Ordered, or on other bytes,
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "kernels/cuda/device/launch.cuh"
-#include "kernels/cuda/emu/profiler.h"
-#include "kernels/cuda/emu/race_check.h"
+#include "cuda_emu/profiler.h"
+#include "cuda_emu/race_check.h"
 #include "tests/emu/emu_test_util.h"
 
 namespace minidl::cuda {

@@ -12,8 +12,8 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "kernels/cuda/device/launch.cuh"
-#include "kernels/cuda/emu/runner.h"
-#include "kernels/cuda/emu/runtime_state.h"
+#include "cuda_emu/runner.h"
+#include "cuda_emu/runtime_state.h"
 #include "tests/emu/emu_test_util.h"
 
 namespace minidl::cuda {

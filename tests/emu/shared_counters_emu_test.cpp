@@ -1,4 +1,4 @@
-// The counters of emu/profiler.h in the tests' build of the emulated device (minidl_emu), whose
+// The counters of cuda_emu/profiler.h in the tests' build of the emulated device (minidl_emu), whose
 // kernels are not instrumented: shared memory, barriers and divergence are still counted (every
 // shared access goes through the checked views), global accesses are not and say so; with
 // profiling off nothing is recorded.
@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "kernels/cuda/emu/profiler.h"
+#include "cuda_emu/profiler.h"
 #include "tests/emu/emu_test_util.h"
 #include "tests/emu/planted_kernels.h"
 

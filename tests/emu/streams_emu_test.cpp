@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "kernels/cuda/device/launch.cuh"
-#include "kernels/cuda/emu/runtime_state.h"
+#include "cuda_emu/runtime_state.h"
 #include "tests/emu/emu_test_util.h"
 
 namespace minidl::cuda {

@@ -1,7 +1,7 @@
 # The emulated device's own tests: small kernels with planted bugs (a divergent __syncthreads, a
 # bad shuffle mask, a launch the hardware rejects, a race) that the emulator must report, and the
 # warp collectives' exact semantics. Compiled like kernels/cuda/*.cu in minidl_emu (device_api.h
-# force-included). Label cuda-emu. emu_prof: the counters of emu/profiler.h on planted kernels.
+# force-included). Label cuda-emu. emu_prof: the counters of cuda_emu/profiler.h on planted kernels.
 if(MINIDL_WITH_EMU)
   file(GLOB _emu_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*_test.cpp)
   list(FILTER _emu_tests EXCLUDE REGEX "_prof_test\\.cpp$")

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/emu/emu_libs.h"
-#include "kernels/cuda/emu/emu_libs_internal.h"
+#include "cuda_emu/emu_libs.h"
+#include "cuda_emu/emu_libs_internal.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "bench/gpumodel/calibrate.h"
+#include "perfmodel/calibrate.h"
 
 namespace minidl::gpumodel {
 namespace {

@@ -1,8 +1,8 @@
 // The per-launch cost model on launches whose answer is worked out by hand from h100.h's figures.
 #include <gtest/gtest.h>
 
-#include "bench/gpumodel/cost.h"
-#include "bench/gpumodel/report.h"
+#include "perfmodel/cost.h"
+#include "perfmodel/report.h"
 
 namespace minidl::gpumodel {
 namespace {

@@ -2,7 +2,7 @@
 // model's form, and a clear error when the sizes do not run the same launches.
 #include <gtest/gtest.h>
 
-#include "bench/gpumodel/extrapolate.h"
+#include "perfmodel/extrapolate.h"
 #include "core/error.h"
 
 namespace minidl::gpumodel {

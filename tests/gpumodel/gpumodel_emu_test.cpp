@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <chrono>
 
-#include "bench/gpumodel/calibrate.h"
-#include "bench/gpumodel/emu_profile.h"
-#include "bench/gpumodel/extrapolate.h"
-#include "bench/gpumodel/train_step.h"
+#include "perfmodel/calibrate.h"
+#include "perfmodel/emu_profile.h"
+#include "perfmodel/extrapolate.h"
+#include "perfmodel/train_step.h"
 #include "core/ops.h"
-#include "kernels/cuda/emu/runtime_state.h"
+#include "cuda_emu/runtime_state.h"
 #include "kernels/cuda/runtime.h"
 #include "core/backend.h"
 #include "nn/layers.h"

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "bench/gpumodel/kernel_resources.h"
+#include "perfmodel/kernel_resources.h"
 
 namespace minidl::gpumodel {
 namespace {

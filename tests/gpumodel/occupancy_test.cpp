@@ -2,7 +2,7 @@
 // sweep over registers, block sizes and shared memory against CUDA's own calculator header.
 #include <gtest/gtest.h>
 
-#include "bench/gpumodel/occupancy.h"
+#include "perfmodel/occupancy.h"
 
 #ifdef MINIDL_HAVE_CUDA_OCCUPANCY_H
 #include <cuda_occupancy.h>

@@ -1,8 +1,8 @@
-# The H100 step-time model's own tests (bench/gpumodel): the occupancy calculator (against CUDA's
+# The H100 step-time model's own tests (perfmodel): the occupancy calculator (against CUDA's
 # calculator header when the toolkit is there), ptxas report parsing, the cost model and the
 # extrapolation on synthetic steps (label cpu); and, on the emulated device with its counters, the
 # extrapolation of a real small-CNN step to a held-out size (label cuda-emu).
-if(MINIDL_BUILD_BENCH)
+if(TARGET minidl_gpumodel)   # MINIDL_BUILD_PERFMODEL
   set(_gpumodel_cpu_tests
     ${CMAKE_CURRENT_LIST_DIR}/occupancy_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kernel_resources_test.cpp
@@ -16,7 +16,7 @@ if(MINIDL_BUILD_BENCH)
     target_include_directories(gpumodel SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
     target_compile_definitions(gpumodel PRIVATE MINIDL_HAVE_CUDA_OCCUPANCY_H=1)
   endif()
-  # On the emulated device with its counters (minidl_gpumodel_emu, defined in bench/gpumodel).
+  # On the emulated device with its counters (minidl_gpumodel_emu, defined in perfmodel).
   if(TARGET minidl_emu_prof)
     add_executable(gpumodel_emu ${CMAKE_CURRENT_LIST_DIR}/gpumodel_emu_test.cpp)
     target_link_libraries(gpumodel_emu PRIVATE minidl_gpumodel_emu GTest::gtest_main minidl_warnings)

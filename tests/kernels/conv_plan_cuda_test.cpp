@@ -20,8 +20,8 @@
 #ifdef MINIDL_CUDA_EMU
 #include <cudnn.h>
 
-#include "kernels/cuda/emu/call_log.h"
-#include "kernels/cuda/emu/emu_libs.h"
+#include "cuda_emu/call_log.h"
+#include "cuda_emu/emu_libs.h"
 #endif
 
 namespace minidl::testing::parity {

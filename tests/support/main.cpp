@@ -6,7 +6,7 @@
 
 #include "core/backend.h"
 #ifdef MINIDL_CUDA_EMU
-#include "kernels/cuda/emu/runtime_state.h"
+#include "cuda_emu/runtime_state.h"
 
 namespace {
 // A kernel fault on the emulated device is sticky, as on a GPU: every later runtime call of the

@@ -15,9 +15,7 @@
 #include <string>
 #include <typeinfo>
 
-#include "kernels/cuda/emu/call_log.h"
-#include "kernels/cuda/emu/runner.h"
-#include "kernels/cuda/emu/runtime_state.h"
+// emu::run_grid, enqueue, call_logging: the emulator's backend_hooks.h, force-included in its build
 #endif
 
 namespace minidl::cuda {

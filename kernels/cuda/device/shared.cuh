@@ -8,7 +8,7 @@
 #pragma once
 
 #ifdef MINIDL_CUDA_EMU
-#include "kernels/cuda/emu/shared_memory.h"
+// emu::static_shared, SharedPtr: the emulator's backend_hooks.h, force-included in its build
 
 // One static local per declaration (and template instantiation) identifies its arena slot.
 #define MINIDL_SHARED_ARRAY(T, name, N)              \

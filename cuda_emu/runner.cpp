@@ -1,0 +1,497 @@
+// The kernel runner of the emulated device: a grid runs block after block; a block's threads are
+// Boost.Context fibers that the scheduler resumes in turn until each finishes or waits at a
+// collective (__syncthreads, a warp shuffle or vote). The last thread to arrive completes the
+// collective (exchanging the warp's values as the hardware does) and releases the others. When no
+// thread can run and some have not finished, the collective can never complete: a divergent
+// __syncthreads or a shuffle mask naming a lane that does not take part. Those, bad masks and
+// launch configurations the hardware rejects are reported, naming the kernel, block and thread.
+// First: the device language's definitions must precede the CUDA headers (as with -include).
+#include "cuda_emu/device_api.h"
+// Then this file's own header.
+#include "cuda_emu/runner.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <boost/context/fiber.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+#include "cuda_emu/access_recorder.h"
+#include "cuda_emu/profiler.h"
+#include "cuda_emu/runtime_state.h"
+#include "cuda_emu/shared_arena.h"
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local dim3 blockDim, gridDim;
+
+namespace minidl::cuda::emu {
+
+namespace {
+namespace bctx = boost::context;
+
+// Fiber stacks, mapped once per OS thread with a guard page below each and reused by every block.
+constexpr size_t kStackBytes = size_t{128} << 10;
+struct StackPool {
+  bctx::stack_context allocate() {
+    auto& free = free_list();
+    char* base;
+    if (!free.empty()) {
+      base = free.back();
+      free.pop_back();
+    } else {
+      void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      MINIDL_CHECK(p != MAP_FAILED, "emulated CUDA device: cannot map a fiber stack of ", kStackBytes, " bytes");
+      mprotect(p, 4096, PROT_NONE);   // overflowing the stack faults instead of corrupting a neighbour
+      base = static_cast<char*>(p);
+    }
+    bctx::stack_context sc;
+    sc.size = kStackBytes;
+    sc.sp = base + kStackBytes;
+    last_stack() = base;
+    return sc;
+  }
+  void deallocate(bctx::stack_context& sc) noexcept { free_list().push_back(static_cast<char*>(sc.sp) - sc.size); }
+  // The stack the last allocate() gave (the fiber constructor calls it), for ASan's switch notes.
+  static char*& last_stack() {
+    static thread_local char* p = nullptr;
+    return p;
+  }
+  static std::vector<char*>& free_list() {
+    static thread_local std::vector<char*> free;
+    return free;
+  }
+};
+
+enum class Wait { None, Block, Warp };
+
+// The built-in variables of one thread.
+struct ThreadCoords {
+  uint3 thread_idx;
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+};
+
+// Makes `c` the running thread's built-in variables.
+void enter(const ThreadCoords& c) {
+  threadIdx = c.thread_idx;
+  blockIdx = c.block_idx;
+  blockDim = c.block_dim;
+  gridDim = c.grid_dim;
+}
+
+struct Fiber {
+  ThreadCoords coords{};
+  int linear = 0;
+  bctx::fiber self;    // the suspended fiber
+  bctx::fiber sched;   // the scheduler, while this fiber runs
+  bool done = false;
+  const void* stack_bottom = nullptr;   // for ASan's fiber-switch annotations
+  void* fake_stack = nullptr;
+  Wait wait = Wait::None;
+  const void* site = nullptr;
+  // The pending warp collective.
+  WarpOp op = WarpOp::ShflIdx;
+  uint64_t value = 0, result = 0;
+  int param = 0, width = 32;
+};
+
+struct WarpState {
+  unsigned arrived = 0, mask = 0;
+  WarpOp op = WarpOp::ShflIdx;
+  const void* site = nullptr;
+};
+
+struct Block {
+  const LaunchInfo* info = nullptr;
+  std::vector<Fiber> threads;
+  std::vector<WarpState> warps;
+  int arrived = 0;
+  const void* barrier_site = nullptr;
+  std::exception_ptr error;
+  bool aborting = false;   // a fault: every suspended fiber is resumed to leave through AbortBlock
+  SharedArena shared;
+};
+
+// Thrown into the suspended fibers of a faulted block so they finish through their own frames
+// (rather than Boost's forced unwinding, whose stack switches ASan cannot follow).
+struct AbortBlock {};
+
+thread_local Block* t_block = nullptr;
+thread_local Fiber* t_fiber = nullptr;
+
+// Every stack switch is announced to ASan in its build (ASan must know which stack is live, or an
+// exception thrown on a fiber stack looks like a stack overflow); no-ops otherwise.
+#if defined(__SANITIZE_ADDRESS__)
+thread_local const void* t_sched_bottom = nullptr;
+thread_local size_t t_sched_size = 0;
+void entered_fiber(Fiber& f) { __sanitizer_finish_switch_fiber(f.fake_stack, &t_sched_bottom, &t_sched_size); }
+void leaving_fiber(Fiber& f, bool finished) {
+  __sanitizer_start_switch_fiber(finished ? nullptr : &f.fake_stack, t_sched_bottom, t_sched_size);
+}
+#else
+void entered_fiber(Fiber&) {}
+void leaving_fiber(Fiber&, bool) {}
+#endif
+
+// Scheduler side: runs `f` until it waits or finishes.
+void resume(Fiber& f) {
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack_bottom, kStackBytes);
+  f.self = std::move(f.self).resume();
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  f.self = std::move(f.self).resume();
+#endif
+}
+
+uint64_t initial_seed() {
+  const char* s = std::getenv("MINIDL_EMU_SCHEDULE");
+  return s != nullptr ? std::strtoull(s, nullptr, 10) : 0;
+}
+uint64_t g_seed = initial_seed();
+// MINIDL_EMU_TRACE=1 prints each launch (kernel, op, grid, block) to stderr: which kernels a test runs.
+const bool g_trace = [] {
+  const char* s = std::getenv("MINIDL_EMU_TRACE");
+  return s != nullptr && std::string(s) == "1";
+}();
+
+std::string dim_str(const uint3& d) {
+  std::ostringstream os;
+  os << "(" << d.x << ", " << d.y << ", " << d.z << ")";
+  return os.str();
+}
+std::string dim_str(const dim3& d) { return dim_str(uint3{d.x, d.y, d.z}); }
+
+std::string where(const Fiber& f) {
+  return "block " + dim_str(f.coords.block_idx) + " thread " + dim_str(f.coords.thread_idx);
+}
+
+[[noreturn]] void kernel_fault(const std::string& what) {
+  const Block& b = *t_block;
+  MINIDL_FAIL("CUDA kernel ", b.info->kernel, " (", b.info->op, ") on the emulated device: ", what,
+              t_fiber != nullptr ? " [" + where(*t_fiber) + "]" : std::string());
+}
+
+void yield_until_released(Fiber& f) {
+  while (f.wait != Wait::None) {
+    leaving_fiber(f, false);
+    f.sched = std::move(f.sched).resume();
+    entered_fiber(f);
+    if (t_block->aborting) throw AbortBlock{};
+  }
+  t_fiber = &f;
+  t_record_thread = f.linear;
+  enter(f.coords);
+}
+
+unsigned lanes_present(const Block& b, int warp) {
+  const int n = std::min<int>(32, static_cast<int>(b.threads.size()) - warp * 32);
+  return n >= 32 ? ~0u : (1u << n) - 1u;
+}
+
+// The lane whose value lane `l` reads, or -1 for its own value.
+int shuffle_source(WarpOp op, int l, int param, int width) {
+  const int seg = l & ~(width - 1);
+  switch (op) {
+    case WarpOp::ShflIdx: return seg + (param & (width - 1));
+    case WarpOp::ShflUp: return (l - seg) >= param ? l - param : -1;
+    case WarpOp::ShflDown: return (l - seg) + param < width ? l + param : -1;
+    case WarpOp::ShflXor: {
+      const int s = l ^ param;
+      return s >= seg + width ? -1 : s;
+    }
+    default: return -1;
+  }
+}
+
+void complete_warp(Block& b, int warp, WarpState& w) {
+  Fiber* lanes = &b.threads[static_cast<size_t>(warp) * 32];
+  const bool vote = w.op == WarpOp::Ballot || w.op == WarpOp::Any || w.op == WarpOp::All;
+  uint64_t ballot = 0;
+  for (int l = 0; l < 32; ++l) {
+    if ((w.mask >> l) & 1u) ballot |= (lanes[l].value != 0 ? 1ull : 0ull) << l;
+  }
+  for (int l = 0; l < 32; ++l) {
+    if (((w.mask >> l) & 1u) == 0) continue;
+    Fiber& f = lanes[l];
+    if (vote) {
+      f.result = w.op == WarpOp::Ballot ? ballot : w.op == WarpOp::Any ? (ballot != 0) : (ballot == w.mask);
+    } else {
+      int src = shuffle_source(w.op, l, f.param, f.width);
+      if (src < 0) src = l;
+      if (((w.mask >> src) & 1u) == 0) {
+        t_fiber = &f;
+        kernel_fault("lane " + std::to_string(l) + " reads lane " + std::to_string(src) +
+                     ", which is not in the shuffle's mask 0x" + [&] {
+                       std::ostringstream os;
+                       os << std::hex << w.mask;
+                       return os.str();
+                     }() + " (its value is undefined)");
+      }
+      f.result = lanes[src].value;
+    }
+    f.wait = Wait::None;
+  }
+  w.arrived = 0;
+  recorder_warp_collective();
+}
+
+// Why the block cannot go on: the threads waiting at each collective and those that never come.
+std::string deadlock_report(const Block& b) {
+  std::ostringstream os;
+  int waiting_block = 0;
+  for (const Fiber& f : b.threads) waiting_block += f.wait == Wait::Block;
+  if (waiting_block > 0) {
+    os << "__syncthreads() not reached by every thread of the block: " << waiting_block << " of "
+       << b.threads.size() << " wait there";
+    for (const Fiber& f : b.threads) {
+      if (f.done) {
+        os << "; thread " << dim_str(f.coords.thread_idx) << " exited without it";
+        break;
+      }
+      if (f.wait == Wait::Warp) {
+        os << "; thread " << dim_str(f.coords.thread_idx) << " waits at a warp collective";
+        break;
+      }
+    }
+    return os.str() + " [block " + dim_str(b.threads[0].coords.block_idx) + "]";
+  }
+  for (size_t w = 0; w < b.warps.size(); ++w) {
+    const WarpState& ws = b.warps[w];
+    if (ws.arrived == 0) continue;
+    for (int l = 0; l < 32; ++l) {
+      if (((ws.mask >> l) & 1u) == 0 || ((ws.arrived >> l) & 1u) != 0) continue;
+      const Fiber& f = b.threads[w * 32 + static_cast<size_t>(l)];
+      os << "a warp collective's mask 0x" << std::hex << ws.mask << std::dec << " names lane " << l
+         << ", which does not take part (" << (f.done ? "it exited" : "it waits elsewhere") << ") [" << where(f)
+         << "]";
+      return os.str();
+    }
+  }
+  return "the block's threads wait at collectives that can never complete";
+}
+
+// Resumes every suspended fiber of a faulted block so it leaves through AbortBlock.
+void abort_block(Block& b) {
+  b.aborting = true;
+  for (Fiber& f : b.threads) {
+    if (f.done || !f.self) continue;
+    t_fiber = &f;
+    resume(f);
+  }
+  t_fiber = nullptr;
+}
+
+std::string config_error(const LaunchInfo& info) {
+  const dim3 g = info.grid, bl = info.block;
+  const uint64_t threads = uint64_t{bl.x} * bl.y * bl.z;
+  std::string why;
+  if (g.x == 0 || g.y == 0 || g.z == 0 || threads == 0) why = "an empty grid or block";
+  else if (bl.x > 1024 || bl.y > 1024 || bl.z > 64 || threads > 1024) why = "more than 1024 threads per block";
+  else if (g.x > 2147483647u || g.y > 65535u || g.z > 65535u) why = "grid y or z over 65535 (or x over 2^31 - 1)";
+  else if (const size_t limit = max_dynamic_shared(info.func); info.smem > limit) {
+    why = limit == kSharedLimit
+              ? "more than 48 KiB of dynamic shared memory without the opt-in attribute (cudaFuncSetAttribute("
+                "kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), up to 227 KiB on an H100)"
+              : "more than the " + std::to_string(limit) +
+                    " bytes of dynamic shared memory cudaFuncSetAttribute allowed this kernel";
+  }
+  if (why.empty()) return why;
+  return "kernel " + std::string(info.kernel) + " launched with grid " + dim_str(g) + ", block " + dim_str(bl) +
+         ", " + std::to_string(info.smem) + " bytes of dynamic shared memory: " + why;
+}
+
+}  // namespace
+
+void set_schedule_seed(uint64_t seed) { g_seed = seed; }
+uint64_t schedule_seed() { return g_seed; }
+
+SharedArena& running_arena(const char* what) {
+  MINIDL_CHECK(t_block != nullptr, what, ": used outside a kernel of the emulated device");
+  return t_block->shared;
+}
+
+void running_kernel_fault(const std::string& what) { kernel_fault(what); }
+
+void syncthreads(const void* site) {
+  Block& b = *t_block;
+  Fiber& f = *t_fiber;
+  if (b.arrived == 0) {
+    b.barrier_site = site;
+  } else if (site != b.barrier_site) {
+    kernel_fault("threads of one block wait at two different __syncthreads() calls (a barrier in divergent code)");
+  }
+  f.wait = Wait::Block;
+  if (++b.arrived == static_cast<int>(b.threads.size())) {
+    for (Fiber& g : b.threads) g.wait = Wait::None;
+    b.arrived = 0;
+    recorder_barrier();
+  }
+  yield_until_released(f);
+}
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width, const void* site) {
+  Block& b = *t_block;
+  Fiber& f = *t_fiber;
+  const int lane = f.linear & 31, warp = f.linear >> 5;
+  // Built only for a report: an ostringstream per lane and collective was a quarter of the time an
+  // emulated ResNet-50 step spent (its batch-norm reductions shuffle in every warp).
+  const auto mask_hex = [mask] {
+    std::ostringstream m;
+    m << "0x" << std::hex << mask;
+    return m.str();
+  };
+  if (((mask >> lane) & 1u) == 0) kernel_fault("warp collective with mask " + mask_hex() + " called by lane " +
+                                               std::to_string(lane) + ", which the mask does not name");
+  if ((mask & ~lanes_present(b, warp)) != 0) {
+    kernel_fault("warp collective mask " + mask_hex() + " names lanes that do not exist (the block has " +
+                 std::to_string(b.threads.size()) + " threads)");
+  }
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
+    kernel_fault("shuffle width " + std::to_string(width) + " is not a power of two in [1, 32]");
+  }
+  WarpState& w = b.warps[static_cast<size_t>(warp)];
+  if (w.arrived == 0) {
+    w.mask = mask;
+    w.op = op;
+    w.site = site;
+  } else if (w.mask != mask || w.op != op || w.site != site) {
+    kernel_fault("lanes of one warp are in different warp collectives at once (mask " + mask_hex() +
+                 "): divergent shuffles or votes");
+  }
+  f.op = op;
+  f.value = value;
+  f.param = param;
+  f.width = width;
+  f.wait = Wait::Warp;
+  w.arrived |= 1u << lane;
+  if (w.arrived == w.mask) complete_warp(b, warp, w);
+  yield_until_released(f);
+  return f.result;
+}
+
+namespace {
+void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg);
+}  // namespace
+
+void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_ptr<void> arg) {
+  if (device_error() != cudaSuccess) return;   // a faulted device: the launch check reports the fault
+  // A launch the hardware rejects runs nothing and leaves the error for cudaGetLastError.
+  if (const std::string why = config_error(info); !why.empty()) return set_last_error(cudaErrorInvalidConfiguration, why);
+  if (!stream_live(info.stream)) {
+    return set_last_error(cudaErrorInvalidResourceHandle,
+                          "kernel " + std::string(info.kernel) + " launched on a stream that is not live");
+  }
+  MINIDL_CHECK(t_block == nullptr, "emulated CUDA device: kernel ", info.kernel, " launched from inside a kernel");
+  if (g_trace) {
+    std::fprintf(stderr, "[minidl emu] launch %s (%s) grid %s block %s\n", info.kernel, info.op,
+                 dim_str(info.grid).c_str(), dim_str(info.block).c_str());
+  }
+  LaunchInfo issued = info;
+  issued.profiled = profiling();   // launches issued while profiling is on are counted when they run
+  enqueue(info.stream, [issued, body, arg = std::move(arg)] { execute_grid(issued, body, arg.get()); },
+          "kernel " + std::string(info.kernel) + " (" + info.op + ")");
+}
+
+namespace {
+void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
+  const int nthreads = static_cast<int>(info.block.x * info.block.y * info.block.z);
+  Block b;
+  b.info = &info;
+  b.threads.resize(static_cast<size_t>(nthreads));
+  b.warps.resize(static_cast<size_t>((nthreads + 31) / 32));
+  b.shared.start_launch(info.smem, max_dynamic_shared(info.func) > kSharedLimit ? kSharedOptInLimit : kSharedLimit);
+  std::vector<int> order(static_cast<size_t>(nthreads));
+  std::mt19937_64 rng(g_seed);
+  struct Reset {
+    ~Reset() {
+      t_block = nullptr;
+      t_fiber = nullptr;
+      recorder_launch_abort();   // after a fault (a finished launch has handed its recorder on)
+    }
+  } reset;
+  t_block = &b;
+  recorder_launch_begin(info, nthreads);
+  for (unsigned bz = 0; bz < info.grid.z; ++bz) {
+    for (unsigned by = 0; by < info.grid.y; ++by) {
+      for (unsigned bx = 0; bx < info.grid.x; ++bx) {
+        b.shared.start_block();   // shared memory nothing of this block wrote
+        for (int t = 0; t < nthreads; ++t) {
+          Fiber& f = b.threads[static_cast<size_t>(t)];
+          f = Fiber{};
+          f.linear = t;
+          f.coords.thread_idx = uint3{static_cast<unsigned>(t) % info.block.x,
+                                      static_cast<unsigned>(t) / info.block.x % info.block.y,
+                                      static_cast<unsigned>(t) / (info.block.x * info.block.y)};
+          f.coords.block_idx = uint3{bx, by, bz};
+          f.coords.block_dim = info.block;
+          f.coords.grid_dim = info.grid;
+          f.self = bctx::fiber(std::allocator_arg, StackPool{}, [&f, body, arg, &b](bctx::fiber&& s) {
+            f.sched = std::move(s);
+            entered_fiber(f);
+            try {
+              if (!b.aborting) body(arg);   // a fiber first resumed by abort_block never runs the kernel
+            } catch (const AbortBlock&) {   // the block faulted elsewhere: just finish
+            } catch (...) {
+              if (!b.error) b.error = std::current_exception();
+            }
+            f.done = true;
+            f.wait = Wait::None;
+            leaving_fiber(f, true);
+            return std::move(f.sched);
+          });
+          f.stack_bottom = StackPool::last_stack();
+          order[static_cast<size_t>(t)] = t;
+        }
+        for (WarpState& w : b.warps) w = WarpState{};
+        b.arrived = 0;
+        for (;;) {
+          if (g_seed != 0) std::shuffle(order.begin(), order.end(), rng);
+          bool ran = false, all_done = true;
+          for (int t : order) {
+            Fiber& f = b.threads[static_cast<size_t>(t)];
+            if (f.done) continue;
+            all_done = false;
+            if (f.wait != Wait::None) continue;
+            t_fiber = &f;
+            t_record_thread = f.linear;
+            enter(f.coords);
+            resume(f);
+            ran = true;
+            if (b.error) {
+              abort_block(b);
+              std::rethrow_exception(b.error);
+            }
+          }
+          if (all_done) break;
+          if (!ran) {
+            t_fiber = nullptr;
+            const std::string why = deadlock_report(b);
+            abort_block(b);
+            kernel_fault(why);
+          }
+        }
+        recorder_block_end();
+      }
+    }
+  }
+  note_static_shared(info.func, b.shared.static_bytes());
+  recorder_launch_end(b.shared.static_bytes());
+}
+
+}  // namespace
+
+}  // namespace minidl::cuda::emu
