@@ -25,6 +25,53 @@ void check_logits(const char* backend, const Tensor& logits, const char* op) {
                "): logits must be a contiguous [N, C], got ", logits.meta());
 }
 
+int64_t check_nll_forward(const char* backend, const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
+  MINIDL_CHECK(log_probs.dim() == 2 && log_probs.is_contiguous(), "nll_loss (", backend,
+               "): log_probs must be a contiguous [N, C], got ", log_probs.meta());
+  const int64_t N = log_probs.size(0);
+  check_class_target(backend, target, N, "nll_loss");
+  MINIDL_CHECK(losses.dtype() == log_probs.dtype() && losses.dim() == 1 && losses.size(0) == N, "nll_loss (",
+               backend, "): losses must be [", N, "] of the input's dtype, got ", losses.meta());
+  return N;
+}
+
+int64_t check_nll_backward(const char* backend, const Tensor& g, const Tensor& target, const Tensor& glogp) {
+  MINIDL_CHECK(glogp.dim() == 2 && glogp.is_contiguous(), "nll_loss_backward (", backend,
+               "): glogp must be a contiguous [N, C], got ", glogp.meta());
+  const int64_t N = glogp.size(0);
+  check_class_target(backend, target, N, "nll_loss_backward");
+  MINIDL_CHECK(g.dtype() == glogp.dtype() && g.numel() == N && g.dim() <= 1, "nll_loss_backward (", backend,
+               "): g must be [", N, "] of dtype ", dtype_name(glogp.dtype()), ", got ", g.meta());
+  return N;
+}
+
+void check_cross_entropy_forward(const char* backend, const Tensor& logits, const Tensor& target, const Tensor& losses,
+                                 const Tensor& lse) {
+  const char* op = "cross_entropy";
+  check_logits(backend, logits, op);
+  const int64_t N = logits.size(0);
+  check_class_target(backend, target, N, op);
+  MINIDL_CHECK(losses.dtype() == logits.dtype() && losses.dim() == 1 && losses.size(0) == N, op, " (", backend,
+               "): losses must be [", N, "] of the logits' dtype, got ", losses.meta());
+  MINIDL_CHECK(lse.dtype() == DType::f64 && lse.dim() == 1 && lse.size(0) == N && lse.is_contiguous(), op, " (",
+               backend, "): lse must be a contiguous f64 [", N, "], got ", lse.meta());
+}
+
+void check_cross_entropy_backward(const char* backend, const Tensor& g, const Tensor& logits, const Tensor& target,
+                                  const Tensor& lse, const Tensor& glogits) {
+  const char* op = "cross_entropy_backward";
+  check_logits(backend, logits, op);
+  const int64_t N = logits.size(0);
+  check_class_target(backend, target, N, op);
+  MINIDL_CHECK(g.dtype() == logits.dtype() && g.numel() == N && g.dim() <= 1, op, " (", backend, "): g must be [", N,
+               "] of dtype ", dtype_name(logits.dtype()), ", got ", g.meta());
+  MINIDL_CHECK(lse.dtype() == DType::f64 && lse.numel() == N && lse.is_contiguous(), op, " (", backend,
+               "): lse must be the forward's contiguous f64 [", N, "], got ", lse.meta());
+  MINIDL_CHECK(glogits.dtype() == logits.dtype() && glogits.shape() == logits.shape() && glogits.is_contiguous(), op,
+               " (", backend, "): glogits ", glogits.meta(), " must be contiguous with the logits' shape and dtype ",
+               logits.meta());
+}
+
 int64_t grad_step(const char* backend, const Tensor& g, const char* op) {
   if (g.is_contiguous()) return 1;
   for (int64_t s : g.strides()) {

@@ -22,6 +22,19 @@ void check_class_target(const char* backend, const Tensor& target, int64_t N, co
 // Cross-entropy logits: a contiguous [N, C].
 void check_logits(const char* backend, const Tensor& logits, const char* op);
 
+// The operands of NLL (core/backend.h): log_probs (glogp) a contiguous [N, C], target i64 [N]; the
+// forward's losses and the backward's g [N] of the log_probs' dtype. Returns N.
+int64_t check_nll_forward(const char* backend, const Tensor& log_probs, const Tensor& target, const Tensor& losses);
+int64_t check_nll_backward(const char* backend, const Tensor& g, const Tensor& target, const Tensor& glogp);
+
+// The operands of fused cross-entropy (core/backend.h): logits a contiguous [N, C], target i64 [N];
+// the forward's losses [N] of the logits' dtype and lse a contiguous f64 [N]; the backward's g [N]
+// of the logits' dtype, the forward's lse, and glogits contiguous like the logits.
+void check_cross_entropy_forward(const char* backend, const Tensor& logits, const Tensor& target, const Tensor& losses,
+                                 const Tensor& lse);
+void check_cross_entropy_backward(const char* backend, const Tensor& g, const Tensor& logits, const Tensor& target,
+                                  const Tensor& lse, const Tensor& glogits);
+
 // Step between the elements of a loss's incoming gradient: 1 when it is contiguous, 0 when it is
 // one value broadcast (every stride 0); anything else is refused.
 int64_t grad_step(const char* backend, const Tensor& g, const char* op);

@@ -24,45 +24,34 @@ struct Dispatch {
 
   template <typename F>
   void operator()(DType t, const char* op, F&& f) const {
-    constexpr bool ints = Family != DTypeFamily::Floating, others = Family == DTypeFamily::All;
     switch (t) {
-      case DType::f32: f(float{}); return;
-      case DType::f64: f(double{}); return;
-      case DType::f16:
-        if constexpr (!std::is_void_v<HalfT>) {
-          f(HalfT{});
-          return;
-        }
-        break;
-      case DType::i32:
-        if constexpr (ints) {
-          f(int32_t{});
-          return;
-        }
-        break;
-      case DType::i64:
-        if constexpr (ints) {
-          f(int64_t{});
-          return;
-        }
-        break;
-      case DType::u8:
-        if constexpr (others) {
-          f(uint8_t{});
-          return;
-        }
-        break;
-      case DType::boolean:
-        if constexpr (others) {
-          f(bool{});
-          return;
-        }
-        break;
+      case DType::f32: return call<float>(t, op, f);
+      case DType::f64: return call<double>(t, op, f);
+      case DType::f16: return call<HalfT>(t, op, f);
+      case DType::i32: return call<int32_t>(t, op, f);
+      case DType::i64: return call<int64_t>(t, op, f);
+      case DType::u8: return call<uint8_t>(t, op, f);
+      case DType::boolean: return call<bool>(t, op, f);
     }
     refuse(t, op);
   }
 
  private:
+  // Whether the family takes the C++ type T (void: a backend without f16 code).
+  template <typename T>
+  static constexpr bool takes() {
+    if constexpr (std::is_void_v<T>) return false;
+    else if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, HalfT>) return true;
+    else if constexpr (std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) return Family != DTypeFamily::Floating;
+    else return Family == DTypeFamily::All;
+  }
+
+  template <typename T, typename F>
+  void call(DType t, const char* op, F& f) const {
+    if constexpr (takes<T>()) f(T{});
+    else refuse(t, op);
+  }
+
   [[noreturn]] void refuse(DType t, const char* op) const {
     constexpr bool half = !std::is_void_v<HalfT>;
     const char* wanted = Family == DTypeFamily::All        ? "a tensor of a known dtype"

@@ -319,10 +319,10 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight,
                                           double eps, const Tensor& y, const Tensor& save_mean,
                                           const Tensor& save_invstd) {
   if (is_half(x) || is_half(y)) {  // f16 activations: f32 compute, statistics in double as for f32
-    const Tensor yf = f32_output_for(y);
-    batch_norm_forward_train(widen_half(x), weight, bias, running_mean, running_var, momentum, eps, yf, save_mean,
-                             save_invstd);
-    return narrow_into(yf, y);
+    return in_f32(y, [&](const Tensor& yf) {
+      batch_norm_forward_train(widen_half(x), weight, bias, running_mean, running_var, momentum, eps, yf, save_mean,
+                               save_invstd);
+    });
   }
   check_float(x, "batch_norm");
   const Tensor xs = staged_input(x), ys = staged_output(y);   // channels-last: through NCHW copies
@@ -337,9 +337,9 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight,
 void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          const Tensor& mean, const Tensor& var, double eps, const Tensor& y) {
   if (is_half(x) || is_half(y)) {
-    const Tensor yf = f32_output_for(y);
-    batch_norm_forward_eval(widen_half(x), weight, bias, mean, var, eps, yf);
-    return narrow_into(yf, y);
+    return in_f32(y, [&](const Tensor& yf) {
+      batch_norm_forward_eval(widen_half(x), weight, bias, mean, var, eps, yf);
+    });
   }
   check_float(x, "batch_norm");
   const Tensor xs = staged_input(x), ys = staged_output(y);
@@ -355,9 +355,9 @@ void CpuBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Te
                                      const Tensor& save_mean, const Tensor& save_invstd, const Tensor& gx,
                                      const Tensor& gweight, const Tensor& gbias) {
   if (is_half(gy) || is_half(x) || is_half(gx)) {  // per-channel gradients are written in their own dtype
-    const Tensor gxf = f32_output_for(gx);
-    batch_norm_backward(widen_half(gy), widen_half(x), weight, save_mean, save_invstd, gxf, gweight, gbias);
-    return narrow_into(gxf, gx);
+    return in_f32(gx, [&](const Tensor& gxf) {
+      batch_norm_backward(widen_half(gy), widen_half(x), weight, save_mean, save_invstd, gxf, gweight, gbias);
+    });
   }
   check_float(x, "batch_norm_backward");
   MINIDL_CHECK(gy.dtype() == x.dtype(), "batch_norm_backward (cpu): gy ", gy.meta(), " and x ", x.meta(),

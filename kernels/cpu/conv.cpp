@@ -331,11 +331,6 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
   }
 }
 
-[[noreturn]] void unsupported_dtype(const char* op, const Tensor& t) {
-  MINIDL_FAIL(op, " (cpu): dtype ", dtype_name(t.dtype()),
-              " is not supported (f32 and f64 only); convert with .to(DType::f32)");
-}
-
 }  // namespace
 
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
@@ -349,15 +344,9 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), o, "conv2d_forward");
   if (g.n == 0) return;
   if (is_half(x) || is_half(w) || is_half(y)) {  // f16: the f32 kernel on widened copies, one rounding
-    const Tensor yf = f32_output_for(y);
-    conv2d_forward(widen_half(x), widen_half(w), widen_half(bias), o, yf);
-    return narrow_into(yf, y);
+    return in_f32(y, [&](const Tensor& yf) { conv2d_forward(widen_half(x), widen_half(w), widen_half(bias), o, yf); });
   }
-  switch (x.dtype()) {
-    case DType::f32: return conv_forward<float>(x, w, bias, g, y);
-    case DType::f64: return conv_forward<double>(x, w, bias, g, y);
-    default: unsupported_dtype("conv2d_forward", x);
-  }
+  dispatch_wide(x.dtype(), "conv2d_forward", [&](auto t) { conv_forward<decltype(t)>(x, w, bias, g, y); });
 }
 
 void CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) {
@@ -370,15 +359,9 @@ void CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const 
   const ConvGeom g = make_geom(gx.shape(), w.shape(), gy.shape(), o, "conv2d_backward_input");
   if (g.n == 0) return;
   if (is_half(gy) || is_half(w) || is_half(gx)) {
-    const Tensor gxf = f32_output_for(gx);
-    conv2d_backward_input(widen_half(gy), widen_half(w), o, gxf);
-    return narrow_into(gxf, gx);
+    return in_f32(gx, [&](const Tensor& gxf) { conv2d_backward_input(widen_half(gy), widen_half(w), o, gxf); });
   }
-  switch (gy.dtype()) {
-    case DType::f32: return conv_backward_input<float>(gy, w, g, gx);
-    case DType::f64: return conv_backward_input<double>(gy, w, g, gx);
-    default: unsupported_dtype("conv2d_backward_input", gy);
-  }
+  dispatch_wide(gy.dtype(), "conv2d_backward_input", [&](auto t) { conv_backward_input<decltype(t)>(gy, w, g, gx); });
 }
 
 void CpuBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {
@@ -390,15 +373,9 @@ void CpuBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const
   common::check_contiguous("cpu", "conv2d_backward_weight", {&gy, &x, &gw});
   const ConvGeom g = make_geom(x.shape(), gw.shape(), gy.shape(), o, "conv2d_backward_weight");
   if (is_half(gy) || is_half(x) || is_half(gw)) {
-    const Tensor gwf = f32_output_for(gw);
-    conv2d_backward_weight(widen_half(gy), widen_half(x), o, gwf);
-    return narrow_into(gwf, gw);
+    return in_f32(gw, [&](const Tensor& gwf) { conv2d_backward_weight(widen_half(gy), widen_half(x), o, gwf); });
   }
-  switch (gy.dtype()) {
-    case DType::f32: return conv_backward_weight<float>(gy, x, g, gw);
-    case DType::f64: return conv_backward_weight<double>(gy, x, g, gw);
-    default: unsupported_dtype("conv2d_backward_weight", gy);
-  }
+  dispatch_wide(gy.dtype(), "conv2d_backward_weight", [&](auto t) { conv_backward_weight<decltype(t)>(gy, x, g, gw); });
 }
 
 }  // namespace minidl::cpu

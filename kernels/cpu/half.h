@@ -61,5 +61,14 @@ Tensor widen_half(const Tensor& t);
 Tensor f32_output_for(const Tensor& t);
 // Writes an f32 result back into its f16 destination (nothing when they are the same tensor).
 void narrow_into(const Tensor& result, const Tensor& dst);
+// The f16 path of a kernel that computes in f32: run(f) computes into f = f32_output_for(out),
+// which is then rounded into out once. f is allocated before run widens any operand, as the meta
+// device's model of this path counts it (kernels/cpu/conv_workspace.cpp).
+template <typename Run>
+void in_f32(const Tensor& out, Run&& run) {
+  const Tensor f = f32_output_for(out);
+  run(f);
+  narrow_into(f, out);
+}
 
 }  // namespace minidl::cpu

@@ -97,13 +97,8 @@ T* data_or_null(const Tensor& t) {
 void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& target, double label_smoothing,
                                        const Tensor& losses, const Tensor& lse) {
   const char* op = "cross_entropy";
-  common::check_logits("cpu", logits, op);
+  common::check_cross_entropy_forward("cpu", logits, target, losses, lse);
   const int64_t N = logits.size(0), C = logits.size(1);
-  common::check_class_target("cpu", target, N, op);
-  MINIDL_CHECK(losses.dtype() == logits.dtype() && losses.dim() == 1 && losses.size(0) == N, op,
-               " (cpu): losses must be [", N, "] of the logits' dtype, got ", losses.meta());
-  MINIDL_CHECK(lse.dtype() == DType::f64 && lse.dim() == 1 && lse.size(0) == N && lse.is_contiguous(), op,
-               " (cpu): lse must be a contiguous f64 [", N, "], got ", lse.meta());
   const int64_t* tg = target.data<int64_t>();
   const int64_t ts = target.stride(0);
   // Every target is validated before anything is written (the message of nll_forward).
@@ -123,16 +118,8 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
 void CpuBackend::cross_entropy_backward(const Tensor& g, const Tensor& logits, const Tensor& target,
                                         const Tensor& lse, double label_smoothing, const Tensor& glogits) {
   const char* op = "cross_entropy_backward";
-  common::check_logits("cpu", logits, op);
+  common::check_cross_entropy_backward("cpu", g, logits, target, lse, glogits);
   const int64_t N = logits.size(0), C = logits.size(1);
-  common::check_class_target("cpu", target, N, op);
-  MINIDL_CHECK(g.dtype() == logits.dtype() && g.numel() == N && g.dim() <= 1, op, " (cpu): g must be [", N,
-               "] of dtype ", dtype_name(logits.dtype()), ", got ", g.meta());
-  MINIDL_CHECK(lse.dtype() == DType::f64 && lse.numel() == N && lse.is_contiguous(), op,
-               " (cpu): lse must be the forward's contiguous f64 [", N, "], got ", lse.meta());
-  MINIDL_CHECK(glogits.dtype() == logits.dtype() && glogits.shape() == logits.shape() && glogits.is_contiguous(), op,
-               " (cpu): glogits ", glogits.meta(), " must be contiguous with the logits' shape and dtype ",
-               logits.meta());
   const int64_t* tg = target.data<int64_t>();
   const int64_t ts = target.stride(0);
   for (int64_t n = 0; n < N; ++n) {

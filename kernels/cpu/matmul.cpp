@@ -55,9 +55,7 @@ std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b) {
 
 void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   if (is_half(a_in) || is_half(b_in) || is_half(out)) {  // f16: an f32 GEMM (f32 accumulation), one rounding
-    const Tensor o = f32_output_for(out);
-    matmul(widen_half(a_in), widen_half(b_in), o);
-    return narrow_into(o, out);
+    return in_f32(out, [&](const Tensor& o) { matmul(widen_half(a_in), widen_half(b_in), o); });
   }
   const int64_t B = out.shape()[0], M = out.shape()[1], N = out.shape()[2], K = a_in.shape()[2];
   Tensor a = a_in, b = b_in;

@@ -20,11 +20,6 @@ namespace {
 
 using common::PoolGeom;
 
-[[noreturn]] void unsupported_dtype(const char* op, const Tensor& t) {
-  MINIDL_FAIL(op, " (cpu): dtype ", dtype_name(t.dtype()),
-              " is not supported (f32 and f64 only); convert with .to(DType::f32)");
-}
-
 // Below this many element visits a parallel region costs more than it saves.
 constexpr int64_t kParallelWork = 32768;
 
@@ -287,15 +282,12 @@ void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
                ", got ", indices.meta());
   const PoolGeom g = common::pool_geom("cpu", x.shape(), y.shape(), o, "max_pool2d_forward");
   if (is_half(x) || is_half(y)) {  // f16: the f32 kernel on widened copies (max is exact in f16)
-    const Tensor yf = f32_output_for(y);
-    max_pool2d_forward(widen_half(x), o, yf, indices);
-    return narrow_into(yf, y);
+    return in_f32(y, [&](const Tensor& yf) { max_pool2d_forward(widen_half(x), o, yf, indices); });
   }
-  switch (x.dtype()) {
-    case DType::f32: return max_forward(x.data<float>(), g, y.data<float>(), indices.data<int64_t>());
-    case DType::f64: return max_forward(x.data<double>(), g, y.data<double>(), indices.data<int64_t>());
-    default: unsupported_dtype("max_pool2d_forward", x);
-  }
+  dispatch_wide(x.dtype(), "max_pool2d_forward", [&](auto t) {
+    using T = decltype(t);
+    max_forward(x.data<T>(), g, y.data<T>(), indices.data<int64_t>());
+  });
 }
 
 // The CPU scatters each plane's outputs in order (deterministic as it is); o is not needed.
@@ -312,20 +304,14 @@ void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, co
                "max_pool2d_backward (cpu): inconsistent tensors: grad ", gy.meta(), ", indices ", indices.meta(),
                ", input grad ", gx.meta());
   if (is_half(gy) || is_half(gx)) {
-    const Tensor gxf = f32_output_for(gx);
-    max_pool2d_backward(widen_half(gy), indices, o, gxf);
-    return narrow_into(gxf, gx);
+    return in_f32(gx, [&](const Tensor& gxf) { max_pool2d_backward(widen_half(gy), indices, o, gxf); });
   }
   const int64_t planes = gy.size(0) * gy.size(1);
   const int64_t out_plane = gy.size(2) * gy.size(3), in_plane = gx.size(2) * gx.size(3);
-  switch (gy.dtype()) {
-    case DType::f32:
-      return max_backward(gy.data<float>(), indices.data<int64_t>(), planes, out_plane, in_plane, gx.data<float>());
-    case DType::f64:
-      return max_backward(gy.data<double>(), indices.data<int64_t>(), planes, out_plane, in_plane,
-                          gx.data<double>());
-    default: unsupported_dtype("max_pool2d_backward", gy);
-  }
+  dispatch_wide(gy.dtype(), "max_pool2d_backward", [&](auto t) {
+    using T = decltype(t);
+    max_backward(gy.data<T>(), indices.data<int64_t>(), planes, out_plane, in_plane, gx.data<T>());
+  });
 }
 
 void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
@@ -337,15 +323,12 @@ void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
   common::check_contiguous("cpu", "avg_pool2d_forward", {&x, &y});
   const PoolGeom g = common::pool_geom("cpu", x.shape(), y.shape(), o, "avg_pool2d_forward");
   if (is_half(x) || is_half(y)) {
-    const Tensor yf = f32_output_for(y);
-    avg_pool2d_forward(widen_half(x), o, yf);
-    return narrow_into(yf, y);
+    return in_f32(y, [&](const Tensor& yf) { avg_pool2d_forward(widen_half(x), o, yf); });
   }
-  switch (x.dtype()) {
-    case DType::f32: return avg_forward(x.data<float>(), g, o.count_include_pad, y.data<float>());
-    case DType::f64: return avg_forward(x.data<double>(), g, o.count_include_pad, y.data<double>());
-    default: unsupported_dtype("avg_pool2d_forward", x);
-  }
+  dispatch_wide(x.dtype(), "avg_pool2d_forward", [&](auto t) {
+    using T = decltype(t);
+    avg_forward(x.data<T>(), g, o.count_include_pad, y.data<T>());
+  });
 }
 
 void CpuBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
@@ -357,15 +340,12 @@ void CpuBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, c
   common::check_contiguous("cpu", "avg_pool2d_backward", {&gy, &gx});
   const PoolGeom g = common::pool_geom("cpu", gx.shape(), gy.shape(), o, "avg_pool2d_backward");
   if (is_half(gy) || is_half(gx)) {
-    const Tensor gxf = f32_output_for(gx);
-    avg_pool2d_backward(widen_half(gy), o, gxf);
-    return narrow_into(gxf, gx);
+    return in_f32(gx, [&](const Tensor& gxf) { avg_pool2d_backward(widen_half(gy), o, gxf); });
   }
-  switch (gy.dtype()) {
-    case DType::f32: return avg_backward(gy.data<float>(), g, o.count_include_pad, gx.data<float>());
-    case DType::f64: return avg_backward(gy.data<double>(), g, o.count_include_pad, gx.data<double>());
-    default: unsupported_dtype("avg_pool2d_backward", gy);
-  }
+  dispatch_wide(gy.dtype(), "avg_pool2d_backward", [&](auto t) {
+    using T = decltype(t);
+    avg_backward(gy.data<T>(), g, o.count_include_pad, gx.data<T>());
+  });
 }
 
 }  // namespace minidl::cpu

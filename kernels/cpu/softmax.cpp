@@ -110,19 +110,16 @@ void CpuBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const T
   const char* op = log ? "log_softmax" : "softmax";
   if (is_half(x) || is_half(y)) {  // f16: computed in f32, rounded once
     MINIDL_CHECK(y.dtype() == x.dtype(), op, " (cpu): output ", y.meta(), " must have x's dtype ", x.meta());
-    const Tensor yf = f32_output_for(y);
-    softmax_forward(widen_half(x), dim, log, yf);
-    return narrow_into(yf, y);
+    return in_f32(y, [&](const Tensor& yf) { softmax_forward(widen_half(x), dim, log, yf); });
   }
   check_float(x, op, "x");
   MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.is_contiguous(), op, " (cpu): output ",
                y.meta(), " must be contiguous with x's shape and dtype ", x.meta());
   const Layout L = common::softmax_layout("cpu", x, dim, op);
-  if (x.dtype() == DType::f32) {
-    forward<float>(x.data<float>(), y.data<float>(), L, log);
-  } else {
-    forward<double>(x.data<double>(), y.data<double>(), L, log);
-  }
+  dispatch_wide(x.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    forward<T>(x.data<T>(), y.data<T>(), L, log);
+  });
 }
 
 void CpuBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim, bool log, const Tensor& gx) {
@@ -130,9 +127,7 @@ void CpuBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim
   if (is_half(gy) || is_half(y) || is_half(gx)) {
     MINIDL_CHECK(gy.dtype() == y.dtype() && gx.dtype() == y.dtype(), op, " (cpu): gy ", gy.meta(), ", y ", y.meta(),
                  " and gx ", gx.meta(), " must share their dtype");
-    const Tensor gxf = f32_output_for(gx);
-    softmax_backward(widen_half(gy), widen_half(y), dim, log, gxf);
-    return narrow_into(gxf, gx);
+    return in_f32(gx, [&](const Tensor& gxf) { softmax_backward(widen_half(gy), widen_half(y), dim, log, gxf); });
   }
   check_float(y, op, "y");
   MINIDL_CHECK(gy.dtype() == y.dtype() && gy.shape() == y.shape() && gx.dtype() == y.dtype() &&
@@ -141,11 +136,10 @@ void CpuBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t dim
                " must share shape and dtype");
   const Layout L = common::softmax_layout("cpu", y, dim, op);
   common::softmax_layout("cpu", gy, dim, op);  // contiguity
-  if (y.dtype() == DType::f32) {
-    backward<float>(gy.data<float>(), y.data<float>(), gx.data<float>(), L, log);
-  } else {
-    backward<double>(gy.data<double>(), y.data<double>(), gx.data<double>(), L, log);
-  }
+  dispatch_wide(y.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    backward<T>(gy.data<T>(), y.data<T>(), gx.data<T>(), L, log);
+  });
 }
 
 namespace {
@@ -191,45 +185,22 @@ void CpuBackend::nll_forward(const Tensor& log_probs, const Tensor& target, cons
   if (is_half(log_probs) || is_half(losses)) {
     MINIDL_CHECK(losses.dtype() == log_probs.dtype(), "nll_loss (cpu): losses ", losses.meta(),
                  " must have the input's dtype ", log_probs.meta());
-    const Tensor lf = f32_output_for(losses);
-    nll_forward(widen_half(log_probs), target, lf);
-    return narrow_into(lf, losses);
+    return in_f32(losses, [&](const Tensor& lf) { nll_forward(widen_half(log_probs), target, lf); });
   }
   check_float(log_probs, "nll_loss", "log_probs");
-  MINIDL_CHECK(log_probs.dim() == 2 && log_probs.is_contiguous(), "nll_loss (cpu): log_probs must be a contiguous [N, C], got ",
-               log_probs.meta());
-  const int64_t N = log_probs.size(0);
-  common::check_class_target("cpu", target, N, "nll_loss");
-  MINIDL_CHECK(losses.dtype() == log_probs.dtype() && losses.dim() == 1 && losses.size(0) == N,
-               "nll_loss (cpu): losses must be [", N, "] of the input's dtype, got ", losses.meta());
-  if (log_probs.dtype() == DType::f32) {
-    nll_fwd<float>(log_probs, target, losses);
-  } else {
-    nll_fwd<double>(log_probs, target, losses);
-  }
+  common::check_nll_forward("cpu", log_probs, target, losses);
+  dispatch_wide(log_probs.dtype(), "nll_loss", [&](auto t) { nll_fwd<decltype(t)>(log_probs, target, losses); });
 }
 
 void CpuBackend::nll_backward(const Tensor& g, const Tensor& target, const Tensor& glogp) {
   if (is_half(g) || is_half(glogp)) {
     MINIDL_CHECK(g.dtype() == glogp.dtype(), "nll_loss_backward (cpu): g ", g.meta(), " must have glogp's dtype ",
                  glogp.meta());
-    const Tensor gf = f32_output_for(glogp);
-    nll_backward(widen_half(g), target, gf);
-    return narrow_into(gf, glogp);
+    return in_f32(glogp, [&](const Tensor& gf) { nll_backward(widen_half(g), target, gf); });
   }
   check_float(glogp, "nll_loss_backward", "glogp");
-  MINIDL_CHECK(glogp.dim() == 2 && glogp.is_contiguous(), "nll_loss_backward (cpu): glogp must be a contiguous [N, C], got ",
-               glogp.meta());
-  const int64_t N = glogp.size(0);
-  common::check_class_target("cpu", target, N, "nll_loss_backward");
-  MINIDL_CHECK(g.dtype() == glogp.dtype() && g.numel() == N && g.dim() <= 1,
-               "nll_loss_backward (cpu): g must be [", N, "] of dtype ", dtype_name(glogp.dtype()), ", got ",
-               g.meta());
-  if (glogp.dtype() == DType::f32) {
-    nll_bwd<float>(g, target, glogp);
-  } else {
-    nll_bwd<double>(g, target, glogp);
-  }
+  common::check_nll_backward("cpu", g, target, glogp);
+  dispatch_wide(glogp.dtype(), "nll_loss_backward", [&](auto t) { nll_bwd<decltype(t)>(g, target, glogp); });
 }
 
 }  // namespace minidl::cpu

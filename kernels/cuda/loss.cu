@@ -122,13 +122,8 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
                                         const Tensor& losses, const Tensor& lse) {
   const char* op = "cross_entropy";
   check_cuda(op, {&logits, &target, &losses, &lse});
-  common::check_logits("cuda", logits, op);
+  common::check_cross_entropy_forward("cuda", logits, target, losses, lse);
   const int64_t N = logits.size(0), C = logits.size(1);
-  common::check_class_target("cuda", target, N, op);
-  MINIDL_CHECK(losses.dtype() == logits.dtype() && losses.dim() == 1 && losses.size(0) == N, op,
-               " (cuda): losses must be [", N, "] of the logits' dtype, got ", losses.meta());
-  MINIDL_CHECK(lse.dtype() == DType::f64 && lse.dim() == 1 && lse.size(0) == N && lse.is_contiguous(), op,
-               " (cuda): lse must be a contiguous f64 [", N, "], got ", lse.meta());
   if (N == 0) return;
   DeviceContext& ctx = context_of(logits);
   // The kernel checks the targets as it goes; reading its verdict is this op's one host sync (the
@@ -164,16 +159,8 @@ void CudaBackend::cross_entropy_backward(const Tensor& g, const Tensor& logits, 
                                          const Tensor& lse, double label_smoothing, const Tensor& glogits) {
   const char* op = "cross_entropy_backward";
   check_cuda(op, {&g, &logits, &target, &lse, &glogits});
-  common::check_logits("cuda", logits, op);
+  common::check_cross_entropy_backward("cuda", g, logits, target, lse, glogits);
   const int64_t N = logits.size(0), C = logits.size(1);
-  common::check_class_target("cuda", target, N, op);
-  MINIDL_CHECK(g.dtype() == logits.dtype() && g.numel() == N && g.dim() <= 1, op, " (cuda): g must be [", N,
-               "] of dtype ", dtype_name(logits.dtype()), ", got ", g.meta());
-  MINIDL_CHECK(lse.dtype() == DType::f64 && lse.numel() == N && lse.is_contiguous(), op,
-               " (cuda): lse must be the forward's contiguous f64 [", N, "], got ", lse.meta());
-  MINIDL_CHECK(glogits.dtype() == logits.dtype() && glogits.shape() == logits.shape() && glogits.is_contiguous(), op,
-               " (cuda): glogits ", glogits.meta(), " must be contiguous with the logits' shape and dtype ",
-               logits.meta());
   // No target check here (it would cost a host sync): the forward validated these targets, and a
   // bad one could only drop its one-hot term, never read out of bounds.
   if (N * C == 0) return;

@@ -208,12 +208,7 @@ void CudaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, con
     nll_forward(lpf, target, lf);
     return copy(lf, losses);
   }
-  MINIDL_CHECK(log_probs.dim() == 2 && log_probs.is_contiguous(),
-               "nll_loss (cuda): log_probs must be a contiguous [N, C], got ", log_probs.meta());
-  const int64_t N = log_probs.size(0), C = log_probs.size(1);
-  common::check_class_target("cuda", target, N, "nll_loss");
-  MINIDL_CHECK(losses.dtype() == log_probs.dtype() && losses.dim() == 1 && losses.size(0) == N,
-               "nll_loss (cuda): losses must be [", N, "] of the input's dtype, got ", losses.meta());
+  const int64_t N = common::check_nll_forward("cuda", log_probs, target, losses), C = log_probs.size(1);
   DeviceContext& ctx = context_of(log_probs);
   validate_targets(ctx, target, N, C, "cross_entropy/nll_loss");
   if (N == 0) return;
@@ -235,12 +230,7 @@ void CudaBackend::nll_backward(const Tensor& g, const Tensor& target, const Tens
     nll_backward(gf, target, glf);
     return copy(glf, glogp);
   }
-  MINIDL_CHECK(glogp.dim() == 2 && glogp.is_contiguous(),
-               "nll_loss_backward (cuda): glogp must be a contiguous [N, C], got ", glogp.meta());
-  const int64_t N = glogp.size(0), C = glogp.size(1);
-  common::check_class_target("cuda", target, N, "nll_loss_backward");
-  MINIDL_CHECK(g.dtype() == glogp.dtype() && g.numel() == N && g.dim() <= 1, "nll_loss_backward (cuda): g must be [",
-               N, "] of dtype ", dtype_name(glogp.dtype()), ", got ", g.meta());
+  const int64_t N = common::check_nll_backward("cuda", g, target, glogp), C = glogp.size(1);
   DeviceContext& ctx = context_of(glogp);
   validate_targets(ctx, target, N, C, "nll_loss backward");
   if (N * C == 0) return;
