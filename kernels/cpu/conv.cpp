@@ -336,9 +336,7 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, 
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
                                 const Tensor& y) {
   if (any_channels_last({&x, &w, &y})) {
-    const Tensor yc = empty(y.shape(), y.options());
-    conv2d_forward(x.contiguous(), w.contiguous(), bias, o, yc);
-    return copy(yc, y);
+    return in_nchw(y, [&](const Tensor& yc) { conv2d_forward(x.contiguous(), w.contiguous(), bias, o, yc); });
   }
   common::check_contiguous("cpu", "conv2d_forward", {&x, &w, &bias, &y});
   const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), o, "conv2d_forward");
@@ -351,9 +349,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) {
   if (any_channels_last({&gy, &w, &gx})) {
-    const Tensor gxc = empty(gx.shape(), gx.options());
-    conv2d_backward_input(gy.contiguous(), w.contiguous(), o, gxc);
-    return copy(gxc, gx);
+    return in_nchw(gx, [&](const Tensor& gxc) { conv2d_backward_input(gy.contiguous(), w.contiguous(), o, gxc); });
   }
   common::check_contiguous("cpu", "conv2d_backward_input", {&gy, &w, &gx});
   const ConvGeom g = make_geom(gx.shape(), w.shape(), gy.shape(), o, "conv2d_backward_input");
@@ -366,9 +362,7 @@ void CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const 
 
 void CpuBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {
   if (any_channels_last({&gy, &x, &gw})) {
-    const Tensor gwc = empty(gw.shape(), gw.options());
-    conv2d_backward_weight(gy.contiguous(), x.contiguous(), o, gwc);
-    return copy(gwc, gw);
+    return in_nchw(gw, [&](const Tensor& gwc) { conv2d_backward_weight(gy.contiguous(), x.contiguous(), o, gwc); });
   }
   common::check_contiguous("cpu", "conv2d_backward_weight", {&gy, &x, &gw});
   const ConvGeom g = make_geom(x.shape(), gw.shape(), gy.shape(), o, "conv2d_backward_weight");

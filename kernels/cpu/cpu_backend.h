@@ -36,5 +36,13 @@ inline bool any_channels_last(std::initializer_list<const Tensor*> ts) {
     if (t->defined() && prefers_channels_last(*t)) return true;
   return false;
 }
+// The channels-last path of such a call: run(c) computes into c, a contiguous NCHW tensor of out's
+// shape, which is then copied into out.
+template <typename Run>
+void in_nchw(const Tensor& out, Run&& run) {
+  const Tensor c = empty(out.shape(), out.options());
+  run(c);
+  cpu_backend().copy(c, out);
+}
 
 }  // namespace minidl::cpu

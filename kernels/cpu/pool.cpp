@@ -265,13 +265,11 @@ void avg_backward(const T* gy, const PoolGeom& g, bool include_pad, T* gx) {
   }
 }
 
-Tensor nchw(const Tensor& t) { return empty(t.shape(), t.options()); }
-
 }  // namespace
 
 void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
   if (any_channels_last({&x, &y, &indices})) {
-    const Tensor yc = nchw(y), ic = nchw(indices);
+    const Tensor yc = empty(y.shape(), y.options()), ic = empty(indices.shape(), indices.options());
     max_pool2d_forward(x.contiguous(), o, yc, ic);
     copy(yc, y);
     return copy(ic, indices);
@@ -294,9 +292,7 @@ void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
 void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
                                      const Tensor& gx) {
   if (any_channels_last({&gy, &indices, &gx})) {
-    const Tensor gxc = nchw(gx);
-    max_pool2d_backward(gy.contiguous(), indices.contiguous(), o, gxc);
-    return copy(gxc, gx);
+    return in_nchw(gx, [&](const Tensor& gxc) { max_pool2d_backward(gy.contiguous(), indices.contiguous(), o, gxc); });
   }
   common::check_contiguous("cpu", "max_pool2d_backward", {&gy, &indices, &gx});
   MINIDL_CHECK(gy.dim() == 4 && gx.dim() == 4 && indices.shape() == gy.shape() && indices.dtype() == DType::i64 &&
@@ -316,9 +312,7 @@ void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, co
 
 void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
   if (any_channels_last({&x, &y})) {
-    const Tensor yc = nchw(y);
-    avg_pool2d_forward(x.contiguous(), o, yc);
-    return copy(yc, y);
+    return in_nchw(y, [&](const Tensor& yc) { avg_pool2d_forward(x.contiguous(), o, yc); });
   }
   common::check_contiguous("cpu", "avg_pool2d_forward", {&x, &y});
   const PoolGeom g = common::pool_geom("cpu", x.shape(), y.shape(), o, "avg_pool2d_forward");
@@ -333,9 +327,7 @@ void CpuBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
 
 void CpuBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
   if (any_channels_last({&gy, &gx})) {
-    const Tensor gxc = nchw(gx);
-    avg_pool2d_backward(gy.contiguous(), o, gxc);
-    return copy(gxc, gx);
+    return in_nchw(gx, [&](const Tensor& gxc) { avg_pool2d_backward(gy.contiguous(), o, gxc); });
   }
   common::check_contiguous("cpu", "avg_pool2d_backward", {&gy, &gx});
   const PoolGeom g = common::pool_geom("cpu", gx.shape(), gy.shape(), o, "avg_pool2d_backward");

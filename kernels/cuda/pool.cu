@@ -247,16 +247,6 @@ __global__ void avg_bwd_kernel(const T* gy, Geom g, PoolDivs dv, T* gx) {
   }
 }
 
-template <typename F>
-void dispatch_pool(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::f16: f(__half{}); return;
-    default: MINIDL_FAIL(op, " (cuda): dtype ", dtype_name(t), " is not supported (f32, f64, f16)");
-  }
-}
-
 }  // namespace
 
 void set_pool_wide_index(bool on) { g_pool_wide = on; }
@@ -274,7 +264,7 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   const int64_t n = y.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(x);
-  dispatch_pool(x.dtype(), "max_pool2d_forward", [&](auto tag) {
+  dispatch_floating(x.dtype(), "max_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
     with_pool_width<T>(g, {x.data_ptr(), y.data_ptr(), indices.data_ptr()}, [&](auto vtag, const Geom& gv) {
       constexpr int V = decltype(vtag)::value;
@@ -299,7 +289,7 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, c
   const int64_t n = gx.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(gy);
-  dispatch_pool(gy.dtype(), "max_pool2d_backward", [&](auto tag) {
+  dispatch_floating(gy.dtype(), "max_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
     with_pool_width<T>(g, {gy.data_ptr(), gx.data_ptr(), indices.data_ptr()}, [&](auto vtag, const Geom& gv) {
       constexpr int V = decltype(vtag)::value;
@@ -318,7 +308,7 @@ void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   const int64_t n = y.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(x);
-  dispatch_pool(x.dtype(), "avg_pool2d_forward", [&](auto tag) {
+  dispatch_floating(x.dtype(), "avg_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH("avg_pool2d_forward", (avg_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
                   static_cast<const T*>(x.data_ptr()), g, pool_divs(g, g.oh, g.ow), static_cast<T*>(y.data_ptr()));
@@ -332,7 +322,7 @@ void CudaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, 
   const int64_t n = gx.numel();
   if (n == 0) return;
   DeviceContext& ctx = context_of(gy);
-  dispatch_pool(gy.dtype(), "avg_pool2d_backward", [&](auto tag) {
+  dispatch_floating(gy.dtype(), "avg_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
     MINIDL_LAUNCH("avg_pool2d_backward", (avg_bwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
                   static_cast<const T*>(gy.data_ptr()), g, pool_divs(g, g.h, g.w), static_cast<T*>(gx.data_ptr()));
