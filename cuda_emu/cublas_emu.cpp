@@ -203,6 +203,31 @@ bool bounds_intersect(const Matrix& a, const Matrix& b, int64_t batch) {
   return alo < bhi && blo < ahi;
 }
 
+// cublasGemmStridedBatchedEx's arguments that describe the shapes, checked as cuBLAS does (each
+// failure INVALID_VALUE, with the argument and the rule in the message).
+cublasStatus_t check_gemm_shape(const char* fn, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                                int k, int batchCount, int lda, int ldb, int ldc, const void* alpha,
+                                const void* beta) {
+  constexpr cublasStatus_t kInvalid = CUBLAS_STATUS_INVALID_VALUE;
+  for (auto [name, op] : {std::pair{"transa", raw_enum(transa)}, std::pair{"transb", raw_enum(transb)}})
+    if (op != CUBLAS_OP_N && op != CUBLAS_OP_T && op != CUBLAS_OP_C)
+      return fail(kInvalid, cat(fn, ": ", name, " = ", op, " is not CUBLAS_OP_N, _T or _C"));
+  for (auto [name, v] : {std::pair{"m", m}, std::pair{"n", n}, std::pair{"k", k}, std::pair{"batchCount", batchCount}})
+    if (v < 0) return fail(kInvalid, cat(fn, ": ", name, " = ", v, " is negative"));
+  // op(A) is m x k, op(B) k x n, C m x n; stored A is m x k for OP_N and k x m otherwise.
+  const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
+  if (lda < std::max(1, a_rows))
+    return fail(kInvalid, cat(fn, ": lda = ", lda, " < max(1, ", a_rows, "), the rows of A as stored (transa ",
+                              op_name(transa), ", m ", m, ", k ", k, ")"));
+  if (ldb < std::max(1, b_rows))
+    return fail(kInvalid, cat(fn, ": ldb = ", ldb, " < max(1, ", b_rows, "), the rows of B as stored (transb ",
+                              op_name(transb), ", k ", k, ", n ", n, ")"));
+  if (ldc < std::max(1, m)) return fail(kInvalid, cat(fn, ": ldc = ", ldc, " < max(1, m = ", m, ")"));
+  if (alpha == nullptr) return fail(kInvalid, cat(fn, ": alpha is NULL"));
+  if (beta == nullptr) return fail(kInvalid, cat(fn, ": beta is NULL"));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 int cublas_live_handles() { return handles().live_count(); }
@@ -312,22 +337,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   constexpr const char* fn = "cublasGemmStridedBatchedEx";
   constexpr cublasStatus_t kInvalid = CUBLAS_STATUS_INVALID_VALUE;
   if (cublasStatus_t st = check_handle(fn, handle); st != CUBLAS_STATUS_SUCCESS) return st;
-  for (auto [name, op] : {std::pair{"transa", raw_enum(transa)}, std::pair{"transb", raw_enum(transb)}})
-    if (op != CUBLAS_OP_N && op != CUBLAS_OP_T && op != CUBLAS_OP_C)
-      return fail(kInvalid, cat(fn, ": ", name, " = ", op, " is not CUBLAS_OP_N, _T or _C"));
-  for (auto [name, v] : {std::pair{"m", m}, std::pair{"n", n}, std::pair{"k", k}, std::pair{"batchCount", batchCount}})
-    if (v < 0) return fail(kInvalid, cat(fn, ": ", name, " = ", v, " is negative"));
+  if (cublasStatus_t st = check_gemm_shape(fn, transa, transb, m, n, k, batchCount, lda, ldb, ldc, alpha, beta);
+      st != CUBLAS_STATUS_SUCCESS)
+    return st;
   // op(A) is m x k, op(B) k x n, C m x n; stored A is m x k for OP_N and k x m otherwise.
   const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
-  if (lda < std::max(1, a_rows))
-    return fail(kInvalid, cat(fn, ": lda = ", lda, " < max(1, ", a_rows, "), the rows of A as stored (transa ",
-                              op_name(transa), ", m ", m, ", k ", k, ")"));
-  if (ldb < std::max(1, b_rows))
-    return fail(kInvalid, cat(fn, ": ldb = ", ldb, " < max(1, ", b_rows, "), the rows of B as stored (transb ",
-                              op_name(transb), ", k ", k, ", n ", n, ")"));
-  if (ldc < std::max(1, m)) return fail(kInvalid, cat(fn, ": ldc = ", ldc, " < max(1, m = ", m, ")"));
-  if (alpha == nullptr) return fail(kInvalid, cat(fn, ": alpha is NULL"));
-  if (beta == nullptr) return fail(kInvalid, cat(fn, ": beta is NULL"));
   ComputeRule rule{};
   if (!compute_rule(computeType, rule))
     return fail(kInvalid, cat(fn, ": computeType = ", static_cast<int>(computeType), " is not a cublasComputeType_t"));

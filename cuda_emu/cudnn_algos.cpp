@@ -1,4 +1,4 @@
-// The fake algorithm table of the emulated cuDNN (documented in docs/cuda_emu_libs.md). The
+// The fake algorithm table of the emulated cuDNN (documented in docs/cuda/emulated_libraries.md). The
 // support rules follow the limits cuDNN documents for the legacy algorithms (FFT needs unit stride
 // and dilation and NCHW, Winograd 3x3 or 5x5 filters, neither runs in f64, no DIRECT algorithm
 // exists); the workspace sizes and speeds are invented but fixed formulas. Below the table, the

@@ -1,4 +1,4 @@
-# The emulated CUDA device (docs/cuda.md): minidl_emu is minidl with kernels/cuda/*.cu compiled by
+# The emulated CUDA device (docs/cuda/emulator.md): minidl_emu is minidl with kernels/cuda/*.cu compiled by
 # the host compiler against the emulation layer (device_api.h and backend_hooks.h, force-included)
 # instead of nvcc,
 # the emulated runtime and kernel runner of this folder, and the cuBLAS / cuDNN stand-ins. Only
@@ -78,7 +78,7 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     endfunction()
     minidl_emu_library(minidl_emu ${_emu_sources})
 
-    # The profiling build of the kernels (docs/cuda.md, "Counters per launch"): GCC's ThreadSanitizer
+    # The profiling build of the kernels (docs/cuda/counters.md): GCC's ThreadSanitizer
     # instrumentation puts a call before every load and store; tsan_hooks.cpp defines those calls
     # (the TSan runtime is never linked) and reports device-memory accesses to the counters. It
     # cannot be combined with -fsanitize=address, so these kernels are not under ASan (the runtime

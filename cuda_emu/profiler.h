@@ -1,5 +1,5 @@
-// Nsight-Compute-style counters per kernel launch on the emulated device (docs/cuda.md, "Counters
-// per launch"): what a CUDA engineer reads first (sectors per request, shared-memory wavefronts,
+// Nsight-Compute-style counters per kernel launch on the emulated device (docs/cuda/counters.md):
+// what a CUDA engineer reads first (sectors per request, shared-memory wavefronts,
 // divergence), measured on the CPU so a kernel's memory efficiency is known without a GPU. Global
 // loads and stores are seen only in the profiling build of the kernels (target minidl_emu_prof);
 // in minidl_emu the global counters stay 0 and `global_counted` is false.

@@ -1,4 +1,4 @@
-// The cross-stream race check of the emulated device (docs/cuda.md, "Cross-stream races"): every
+// The cross-stream race check of the emulated device (docs/cuda/emulator.md, "Sticky faults and cross-stream races"): every
 // piece of stream work carries a vector clock (its stream's work so far, joined with what it was
 // made to wait for: events, the legacy default stream's implicit barriers, the host's
 // synchronizations) and the device bytes it read, wrote and updated atomically. Two pieces of work

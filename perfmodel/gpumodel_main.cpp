@@ -1,6 +1,6 @@
 // minidl-gpumodel (emulated device): runs a few training steps at small shapes with the emulated
 // device's counters on, extrapolates every launch to the requested shape and costs the step on a
-// modelled H100 (docs/cuda.md, "The step-time model"). minidl-gpumodel-cuda (the same source
+// modelled H100 (docs/cuda/perfmodel.md). minidl-gpumodel-cuda (the same source
 // against the real backend): times every launch of the same step with CUDA events and prints it
 // beside the modelled table (--measure; tools/gpu_check.sh's model phase). On the emulator,
 // --measure rehearses that path with the emulator's own (meaningless) times.
@@ -327,9 +327,8 @@ std::string spec_table(const H100Spec& s) {
 }
 #endif
 
-int run(int argc, char** argv) {
-  CLI::App app{"minidl-gpumodel: a training step's time on an H100, modelled from the emulated device's counters "
-               "(or, built against CUDA, measured per launch)"};
+// The program's flags, registered by add_flags.
+struct Options {
   std::string configs = "resnet50-amp";
   int64_t batch = 0, image = 0;
   std::string samples, validate, out, tsv, resources = MINIDL_KERNEL_RESOURCES_DIR, modelled_tsv, mode = "eager";
@@ -337,68 +336,78 @@ int run(int argc, char** argv) {
   bool measure_mode = false, trace = false;
   std::string cudnn_benchmark = "on";
   int steps = 3, warmup = 2;
-  app.add_option("--configs", configs,
+  std::string gpu = "h100";
+};
+
+void add_flags(CLI::App& app, Options& o) {
+  app.add_option("--configs", o.configs,
                  "comma-separated MODEL-PRECISION[-nhwc]: resnet50-amp, resnet50-fp32-nhwc, smallcnn-fp32, ...");
-  app.add_option("--batch", batch, "target batch (default: resnet50 256, smallcnn 64)");
-  app.add_option("--image", image, "target image side in pixels (default: resnet50 224, smallcnn 200)");
-  app.add_option("--samples", samples,
+  app.add_option("--batch", o.batch, "target batch (default: resnet50 256, smallcnn 64)");
+  app.add_option("--image", o.image, "target image side in pixels (default: resnet50 224, smallcnn 200)");
+  app.add_option("--samples", o.samples,
                  "the small sizes to run, BATCHxIMAGE,... (default: resnet50 2x64,3x64,2x96, fitting 1, N and "
                  "N*S^2, since every ResNet-50 counter is weights or activations; at 32 px its last stage is 1x1 "
                  "and the average pool takes another path; "
                  "smallcnn 2x16,3x16,2x24,3x24,2x32,3x32; "
                  "batch 1 takes other code paths, e.g. broadcasts)");
-  app.add_option("--validate", validate,
+  app.add_option("--validate", o.validate,
                  "held-out sizes predicted and compared (default: resnet50 4x64, smallcnn 4x24; "
                                          "'none' to skip)");
-  app.add_option("--mode", mode,
+  app.add_option("--mode", o.mode,
                  "eager, or graph: the step captured into a CUDA graph once per shape and replayed, each launch "
                  "at the graph's launch cost")->check(CLI::IsMember({"eager", "graph"}));
-  std::string gpu = "h100";
 #ifdef MINIDL_CUDA_EMU
-  app.add_option("--gpu", gpu,
+  app.add_option("--gpu", o.gpu,
                  "the modelled chip: h100 (H100 SXM, 3.35 TB/s of HBM3) or h200 (the same processor, 4.8 TB/s of "
                  "HBM3e); perfmodel/h100.h")
       ->check(CLI::IsMember({"h100", "h200"}))
       ->capture_default_str();
 #endif
-  app.add_option("--resources", resources, "folder of ptxas reports (the build's kernel_resources/)");
-  app.add_option("--out", out, "write the full markdown tables here");
-  app.add_option("--tsv", tsv, "write the per-kernel modelled times here (the calibration's input)");
-  app.add_option("--save-profiles", save_profiles, "keep every emulated step's counters in this file");
-  app.add_option("--load-profiles", load_profiles,
+  app.add_option("--resources", o.resources, "folder of ptxas reports (the build's kernel_resources/)");
+  app.add_option("--out", o.out, "write the full markdown tables here");
+  app.add_option("--tsv", o.tsv, "write the per-kernel modelled times here (the calibration's input)");
+  app.add_option("--save-profiles", o.save_profiles, "keep every emulated step's counters in this file");
+  app.add_option("--load-profiles", o.load_profiles,
                  "use the counters saved by --save-profiles instead of emulating the same sizes again");
-  app.add_flag("--trace", trace, "print every sample's launches and calls (stderr)");
-  app.add_flag("--measure", measure_mode, "time every launch of the step at the target size instead of modelling it");
-  app.add_option("--modelled", modelled_tsv, "with --measure: the model's TSV to compare with");
-  app.add_option("--steps", steps, "with --measure: timed steps (after the warm-up)");
-  app.add_option("--warmup", warmup, "with --measure: untimed steps first");
-  app.add_option("--cudnn-benchmark", cudnn_benchmark,
+  app.add_flag("--trace", o.trace, "print every sample's launches and calls (stderr)");
+  app.add_flag("--measure", o.measure_mode, "time every launch of the step at the target size instead of modelling it");
+  app.add_option("--modelled", o.modelled_tsv, "with --measure: the model's TSV to compare with");
+  app.add_option("--steps", o.steps, "with --measure: timed steps (after the warm-up)");
+  app.add_option("--warmup", o.warmup, "with --measure: untimed steps first");
+  app.add_option("--cudnn-benchmark", o.cudnn_benchmark,
                  "with --measure: on, cuDNN autotuning as the step runs of tools/gpu_check.sh and PyTorch's "
                  "cudnn.benchmark use it (the warm-up steps pay for it); off, cuDNN's heuristic choice")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"minidl-gpumodel: a training step's time on an H100, modelled from the emulated device's counters "
+               "(or, built against CUDA, measured per launch)"};
+  Options o;
+  add_flags(app, o);
   CLI11_PARSE(app, argc, argv);
 #ifdef MINIDL_CUDA_EMU
-  const H100Spec spec = gpu == "h200" ? h200_spec() : H100Spec{};
+  const H100Spec spec = o.gpu == "h200" ? h200_spec() : H100Spec{};
 #endif
 
   std::vector<std::string> names;
   {
-    std::istringstream is(configs);
+    std::istringstream is(o.configs);
     for (std::string t; std::getline(is, t, ',');)
       if (!t.empty()) names.push_back(t);
   }
   std::ostringstream md, summary, tsv_text;
 #ifdef MINIDL_CUDA_EMU
-  const std::vector<KernelResources> table = load_kernel_resources(resources);
-  if (!measure_mode && table.empty())
+  const std::vector<KernelResources> table = load_kernel_resources(o.resources);
+  if (!o.measure_mode && table.empty())
     std::fprintf(stderr, "minidl-gpumodel: no ptxas reports in '%s': occupancy assumes 32 registers (marked ?)\n",
-                 resources.c_str());
+                 o.resources.c_str());
   std::vector<Work> all_launches;
   ReportInfo base;
   base.date = today();
 #else
-  if (!measure_mode)
+  if (!o.measure_mode)
     throw UsageError("minidl-gpumodel-cuda only measures (--measure); the model runs on the emulated device "
                      "(minidl-gpumodel)");
 #endif
@@ -407,31 +416,31 @@ int run(int argc, char** argv) {
     // --mode graph models the step as a CUDA graph replays it: captured once per shape (with the
     // scaler's device state) and each profiled step a replay, every launch at the graph's cost.
     // --measure times the eager step's launches.
-    c.graph = mode == "graph" && !measure_mode;
+    c.graph = o.mode == "graph" && !o.measure_mode;
     const bool resnet = c.model == "resnet50";
-    const Size target{batch > 0 ? batch : (resnet ? 256 : 64), image > 0 ? image : (resnet ? 224 : 200)};
-    if (measure_mode) {
-      cuda::set_cudnn_benchmark(cudnn_benchmark == "on");
+    const Size target{o.batch > 0 ? o.batch : (resnet ? 256 : 64), o.image > 0 ? o.image : (resnet ? 224 : 200)};
+    if (o.measure_mode) {
+      cuda::set_cudnn_benchmark(o.cudnn_benchmark == "on");
       c.device_scaler = true;
-      const std::string m = measure(name, c, target, warmup, steps, modelled_tsv);
+      const std::string m = measure(name, c, target, o.warmup, o.steps, o.modelled_tsv);
       std::cout << m << "\n";
       md << m << "\n";
       continue;
     }
 #ifdef MINIDL_CUDA_EMU
     const std::vector<Size> s =
-        parse_sizes(!samples.empty() ? samples : resnet ? "2x64,3x64,2x96" : "2x16,3x16,2x24,3x24,2x32,3x32");
+        parse_sizes(!o.samples.empty() ? o.samples : resnet ? "2x64,3x64,2x96" : "2x16,3x16,2x24,3x24,2x32,3x32");
     const std::vector<Size> v =
-        validate == "none" ? std::vector<Size>{} : parse_sizes(!validate.empty() ? validate : resnet ? "4x64" : "4x24");
+        o.validate == "none" ? std::vector<Size>{} : parse_sizes(!o.validate.empty() ? o.validate : resnet ? "4x64" : "4x24");
     std::fprintf(stderr, "minidl-gpumodel: %s\n", name.c_str());
     std::vector<StepProfile> saved;
-    if (!load_profiles.empty()) {
-      std::ifstream in(load_profiles);
-      MINIDL_CHECK(in.good(), "gpumodel: cannot read ", load_profiles);
+    if (!o.load_profiles.empty()) {
+      std::ifstream in(o.load_profiles);
+      MINIDL_CHECK(in.good(), "gpumodel: cannot read ", o.load_profiles);
       saved = read_profiles(in, profile_label(name, c, target));
     }
-    const Modelled r = model(name, c, target, s, v, table, mode == "graph" ? LaunchMode::Graph : LaunchMode::Eager,
-                             base, trace, saved, save_profiles, spec);
+    const Modelled r = model(name, c, target, s, v, table, o.mode == "graph" ? LaunchMode::Graph : LaunchMode::Eager,
+                             base, o.trace, saved, o.save_profiles, spec);
     md << r.markdown << "\n";
     summary << r.summary << "\n";
     tsv_text << r.tsv;
@@ -439,28 +448,28 @@ int run(int argc, char** argv) {
 #endif
   }
 #ifdef MINIDL_CUDA_EMU
-  if (!measure_mode) {
+  if (!o.measure_mode) {
     std::ostringstream doc;
-    doc << "# " << (gpu == "h200" ? "H200" : "H100") << " step-time model (modelled: no GPU ran any of this), "
+    doc << "# " << (o.gpu == "h200" ? "H200" : "H100") << " step-time model (modelled: no GPU ran any of this), "
         << base.date << "\n\n"
         << "Every time, rate and byte count below is **modelled** from the emulated device's per-launch counters "
-           "(docs/cuda.md, \"The step-time model\"), launch cost " << mode << ".\n\n"
+           "(docs/cuda/perfmodel.md), launch cost " << o.mode << ".\n\n"
         << "## The modelled " << spec.name << " (perfmodel/h100.h)\n\n" << spec_table(spec) << "\n"
         << "## Steps\n\n" << md.str()
         << "## ptxas resources (sm_90) and theoretical occupancy at each launch configuration\n\n"
         << resource_table(table, all_launches, spec);
-    if (!out.empty()) std::ofstream(out) << doc.str();
+    if (!o.out.empty()) std::ofstream(o.out) << doc.str();
     // The first line labels the table (calibrate.cpp's reader keeps only rows of its configuration).
-    if (!tsv.empty())
-      std::ofstream(tsv) << "# modelled, not measured: per-kernel step times of the " << spec.name
+    if (!o.tsv.empty())
+      std::ofstream(o.tsv) << "# modelled, not measured: per-kernel step times of the " << spec.name
                          << " from the step-time model on the emulated device (no GPU ran any of this), "
-                         << base.date << ", launch cost " << mode << "\n"
+                         << base.date << ", launch cost " << o.mode << "\n"
                          << tsv_text.str();
     std::cout << summary.str();
     return 0;
   }
 #endif
-  if (!out.empty()) std::ofstream(out) << md.str();
+  if (!o.out.empty()) std::ofstream(o.out) << md.str();
   return 0;
 }
 

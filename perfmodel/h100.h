@@ -37,9 +37,9 @@ struct H100Spec {
   double cudnn_efficiency = 0.60;    // assumption: cuDNN convolutions at 60% of the math's dense peak
   double cublas_efficiency = 0.70;   // assumption: cuBLAS GEMMs at 70% of the math's dense peak
   // Measured: cuDNN's f16 convolutions on NCHW tensors take this many times what the same calls take
-  // channels-last. An H200 (the H100's SMs, faster memory), gated launch timing at ab67ceb, ResNet-50
+  // channels-last. An H200 (the H100's SMs, faster memory), gated launch timing, ResNet-50
   // AMP batch 256, autotuned: 158 calls, 29.45 ms NCHW against 14.37 ms channels-last (forward 2.01x,
-  // backward data 2.00x, backward filter 2.14x; bench/results/gpu_check_2026-11-26_ab67ceb.md). The
+  // backward data 2.00x, backward filter 2.14x; lab/results/bench/gpu_check_2026-11-26_ab67ceb.md). The
   // channels-last calls measured within 3-12% of cudnn_efficiency's figure, so the efficiency prices
   // cuDNN's NHWC tensor-core kernels and this factor the NCHW ones (which rearrange their operands).
   // f32 and f64 convolutions were not measured either way: they keep the plain efficiency.

@@ -25,7 +25,12 @@ MINIDL_PACKAGES=(
   libboost-context-dev
   clang
   libclang-rt-dev
+  python3
+  python3-pip
 )
+# From PyPI (pure Python, installed into .tools/, which git ignores): lizard, which the function
+# length check of the tests (tests/tools/function_length_test.sh) runs.
+MINIDL_PYPI_LIZARD=lizard==1.24.3
 # Only for regenerating the golden files (tools/make_golden*.py); never for building or testing.
 # Pillow: the e2e golden's decoding and resizes, and the article augmentation's golden.
 MINIDL_GOLDEN_PACKAGES=(
@@ -72,12 +77,28 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
   exit 0
 fi
 
+# lizard into .tools/lizard unless it is there; after the Debian packages (pip comes with them).
+install_lizard() {
+  local root target
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  target=$root/.tools/lizard
+  PYTHONPATH=$target python3 -c 'import lizard' 2> /dev/null && return 0
+  echo "install_deps: installing $MINIDL_PYPI_LIZARD from PyPI into .tools/lizard" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --target "$target" \
+    "$MINIDL_PYPI_LIZARD" 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
+  PYTHONPATH=$target python3 -c 'import lizard' 2> /dev/null ||
+    { echo "install_deps: could not install $MINIDL_PYPI_LIZARD (python3 -m pip install --target $target)" >&2; return 1; }
+}
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null || true)
   [[ $status == ii* ]] || missing+=("$p")
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ ${#missing[@]} -eq 0 ]]; then
+  install_lizard
+  exit 0
+fi
 
 if [[ $(id -u) -ne 0 ]]; then
   echo "install_deps: missing Debian packages: ${missing[*]}" >&2
@@ -89,3 +110,4 @@ fi
 echo "install_deps: installing missing Debian packages: ${missing[*]}" >&2
 apt-get update
 DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+install_lizard

@@ -1,5 +1,5 @@
-// The counters of cuda_emu/profiler.h on planted kernels whose answers are known by hand (docs/cuda.md,
-// "Counters per launch"): a coalesced f32 copy (4 sectors per request), a stride-2 read (8), a
+// The counters of cuda_emu/profiler.h on planted kernels whose answers are known by hand
+// (docs/cuda/counters.md): a coalesced f32 copy (4 sectors per request), a stride-2 read (8), a
 // float4 copy (16), a naive transpose (32 on the store side), a 32x32 shared tile read by column
 // (32 wavefronts per request) and padded to 33 (1), atomics, barriers and divergent lanes. Built
 // like the kernels of minidl_emu_prof (ThreadSanitizer instrumentation, tsan_hooks.cpp), linked

@@ -19,7 +19,7 @@ if(MINIDL_WITH_EMU)
   gtest_discover_tests(emu_prof TEST_PREFIX "emu_prof." PROPERTIES LABELS "cuda-emu" DISCOVERY_TIMEOUT 120)
 endif()
 
-# The race check of docs/cuda.md in every run: the kernel and optimizer suites again with the
+# The race check of docs/cuda/emulator.md in every run: the kernel and optimizer suites again with the
 # fibers between barriers in another (seeded) order; deterministic kernels must not notice. These
 # runs also use the immediate stream mode (work runs when queued), the other valid stream schedule
 # (every other cuda-emu test defers stream work to the synchronization points).

@@ -1,6 +1,6 @@
 // The CUDA convolutions' per-shape plans (kernels/cuda/conv.cu): cuDNN is asked which algorithms to
 // run, and how much workspace each needs, once per shape, in both algorithm modes. The first GPU run
-// (bench/results/gpu_check_2026-11-26_bbe331e.md) found a ResNet-50 AMP step spending over a second
+// (lab/results/bench/gpu_check_2026-11-26_bbe331e.md) found a ResNet-50 AMP step spending over a second
 // of host time in those queries, asked again on every call. And the deterministic mode
 // (set_cudnn_deterministic, as torch.backends.cudnn.deterministic) runs no algorithm that adds with
 // atomics, so the same step gives the same bits. kernels_cuda_emu counts the emulated cuDNN's
