@@ -1,11 +1,17 @@
-// kernels/common: the host-side checks and geometry both backends call. Each message names the
-// backend it was asked for, and the layouts accepted are exactly the ones the caller allows.
+// kernels/common: the host-side checks, geometry, dtype dispatch and scalar formulas both backends
+// call. Each message names the backend it was asked for, and the layouts accepted are exactly the
+// ones the caller allows.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
 
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "kernels/common/checks.h"
+#include "kernels/common/dispatch.h"
+#include "kernels/common/scalar_ops.h"
 #include "tests/support/error_of.h"
 
 namespace minidl {
@@ -62,6 +68,55 @@ TEST(KernelsCommon, PoolGeomAndTargetChecksNameTheBackend) {
   EXPECT_NO_THROW(common::check_contiguous("cpu", "conv2d_forward", {&target, &undefined}));
   EXPECT_THAT(error_of([&] { common::check_contiguous("cuda", "conv2d", {&target, &strided}); }),
               HasSubstr("conv2d (cuda): kernel expects contiguous tensors"));
+}
+
+// A stand-in for a backend's f16 type: the dispatch only needs to name it.
+struct FakeHalf {
+  unsigned short bits;
+};
+
+TEST(KernelsCommon, DispatchTakesEachFamilysDtypes) {
+  constexpr common::Dispatch<FakeHalf, common::DTypeFamily::Arith> arith{"cuda"};
+  constexpr common::Dispatch<void, common::DTypeFamily::Floating> wide{"cpu"};
+  constexpr common::Dispatch<FakeHalf, common::DTypeFamily::All> all{"cpu"};
+  size_t size = 0;
+  auto record = [&](auto t) { size = sizeof(t); };
+  arith(DType::f16, "add", record);
+  EXPECT_EQ(size, sizeof(FakeHalf));
+  arith(DType::i64, "add", record);
+  EXPECT_EQ(size, 8u);
+  all(DType::boolean, "copy", record);
+  EXPECT_EQ(size, sizeof(bool));
+  wide(DType::f64, "matmul", record);
+  EXPECT_EQ(size, 8u);
+  EXPECT_THAT(error_of([&] { arith(DType::u8, "add", record); }),
+              HasSubstr("add (cuda): needs a numeric tensor (f32, f64, f16, i32 or i64), got u8"));
+  EXPECT_THAT(error_of([&] { wide(DType::f16, "matmul", record); }),
+              HasSubstr("matmul (cpu): needs a floating tensor (f32 or f64), got f16"));
+}
+
+TEST(KernelsCommon, BinaryFormulasPropagateNaNAndCompare) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(common::apply_arith<float>(BinaryOp::Maximum, nan, 1.0f, 1.0f)));
+  EXPECT_TRUE(std::isnan(common::apply_arith<float>(BinaryOp::Minimum, 1.0f, nan, 1.0f)));
+  EXPECT_EQ(common::apply_arith<int64_t>(BinaryOp::Maximum, 3, 5, 1), 5);
+  EXPECT_EQ(common::apply_arith<double>(BinaryOp::Sub, 1.0, 2.0, 0.5), 0.0);
+  EXPECT_EQ(common::apply_arith<float>(BinaryOp::ReluGrad, 2.0f, -1.0f, 1.0f), 0.0f);
+  EXPECT_TRUE(common::apply_compare<int32_t>(BinaryOp::Le, 2, 2));
+  EXPECT_FALSE(common::apply_compare<float>(BinaryOp::Eq, nan, nan));
+}
+
+TEST(KernelsCommon, LossChecksNameTheBackendAndOperand) {
+  const Tensor logits = zeros({2, 3}), target = zeros({2}, {DType::i64}), lse = zeros({2}, {DType::f64});
+  EXPECT_EQ(common::check_nll_forward("cpu", logits, target, zeros({2})), 2);
+  EXPECT_THAT(error_of([&] { common::check_nll_backward("cuda", zeros({3}), target, logits); }),
+              HasSubstr("nll_loss_backward (cuda): g must be [2]"));
+  EXPECT_THAT(error_of([&] { common::check_cross_entropy_forward("cpu", logits, target, zeros({2}), zeros({2})); }),
+              HasSubstr("cross_entropy (cpu): lse must be a contiguous f64 [2]"));
+  EXPECT_THAT(error_of([&] {
+                common::check_cross_entropy_backward("cuda", zeros({2}), logits, target, lse, zeros({3, 2}));
+              }),
+              HasSubstr("cross_entropy_backward (cuda): glogits"));
 }
 
 }  // namespace
