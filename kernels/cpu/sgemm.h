@@ -1,4 +1,4 @@
-// minidl's own single-precision GEMM for CPUs with AVX-512 (issue 28). Eigen's product kernel
+// minidl's own single-precision GEMM for CPUs with AVX-512. Eigen's product kernel
 // (mr 48 x nr 4: 12 accumulators, 7 loads per 12 FMAs) reached about 72% of the FMA peak inside
 // the ResNet convolutions on the Zen 5 development machine, and the convolutions' GEMMs are half
 // of a ResNet step. This one is the classic five-loop, packed design (Goto, BLIS) with an

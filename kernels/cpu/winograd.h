@@ -1,4 +1,4 @@
-// Winograd F(2x2, 3x3) for the CPU convolution's 3x3 stride-1 layers (issue 28). Under im2col the
+// Winograd F(2x2, 3x3) for the CPU convolution's 3x3 stride-1 layers. Under im2col the
 // GEMM already runs at 75-90% of the FMA peak inside ResNet's convolutions, so no GEMM tuning could
 // win more than a few percent there, while 3x3 stride-1 convolutions are most of a ResNet's
 // arithmetic (about 80% of ResNet-18's, 45% of ResNet-50's). Winograd's minimal filtering computes

@@ -148,7 +148,7 @@ __device__ __forceinline__ void walk(const Geo& g, int64_t c0, F&& f) {
 // one: an 8-byte row access (batch_norm_rows_bytes) with one load in flight leaves 16 KB a fully
 // occupied SM waiting on memory, about half of what HBM's latency asks for (Little's law), and the
 // H200 measured these kernels at 35-69% of its bandwidth against 79% for the two-operand
-// binary_vec_kernel (gpu_check_2026-11-26_ab67ceb.md). The positions are used in walk()'s order,
+// binary_vec_kernel (lab/results/bench/gpu_check_2026-11-26_ab67ceb.md). The positions are used in walk()'s order,
 // so every sum adds the same values in the same order: the same bits. The planar walk (and U = 1)
 // is walk().
 constexpr int kUnroll = 4;   // the statistics, the apply and the backward's pass 2 (pass 1: see there)
@@ -290,7 +290,7 @@ __host__ __device__ inline int64_t shift_index(const Geo& g, int64_t c) { return
 // partials serially was latency-bound (the step-time model's "latency" rows); a warp per channel
 // still was with channels-last grids, whose channels have up to 2048 partials each (every channel
 // of a tile gets all of the tile's G blocks): the six finalize kernels took 2.3 ms of a ResNet-50
-// AMP step at batch 256 on an H100 (0b0d306), 0.6 ms in NCHW. finalize_lanes() picks P. Valid in
+// AMP step at batch 256 on an H100, 0.6 ms in NCHW. finalize_lanes() picks P. Valid in
 // lane 0 of the channel's lanes.
 template <int P, typename SharedT>
 __device__ __forceinline__ void channel_totals(const Geo& g, const double* part, int64_t c, double& s, double& q,

@@ -44,7 +44,7 @@ class CudaSegmentSource final : public SegmentSource {
   }
   void synchronize() override { MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 #ifdef MINIDL_CUDA_EMU
-  // The emulated device's ASan build poisons what no tensor owns (kernels/cuda/emu/runtime_state.h).
+  // The emulated device's ASan build poisons what no tensor owns (cuda_emu/runtime_state.h).
   // A graph's blocks are marked by the captured step (each replay marks them again, in its order);
   // an eager block freed or handed out during a capture is marked in the stream's eager order, not
   // by every replay (a replay must not poison memory an eager tensor holds by then).

@@ -187,7 +187,8 @@ size_t workspace_size(cudnnHandle_t h, const Descriptors& d, Dir dir, const Cand
 // cuDNN's Find runs each algorithm once; an algorithm's first run in a process also loads its
 // kernels (CUDA's lazy module loading), so one trial ranks by load time as much as by speed: the
 // same graphed step ran at 5237 images/s in one process on an H200 and 6020-6031 in seven others
-// (lab/results/bench/gpu_check_2026-11-26_5fe0802.md, _ab67ceb.md, gpu_repeat_2026-11-26_ab67ceb.md).
+// (lab/results/bench/gpu_check_2026-11-26_5fe0802.md, lab/results/bench/gpu_check_2026-11-26_ab67ceb.md,
+// lab/results/bench/gpu_repeat_2026-11-26_ab67ceb.md).
 // Find runs cudnn_find_trials() times (runtime.h; default 1: two changed nothing measurable in six
 // processes) and each algorithm keeps its fastest time.
 // out_bytes > 0: out holds data the call adds to (beta = 1), so Find, which writes its trials'

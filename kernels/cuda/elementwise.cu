@@ -143,7 +143,7 @@ __global__ void binary_scalar_vec_kernel(BinaryOp op, T* out, const T* a, const 
 // backward, out [N][H][W][C] from g[N][C]) or a per-channel bias. A thread takes V elements of
 // that dim: one offset calculation per vector, 16-byte accesses where the stride is 1 and one
 // value where it is 0. binary_strided_kernel there did 64-bit divisions per element (210 µs for
-// the pool's backward at ResNet-50's batch 256 on an H100, 0b0d306). inner_vec_ok() decides.
+// the pool's backward at ResNet-50's batch 256 on an H100). inner_vec_ok() decides.
 template <typename T>
 __global__ void binary_inner_vec_kernel(BinaryOp op, T* out, const T* a, const T* b, OffsetCalc<3> oc, int64_t nv,
                                         bool a_vec, bool b_vec, double alpha) {

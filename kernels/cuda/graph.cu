@@ -1,4 +1,4 @@
-// CUDA graphs for a whole training step (issue 27 item 3): the step's launches are captured once on
+// CUDA graphs for a whole training step: the step's launches are captured once on
 // the device's stream and replayed with one cudaGraphLaunch, so a step of a few hundred small
 // kernels no longer pays a host launch for each. Memory the step allocates during the capture comes
 // from a private pool of the caching allocator, which no eager allocation reuses while the graph lives.

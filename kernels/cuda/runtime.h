@@ -79,7 +79,7 @@ bool pool_wide_index();
 // (the same bits); default on.
 void set_vector_pool(bool on);
 bool vector_pool();
-// The step-time model (bench/gpumodel) profiles a step at small sizes on the emulated device and
+// The step-time model (perfmodel/) profiles a step at small sizes on the emulated device and
 // extrapolates its counters to the target size. A launch whose grid a host heuristic sizes from
 // the work (the batch-norm reductions' blocks per channel, capped by the vectors each thread
 // walks) would be planned for the small size, and its block count, which no polynomial in the

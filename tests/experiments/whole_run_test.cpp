@@ -46,19 +46,24 @@ TEST(WholeRun, SyntheticDataWithRecomputation) {
   testing::expect_answer_trains(c);
 }
 
-TEST(WholeRun, PhotoFolder) {
-  if (!std::filesystem::exists(photos())) GTEST_SKIP() << "no photos at " << photos() << " (../shared/data)";
-  TrainConfig c = small_cnn("4MiB");
-  c.data = photos().string();
-  c.split = "48,4,4";
-  testing::expect_answer_trains(c);
-}
+// The shared photos (../shared/data/catsdogs) decoded by the loader; skipped where they are absent.
+class WholeRunPhotos : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(photos())) GTEST_SKIP() << "no photos at " << photos() << " (../shared/data)";
+  }
+  static TrainConfig photo_cnn(const std::string& budget, const std::string& split) {
+    TrainConfig c = small_cnn(budget);
+    c.data = photos().string();
+    c.split = split;
+    return c;
+  }
+};
 
-TEST(WholeRun, PhotoFolderWithAmpAndRecomputation) {
-  if (!std::filesystem::exists(photos())) GTEST_SKIP() << "no photos at " << photos() << " (../shared/data)";
-  TrainConfig c = small_cnn("110MiB");
-  c.data = photos().string();
-  c.split = "40,4,4";
+TEST_F(WholeRunPhotos, SmallCnn) { testing::expect_answer_trains(photo_cnn("4MiB", "48,4,4")); }
+
+TEST_F(WholeRunPhotos, WithAmpAndRecomputation) {
+  TrainConfig c = photo_cnn("110MiB", "40,4,4");
   c.model = "resnet18-small";
   c.amp = true;
   c.checkpoint = "stages";
@@ -67,11 +72,8 @@ TEST(WholeRun, PhotoFolderWithAmpAndRecomputation) {
 
 // With loader workers the answer counts the loader's whole queue: the run at the answer trains
 // (whether the queue is full at the step's peak or not).
-TEST(WholeRun, PhotoFolderWithLoaderWorkersHoldsItsQueue) {
-  if (!std::filesystem::exists(photos())) GTEST_SKIP() << "no photos at " << photos() << " (../shared/data)";
-  TrainConfig c = small_cnn("4MiB");
-  c.data = photos().string();
-  c.split = "48,4,4";
+TEST_F(WholeRunPhotos, WithLoaderWorkersTheAnswerHoldsTheQueue) {
+  TrainConfig c = photo_cnn("4MiB", "48,4,4");
   c.workers = 2;
   EXPECT_EQ(run_footprint(c, Device::cpu(), 16).batches_held, 6);
   MaxBatchOptions o;

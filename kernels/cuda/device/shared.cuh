@@ -2,7 +2,7 @@
 // name, N) is exactly `__shared__ T name[N]`, MINIDL_SHARED_VAR(T, name) `__shared__ T name`, and
 // dynamic_shared<T>() the `extern __shared__` array: the generated code is that of the plain
 // declarations. In the emulated build they are checked views of the running block's shared arena
-// (emu/shared_memory.h): a read of a byte no thread of the block wrote, or an access outside the
+// (cuda_emu/shared_memory.h): a read of a byte no thread of the block wrote, or an access outside the
 // array, fails the kernel. Pass shared arrays to device functions as a template parameter (`P
 // scratch`, see block_sum in common.cuh), not as T*.
 #pragma once
