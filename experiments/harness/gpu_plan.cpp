@@ -53,7 +53,12 @@ GpuSpec parse_gpu(const std::string& s) {
 
 int64_t plan_budget(const TrainConfig& c) {
   const GpuSpec g = parse_gpu(c.gpu);
-  const Device d = Device::parse(c.device);
+  Device d;
+  try {
+    d = Device::parse(c.device);
+  } catch (const Error&) {
+    throw UsageError("--device '" + c.device + "': expected cuda (or cuda:N) with --gpu");
+  }
   if (!d.is_cuda())
     throw UsageError("--gpu " + c.gpu + " plans for a GPU: add --device cuda (got --device " + c.device + ")");
   const int64_t usable = g.total_bytes - kCudaContextBytes;

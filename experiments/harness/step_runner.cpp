@@ -51,6 +51,7 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
     try {
       resident_ = empty({footprint_.resident_bytes}, {DType::u8, device_, false});
     } catch (const OutOfMemoryError&) {
+      if (budget_ > 0) set_memory_budget(device_, 0);   // no destructor runs for a constructor that throws
       throw UsageError("--memory-budget " + format_bytes(static_cast<size_t>(budget_)) + " cannot hold the run's " +
                        "in-memory data set (" + format_bytes(static_cast<size_t>(footprint_.resident_bytes)) +
                        ") beside " + c.model + "'s weights: give a larger budget, or a smaller --split");
