@@ -10,44 +10,14 @@
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/ops.h"
+#include "nn/generator_draws.h"
 
 namespace minidl::nn {
 namespace {
 
-// One generator's state before fn's first draw from it.
-struct GeneratorState {
-  Generator* gen = nullptr;
-  uint64_t seed = 0;
-  uint64_t offset = 0;
-};
-
-// Records, while alive, the state of every generator fn draws from on this thread (its first
-// reserve), on top of the default generator's state at the start. Chains to an outer observer
-// (a checkpoint inside a checkpoint's rerun).
-class DrawRecorder {
- public:
-  DrawRecorder() {
-    states_.push_back({&default_generator(), default_generator().seed(), default_generator().offset()});
-    prev_ = set_reserve_observer([this](Generator& g, uint64_t start) {
-      note(g, start);
-      if (prev_) prev_(g, start);
-    });
-  }
-  ~DrawRecorder() { set_reserve_observer(std::move(prev_)); }
-  DrawRecorder(const DrawRecorder&) = delete;
-  DrawRecorder& operator=(const DrawRecorder&) = delete;
-  const std::vector<GeneratorState>& states() const { return states_; }
-
- private:
-  void note(Generator& g, uint64_t start) {
-    for (const GeneratorState& s : states_) {
-      if (s.gen == &g) return;
-    }
-    states_.push_back({&g, g.seed(), start});
-  }
-  std::vector<GeneratorState> states_;
-  ReserveObserver prev_;
-};
+using detail::DrawRecorder;
+using detail::GeneratorState;
+using detail::set_generator_state;
 
 // Puts every recorded generator at its recorded state for its lifetime, then back where it was.
 class GeneratorReplay {
@@ -55,20 +25,16 @@ class GeneratorReplay {
   explicit GeneratorReplay(const std::vector<GeneratorState>& states) {
     for (const GeneratorState& s : states) {
       prev_.push_back({s.gen, s.gen->seed(), s.gen->offset()});
-      set(s);
+      set_generator_state(s);
     }
   }
   ~GeneratorReplay() {
-    for (size_t i = prev_.size(); i-- > 0;) set(prev_[i]);
+    for (size_t i = prev_.size(); i-- > 0;) set_generator_state(prev_[i]);
   }
   GeneratorReplay(const GeneratorReplay&) = delete;
   GeneratorReplay& operator=(const GeneratorReplay&) = delete;
 
  private:
-  static void set(const GeneratorState& s) {
-    if (s.gen->seed() != s.seed) s.gen->manual_seed(s.seed);  // manual_seed resets the offset
-    s.gen->set_offset(s.offset);
-  }
   std::vector<GeneratorState> prev_;
 };
 

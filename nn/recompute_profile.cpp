@@ -13,6 +13,7 @@
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/ops.h"
+#include "nn/generator_draws.h"
 
 namespace minidl::nn {
 namespace {
@@ -21,32 +22,16 @@ namespace {
 // to its state at the first draw.
 class GeneratorRestorer {
  public:
-  GeneratorRestorer() {
-    states_.push_back({&default_generator(), default_generator().seed(), default_generator().offset()});
-    prev_ = set_reserve_observer([this](Generator& g, uint64_t start) {
-      if (std::none_of(states_.begin(), states_.end(), [&](const State& s) { return s.gen == &g; })) {
-        states_.push_back({&g, g.seed(), start});
-      }
-      if (prev_) prev_(g, start);
-    });
-  }
+  GeneratorRestorer() = default;
   ~GeneratorRestorer() {
-    set_reserve_observer(std::move(prev_));
-    for (const State& s : states_) {
-      if (s.gen->seed() != s.seed) s.gen->manual_seed(s.seed);
-      s.gen->set_offset(s.offset);
-    }
+    recorder_.stop();
+    for (const detail::GeneratorState& s : recorder_.states()) detail::set_generator_state(s);
   }
   GeneratorRestorer(const GeneratorRestorer&) = delete;
   GeneratorRestorer& operator=(const GeneratorRestorer&) = delete;
 
  private:
-  struct State {
-    Generator* gen;
-    uint64_t seed, offset;
-  };
-  std::vector<State> states_;
-  ReserveObserver prev_;
+  detail::DrawRecorder recorder_;
 };
 
 // Takes the parameters' .grad away for its lifetime (so the profile's backwards do not add to
