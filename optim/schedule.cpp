@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numbers>
 #include <system_error>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -43,21 +44,14 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return parts;
 }
 
-int64_t parse_int(const std::string& text, const std::string& spec, const char* what) {
-  int64_t v = 0;
+// A whole integer or floating-point field of the spec; `what` names it in the error.
+template <class T>
+T parse_number(const std::string& text, const std::string& spec, const char* what) {
+  T v{};
   const char* end = text.data() + text.size();
   const auto res = std::from_chars(text.data(), end, v);
   MINIDL_CHECK(!text.empty() && res.ec == std::errc() && res.ptr == end, "parse_schedule: in '", spec, "', ",
-               what, " '", text, "' is not an integer");
-  return v;
-}
-
-double parse_double(const std::string& text, const std::string& spec, const char* what) {
-  double v = 0.0;
-  const char* end = text.data() + text.size();
-  const auto res = std::from_chars(text.data(), end, v);
-  MINIDL_CHECK(!text.empty() && res.ec == std::errc() && res.ptr == end, "parse_schedule: in '", spec, "', ",
-               what, " '", text, "' is not a number");
+               what, " '", text, "' is not ", std::is_integral_v<T> ? "an integer" : "a number");
   return v;
 }
 
@@ -76,20 +70,22 @@ std::unique_ptr<LrSchedule> parse_base(const std::string& part, const std::strin
   }
   if (name == "step") {
     MINIDL_CHECK(f.size() == 3, "parse_schedule: in '", spec, "', 'step' needs step:STEP_SIZE:GAMMA (e.g. step:30:0.1)");
-    return std::make_unique<StepSchedule>(parse_int(f[1], spec, "the step size"),
-                                          parse_double(f[2], spec, "gamma"));
+    return std::make_unique<StepSchedule>(parse_number<int64_t>(f[1], spec, "the step size"),
+                                          parse_number<double>(f[2], spec, "gamma"));
   }
   if (name == "multistep") {
     MINIDL_CHECK(f.size() == 3, "parse_schedule: in '", spec,
                  "', 'multistep' needs multistep:M1,M2,...:GAMMA (e.g. multistep:30,60,90:0.1)");
     std::vector<int64_t> milestones;
-    for (const std::string& m : split(f[1], ',')) milestones.push_back(parse_int(m, spec, "the milestone"));
-    return std::make_unique<MultiStepSchedule>(std::move(milestones), parse_double(f[2], spec, "gamma"));
+    for (const std::string& m : split(f[1], ',')) {
+      milestones.push_back(parse_number<int64_t>(m, spec, "the milestone"));
+    }
+    return std::make_unique<MultiStepSchedule>(std::move(milestones), parse_number<double>(f[2], spec, "gamma"));
   }
   if (name == "cosine") {
     MINIDL_CHECK(f.size() <= 2, "parse_schedule: in '", spec,
                  "', 'cosine' takes at most one argument: cosine[:ETA_MIN_RATIO] (e.g. cosine:0.01)");
-    const double ratio = f.size() == 2 ? parse_double(f[1], spec, "the eta_min ratio") : 0.0;
+    const double ratio = f.size() == 2 ? parse_number<double>(f[1], spec, "the eta_min ratio") : 0.0;
     MINIDL_CHECK(steps >= 1, "parse_schedule: '", spec, "' has a cosine spanning ", steps,
                  " steps (the run's total steps minus any warmup); make the run longer or the warmup shorter");
     return std::make_unique<CosineSchedule>(steps, ratio);
@@ -200,9 +196,9 @@ std::unique_ptr<LrSchedule> parse_schedule(const std::string& spec, int64_t tota
   const std::vector<std::string> w = split(spec.substr(0, plus), ':');
   MINIDL_CHECK(w[0] == "warmup" && (w.size() == 2 || w.size() == 3), "parse_schedule: in '", spec,
                "', the part before '+' must be warmup:W or warmup:W:START_FACTOR; ", kGrammar);
-  const int64_t warmup = parse_int(w[1], spec, "the warmup length");
+  const int64_t warmup = parse_number<int64_t>(w[1], spec, "the warmup length");
   MINIDL_CHECK(warmup >= 0, "parse_schedule: in '", spec, "', the warmup length ", warmup, " must be >= 0");
-  const double start = w.size() == 3 ? parse_double(w[2], spec, "the warmup start factor")
+  const double start = w.size() == 3 ? parse_number<double>(w[2], spec, "the warmup start factor")
                                      : LinearWarmupSchedule::kDefaultStartFactor;
   const std::string rest = spec.substr(plus + 1);
   MINIDL_CHECK(rest.find('+') == std::string::npos, "parse_schedule: '", spec,
