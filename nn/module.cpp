@@ -47,6 +47,14 @@ std::string join_name(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
 
+// The tensors of a named list, in its order.
+std::vector<Tensor> tensors_of(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<Tensor> out;
+  out.reserve(named.size());
+  for (const auto& [n, t] : named) out.push_back(t);
+  return out;
+}
+
 }  // namespace
 
 Tensor Module::operator()(const Tensor& x) {
@@ -131,11 +139,7 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurs
   return out;
 }
 
-std::vector<Tensor> Module::parameters(bool recurse) const {
-  std::vector<Tensor> out;
-  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
-  return out;
-}
+std::vector<Tensor> Module::parameters(bool recurse) const { return tensors_of(named_parameters(recurse)); }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
   std::vector<std::pair<std::string, Tensor>> out;
@@ -143,11 +147,7 @@ std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) 
   return out;
 }
 
-std::vector<Tensor> Module::buffers(bool recurse) const {
-  std::vector<Tensor> out;
-  for (auto& [n, t] : named_buffers(recurse)) out.push_back(t);
-  return out;
-}
+std::vector<Tensor> Module::buffers(bool recurse) const { return tensors_of(named_buffers(recurse)); }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules(const std::string& prefix) {
   std::vector<std::pair<std::string, Module*>> out{{prefix, this}};
