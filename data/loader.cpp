@@ -359,17 +359,18 @@ struct Loader::Impl {
     std::unique_lock<std::mutex> lock(mu);
     cv_queue.wait(lock, [&] { return !queue.empty() || epoch_done || error; });
     if (error) std::rethrow_exception(error);
-    if (queue.empty()) return std::nullopt;
-    Queued b = std::move(queue.front());
-    queue.pop_front();
-    cv_queue.notify_all();
-    return b;
+    return pop_locked();
   }
 
   // A batch already assembled, without waiting (nullopt when none is ready, or without workers).
   std::optional<Queued> try_take() {
     if (opt.workers == 0) return std::nullopt;
     std::lock_guard<std::mutex> lock(mu);
+    return pop_locked();
+  }
+
+  // The queue's first batch (nullopt when it is empty), waking the assembler waiting for room; mu held.
+  std::optional<Queued> pop_locked() {
     if (queue.empty()) return std::nullopt;
     Queued b = std::move(queue.front());
     queue.pop_front();
