@@ -83,65 +83,65 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   return s.reshape(shape);
 }
 
-Tensor add(const Tensor& a0, const Tensor& b0) {
-  Tensor a = a0, b = b0;
-  autocast_promote(a, b);  // autocast: f16 with f32 computes in f32
-  Tensor out = binary(BinaryOp::Add, a, b);
-  record("add", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const Grads& g) {
-    return Grads{sum_to(g[0], sa), sum_to(g[0], sb)};
-  });
-  return out;
-}
-
-Tensor sub(const Tensor& a0, const Tensor& b0) {
-  Tensor a = a0, b = b0;
-  autocast_promote(a, b);  // autocast: f16 with f32 computes in f32
-  Tensor out = binary(BinaryOp::Sub, a, b);
-  record("sub", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const Grads& g) {
-    return Grads{sum_to(g[0], sa), sum_to(neg(g[0]), sb)};
-  });
-  return out;
-}
-
-Tensor mul(const Tensor& a0, const Tensor& b0) {
-  Tensor a = a0, b = b0;
-  autocast_promote(a, b);  // autocast: f16 with f32 computes in f32
-  Tensor out = binary(BinaryOp::Mul, a, b);
-  const bool ra = a.requires_grad(), rb = b.requires_grad();
-  record("mul", {a, b}, {out}, [ad = a.detach(), bd = b.detach(), ra, rb](const Grads& g) {
-    return Grads{ra ? sum_to(mul(g[0], bd), ad.shape()) : Tensor(), rb ? sum_to(mul(g[0], ad), bd.shape()) : Tensor()};
-  });
-  return out;
-}
-
-Tensor div(const Tensor& a0, const Tensor& b0) {
-  Tensor a = a0, b = b0;
-  autocast_promote(a, b);  // autocast: f16 with f32 computes in f32
-  Tensor out = binary(BinaryOp::Div, a, b);
-  const bool ra = a.requires_grad(), rb = b.requires_grad();
-  record("div", {a, b}, {out}, [ad = a.detach(), bd = b.detach(), ra, rb](const Grads& g) {
-    Tensor ga, gb;
-    if (ra) ga = sum_to(div(g[0], bd), ad.shape());
-    if (rb) gb = sum_to(neg(div(mul(g[0], ad), mul(bd, bd))), bd.shape());
-    return Grads{ga, gb};
-  });
-  return out;
-}
-
-// Ties split the gradient evenly between the operands, as PyTorch does.
-static Tensor minmax(BinaryOp op, const Tensor& a0, const Tensor& b0) {
+// The differentiable binary ops' common part: autocast's promotion (f16 with f32 computes in f32),
+// the op, and its node; `make_backward(a, b)` builds the backward from the promoted operands.
+template <class MakeBackward>
+static Tensor differentiable_binary(BinaryOp op, const Tensor& a0, const Tensor& b0, MakeBackward&& make_backward) {
   Tensor a = a0, b = b0;
   autocast_promote(a, b);
   Tensor out = binary(op, a, b);
-  record(binary_name(op), {a, b}, {out}, [op, ad = a.detach(), bd = b.detach()](const Grads& g) {
-    const DType t = g[0].dtype();
-    Tensor win_a = (op == BinaryOp::Maximum ? gt(ad, bd) : lt(ad, bd)).to(t);
-    Tensor tie = eq(ad, bd).to(t) * 0.5;
-    Tensor wa = win_a + tie;
-    Tensor wb = (op == BinaryOp::Maximum ? lt(ad, bd) : gt(ad, bd)).to(t) + tie;
-    return Grads{sum_to(mul(g[0], wa), ad.shape()), sum_to(mul(g[0], wb), bd.shape())};
-  });
+  record(binary_name(op), {a, b}, {out}, make_backward(a, b));
   return out;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return differentiable_binary(BinaryOp::Add, a, b, [](const Tensor& pa, const Tensor& pb) {
+    return [sa = pa.shape(), sb = pb.shape()](const Grads& g) { return Grads{sum_to(g[0], sa), sum_to(g[0], sb)}; };
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return differentiable_binary(BinaryOp::Sub, a, b, [](const Tensor& pa, const Tensor& pb) {
+    return [sa = pa.shape(), sb = pb.shape()](const Grads& g) {
+      return Grads{sum_to(g[0], sa), sum_to(neg(g[0]), sb)};
+    };
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return differentiable_binary(BinaryOp::Mul, a, b, [](const Tensor& pa, const Tensor& pb) {
+    const bool ra = pa.requires_grad(), rb = pb.requires_grad();
+    return [ad = pa.detach(), bd = pb.detach(), ra, rb](const Grads& g) {
+      return Grads{ra ? sum_to(mul(g[0], bd), ad.shape()) : Tensor(),
+                   rb ? sum_to(mul(g[0], ad), bd.shape()) : Tensor()};
+    };
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  return differentiable_binary(BinaryOp::Div, a, b, [](const Tensor& pa, const Tensor& pb) {
+    const bool ra = pa.requires_grad(), rb = pb.requires_grad();
+    return [ad = pa.detach(), bd = pb.detach(), ra, rb](const Grads& g) {
+      Tensor ga, gb;
+      if (ra) ga = sum_to(div(g[0], bd), ad.shape());
+      if (rb) gb = sum_to(neg(div(mul(g[0], ad), mul(bd, bd))), bd.shape());
+      return Grads{ga, gb};
+    };
+  });
+}
+
+// Ties split the gradient evenly between the operands, as PyTorch does.
+static Tensor minmax(BinaryOp op, const Tensor& a, const Tensor& b) {
+  return differentiable_binary(op, a, b, [op](const Tensor& pa, const Tensor& pb) {
+    return [op, ad = pa.detach(), bd = pb.detach()](const Grads& g) {
+      const DType t = g[0].dtype();
+      Tensor win_a = (op == BinaryOp::Maximum ? gt(ad, bd) : lt(ad, bd)).to(t);
+      Tensor tie = eq(ad, bd).to(t) * 0.5;
+      Tensor wa = win_a + tie;
+      Tensor wb = (op == BinaryOp::Maximum ? lt(ad, bd) : gt(ad, bd)).to(t) + tie;
+      return Grads{sum_to(mul(g[0], wa), ad.shape()), sum_to(mul(g[0], wb), bd.shape())};
+    };
+  });
 }
 Tensor maximum(const Tensor& a, const Tensor& b) { return minmax(BinaryOp::Maximum, a, b); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return minmax(BinaryOp::Minimum, a, b); }
