@@ -53,51 +53,59 @@ Tensor prepare_grad(const std::vector<Tensor>& grads, DType dt, bool cl) {
   return in_format(gy, cl);
 }
 
+// What a pooling forward needs: the resolved options, whether the call runs channels-last, the
+// input in that format and the output to write.
+struct PoolCall {
+  Pool2dOptions o;
+  bool cl = false;
+  Tensor xc, y;
+  Shape out_shape;
+};
+
+PoolCall begin_pool(const char* op, const Tensor& x, const Pool2dOptions& opts) {
+  PoolCall p;
+  p.o = resolve_pool(op, x, opts, p.out_shape);
+  p.cl = prefers_channels_last(x);
+  p.xc = in_format(x.detach(), p.cl);
+  p.y = empty_in_format(p.out_shape, x.options(), p.cl);
+  return p;
+}
+
+// Records y's node: `backward(gy, o, gx)` writes the input gradient gx (x's shape and format) from
+// gy, which prepare_grad has put in x's dtype and format.
+template <class Backward>
+void record_pool(const char* op, const Tensor& x, const PoolCall& p, Backward backward) {
+  if (!grad_enabled() || !x.requires_grad()) return;
+  record(op, {x}, {p.y},
+         [backward, o = p.o, x_shape = x.shape(), dt = x.dtype(), cl = p.cl](const std::vector<Tensor>& grads) {
+           std::vector<Tensor> out(1);
+           const Tensor gy = prepare_grad(grads, dt, cl);
+           if (!gy.defined()) return out;
+           out[0] = empty_in_format(x_shape, gy.options(), cl);
+           backward(gy, o, out[0]);
+           return out;
+         });
+}
+
 }  // namespace
 
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opts) {
-  Shape out_shape;
-  const Pool2dOptions o = resolve_pool("max_pool2d", x, opts, out_shape);
-  const bool cl = prefers_channels_last(x);
-  const Tensor xc = in_format(x.detach(), cl);
-  Tensor y = empty_in_format(out_shape, x.options(), cl);
-  Tensor indices = empty_in_format(out_shape, {.dtype = DType::i64, .device = x.device()}, cl);
-  backend(x.device()).max_pool2d_forward(xc, o, y, indices);
-  if (grad_enabled() && x.requires_grad()) {
-    const Shape x_shape = x.shape();
-    const DType dt = x.dtype();
-    record("max_pool2d", {x}, {y}, [indices, o, x_shape, dt, cl](const std::vector<Tensor>& grads) {
-      std::vector<Tensor> out(1);
-      const Tensor gy = prepare_grad(grads, dt, cl);
-      if (!gy.defined()) return out;
-      out[0] = empty_in_format(x_shape, gy.options(), cl);
-      backend(gy.device()).max_pool2d_backward(gy, indices, o, out[0]);
-      return out;
-    });
-  }
-  return y;
+  const PoolCall p = begin_pool("max_pool2d", x, opts);
+  Tensor indices = empty_in_format(p.out_shape, {.dtype = DType::i64, .device = x.device()}, p.cl);
+  backend(x.device()).max_pool2d_forward(p.xc, p.o, p.y, indices);
+  record_pool("max_pool2d", x, p, [indices](const Tensor& gy, const Pool2dOptions& o, Tensor& gx) {
+    backend(gy.device()).max_pool2d_backward(gy, indices, o, gx);
+  });
+  return p.y;
 }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opts) {
-  Shape out_shape;
-  const Pool2dOptions o = resolve_pool("avg_pool2d", x, opts, out_shape);
-  const bool cl = prefers_channels_last(x);
-  const Tensor xc = in_format(x.detach(), cl);
-  Tensor y = empty_in_format(out_shape, x.options(), cl);
-  backend(x.device()).avg_pool2d_forward(xc, o, y);
-  if (grad_enabled() && x.requires_grad()) {
-    const Shape x_shape = x.shape();
-    const DType dt = x.dtype();
-    record("avg_pool2d", {x}, {y}, [o, x_shape, dt, cl](const std::vector<Tensor>& grads) {
-      std::vector<Tensor> out(1);
-      const Tensor gy = prepare_grad(grads, dt, cl);
-      if (!gy.defined()) return out;
-      out[0] = empty_in_format(x_shape, gy.options(), cl);
-      backend(gy.device()).avg_pool2d_backward(gy, o, out[0]);
-      return out;
-    });
-  }
-  return y;
+  const PoolCall p = begin_pool("avg_pool2d", x, opts);
+  backend(x.device()).avg_pool2d_forward(p.xc, p.o, p.y);
+  record_pool("avg_pool2d", x, p, [](const Tensor& gy, const Pool2dOptions& o, Tensor& gx) {
+    backend(gy.device()).avg_pool2d_backward(gy, o, gx);
+  });
+  return p.y;
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) {
