@@ -24,6 +24,15 @@ void check_conv_dtype(const Tensor& x, const char* what) {
                ", but only f32, f64 and f16 are supported; convert it with .to(DType::f32)");
 }
 
+// The weight and the bias share the input's dtype and device; `which` is what the fix converts or
+// moves ("one" of the two for the weight, "it" for the bias).
+void check_like_input(const Tensor& t, const char* what, const Tensor& x, const char* which) {
+  MINIDL_CHECK(t.dtype() == x.dtype(), "conv2d: ", what, " has dtype ", dtype_name(t.dtype()), " but input has ",
+               dtype_name(x.dtype()), "; convert ", which, " with .to(DType::", dtype_name(x.dtype()), ")");
+  MINIDL_CHECK(t.device() == x.device(), "conv2d: ", what, " is on ", t.device().str(), " but input is on ",
+               x.device().str(), "; move ", which, " with .to(Device)");
+}
+
 }  // namespace
 
 int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation,
@@ -56,11 +65,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   MINIDL_CHECK(opts.groups == 1, "conv2d: groups=", opts.groups,
                " is not supported yet (only groups=1); use separate convolutions over channel slices");
   check_conv_dtype(x, "input");
-  MINIDL_CHECK(weight.dtype() == x.dtype(), "conv2d: weight has dtype ", dtype_name(weight.dtype()),
-               " but input has ", dtype_name(x.dtype()), "; convert one with .to(DType::", dtype_name(x.dtype()),
-               ")");
-  MINIDL_CHECK(weight.device() == x.device(), "conv2d: weight is on ", weight.device().str(), " but input is on ",
-               x.device().str(), "; move one with .to(Device)");
+  check_like_input(weight, "weight", x, "one");
   for (int i = 0; i < 4; ++i) {
     MINIDL_CHECK(weight.size(i) > 0, "conv2d: weight ", shape_str(weight.shape()), " has an empty dimension");
   }
@@ -71,11 +76,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   if (bias.defined()) {
     MINIDL_CHECK(bias.dim() == 1 && bias.size(0) == out_ch, "conv2d: bias ", shape_str(bias.shape()),
                  " must be [", out_ch, "] to match weight ", shape_str(weight.shape()));
-    MINIDL_CHECK(bias.dtype() == x.dtype(), "conv2d: bias has dtype ", dtype_name(bias.dtype()),
-                 " but input has ", dtype_name(x.dtype()), "; convert it with .to(DType::", dtype_name(x.dtype()),
-                 ")");
-    MINIDL_CHECK(bias.device() == x.device(), "conv2d: bias is on ", bias.device().str(), " but input is on ",
-                 x.device().str(), "; move it with .to(Device)");
+    check_like_input(bias, "bias", x, "it");
   }
   for (int i = 0; i < 2; ++i) {
     MINIDL_CHECK(opts.stride[i] > 0, "conv2d: stride ", pair_str(opts.stride), " must be positive");
