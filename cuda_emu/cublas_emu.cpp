@@ -22,10 +22,7 @@ namespace minidl::cuda::emu {
 namespace detail {
 namespace {
 
-Registry<cublasContext>& handles() {
-  static auto* r = new Registry<cublasContext>();
-  return *r;
-}
+Registry<cublasContext>& handles() { return registry_of<cublasContext>(); }
 
 // NOT_INITIALIZED is what cuBLAS documents for a handle it does not know.
 cublasStatus_t check_handle(const char* fn, cublasHandle_t h) {

@@ -10,22 +10,10 @@
 namespace minidl::cuda::emu::detail {
 namespace {
 
-Registry<cudnnContext>& handles() {
-  static auto* r = new Registry<cudnnContext>();
-  return *r;
-}
-Registry<cudnnTensorStruct>& tensors() {
-  static auto* r = new Registry<cudnnTensorStruct>();
-  return *r;
-}
-Registry<cudnnFilterStruct>& filters() {
-  static auto* r = new Registry<cudnnFilterStruct>();
-  return *r;
-}
-Registry<cudnnConvolutionStruct>& convs() {
-  static auto* r = new Registry<cudnnConvolutionStruct>();
-  return *r;
-}
+Registry<cudnnContext>& handles() { return registry_of<cudnnContext>(); }
+Registry<cudnnTensorStruct>& tensors() { return registry_of<cudnnTensorStruct>(); }
+Registry<cudnnFilterStruct>& filters() { return registry_of<cudnnFilterStruct>(); }
+Registry<cudnnConvolutionStruct>& convs() { return registry_of<cudnnConvolutionStruct>(); }
 
 template <class T>
 cudnnStatus_t check_live(const char* fn, const char* arg, const Registry<T>& reg, const void* p) {

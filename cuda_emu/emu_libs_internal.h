@@ -88,6 +88,14 @@ class Registry {
   std::deque<T*> order_;
 };
 
+// The one registry of each kind of object. Never destroyed, so that a handle released during
+// static destruction (after main returns) still finds it.
+template <class T>
+Registry<T>& registry_of() {
+  static auto* r = new Registry<T>();
+  return *r;
+}
+
 const char* state_word(ObjState s);
 
 // An enum argument's value as the caller passed it, read without loading it as the enum: a
