@@ -91,22 +91,27 @@ size_t filter_span_bytes(const cudnnFilterStruct& f, Elem e) {
   return static_cast<size_t>(int64_t{f.k} * f.c * f.h * f.w) * elem_size(e);
 }
 
-// Calls f(logical index, element offset) for every element of a tensor or filter, in logical order.
+// Calls f(logical index, element offset) for every element of a tensor or filter, in logical order:
+// the four logical dims and offset(i0, i1, i2, i3) come from the descriptor.
+template <class Offset, class F>
+void for_each_4d(const std::array<int64_t, 4>& dims, Offset&& offset, F&& f) {
+  int64_t i = 0;
+  for (int64_t a = 0; a < dims[0]; ++a)
+    for (int64_t b = 0; b < dims[1]; ++b)
+      for (int64_t c = 0; c < dims[2]; ++c)
+        for (int64_t d = 0; d < dims[3]; ++d) f(i++, offset(a, b, c, d));
+}
 template <class F>
 void for_each_tensor(const cudnnTensorStruct& t, F&& f) {
-  int64_t i = 0;
-  for (int64_t n = 0; n < t.n; ++n)
-    for (int64_t c = 0; c < t.c; ++c)
-      for (int64_t h = 0; h < t.h; ++h)
-        for (int64_t w = 0; w < t.w; ++w) f(i++, tensor_offset(t, n, c, h, w));
+  for_each_4d({t.n, t.c, t.h, t.w}, [&](int64_t n, int64_t c, int64_t h, int64_t w) {
+    return tensor_offset(t, n, c, h, w);
+  }, f);
 }
 template <class F>
 void for_each_filter(const cudnnFilterStruct& fd, F&& f) {
-  int64_t i = 0;
-  for (int64_t k = 0; k < fd.k; ++k)
-    for (int64_t c = 0; c < fd.c; ++c)
-      for (int64_t r = 0; r < fd.h; ++r)
-        for (int64_t s = 0; s < fd.w; ++s) f(i++, filter_offset(fd, k, c, r, s));
+  for_each_4d({fd.k, fd.c, fd.h, fd.w}, [&](int64_t k, int64_t c, int64_t r, int64_t s) {
+    return filter_offset(fd, k, c, r, s);
+  }, f);
 }
 
 // One operand of a call: a tensor or a filter at p.
