@@ -1,6 +1,6 @@
 # The public headers under the `minidl/` prefix, the same in the build tree and when installed:
 # build/include/minidl/<layer>/<header>.h are copies of core/, nn/, optim/, data/, distributed/
-# and kernels/cpu/cpu_backend.h whose includes of each other read "minidl/<layer>/..." (the
+# and kernels/cpu/cpu_backend.h (with the override list it includes) whose includes of each other read "minidl/<layer>/..." (the
 # sources keep their in-tree names), plus the umbrella include/minidl/minidl.h. A consumer writes
 # #include <minidl/core/tensor.h> against either; cmake/prefix_headers.cmake does the copying.
 # Output: MINIDL_PUBLIC_INCLUDE_DIR, the target minidl_public_headers.
@@ -12,7 +12,7 @@ foreach(_layer IN LISTS MINIDL_PUBLIC_LAYERS)
   list(APPEND _public_rel ${_h})
 endforeach()
 list(REMOVE_ITEM _public_rel data/stb_wrap.h)   # internal: data/*.cpp only
-list(APPEND _public_rel kernels/cpu/cpu_backend.h)
+list(APPEND _public_rel kernels/cpu/cpu_backend.h kernels/common/backend_overrides.h)   # the latter: the former's list of kernels
 set(_public_src "")
 set(_public_out ${MINIDL_PUBLIC_INCLUDE_DIR}/minidl/minidl.h)
 foreach(_rel IN LISTS _public_rel)

@@ -63,7 +63,7 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     # minidl_emu (tests) and minidl_emu_prof (counters of global memory) differ only in how the
     # kernels are compiled.
     function(minidl_emu_library _name)
-      add_library(${_name} STATIC $<TARGET_OBJECTS:minidl_host> $<TARGET_OBJECTS:minidl_emu_core> ${ARGN})
+      add_library(${_name} STATIC ${MINIDL_HOST_OBJECTS} $<TARGET_OBJECTS:minidl_emu_core> ${ARGN})
       target_include_directories(${_name} PUBLIC ${PROJECT_SOURCE_DIR})
       target_compile_definitions(${_name} PUBLIC MINIDL_WITH_CUDA=1 MINIDL_CUDA_EMU=1)
       target_compile_features(${_name} PUBLIC cxx_std_20)
