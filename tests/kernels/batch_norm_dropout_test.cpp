@@ -17,12 +17,7 @@
 namespace minidl {
 namespace {
 
-using testing::norm_loss::expect_close;
-using testing::norm_loss::expect_error;
-using testing::norm_loss::expect_gradcheck;
-using testing::norm_loss::make;
-using testing::norm_loss::random_vals;
-using testing::norm_loss::Vec;
+using namespace testing::norm_loss;   // the suite's helpers
 
 // ---------------------------------------------------------------------------------------------
 // Batch norm reference over x viewed as [N, C, S].

@@ -14,9 +14,12 @@
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/ops.h"
+#include "tests/support/conv_shape_case.h"
 
 namespace minidl {
 namespace {
+
+using testing::ConvShapeCase;
 
 Tensor rnd(const Shape& s, uint64_t seed, DType dt = DType::f32) {
   Generator g(seed);
@@ -47,16 +50,13 @@ Pass conv_pass(const Tensor& x0, const Tensor& w0, const Tensor& gy, const Conv2
 }
 
 TEST(ChannelsLastCpu, ConvAllThreePassesEqualNchwBitForBit) {
-  struct Case {
-    Shape x, w;
-    int64_t stride, pad;
-  };
-  for (const Case& c : {Case{{2, 3, 9, 9}, {8, 3, 3, 3}, 1, 1}, Case{{2, 6, 8, 8}, {4, 6, 3, 3}, 2, 1},
-                        Case{{3, 5, 5, 4}, {7, 5, 1, 1}, 1, 0}, Case{{1, 3, 11, 11}, {4, 3, 7, 7}, 2, 3}}) {
+  for (const ConvShapeCase& c :
+       {ConvShapeCase{{2, 3, 9, 9}, {8, 3, 3, 3}, 1, 1}, ConvShapeCase{{2, 6, 8, 8}, {4, 6, 3, 3}, 2, 1},
+        ConvShapeCase{{3, 5, 5, 4}, {7, 5, 1, 1}, 1, 0}, ConvShapeCase{{1, 3, 11, 11}, {4, 3, 7, 7}, 2, 3}}) {
     for (DType dt : {DType::f32, DType::f64, DType::f16}) {
-      const std::string tag = shape_str(c.x) + " * " + shape_str(c.w) + " " + dtype_name(dt);
+      const std::string tag = c.tag(dt);
       const Tensor x = rnd(c.x, 1, dt), w = rnd(c.w, 2, dt);
-      const Conv2dOptions o{.stride = {c.stride, c.stride}, .padding = {c.pad, c.pad}};
+      const Conv2dOptions o = c.opts();
       const Shape y_shape = conv2d(x, w, Tensor(), o).shape();
       const Tensor gy = rnd(y_shape, 3, dt);
       const Pass nchw = conv_pass(x, w, gy, o, false, false);
@@ -80,15 +80,8 @@ TEST(ChannelsLastCpu, ConvAllThreePassesEqualNchwBitForBit) {
 }
 
 TEST(ChannelsLastCpu, PoolingKeepsTheFormatAndTheBits) {
-  Pool2dOptions overlap;
-  overlap.kernel = {3, 3};
-  overlap.stride = {2, 2};
-  overlap.padding = {1, 1};
-  Pool2dOptions ceil_avg;
-  ceil_avg.kernel = {2, 3};
-  ceil_avg.stride = {2, 2};
-  ceil_avg.ceil_mode = true;
-  ceil_avg.count_include_pad = false;
+  const Pool2dOptions overlap{.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+  const Pool2dOptions ceil_avg{.kernel = {2, 3}, .stride = {2, 2}, .ceil_mode = true, .count_include_pad = false};
   using PoolFn = Tensor (*)(const Tensor&, const Pool2dOptions&);
   const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops = {
       {"max_pool2d 3/2/1", [&](const Tensor& t) { return max_pool2d(t, overlap); }},

@@ -22,6 +22,7 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "tests/support/safetensors_bytes.h"
 #include "tests/support/safetensors_reader.h"
 
 namespace minidl::testing {
@@ -302,29 +303,8 @@ std::string write_temp(const std::string& name, const std::string& bytes) {
   return path;
 }
 
-std::string with_header(std::string header, const std::string& data) {
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out + header + data;
-}
-
-std::string floats(std::initializer_list<float> v) {
-  std::string s(v.size() * 4, '\0');
-  std::memcpy(s.data(), std::data(v), s.size());
-  return s;
-}
-
 void expect_error(const std::string& path, const std::string& fragment) {
-  try {
-    read_safetensors(path);
-    ADD_FAILURE() << "reading " << path << " did not throw (expected: " << fragment << ")";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(path), std::string::npos) << "message does not name the file: " << msg;
-    EXPECT_NE(msg.find(fragment), std::string::npos) << "message lacks '" << fragment << "': " << msg;
-  }
+  expect_read_error([](const std::string& p) { read_safetensors(p); }, path, fragment);
 }
 
 TEST(GoldenReader, ReadsTensorsAndMetadata) {
@@ -353,17 +333,15 @@ TEST(GoldenReader, RejectsMalformedFiles) {
   huge[0] = '\x7f';
   huge[1] = '\x7f';
   expect_error(write_temp("huge_header", huge), "declares a header of");
-  expect_error(write_temp("bad_json", with_header("{\"a\":", "")), "not valid JSON");
-  expect_error(write_temp("bad_dtype", with_header(R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})",
-                                                   floats({1.f}))),
-               "unsupported dtype 'BF16'");
-  expect_error(write_temp("outside", with_header("{" + tensor + "}", floats({1.f}))), "outside the data section");
-  expect_error(write_temp("count", with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-                                               floats({1.f, 2.f}))),
-               "needs 12");
-  expect_error(write_temp("neg_shape", with_header(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})",
-                                                   floats({1.f, 2.f}))),
-               "non-negative");
+  const BadFile bad[] = {
+      {"bad_json", "{\"a\":", "", "not valid JSON"},
+      {"bad_dtype", R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", floats({1.f}),
+       "unsupported dtype 'BF16'"},
+      {"outside", "{" + tensor + "}", floats({1.f}), "outside the data section"},
+      {"count", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", floats({1.f, 2.f}), "needs 12"},
+      {"neg_shape", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", floats({1.f, 2.f}), "non-negative"},
+  };
+  for (const BadFile& b : bad) expect_error(write_temp(b.name, with_header(b.header, b.data)), b.fragment);
 }
 
 }  // namespace

@@ -19,12 +19,7 @@ namespace minidl {
 namespace {
 
 using ::testing::HasSubstr;
-using ::minidl::testing::error_of;
-using testing::conv_pool::expect_near_vec;
-using testing::conv_pool::gradcheck;
-using testing::conv_pool::make;
-using testing::conv_pool::random_vec;
-using testing::conv_pool::Vec;
+using namespace testing::conv_pool;   // the suite's helpers, error_of among them
 
 // ---------------------------------------------------------------- pooling reference
 

@@ -19,58 +19,56 @@
 namespace minidl {
 namespace {
 
-using testing::norm_loss::expect_close;
-using testing::norm_loss::expect_error;
-using testing::norm_loss::expect_gradcheck;
-using testing::norm_loss::make;
-using testing::norm_loss::random_vals;
-using testing::norm_loss::Vec;
+using namespace testing::norm_loss;   // the suite's helpers
 
 // ---------------------------------------------------------------------------------------------
-// Softmax reference along dim d of a row-major tensor.
-void softmax_ref(const Vec& x, const Shape& shape, int64_t d, Vec& sm, Vec& lsm) {
+// Calls f with the flat indices of every line along dim d of a row-major tensor of `shape`: the
+// walk both references below share.
+template <class F>
+void for_each_line(const Shape& shape, int64_t d, F&& f) {
   int64_t outer = 1, inner = 1;
   const int64_t C = shape[d];
   for (int64_t i = 0; i < d; ++i) outer *= shape[i];
   for (size_t i = static_cast<size_t>(d) + 1; i < shape.size(); ++i) inner *= shape[i];
-  sm.assign(x.size(), 0.0);
-  lsm.assign(x.size(), 0.0);
+  std::vector<size_t> line(static_cast<size_t>(C));
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t k = 0; k < inner; ++k) {
-      double mx = -INFINITY;
-      for (int64_t c = 0; c < C; ++c) mx = std::max(mx, x[(o * C + c) * inner + k]);
-      double s = 0;
-      for (int64_t c = 0; c < C; ++c) s += std::exp(x[(o * C + c) * inner + k] - mx);
-      for (int64_t c = 0; c < C; ++c) {
-        const size_t at = static_cast<size_t>((o * C + c) * inner + k);
-        sm[at] = std::exp(x[at] - mx) / s;
-        lsm[at] = x[at] - mx - std::log(s);
-      }
+      for (int64_t c = 0; c < C; ++c) line[static_cast<size_t>(c)] = static_cast<size_t>((o * C + c) * inner + k);
+      f(line);
     }
+}
+
+// Softmax reference along dim d of a row-major tensor.
+void softmax_ref(const Vec& x, const Shape& shape, int64_t d, Vec& sm, Vec& lsm) {
+  sm.assign(x.size(), 0.0);
+  lsm.assign(x.size(), 0.0);
+  for_each_line(shape, d, [&](const std::vector<size_t>& line) {
+    double mx = -INFINITY;
+    for (size_t at : line) mx = std::max(mx, x[at]);
+    double s = 0;
+    for (size_t at : line) s += std::exp(x[at] - mx);
+    for (size_t at : line) {
+      sm[at] = std::exp(x[at] - mx) / s;
+      lsm[at] = x[at] - mx - std::log(s);
+    }
+  });
 }
 
 // Gradients of sum(softmax * r) and sum(log_softmax * r) along dim d.
 void softmax_grad_ref(const Vec& sm, const Vec& r, const Shape& shape, int64_t d, Vec& g_sm, Vec& g_lsm) {
-  int64_t outer = 1, inner = 1;
-  const int64_t C = shape[d];
-  for (int64_t i = 0; i < d; ++i) outer *= shape[i];
-  for (size_t i = static_cast<size_t>(d) + 1; i < shape.size(); ++i) inner *= shape[i];
   g_sm.assign(sm.size(), 0.0);
   g_lsm.assign(sm.size(), 0.0);
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t k = 0; k < inner; ++k) {
-      double dot = 0, rs = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const size_t at = static_cast<size_t>((o * C + c) * inner + k);
-        dot += sm[at] * r[at];
-        rs += r[at];
-      }
-      for (int64_t c = 0; c < C; ++c) {
-        const size_t at = static_cast<size_t>((o * C + c) * inner + k);
-        g_sm[at] = sm[at] * (r[at] - dot);
-        g_lsm[at] = r[at] - sm[at] * rs;
-      }
+  for_each_line(shape, d, [&](const std::vector<size_t>& line) {
+    double dot = 0, rs = 0;
+    for (size_t at : line) {
+      dot += sm[at] * r[at];
+      rs += r[at];
     }
+    for (size_t at : line) {
+      g_sm[at] = sm[at] * (r[at] - dot);
+      g_lsm[at] = r[at] - sm[at] * rs;
+    }
+  });
 }
 
 TEST(SoftmaxTest, ForwardAndBackwardAlongEveryDim) {

@@ -174,6 +174,38 @@ void expect_close(const Tensor& out, const Tensor& ref, const std::string& what,
   if (worst != nullptr) *worst = std::max(*worst, err / scale);
 }
 
+// After one train step of `model`: every golden `prefix`grad.<name> against that parameter's
+// gradient (which must exist and be of `dtype`) and every `prefix`after_train.<name> against the
+// buffer; 8 gradients and 3 buffers in the golden file.
+void expect_train_step_state(const Module& model, const std::map<std::string, Tensor>& golden,
+                             const std::string& prefix, DType dtype, double* worst = nullptr) {
+  const auto params = model.named_parameters();
+  const auto state = model.state_dict();
+  const std::string grad_prefix = prefix + "grad.", buf_prefix = prefix + "after_train.";
+  int checked = 0;
+  for (const auto& [key, ref] : golden) {
+    if (key.rfind(grad_prefix, 0) == 0) {
+      const std::string name = key.substr(grad_prefix.size());
+      bool found = false;
+      for (const auto& [pname, p] : params) {
+        if (pname != name) continue;
+        found = true;
+        EXPECT_EQ(p.grad().dtype(), dtype) << name;
+        expect_close(p.grad(), ref, "gradient of " + name, worst);
+      }
+      EXPECT_TRUE(found) << name;
+      ++checked;
+    } else if (key.rfind(buf_prefix, 0) == 0) {
+      const std::string name = key.substr(buf_prefix.size());
+      expect_close(state.at(name), ref, name + " after one train-mode forward", worst);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 11);  // 8 gradients, 3 buffers
+  EXPECT_EQ(state.at("bn1.num_batches_tracked").dtype(), DType::i64);
+  EXPECT_EQ(state.at("bn1.num_batches_tracked").item<int64_t>(), 1);
+}
+
 TEST(ResNetTest, GoldenMatchesTorchvision) {
   const auto golden = testing::read_safetensors(testing::golden_path("nn/resnet_forward.safetensors"));
   const Tensor& x = golden.at("input");
@@ -199,25 +231,7 @@ TEST(ResNetTest, GoldenMatchesTorchvision) {
     loss.backward();
     expect_close(logits, golden.at(arch + ".train_logits"), "train logits");
     expect_close(loss.reshape({1}), golden.at(arch + ".loss"), "loss");
-    const auto params = model->named_parameters();
-    const auto state = model->state_dict();
-    int checked = 0;
-    for (const auto& [key, ref] : golden) {
-      const std::string grad_prefix = arch + ".grad.", buf_prefix = arch + ".after_train.";
-      if (key.rfind(grad_prefix, 0) == 0) {
-        const std::string name = key.substr(grad_prefix.size());
-        for (const auto& [pname, p] : params) {
-          if (pname == name) expect_close(p.grad(), ref, "gradient of " + name);
-        }
-        ++checked;
-      } else if (key.rfind(buf_prefix, 0) == 0) {
-        const std::string name = key.substr(buf_prefix.size());
-        expect_close(state.at(name), ref, name + " after one train-mode forward");
-        ++checked;
-      }
-    }
-    EXPECT_EQ(checked, 11);  // 8 gradients, 3 buffers
-    EXPECT_EQ(state.at("bn1.num_batches_tracked").item<int64_t>(), 1);
+    expect_train_step_state(*model, golden, arch + ".", DType::f32);
   }
 }
 
@@ -241,31 +255,7 @@ TEST(ResNetTest, GoldenResNet50TrainStepInFloat64) {
   double worst = 0.0;
   expect_close(logits, golden.at(prefix + "logits"), "train logits", &worst);
   expect_close(loss.reshape({1}), golden.at(prefix + "loss"), "loss", &worst);
-  const auto params = model->named_parameters();
-  const auto state = model->state_dict();
-  int checked = 0;
-  for (const auto& [key, ref] : golden) {
-    const std::string grad_prefix = prefix + "grad.", buf_prefix = prefix + "after_train.";
-    if (key.rfind(grad_prefix, 0) == 0) {
-      const std::string name = key.substr(grad_prefix.size());
-      bool found = false;
-      for (const auto& [pname, p] : params) {
-        if (pname != name) continue;
-        found = true;
-        EXPECT_EQ(p.grad().dtype(), DType::f64) << name;
-        expect_close(p.grad(), ref, "gradient of " + name, &worst);
-      }
-      EXPECT_TRUE(found) << name;
-      ++checked;
-    } else if (key.rfind(buf_prefix, 0) == 0) {
-      const std::string name = key.substr(buf_prefix.size());
-      expect_close(state.at(name), ref, name + " after one train-mode forward", &worst);
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 11);  // 8 gradients, 3 buffers
-  EXPECT_EQ(state.at("bn1.num_batches_tracked").dtype(), DType::i64);
-  EXPECT_EQ(state.at("bn1.num_batches_tracked").item<int64_t>(), 1);
+  expect_train_step_state(*model, golden, prefix, DType::f64, &worst);
   std::printf("resnet50 f64 train step: worst max|error| / max|reference| = %.3g\n", worst);
 }
 
