@@ -89,6 +89,27 @@ Traffic stores(const emu::LaunchCounters& c) {
   return {c.gst_requests, c.gst_requests == 0 ? 0 : c.gst_sectors / c.gst_requests, c.gst_bytes};
 }
 
+// Shared-memory stores and loads as (warp-level requests, wavefronts): a wavefront per request is
+// conflict-free, 32 is every lane in one bank.
+struct SharedTraffic {
+  uint64_t st_requests, st_wavefronts, ld_requests, ld_wavefronts;
+  bool operator==(const SharedTraffic&) const = default;
+};
+std::ostream& operator<<(std::ostream& os, const SharedTraffic& t) {
+  return os << "{stores " << t.st_requests << " requests / " << t.st_wavefronts << " wavefronts, loads "
+            << t.ld_requests << " / " << t.ld_wavefronts << "}";
+}
+SharedTraffic shared(const emu::LaunchCounters& c) {
+  return {c.shared_st_requests, c.shared_st_wavefronts, c.shared_ld_requests, c.shared_ld_wavefronts};
+}
+
+// One block of 32x32 threads transposing 1024 floats through a 32 x Pitch shared tile.
+template <int Pitch>
+emu::LaunchCounters tile_transpose_counters(const Buf<float>& in, const Buf<float>& out) {
+  return counters_of(
+      [&] { MINIDL_LAUNCH("tile", (tile_transpose_kernel<Pitch>), 1, dim3(32, 32), 0, nullptr, in.get(), out.get()); });
+}
+
 TEST(EmuCounters, TheseTestsRunOnTheInstrumentedKernels) {
   EXPECT_TRUE(emu::global_accesses_instrumented());
 }
@@ -158,14 +179,10 @@ TEST(EmuCounters, NaiveTransposeTakesThirtyTwoSectorsPerStoreRequest) {
 
 TEST(EmuCounters, SharedTileReadByColumnIsAThirtyTwoWayBankConflict) {
   Buf<float> in(1024), out(1024);
-  const emu::LaunchCounters c = counters_of(
-      [&] { MINIDL_LAUNCH("tile", (tile_transpose_kernel<32>), 1, dim3(32, 32), 0, nullptr, in.get(), out.get()); });
+  const emu::LaunchCounters c = tile_transpose_counters<32>(in, out);
   // 32 warps. The row-wise store puts lane l in bank l: one wavefront. The column read puts every
   // lane's word (l * 32 + ty) in bank ty: 32 distinct words in one bank, 32 wavefronts.
-  EXPECT_EQ(c.shared_st_requests, 32u);
-  EXPECT_EQ(c.shared_st_wavefronts, 32u);
-  EXPECT_EQ(c.shared_ld_requests, 32u);
-  EXPECT_EQ(c.shared_ld_wavefronts, 32u * 32u);
+  EXPECT_EQ(shared(c), (SharedTraffic{32, 32, 32, 32 * 32}));
   EXPECT_EQ(c.static_smem, 32u * 32u * 4u);
   EXPECT_EQ(c.barriers, 32u);   // one __syncthreads in each of the 32 warps
   EXPECT_EQ(c.gld_sectors, 32u * 4u);
@@ -175,12 +192,9 @@ TEST(EmuCounters, SharedTileReadByColumnIsAThirtyTwoWayBankConflict) {
 
 TEST(EmuCounters, PaddingTheTileTo33RemovesTheConflict) {
   Buf<float> in(1024), out(1024);
-  const emu::LaunchCounters c = counters_of(
-      [&] { MINIDL_LAUNCH("tile", (tile_transpose_kernel<33>), 1, dim3(32, 32), 0, nullptr, in.get(), out.get()); });
+  const emu::LaunchCounters c = tile_transpose_counters<33>(in, out);
   // Word l * 33 + ty is in bank (l + ty) % 32: every lane its own bank, both ways.
-  EXPECT_EQ(c.shared_ld_requests, 32u);
-  EXPECT_EQ(c.shared_ld_wavefronts, 32u);
-  EXPECT_EQ(c.shared_st_wavefronts, 32u);
+  EXPECT_EQ(shared(c), (SharedTraffic{32, 32, 32, 32}));
   EXPECT_EQ(c.static_smem, 32u * 33u * 4u);
   const std::vector<float> got = out.host();
   EXPECT_EQ(got.size(), 1024u);

@@ -8,9 +8,12 @@
 
 #include "kernels/cuda/device/launch.cuh"
 #include "tests/emu/emu_test_util.h"
+#include "tests/support/holds_all.h"
 
 namespace minidl::cuda {
 namespace {
+
+using ::minidl::testing::holds_all;
 
 // Thread t reads s[t + 1], which thread t + 1 writes after the barrier: planted read-before-write.
 __global__ void read_before_write_kernel(float* out) {
@@ -79,10 +82,10 @@ TEST(EmuSharedMemory, ReadBeforeWriteIsReportedWithArrayOffsetAndThread) {
   // ...but 64 threads writing only s[0..62] (one element too few) is caught.
   const std::string e2 =
       error_of([&] { MINIDL_LAUNCH("planted", read_before_write_kernel, 1, 63, 0, nullptr, out2.get()); });
-  EXPECT_NE(e2.find("read_before_write_kernel (planted)"), std::string::npos) << e2;
-  EXPECT_NE(e2.find("shared memory read before any thread of the block wrote it"), std::string::npos) << e2;
-  EXPECT_NE(e2.find("4 bytes at offset 252 of `s` (256 bytes"), std::string::npos) << e2;
-  EXPECT_NE(e2.find("block (0, 0, 0) thread (62, 0, 0)"), std::string::npos) << e2;
+  EXPECT_TRUE(holds_all(e2, {"read_before_write_kernel (planted)",
+                             "shared memory read before any thread of the block wrote it",
+                             "4 bytes at offset 252 of `s` (256 bytes",
+                             "block (0, 0, 0) thread (62, 0, 0)"}));
 }
 
 TEST(EmuSharedMemory, WrittenMarksAreClearedAtEachBlocksStart) {
@@ -102,8 +105,7 @@ TEST(EmuSharedMemory, DynamicSharedMemoryIsCheckedToo) {
   const std::string e = error_of([&] {
     MINIDL_LAUNCH("planted", dynamic_read_before_write_kernel, 1, 32, 32 * sizeof(double), nullptr, out.get());
   });
-  EXPECT_NE(e.find("8 bytes at offset 40 of dynamic shared memory (256 bytes"), std::string::npos) << e;
-  EXPECT_NE(e.find("thread (0, 0, 0)"), std::string::npos) << e;
+  EXPECT_TRUE(holds_all(e, {"8 bytes at offset 40 of dynamic shared memory (256 bytes", "thread (0, 0, 0)"}));
 }
 
 TEST(EmuSharedMemory, AccessOutsideASharedArrayIsReported) {
@@ -119,16 +121,15 @@ TEST(EmuSharedMemory, StaticSharedMemoryOver48KiBIsRejected) {
   Buf<float> out(32);
   const std::string e =
       error_of([&] { MINIDL_LAUNCH("planted", too_much_static_kernel, 1, 32, 0, nullptr, out.get()); });
-  EXPECT_NE(e.find("too_much_static_kernel (planted)"), std::string::npos) << e;
-  EXPECT_NE(e.find("static shared memory over the 48 KiB"), std::string::npos) << e;
-  EXPECT_NE(e.find("`b` (24576 bytes) after the static `a` (32768 bytes)"), std::string::npos) << e;
-  EXPECT_NE(e.find("uses too much shared data"), std::string::npos) << e;
+  EXPECT_TRUE(holds_all(e, {"too_much_static_kernel (planted)",
+                            "static shared memory over the 48 KiB",
+                            "`b` (24576 bytes) after the static `a` (32768 bytes)",
+                            "uses too much shared data"}));
   // 40 KiB static + 8 KiB dynamic is exactly the limit; one more dynamic byte is over it.
   EXPECT_EQ(error_of([&] { MINIDL_LAUNCH("ok", static_plus_dynamic_kernel, 1, 32, 8192, nullptr, out.get()); }), "");
   const std::string e2 =
       error_of([&] { MINIDL_LAUNCH("planted", static_plus_dynamic_kernel, 1, 32, 8193, nullptr, out.get()); });
-  EXPECT_NE(e2.find("and 8193 bytes of dynamic shared memory"), std::string::npos) << e2;
-  EXPECT_NE(e2.find("cudaErrorInvalidValue"), std::string::npos) << e2;
+  EXPECT_TRUE(holds_all(e2, {"and 8193 bytes of dynamic shared memory", "cudaErrorInvalidValue"}));
 }
 
 }  // namespace
