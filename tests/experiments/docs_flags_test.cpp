@@ -34,16 +34,6 @@ const std::vector<std::string> kPrograms = {"minidl-train", "minidl-maxbatch", "
                                             "minidl-demo"};
 using Accepted = std::map<std::string, std::set<std::string>>;   // program -> its flags
 
-std::string run_output(const std::string& cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[512];
-    while (fgets(buf, sizeof(buf), p)) out += buf;
-    pclose(p);
-  }
-  return out;
-}
-
 // A table row's first cell ("| `--a`, `--b` | ..." -> " `--a`, `--b` "); a '|' inside a code span
 // does not end it.
 std::string first_cell(const std::string& row) {
@@ -62,7 +52,7 @@ std::string first_cell(const std::string& row) {
 // the first run of two spaces.
 std::set<std::string> accepted_flags(const std::string& program) {
   std::set<std::string> out;
-  std::istringstream in(run_output(testing::program(program).string() + " --help 2>&1"));
+  std::istringstream in(testing::run_command(testing::program(program).string() + " --help 2>&1").output);
   static const std::regex flag(R"(--[a-z0-9][a-z0-9-]*)");
   std::string line;
   while (std::getline(in, line)) {

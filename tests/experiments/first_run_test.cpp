@@ -32,26 +32,10 @@ namespace minidl::harness {
 namespace {
 
 namespace fs = std::filesystem;
-using data::fixtures::encode_jpeg;
-using data::fixtures::pattern;
-using data::fixtures::write_bytes;
+using namespace data::fixtures;   // the JPEG files and shared photos of tests/data/fixtures.h
 
-struct Outcome {
-  int status = -1;
-  std::string output;   // stdout and stderr
-};
-
-Outcome run(const std::string& program, const std::string& args) {
-  Outcome o;
-  const std::string cmd = testing::program(program).string() + " " + args + " 2>&1";
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[1024];
-    while (fgets(buf, sizeof(buf), p)) o.output += buf;
-    const int s = pclose(p);
-    o.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
-  }
-  return o;
-}
+using testing::Outcome;
+using testing::run_program;
 
 bool built(const std::string& program) { return fs::exists(testing::program(program)); }
 
@@ -73,7 +57,7 @@ const std::string kTiny = kModel + " --epochs 1 --batch-size 8";
 TEST(ExperimentsFirstRun, TheDefaultSplitFallsBackToFractionsOnASmallFolder) {
   if (!built("minidl-train")) GTEST_SKIP() << "minidl-train is not built";
   const fs::path dir = small_folder(30);
-  const Outcome o = run("minidl-train", kTiny + " --data " + dir.string());
+  const Outcome o = run_program("minidl-train", kTiny + " --data " + dir.string());
   ASSERT_EQ(o.status, 0) << o.output;
   const size_t note = o.output.find("--split: '" + dir.string() + "' has 30 cat / 30 dog usable images, fewer than "
                                     "600+200+200 per class: using fractions 0.6,0.2,0.2");
@@ -88,7 +72,7 @@ TEST(ExperimentsFirstRun, AnExplicitSplitThatDoesNotFitSuggestsFractions) {
   const fs::path cfg = dir.parent_path() / "run.toml";
   std::ofstream(cfg) << "split = \"600,200,200\"\n";
   for (const std::string& given : {std::string("--split 600,200,200"), "--config " + cfg.string()}) {
-    const Outcome o = run("minidl-train", kTiny + " --data " + dir.string() + " " + given);
+    const Outcome o = run_program("minidl-train", kTiny + " --data " + dir.string() + " " + given);
     EXPECT_EQ(o.status, 2) << given << ": " << o.output;
     EXPECT_NE(o.output.find("--split 600,200,200 does not fit"), std::string::npos) << o.output;
     EXPECT_NE(o.output.find("fractions fit any folder, e.g. --split 0.6,0.2,0.2"), std::string::npos) << o.output;
@@ -114,10 +98,10 @@ TEST(ExperimentsFirstRun, AdamGetsARoomierDivergenceLimit) {
   c.diverge_loss = 7.0;
   EXPECT_EQ(c.resolved_diverge_loss(), 7.0);
   // The photos: Adam's second batch at 128 px reaches a loss of 54.8 (the old default stopped it).
-  const fs::path photos = data::fixtures::shared_photos();
+  const fs::path photos = shared_photos();
   if (photos.empty() || !built("minidl-train")) GTEST_SKIP() << "the shared photos or minidl-train are missing";
-  const Outcome o = run("minidl-train", "--data " + photos.string() + " --optimizer adam --image-size 128 "
-                                        "--split 100,0,0 --epochs 1 --max-steps 3 --workers 0 --quiet");
+  const Outcome o = run_program("minidl-train", "--data " + photos.string() + " --optimizer adam --image-size 128 "
+                                                "--split 100,0,0 --epochs 1 --max-steps 3 --workers 0 --quiet");
   EXPECT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("smallcnn: ok; 3 steps"), std::string::npos) << o.output;
 }
@@ -165,7 +149,7 @@ TEST(ExperimentsFirstRun, TheLastLineMarksAccuraciesAtChance) {
   EXPECT_EQ(accuracy_cell("0.5125", 400), "0.5125 (chance)");   // summary.md: the same rule
   if (!built("minidl-train")) GTEST_SKIP() << "minidl-train is not built";
   // No step: the untrained model on 16 + 16 images (band 25 points) is at chance.
-  const Outcome o = run("minidl-train", kTiny + " --split 16,8,8 --max-steps 1 --lr 1e-9 --quiet");
+  const Outcome o = run_program("minidl-train", kTiny + " --split 16,8,8 --max-steps 1 --lr 1e-9 --quiet");
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("(epoch 1, chance), test acc "), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("% (chance), "), std::string::npos) << o.output;
@@ -184,19 +168,19 @@ TEST(ExperimentsFirstRun, ABatchLargerThanTheTrainingSetIsRefused) {
   c.batch_size = 32;
   EXPECT_EQ(run_training(c, {[](const std::string&) {}, {}, {}}).status, "ok");
   if (!built("minidl-train")) GTEST_SKIP() << "minidl-train is not built";
-  Outcome o = run("minidl-train", kModel + " --epochs 1 --split 16,8,8 --batch-size 99999999999");
+  Outcome o = run_program("minidl-train", kModel + " --epochs 1 --split 16,8,8 --batch-size 99999999999");
   EXPECT_EQ(o.status, 2) << o.output;
   EXPECT_NE(o.output.find("minidl-train: error: --batch-size 99999999999 is larger than the training set (32 "
                           "images): use a batch of at most 32, or a --split with more training images"),
             std::string::npos) << o.output;
-  o = run("minidl-train", kModel + " --split 16,8,8 --epochs 2 --batch-size 8 --batch-schedule 8@0,64@1");
+  o = run_program("minidl-train", kModel + " --split 16,8,8 --epochs 2 --batch-size 8 --batch-schedule 8@0,64@1");
   EXPECT_EQ(o.status, 2) << o.output;
   EXPECT_NE(o.output.find("--batch-schedule 8@0,64@1: batch 64 at epoch 2 is larger than the training set"),
             std::string::npos) << o.output;
   // A sweep: the batch that does not fit is an error row, the others run.
   if (!built("minidl-sweep")) GTEST_SKIP() << "minidl-sweep is not built";
   const fs::path out = testing::temp_dir() / "sweep";
-  o = run("minidl-sweep", kModel + " --epochs 1 --split 16,8,8 --batch-sizes 8,64 --optimizers sgd --quiet --out " + out.string());
+  o = run_program("minidl-sweep", kModel + " --epochs 1 --split 16,8,8 --batch-sizes 8,64 --optimizers sgd --quiet --out " + out.string());
   EXPECT_EQ(o.status, 0) << o.output;
   std::ifstream csv(out / "grid" / "results.csv");
   const std::string table((std::istreambuf_iterator<char>(csv)), std::istreambuf_iterator<char>());

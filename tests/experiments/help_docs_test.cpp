@@ -23,20 +23,10 @@ struct Flag {
 };
 using Flags = std::map<std::string, Flag>;
 
-std::string run_output(const std::string& cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[512];
-    while (fgets(buf, sizeof(buf), p)) out += buf;
-    pclose(p);
-  }
-  return out;
-}
-
 // CLI11's help: "  --flag TYPE=default   meaning" (the meaning may wrap to the next line).
 Flags help_flags(const std::string& program) {
   Flags f;
-  std::istringstream in(run_output(testing::program(program).string() + " --help"));
+  std::istringstream in(testing::run_command(testing::program(program).string() + " --help").output);
   static const std::regex opt(R"(^  (?:-\w,)?(--[a-z0-9-]+)(?: ([A-Z]+)(?:=(\S*))?)?\s*(.*)$)");
   std::string line, last;
   while (std::getline(in, line)) {

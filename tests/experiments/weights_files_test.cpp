@@ -25,18 +25,12 @@ struct Outcome {
 };
 
 Outcome train(const std::string& args) {
-  Outcome o;
   const fs::path err = fs::temp_directory_path() / ("minidl-weights-files-stderr-" + std::to_string(getpid()));
-  const std::string cmd = testing::program("minidl-train").string() + " " + args + " 2> " + err.string();
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[1024];
-    while (fgets(buf, sizeof(buf), p)) o.out += buf;
-    const int s = pclose(p);
-    o.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
-  }
+  const testing::Outcome run =
+      testing::run_command(testing::program("minidl-train").string() + " " + args + " 2> " + err.string());
   std::ifstream f(err);
-  o.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  return o;
+  return {.status = run.status, .out = run.output,
+          .err = std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>())};
 }
 
 const std::string kData = " --split 16,8,8 --synthetic-difficulty 0.2 --workers 0 --batch-size 8 ";
