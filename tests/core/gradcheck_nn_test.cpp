@@ -179,24 +179,27 @@ TEST(GradcheckNorm, Dropout) {
 
 // ---- Softmax and losses ----
 
-TEST(GradcheckSoftmax, Softmax) {
+using SoftmaxFn = Tensor (*)(const Tensor&, int64_t);
+
+// The cases softmax and log_softmax share: along every dim of a 3-D input, plain and transposed,
+// and along the only dim of a 1-D one.
+void expect_gradcheck_along_every_dim(SoftmaxFn f) {
   for (int64_t d : {0, 1, 2, -1}) {
     SCOPED_TRACE("dim " + std::to_string(d));
-    EXPECT_GRADCHECK([d](const V& in) { return softmax(in[0], d); }, {plain({3, 4, 5}, 1)});
-    EXPECT_GRADCHECK([d](const V& in) { return softmax(in[0], d); }, {transposed_leaf(plain({3, 4, 5}, 2))});
+    EXPECT_GRADCHECK([f, d](const V& in) { return f(in[0], d); }, {plain({3, 4, 5}, 1)});
+    EXPECT_GRADCHECK([f, d](const V& in) { return f(in[0], d); }, {transposed_leaf(plain({3, 4, 5}, 2))});
   }
-  EXPECT_GRADCHECK([](const V& in) { return softmax(in[0], 0); }, {plain({6}, 3)});
+  EXPECT_GRADCHECK([f](const V& in) { return f(in[0], 0); }, {plain({6}, 3)});
+}
+
+TEST(GradcheckSoftmax, Softmax) {
+  expect_gradcheck_along_every_dim(softmax);
   EXPECT_GRADCHECK([](const V& in) { return softmax(in[0], 1); }, {strided_leaf(plain({2, 5}, 4))});
   const Shape s = random_shape(51, 3, 1, 5);
   EXPECT_GRADCHECK([](const V& in) { return softmax(in[0], 1); }, {plain(s, 5)});
 }
 TEST(GradcheckSoftmax, LogSoftmax) {
-  for (int64_t d : {0, 1, 2, -1}) {
-    SCOPED_TRACE("dim " + std::to_string(d));
-    EXPECT_GRADCHECK([d](const V& in) { return log_softmax(in[0], d); }, {plain({3, 4, 5}, 1)});
-    EXPECT_GRADCHECK([d](const V& in) { return log_softmax(in[0], d); }, {transposed_leaf(plain({3, 4, 5}, 2))});
-  }
-  EXPECT_GRADCHECK([](const V& in) { return log_softmax(in[0], 0); }, {plain({6}, 3)});
+  expect_gradcheck_along_every_dim(log_softmax);
   // Large logits: the stable formulation must not lose the gradient.
   EXPECT_GRADCHECK([](const V& in) { return log_softmax(in[0] * 30.0, 1); }, {plain({2, 5}, 4)});
 }

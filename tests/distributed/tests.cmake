@@ -2,12 +2,10 @@
 # and, with MPI, ctest runs its collective, data-parallel and sampler cases again as 2 ranks under
 # mpirun (labels cpu and mpi), plus the failing-rank probe. CI runs as root: mpirun needs
 # --allow-run-as-root (and the OMPI_ALLOW_RUN_AS_ROOT* variables for older launchers).
-add_executable(distributed_test
-  ${CMAKE_CURRENT_LIST_DIR}/launch_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/collectives_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/data_parallel_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/sampler_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/sync_batch_norm_test.cpp)
+# Every *_test.cpp of the folder, as the other suites take theirs (compare_weights.cpp and
+# fail_probe.cpp are programs of their own).
+file(GLOB _distributed_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*_test.cpp)
+add_executable(distributed_test ${_distributed_tests})
 target_link_libraries(distributed_test PRIVATE minidl_distributed minidl_test_support minidl_warnings)
 gtest_discover_tests(distributed_test TEST_PREFIX "distributed." PROPERTIES LABELS "cpu" DISCOVERY_TIMEOUT 120)
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "core/backend.h"
@@ -40,6 +41,25 @@ void expect_bit_equal(const Tensor& got, const Tensor& want, const std::string& 
   for (size_t k = 0; k < a.size(); ++k) ASSERT_EQ(a[k], b[k]) << what << " element " << k;
 }
 
+std::vector<Tensor> zeros_like_each(const std::vector<Tensor>& ps) {
+  std::vector<Tensor> z;
+  for (const Tensor& p : ps) z.push_back(zeros_like(p.detach()));
+  return z;
+}
+
+// Steps 1..steps of opt on ps with the gradients grad(step, i); after each step, replay(step, i)
+// for every parameter i redoes the per-tensor op sequence on the test's reference copy and compares.
+void step_and_replay(Optimizer& opt, std::vector<Tensor>& ps, int steps, const std::function<Tensor(int, size_t)>& grad,
+                     const std::function<void(int, size_t)>& replay) {
+  for (int s = 1; s <= steps; ++s) {
+    for (size_t i = 0; i < ps.size(); ++i) ps[i].set_grad(grad(s, i));
+    opt.step();
+    for (size_t i = 0; i < ps.size(); ++i) replay(s, i);
+  }
+}
+
+Tensor default_grad(int step, size_t i) { return grad_for(step, i); }
+
 // SGD has no CPU fused step; Adam's (kernels/cpu/optim.cpp) declines what it cannot walk flat
 // in f32 and the device skip flag of CUDA graphs, touching nothing.
 TEST(FusedDispatch, CpuBackendDeclinesAndTouchesNothing) {
@@ -70,58 +90,45 @@ TEST(FusedDispatch, SgdOnCpuIsTheUnchangedPerTensorPath) {
   std::vector<Tensor> ps = make_params(1);
   SGD opt(ps, {.lr = lr, .momentum = momentum, .weight_decay = wd, .nesterov = true});
   std::vector<Tensor> ref = make_params(1), bufs(ps.size());
-  for (int s = 1; s <= 6; ++s) {
-    for (size_t i = 0; i < ps.size(); ++i) ps[i].set_grad(grad_for(s, i));
-    opt.step();
-    for (size_t i = 0; i < ref.size(); ++i) {   // optim/sgd.cpp's op sequence
-      Tensor d_p = grad_for(s, i).clone();
-      d_p.add_(ref[i].detach(), wd);
-      if (!bufs[i].defined()) {
-        bufs[i] = d_p.clone();
-      } else {
-        bufs[i].mul_(momentum).add_(d_p, 1.0);
-      }
-      d_p = d_p.clone();
-      d_p.add_(bufs[i], momentum);
-      Tensor r = ref[i].detach();
-      r.add_(d_p, -lr);
-      expect_bit_equal(ps[i].detach(), ref[i].detach(), "SGD step " + std::to_string(s) + " param " + std::to_string(i));
-      expect_bit_equal(opt.state(0, i).buffers.at("momentum_buffer"), bufs[i], "SGD momentum buffer");
+  step_and_replay(opt, ps, 6, default_grad, [&](int s, size_t i) {   // optim/sgd.cpp's op sequence
+    Tensor d_p = grad_for(s, i).clone();
+    d_p.add_(ref[i].detach(), wd);
+    if (!bufs[i].defined()) {
+      bufs[i] = d_p.clone();
+    } else {
+      bufs[i].mul_(momentum).add_(d_p, 1.0);
     }
-  }
+    d_p = d_p.clone();
+    d_p.add_(bufs[i], momentum);
+    Tensor r = ref[i].detach();
+    r.add_(d_p, -lr);
+    expect_bit_equal(ps[i].detach(), ref[i].detach(), "SGD step " + std::to_string(s) + " param " + std::to_string(i));
+    expect_bit_equal(opt.state(0, i).buffers.at("momentum_buffer"), bufs[i], "SGD momentum buffer");
+  });
 }
 
 TEST(FusedDispatch, AdamWAmsgradOnCpuIsTheUnchangedPerTensorPath) {
   const double lr = 1e-2, wd = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8;
   std::vector<Tensor> ps = make_params(7);
   AdamW opt(ps, {.lr = lr, .weight_decay = wd, .amsgrad = true});
-  std::vector<Tensor> ref = make_params(7);
-  std::vector<Tensor> m, v, vmax;
-  for (const Tensor& p : ref) {
-    m.push_back(zeros_like(p.detach()));
-    v.push_back(zeros_like(p.detach()));
-    vmax.push_back(zeros_like(p.detach()));
-  }
-  for (int s = 1; s <= 6; ++s) {
-    for (size_t i = 0; i < ps.size(); ++i) ps[i].set_grad(grad_for(s, i));
-    opt.step();
-    for (size_t i = 0; i < ref.size(); ++i) {   // optim/adam.cpp's op sequence
-      const Tensor g = grad_for(s, i);
-      Tensor p = ref[i].detach();
-      p.mul_(1.0 - lr * wd);
-      m[i].mul_(b1).add_(g, 1.0 - b1);
-      v[i].mul_(b2).add_(mul(g, g), 1.0 - b2);
-      const double bc1 = 1.0 - std::pow(b1, s), bc2 = 1.0 - std::pow(b2, s);
-      vmax[i].copy_(maximum(vmax[i], v[i]));
-      const Tensor denom = sqrt(vmax[i]) / std::sqrt(bc2) + eps;
-      p.add_(m[i] / denom, -(lr / bc1));
-      const std::string what = "AdamW step " + std::to_string(s) + " param " + std::to_string(i);
-      expect_bit_equal(ps[i].detach(), p, what);
-      expect_bit_equal(opt.state(0, i).buffers.at("exp_avg"), m[i], what + " exp_avg");
-      expect_bit_equal(opt.state(0, i).buffers.at("max_exp_avg_sq"), vmax[i], what + " max_exp_avg_sq");
-      EXPECT_EQ(opt.state(0, i).step, s) << what;
-    }
-  }
+  const std::vector<Tensor> ref = make_params(7);
+  std::vector<Tensor> m = zeros_like_each(ref), v = zeros_like_each(ref), vmax = zeros_like_each(ref);
+  step_and_replay(opt, ps, 6, default_grad, [&](int s, size_t i) {   // optim/adam.cpp's op sequence
+    const Tensor g = grad_for(s, i);
+    Tensor p = ref[i].detach();
+    p.mul_(1.0 - lr * wd);
+    m[i].mul_(b1).add_(g, 1.0 - b1);
+    v[i].mul_(b2).add_(mul(g, g), 1.0 - b2);
+    const double bc1 = 1.0 - std::pow(b1, s), bc2 = 1.0 - std::pow(b2, s);
+    vmax[i].copy_(maximum(vmax[i], v[i]));
+    const Tensor denom = sqrt(vmax[i]) / std::sqrt(bc2) + eps;
+    p.add_(m[i] / denom, -(lr / bc1));
+    const std::string what = "AdamW step " + std::to_string(s) + " param " + std::to_string(i);
+    expect_bit_equal(ps[i].detach(), p, what);
+    expect_bit_equal(opt.state(0, i).buffers.at("exp_avg"), m[i], what + " exp_avg");
+    expect_bit_equal(opt.state(0, i).buffers.at("max_exp_avg_sq"), vmax[i], what + " max_exp_avg_sq");
+    EXPECT_EQ(opt.state(0, i).step, s) << what;
+  });
 }
 
 // The Keras study's Adam (Keras' eps, kKerasEps) with L2 weight decay and maximize, on a
@@ -133,31 +140,25 @@ TEST(FusedDispatch, AdamKerasEpsOnCpuIsThePerTensorArithmeticAcrossThreads) {
   auto grad = [&](int step, size_t i) {
     return grad_for(step, i, shapes) * 1e-2;   // Adam's second moment near eps's scale for some elements
   };
-  std::vector<Tensor> ps = make_params(11, shapes), ref = make_params(11, shapes), m, v;
+  std::vector<Tensor> ps = make_params(11, shapes);
+  const std::vector<Tensor> ref = make_params(11, shapes);
   Adam opt(ps, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .maximize = true,
                 .keras_eps = true});
-  for (const Tensor& p : ref) {
-    m.push_back(zeros_like(p.detach()));
-    v.push_back(zeros_like(p.detach()));
-  }
-  for (int s = 1; s <= 5; ++s) {
-    for (size_t i = 0; i < ps.size(); ++i) ps[i].set_grad(grad(s, i));
-    opt.step();
-    for (size_t i = 0; i < ref.size(); ++i) {   // optim/adam.cpp's op sequence
-      Tensor p = ref[i].detach();
-      Tensor g = neg(grad(s, i)).clone();
-      g.add_(p, wd);
-      m[i].mul_(b1).add_(g, 1.0 - b1);
-      v[i].mul_(b2).add_(mul(g, g), 1.0 - b2);
-      const double bc1 = 1.0 - std::pow(b1, s), bc2_sqrt = std::sqrt(1.0 - std::pow(b2, s));
-      const Tensor denom = sqrt(v[i]) / bc2_sqrt + eps / bc2_sqrt;
-      p.add_(m[i] / denom, -(lr / bc1));
-      const std::string what = "Adam step " + std::to_string(s) + " param " + std::to_string(i);
-      expect_bit_equal(ps[i].detach(), p, what);
-      expect_bit_equal(opt.state(0, i).buffers.at("exp_avg_sq"), v[i], what + " exp_avg_sq");
-      EXPECT_EQ(opt.state(0, i).step, s) << what;
-    }
-  }
+  std::vector<Tensor> m = zeros_like_each(ref), v = zeros_like_each(ref);
+  step_and_replay(opt, ps, 5, grad, [&](int s, size_t i) {   // optim/adam.cpp's op sequence
+    Tensor p = ref[i].detach();
+    Tensor g = neg(grad(s, i)).clone();
+    g.add_(p, wd);
+    m[i].mul_(b1).add_(g, 1.0 - b1);
+    v[i].mul_(b2).add_(mul(g, g), 1.0 - b2);
+    const double bc1 = 1.0 - std::pow(b1, s), bc2_sqrt = std::sqrt(1.0 - std::pow(b2, s));
+    const Tensor denom = sqrt(v[i]) / bc2_sqrt + eps / bc2_sqrt;
+    p.add_(m[i] / denom, -(lr / bc1));
+    const std::string what = "Adam step " + std::to_string(s) + " param " + std::to_string(i);
+    expect_bit_equal(ps[i].detach(), p, what);
+    expect_bit_equal(opt.state(0, i).buffers.at("exp_avg_sq"), v[i], what + " exp_avg_sq");
+    EXPECT_EQ(opt.state(0, i).step, s) << what;
+  });
 }
 
 }  // namespace

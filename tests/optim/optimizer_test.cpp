@@ -27,6 +27,11 @@ Tensor param(const Shape& shape, uint64_t seed, DType dtype = DType::f32) {
   return p;
 }
 
+// A gradient of ones on each parameter, as backward of sum(p) would leave.
+void set_unit_grads(const std::vector<Tensor>& ps) {
+  for (Tensor p : ps) p.set_grad(ones(p.shape()));
+}
+
 using ::minidl::testing::error_of;
 
 #define EXPECT_ERROR(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
@@ -87,8 +92,7 @@ TEST(OptimizerErrors, Parameters) {
 TEST(Optimizer, ZeroGradSetsGradsUndefined) {
   Tensor w = param({2, 2}, 1), b = param({2}, 2);
   SGD opt({w, b}, SgdOptions{.lr = 0.1});
-  w.set_grad(ones({2, 2}));
-  b.set_grad(ones({2}));
+  set_unit_grads({w, b});
   opt.zero_grad();
   EXPECT_FALSE(w.grad().defined());
   EXPECT_FALSE(b.grad().defined());
@@ -137,8 +141,7 @@ TEST(Optimizer, ParamGroupsWithDifferentLearningRates) {
   EXPECT_EQ(opt.lr(0), 0.5);
   EXPECT_EQ(opt.lr(1), 0.01);
   EXPECT_EQ(opt.param_groups()[1].option("momentum"), 0.9);  // unset options take the defaults
-  w.set_grad(ones({3}));
-  b.set_grad(ones({2}));
+  set_unit_grads({w, b});
   opt.step();
   EXPECT_EQ(w.to_vector(), std::vector<double>(3, static_cast<float>(-0.5)));
   EXPECT_EQ(b.to_vector(), std::vector<double>(2, static_cast<float>(-0.01)));
@@ -305,8 +308,7 @@ TEST(OptimizerStateDict, LoadRestoresHyperParameters) {
 TEST(OptimizerStateDict, LoadValidatesAndChangesNothingOnError) {
   Tensor w = param({2, 2}, 1), b = param({3}, 2);
   Adam opt({w, b}, AdamOptions{.lr = 0.01});
-  w.set_grad(ones({2, 2}));
-  b.set_grad(ones({3}));
+  set_unit_grads({w, b});
   opt.step();
   const auto good = opt.state_dict();
 
