@@ -9,8 +9,20 @@
 
 #include "experiments/harness/maxbatch.h"
 #include "experiments/harness/train.h"
+#include "tests/experiments/helpers.h"
 
 namespace minidl::harness::testing {
+
+// The small CNN on synthetic images of `image_size`, `split` images a class, under `budget`, with
+// --workers 0, whose loader holds one batch at a time (the answer + 1 then runs out every time).
+inline TrainConfig small_cnn(int64_t image_size, const std::string& split, const std::string& budget) {
+  TrainConfig c = tiny_config();
+  c.image_size = image_size;
+  c.split = split;
+  c.memory_budget = budget;
+  c.workers = 0;
+  return c;
+}
 
 // minidl-train with c at `batch`: two optimizer steps of one epoch, then the evaluation passes.
 inline RunResult train_at(TrainConfig c, int64_t batch) {

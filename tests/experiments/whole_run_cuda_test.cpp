@@ -15,12 +15,8 @@ namespace minidl::harness {
 namespace {
 
 TrainConfig small_cnn_on_gpu(const std::string& budget) {
-  TrainConfig c = testing::tiny_config();
-  c.image_size = 32;
-  c.split = "64,4,4";
+  TrainConfig c = testing::small_cnn(32, "64,4,4", budget);
   c.device = "cuda";
-  c.memory_budget = budget;
-  c.workers = 0;
   // The heuristic's algorithms, which the dry run asks cuDNN for. Autotuning picks by timing, under
   // the memory free when a shape is first seen, which no dry run can know in advance.
   c.cudnn_benchmark = "off";

@@ -14,14 +14,7 @@
 namespace minidl::harness {
 namespace {
 
-TrainConfig small_cnn(const std::string& budget) {
-  TrainConfig c = testing::tiny_config();
-  c.image_size = 16;
-  c.split = "96,8,8";
-  c.memory_budget = budget;
-  c.workers = 0;
-  return c;
-}
+TrainConfig small_cnn(const std::string& budget) { return testing::small_cnn(16, "96,8,8", budget); }
 
 std::filesystem::path photos() { return std::filesystem::path(MINIDL_SHARED_DATA_DIR) / "catsdogs"; }
 

@@ -20,15 +20,8 @@
 namespace minidl {
 namespace {
 
-bool self_test() { return testing::parity_self_test(); }
 const Device kGpu = testing::parity_target();
-
-class AmpF16 : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!self_test() && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  }
-};
+using AmpF16 = testing::CudaTargetTest;
 
 Tensor to_target(const Tensor& t) { return t.device() == kGpu ? t.clone() : t.to(kGpu); }
 

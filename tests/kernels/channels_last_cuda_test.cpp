@@ -12,6 +12,7 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "tests/support/conv_shape_case.h"
 #include "tests/support/parity_helpers.h"
 
 namespace minidl::testing::parity {
@@ -62,17 +63,14 @@ CpuReference cpu_reference(const Tensor& x, const std::function<Tensor(const Ten
 }
 
 TEST_F(Parity, ChannelsLastConvolutionMatchesNchwAndTheCpu) {
-  struct Case {
-    Shape x, w;
-    int64_t stride, pad;
-  };
   // A stem-like 7x7/2 on 3 channels, a 3x3 with multiples of 8 (tensor-core shapes in f16), a
   // strided 3x3, and a 1x1 (whose filters are both formats).
-  for (const Case& c : {Case{{2, 3, 12, 12}, {8, 3, 7, 7}, 2, 3}, Case{{2, 8, 6, 6}, {16, 8, 3, 3}, 1, 1},
-                        Case{{3, 5, 7, 7}, {6, 5, 3, 3}, 2, 1}, Case{{2, 16, 5, 5}, {8, 16, 1, 1}, 1, 0}}) {
+  for (const ConvShapeCase& c :
+       {ConvShapeCase{{2, 3, 12, 12}, {8, 3, 7, 7}, 2, 3}, ConvShapeCase{{2, 8, 6, 6}, {16, 8, 3, 3}, 1, 1},
+        ConvShapeCase{{3, 5, 7, 7}, {6, 5, 3, 3}, 2, 1}, ConvShapeCase{{2, 16, 5, 5}, {8, 16, 1, 1}, 1, 0}}) {
     for (DType dt : {DType::f32, DType::f16}) {
-      const std::string tag = shape_str(c.x) + " * " + shape_str(c.w) + " " + dtype_name(dt);
-      const Conv2dOptions o{.stride = {c.stride, c.stride}, .padding = {c.pad, c.pad}};
+      const std::string tag = c.tag(dt);
+      const Conv2dOptions o = c.opts();
       const Tensor x = rnd(c.x, dt, 1), w = rnd(c.w, dt, 2);
       Tensor xc = x.clone().set_requires_grad(true), wc = w.clone().set_requires_grad(true);
       const Tensor yc = conv2d(xc, wc, Tensor(), o);
@@ -161,16 +159,10 @@ TEST_F(Parity, AResidualJoinAddsTheConvolutionsGradientIntoTheShortcuts) {
 }
 
 TEST_F(Parity, ChannelsLastPoolingMatchesTheCpu) {
-  Pool2dOptions stem;   // ResNet's stem pool: 3x3, stride 2, padding 1 (overlapping windows)
-  stem.kernel = {3, 3};
-  stem.stride = {2, 2};
-  stem.padding = {1, 1};
-  Pool2dOptions avg;
-  avg.kernel = {2, 3};
-  avg.stride = {2, 2};
-  avg.padding = {1, 1};
-  avg.ceil_mode = true;
-  avg.count_include_pad = false;
+  // ResNet's stem pool: 3x3, stride 2, padding 1 (overlapping windows).
+  const Pool2dOptions stem{.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+  const Pool2dOptions avg{
+      .kernel = {2, 3}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true, .count_include_pad = false};
   const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops = {
       {"max_pool2d", [&](const Tensor& t) { return max_pool2d(t, stem); }},
       {"avg_pool2d", [&](const Tensor& t) { return avg_pool2d(t, avg); }},

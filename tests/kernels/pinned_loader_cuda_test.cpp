@@ -16,15 +16,8 @@
 namespace minidl::data {
 namespace {
 
-bool self_test() { return testing::parity_self_test(); }
 const Device kGpu = testing::parity_target();
-
-class PinnedLoader : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!self_test() && !minidl::cuda_available()) GTEST_SKIP() << "no CUDA device";
-  }
-};
+using PinnedLoader = testing::CudaTargetTest;
 
 LoaderOptions options(int workers, DType dtype, bool channels_last, Device dev) {
   LoaderOptions o;

@@ -16,6 +16,7 @@
 #include "nn/module.h"
 #include "tests/nn/small_net.h"
 #include "nn/safetensors.h"
+#include "tests/support/temp_dir.h"
 
 namespace minidl::nn {
 namespace {
@@ -24,12 +25,7 @@ namespace fs = std::filesystem;
 
 using testing::small_net;
 
-fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / "minidl_device_move_test" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir(const std::string& name) { return minidl::testing::fresh_dir("minidl_device_move_test", name); }
 
 TEST(ModuleTest, ToCudaKeepsParameterIdentity) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the cross-device move is not exercised";

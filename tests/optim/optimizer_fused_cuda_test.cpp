@@ -21,15 +21,8 @@
 namespace minidl::optim {
 namespace {
 
-bool self_test() { return testing::parity_self_test(); }
 const Device kGpu = testing::parity_target();
-
-class FusedOptim : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!self_test() && !minidl::cuda_available()) GTEST_SKIP() << "no CUDA device";
-  }
-};
+using FusedOptim = testing::CudaTargetTest;
 
 // Shapes: tiny, odd, and one past a 65536-element chunk so a tensor spans several blocks.
 const std::vector<Shape> kShapes{{3}, {17, 9}, {70003}, {1}, {4, 3, 5}};
@@ -71,7 +64,7 @@ Run make_run(Device dev, const Factory& make, const std::vector<Tensor>* from = 
     } else {
       Generator g(100 + i);
       p = randn(kShapes[i], {}, &g);
-      if (dev != Device::cpu() || self_test()) p = p.to(dev).clone();
+      if (dev != Device::cpu() || testing::parity_self_test()) p = p.to(dev).clone();
     }
     p.set_requires_grad(true);
     r.params.push_back(p);
