@@ -1,5 +1,7 @@
 # Decides whether the CUDA backend is built. AUTO builds it when nvcc and cuDNN are both found;
 # ON fails the configure with the reason when either is missing; OFF never builds it.
+# The convolutions go through cudnn-frontend (cmake/cudnn_frontend.cmake), whose headers come with
+# the imported target minidl_cudnn.
 # Output: MINIDL_WITH_CUDA, and the imported target minidl_cudnn when enabled.
 set(MINIDL_WITH_CUDA OFF)
 string(TOUPPER "${MINIDL_CUDA}" _minidl_cuda_mode)
@@ -36,10 +38,12 @@ if(NOT _minidl_cuda_mode STREQUAL "OFF")
     endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(_minidl_fe_cudnn_include ${MINIDL_CUDNN_INCLUDE})
+    include(${CMAKE_CURRENT_LIST_DIR}/cudnn_frontend.cmake)
     add_library(minidl_cudnn UNKNOWN IMPORTED)
     set_target_properties(minidl_cudnn PROPERTIES
       IMPORTED_LOCATION ${MINIDL_CUDNN_LIBRARY}
-      INTERFACE_INCLUDE_DIRECTORIES ${MINIDL_CUDNN_INCLUDE})
+      INTERFACE_INCLUDE_DIRECTORIES "${MINIDL_CUDNN_INCLUDE};${MINIDL_CUDNN_FRONTEND_INCLUDE}")
     set(MINIDL_WITH_CUDA ON)
     message(STATUS "minidl: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, cuDNN ${MINIDL_CUDNN_LIBRARY}, archs ${CMAKE_CUDA_ARCHITECTURES})")
   elseif(_minidl_cuda_mode STREQUAL "ON")

@@ -28,6 +28,13 @@ else()
   endif()
 endif()
 
+# cudnn-frontend (cmake/cudnn_frontend.cmake): the backend's convolutions include it, and the tests of
+# the graph-API stand-ins drive it. A CUDA build has required it already; a headers-only build uses it
+# when it is there.
+if(NOT MINIDL_WITH_CUDA)
+  find_path(MINIDL_CUDNN_FRONTEND_INCLUDE cudnn_frontend.h
+    HINTS ${PROJECT_SOURCE_DIR}/.tools/cudnn_frontend/include NO_DEFAULT_PATH)
+endif()
 if(_minidl_emu_why STREQUAL "")
   add_library(minidl_emu_libs STATIC
     ${CMAKE_CURRENT_LIST_DIR}/emu_libs.cpp
@@ -38,6 +45,10 @@ if(_minidl_emu_why STREQUAL "")
     ${CMAKE_CURRENT_LIST_DIR}/conv_reference.cpp)
   target_include_directories(minidl_emu_libs PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
   target_include_directories(minidl_emu_libs SYSTEM PUBLIC ${MINIDL_EMU_CUDA_INCLUDE} ${MINIDL_EMU_CUDNN_INCLUDE})
+  if(MINIDL_CUDNN_FRONTEND_INCLUDE)
+    target_include_directories(minidl_emu_libs SYSTEM PUBLIC ${MINIDL_CUDNN_FRONTEND_INCLUDE})
+    target_compile_definitions(minidl_emu_libs PUBLIC MINIDL_EMU_WITH_CUDNN_FRONTEND=1)
+  endif()
   target_link_libraries(minidl_emu_libs PRIVATE minidl_warnings)
   target_compile_features(minidl_emu_libs PUBLIC cxx_std_20)
   set(MINIDL_WITH_EMU_LIBS ON)

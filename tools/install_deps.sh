@@ -31,6 +31,10 @@ MINIDL_PACKAGES=(
 # From PyPI (pure Python, installed into .tools/, which git ignores): lizard, which the function
 # length check of the tests (tests/tools/function_length_test.sh) runs.
 MINIDL_PYPI_LIZARD=lizard==1.24.3
+# cudnn-frontend, the header-only C++ API over cuDNN's graph (backend) API that the CUDA backend's
+# convolutions are built on (kernels/cuda/conv*.cu). Its wheel ships the headers under include/; only
+# those are unpacked, into .tools/cudnn_frontend/include (cmake/cudnn_frontend.cmake looks there).
+MINIDL_PYPI_CUDNN_FRONTEND=nvidia-cudnn-frontend==1.32.0
 # Only for regenerating the golden files (tools/make_golden*.py); never for building or testing.
 # Pillow: the e2e golden's decoding and resizes, and the article augmentation's golden.
 MINIDL_GOLDEN_PACKAGES=(
@@ -90,6 +94,33 @@ install_lizard() {
     { echo "install_deps: could not install $MINIDL_PYPI_LIZARD (python3 -m pip install --target $target)" >&2; return 1; }
 }
 
+# cudnn-frontend's headers into .tools/cudnn_frontend unless they are there. The wheel is
+# downloaded, never installed (it also holds a Python module built for one Python version).
+install_cudnn_frontend() {
+  local root target version tmp
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  target=$root/.tools/cudnn_frontend
+  version=${MINIDL_PYPI_CUDNN_FRONTEND#*==}
+  [[ -f $target/include/cudnn_frontend.h && $(cat "$target/VERSION" 2> /dev/null) == "$version" ]] && return 0
+  echo "install_deps: unpacking the headers of $MINIDL_PYPI_CUDNN_FRONTEND (PyPI) into .tools/cudnn_frontend" >&2
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.11 \
+    --platform manylinux_2_28_x86_64 --dest "$tmp" "$MINIDL_PYPI_CUDNN_FRONTEND" 2>&1 |
+    grep -v "Running pip as the 'root' user" >&2 || true
+  rm -rf "$target"
+  python3 - "$tmp" "$target" << 'PY' || { rm -rf "$tmp"; echo "install_deps: could not unpack $MINIDL_PYPI_CUDNN_FRONTEND" >&2; return 1; }
+import glob, os, sys, zipfile
+wheels = glob.glob(os.path.join(sys.argv[1], "*.whl"))
+if not wheels:
+    sys.exit("no wheel downloaded")
+with zipfile.ZipFile(wheels[0]) as z:
+    names = [n for n in z.namelist() if n.startswith("include/")]
+    z.extractall(sys.argv[2], names)
+PY
+  echo "$version" > "$target/VERSION"
+  rm -rf "$tmp"
+}
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null || true)
@@ -97,6 +128,7 @@ for p in "${packages[@]}"; do
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
   install_lizard
+  install_cudnn_frontend
   exit 0
 fi
 
@@ -111,3 +143,4 @@ echo "install_deps: installing missing Debian packages: ${missing[*]}" >&2
 apt-get update
 DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 install_lizard
+install_cudnn_frontend
