@@ -14,6 +14,22 @@
 
 namespace minidl {
 
+MemoryStats StatsAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return s_;
+}
+
+void StatsAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  s_.peak_allocated_bytes = s_.allocated_bytes;
+  s_.peak_reserved_bytes = s_.reserved_bytes;
+}
+
+void StatsAllocator::set_budget(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  s_.budget_bytes = static_cast<int64_t>(bytes);
+}
+
 CpuAllocator::CpuAllocator(Device device) : device_(device), backed_(!device.is_meta()) {
   const char* env = std::getenv("MINIDL_CPU_CACHE");
   cache_enabled_ = env == nullptr || std::string(env) != "0";
@@ -172,22 +188,6 @@ size_t CpuAllocator::block_bytes(const void* p, size_t nbytes) const {
 int64_t CpuAllocator::cache_hits() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cache_hits_;
-}
-
-MemoryStats CpuAllocator::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return s_;
-}
-
-void CpuAllocator::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mu_);
-  s_.peak_allocated_bytes = s_.allocated_bytes;
-  s_.peak_reserved_bytes = s_.reserved_bytes;
-}
-
-void CpuAllocator::set_budget(size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  s_.budget_bytes = static_cast<int64_t>(bytes);
 }
 
 CpuAllocator& cpu_allocator() {

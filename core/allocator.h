@@ -39,6 +39,19 @@ class Allocator {
   virtual Device device() const = 0;
 };
 
+// The books every allocator below keeps, MemoryStats under one mutex, and the calls that only read
+// or reset them; a subclass does its own accounting in s_ while holding mu_.
+class StatsAllocator : public Allocator {
+ public:
+  MemoryStats stats() const override;
+  void reset_peak_stats() override;
+  void set_budget(size_t bytes) override;
+
+ protected:
+  mutable std::mutex mu_;   // guards s_ and the subclass's own books
+  MemoryStats s_;
+};
+
 // The host allocator: 64-byte aligned blocks; reserved = the sizes of live blocks (a request's
 // rounded size, or the cached block that served it) plus the cache. The cache exists because glibc serves blocks over 32 MiB with mmap and returns them with
 // munmap, so without it every large tensor of a training step came back as fresh pages that the
@@ -73,7 +86,7 @@ class Allocator {
 // Built for the meta device (Device::meta(CPU)) it keeps the same books, cache, budget and errors
 // but hands out address ranges with no memory behind them: the dry run's allocator is this class,
 // not a copy of its rules, so meta:cpu's peaks (allocated and reserved) are the host's.
-class CpuAllocator final : public Allocator {
+class CpuAllocator final : public StatsAllocator {
  public:
   static constexpr size_t kAlignment = 64;
   static constexpr size_t kCacheMinBytes = size_t{1} << 20;
@@ -82,9 +95,6 @@ class CpuAllocator final : public Allocator {
   explicit CpuAllocator(Device device = Device::cpu());
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
-  MemoryStats stats() const override;
-  void reset_peak_stats() override;
-  void set_budget(size_t bytes) override;
   void empty_cache() override;
   Device device() const override { return device_; }
   static size_t rounded(size_t nbytes) { return (nbytes + kAlignment - 1) / kAlignment * kAlignment; }
@@ -110,8 +120,6 @@ class CpuAllocator final : public Allocator {
 
   Device device_;
   bool backed_ = true;
-  mutable std::mutex mu_;
-  MemoryStats s_;
   bool cache_enabled_ = true;
   std::multimap<size_t, void*> cache_;  // rounded size -> block
   std::unordered_map<const void*, size_t> larger_;  // live blocks larger than their request's rounded size

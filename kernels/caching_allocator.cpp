@@ -48,6 +48,14 @@ CachingAllocator::~CachingAllocator() {
   }
 }
 
+void CachingAllocator::absorb_next(Block* b) {
+  Block* n = b->next;
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next != nullptr) n->next->prev = b;
+  delete n;
+}
+
 CachingAllocator::Pools& CachingAllocator::pools_of(int id) { return pools_[id]; }
 
 size_t CachingAllocator::round_size(size_t nbytes) {
@@ -202,28 +210,15 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   Pool& pool = b->small ? pools.small : pools.large;
   // Merge with free neighbours of the same segment (they are in the pool: take them out first).
   if (b->prev != nullptr && !b->prev->allocated) {
-    Block* p = b->prev;
-    pool.erase(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) b->next->prev = p;
-    delete b;
-    b = p;
+    b = b->prev;
+    pool.erase(b);
+    absorb_next(b);
   }
   if (b->next != nullptr && !b->next->allocated) {
-    Block* n = b->next;
-    pool.erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    delete n;
+    pool.erase(b->next);
+    absorb_next(b);
   }
   pool.insert(b);
-}
-
-MemoryStats CachingAllocator::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return s_;
 }
 
 CachingStats CachingAllocator::detailed_stats() const {
@@ -236,17 +231,6 @@ CachingStats CachingAllocator::detailed_stats() const {
   c.raw_frees = raw_frees_;
   c.cache_flushes = flushes_;
   return c;
-}
-
-void CachingAllocator::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mu_);
-  s_.peak_allocated_bytes = s_.allocated_bytes;
-  s_.peak_reserved_bytes = s_.reserved_bytes;
-}
-
-void CachingAllocator::set_budget(size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  s_.budget_bytes = static_cast<int64_t>(bytes);
 }
 
 int CachingAllocator::begin_private_pool() {

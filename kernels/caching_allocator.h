@@ -80,7 +80,7 @@ struct CachingStats {
 // and hands segments still holding live blocks to the eager pools. Private segments count in
 // reserved bytes and the budget like any other; they are not released by empty_cache or by the
 // cache flush before an OOM while their pool lives.
-class CachingAllocator final : public Allocator {
+class CachingAllocator final : public StatsAllocator {
  public:
   static constexpr size_t kMinBlock = 512;
   static constexpr size_t kSmallSize = size_t{1} << 20;
@@ -96,9 +96,6 @@ class CachingAllocator final : public Allocator {
 
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
-  MemoryStats stats() const override;
-  void reset_peak_stats() override;
-  void set_budget(size_t bytes) override;
   void empty_cache() override;
   Device device() const override { return device_; }
 
@@ -139,6 +136,8 @@ class CachingAllocator final : public Allocator {
     size_t reserved = 0;
   };
   Pools& pools_of(int id);
+  // b takes over its next neighbour in the segment (which must be out of every pool), deleting it.
+  static void absorb_next(Block* b);
   Block* find_free(Pool& pool, size_t size);
   Block* new_segment(size_t rounded, bool small, int pool);   // nullptr: no room (budget or device)
   void release_cached();                            // frees wholly free segments; mu_ held
@@ -146,11 +145,9 @@ class CachingAllocator final : public Allocator {
 
   std::unique_ptr<SegmentSource> source_;
   Device device_;
-  mutable std::mutex mu_;
   std::map<int, Pools> pools_;   // 0: the eager pools
   int current_pool_ = 0, next_pool_ = 1;
   std::unordered_map<void*, Block*> live_;   // allocated blocks by pointer
-  MemoryStats s_;
   int64_t segments_ = 0, raw_allocs_ = 0, raw_frees_ = 0, flushes_ = 0;
 };
 
