@@ -116,14 +116,11 @@ Node::~Node() {
 }
 
 bool grad_enabled() { return g_grad_enabled; }
-NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
-NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
-EnableGradGuard::EnableGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = true; }
-EnableGradGuard::~EnableGradGuard() { g_grad_enabled = prev_; }
+NoGradGuard::NoGradGuard() : ScopedFlag(g_grad_enabled, false) {}
+EnableGradGuard::EnableGradGuard() : ScopedFlag(g_grad_enabled, true) {}
 
 bool recomputing() { return g_recomputing; }
-RecomputeGuard::RecomputeGuard() : prev_(g_recomputing) { g_recomputing = true; }
-RecomputeGuard::~RecomputeGuard() { g_recomputing = prev_; }
+RecomputeGuard::RecomputeGuard() : ScopedFlag(g_recomputing, true) {}
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;

@@ -33,45 +33,41 @@ class Node {
   uint64_t sequence_nr = 0;  // creation order: later nodes run first among the ready ones
 };
 
-// Gradient mode: ops record nodes only while it is on (thread-local, on by default).
-bool grad_enabled();
-class NoGradGuard {
+// Sets a thread-local mode flag for its scope and restores the earlier value when the scope ends:
+// the mode guards below are its instances.
+class ScopedFlag {
  public:
-  NoGradGuard();
-  ~NoGradGuard();
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  ScopedFlag(bool& flag, bool value) : flag_(flag), prev_(flag) { flag_ = value; }
+  ~ScopedFlag() { flag_ = prev_; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
 
  private:
+  bool& flag_;
   bool prev_;
+};
+
+// Gradient mode: ops record nodes only while it is on (thread-local, on by default).
+bool grad_enabled();
+class NoGradGuard : ScopedFlag {
+ public:
+  NoGradGuard();
 };
 
 // Re-enables grad mode inside a backward (which runs under NoGradGuard): checkpoint's backward
 // reruns its function with recording on, the way PyTorch's reentrant checkpoint does.
-class EnableGradGuard {
+class EnableGradGuard : ScopedFlag {
  public:
   EnableGradGuard();
-  ~EnableGradGuard();
-  EnableGradGuard(const EnableGradGuard&) = delete;
-  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
-
- private:
-  bool prev_;
 };
 
 // True while checkpoint's backward reruns a forward (thread-local). Ops with side effects that
 // must happen once per real forward (batch-norm running statistics, num_batches_tracked) skip
 // them while it is set, so recomputation leaves the model's buffers exactly as without it.
 bool recomputing();
-class RecomputeGuard {
+class RecomputeGuard : ScopedFlag {
  public:
   RecomputeGuard();
-  ~RecomputeGuard();
-  RecomputeGuard(const RecomputeGuard&) = delete;
-  RecomputeGuard& operator=(const RecomputeGuard&) = delete;
-
- private:
-  bool prev_;
 };
 
 // The backward of one op. Capture saved tensors *detached* (t.detach()) so a node never owns the

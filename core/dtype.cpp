@@ -1,41 +1,57 @@
 // Names and sizes of the element types, in one place so messages and file formats agree.
 #include "core/dtype.h"
 
+#include <iterator>
+
 #include "core/error.h"
 
 namespace minidl {
 
-size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
-    case DType::boolean: return 1;
+namespace {
+
+struct DTypeInfo {
+  DType type;
+  size_t size;
+  const char* name;
+};
+
+// Every dtype in the order of its enum, so that a dtype's value indexes the table.
+constexpr DTypeInfo kDTypes[] = {
+    {DType::f32, 4, "f32"}, {DType::f64, 8, "f64"}, {DType::f16, 2, "f16"},   {DType::i32, 4, "i32"},
+    {DType::i64, 8, "i64"}, {DType::u8, 1, "u8"},   {DType::boolean, 1, "bool"},
+};
+
+constexpr bool table_in_enum_order() {
+  for (size_t i = 0; i < std::size(kDTypes); ++i) {
+    if (static_cast<size_t>(kDTypes[i].type) != i) return false;
   }
-  return 0;
+  return true;
+}
+static_assert(table_in_enum_order(), "kDTypes must list the dtypes in the order of DType");
+
+// nullptr for a value outside the enum.
+const DTypeInfo* info(DType t) {
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kDTypes) ? &kDTypes[i] : nullptr;
+}
+
+}  // namespace
+
+size_t dtype_size(DType t) {
+  const DTypeInfo* d = info(t);
+  return d != nullptr ? d->size : 0;
 }
 
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
-    case DType::boolean: return "bool";
-  }
-  return "?";
+  const DTypeInfo* d = info(t);
+  return d != nullptr ? d->name : "?";
 }
 
 bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16; }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType t : {DType::f32, DType::f64, DType::f16, DType::i32, DType::i64, DType::u8, DType::boolean}) {
-    if (name == dtype_name(t)) return t;
+  for (const DTypeInfo& d : kDTypes) {
+    if (name == d.name) return d.type;
   }
   MINIDL_FAIL("unknown dtype '", name, "': expected one of f32, f64, f16, i32, i64, u8, bool");
 }
