@@ -179,19 +179,30 @@ void input_grad_chunk(const CMapR<T>& wm, const CMapR<T>& gym, const ConvGeom& g
   });
 }
 
-// The input gradient of small planes with a big weight (deep stages): per-thread groups of samples
-// would each stream the whole weight for few columns, so all samples form one GEMM and threads
-// split the input channels, each multiplying its rows of the weight and scattering into its own
-// channels of the gradient.
+// One chunk [c0, c1) of input channels of one item (the plan's i-th) in the by-channel passes below:
+// the item's output-gradient rows gym, the calling thread's scratch for its columns, and the plan
+// to run its copies with (on that thread).
 template <typename T>
-void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const ConvGeom& g, const Plan& pl, T* gxp,
-                                    const Tensor& like) {
+struct ChannelChunk {
+  const Plan& seq;
+  int64_t i;
+  const Item& it;
+  const CMapR<T>& gym;
+  int64_t c0, c1;
+  T* cols;
+};
+
+// Runs body(chunk) for every item of the plan and every chunk of input channels, the chunks of one
+// item in parallel. ws (input_workspace or weight_workspace) sizes the gathered output gradient
+// and each thread's columns.
+template <typename T, typename Body>
+void for_each_channel_chunk(const T* gyp, const ConvGeom& g, const Plan& pl, const Workspace& ws, const Tensor& like,
+                            const Body& body) {
   const int nt = std::max(1, omp_get_max_threads());
   const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
-  const Workspace ws = input_workspace<T>(g);  // the gathered output gradient, then cc channels' columns per thread
   const Scratch<T> gy_scratch(ws.shared, 1, like);
-  const Scratch<T> gcol_scratch(ws.per_thread, ws.threads, like);
-  Plan seq = pl;
+  const Scratch<T> cols_scratch(ws.per_thread, ws.threads, like);
+  Plan seq = pl;  // copies inside a thread's chunk run on that thread
   seq.inner = false;
   for (int64_t i = 0; i < pl.num_items(); ++i) {
     const Item it = pl.item(i, g.n, g.oh);
@@ -199,9 +210,21 @@ void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const Conv
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t ci = 0; ci < chunks; ++ci) {
       const int64_t c0 = ci * cc, c1 = std::min(g.c, c0 + cc);
-      input_grad_chunk<T>(wm, gym, g, seq, it, c0, c1, gcol_scratch.at(omp_get_thread_num()), gxp);
+      body(ChannelChunk<T>{seq, i, it, gym, c0, c1, cols_scratch.at(omp_get_thread_num())});
     }
   }
+}
+
+// The input gradient of small planes with a big weight (deep stages): per-thread groups of samples
+// would each stream the whole weight for few columns, so all samples form one GEMM and threads
+// split the input channels, each multiplying its rows of the weight and scattering into its own
+// channels of the gradient.
+template <typename T>
+void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const ConvGeom& g, const Plan& pl, T* gxp,
+                                    const Tensor& like) {
+  for_each_channel_chunk<T>(gyp, g, pl, input_workspace<T>(g), like, [&](const ChannelChunk<T>& ch) {
+    input_grad_chunk<T>(wm, ch.gym, g, ch.seq, ch.it, ch.c0, ch.c1, ch.cols, gxp);
+  });
 }
 
 // The weight gradient when there are too few items to give each thread its own (big [O, K] results
@@ -212,25 +235,12 @@ void conv_backward_input_by_channel(const T* gyp, const CMapR<T>& wm, const Conv
 template <typename T>
 void conv_backward_weight_by_channel(const T* gyp, const T* xp, const ConvGeom& g, const Plan& pl, T* gwp,
                                      const Tensor& like) {
-  const int nt = std::max(1, omp_get_max_threads());
   const int64_t k = g.k(), kk = g.kh * g.kw;
-  const int64_t cc = thread_chunk_channels<T>(g, pl, nt), chunks = (g.c + cc - 1) / cc;
-  const Workspace ws = weight_workspace<T>(g);  // the gathered output gradient, then cc channels' columns per thread
-  const Scratch<T> gy_scratch(ws.shared, 1, like);
-  const Scratch<T> cols_scratch(ws.per_thread, ws.threads, like);
-  Plan seq = pl;  // copies inside a thread's chunk run on that thread
-  seq.inner = false;
   MapR<T> acc(gwp, g.o, k, Eigen::OuterStride<>(k));
-  for (int64_t i = 0; i < pl.num_items(); ++i) {
-    const Item it = pl.item(i, g.n, g.oh);
-    const CMapR<T> gym = item_rows(gyp, g, pl, it, gy_scratch.at(0));
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t ci = 0; ci < chunks; ++ci) {
-      const int64_t c0 = ci * cc, c1 = std::min(g.c, c0 + cc);
-      const CMapR<T> cm = item_columns(xp, g, seq, it, c0, c1, cols_scratch.at(omp_get_thread_num()));
-      product(acc.middleCols(c0 * kk, (c1 - c0) * kk), gym, cm.transpose(), i > 0);
-    }
-  }
+  for_each_channel_chunk<T>(gyp, g, pl, weight_workspace<T>(g), like, [&](const ChannelChunk<T>& ch) {
+    const CMapR<T> cm = item_columns(xp, g, ch.seq, ch.it, ch.c0, ch.c1, ch.cols);
+    product(acc.middleCols(ch.c0 * kk, (ch.c1 - ch.c0) * kk), ch.gym, cm.transpose(), ch.i > 0);
+  });
 }
 
 template <typename T>

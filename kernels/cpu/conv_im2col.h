@@ -198,28 +198,26 @@ void col2im_plane_impl(const T* col, int64_t ld, const ConvGeom& g, T* acc) {
   }
 }
 
-// Calls f.template operator()<OW, SW>() with constants for the common ResNet row shapes.
+// Calls f.template operator()<OW, SW>() when ow is one of the common ResNet row widths; false
+// when it is not.
+template <int SW, typename F>
+bool dispatch_row_width(int64_t ow, F& f) {
+  switch (ow) {
+    case 2: f.template operator()<2, SW>(); return true;
+    case 4: f.template operator()<4, SW>(); return true;
+    case 8: f.template operator()<8, SW>(); return true;
+    case 16: f.template operator()<16, SW>(); return true;
+    case 32: f.template operator()<32, SW>(); return true;
+    default: return false;
+  }
+}
+
+// Calls f.template operator()<OW, SW>() with constants for the common ResNet row shapes
+// (strides 1 and 2), and f.template operator()<0, 0>() for any other.
 template <typename F>
 void dispatch_row_shape(const ConvGeom& g, F&& f) {
-  if (g.sw == 1) {
-    switch (g.ow) {
-      case 2: return f.template operator()<2, 1>();
-      case 4: return f.template operator()<4, 1>();
-      case 8: return f.template operator()<8, 1>();
-      case 16: return f.template operator()<16, 1>();
-      case 32: return f.template operator()<32, 1>();
-      default: break;
-    }
-  } else if (g.sw == 2) {
-    switch (g.ow) {
-      case 2: return f.template operator()<2, 2>();
-      case 4: return f.template operator()<4, 2>();
-      case 8: return f.template operator()<8, 2>();
-      case 16: return f.template operator()<16, 2>();
-      case 32: return f.template operator()<32, 2>();
-      default: break;
-    }
-  }
+  if (g.sw == 1 && dispatch_row_width<1>(g.ow, f)) return;
+  if (g.sw == 2 && dispatch_row_width<2>(g.ow, f)) return;
   f.template operator()<0, 0>();
 }
 

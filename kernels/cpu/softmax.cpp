@@ -18,17 +18,26 @@ using Layout = common::SoftmaxLayout;
 // Inner positions handled together: strided access along C then touches whole cache lines.
 constexpr int64_t kLanes = 64;
 
-template <typename T>
-void forward(const T* x, T* y, const Layout& L, bool log) {
+// Runs body(base, lanes) for each run of up to kLanes inner positions of each outer slice, in
+// parallel over the runs when the tensor is large enough; base is the offset of the run's first
+// element at c = 0 (its element c of lane j is at base + c * L.inner + j).
+template <typename Body>
+void for_each_lane_run(const Layout& L, const Body& body) {
   const int64_t blocks = (L.inner + kLanes - 1) / kLanes;
   const int64_t tasks = L.outer * blocks;
 #pragma omp parallel for schedule(static) if (L.outer * L.C * L.inner > 16384)
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t o = t / blocks;
     const int64_t i0 = (t % blocks) * kLanes;
-    const int64_t lanes = std::min(kLanes, L.inner - i0);
-    const T* xb = x + o * L.C * L.inner + i0;
-    T* yb = y + o * L.C * L.inner + i0;
+    body(o * L.C * L.inner + i0, std::min(kLanes, L.inner - i0));
+  }
+}
+
+template <typename T>
+void forward(const T* x, T* y, const Layout& L, bool log) {
+  for_each_lane_run(L, [=](int64_t base, int64_t lanes) {
+    const T* xb = x + base;
+    T* yb = y + base;
     T mx[kLanes];
     double sum[kLanes];
     for (int64_t j = 0; j < lanes; ++j) {
@@ -62,20 +71,13 @@ void forward(const T* x, T* y, const Layout& L, bool log) {
         for (int64_t j = 0; j < lanes; ++j) yb[c * L.inner + j] *= inv[j];
       }
     }
-  }
+  });
 }
 
 // softmax: gx = y * (gy - sum_c gy * y);  log_softmax: gx = gy - exp(y) * sum_c gy.
 template <typename T>
 void backward(const T* gy, const T* y, T* gx, const Layout& L, bool log) {
-  const int64_t blocks = (L.inner + kLanes - 1) / kLanes;
-  const int64_t tasks = L.outer * blocks;
-#pragma omp parallel for schedule(static) if (L.outer * L.C * L.inner > 16384)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t o = t / blocks;
-    const int64_t i0 = (t % blocks) * kLanes;
-    const int64_t lanes = std::min(kLanes, L.inner - i0);
-    const int64_t base = o * L.C * L.inner + i0;
+  for_each_lane_run(L, [=](int64_t base, int64_t lanes) {
     double acc[kLanes];
     for (int64_t j = 0; j < lanes; ++j) acc[j] = 0.0;
     for (int64_t c = 0; c < L.C; ++c) {
@@ -96,7 +98,7 @@ void backward(const T* gy, const T* y, T* gx, const Layout& L, bool log) {
         }
       }
     }
-  }
+  });
 }
 
 void check_float(const Tensor& t, const char* op, const char* what) {
