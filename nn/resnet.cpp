@@ -21,7 +21,7 @@ std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride, Generat
 
 BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample,
                        Generator* gen)
-    : Module("BasicBlock") {
+    : ResidualBlock("BasicBlock") {
   conv1_ = register_module("conv1", conv3x3(inplanes, planes, stride, gen));
   bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
   relu_ = register_module("relu", std::make_shared<ReLU>());
@@ -33,17 +33,16 @@ BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::sh
 Tensor BasicBlock::forward(const Tensor& x) {
   if (fused_ && !Module::summarizing()) {
     const Tensor out = (*conv2_)(bn1_->forward_relu((*conv1_)(x)));
-    return bn2_->forward_relu(out, downsample_ ? (*downsample_)(x) : x);
+    return bn2_->forward_relu(out, identity(x));
   }
   Tensor out = (*relu_)((*bn1_)((*conv1_)(x)));
   out = (*bn2_)((*conv2_)(out));
-  const Tensor identity = downsample_ ? (*downsample_)(x) : x;
-  return (*relu_)(out + identity);
+  return (*relu_)(out + identity(x));
 }
 
 Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample,
                        Generator* gen)
-    : Module("Bottleneck") {
+    : ResidualBlock("Bottleneck") {
   conv1_ = register_module("conv1", conv1x1(inplanes, planes, 1, gen));
   bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
   conv2_ = register_module("conv2", conv3x3(planes, planes, stride, gen));
@@ -58,13 +57,12 @@ Tensor Bottleneck::forward(const Tensor& x) {
   if (fused_ && !Module::summarizing()) {
     Tensor out = bn1_->forward_relu((*conv1_)(x));
     out = (*conv3_)(bn2_->forward_relu((*conv2_)(out)));
-    return bn3_->forward_relu(out, downsample_ ? (*downsample_)(x) : x);
+    return bn3_->forward_relu(out, identity(x));
   }
   Tensor out = (*relu_)((*bn1_)((*conv1_)(x)));
   out = (*relu_)((*bn2_)((*conv2_)(out)));
   out = (*bn3_)((*conv3_)(out));
-  const Tensor identity = downsample_ ? (*downsample_)(x) : x;
-  return (*relu_)(out + identity);
+  return (*relu_)(out + identity(x));
 }
 
 ResNet::ResNet(const ResNetOptions& opts, Generator* gen) : Module("ResNet"), opts_(opts) {
@@ -100,8 +98,7 @@ ResNet::ResNet(const ResNetOptions& opts, Generator* gen) : Module("ResNet"), op
   }
   if (opts.zero_init_residual) {
     for (auto& [name, m] : named_modules()) {
-      if (auto* b = dynamic_cast<BasicBlock*>(m)) init::constant_(b->last_bn()->weight(), 0.0);
-      if (auto* b = dynamic_cast<Bottleneck*>(m)) init::constant_(b->last_bn()->weight(), 0.0);
+      if (auto* b = dynamic_cast<ResidualBlock*>(m)) init::constant_(b->last_bn()->weight(), 0.0);
     }
   }
   set_fused_bn_relu(opts.fused_bn_relu);
@@ -110,8 +107,7 @@ ResNet::ResNet(const ResNetOptions& opts, Generator* gen) : Module("ResNet"), op
 void ResNet::set_fused_bn_relu(bool on) {
   opts_.fused_bn_relu = on;
   for (auto& [name, m] : named_modules()) {
-    if (auto* b = dynamic_cast<BasicBlock*>(m)) b->set_fused_bn_relu(on);
-    if (auto* b = dynamic_cast<Bottleneck*>(m)) b->set_fused_bn_relu(on);
+    if (auto* b = dynamic_cast<ResidualBlock*>(m)) b->set_fused_bn_relu(on);
   }
 }
 

@@ -14,42 +14,49 @@
 
 namespace minidl::nn {
 
-// conv3x3 -> bn -> relu -> conv3x3 -> bn, plus the identity or `downsample`, then relu.
-class BasicBlock : public Module {
+// What both residual blocks share: the switch to the fused ops, the final ReLU, the identity branch
+// (the input or `downsample` of it) and the last batch norm, whose weight zero_init_residual zeroes.
+class ResidualBlock : public Module {
  public:
-  static constexpr int64_t kExpansion = 1;
-  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample, Generator* gen);
-  Tensor forward(const Tensor& x) override;
-  std::shared_ptr<BatchNorm2d> last_bn() const { return bn2_; }
-  // bn1 + relu and bn2 + add + relu through the fused ops (BatchNorm2d::forward_relu); default on.
+  using Module::Module;
+  virtual std::shared_ptr<BatchNorm2d> last_bn() const = 0;
+  // The batch norms followed by a ReLU, and the last one with the add and ReLU, run as the fused
+  // ops (BatchNorm2d::forward_relu); default on.
   void set_fused_bn_relu(bool on) { fused_ = on; }
   bool fused_bn_relu() const { return fused_; }
 
- private:
-  std::shared_ptr<Conv2d> conv1_, conv2_;
-  std::shared_ptr<BatchNorm2d> bn1_, bn2_;
+ protected:
+  Tensor identity(const Tensor& x) { return downsample_ ? (*downsample_)(x) : x; }
+
   std::shared_ptr<ReLU> relu_;
   std::shared_ptr<Module> downsample_;
   bool fused_ = true;
 };
 
+// conv3x3 -> bn -> relu -> conv3x3 -> bn, plus the identity or `downsample`, then relu.
+class BasicBlock : public ResidualBlock {
+ public:
+  static constexpr int64_t kExpansion = 1;
+  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample, Generator* gen);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<BatchNorm2d> last_bn() const override { return bn2_; }
+
+ private:
+  std::shared_ptr<Conv2d> conv1_, conv2_;
+  std::shared_ptr<BatchNorm2d> bn1_, bn2_;
+};
+
 // v1.5 (torchvision): 1x1 reduce -> 3x3 carrying the stride -> 1x1 expand (x4).
-class Bottleneck : public Module {
+class Bottleneck : public ResidualBlock {
  public:
   static constexpr int64_t kExpansion = 4;
   Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample, Generator* gen);
   Tensor forward(const Tensor& x) override;
-  std::shared_ptr<BatchNorm2d> last_bn() const { return bn3_; }
-  // bn1 + relu, bn2 + relu and bn3 + add + relu through the fused ops; default on.
-  void set_fused_bn_relu(bool on) { fused_ = on; }
-  bool fused_bn_relu() const { return fused_; }
+  std::shared_ptr<BatchNorm2d> last_bn() const override { return bn3_; }
 
  private:
   std::shared_ptr<Conv2d> conv1_, conv2_, conv3_;
   std::shared_ptr<BatchNorm2d> bn1_, bn2_, bn3_;
-  std::shared_ptr<ReLU> relu_;
-  std::shared_ptr<Module> downsample_;
-  bool fused_ = true;
 };
 
 enum class BlockKind { Basic, Bottleneck };
