@@ -204,20 +204,19 @@ TEST(GradcheckSoftmax, LogSoftmax) {
   EXPECT_GRADCHECK([](const V& in) { return log_softmax(in[0] * 30.0, 1); }, {plain({2, 5}, 4)});
 }
 
-const char* reduction_name(Reduction r) {
-  switch (r) {
-    case Reduction::None: return "none";
-    case Reduction::Mean: return "mean";
-    case Reduction::Sum: return "sum";
-  }
-  return "?";
-}
+// Every reduction, and the name a failure's trace gives it.
+struct ReductionCase {
+  Reduction r;
+  const char* name;
+};
+constexpr ReductionCase kReductions[] = {{Reduction::None, "none"}, {Reduction::Mean, "mean"}, {Reduction::Sum, "sum"}};
 
 TEST(GradcheckLoss, CrossEntropy) {
   const Tensor target = random_labels(5, 4, 1);
   for (double smoothing : {0.0, 0.1}) {
-    for (Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
-      SCOPED_TRACE(std::string("reduction ") + reduction_name(r) + " label_smoothing " + std::to_string(smoothing));
+    for (const ReductionCase& c : kReductions) {
+      SCOPED_TRACE(std::string("reduction ") + c.name + " label_smoothing " + std::to_string(smoothing));
+      const Reduction r = c.r;
       const auto f = [r, smoothing](const V& in) { return cross_entropy(in[0], in[1], r, smoothing); };
       EXPECT_GRADCHECK(f, {rand_f64({5, 4}, 2, -2, 2), target});
       EXPECT_GRADCHECK(f, {transposed_leaf(rand_f64({5, 4}, 3, -2, 2)), target});
@@ -226,8 +225,9 @@ TEST(GradcheckLoss, CrossEntropy) {
 }
 TEST(GradcheckLoss, NllLoss) {
   const Tensor target = random_labels(5, 4, 1);
-  for (Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
-    SCOPED_TRACE(std::string("reduction ") + reduction_name(r));
+  for (const ReductionCase& c : kReductions) {
+    SCOPED_TRACE(std::string("reduction ") + c.name);
+    const Reduction r = c.r;
     EXPECT_GRADCHECK([r](const V& in) { return nll_loss(in[0], in[1], r); }, {plain({5, 4}, 2), target});
     EXPECT_GRADCHECK([r](const V& in) { return nll_loss(log_softmax(in[0], 1), in[1], r); },
                      {transposed_leaf(plain({5, 4}, 3)), target});
@@ -235,8 +235,9 @@ TEST(GradcheckLoss, NllLoss) {
 }
 TEST(GradcheckLoss, BinaryCrossEntropyWithLogits) {
   const Tensor target = rand_f64({3, 4}, 1, 0.0, 1.0, false);
-  for (Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
-    SCOPED_TRACE(std::string("reduction ") + reduction_name(r));
+  for (const ReductionCase& c : kReductions) {
+    SCOPED_TRACE(std::string("reduction ") + c.name);
+    const Reduction r = c.r;
     const auto f = [r](const V& in) { return binary_cross_entropy_with_logits(in[0], in[1], r); };
     EXPECT_GRADCHECK(f, {rand_f64({3, 4}, 2, -3, 3), target});
     EXPECT_GRADCHECK(f, {transposed_leaf(rand_f64({3, 4}, 3, -3, 3)), target});
