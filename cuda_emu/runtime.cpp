@@ -205,6 +205,44 @@ std::vector<std::pair<uintptr_t, size_t>> device_allocations() {
   return v;
 }
 
+namespace {
+
+struct ErrorText {
+  cudaError_t code;
+  const char* name;      // cudaGetErrorName
+  const char* meaning;   // cudaGetErrorString, as CUDA's runtime words it
+};
+
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
+};
+
+// e's row, or nullptr for a code the emulator never returns.
+const ErrorText* error_text(cudaError_t e) {
+  for (const ErrorText& t : kErrors) {
+    if (t.code == e) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
 }  // namespace minidl::cuda::emu
 
 using namespace minidl::cuda::emu;   // NOLINT: the C entry points below are the runtime's
@@ -278,46 +316,14 @@ cudaError_t cudaPeekAtLastError(void) {
 }
 
 const char* cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorIllegalState: return "cudaErrorIllegalState";
-    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
-    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
-    default: return "cudaErrorUnknown";
-  }
+  const ErrorText* t = error_text(e);
+  return t != nullptr ? t->name : "cudaErrorUnknown";
 }
 
 const char* cudaGetErrorString(cudaError_t e) {
   static thread_local std::string s;
-  switch (e) {
-    case cudaSuccess: s = "no error"; break;
-    case cudaErrorInvalidValue: s = "invalid argument"; break;
-    case cudaErrorMemoryAllocation: s = "out of memory"; break;
-    case cudaErrorInvalidConfiguration: s = "invalid configuration argument"; break;
-    case cudaErrorInvalidDevice: s = "invalid device ordinal"; break;
-    case cudaErrorInvalidResourceHandle: s = "invalid resource handle"; break;
-    case cudaErrorInvalidMemcpyDirection: s = "invalid copy direction for memcpy"; break;
-    case cudaErrorNotReady: s = "device not ready"; break;
-    case cudaErrorLaunchFailure: s = "unspecified launch failure"; break;
-    case cudaErrorIllegalState: s = "the operation cannot be performed in the present state"; break;
-    case cudaErrorStreamCaptureUnsupported: s = "operation not permitted when stream is capturing"; break;
-    case cudaErrorStreamCaptureInvalidated: s = "operation failed due to a previous error during capture"; break;
-    case cudaErrorStreamCaptureImplicit:
-      s = "operation would make the legacy stream depend on a capturing blocking stream";
-      break;
-    case cudaErrorCapturedEvent: s = "operation not permitted on an event last recorded in a capturing stream"; break;
-    default: s = "unknown error"; break;
-  }
+  const ErrorText* t = error_text(e);
+  s = t != nullptr ? t->meaning : "unknown error";
   if (Fault& f = fault_state(); e != cudaSuccess && e == device_error()) {
     std::lock_guard<std::mutex> lock(f.mu);
     s += " [emulator: " + f.detail + "]";
