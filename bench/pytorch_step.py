@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's side of bench/step_bench.cpp (minidl_bench_step): images/s of whole training steps on
 one device-resident batch, and the largest batch that fits a memory budget, with PyTorch at its best
-eager settings, so a GPU session can put the two side by side from one call (tools/gpu_check.sh,
+eager settings, so a GPU session can put the two side by side from one call (lab/gpulab's check,
 phases `step` and `maxbatch`).
 
 The step is minidl's: torchvision's ResNet (2 classes, as minidl's harness), cross-entropy, SGD
@@ -21,7 +21,7 @@ documented whole-network capture), against minidl_bench_step --cuda-graphs.
   python3 bench/pytorch_step.py --model resnet50 --batch 128 --precision amp --seconds 30 --json pt_amp.json
   python3 bench/pytorch_step.py --model resnet50 --precision amp --max-batch-under 11GiB --json pt_max.json
   python3 bench/pytorch_step.py --model resnet50 --batch 256 --precision amp --profile-steps 5 --profile-out pt.md
-The profile (tools/gpu_check.sh, phase `profile`): --warmup steps, then --profile-steps steps under
+The profile (lab/gpulab's check, phase `profile`): --warmup steps, then --profile-steps steps under
 torch.profiler; each kernel's device time per step, summed by category (convolution, batch norm,
 elementwise, ...) beside the same categories of minidl's measured launches (the `model` phase), so a
 GPU session sees where PyTorch's step is faster, not only that it is. On a CPU it profiles the aten

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """minidl's measured training-step launches beside PyTorch's profiled kernels, by category.
 
-tools/gpu_check.sh's `model` phase times every launch of minidl's ResNet-50 AMP step (CUDA events,
+The `model` phase of lab/gpulab's check times every launch of minidl's ResNet-50 AMP step (CUDA events,
 perfmodel's calibration table: one row per kernel key with modelled and measured µs), and its
 `profile` phase profiles PyTorch's step at the same batch (bench/pytorch_step.py --profile-steps,
 JSON with each kernel's µs per step). Both sides go through pytorch_step.py's one name-to-category

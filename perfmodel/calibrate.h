@@ -1,7 +1,7 @@
-// The calibration's join (tools/gpu_check.sh's model phase): per-launch GPU times from the real
-// build's launch timer (kernels/cuda/launch_timer.cuh), summed per kernel with the model's keys,
-// next to the modelled times of the same configuration read from the committed model table
-// (lab/results/bench/gpu_model_<date>_<commit>.tsv). Plain C++: tested on the CPU.
+// The calibration's join (the model phase of the lab's GPU check, lab/gpulab): per-launch GPU
+// times from the real build's launch timer (kernels/cuda/launch_timer.cuh), summed per kernel with
+// the model's keys, next to the modelled times of the same configuration read from the committed
+// model table (lab/results/bench/gpu_model_<date>_<commit>.tsv). Plain C++: tested on the CPU.
 #pragma once
 #include <istream>
 #include <string>

@@ -2,8 +2,8 @@
 // device's counters on, extrapolates every launch to the requested shape and costs the step on a
 // modelled H100 (docs/cuda/perfmodel.md). minidl-gpumodel-cuda (the same source
 // against the real backend): times every launch of the same step with CUDA events and prints it
-// beside the modelled table (--measure; tools/gpu_check.sh's model phase). On the emulator,
-// --measure rehearses that path with the emulator's own (meaningless) times.
+// beside the modelled table (--measure; the model phase of the lab's GPU check, lab/gpulab). On
+// the emulator, --measure rehearses that path with the emulator's own (meaningless) times.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -375,7 +375,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--steps", o.steps, "with --measure: timed steps (after the warm-up)");
   app.add_option("--warmup", o.warmup, "with --measure: untimed steps first");
   app.add_option("--cudnn-benchmark", o.cudnn_benchmark,
-                 "with --measure: on, cuDNN autotuning as the step runs of tools/gpu_check.sh and PyTorch's "
+                 "with --measure: on, cuDNN autotuning as the step runs of the lab's GPU check and PyTorch's "
                  "cudnn.benchmark use it (the warm-up steps pay for it); off, cuDNN's heuristic choice")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();

@@ -1,8 +1,9 @@
 // Every figure of the H100 step-time model in one place, each with its source, so a calibration
-// run on a real GPU (tools/gpu_check.sh) changes numbers here and nowhere else. Datasheet figures
-// are NVIDIA's "H100 Tensor Core GPU" datasheet, SXM column; per-SM limits are the CUDA C++
-// Programming Guide's table for compute capability 9.0 and CUDA 13's cuda_occupancy.h. Figures
-// marked "assumption" are this model's own and are what the first GPU run should calibrate.
+// run on a real GPU (the lab's GPU check, lab/gpulab) changes numbers here and nowhere else.
+// Datasheet figures are NVIDIA's "H100 Tensor Core GPU" datasheet, SXM column; per-SM limits are
+// the CUDA C++ Programming Guide's table for compute capability 9.0 and CUDA 13's
+// cuda_occupancy.h. Figures marked "assumption" are this model's own and are what the first GPU
+// run should calibrate.
 #pragma once
 
 namespace minidl::gpumodel {

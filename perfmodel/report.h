@@ -1,7 +1,8 @@
 // The model's tables: the step at the requested shape costed launch by launch (cost.h), grouped
 // per kernel, with the ideal step beside it; ptxas's resources with each call site's theoretical
 // occupancy; and a tab-separated per-kernel file that the GPU calibration joins with its
-// measurements (tools/gpu_check.sh). Every time here is modelled, and the tables say so.
+// measurements (the lab's GPU check, lab/gpulab). Every time here is modelled, and the tables say
+// so.
 #pragma once
 #include <string>
 #include <vector>

@@ -10,7 +10,7 @@
 # ("# plot: plottitle=...; xlab=...; ylab=...; logx=1"); draw such a file later with
 #   f=results/keras-batch/keras-batch.png.dat
 #   gnuplot -e "datafile='$f'; outfile='${f%.dat}'; $(sed -n 's/^# plot: //p' "$f")" tools/plot_results.gnuplot
-# (tools/gpu_studies.sh --plot DIR does this for every .dat in DIR and links the PNG from summary.md).
+# (python3 -m lab.gpulab plot DIR does this for every .dat in DIR and links the PNG from summary.md).
 # Accuracy plots add band_lo, band_hi and chance_block to the settings (see below).
 if (!exists("plottitle")) plottitle = ""
 if (!exists("xlab")) xlab = "batch size"

@@ -101,7 +101,7 @@ std::set<std::string> programs_in(const std::string& s) {
 bool names_other_tool(const std::string& s) {
   static const std::regex other(
       R"(\b(cmake|ctest|mpirun|mpiexec|python3?|compute-sanitizer|nsys|ncu|gnuplot|libFuzzer|GCC|gcc|nvcc|clang|linker)\b)"
-      R"(|tools/\S+|bench/\S+|perfmodel/\S+|minidl_bench\w*|minidl-gpumodel|gpu_\w+\.sh|\.py\b|install_deps)");
+      R"(|tools/\S+|bench/\S+|perfmodel/\S+|minidl_bench\w*|minidl-gpumodel|lab\.gpulab|\.py\b|install_deps)");
   return std::regex_search(s, other);
 }
 
@@ -318,7 +318,7 @@ TEST(DocsFlags, TheScannerChecksOnlyWhatBelongsToAProgram) {
       "```\n\n"
       "Run `minidl-train --amp --bad` or pass `--schedule`, not `--lr-schedulex`.\n"
       "With mpirun add `--allow-run-as-root`.\n\n"
-      "- `--stage` of tools/gpu_check.sh.\n\n"
+      "- `--rehearse` of lab.gpulab check.\n\n"
       "## Pieces\n\n"
       "- `optim::parse_schedule` with the grammar of `--lr-schedule`.\n\n"
       "## minidl-sweep\n\n| flag | default |\n| --- | --- |\n| `--quick` | off |\n| `--slow` | off |\n";

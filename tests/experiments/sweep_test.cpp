@@ -298,7 +298,7 @@ TEST(ExperimentsMaxBatch, FitBytesLeaveOutTheHostCache) {
 }
 
 TEST(ExperimentsMaxBatch, SigintStopsTheSearchBetweenTrials) {
-  // A sweep's deadline (tools/gpu_studies.sh) sends SIGINT: the search must not run on to its end.
+  // A sweep's deadline (python3 -m lab.gpulab studies) sends SIGINT: the search must not run on to its end.
   TrainConfig c = testing::tiny_config();
   c.memory_budget = "24MiB";
   MaxBatchOptions o;

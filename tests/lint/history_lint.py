@@ -26,8 +26,6 @@ ROOT_FILES = ["CMakeLists.txt"]
 # Guides: every line is prose.
 DOC_GLOBS = ["README.md", "docs"]
 
-# The lab's remote-GPU scripts live in tools/ for now; they are lab material, like lab/ itself.
-LAB_FILES = re.compile(r"^tools/gpu_[a-z_]+\.sh$")
 # Never read: the lab, committed results wherever they sit, build output.
 EXEMPT = re.compile(r"^(lab/|build[^/]*/|\.git/)|(^|/)results/")
 
@@ -200,7 +198,7 @@ def main():
     findings, seen = [], set()
 
     def wanted(rel):
-        if rel in seen or EXEMPT.search(rel) or LAB_FILES.match(rel):
+        if rel in seen or EXEMPT.search(rel):
             return False
         if not args.all and any(rel.startswith(p) for p in TEMPORARILY_EXCLUDED):
             return False
