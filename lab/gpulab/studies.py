@@ -393,7 +393,9 @@ def collect(args):
     if tarball.name.startswith("gpu_studies_rehearsal_"):
         raise Exit(SETUP, f"{tarball} is a CPU rehearsal: nothing to collect")
     tmp = Path(tempfile.mkdtemp(prefix="gpu_collect."))
-    common.unpack(tarball, tmp)
+    common.unpack(tarball, tmp, only="results")
+    if not (tmp / "results").is_dir():
+        raise Exit(SETUP, f"no results/ in {tarball}")
     calls = "".join(f"{(c / 'provenance.md').read_text()}\n{step_table((c / 'summary.md').read_text())}\n\n"
                     for c in sorted((tmp / "results/gpu_studies").glob("*/")) if (c / "summary.md").is_file())
     collected = []

@@ -124,6 +124,10 @@ class StudiesRehearsal(FakeTree):
         shutil.copy(tarball, self.tree / "gpu_studies_rehearsal_20300101T000000Z.tar.gz")
         self.assertEqual(self.run_cmd("collect", "gpu_studies_rehearsal_20300101T000000Z.tar.gz"), 3)
         self.assertIn("is a CPU rehearsal: nothing to collect", self.log)
+        with tarfile.open(self.tree / "gpu_studies_20300102T000000Z.tar.gz", "w:gz") as t:
+            t.add(self.tree / "bench", arcname="bench")
+        self.assertEqual(self.run_cmd("collect", "gpu_studies_20300102T000000Z.tar.gz"), 3)
+        self.assertIn("no results/ in", self.log)
 
 
 if __name__ == "__main__":
