@@ -225,8 +225,6 @@ cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p,
   return CUDNN_STATUS_SUCCESS;
 }
 
-namespace {
-
 // One executed convolution in the call log (call_log.h): its FLOPs (a multiply-add is 2) and the
 // bytes of its three operands, the output counted twice when beta != 0 (read and written).
 void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool accumulate, cudaStream_t stream) {
@@ -257,6 +255,8 @@ void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool a
   c.stream = stream;
   log_call(std::move(c));
 }
+
+namespace {
 
 // The execution entry points: the algorithm must support the configuration and get at least the
 // workspace cudnnGet*WorkspaceSize gives for it under the descriptor's current math type.

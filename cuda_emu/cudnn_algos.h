@@ -63,4 +63,7 @@ cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p,
                        const void* in_b, const void* beta, void* out,
                        const std::function<void(const Problem&)>& tail = {});
 
+// Logs one executed convolution (call_log.h) under the algorithm's or engine's name.
+void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool accumulate, cudaStream_t stream);
+
 }  // namespace minidl::cuda::emu::detail

@@ -58,6 +58,7 @@ LibObjectCounts live_object_counts() {
   LibObjectCounts c;
   c.cublas_handles = detail::cublas_live_handles();
   detail::cudnn_live_counts(c);
+  c.backend_descriptors = detail::cudnn_backend_live_descriptors();
   return c;
 }
 

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace minidl::cuda::emu {
 
@@ -46,6 +48,14 @@ long long cudnn_algorithm_queries();
 using FindDelay = std::function<float(long long call, int algo)>;
 void set_cudnn_find_delay(FindDelay delay);
 
+// The cuDNN backend-API calls made so far on any thread, in order, each as the function and the
+// descriptor's type: "cudnnBackendFinalize(ENGINEHEUR)", "cudnnBackendExecute(EXECUTION_PLAN)". A
+// plan costs host time to build (heuristics, plan finalize) and cannot be built inside a CUDA graph
+// capture, so the backend builds one per shape; tests check that a shape's later calls make only a
+// variant pack and an execute. Cleared by clear_cudnn_backend_calls.
+std::vector<std::string> cudnn_backend_calls();
+void clear_cudnn_backend_calls();
+
 // Handles and descriptors created and not yet destroyed (leak checks in tests).
 struct LibObjectCounts {
   int cublas_handles = 0;
@@ -53,6 +63,7 @@ struct LibObjectCounts {
   int tensor_descriptors = 0;
   int filter_descriptors = 0;
   int convolution_descriptors = 0;
+  int backend_descriptors = 0;   // cudnnBackendCreateDescriptor's
 };
 LibObjectCounts live_object_counts();
 

@@ -111,6 +111,7 @@ int raw_enum(const E& e) {
 // Each library's share of emu_libs.h's live_object_counts.
 int cublas_live_handles();
 void cudnn_live_counts(LibObjectCounts& out);
+int cudnn_backend_live_descriptors();
 // emu_libs.h's cudnn_algorithm_queries: the algorithm queries cudnn_algos.cpp answered.
 inline std::atomic<long long>& cudnn_query_count() {
   static std::atomic<long long> n{0};
