@@ -72,6 +72,10 @@ void check_cross_entropy_backward(const char* backend, const Tensor& g, const Te
                logits.meta());
 }
 
+std::pair<Tensor, Tensor> gemm_operands(const Tensor& a, const Tensor& b, std::pair<bool, bool> copies) {
+  return {copies.first ? a.contiguous() : a, copies.second ? b.contiguous() : b};
+}
+
 int64_t grad_step(const char* backend, const Tensor& g, const char* op) {
   if (g.is_contiguous()) return 1;
   for (int64_t s : g.strides()) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -34,6 +35,11 @@ void check_cross_entropy_forward(const char* backend, const Tensor& logits, cons
                                  const Tensor& lse);
 void check_cross_entropy_backward(const char* backend, const Tensor& g, const Tensor& logits, const Tensor& target,
                                   const Tensor& lse, const Tensor& glogits);
+
+// The operands of a batched GEMM as a backend reads them: a and b, each made contiguous where
+// `copies` (the backend's matmul_operand_copies, which the meta device's model also reads) says
+// its strides are not ones the backend's GEMM takes.
+std::pair<Tensor, Tensor> gemm_operands(const Tensor& a, const Tensor& b, std::pair<bool, bool> copies);
 
 // Step between the elements of a loss's incoming gradient: 1 when it is contiguous, 0 when it is
 // one value broadcast (every stride 0); anything else is refused.

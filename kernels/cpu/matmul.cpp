@@ -12,6 +12,7 @@
 
 #include <Eigen/Core>
 
+#include "kernels/common/checks.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/sgemm.h"
@@ -58,10 +59,8 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& ou
     return in_f32(out, [&](const Tensor& o) { matmul(widen_half(a_in), widen_half(b_in), o); });
   }
   const int64_t B = out.shape()[0], M = out.shape()[1], N = out.shape()[2], K = a_in.shape()[2];
-  Tensor a = a_in, b = b_in;
-  const auto [copy_a, copy_b] = matmul_operand_copies(a, b);
-  if (copy_a) a = a.contiguous();
-  if (copy_b) b = b.contiguous();
+  const std::pair<Tensor, Tensor> operands = common::gemm_operands(a_in, b_in, matmul_operand_copies(a_in, b_in));
+  const Tensor &a = operands.first, &b = operands.second;
   const Layout la = layout_of(M, K, a.strides()[1], a.strides()[2]);
   const Layout lb = layout_of(K, N, b.strides()[1], b.strides()[2]);
   dispatch_wide(out.dtype(), "matmul", [&](auto tag) {

@@ -56,10 +56,8 @@ void CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& o
     fill(out, 0.0);
     return;
   }
-  Tensor a = a_in, b = b_in;
-  const auto [copy_a, copy_b] = matmul_operand_copies(a, b);
-  if (copy_a) a = a.contiguous();
-  if (copy_b) b = b.contiguous();
+  const std::pair<Tensor, Tensor> operands = common::gemm_operands(a_in, b_in, matmul_operand_copies(a_in, b_in));
+  const Tensor &a = operands.first, &b = operands.second;
   const Operand oa = describe(M, K, a.strides()[1], a.strides()[2]);
   const Operand ob = describe(K, N, b.strides()[1], b.strides()[2]);
   DeviceContext& ctx = context_of(out);
