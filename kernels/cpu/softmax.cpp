@@ -18,24 +18,25 @@ using Layout = common::SoftmaxLayout;
 // Inner positions handled together: strided access along C then touches whole cache lines.
 constexpr int64_t kLanes = 64;
 
-// Runs body(base, lanes) for each run of up to kLanes inner positions of each outer slice, in
-// parallel over the runs when the tensor is large enough; base is the offset of the run's first
-// element at c = 0 (its element c of lane j is at base + c * L.inner + j).
-template <typename Body>
-void for_each_lane_run(const Layout& L, const Body& body) {
-  const int64_t blocks = (L.inner + kLanes - 1) / kLanes;
-  const int64_t tasks = L.outer * blocks;
-#pragma omp parallel for schedule(static) if (L.outer * L.C * L.inner > 16384)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t o = t / blocks;
-    const int64_t i0 = (t % blocks) * kLanes;
-    body(o * L.C * L.inner + i0, std::min(kLanes, L.inner - i0));
-  }
+// The loops below share out runs of up to kLanes inner positions of each outer slice among the
+// threads: `blocks` runs a slice, outer * blocks in all. Run t starts at element `base` (its element
+// c of lane j is at base + c * L.inner + j) and covers `lanes` positions.
+struct LaneRun {
+  int64_t base, lanes;
+};
+int64_t lane_blocks(const Layout& L) { return (L.inner + kLanes - 1) / kLanes; }
+LaneRun lane_run(const Layout& L, int64_t blocks, int64_t t) {
+  const int64_t o = t / blocks;
+  const int64_t i0 = (t % blocks) * kLanes;
+  return {o * L.C * L.inner + i0, std::min(kLanes, L.inner - i0)};
 }
 
 template <typename T>
 void forward(const T* x, T* y, const Layout& L, bool log) {
-  for_each_lane_run(L, [=](int64_t base, int64_t lanes) {
+  const int64_t blocks = lane_blocks(L);
+#pragma omp parallel for schedule(static) if (L.outer * L.C * L.inner > 16384)
+  for (int64_t t = 0; t < L.outer * blocks; ++t) {
+    const auto [base, lanes] = lane_run(L, blocks, t);
     const T* xb = x + base;
     T* yb = y + base;
     T mx[kLanes];
@@ -71,13 +72,16 @@ void forward(const T* x, T* y, const Layout& L, bool log) {
         for (int64_t j = 0; j < lanes; ++j) yb[c * L.inner + j] *= inv[j];
       }
     }
-  });
+  }
 }
 
 // softmax: gx = y * (gy - sum_c gy * y);  log_softmax: gx = gy - exp(y) * sum_c gy.
 template <typename T>
 void backward(const T* gy, const T* y, T* gx, const Layout& L, bool log) {
-  for_each_lane_run(L, [=](int64_t base, int64_t lanes) {
+  const int64_t blocks = lane_blocks(L);
+#pragma omp parallel for schedule(static) if (L.outer * L.C * L.inner > 16384)
+  for (int64_t t = 0; t < L.outer * blocks; ++t) {
+    const auto [base, lanes] = lane_run(L, blocks, t);
     double acc[kLanes];
     for (int64_t j = 0; j < lanes; ++j) acc[j] = 0.0;
     for (int64_t c = 0; c < L.C; ++c) {
@@ -98,7 +102,7 @@ void backward(const T* gy, const T* y, T* gx, const Layout& L, bool log) {
         }
       }
     }
-  });
+  }
 }
 
 void check_float(const Tensor& t, const char* op, const char* what) {
