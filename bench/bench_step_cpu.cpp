@@ -14,8 +14,8 @@
 
 #include "core/allocator.h"
 #include "core/ops.h"
-#include "experiments/harness/config.h"
-#include "experiments/harness/model.h"
+#include "train/config.h"
+#include "train/model.h"
 
 namespace {
 
@@ -129,12 +129,12 @@ int main(int argc, char** argv) {
     std::printf("{\"threads\": %d, \"fma_peak_gflops\": %.1f}\n", nt, fma_peak_gflops(nt, peak_seconds));
     return 0;
   }
-  harness::TrainConfig c;
+  train::TrainConfig c;
   c.model = model;
   c.image_size = image_size;
   c.batch_size = batch;
-  harness::Model m = harness::make_model(c, 0);
-  auto opt = harness::make_optimizer(c, *m.module, 0.01);
+  train::Model m = train::make_model(c, 0);
+  auto opt = train::make_optimizer(c, *m.module, 0.01);
   m.module->train();
   const Tensor x = randn(m.input_shape(batch));
   const Tensor labels = gt(rand({batch}), full({1}, 0.5)).to(DType::i64);

@@ -1,8 +1,8 @@
 // minidl_bench_step: images/s of whole training steps (forward, loss, backward, SGD step, and the
 // gradient scaler under AMP) on one device-resident batch, the measurement a GPU session compares
 // with PyTorch's best eager loop (bench/pytorch_step.py, same model, batch, optimizer and
-// precision). The model, loss and optimizer are the experiment harness's own, so the step is the
-// one minidl-train runs, minus the data loader.
+// precision). The model, loss, optimizer and step are the trainer library's (train/step.h), so the
+// step is the one minidl-train runs, minus the data loader.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -15,10 +15,11 @@
 #include "core/allocator.h"
 #include "core/backend.h"
 #include "core/ops.h"
-#include "experiments/harness/config.h"
-#include "experiments/harness/model.h"
+#include "train/config.h"
+#include "train/model.h"
 #include "experiments/harness/results.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
+#include "train/step.h"
 #include "optim/grad_scaler.h"
 #ifdef MINIDL_WITH_CUDA
 #include "kernels/cuda/runtime.h"
@@ -73,18 +74,8 @@ int run(TrainConfig& c, const StepOptions& o) {
   if (o.channels_last) x = to_channels_last(x);   // as the loader writes it: no conversion per step
   const Tensor labels = gt(rand({c.batch_size}, fo), full({1}, 0.5, fo)).to(DType::i64);
   int64_t skipped = 0;
-  auto step = [&] {
-    const Tensor loss = m.loss(m.forward(x), labels);
-    if (scaler.is_enabled()) {
-      scaler.scale(loss).backward();
-      skipped += scaler.step(*opt) ? 0 : 1;
-      scaler.update();
-    } else {
-      loss.backward();
-      opt->step();
-    }
-    opt->zero_grad();
-  };
+  Step train_step(m, *opt, scaler);   // minidl-train's step (train/step.h)
+  auto step = [&] { skipped += train_step.run(x, labels).stepped ? 0 : 1; };
 
   using Clock = std::chrono::steady_clock;
   const auto w0 = Clock::now();

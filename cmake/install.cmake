@@ -13,7 +13,8 @@ mark_as_advanced(MINIDL_INSTALL_CMAKEDIR)
 # Everything here is in the install component `minidl`, so `cmake --install build --component
 # minidl` (what tests/install does) needs only the libraries built, not the programs. One export
 # set per package component, so a CPU-only consumer loads (and links) neither CUDA nor MPI:
-#   minidl::core (always), minidl::cuda (COMPONENTS cuda), minidl::distributed (COMPONENTS distributed).
+#   minidl::core (always), minidl::cuda (COMPONENTS cuda), minidl::distributed (COMPONENTS distributed),
+#   minidl::train (COMPONENTS train: the trainer library, which needs neither CUDA nor MPI).
 install(TARGETS minidl_core EXPORT minidlCoreTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
@@ -25,10 +26,16 @@ if(MINIDL_WITH_CUDA)
     LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl)
   install(EXPORT minidlCudaTargets NAMESPACE minidl:: DESTINATION ${MINIDL_INSTALL_CMAKEDIR} COMPONENT minidl)
 endif()
-install(TARGETS minidl_distributed EXPORT minidlDistributedTargets
-  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl
-  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl)
+# distributed/'s archive is its own set: both minidl::distributed (with MPI and NCCL) and
+# minidl::train (a world of one, neither library) link it.
+install(TARGETS minidl_distributed_base EXPORT minidlDistributedBaseTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl)
+install(EXPORT minidlDistributedBaseTargets NAMESPACE minidl:: DESTINATION ${MINIDL_INSTALL_CMAKEDIR} COMPONENT minidl)
+install(TARGETS minidl_distributed EXPORT minidlDistributedTargets)
 install(EXPORT minidlDistributedTargets NAMESPACE minidl:: DESTINATION ${MINIDL_INSTALL_CMAKEDIR} COMPONENT minidl)
+install(TARGETS minidl_train EXPORT minidlTrainTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT minidl)
+install(EXPORT minidlTrainTargets NAMESPACE minidl:: DESTINATION ${MINIDL_INSTALL_CMAKEDIR} COMPONENT minidl)
 
 # Public headers: the prefixed copies of cmake/public_headers.cmake, as include/minidl/<layer>/...
 # and include/minidl/minidl.h. kernels/cuda is internal.

@@ -1,17 +1,17 @@
 # The public headers under the `minidl/` prefix, the same in the build tree and when installed:
-# build/include/minidl/<layer>/<header>.h are copies of core/, nn/, optim/, data/, distributed/
+# build/include/minidl/<layer>/<header>.h are copies of core/, nn/, optim/, data/, distributed/, train/
 # and kernels/cpu/cpu_backend.h (with the override list it includes) whose includes of each other read "minidl/<layer>/..." (the
 # sources keep their in-tree names), plus the umbrella include/minidl/minidl.h. A consumer writes
 # #include <minidl/core/tensor.h> against either; cmake/prefix_headers.cmake does the copying.
 # Output: MINIDL_PUBLIC_INCLUDE_DIR, the target minidl_public_headers.
 set(MINIDL_PUBLIC_INCLUDE_DIR ${CMAKE_BINARY_DIR}/include)
-set(MINIDL_PUBLIC_LAYERS core nn optim data distributed)
+set(MINIDL_PUBLIC_LAYERS core nn optim data distributed train)
 set(_public_rel "")
 foreach(_layer IN LISTS MINIDL_PUBLIC_LAYERS)
   file(GLOB _h CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/${_layer}/*.h)
   list(APPEND _public_rel ${_h})
 endforeach()
-list(REMOVE_ITEM _public_rel data/stb_wrap.h)   # internal: data/*.cpp only
+list(REMOVE_ITEM _public_rel data/stb_wrap.h train/run_parts.h)   # internal: their folder's .cpp files only
 list(APPEND _public_rel kernels/cpu/cpu_backend.h kernels/common/backend_overrides.h)   # the latter: the former's list of kernels
 set(_public_src "")
 set(_public_out ${MINIDL_PUBLIC_INCLUDE_DIR}/minidl/minidl.h)

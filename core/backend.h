@@ -185,6 +185,12 @@ Backend& backend(DeviceType t);
 inline Backend& backend(Device d) { return backend(d.type); }
 // Waits for everything queued on d (Backend::synchronize): call it before reading a clock.
 inline void synchronize(Device d) { backend(d).synchronize(d.index); }
+// Convolution algorithm autotuning, process-wide, as torch.backends.cudnn.benchmark (default off):
+// a device backend that chooses among algorithms times them once per shape and keeps the fastest
+// that fits the memory budget; the shape-only device standing for a GPU models the same choice.
+// The CPU has nothing to tune. cuda::set_cudnn_benchmark (kernels/cuda/runtime.h) is this switch.
+void set_conv_autotune(bool on);
+bool conv_autotune();
 // Whether this build has the CUDA backend, and how many devices it sees (0 on any error).
 bool cuda_built();
 int cuda_device_count();

@@ -1,12 +1,21 @@
 // The default device services of core/device_services.h, for host memory: a copy_async that
-// copies at once and returns a handle that is already complete, and no CUDA graphs.
+// copies at once and returns a handle that is already complete, no CUDA graphs and no interval timer.
 #include "core/device_services.h"
 
+#include <atomic>
 #include <cstring>
 
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace minidl {
+
+namespace {
+std::atomic<bool> g_conv_autotune{false};   // flipped between steps, read by each convolution's plan
+}  // namespace
+
+void set_conv_autotune(bool on) { g_conv_autotune = on; }
+bool conv_autotune() { return g_conv_autotune; }
 
 std::unique_ptr<DeviceServices::CopyHandle> DeviceServices::copy_async(
     const std::vector<std::pair<const void*, Tensor>>& copies) {
@@ -23,6 +32,11 @@ std::unique_ptr<DeviceServices::CopyHandle> DeviceServices::copy_async(
 std::unique_ptr<DeviceServices::Graph> DeviceServices::capture_graph(int, const std::function<void()>&) {
   MINIDL_FAIL("CUDA graphs (--cuda-graphs) need a CUDA device; the ", name(),
               " backend runs every step eagerly (drop --cuda-graphs)");
+}
+
+std::unique_ptr<DeviceServices::IntervalTimer> DeviceServices::interval_timer(int, std::string* why) {
+  if (why != nullptr) *why = std::string("the ") + name() + " device has no event timer";
+  return nullptr;
 }
 
 }  // namespace minidl

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,20 @@ class DeviceServices {
   // Whether the device's stream is being captured now (ops that read device values on the host
   // skip those reads then).
   virtual bool capturing(int /*device_index*/) { return false; }
+
+  // The time the device spends on intervals of queued work (CUDA events around each step: the
+  // "GPU busy" column when NVML is absent). start() and stop() queue markers without waiting;
+  // elapsed_seconds() waits for them and sums the closed intervals.
+  class IntervalTimer {
+   public:
+    virtual ~IntervalTimer() = default;
+    virtual void start() = 0;
+    virtual void stop() = 0;
+    virtual double elapsed_seconds() = 0;
+  };
+  // A timer on device `device_index`, or nullptr with the reason in `why` (the default: this
+  // device has none; a CUDA device without a usable runtime says so).
+  virtual std::unique_ptr<IntervalTimer> interval_timer(int device_index, std::string* why);
 };
 
 }  // namespace minidl

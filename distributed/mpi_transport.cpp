@@ -215,3 +215,7 @@ std::unique_ptr<Transport> make_mpi_transport(const LaunchInfo& info) { return s
 #endif
 
 }  // namespace minidl::distributed
+
+// The symbol minidl::distributed's link options name (--undefined=minidl_mpi_engine), so that a static link
+// takes this file's engine although process_group.cpp refers to it only weakly.
+extern "C" void minidl_mpi_engine() {}

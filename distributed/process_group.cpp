@@ -88,6 +88,22 @@ bool nccl_built() {
 
 std::unique_ptr<Transport> make_local_transport() { return std::make_unique<LocalTransport>(); }
 
+// The engines are referenced weakly: a static link takes their objects (and MPI, NCCL) only when
+// the program asks for them (minidl::distributed's --undefined=minidl_*_engine), so they are null
+// in a program linked with the trainer alone.
+[[gnu::weak]] std::unique_ptr<Transport> make_mpi_transport(const LaunchInfo& info);
+[[gnu::weak]] std::unique_ptr<Transport> make_nccl_transport(ProcessGroup& group, int device_index);
+
+namespace {
+
+void require_engine(bool linked, const char* engine, const LaunchInfo& info) {
+  MINIDL_CHECK(linked, "dist: a world of ", info.world_size, " (", info.source, ") needs the ", engine,
+               " engine, which this program did not link: link minidl::distributed (the trainer library, "
+               "minidl::train, alone runs as a world of one)");
+}
+
+}  // namespace
+
 ProcessGroup::ProcessGroup(const LaunchInfo& info) : info_(info) {
   MINIDL_CHECK(info_.world_size >= 1 && info_.rank >= 0 && info_.rank < info_.world_size, "dist: rank ", info_.rank,
                " of a world of ", info_.world_size, " is not a valid position");
@@ -95,7 +111,9 @@ ProcessGroup::ProcessGroup(const LaunchInfo& info) : info_(info) {
   const bool launched_by_mpi = info_.source != LaunchInfo{}.source && info_.source.rfind("MINIDL", 0) != 0;
   const char* check = std::getenv("MINIDL_DIST_CHECK");
   check_shapes_ = check != nullptr && std::string(check) == "1";
-  if (info_.world_size > 1 || (launched_by_mpi && mpi_built())) {
+  const bool mpi_linked = &make_mpi_transport != nullptr;
+  if (info_.world_size > 1 || (launched_by_mpi && mpi_built() && mpi_linked)) {
+    require_engine(mpi_linked, "MPI", info_);
     cpu_ = make_mpi_transport(info_);
   } else {
     cpu_ = make_local_transport();
@@ -119,6 +137,7 @@ Transport& ProcessGroup::transport_for(const Tensor& t, const char* op) {
                "result back");
   if (t.device().type == DeviceType::CPU) return *cpu_;
   // A world of one needs no NCCL: the identity, whatever the device.
+  if (!cuda_ && world_size() > 1) require_engine(&make_nccl_transport != nullptr, "NCCL", info_);
   if (!cuda_) cuda_ = world_size() == 1 ? make_local_transport() : make_nccl_transport(*this, t.device().index);
   return *cuda_;
 }

@@ -112,7 +112,10 @@ class ProcessGroup {
 ProcessGroup& world();
 
 // Internal: the engines ProcessGroup builds (distributed/mpi_transport.cpp, distributed/nccl_transport.cpp).
-// make_mpi_transport throws in a build without MPI; make_nccl_transport without NCCL.
+// make_mpi_transport throws in a build without MPI; make_nccl_transport without NCCL. The two
+// engines are in a program only when it links minidl::distributed, whose link options ask for
+// them (minidl_mpi_engine, minidl_nccl_engine): a program that links the trainer alone
+// (minidl::train) links neither MPI nor NCCL, and its group is a world of one.
 std::unique_ptr<Transport> make_local_transport();
 std::unique_ptr<Transport> make_mpi_transport(const LaunchInfo& info);
 std::unique_ptr<Transport> make_nccl_transport(ProcessGroup& group, int device_index);

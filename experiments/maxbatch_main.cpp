@@ -5,12 +5,12 @@
 #include <cstdio>
 
 #include "core/thread_policy.h"
-#include "experiments/harness/config.h"
+#include "train/config.h"
 #include "experiments/harness/gpu_plan.h"
 #include "experiments/harness/maxbatch.h"
 #include "experiments/harness/ranks.h"
 #include "experiments/harness/results.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 
 using namespace minidl::harness;
 

@@ -4,10 +4,10 @@
 #include <cstdio>
 
 #include "core/thread_policy.h"
-#include "experiments/harness/config.h"
+#include "train/config.h"
 #include "experiments/harness/memest.h"
 #include "experiments/harness/results.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 
 using namespace minidl::harness;
 

@@ -4,10 +4,10 @@
 #include <cstdio>
 
 #include "core/thread_policy.h"
-#include "experiments/harness/config.h"
+#include "train/config.h"
 #include "experiments/harness/ranks.h"
 #include "experiments/harness/sweep.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 
 using namespace minidl::harness;
 

@@ -1,5 +1,5 @@
 // libFuzzer target for the two text formats the experiment programs read from users' files: the
-// TOML/INI --config file (CLI11's reader, then minidl's flag checks: experiments/harness/config.cpp)
+// TOML/INI --config file (CLI11's reader, then minidl's flag checks: train/config.cpp)
 // and the split manifest (data/split.cpp). The first byte picks the reader. Any input must end in
 // a usage error, a minidl::Error or success; any other exception (a std::out_of_range from a
 // number parser, say, which the programs would report as an internal error with status 1) or a
@@ -17,7 +17,7 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
-#include "experiments/harness/config.h"
+#include "train/config.h"
 
 namespace {
 
@@ -44,14 +44,14 @@ void config(const std::string& text) {
   static const TempFile file;
   const std::string& path = file.path;
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-  minidl::harness::TrainConfig c;
+  minidl::train::TrainConfig c;
   CLI::App app{"config_fuzz"};
-  minidl::harness::add_config_flag(app);
-  minidl::harness::add_train_flags(app, c);
+  minidl::train::add_config_flag(app);
+  minidl::train::add_train_flags(app, c);
   const char* argv[] = {"config_fuzz", "--config", path.c_str()};
-  if (minidl::harness::parse_command_line(app, 3, argv, "config_fuzz") >= 0) return;   // refused, status 2
+  if (minidl::train::parse_command_line(app, 3, argv, "config_fuzz") >= 0) return;   // refused, status 2
   try {
-    minidl::harness::validate(c);
+    minidl::train::validate(c);
   } catch (const minidl::Error&) {   // UsageError included
   }
 }

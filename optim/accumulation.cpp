@@ -58,6 +58,7 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
   if (sync != nullptr) sync->before_backward(mb.steps);
   weighted.backward();
   if (sync != nullptr) sync->after_backward(mb.steps);
+  if (o_.after_backward) o_.after_backward();
   if (!mb.steps) return false;
 
   window_open_ = false;

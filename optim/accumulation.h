@@ -59,6 +59,9 @@ struct AccumulationOptions {
   GradScaler* scaler = nullptr;
   // Optional data-parallel synchronisation (see GradientSync).
   GradientSync* sync = nullptr;
+  // Optional, run after each micro-batch's backward, before anything else of its window's end (the
+  // maximum-batch trials read the backward's memory peak there, before the update's).
+  std::function<void()> after_backward = {};
 };
 
 class AccumulatingTrainer {

@@ -1,39 +1,48 @@
 // The modelled and measured training step (train_step.h).
 #include "perfmodel/train_step.h"
 
-#include "core/autocast.h"
-#include "core/autograd.h"
 #include "core/error.h"
 #include "core/generator.h"
 #include "core/ops.h"
 #include "kernels/cuda/runtime.h"
-#include "nn/keras_cnn.h"
-#include "nn/resnet.h"
-#include "optim/sgd.h"
+#include "train/config.h"
 
 namespace minidl::gpumodel {
 
-TrainStep::TrainStep(const StepConfig& c, int64_t image, Device device) : c_(c), image_(image), device_(device) {
-  Generator gen(7);
-  optim::SgdOptions o;
+namespace {
+
+// minidl-train's configuration of the modelled step.
+train::TrainConfig step_config(const StepConfig& c, int64_t image) {
+  train::TrainConfig t;
+  t.model = c.model;
+  t.image_size = image;
+  t.amp = c.amp;
+  t.channels_last = c.nhwc;   // weights KRSC: cuDNN on NHWC with no copies
   if (c.model == "resnet50") {
-    model_ = nn::resnet50(2, &gen);
-    o.lr = 0.001;
-    o.momentum = 0.9;
-    o.weight_decay = 1e-4;
+    t.lr = 0.001;
+    t.momentum = 0.9;
+    t.weight_decay = 1e-4;
   } else if (c.model == "smallcnn") {
-    model_ = std::make_shared<nn::KerasSmallCnn>(image, &gen);
-    o.lr = 0.01;
+    t.lr = 0.01;
   } else {
     throw UsageError("--model '" + c.model + "' is not modelled (resnet50 or smallcnn)");
   }
-  model_->to(device_);
-  if (c.nhwc) model_->to_channels_last();   // weights KRSC: cuDNN on NHWC with no copies
-  model_->train();
-  opt_ = std::make_unique<optim::SGD>(model_->parameters(), o);
   // Scale 1: every step must really update (a skipped step runs other launches, and each emulated
   // ResNet-50 step costs minutes); the launches do not depend on the scale, only on skipping.
+  t.amp_init_scale = 1.0;
+  return t;
+}
+
+}  // namespace
+
+TrainStep::TrainStep(const StepConfig& c, int64_t image, Device device) : c_(c), image_(image), device_(device) {
+  const train::TrainConfig t = step_config(c, image);
+  model_ = train::make_model(t, 7);
+  model_.module->to(device_);
+  model_.module->train();
+  opt_ = train::make_optimizer(t, *model_.module, t.resolved_lr());
   scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{.init_scale = 1.0, .enabled = c.amp});
+  train_step_ = std::make_unique<train::Step>(model_, *opt_, *scaler_);
   cuda::set_conv_nhwc(false);   // channels-last is the tensors' format, never the transposing mode
 }
 
@@ -68,25 +77,6 @@ bool TrainStep::last_stepped() const {
   return stepped_;
 }
 
-void TrainStep::step() {
-  Tensor logits;
-  {
-    AutocastGuard autocast(DType::f16, c_.amp);
-    logits = (*model_)(x_);
-  }
-  if (logits.dtype() != DType::f32) logits = logits.to(DType::f32);
-  const Tensor loss = c_.model == "smallcnn"
-                          ? binary_cross_entropy_with_logits(logits, labels_.to(DType::f32).reshape({-1, 1}))
-                          : cross_entropy(logits, labels_);
-  (c_.amp ? scaler_->scale(loss) : loss).backward();
-  if (c_.amp) {
-    stepped_ = scaler_->step(*opt_);
-    scaler_->update();
-  } else {
-    opt_->step();
-    stepped_ = true;
-  }
-  opt_->zero_grad();
-}
+void TrainStep::step() { stepped_ = train_step_->run(x_, labels_).stepped; }
 
 }  // namespace minidl::gpumodel

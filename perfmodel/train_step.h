@@ -1,8 +1,9 @@
 // The training step the model costs and the GPU calibration times: the same code in both
-// programs (minidl-gpumodel on the emulated device, minidl-gpumodel-cuda on a GPU), mirroring
-// minidl-train's step (experiments/harness/model.cpp): ResNet-50 with 2 classes, cross-entropy,
-// SGD momentum 0.9 and weight decay 1e-4 (the batch-size techniques study), or the Keras study's
-// small CNN with one logit, BCE and plain SGD; --amp is autocast f16 with the gradient scaler.
+// programs (minidl-gpumodel on the emulated device, minidl-gpumodel-cuda on a GPU), and it is
+// minidl-train's step (train/step.h) on minidl-train's model and optimizer (train/model.h):
+// ResNet-50 with 2 classes, cross-entropy, SGD momentum 0.9 and weight decay 1e-4 (the batch-size
+// techniques study), or the Keras study's small CNN with one logit, BCE and plain SGD; --amp is
+// autocast f16 with the gradient scaler.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -12,9 +13,10 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
-#include "nn/module.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "train/model.h"
+#include "train/step.h"
 
 namespace minidl::gpumodel {
 
@@ -58,9 +60,10 @@ class TrainStep {
   StepConfig c_;
   int64_t image_;
   Device device_;
-  std::shared_ptr<nn::Module> model_;
+  train::Model model_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<optim::GradScaler> scaler_;
+  std::unique_ptr<train::Step> train_step_;
   Tensor x_, labels_;
   bool stepped_ = false;
   std::unique_ptr<Backend::Graph> graph_;   // of the prepared shape

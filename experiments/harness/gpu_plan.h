@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "experiments/harness/config.h"
+#include "train/config.h"
 
 namespace minidl::harness {
+
+using namespace ::minidl::train;   // the trainer library (train/), which the programs are built on
 
 struct GpuSpec {
   std::string name;           // "h100", or the size as given ("24GiB")

@@ -12,7 +12,7 @@
 #include "experiments/harness/gpu_plan.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 
 namespace minidl::harness {
 namespace {

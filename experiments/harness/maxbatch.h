@@ -7,10 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "experiments/harness/config.h"
-#include "experiments/harness/finder.h"
+#include "train/config.h"
+#include "train/finder.h"
 
 namespace minidl::harness {
+
+using namespace ::minidl::train;   // the trainer library (train/), which the programs are built on
 
 struct MaxBatchOptions {
   int steps = 3;                 // K full training steps per trial

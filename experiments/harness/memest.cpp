@@ -8,7 +8,7 @@
 #include "experiments/harness/gpu_plan.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "nn/recompute_profile.h"
 
 namespace minidl::harness {

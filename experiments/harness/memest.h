@@ -9,10 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "experiments/harness/config.h"
-#include "experiments/harness/finder.h"
+#include "train/config.h"
+#include "train/finder.h"
 
 namespace minidl::harness {
+
+using namespace ::minidl::train;   // the trainer library (train/), which the programs are built on
 
 struct MemestRow {
   int64_t batch = 0;

@@ -5,9 +5,11 @@
 #include <exception>
 
 #include "distributed/run.h"
-#include "experiments/harness/config.h"
+#include "train/config.h"
 
 namespace minidl::harness {
+
+using namespace ::minidl::train;
 
 std::string rank_device(const std::string& device, const Ranks& ranks) {
   return ranks.world_size > 1 && device == "cuda" ? "cuda:" + std::to_string(ranks.local_rank) : device;

@@ -9,10 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "experiments/harness/config.h"
-#include "experiments/harness/train.h"
+#include "train/config.h"
+#include "train/run.h"
 
 namespace minidl::harness {
+
+using namespace ::minidl::train;   // the trainer library (train/), which the programs are built on
 
 using Row = std::vector<std::string>;
 

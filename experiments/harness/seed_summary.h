@@ -12,6 +12,8 @@
 
 namespace minidl::harness {
 
+using namespace ::minidl::train;   // the trainer library (train/), which the programs are built on
+
 struct SeedCell {
   std::string group;
   int64_t batch = 0;             // effective batch

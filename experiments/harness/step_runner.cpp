@@ -38,6 +38,18 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
   model_.module->train();
   // A tiny learning rate: the trials measure memory and time, and must not drive the weights to NaN.
   opt_ = make_optimizer(c_, *model_.module, 1e-6);
+  // What the batch needs: on a GPU the caching allocator's reserved bytes (its fragmentation is
+  // real: a block freed in the wrong place does not serve the next request); on the CPU the live
+  // blocks alone, since the host allocator's cache of freed large blocks (core/allocator.h) is
+  // released before a request can fail, so it grows with the steps run, not with the batch (fitted
+  // on reserved, the first prediction of resnet18-small under 160 MiB was 36% low). A dry run on
+  // meta:cpu follows the CPU's rule, so its trials fit as the real ones do.
+  optim::AccumulationOptions ao;
+  ao.after_backward = [this] {
+    const auto ph = memory_stats(device_);
+    backward_peak_ = device_.target() == DeviceType::CPU ? ph.peak_allocated_bytes : ph.peak_reserved_bytes;
+  };
+  step_ = std::make_unique<Step>(model_, *opt_, scaler_, ao);
   // allocated: the weights (and anything else already on the device); then gradients and state.
   const int64_t fixed = memory_stats(device_).allocated_bytes +
                         static_cast<int64_t>(static_cast<double>(parameter_bytes()) * (1.0 + optimizer_state_factor(c_)));
@@ -78,35 +90,19 @@ int64_t StepRunner::step(int64_t batch) {
   // The overall peak is kept in `outer` while the phases are measured one at a time.
   const auto outer = memory_stats(device_);
   reset_peak_stats(device_);
-  int64_t phase = 0;
   // With accumulation, a second micro-batch's backward adds into gradients that already exist
   // (temporaries of the largest parameter's size): two micro-batches cover that peak.
   const int64_t micro = std::min<int64_t>(c_.accumulation_steps, 2);
   for (int64_t k = 0; k < micro; ++k) {
     const Tensor x = randn(model_.input_shape(batch), fo);
     const Tensor labels = gt(rand({batch}, fo), full({1}, 0.5, fo)).to(DType::i64);
-    const Tensor loss = model_.loss(model_.forward(x), labels);
-    const Tensor weighted = micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss;
-    (scaler_.is_enabled() ? scaler_.scale(weighted) : weighted).backward();
+    const optim::MicroBatch mb{.loss_weight = 1.0 / static_cast<double>(micro), .steps = k + 1 == micro,
+                               .samples = batch};
+    last_stepped_ = step_->run(x, labels, mb).stepped;   // the last backward's peak: backward_peak_
   }
-  // What the batch needs: on a GPU the caching allocator's reserved bytes (its fragmentation is
-  // real: a block freed in the wrong place does not serve the next request); on the CPU the live
-  // blocks alone, since the host allocator's cache of freed large blocks (core/allocator.h) is
-  // released before a request can fail, so it grows with the steps run, not with the batch (fitted
-  // on reserved, the first prediction of resnet18-small under 160 MiB was 36% low). A dry run on
-  // meta:cpu follows the CPU's rule, so its trials fit as the real ones do.
-  const auto ph = memory_stats(device_);
-  phase = device_.target() == DeviceType::CPU ? ph.peak_allocated_bytes : ph.peak_reserved_bytes;
+  const int64_t phase = backward_peak_;
   peak_allocated_ = std::max({peak_allocated_, outer.peak_allocated_bytes, memory_stats(device_).peak_allocated_bytes});
   peak_reserved_ = std::max({peak_reserved_, outer.peak_reserved_bytes, phase});
-  if (scaler_.is_enabled()) {
-    last_stepped_ = scaler_.step(*opt_);
-    scaler_.update();
-  } else {
-    opt_->step();
-    last_stepped_ = true;
-  }
-  opt_->zero_grad();
   const auto after = memory_stats(device_);
   peak_allocated_ = std::max(peak_allocated_, after.peak_allocated_bytes);
   peak_reserved_ = std::max(peak_reserved_, after.peak_reserved_bytes);

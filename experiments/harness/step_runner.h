@@ -11,14 +11,17 @@
 #include <optional>
 
 #include "core/device.h"
-#include "experiments/harness/config.h"
-#include "experiments/harness/finder.h"
-#include "experiments/harness/model.h"
-#include "experiments/harness/run_footprint.h"
+#include "train/config.h"
+#include "train/finder.h"
+#include "train/model.h"
+#include "train/step.h"
+#include "train/run_footprint.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 
 namespace minidl::harness {
+
+using namespace ::minidl::train;   // the trainer library (train/), which the programs are built on
 
 class StepRunner {
  public:
@@ -49,6 +52,8 @@ class StepRunner {
   Model model_;
   std::unique_ptr<optim::Optimizer> opt_;
   optim::GradScaler scaler_;
+  std::unique_ptr<Step> step_;   // minidl-train's step (train/step.h)
+  int64_t backward_peak_ = 0;    // the backward phase's peak (reserved on a GPU, allocated on the CPU)
   int64_t budget_ = 0;
   int64_t baseline_ = 0;
   RunFootprint footprint_;

@@ -13,10 +13,10 @@
 #include <thread>
 
 #include "distributed/process_group.h"
-#include "experiments/harness/eta.h"
-#include "experiments/harness/graphed_step.h"
+#include "train/eta.h"
+#include "train/graphed_step.h"
 #include "experiments/harness/sweep.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 
 extern char** environ;
 

@@ -13,11 +13,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "experiments/harness/config.h"
+#include "train/config.h"
 #include "experiments/harness/maxbatch.h"
 #include "experiments/harness/results.h"
 
 namespace minidl::harness {
+
+using namespace ::minidl::train;   // the trainer library (train/), which the programs are built on
 
 struct SweepRun {
   std::string id;              // stable across reruns: the resume key

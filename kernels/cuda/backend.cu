@@ -9,15 +9,14 @@
 
 namespace minidl::cuda {
 namespace {
-std::atomic<bool> g_benchmark{false};
 std::atomic<bool> g_deterministic{false};
 std::atomic<bool> g_tf32_matmul{false};
 std::atomic<bool> g_tf32_cudnn{true};
 std::atomic<bool> g_nhwc{false};
 }  // namespace
 
-void set_cudnn_benchmark(bool on) { g_benchmark = on; }
-bool cudnn_benchmark() { return g_benchmark; }
+void set_cudnn_benchmark(bool on) { set_conv_autotune(on); }   // the process-wide switch (core/backend.h)
+bool cudnn_benchmark() { return conv_autotune(); }
 void set_cudnn_deterministic(bool on) { g_deterministic = on; }
 bool cudnn_deterministic() { return g_deterministic; }
 namespace {

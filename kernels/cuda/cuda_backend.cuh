@@ -33,6 +33,8 @@ class CudaBackend final : public Backend {
   void pinned_free(void* p) override;
   // pinned.cu: the copies queued on the device's copy stream (cuda::AsyncCopy).
   std::unique_ptr<CopyHandle> copy_async(const std::vector<std::pair<const void*, Tensor>>& copies) override;
+  // runtime.cu: CUDA events around intervals (cuda::EventTimer).
+  std::unique_ptr<IntervalTimer> interval_timer(int device_index, std::string* why) override;
  private:
   // amp.cu: the one unscale pass; 1/scale from the host (scale == nullptr) or from the device.
   void unscale(const std::vector<Tensor>& grads, double inv_scale, const float* scale, const Tensor& found_inf);

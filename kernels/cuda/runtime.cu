@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/context.cuh"
+#include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/runtime.h"
 
 namespace minidl::cuda {
@@ -39,6 +40,11 @@ bool EventTimer::available(int device, std::string* why) {
   if (why != nullptr) *why = n == 0 ? "no usable CUDA device (" + runtime_status() + ")"
                                     : "cuda:" + std::to_string(device) + " does not exist (" + runtime_status() + ")";
   return false;
+}
+
+std::unique_ptr<DeviceServices::IntervalTimer> CudaBackend::interval_timer(int device_index, std::string* why) {
+  if (!EventTimer::available(device_index, why)) return nullptr;
+  return std::make_unique<EventTimer>(device_index);
 }
 
 EventTimer::EventTimer(int device) : device_(device) {

@@ -154,21 +154,22 @@ class AsyncCopy {
 // between each pair, summed, over the wall time is the busy fraction. A step's span counts the
 // stream's idle gaps inside the step (kernel-launch latency, host syncs such as loss.item()) as
 // busy, so it is an upper bound of NVML's figure; time between steps (data wait) counts as idle.
-class EventTimer {
+// It is the CUDA backend's interval timer (Backend::interval_timer).
+class EventTimer final : public DeviceServices::IntervalTimer {
  public:
   // Whether event timing works on `device` (a CUDA build and a usable device); `why` gets the
   // reason when not. Never throws.
   static bool available(int device, std::string* why = nullptr);
   explicit EventTimer(int device = 0);   // throws when !available(device)
-  ~EventTimer();
+  ~EventTimer() override;
   EventTimer(const EventTimer&) = delete;
   EventTimer& operator=(const EventTimer&) = delete;
   // Records the start / end event of one interval on the device's stream (no host wait). A start
   // without an end is ignored by elapsed_seconds().
-  void start();
-  void stop();
+  void start() override;
+  void stop() override;
   // Waits for the recorded events and returns the summed GPU time of the closed intervals.
-  double elapsed_seconds();
+  double elapsed_seconds() override;
   int64_t intervals() const { return intervals_; }
 
  private:

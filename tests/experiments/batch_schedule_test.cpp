@@ -7,8 +7,8 @@
 
 #include <cmath>
 
-#include "experiments/harness/batch_schedule.h"
-#include "experiments/harness/train.h"
+#include "train/batch_schedule.h"
+#include "train/run.h"
 #include "tests/experiments/helpers.h"
 
 namespace minidl::harness {

@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "core/backend.h"
-#include "experiments/harness/config.h"
-#include "experiments/harness/train.h"
+#include "train/config.h"
+#include "train/run.h"
 #include "tests/experiments/helpers.h"
 #include "tests/support/error_of.h"
 

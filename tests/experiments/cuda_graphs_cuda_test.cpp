@@ -1,4 +1,4 @@
-// minidl-train's loop with --cuda-graphs (experiments/harness/graphed_step.h) against the same run
+// minidl-train's loop with --cuda-graphs (train/graphed_step.h) against the same run
 // without it: the small CNN on synthetic images, SGD with momentum, a learning-rate schedule that
 // forces re-captures and an epoch whose last batch is partial (eager), FP32 and AMP. On the emulated
 // device (experiments_cuda_emu) a replay computes what the eager step computes, so the losses,
@@ -13,9 +13,9 @@
 
 #include "core/backend.h"
 #include "core/ops.h"
-#include "experiments/harness/graphed_step.h"
-#include "experiments/harness/model.h"
-#include "experiments/harness/train.h"
+#include "train/graphed_step.h"
+#include "train/model.h"
+#include "train/run.h"
 #include "nn/safetensors.h"
 #include "tests/experiments/helpers.h"
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "experiments/harness/config.h"
-#include "experiments/harness/graphed_step.h"
+#include "train/config.h"
+#include "train/graphed_step.h"
 #include "experiments/harness/sweep.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "tests/experiments/helpers.h"
 
 namespace minidl::harness {

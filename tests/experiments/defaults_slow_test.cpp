@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <numeric>
 
-#include "experiments/harness/train.h"
+#include "train/run.h"
 
-namespace minidl::harness {
+namespace minidl::train {
 namespace {
 
 // Each step's own training loss, from the progress lines' running epoch mean ("loss X"), which
@@ -82,4 +82,4 @@ TEST(ExperimentsDefaults, PhotoDefaultsLossFalls) {
 }
 
 }  // namespace
-}  // namespace minidl::harness
+}  // namespace minidl::train

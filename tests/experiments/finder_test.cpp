@@ -4,9 +4,9 @@
 
 #include <cmath>
 
-#include "experiments/harness/finder.h"
+#include "train/finder.h"
 
-namespace minidl::harness {
+namespace minidl::train {
 namespace {
 
 // A device whose training step needs fixed + per * b + quad * b^2 bytes; an OOM leaves nothing.
@@ -184,4 +184,4 @@ TEST(ExperimentsFinder, ProfileRecommendsFastestWithinMarginOrSmallestMeetingThe
 }
 
 }  // namespace
-}  // namespace minidl::harness
+}  // namespace minidl::train

@@ -24,7 +24,7 @@
 #include "core/allocator.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/sweep.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "tests/data/fixtures.h"
 #include "tests/experiments/helpers.h"
 

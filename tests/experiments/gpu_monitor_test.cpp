@@ -8,10 +8,10 @@
 #include <thread>
 
 #include "core/backend.h"
-#include "experiments/harness/gpu_monitor.h"
+#include "train/gpu_monitor.h"
 #include "kernels/cuda/runtime.h"
 
-namespace minidl::harness {
+namespace minidl::train {
 namespace {
 
 TEST(ExperimentsGpuMonitor, NaNWithoutNvmlElseAPercentage) {
@@ -67,4 +67,4 @@ TEST(ExperimentsGpuMonitor, EventTimerReportsWhetherItCanRun) {
 }
 
 }  // namespace
-}  // namespace minidl::harness
+}  // namespace minidl::train

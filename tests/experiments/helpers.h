@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "experiments/harness/config.h"
+#include "train/config.h"
 #include "experiments/harness/results.h"
 
 namespace minidl::harness::testing {

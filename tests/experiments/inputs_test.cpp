@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "experiments/harness/results.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "nn/safetensors.h"
 #include "tests/experiments/helpers.h"
 #include "tests/support/holds_all.h"

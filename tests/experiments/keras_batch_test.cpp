@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "experiments/harness/data_source.h"
+#include "train/data_source.h"
 #include "experiments/harness/seed_summary.h"
 #include "experiments/harness/sweep.h"
 #include "tests/experiments/helpers.h"

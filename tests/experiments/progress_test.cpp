@@ -5,10 +5,10 @@
 
 #include <fstream>
 
-#include "experiments/harness/eta.h"
+#include "train/eta.h"
 #include "experiments/harness/results.h"
 #include "experiments/harness/sweep.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "tests/experiments/helpers.h"
 
 namespace minidl::harness {

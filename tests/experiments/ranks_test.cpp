@@ -10,11 +10,13 @@
 #include <stdexcept>
 
 #include "core/ops.h"
-#include "experiments/harness/data_source.h"
+#include "train/data_source.h"
 #include "experiments/harness/ranks.h"
 
 namespace minidl::harness {
 namespace {
+
+using namespace ::minidl::train;
 
 // Images whose first pixel is their index, labels 0..n-1.
 std::vector<int64_t> epoch_batches(int64_t n, int64_t batch, Shard shard, bool pad, int64_t epoch,

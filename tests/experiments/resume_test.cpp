@@ -9,7 +9,7 @@
 
 #include "core/allocator.h"
 #include "experiments/harness/results.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "nn/safetensors.h"
 #include "tests/experiments/helpers.h"
 

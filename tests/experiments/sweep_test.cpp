@@ -10,7 +10,7 @@
 #include "core/allocator.h"
 #include "experiments/harness/step_runner.h"
 #include "experiments/harness/sweep.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "nn/safetensors.h"
 #include "tests/experiments/helpers.h"
 

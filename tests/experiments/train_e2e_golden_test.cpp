@@ -8,7 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "nn/resnet.h"
 #include "nn/safetensors.h"
 #include "tests/experiments/helpers.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/allocator.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "nn/safetensors.h"
 #include "tests/experiments/helpers.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "experiments/harness/maxbatch.h"
-#include "experiments/harness/train.h"
+#include "train/run.h"
 #include "tests/experiments/helpers.h"
 
 namespace minidl::harness::testing {

@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "core/backend.h"
-#include "experiments/harness/run_footprint.h"
+#include "train/run_footprint.h"
 #include "tests/experiments/helpers.h"
 #include "tests/experiments/whole_run.h"
 

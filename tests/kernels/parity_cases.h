@@ -33,6 +33,10 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"capturing", "optim/graph_step_cuda_test.cpp:GraphStep.AHostReadInsideTheCaptureFailsNamingTheFix"},
       {"replay", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnFp32ReplayIsBitIdenticalToEager"},
       {"pool_bytes", "optim/graph_step_cuda_test.cpp:GraphStep.EagerAllocationsAfterTheCaptureDoNotReuseItsPool"},
+      {"interval_timer", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},
+      {"start", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},
+      {"stop", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},
+      {"elapsed_seconds", "", "a time, not a value the CPU has: the CUDA case checks it is finite and >= 0"},
       // ---- op contracts (core/backend.h) ----
       {"copy", "kernels/backend_parity_cuda_test.cpp:Parity.CopiesAndCastsBetweenEveryDtype "
                "kernels/backend_parity_cuda_test.cpp:Parity.StridedCopiesFillsAndLargeTransfers"},

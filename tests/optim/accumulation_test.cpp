@@ -198,7 +198,7 @@ TEST(Accumulation, RefusedStepLeavesParametersAndClearsGradients) {
   }
 }
 
-// CUDA graphs' bookkeeping (experiments/harness/graphed_step.h): a step that only the device ran,
+// CUDA graphs' bookkeeping (train/graphed_step.h): a step that only the device ran,
 // or that a capture counted on the host without running it, is settled from the counts before it.
 TEST(Accumulation, SettledDeviceStepsCountAsTheEagerLoopWould) {
   Model m = make_model(false);

@@ -1,0 +1,39 @@
+// Evaluation over a batch source, reduced over the ranks (see evaluate.h).
+#include "train/evaluate.h"
+
+#include "core/autograd.h"
+
+namespace minidl::train {
+
+void sum_over_ranks(distributed::ProcessGroup* group, std::initializer_list<double*> values) {
+  if (group == nullptr) return;
+  Tensor t = empty({static_cast<int64_t>(values.size())}, {DType::f64, Device::cpu(), false});
+  double* d = t.data<double>();
+  for (double* v : values) *d++ = *v;
+  group->allreduce(t, distributed::ReduceOp::Sum);
+  d = t.data<double>();
+  for (double* v : values) *v = *d++;
+}
+
+EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group) {
+  EvalResult r;
+  double loss = 0.0, correct = 0.0, n = 0.0;
+  if (src != nullptr && src->size() > 0) {
+    NoGradGuard no_grad;
+    m.module->eval();
+    src->start_epoch(0);
+    while (auto b = src->next()) {
+      const Tensor logits = m.forward(b->images);
+      const int64_t bn = b->labels.size(0);
+      loss += m.loss(logits, b->labels).item() * static_cast<double>(bn);
+      correct += static_cast<double>(m.correct(logits, b->labels));
+      n += static_cast<double>(bn);
+    }
+    m.module->train();
+  }
+  sum_over_ranks(group, {&loss, &correct, &n});
+  if (n > 0) r = {loss / n, correct / n};
+  return r;
+}
+
+}  // namespace minidl::train
