@@ -228,6 +228,21 @@ void clear_cudnn_backend_calls() {
   std::lock_guard<std::mutex> lock(detail::g_log_mu);
   detail::call_log_entries().clear();
 }
+long long cudnn_autotune_trial() {
+  ++detail::cudnn_query_count();
+  return detail::next_cudnn_find_call();
+}
+float cudnn_plan_time_ms(const void* plan, long long trial) {
+  const auto* o = static_cast<const detail::BackendObject*>(plan);
+  if (detail::registry_of<detail::BackendObject>().state(plan) != detail::ObjState::Live || o->d.graph == nullptr ||
+      o->d.type != CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
+    return 0.0f;
+  const detail::ConvGraph& g = *o->d.graph;
+  const int n = detail::algo_count(g.dir);
+  const detail::Problem p = g.problem(o->d.engine >= n);
+  const auto algo = static_cast<int>(o->d.engine % n);
+  return detail::fake_time_ms(p, detail::algo_info(g.dir, algo, p, p.math)) + detail::cudnn_find_delay(trial, algo);
+}
 }  // namespace minidl::cuda::emu
 
 using namespace minidl::cuda::emu::detail;   // NOLINT: the C entry points below are outside our namespace

@@ -56,6 +56,14 @@ void set_cudnn_find_delay(FindDelay delay);
 std::vector<std::string> cudnn_backend_calls();
 void clear_cudnn_backend_calls();
 
+// Autotuning through the graph API (kernels/cuda/conv_graph.cu) on the emulated device: the event
+// clock there is the CPU's, so plans are ranked by the emulated library's fake time instead.
+// cudnn_autotune_trial starts one timing round over a shape's plans (counted as an algorithm query,
+// and as one Find call for set_cudnn_find_delay); cudnn_plan_time_ms is a finalized plan's fake time
+// in that round, its engine's delay included.
+long long cudnn_autotune_trial();
+float cudnn_plan_time_ms(const void* plan, long long trial);
+
 // Handles and descriptors created and not yet destroyed (leak checks in tests).
 struct LibObjectCounts {
   int cublas_handles = 0;

@@ -20,15 +20,18 @@ size_t cublas_workspace_bytes();
 // matmul.cu: whether a (first) and b (second) are copied to contiguous memory before the GEMM.
 std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b);
 
-// conv.cu: the workspace sizes the convolution tries, in order, until one fits the allocator:
-// cuDNN's heuristic ranking (cudnnGet*Algorithm_v7 and cudnnGet*WorkspaceSize under the current
-// math and layout switches) on device 0's handle, so it needs a GPU or the emulated device.
-// Benchmark mode's autotuning (timed, so unknown in advance) is not part of it. Without a GPU (a
-// plan made on a machine that has none) there is no handle to ask: the workspace-free algorithms.
+// conv.cu: the workspace sizes the convolution tries, in order, until one fits the allocator: the
+// execution plans of the shape's heuristic-mode plan list (conv_graph.cu: cuDNN's heuristics and
+// fallback engines under the current math, determinism and layout switches, each plan's exact
+// workspace) on device 0's handle, so it needs a GPU or the emulated device. Benchmark mode's
+// autotuning (timed, so unknown in advance) is not part of it. Without a GPU (a plan made on a
+// machine that has none) there is no handle to ask: the workspace-free engines.
 enum class ConvDir { Forward, BackwardData, BackwardFilter };
 // channels_last: the operands are channels-last tensors (NHWC descriptors, no transposes).
+// add: the data gradient added into the gradient waiting for a residual join (beta = 1: its own plan).
 std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const Shape& w, const Shape& y,
-                                              const Conv2dOptions& o, DType dtype, bool channels_last = false);
+                                              const Conv2dOptions& o, DType dtype, bool channels_last = false,
+                                              bool add = false);
 // runtime.cu: convolutions run in NHWC (each operand copied to channels-last and back).
 bool conv_nhwc();
 

@@ -71,7 +71,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MetaBackend& ba
   backend.draw_cublas_workspace();
 }
 
-void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
+void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o, bool add) {
   // The early returns of conv2d_forward / _backward_input / _backward_weight.
   if (dir == ConvDir::Forward && (y.numel() == 0 || x.numel() == 0 || w.numel() == 0)) return;
   if (dir == ConvDir::BackwardData && (y.numel() == 0 || w.numel() == 0)) return;
@@ -90,7 +90,7 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
                     : dir == ConvDir::BackwardData ? cuda::ConvDir::BackwardData
                                                    : cuda::ConvDir::BackwardFilter;
   std::string tried;
-  for (size_t ws : q("conv2d").conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype(), cl)) {
+  for (size_t ws : q("conv2d").conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype(), cl, add)) {
     try {
       Buffer b(x.device(), ws);
       return;   // the algorithm runs with this workspace, which is freed when it returns
@@ -107,7 +107,7 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
 bool conv_backward_input_add(const Tensor& gx, const Tensor& w, const Tensor& gy, const Conv2dOptions& o) {
   const bool cl = prefers_channels_last(gx) || prefers_channels_last(w) || prefers_channels_last(gy);
   if (q("conv2d").conv_nhwc() && !cl) return false;
-  conv(ConvDir::BackwardData, gx, w, gy, o);
+  conv(ConvDir::BackwardData, gx, w, gy, o, /*add=*/true);
   return true;
 }
 

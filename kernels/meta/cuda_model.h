@@ -18,7 +18,9 @@ size_t cublas_workspace_bytes();
 void copy(const Tensor& src, const Tensor& dst);
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MetaBackend& backend);
 // x: the input (or its gradient), w: the weight (or its gradient), y: the output (or its gradient).
-void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o);
+// add: the data gradient added into the one waiting (conv2d_backward_input_add), which cuDNN's
+// graph API plans apart (beta = 1).
+void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o, bool add = false);
 // CudaBackend::conv2d_backward_input_add: false (nothing held) in set_conv_nhwc's transposing mode
 // around NCHW operands, else the data gradient's workspace, as conv() holds it, and true.
 bool conv_backward_input_add(const Tensor& gx, const Tensor& w, const Tensor& gy, const Conv2dOptions& o);

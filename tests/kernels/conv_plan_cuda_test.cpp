@@ -7,6 +7,7 @@
 // queries and reads the algorithms it ran from its call log; on a GPU the cache and the bits speak.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "tests/support/parity_helpers.h"
 
 #ifdef MINIDL_WITH_CUDA
+#include "kernels/cuda/conv_api.h"
 #include "kernels/cuda/workspace.h"
 #endif
 #ifdef MINIDL_CUDA_EMU
@@ -60,8 +62,51 @@ class ConvPlan : public ::testing::Test {
   void TearDown() override {
     cuda::set_cudnn_benchmark(false);
     cuda::set_cudnn_deterministic(false);
+    cuda::set_cudnn_api(cuda::CudnnApi::Graph);
   }
 };
+
+// The graph API is the path by default, and the legacy one (kept behind the switch to measure one
+// against the other) computes the same convolutions.
+TEST_F(ConvPlan, TheGraphApiIsTheDefaultAndTheLegacyApiAgrees) {
+  if (std::getenv("MINIDL_CUDNN_API") == nullptr) {
+    EXPECT_EQ(cuda::cudnn_api(), cuda::CudnnApi::Graph);
+  }
+  for (const DType dt : {DType::f32, DType::f16}) {
+    cuda::set_cudnn_api(cuda::CudnnApi::Graph);
+    const Grads graph = conv_step(dt, false);
+    cuda::set_cudnn_api(cuda::CudnnApi::Legacy);
+    const Grads legacy = conv_step(dt, false);
+    EXPECT_EQ(graph.y, legacy.y) << dtype_name(dt);
+    EXPECT_EQ(graph.gx, legacy.gx) << dtype_name(dt);
+    EXPECT_EQ(graph.gw, legacy.gw) << dtype_name(dt);
+  }
+}
+
+#ifdef MINIDL_CUDA_EMU
+// A shape's later calls are what the graph API promises to be cheap: a variant pack and an execute.
+// The emulated library logs every backend call; the first step of a shape builds graphs,
+// heuristics and plans, the second asks for nothing else, in both modes and both layouts.
+TEST_F(ConvPlan, ASecondCallOfAShapeAsksTheLibraryNothingButAnExecute) {
+  for (const bool benchmark : {false, true}) {
+    cuda::set_cudnn_benchmark(benchmark);
+    for (const DType dt : {DType::f32, DType::f16}) {
+      const std::string tag = std::string(benchmark ? "benchmark " : "heuristic ") + dtype_name(dt);
+      conv_step(dt, false);
+      cuda::emu::clear_cudnn_backend_calls();
+      conv_step(dt, false);
+      const std::vector<std::string> calls = cuda::emu::cudnn_backend_calls();
+      int executes = 0;
+      for (const std::string& c : calls) {
+        executes += c == "cudnnBackendExecute(EXECUTION_PLAN)";
+        EXPECT_TRUE(c.find("(VARIANT_PACK)") != std::string::npos || c == "cudnnBackendExecute(EXECUTION_PLAN)")
+            << tag << ": a planned shape called " << c;
+      }
+      EXPECT_EQ(executes, 3) << tag << ": forward, data and filter gradients";
+    }
+  }
+}
+#endif
 
 TEST_F(ConvPlan, CuDnnIsAskedOncePerShapeInBothModes) {
   for (const bool benchmark : {false, true}) {
