@@ -158,8 +158,14 @@ std::vector<Candidate> build_plans(cudnnHandle_t h, fe::OperationGraph& og, cons
   std::vector<std::string> tags;
   std::string refused;
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    fe::EngineHeuristics heur = fe::EngineHeuristicsBuilder().setOperationGraph(og).setHeurMode(mode).build();
-    std::vector<fe::ManagedOpaqueDescriptor>& cfgs = heur.getEngineConfig(heur.getEngineConfigCount());
+    std::vector<fe::ManagedOpaqueDescriptor> cfgs;
+    try {
+      fe::EngineHeuristics heur = fe::EngineHeuristicsBuilder().setOperationGraph(og).setHeurMode(mode).build();
+      cfgs = heur.getEngineConfig(heur.getEngineConfigCount());
+    } catch (fe::cudnnException& e) {
+      refused = e.what();   // this mode has nothing for the graph; the other may
+      continue;
+    }
     for (const fe::ManagedOpaqueDescriptor& cfg : cfgs) {
       if (out.size() >= kMaxPlans) break;
       if (!allowed(cfg, cs.dtype)) continue;
@@ -189,12 +195,22 @@ std::array<void*, 3> pointers(ConvDir dir, const void* a, const void* b, void* o
   return {pa, out, pb};
 }
 
-// The hot path: a variant pack over this call's pointers and workspace, and an execute.
+// The hot path: a variant pack over this call's pointers and workspace, and an execute. Straight
+// backend calls (cudnn-frontend's VariantPackBuilder would add heap allocations and exceptions).
 cudnnStatus_t execute(cudnnHandle_t h, const Candidate& c, std::array<void*, 3> ptrs, void* ws) {
-  int64_t uids[3] = {kUidX, kUidW, kUidY};
-  const fe::VariantPack pack =
-      fe::VariantPackBuilder().setWorkspacePointer(ws).setDataPointers(3, ptrs.data()).setUids(3, uids).build();
-  return cudnnBackendExecute(h, c.plan->get_raw_desc(), pack.get_raw_desc());
+  static constexpr int64_t kUids[3] = {kUidX, kUidW, kUidY};
+  cudnnBackendDescriptor_t pack = nullptr;
+  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
+  if (st != CUDNN_STATUS_SUCCESS) return st;
+  st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs.data());
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, kUids);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(h, c.plan->get_raw_desc(), pack);
+  MINIDL_CUDNN_LOG(cudnnBackendDestroyDescriptor(pack));
+  return st;
 }
 
 // One timed execution of a candidate, in ms (infinity when it fails).
