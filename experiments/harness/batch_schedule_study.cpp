@@ -168,15 +168,11 @@ Study batch_schedule_study(bool quick, const TrainConfig& base) {
       {"hybrid", "(c) batch grows, then lr decay", "x" + f + "@" + e1, "multistep:" + e2 + "e:" + gamma}};
   // Quick: three seeds (the synthetic task is seed-sensitive); the photos: one (an hour on 2 cores).
   const int seeds = quick ? 3 : 1;
+  const StudyScale scale{"smallcnn", quick ? 32 : 200, quick ? "512,128,128" : "600,200,200", epochs};
   for (int k = 0; k < seeds; ++k) {
     for (const Variant& v : variants) {
-      SweepRun r;
-      r.config = base;
+      SweepRun& r = add_study_run(s, base, scale);
       TrainConfig& c = r.config;
-      c.model = "smallcnn";
-      c.image_size = quick ? 32 : 200;
-      c.split = quick ? "512,128,128" : "600,200,200";
-      c.epochs = epochs;
       c.optimizer = "sgd";
       c.momentum = 0.0;
       c.lr = quick ? 0.1 : 0.01;   // the photos: the Keras default, which trains there (keras-batch)
@@ -197,7 +193,6 @@ Study batch_schedule_study(bool quick, const TrainConfig& base) {
       if (quick && c.data == "synthetic") c.synthetic_difficulty = 0.85;
       r.id = v.id + "-s" + std::to_string(c.seed);
       r.group = v.group;
-      s.runs.push_back(r);
     }
   }
   s.extra_outputs = outputs;

@@ -43,17 +43,14 @@ Study keras_batch(bool quick, const TrainConfig& base) {
     int64_t max_batch;
   };
   const std::vector<Line> lines{{"sgd", "none", 128}, {"adam", "none", 256}, {"adam", "article", 256}};
+  const StudyScale scale =
+      quick ? StudyScale{"smallcnn", 32, "200,100,100", 3} : StudyScale{"smallcnn", 200, "600,200,200", 5};
   // Seeds outermost: a sweep stopped between sittings has whole seeds of every line.
   for (int k = 0; k < s.seeds; ++k) {
     for (const Line& line : lines) {
       for (int64_t b : powers(16, line.max_batch)) {
-        SweepRun r;
-        r.config = base;
+        SweepRun& r = add_study_run(s, base, scale);
         TrainConfig& c = r.config;
-        c.model = "smallcnn";
-        c.image_size = quick ? 32 : 200;
-        c.split = quick ? "200,100,100" : "600,200,200";
-        c.epochs = quick ? 3 : 5;
         c.optimizer = line.optimizer;
         // Keras 2's defaults: SGD(learning_rate=0.01, momentum=0.0, nesterov=False); Adam(learning_rate=0.001,
         // beta_1=0.9, beta_2=0.999, epsilon=1e-7), eps added to sqrt(v) before the bias correction.
@@ -82,7 +79,6 @@ Study keras_batch(bool quick, const TrainConfig& base) {
         if (quick && c.data == "synthetic") c.synthetic_difficulty = 0.3;
         r.id = b_id(b) + "-" + line.optimizer + "-" + line.augment + "-s" + std::to_string(c.seed);
         r.group = line.optimizer + ", augment " + line.augment;
-        s.runs.push_back(r);
       }
     }
   }
@@ -111,25 +107,22 @@ Study utilization(bool quick, const TrainConfig& base) {
                "--best; --best also uses channels_last, which minidl runs with --channels-last (" +
                std::string(base.resolved_channels_last() ? "on here" : "off here") + ").";
   }
+  const int64_t steps = quick ? 3 : 20;
   for (int64_t b : powers(4, quick ? 512 : 1024)) {
-    SweepRun r;
-    r.config = base;
+    // Exactly enough training images for `steps` batches; no evaluation.
+    const std::string split = std::to_string((b * steps + 1) / 2) + ",0,0";
+    SweepRun& r =
+        add_study_run(s, base, quick ? StudyScale{"smallcnn", 64, split, 1} : StudyScale{"resnet50", 224, split, 1});
     TrainConfig& c = r.config;
-    c.model = quick ? "smallcnn" : "resnet50";
-    c.image_size = quick ? 64 : 224;
     c.optimizer = "sgd";
     c.momentum = 0.9;
     c.lr = 0.001;
     c.batch_size = b;
-    c.epochs = 1;
-    c.max_steps = quick ? 3 : 20;
-    // Exactly enough training images for max_steps batches; no evaluation.
-    c.split = std::to_string((b * c.max_steps + 1) / 2) + ",0,0";
+    c.max_steps = steps;
     c.progress_every = 0;
     r.id = b_id(b);
     r.group = c.device + (c.amp ? ", amp" : "");
     r.throughput_only = true;
-    s.runs.push_back(r);
   }
   return s;
 }
@@ -163,18 +156,15 @@ Study techniques(bool quick, const TrainConfig& base) {
                               {"recompute-optimal", "optimal"},
                               {"accumulation-x4", "none", false, false, 4},
                               {"combined", "optimal", true, false, 4}};
+  const StudyScale scale =
+      quick ? StudyScale{"resnet18-small", 16, "100,50,0", 1} : StudyScale{"resnet50", 224, "600,200,200", 15};
   for (const Row& row : rows) {
-    SweepRun r;
-    r.config = base;
+    SweepRun& r = add_study_run(s, base, scale);
     TrainConfig& c = r.config;
-    c.model = quick ? "resnet18-small" : "resnet50";
-    c.image_size = quick ? 16 : 224;
     c.optimizer = "sgd";
     c.momentum = 0.9;
     c.lr = 0.001;
     c.weight_decay = 1e-4;
-    c.epochs = quick ? 1 : 15;
-    c.split = quick ? "100,50,0" : "600,200,200";
     c.memory_budget = quick ? "256MiB" : "11GiB";
     c.checkpoint = row.checkpoint;
     c.cudnn_benchmark = row.autotune_off ? "off" : "on";
@@ -185,7 +175,6 @@ Study techniques(bool quick, const TrainConfig& base) {
     r.technique = row.name;
     r.group = "techniques";
     r.find_max_batch = true;
-    s.runs.push_back(r);
   }
   return s;
 }
@@ -203,13 +192,12 @@ Study lr_scaling(bool quick, const TrainConfig& base) {
             "scaling alone can diverge at the largest batches; linear scaling with warmup recovers them. The batch "
             "with the shortest time to the target accuracy is not the largest one.";
   const int64_t base_batch = quick ? 16 : 32;
+  const StudyScale scale =
+      quick ? StudyScale{"smallcnn", 32, "256,100,0", 4} : StudyScale{"resnet18", 224, "600,200,200", 10};
   for (const std::string variant : {"none", "linear", "linear-warmup"}) {
     for (int64_t b : powers(base_batch, quick ? 256 : 1024)) {
-      SweepRun r;
-      r.config = base;
+      SweepRun& r = add_study_run(s, base, scale);
       TrainConfig& c = r.config;
-      c.model = quick ? "smallcnn" : "resnet18";
-      c.image_size = quick ? 32 : 224;
       c.optimizer = "sgd";
       c.momentum = 0.9;
       c.weight_decay = quick ? 0.0 : 1e-4;
@@ -218,21 +206,28 @@ Study lr_scaling(bool quick, const TrainConfig& base) {
       c.batch_size = b;
       c.lr_scaling = variant == "none" ? "none" : "linear";
       c.warmup_epochs = variant == "linear-warmup" ? (quick ? 1.0 : 2.0) : 0.0;
-      c.epochs = quick ? 4 : 10;
-      c.split = quick ? "256,100,0" : "600,200,200";
       c.target_accuracy = quick ? 0.9 : 0.8;
       c.diverge_loss = 20.0;
       c.progress_every = 0;
       if (quick && c.data == "synthetic") c.synthetic_difficulty = 0.2;
       r.id = b_id(b) + "-" + variant;
       r.group = variant == "none" ? "no scaling" : (variant == "linear" ? "linear" : "linear + warmup");
-      s.runs.push_back(r);
     }
   }
   return s;
 }
 
 }  // namespace
+
+SweepRun& add_study_run(Study& s, const TrainConfig& base, const StudyScale& scale) {
+  SweepRun& r = s.runs.emplace_back();
+  r.config = base;
+  r.config.model = scale.model;
+  r.config.image_size = scale.image_size;
+  r.config.split = scale.split;
+  r.config.epochs = scale.epochs;
+  return r;
+}
 
 const std::vector<std::string>& study_names() {
   static const std::vector<std::string> n{"keras-batch", "utilization", "techniques", "lr-scaling", "batch-schedule"};

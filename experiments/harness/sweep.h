@@ -77,6 +77,16 @@ Study make_study(const std::string& name, bool quick, const TrainConfig& base);
 // epochs with the learning rate kept (Smith et al. 2017), (c) a hybrid (the batch grows at the
 // first milestone, the learning rate decays at the second).
 Study batch_schedule_study(bool quick, const TrainConfig& base);
+// What a predefined study trains, at its published or its --quick scale.
+struct StudyScale {
+  std::string model;
+  int64_t image_size = 0;
+  std::string split;
+  int64_t epochs = 0;
+};
+// A new run of `s`: `base` at `scale`. The study sets the rest (optimizer, batch, ..., id, group);
+// the reference holds until the study's next run is added.
+SweepRun& add_study_run(Study& s, const TrainConfig& base, const StudyScale& scale);
 
 // The study's folder under --out: <name>[-<variant>][-quick-<cpu|cuda>], e.g. utilization-amp,
 // keras-batch-quick-cpu.
