@@ -7,7 +7,9 @@
 // queries and reads the algorithms it ran from its call log; on a GPU the cache and the bits speak.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,37 @@ TEST_F(ConvPlan, TheGraphApiIsTheDefaultAndTheLegacyApiAgrees) {
     EXPECT_EQ(graph.y, legacy.y) << dtype_name(dt);
     EXPECT_EQ(graph.gx, legacy.gx) << dtype_name(dt);
     EXPECT_EQ(graph.gw, legacy.gw) << dtype_name(dt);
+  }
+}
+
+// Host time per convolution call once a shape is planned, graph API against legacy: what the graph
+// API is for (an eager step was host-bound in the legacy calls). Printed and recorded as test
+// properties for a GPU run to read (kernels_cuda); the emulated device computes each call on the
+// CPU, so it only checks that both paths run. Asserts no time: machines differ.
+TEST_F(ConvPlan, HostTimePerCallOfBothApis) {
+#ifdef MINIDL_CUDA_EMU
+  const Shape xs{2, 16, 8, 8}, ws{16, 16, 3, 3};   // small: the emulated call computes at once
+  constexpr int kCalls = 5;
+#else
+  const Shape xs{64, 64, 56, 56}, ws{64, 64, 3, 3};   // a ResNet-50 stage-1 3x3 layer, AMP, channels-last
+  constexpr int kCalls = 200;
+#endif
+  const Conv2dOptions o{.stride = {1, 1}, .padding = {1, 1}};
+  const NoGradGuard no_grad;
+  const Tensor x = to_channels_last(rnd(xs, DType::f16, 21).to(kGpu));
+  const Tensor w = to_channels_last(rnd(ws, DType::f16, 22).to(kGpu));
+  for (const cuda::CudnnApi api : {cuda::CudnnApi::Graph, cuda::CudnnApi::Legacy}) {
+    cuda::set_cudnn_api(api);
+    conv2d(x, w, Tensor(), o);   // plans the shape
+    cuda::synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) conv2d(x, w, Tensor(), o);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / kCalls;
+    cuda::synchronize();
+    const std::string name = std::string("host_us_per_forward_") + cuda::cudnn_api_name(api);
+    RecordProperty(name, std::to_string(us));
+    std::cout << name << " " << us << "\n";
+    EXPECT_GT(us, 0.0);
   }
 }
 
