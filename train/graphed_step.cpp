@@ -46,7 +46,17 @@ void check_cuda_graphs(const TrainConfig& c) {
 GraphedStep::GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, optim::Optimizer& opt,
                          optim::GradScaler& scaler, Device device)
     : model_(model), trainer_(trainer), opt_(opt), scaler_(scaler), device_(device) {
-  MINIDL_CHECK(device.is_cuda(), "GraphedStep: CUDA graphs need a CUDA device, got ", device.str());
+  // meta:cuda too: the dry run of a graphed run captures on the model of the GPU (its private pool).
+  MINIDL_CHECK(device.target() == DeviceType::CUDA, "GraphedStep: CUDA graphs need a CUDA device, got ",
+               device.str());
+}
+
+void GraphedStep::release() {
+  loss_ = logits_ = Tensor();   // in the graph's pool: dropped first, as in the destructor
+  graph_.reset();
+  graph_lrs_.clear();
+  x_ = y_ = Tensor();
+  warm_.reset();
 }
 
 GraphedStep::~GraphedStep() {

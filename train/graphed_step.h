@@ -59,6 +59,11 @@ class GraphedStep {
   // the optimizer really stepped, the gradient scaler moves to its device state.
   bool eager_step(const Tensor& loss, const optim::MicroBatch& mb, const Tensor& images);
 
+  // Drops the graph, its pool and its captured inputs and outputs, and forgets the warm layout, so
+  // that the next step runs eagerly before a capture (the maximum-batch trials: one graph per
+  // trial, nothing left from the one before).
+  void release();
+
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
 

@@ -30,16 +30,12 @@ std::string RunFootprint::describe() const {
   s += std::to_string(batches_held) + (batches_held == 1 ? " input batch" : " input batches") +
        " on the device at once";
   if (evaluation) s += ", an evaluation pass at the same batch";
-  if (uncounted_graph_pool)
-    s += "; NOT counted: the private pool of the CUDA graph that --cuda-graphs captures (trials run eager "
-         "steps: leave room for it)";
   return s;
 }
 
 RunFootprint run_footprint(const TrainConfig& c, Device device, int64_t image_size) {
   RunFootprint f;
   f.image_size = image_size;
-  f.uncounted_graph_pool = c.cuda_graphs;
   const bool on_cpu = device.target() == DeviceType::CPU;
   if (c.data == "synthetic" && c.augment == "none") {
     // tensor_source: every part's images as one f32 tensor and its labels as i64, in host memory;

@@ -27,8 +27,6 @@ struct RunFootprint {
   // Every trial ends with an evaluation pass (a forward without gradients, in evaluation mode) at
   // the trial's batch: the run evaluates at --batch-size after every epoch.
   bool evaluation = true;
-  // --cuda-graphs: the run also keeps a captured graph's private pool, which no trial counts yet.
-  bool uncounted_graph_pool = false;
 
   // The bytes of one input batch of `batch` images (f32 pixels and i64 labels).
   int64_t batch_bytes(int64_t batch) const;

@@ -20,6 +20,10 @@ Step::Step(Model& model, optim::Optimizer& opt, optim::GradScaler& scaler, optim
 
 Step::~Step() = default;
 
+void Step::release_graph() {
+  if (graphed_) graphed_->release();
+}
+
 Step::Forward Step::forward(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb, int64_t micro) {
   Forward f;
   f.mb = mb;

@@ -47,6 +47,9 @@ class Step {
   Forward run(const Tensor& images, const Tensor& labels);
   Forward run(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb);
 
+  // With graphs: drops the captured graph and its pool (GraphedStep::release); nothing otherwise.
+  void release_graph();
+
   optim::AccumulatingTrainer& trainer() { return *trainer_; }
   const GraphedStep* graphed() const { return graphed_.get(); }
 

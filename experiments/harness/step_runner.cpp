@@ -49,7 +49,9 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
     const auto ph = memory_stats(device_);
     backward_peak_ = device_.target() == DeviceType::CPU ? ph.peak_allocated_bytes : ph.peak_reserved_bytes;
   };
-  step_ = std::make_unique<Step>(model_, *opt_, scaler_, ao);
+  // --cuda-graphs: each trial's steps are captured and replayed as the run's are (an eager step at
+  // the batch, then the capture), so the graph's private pool counts in its peak and the budget.
+  step_ = std::make_unique<Step>(model_, *opt_, scaler_, ao, c_.cuda_graphs, device_);
   // allocated: the weights (and anything else already on the device); then gradients and state.
   const int64_t fixed = memory_stats(device_).allocated_bytes +
                         static_cast<int64_t>(static_cast<double>(parameter_bytes()) * (1.0 + optimizer_state_factor(c_)));
@@ -152,6 +154,9 @@ Trial StepRunner::run(int64_t batch, int steps) {
     opt_->zero_grad();
     t.ok = false;
   }
+  // The trial's graph (--cuda-graphs), its pool and captured tensors go with the trial, whether it
+  // fit or not, so the statistics can return to where they were.
+  step_->release_graph();
   // After an OOM the phase bookkeeping stopped mid-step: the allocator's peak covers the rest.
   const auto ms = memory_stats(device_);
   t.peak_allocated = std::max(peak_allocated_, ms.peak_allocated_bytes);

@@ -45,6 +45,45 @@ Allocator& MetaBackend::allocator(int device_index) {
   return *cpu_;
 }
 
+namespace {
+
+// A captured graph of the GPU model: its private pool, released with it.
+class MetaGraph final : public DeviceServices::Graph {
+ public:
+  MetaGraph(CachingAllocator& a, int pool) : a_(a), pool_(pool) {}
+  ~MetaGraph() override { a_.release_private_pool(pool_); }
+  void replay() override {}
+  size_t pool_bytes() const override { return a_.pool_reserved_bytes(pool_); }
+
+ private:
+  CachingAllocator& a_;
+  int pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceServices::Graph> MetaBackend::capture_graph(int device_index, const std::function<void()>& work) {
+  if (device_index != static_cast<int>(DeviceType::CUDA)) return Backend::capture_graph(device_index, work);
+  auto& a = static_cast<CachingAllocator&>(allocator(device_index));
+  const int pool = a.begin_private_pool();
+  capturing_ = true;
+  try {
+    work();
+  } catch (...) {
+    capturing_ = false;
+    a.end_private_pool();
+    a.release_private_pool(pool);
+    throw;
+  }
+  capturing_ = false;
+  a.end_private_pool();
+  return std::make_unique<MetaGraph>(a, pool);
+}
+
+bool MetaBackend::capturing(int device_index) {
+  return capturing_ && device_index == static_cast<int>(DeviceType::CUDA);
+}
+
 void MetaBackend::draw_cublas_workspace() {
   Allocator& a = allocator(static_cast<int>(DeviceType::CUDA));
   std::lock_guard<std::mutex> lock(mu_);

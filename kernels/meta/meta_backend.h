@@ -29,7 +29,15 @@ class MetaBackend final : public Backend {
   // The CUDA model's cuBLAS workspace: drawn at the first GEMM and held, as a device context does.
   void draw_cublas_workspace();
 
+  // A CUDA graph on the model of a GPU (meta:cuda): `work` runs with the caching allocator's
+  // private pool current, as a capture does, so the pool's segments count in reserved bytes and
+  // the budget while the graph lives; a replay allocates nothing and computes nothing. The model
+  // of the CPU has no graphs, as the CPU has none.
+  std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work) override;
+  bool capturing(int device_index) override;
+
  private:
+  bool capturing_ = false;
   std::mutex mu_;
   std::unique_ptr<Allocator> cpu_, cuda_;
   void* cublas_ptr_ = nullptr;

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/backend.h"
+#include "experiments/harness/step_runner.h"
 #include "train/run_footprint.h"
 #include "tests/experiments/helpers.h"
 #include "tests/experiments/whole_run.h"
@@ -54,6 +55,40 @@ TEST(WholeRunCuda, APlanForTheGpuTrains) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   TrainConfig c = small_cnn_on_gpu("24MiB");
   c.gpu = "4GiB";
+  testing::expect_answer_trains(c);
+}
+
+// --cuda-graphs: a trial runs its steps as the run does (an eager step at the batch, then the
+// capture and a replay), so the captured graph's private pool is in the answer, and the dry run,
+// which captures on the model of the GPU, has the real trial's peaks to the byte.
+TEST(WholeRunCuda, CudaGraphsPoolIsInTheAnswer) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  // The graph's private pool reserves segments of its own (2 MiB small, 20 MiB large), as on a GPU.
+  TrainConfig c = small_cnn_on_gpu("64MiB");
+  c.cuda_graphs = true;
+  c.momentum = 0.9;
+  for (const Device d : {Device::meta(DeviceType::CUDA), Device::cuda(0)}) empty_cache(d);
+  Trial dry, real;
+  {
+    StepRunner r(c, 0, Device::meta(DeviceType::CUDA));
+    dry = r.run(8, 2);
+  }
+  {
+    StepRunner r(c, 0, Device::cuda(0));
+    real = r.run(8, 2);
+  }
+  Trial eager;
+  {
+    TrainConfig e = c;
+    e.cuda_graphs = false;
+    StepRunner r(e, 0, Device::meta(DeviceType::CUDA));
+    eager = r.run(8, 2);
+  }
+  ASSERT_TRUE(dry.ok && real.ok && eager.ok);
+  EXPECT_EQ(dry.peak_allocated, real.peak_allocated);
+  EXPECT_EQ(dry.peak_reserved, real.peak_reserved);
+  EXPECT_GT(dry.peak_reserved, eager.peak_reserved) << "the graph's private pool is reserved beside the eager cache";
+  EXPECT_TRUE(real.recovered) << "the trial's graph, pool and captured tensors go with the trial";
   testing::expect_answer_trains(c);
 }
 
