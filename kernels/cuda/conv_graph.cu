@@ -288,6 +288,13 @@ std::shared_ptr<const GraphPlan> plan_for(const Key& key, DeviceContext& ctx, co
     auto it = plans().find(key);
     if (it != plans().end()) return it->second;
   }
+  // Building a plan asks cuDNN (heuristics, plan finalize, autotuning's runs), which must not
+  // happen inside a CUDA graph capture: a captured step runs by plans made in its warm-up.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MINIDL_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capturing));
+  MINIDL_CHECK(capturing == cudaStreamCaptureStatusNone, "conv2d (cuda): ", describe(cs, dir),
+               " has no cuDNN plan yet and the stream is capturing a CUDA graph; run the step once before capturing "
+               "it (a warm-up step plans every shape)");
   auto p = std::make_shared<GraphPlan>();
   try {
     cudnnHandle_t h = ctx.cudnn();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/backend.h"
 #include "core/ops.h"
 #include "tests/support/parity_helpers.h"
 
@@ -83,6 +84,26 @@ TEST_F(ConvPlan, TheGraphApiIsTheDefaultAndTheLegacyApiAgrees) {
     EXPECT_EQ(graph.gx, legacy.gx) << dtype_name(dt);
     EXPECT_EQ(graph.gw, legacy.gw) << dtype_name(dt);
   }
+}
+
+// A captured step runs by the plans its warm-up made: a shape first seen inside a capture is refused
+// with the fix (building a plan asks cuDNN, which a capture forbids), and a planned one is captured
+// and replays the same result.
+TEST_F(ConvPlan, ACaptureRunsByPlansMadeBeforeIt) {
+  const Tensor x = rnd({2, 8, 6, 6}, DType::f32, 31).to(kGpu), w = rnd({8, 8, 3, 3}, DType::f32, 32).to(kGpu);
+  const Conv2dOptions o{.stride = {1, 1}, .padding = {1, 1}};
+  const NoGradGuard no_grad;
+  Tensor y;
+  try {
+    backend(kGpu).capture_graph(0, [&] { y = conv2d(x, w, Tensor(), o); });
+    ADD_FAILURE() << "an unplanned shape was planned inside a capture";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run the step once before capturing"), std::string::npos) << e.what();
+  }
+  const Tensor eager = conv2d(x, w, Tensor(), o);   // plans the shape
+  const std::unique_ptr<Backend::Graph> graph = backend(kGpu).capture_graph(0, [&] { y = conv2d(x, w, Tensor(), o); });
+  graph->replay();
+  EXPECT_EQ(bytes(y), bytes(eager));
 }
 
 // Host time per convolution call once a shape is planned, graph API against legacy: what the graph
