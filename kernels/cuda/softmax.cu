@@ -1,6 +1,9 @@
 // CUDA softmax / log-softmax over the middle dim of [outer, C, inner] and the NLL gather. One warp
 // per (outer, inner) row: max in T, sum of exp in double (as the CPU reference), shuffles to
 // combine. NLL validates the targets on the device and throws naming the first bad one.
+#include <array>
+#include <tuple>
+
 #include "kernels/common/checks.h"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
@@ -146,6 +149,22 @@ bool any_half(std::initializer_list<const Tensor*> ts) {
   return false;
 }
 Tensor f32_like(const Tensor& t) { return empty(t.shape(), {DType::f32, t.device(), false}); }
+// The f16 path of an entry point: f32 tensors for the inputs `ins`, then for `out`, are made (in
+// that order), the inputs are widened into theirs, run(inputs' f32..., out's f32) computes in f32,
+// and the result is rounded into `out` once.
+template <class... In, class Run>
+void in_f32(CudaBackend& b, const std::tuple<const In&...>& ins, const Tensor& out, Run run) {
+  std::apply(
+      [&](const auto&... in) {
+        const std::array<Tensor, sizeof...(In)> wide{f32_like(in)...};
+        const Tensor out_f32 = f32_like(out);
+        size_t i = 0;
+        (b.copy(in, wide[i++]), ...);
+        std::apply([&](const auto&... w) { run(w..., out_f32); }, wide);
+        b.copy(out_f32, out);
+      },
+      ins);
+}
 
 }  // namespace
 
@@ -154,10 +173,8 @@ void CudaBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const 
   check_cuda(op, {&x, &y});
   if (any_half({&x, &y})) {
     MINIDL_CHECK(y.dtype() == x.dtype(), op, " (cuda): output ", y.meta(), " must have x's dtype ", x.meta());
-    const Tensor xf = f32_like(x), yf = f32_like(y);
-    copy(x, xf);
-    softmax_forward(xf, dim, log, yf);
-    return copy(yf, y);
+    return in_f32(*this, std::tie(x), y,
+                  [&](const Tensor& xf, const Tensor& yf) { softmax_forward(xf, dim, log, yf); });
   }
   MINIDL_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.is_contiguous(), op, " (cuda): output ",
                y.meta(), " must be contiguous with x's shape and dtype ", x.meta());
@@ -177,11 +194,9 @@ void CudaBackend::softmax_backward(const Tensor& gy, const Tensor& y, int64_t di
   if (any_half({&gy, &y, &gx})) {
     MINIDL_CHECK(gy.dtype() == y.dtype() && gx.dtype() == y.dtype(), op, " (cuda): gy ", gy.meta(), ", y ", y.meta(),
                  " and gx ", gx.meta(), " must share their dtype");
-    const Tensor gyf = f32_like(gy), yf = f32_like(y), gxf = f32_like(gx);
-    copy(gy, gyf);
-    copy(y, yf);
-    softmax_backward(gyf, yf, dim, log, gxf);
-    return copy(gxf, gx);
+    return in_f32(*this, std::tie(gy, y), gx, [&](const Tensor& gyf, const Tensor& yf, const Tensor& gxf) {
+      softmax_backward(gyf, yf, dim, log, gxf);
+    });
   }
   MINIDL_CHECK(gy.dtype() == y.dtype() && gy.shape() == y.shape() && gx.dtype() == y.dtype() &&
                    gx.shape() == y.shape() && gx.is_contiguous(),
@@ -203,10 +218,8 @@ void CudaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, con
   if (any_half({&log_probs, &losses})) {
     MINIDL_CHECK(losses.dtype() == log_probs.dtype(), "nll_loss (cuda): losses ", losses.meta(),
                  " must have the input's dtype ", log_probs.meta());
-    const Tensor lpf = f32_like(log_probs), lf = f32_like(losses);
-    copy(log_probs, lpf);
-    nll_forward(lpf, target, lf);
-    return copy(lf, losses);
+    return in_f32(*this, std::tie(log_probs), losses,
+                  [&](const Tensor& lpf, const Tensor& lf) { nll_forward(lpf, target, lf); });
   }
   const int64_t N = common::check_nll_forward("cuda", log_probs, target, losses), C = log_probs.size(1);
   DeviceContext& ctx = context_of(log_probs);
@@ -225,10 +238,8 @@ void CudaBackend::nll_backward(const Tensor& g, const Tensor& target, const Tens
   if (any_half({&g, &glogp})) {
     MINIDL_CHECK(g.dtype() == glogp.dtype(), "nll_loss_backward (cuda): g ", g.meta(), " must have glogp's dtype ",
                  glogp.meta());
-    const Tensor gf = f32_like(g), glf = f32_like(glogp);
-    copy(g, gf);
-    nll_backward(gf, target, glf);
-    return copy(glf, glogp);
+    return in_f32(*this, std::tie(g), glogp,
+                  [&](const Tensor& gf, const Tensor& glf) { nll_backward(gf, target, glf); });
   }
   const int64_t N = common::check_nll_backward("cuda", g, target, glogp), C = glogp.size(1);
   DeviceContext& ctx = context_of(glogp);
