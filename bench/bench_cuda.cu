@@ -22,22 +22,16 @@ namespace {
 const Device kGpu = Device::cuda(0);
 double g_copy_gbps = 0;   // the D2D copy baseline of this run (bytes read + written per second)
 
-// Times `iters` calls of fn on the context's stream with events; returns seconds per call.
+// Times `iters` calls of fn on the context's stream with a pair of events (cuda::EventTimer);
+// returns seconds per call.
 template <typename F>
 double time_on_stream(DeviceContext& ctx, int iters, F&& fn) {
   for (int i = 0; i < 3; ++i) fn();   // warm-up: lazy handles, algorithm choice, caches
-  cudaEvent_t a, b;
-  MINIDL_CUDA_CHECK(cudaEventCreate(&a));
-  MINIDL_CUDA_CHECK(cudaEventCreate(&b));
-  MINIDL_CUDA_CHECK(cudaEventRecord(a, ctx.stream()));
+  EventTimer timer(ctx.index());
+  timer.start();
   for (int i = 0; i < iters; ++i) fn();
-  MINIDL_CUDA_CHECK(cudaEventRecord(b, ctx.stream()));
-  MINIDL_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  MINIDL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  MINIDL_CUDA_CHECK(cudaEventDestroy(a));
-  MINIDL_CUDA_CHECK(cudaEventDestroy(b));
-  return ms / 1e3 / iters;
+  timer.stop();
+  return timer.elapsed_seconds() / iters;
 }
 
 // Runs one timed batch per benchmark iteration and reports bytes/s (and the ratio to the copy).
