@@ -82,6 +82,13 @@ def worse(code, new):
     return FAILED if FAILED in (code, new) else (CUT if CUT in (code, new) else OK)
 
 
+def not_started(budget, left, kept):
+    """Why a step did not start: the seconds it would get (never below 0) and what the call had
+    left before the grace and packing (`kept` seconds) were set aside, e.g. 'not started: 0 s for
+    it (9 s left, 10 kept for the grace and packing)'."""
+    return f"not started: {max(budget, 0)} s for it ({max(left, 0)} s left, {kept} kept for the grace and packing)"
+
+
 def count_runs(listing):
     """minidl-sweep --list: (runs done, runs in all)."""
     lines = [ln for ln in listing.splitlines() if ln.strip()]
@@ -138,7 +145,7 @@ class Call:
             raise Exit(SETUP, f"no {tarball}: run 'python3 -m lab.gpulab stage' on the build machine and carry {s.stage}")
         work = Path(tempfile.mkdtemp(prefix="gpu_studies."))
         common.unpack(tarball, work)
-        self.bin = work / "bin"
+        self.bin, self.work = work / "bin", work
         self.commit = common.first_line(work / "COMMIT")
         common.set_library_path(work / "lib")
         common.check_libraries(sorted(self.bin.iterdir()))
@@ -178,7 +185,7 @@ class Call:
         md += [f"- command: `python3 -m lab.gpulab studies {' '.join(self.argv)}` (deadline {s.deadline} s, grace "
                f"{s.grace} s, {s.workers} loader workers{extra})",
                f"- plan as run: {' '.join(n for n, _ in self.plan)}",
-               f"- staged commit (the programs): {self.commit}; tree: {tree or 'no .git here'}",
+               f"- staged commit (the programs): {common.stage_commit_line(self.work)}; tree: {tree or 'no .git here'}",
                f"- started: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; restored: {self.restored}",
                *common.machine_lines(self.gpu_line), f"- libraries: {self.libraries}", f"- PyTorch: {self.torch}"]
         if shutil.which("nvidia-smi"):
@@ -209,9 +216,10 @@ class Call:
                              "stage' copies them) | | 0 |")
             return self.finish(FAILED)
         args = self.sweep_args(study)
-        budget = min(cap or 999999, self.left() - self.s.grace - self.s.pack_reserve)
+        left, kept = self.left(), self.s.grace + self.s.pack_reserve
+        budget = min(cap or 999999, left - kept)
         if budget < self.s.min_step:
-            self.rows.append(f"| {study} | not started: {budget} s left before the deadline | | 0 |")
+            self.rows.append(f"| {study} | {not_started(budget, left, kept)} | | 0 |")
             return self.finish(CUT, study)
         say(f"{study}: minidl-sweep {' '.join(args)} (SIGINT after {budget} s)")
         log = self.rundir / f"{study}.log"
@@ -246,9 +254,10 @@ class Call:
             if csv.is_file() and csv.stat().st_size:
                 states.append(f"{variant}: measured in an earlier call")
                 continue
-            budget = min((cap or 999999) - (self.clock.elapsed() - t0), self.left() - 10 - self.s.pack_reserve)
+            left, kept = self.left(), 10 + self.s.pack_reserve
+            budget = min((cap or 999999) - (self.clock.elapsed() - t0), left - kept)
             if budget < self.s.min_step:
-                states.append(f"{variant}: not started ({budget} s left)")
+                states.append(f"{variant}: {not_started(budget, left, kept)}")
                 self.finish(CUT, "pytorch")
                 break
             say(f"pytorch {variant}: bench/pytorch_utilization.py (at most {budget} s)")
@@ -346,6 +355,7 @@ class Call:
         text = self.pack(note)
         print()
         print(text, end="")
+        print(closing(text), end="")
         return self.code
 
 
@@ -362,7 +372,8 @@ def main(args):
             raise Exit(CUT, f"stopped by SIGTERM after {call.clock.elapsed()} s, before any step")
         call.rows.append(f"| (runner) | stopped by SIGTERM at {call.clock.elapsed()} s | | |")
         call.code = worse(call.code, CUT)
-        print(call.pack("stopped by SIGTERM"), end="")
+        text = call.pack("stopped by SIGTERM")
+        print(text + closing(text), end="")
         return CUT
 
 
@@ -384,6 +395,15 @@ def step_table(summary_text):
         if inside:
             out.append(ln)
     return "\n".join(out)
+
+
+def closing(summary_text):
+    """Printed after the summary: its first line and step table again (and the resume line), since
+    the remote tool returns only the output's last 12,000 characters and the studies' tables
+    after the step table are longer than that (15 KB in the 2026-11-28 rehearsal)."""
+    lines = summary_text.splitlines()
+    resume = [ln for ln in lines if ln.startswith("To resume:")]
+    return "\n".join(["", "---", (lines or [""])[0], "", *resume, *([""] if resume else []), step_table(summary_text)]) + "\n"
 
 
 def collect(args):

@@ -59,6 +59,7 @@ class StudiesRehearsal(FakeTree):
         self.assertIn("results/keras-batch-quick-cpu/results.csv", names)
         self.assertTrue(any(n.endswith("/provenance.md") for n in names))
         self.assertTrue(self.log.rstrip().endswith("|"), "the summary is printed last")
+        self.assertIn("| keras-batch | finished | 3 of 3 |", self.log[-600:], "then the step table again")
 
     def test_cut_then_resumed_from_the_tarball(self):
         rc = self.studies("utilization,keras-batch", GPU_STUDIES_DEADLINE="8", GPU_STUDIES_GRACE="2", STUB_RUN_SLEEP="3")

@@ -35,6 +35,13 @@ class Bookkeeping(unittest.TestCase):
         self.assertEqual(studies.worse(common.CUT, common.FAILED), common.FAILED)
         self.assertEqual(studies.worse(common.FAILED, common.CUT), common.FAILED)
 
+    def test_a_step_not_started_never_says_a_negative_time(self):
+        # The 20 s rehearsal printed "not started: -1 s left before the deadline" with 9 s left:
+        # the budget is what is left less the grace and the packing reserve.
+        self.assertEqual(studies.not_started(-1, 9, 10), "not started: 0 s for it (9 s left, 10 kept for the grace and packing)")
+        self.assertEqual(studies.not_started(20, 95, 75), "not started: 20 s for it (95 s left, 75 kept for the grace and packing)")
+        self.assertEqual(studies.not_started(-80, -5, 75), "not started: 0 s for it (0 s left, 75 kept for the grace and packing)")
+
     def test_count_runs(self):
         self.assertEqual(studies.count_runs("a 1 done\nb 2 todo\n\nc 3 done\n"), (2, 3))
 
@@ -62,6 +69,14 @@ class Collect(unittest.TestCase):
     def test_step_table(self):
         text = "# call\n\n- x\n\n| step | state |\n| --- | --- |\n| a | finished |\n\n## a\n| other |\n"
         self.assertEqual(studies.step_table(text), "| step | state |\n| --- | --- |\n| a | finished |")
+
+    def test_the_step_table_is_printed_again_last(self):
+        summary = ("# GPU studies call X: cut by the deadline\n\n- a\n\n| step | state |\n| --- | --- |\n| techniques | cut |\n\n"
+                   "To resume: put this call's tarball in .gpu-results/ ...\n\n## keras-batch\n\n" + "| 16 | 0.5 |\n" * 2000)
+        text = studies.closing(summary)
+        self.assertEqual(text, "\n---\n# GPU studies call X: cut by the deadline\n\nTo resume: put this call's tarball in "
+                               ".gpu-results/ ...\n\n| step | state |\n| --- | --- |\n| techniques | cut |\n")
+        self.assertLess(len(text), 12000, "inside the output tail the remote tool returns")
 
     def test_plot_link_replaces_the_no_plot_line_of_its_data_file(self):
         settings, ylab = studies.plot_settings("# plot: plottitle='T'; ylab='accuracy'; logx=1\n1 2\n")
