@@ -193,7 +193,7 @@ class Session:
             os.environ["MINIDL_PARITY_SELF_TEST"] = "1"   # the parity suites CPU against CPU
         self.resume(commit)
         self.head = {"rehearse": args.rehearse, "command": "python3 -m lab.gpulab check " + " ".join(args.argv),
-                     "call": self.call, "commit": commit, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                     "call": self.call, "commit": common.stage_commit_line(ctx.work), "date": time.strftime("%Y-%m-%d", time.gmtime()),
                      "machine": common.machine_lines(ctx.gpu_line), "libraries": libraries, "torch": ctx.torch_line}
         self.report = report_path(commit, args.rehearse, self.head["date"])
 

@@ -201,6 +201,17 @@ def first_line(path, default="unknown"):
         return default
 
 
+def stage_commit_line(work):
+    """The unpacked stage's commit for a report: COMMIT's first line, and the files of a '+dirty'
+    stage (its DIRTY list) after it."""
+    commit = first_line(Path(work) / "COMMIT")
+    try:
+        dirty = Path(work, "DIRTY").read_text().split()
+    except OSError:
+        dirty = []
+    return commit + (f" (uncommitted changes built in: {' '.join(dirty)})" if dirty else "")
+
+
 def _signal_group(proc, sig):
     try:
         os.killpg(proc.pid, sig)

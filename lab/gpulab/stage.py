@@ -43,6 +43,12 @@ def git(*args):
     return subprocess.run(["git", *args], capture_output=True, text=True)
 
 
+def dirty_paths(porcelain):
+    """The tracked paths with uncommitted changes, from `git status --porcelain --untracked-files=no`
+    ('XY path' or 'XY old -> new' lines)."""
+    return [ln[3:].split(" -> ")[-1] for ln in porcelain.splitlines() if len(ln) > 3]
+
+
 def staged_commit():
     """The short commit id, '+dirty' when uncommitted changes were built in."""
     c = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
@@ -188,15 +194,23 @@ def main(args):
     tools = TOOL_EXES + os.environ.get("GPU_STAGE_EXTRA_TARGETS", "").split()
     targets = (TEST_EXES + tools if "tests" in parts else []) + (STUDY_EXES if "studies" in parts else [])
     commit = staged_commit()
+    # In a checkout shared with others their uncommitted work is built in: say which files, and
+    # pack the list (DIRTY) so the GPU reports name it beside '<commit>+dirty'.
+    dirty = dirty_paths(git("status", "--porcelain", "--untracked-files=no").stdout) if commit.endswith("+dirty") else []
+    notes = {"DIRTY": "\n".join(dirty) + "\n"} if dirty else {}
+    if dirty:
+        say(f"WARNING: uncommitted changes in {len(dirty)} tracked files are built in ({' '.join(dirty)}); "
+            f"the stage and its reports say {commit}")
     if targets:
         build(build_dir, list(dict.fromkeys(targets)), jobs)
     if "tests" in parts:
         entries = table_entries()
-        extra = {"MODEL_TSV": pick_table(entries, "h100") + "\n", "MODEL_TSV_H200": pick_table(entries, "h200") + "\n"}
+        extra = {"MODEL_TSV": pick_table(entries, "h100") + "\n", "MODEL_TSV_H200": pick_table(entries, "h200") + "\n",
+                 **notes}
         make_stage(build_dir, TEST_EXES, tools, args.dir, "stage.tar.xz", commit, extra)
         say(f"on the GPU machine: python3 -m lab.gpulab check {args.dir}")
     if "studies" in parts:
-        make_stage(build_dir, [], STUDY_EXES, args.studies_dir, "studies.tar.xz", commit)
+        make_stage(build_dir, [], STUDY_EXES, args.studies_dir, "studies.tar.xz", commit, notes)
     if "photos" in parts:
         copy_photos(args.photos or common.ROOT.parent / "shared/data/catsdogs")
     carry_sizes(args.dir, args.studies_dir)

@@ -137,6 +137,20 @@ class Stage(unittest.TestCase):
                 stage.make_stage(d / "build", ["nn_cuda"], [], d / "out", "stage.tar.xz", "abc1234")
             self.assertIn("nn_cuda is missing", str(e.exception))
 
+    def test_a_dirty_stage_names_the_uncommitted_files(self):
+        # The rehearsal's stage in the shared checkout was '7ddb0d3+dirty' with others' uncommitted
+        # kernels built in, and nothing said which: the stage packs the list and the reports name it.
+        porcelain = " M kernels/cuda/softmax.cu\nM  bench/bench_cuda.cu\nR  old.h -> include/new.h\n"
+        self.assertEqual(stage.dirty_paths(porcelain), ["kernels/cuda/softmax.cu", "bench/bench_cuda.cu", "include/new.h"])
+        self.assertEqual(stage.dirty_paths(""), [])
+        with tempfile.TemporaryDirectory() as d:
+            d = Path(d)
+            (d / "COMMIT").write_text("abc1234+dirty\n")
+            self.assertEqual(common.stage_commit_line(d), "abc1234+dirty")
+            (d / "DIRTY").write_text("kernels/cuda/softmax.cu\nbench/bench_cuda.cu\n")
+            self.assertEqual(common.stage_commit_line(d), "abc1234+dirty (uncommitted changes built in: "
+                                                          "kernels/cuda/softmax.cu bench/bench_cuda.cu)")
+
     def test_newest_versions(self):
         text = "0 DF *UND* GLIBC_2.34 x\n0 DF *UND* GLIBC_2.4 y\n0 DF GLIBCXX_3.4.30 z\n0 DF GLIBCXX_3.4.9 w\n"
         self.assertEqual(stage.newest_versions(text), ["GLIBC_2.34", "GLIBCXX_3.4.30"])
