@@ -185,6 +185,11 @@ void* CachingAllocator::allocate(size_t nbytes) {
   b->requested = nbytes;
   source_->block_live(b->ptr, nbytes, b->size, b->pool != 0);
   live_[b->ptr] = b;
+  if (b->pool != 0) {
+    Pools& p = pools_of(b->pool);
+    p.live += static_cast<int64_t>(nbytes);
+    p.peak_live = std::max(p.peak_live, p.live);
+  }
   s_.allocated_bytes += static_cast<int64_t>(nbytes);
   s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
   ++s_.num_allocs;
@@ -201,7 +206,14 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   MINIDL_CHECK(b->requested == nbytes, "caching allocator (", device_.str(), "): free of ", nbytes,
                " bytes for a block allocated with ", b->requested, " bytes");
   live_.erase(it);
-  s_.allocated_bytes -= static_cast<int64_t>(b->requested);
+  // A block of a graph's pool stays counted after the capture: the graph holds it (Pools).
+  bool held = false;
+  if (b->pool != 0) {
+    Pools& p = pools_of(b->pool);
+    p.live -= static_cast<int64_t>(b->requested);
+    held = p.holding;
+  }
+  if (!held) s_.allocated_bytes -= static_cast<int64_t>(b->requested);
   ++s_.num_frees;
   b->allocated = false;
   b->requested = 0;
@@ -244,6 +256,13 @@ int CachingAllocator::begin_private_pool() {
 
 void CachingAllocator::end_private_pool() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (current_pool_ != 0) {
+    // The graph now holds its capture's peak: what is no longer live stays counted as allocated.
+    Pools& p = pools_of(current_pool_);
+    s_.allocated_bytes += p.peak_live - p.live;
+    s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
+    p.holding = true;
+  }
   current_pool_ = 0;
 }
 
@@ -263,6 +282,8 @@ void CachingAllocator::release_private_pool(int id) {
   auto it = pools_.find(id);
   if (id == 0 || it == pools_.end()) return;
   if (current_pool_ == id) current_pool_ = 0;
+  // What the graph held beyond its live blocks is free again; the live ones stay counted.
+  if (it->second.holding) s_.allocated_bytes -= it->second.peak_live - it->second.live;
   Pools& eager = pools_of(0);
   // Live blocks (tensors made during the capture that are still held) belong to the eager pools
   // from now on, and so do their segments.

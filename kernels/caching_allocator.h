@@ -79,7 +79,10 @@ struct CachingStats {
 // release_private_pool (the graph destroyed) returns the pool's wholly free segments to the device
 // and hands segments still holding live blocks to the eager pools. Private segments count in
 // reserved bytes and the budget like any other; they are not released by empty_cache or by the
-// cache flush before an OOM while their pool lives.
+// cache flush before an OOM while their pool lives. Allocated bytes count what the graph holds:
+// from the end of its capture until its release, the peak of its pool's live blocks during the
+// capture (the step's temporaries included, which every replay writes again), as an eager step
+// counts its own while it runs.
 class CachingAllocator final : public StatsAllocator {
  public:
   static constexpr size_t kMinBlock = 512;
@@ -134,6 +137,12 @@ class CachingAllocator final : public StatsAllocator {
   struct Pools {
     Pool small, large;
     size_t reserved = 0;
+    // A private pool's books: bytes of its live blocks, and their peak while it was current (the
+    // capture). Once the capture ends the graph holds that peak: a replay writes every block the
+    // capture used, so allocated counts peak_live for the pool until it is released, whatever its
+    // blocks' tensors do in between.
+    int64_t live = 0, peak_live = 0;
+    bool holding = false;   // the capture ended and the graph lives
   };
   Pools& pools_of(int id);
   // b takes over its next neighbour in the segment (which must be out of every pool), deleting it.

@@ -320,9 +320,11 @@ TEST(CachingAllocatorPrivatePool, EagerAllocationsNeverReuseTheCapturedBlocks) {
   std::vector<std::pair<void*, size_t>> later;
   for (size_t n : {size_t{1000}, size_t{512}, 3 * MiB, 2 * MiB}) later.emplace_back(f.alloc.allocate(n), n);
   for (const auto& [p, n] : later) EXPECT_FALSE(inside(f.dev, p, pool_segments)) << n;
-  // Statistics stay exact: reserved counts the pool's segments too.
+  // Statistics stay exact: reserved counts the pool's segments too, and allocated what the graph
+  // holds (its capture's peak, 1000 + 3 MiB, though b and big were freed) beside the eager blocks.
   const CachingStats s = f.alloc.detailed_stats();
-  EXPECT_EQ(s.base.allocated_bytes, static_cast<int64_t>(1000 + 1000 + 512 + 3 * MiB + 2 * MiB));
+  EXPECT_EQ(s.base.allocated_bytes,
+            static_cast<int64_t>(1000 + (1000 + 3 * MiB) + (1000 + 512 + 3 * MiB + 2 * MiB)));
   EXPECT_EQ(static_cast<size_t>(s.base.reserved_bytes), f.dev.in_use);
   // empty_cache leaves a live pool's segments alone (a replay still writes there).
   for (const auto& [p, n] : later) f.alloc.deallocate(p, n);
@@ -330,6 +332,41 @@ TEST(CachingAllocatorPrivatePool, EagerAllocationsNeverReuseTheCapturedBlocks) {
   EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 22 * MiB);
   for (void* seg : pool_segments) EXPECT_EQ(f.dev.segments.count(seg), 1u);
   f.alloc.deallocate(eager, 1000);
+}
+
+// A graph holds what its capture used: allocated counts the capture's peak of the pool's live
+// blocks from the end of the capture until the release, whatever the captured tensors do meanwhile
+// (a replay writes every block again), and the release leaves the blocks still alive counted.
+TEST(CachingAllocatorPrivatePool, AllocatedCountsWhatTheGraphHolds) {
+  Fixture f;
+  void* eager = f.alloc.allocate(2000);
+  const int pool = f.alloc.begin_private_pool();
+  void* out = f.alloc.allocate(4000);        // an output kept after the capture
+  void* tmp = f.alloc.allocate(5 * MiB);     // a temporary, freed inside the capture
+  f.alloc.deallocate(tmp, 5 * MiB);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 2000 + 4000) << "during the capture: the live blocks";
+  f.alloc.end_private_pool();
+  const int64_t held = 4000 + 5 * static_cast<int64_t>(MiB);   // the capture's peak in the pool
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 2000 + held);
+  EXPECT_EQ(f.alloc.stats().peak_allocated_bytes, 2000 + held);
+  f.alloc.deallocate(out, 4000);             // the graph still holds its block
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 2000 + held);
+  void* out2 = nullptr;
+  {
+    // A second graph whose output outlives it.
+    f.alloc.end_private_pool();              // no capture current: nothing changes
+    const int second = f.alloc.begin_private_pool();
+    out2 = f.alloc.allocate(3000);
+    f.alloc.end_private_pool();
+    EXPECT_EQ(f.alloc.stats().allocated_bytes, 2000 + held + 3000);
+    f.alloc.release_private_pool(second);
+    EXPECT_EQ(f.alloc.stats().allocated_bytes, 2000 + held + 3000) << "out2 is still alive";
+  }
+  f.alloc.release_private_pool(pool);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 2000 + 3000);
+  f.alloc.deallocate(out2, 3000);
+  f.alloc.deallocate(eager, 2000);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 0);
 }
 
 TEST(CachingAllocatorPrivatePool, ReleasingThePoolReturnsItsMemoryAndKeepsLiveBlocks) {
