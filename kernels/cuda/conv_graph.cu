@@ -306,6 +306,10 @@ std::shared_ptr<const GraphPlan> plan_for(const Key& key, DeviceContext& ctx, co
                 cudnnGetErrorString(e.getCudnnStatus()), ")");
   }
   std::lock_guard<std::mutex> lock(g_mu);
+  // A long search over batch sizes plans every layer at every size: start again past this many
+  // (each holds up to kMaxPlans cuDNN plans; a call in flight keeps its own by shared_ptr).
+  constexpr size_t kMaxShapes = 2048;
+  if (plans().size() >= kMaxShapes) plans().clear();
   return plans().try_emplace(key, std::move(p)).first->second;
 }
 
