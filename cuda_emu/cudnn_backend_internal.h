@@ -6,6 +6,7 @@
 #pragma once
 #include <cudnn.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,8 +66,40 @@ size_t attribute_type_size(cudnnBackendAttributeType_t t);
 // A set attribute, or nullptr.
 const BackendAttr* find_attr(const BackendDesc& d, cudnnBackendAttributeName_t name);
 
-// Finalizes d after the generic checks (cudnn_backend_graph.cpp): the type-specific rules.
+// Reading set attributes, shared by the finalize and execute code.
+inline constexpr const char* kFinalize = "cudnnBackendFinalize";
+
+inline std::vector<int64_t> ints(const BackendAttr* a) {
+  std::vector<int64_t> v(a == nullptr ? 0 : static_cast<size_t>(a->count));
+  if (!v.empty()) std::memcpy(v.data(), a->bytes.data(), v.size() * sizeof(int64_t));
+  return v;
+}
+template <class T>
+T scalar(const BackendAttr* a, T fallback) {
+  if (a == nullptr || a->count < 1) return fallback;
+  T v{};
+  std::memcpy(&v, a->bytes.data(), sizeof v);
+  return v;
+}
+// A scale (alpha, beta) set as FLOAT or DOUBLE.
+inline double scale_of(const BackendAttr* a, double fallback) {
+  if (a == nullptr || a->count < 1) return fallback;
+  return a->type == CUDNN_TYPE_DOUBLE ? scalar<double>(a, fallback) : scalar<float>(a, 0.0f);
+}
+inline const BackendDesc* desc_of(const BackendAttr* a) { return a == nullptr || a->descs.empty() ? nullptr : a->descs[0].get(); }
+
+inline cudnnStatus_t missing(const BackendDesc& d, const char* attr) {
+  return fail(CUDNN_STATUS_BAD_PARAM, cat(kFinalize, ": ", descriptor_type_name(d.type), " descriptor: ", attr,
+                                          " is not set"));
+}
+#define MINIDL_EMU_REQUIRE(d, name) \
+  if (find_attr(d, name) == nullptr) return missing(d, #name)
+
+// Finalizes d after the generic checks (cudnn_backend_graph.cpp): the type-specific rules; the
+// engine-side descriptors (heuristics, engines, configs, plans, variant packs) go on to
+// finalize_engine_desc (cudnn_backend_engines.cpp).
 cudnnStatus_t finalize_desc(BackendDesc& d);
+cudnnStatus_t finalize_engine_desc(BackendDesc& d);
 // The attributes a finalized descriptor derives rather than stores (heuristic results, notes,
 // workspace size, ...): true when `name` is one, with the answer in `out`.
 bool derived_attr(const BackendDesc& d, cudnnBackendAttributeName_t name, BackendAttr& out);
