@@ -181,4 +181,19 @@ void CudaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, cons
   }
 }
 
+TuningBuffers tuning_buffers(DeviceContext& ctx, size_t out_bytes, size_t want) {
+  TuningBuffers t;
+  if (out_bytes > 0) t.scratch_out = std::make_unique<DeviceBuffer>(ctx, out_bytes);
+  while (true) {
+    try {
+      t.workspace = std::make_unique<DeviceBuffer>(ctx, want);
+      t.workspace_bytes = want;
+      return t;
+    } catch (const OutOfMemoryError&) {
+      if (want == 0) throw;
+      want /= 2;   // the budget leaves less: time what fits
+    }
+  }
+}
+
 }  // namespace minidl::cuda

@@ -43,15 +43,6 @@ namespace fe = cudnn_frontend;
 constexpr int64_t kUidX = 'x', kUidW = 'w', kUidY = 'y';
 constexpr size_t kMaxPlans = 8;   // plans built per shape: the heuristics' best, then fallbacks
 
-cudnnDataType_t data_type(DType t) {
-  switch (t) {
-    case DType::f32: return CUDNN_DATA_FLOAT;
-    case DType::f64: return CUDNN_DATA_DOUBLE;
-    case DType::f16: return CUDNN_DATA_HALF;
-    default: MINIDL_FAIL("conv2d (cuda): dtype ", dtype_name(t), " is not supported (f32, f64, f16)");
-  }
-}
-
 // The largest power of two up to 16 dividing the address: what the graph may promise cuDNN.
 int64_t alignment_of(const void* p) {
   int64_t a = 16;
@@ -88,9 +79,8 @@ struct GraphPlan {
   std::vector<Candidate> order;   // tried in order until one's workspace fits
 };
 
-std::mutex g_mu;
-std::map<Key, std::shared_ptr<const GraphPlan>>& plans() {
-  static auto* m = new std::map<Key, std::shared_ptr<const GraphPlan>>();   // outlives static destruction
+PlanCache<Key, std::shared_ptr<const GraphPlan>>& plans() {
+  static auto* m = new PlanCache<Key, std::shared_ptr<const GraphPlan>>();   // outlives static destruction
   return *m;
 }
 
@@ -110,7 +100,7 @@ fe::Tensor tensor(int64_t uid, int64_t d0, int64_t d1, int64_t d2, int64_t d3, b
 // The operation graph of one direction: x-shaped, filter and y-shaped tensors and the convolution.
 fe::OperationGraph build_graph(cudnnHandle_t h, const ConvShape& cs, ConvDir dir, bool add,
                                const std::array<int64_t, 3>& align) {
-  const cudnnDataType_t dt = data_type(cs.dtype);
+  const cudnnDataType_t dt = cudnn_data_type(cs.dtype);
   const fe::Tensor x = tensor(kUidX, cs.n, cs.c, cs.h, cs.w, cs.nhwc, align[0], dt);
   const fe::Tensor w = tensor(kUidW, cs.k, cs.c / cs.o.groups, cs.r, cs.s, cs.nhwc, align[1], dt);
   const fe::Tensor y = tensor(kUidY, cs.n, cs.k, cs.oh, cs.ow, cs.nhwc, align[2], dt);
@@ -242,23 +232,12 @@ float time_execute(DeviceContext& ctx, const Candidate& c, const std::array<void
 // call adds into its output, the trials write into a scratch output of that size instead.
 std::vector<Candidate> autotune(DeviceContext& ctx, ConvDir dir, const ConvShape& cs, std::vector<Candidate> cands,
                                 const void* a, const void* b, void* out, bool add) {
-  std::unique_ptr<DeviceBuffer> scratch_out;
-  if (add) {
-    scratch_out = std::make_unique<DeviceBuffer>(ctx, x_bytes(cs));
-    out = scratch_out->get();
-  }
-  size_t want = 0;
-  for (const Candidate& c : cands) want = std::max(want, c.workspace);
-  std::unique_ptr<DeviceBuffer> ws;
-  while (true) {
-    try {
-      ws = std::make_unique<DeviceBuffer>(ctx, want);
-      break;
-    } catch (const OutOfMemoryError&) {
-      if (want == 0) throw;
-      want /= 2;   // the budget leaves less: time what fits
-    }
-  }
+  size_t largest = 0;
+  for (const Candidate& c : cands) largest = std::max(largest, c.workspace);
+  const TuningBuffers tb = tuning_buffers(ctx, add ? x_bytes(cs) : 0, largest);
+  if (tb.scratch_out) out = tb.scratch_out->get();
+  DeviceBuffer* const ws = tb.workspace.get();
+  const size_t want = tb.workspace_bytes;
   const std::array<void*, 3> ptrs = pointers(dir, a, b, out);
   std::vector<float> best(cands.size(), std::numeric_limits<float>::infinity());
   for (int trial = 0; trial < cudnn_find_trials(); ++trial) {
@@ -283,11 +262,7 @@ std::vector<Candidate> autotune(DeviceContext& ctx, ConvDir dir, const ConvShape
 std::shared_ptr<const GraphPlan> plan_for(const Key& key, DeviceContext& ctx, const ConvShape& cs, ConvDir dir,
                                           bool add, const std::array<int64_t, 3>& align, bool benchmark,
                                           const void* a, const void* b, void* out) {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto it = plans().find(key);
-    if (it != plans().end()) return it->second;
-  }
+  if (const auto* kept = plans().find(key)) return *kept;
   // Building a plan asks cuDNN (heuristics, plan finalize, autotuning's runs), which must not
   // happen inside a CUDA graph capture: a captured step runs by plans made in its warm-up.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -305,12 +280,10 @@ std::shared_ptr<const GraphPlan> plan_for(const Key& key, DeviceContext& ctx, co
     MINIDL_FAIL("conv2d (cuda): cuDNN refused the graph of ", describe(cs, dir), ": ", e.what(), " (",
                 cudnnGetErrorString(e.getCudnnStatus()), ")");
   }
-  std::lock_guard<std::mutex> lock(g_mu);
   // A long search over batch sizes plans every layer at every size: start again past this many
   // (each holds up to kMaxPlans cuDNN plans; a call in flight keeps its own by shared_ptr).
   constexpr size_t kMaxShapes = 2048;
-  if (plans().size() >= kMaxShapes) plans().clear();
-  return plans().try_emplace(key, std::move(p)).first->second;
+  return plans().insert(key, std::move(p), kMaxShapes);
 }
 
 }  // namespace
@@ -367,13 +340,7 @@ std::vector<size_t> graph_conv_workspaces(const ConvShape& cs, ConvDir dir, bool
   return out;
 }
 
-size_t graph_conv_plan_count() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return plans().size();
-}
-void graph_conv_clear_plans() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  plans().clear();
-}
+size_t graph_conv_plan_count() { return plans().size(); }
+void graph_conv_clear_plans() { plans().clear(); }
 
 }  // namespace minidl::cuda

@@ -4,12 +4,49 @@
 // conv_api.h). Both plan once per shape and draw their workspaces from the caching allocator.
 #pragma once
 #include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/conv.cuh"
 #include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
+
+// The plans of both paths, one per key (a shape and the switches its plan depends on), shared by
+// every thread: looked up on every call, made once on a key's first. References to values stay
+// valid until clear() (std::map); a value made twice by racing threads keeps the first.
+template <class Key, class Value>
+class PlanCache {
+ public:
+  const Value* find(const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : &it->second;
+  }
+  // Keeps `value` under `key` (unless a value is there already) and returns the one kept; past
+  // `max_keys` keys (0: no limit) the cache starts again, as a long batch-size search plans every
+  // layer at every size.
+  const Value& insert(const Key& key, Value value, size_t max_keys = 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (max_keys > 0 && map_.size() >= max_keys) map_.clear();
+    return map_.try_emplace(key, std::move(value)).first->second;
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<Key, Value> map_;
+};
 
 // Runs one direction through the graph API: a, b are (x, w) forward, (dy, w) data gradient,
 // (x, dy) filter gradient; add: out += the result (beta = 1) instead of out = it.
@@ -27,9 +64,28 @@ std::vector<size_t> legacy_conv_workspaces(const ConvShape& cs, ConvDir dir);
 size_t legacy_conv_plan_count();
 void legacy_conv_clear_plans();
 
+// cuDNN's data type of a convolution's tensors, for both paths.
+inline cudnnDataType_t cudnn_data_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f64: return CUDNN_DATA_DOUBLE;
+    case DType::f16: return CUDNN_DATA_HALF;
+    default: MINIDL_FAIL("conv2d (cuda): dtype ", dtype_name(t), " is not supported (f32, f64, f16)");
+  }
+}
+
 // The convolution's element count of the x-shaped tensor, in bytes (the scratch output that
 // autotuning times into when the call adds into its output).
 inline size_t x_bytes(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.c * cs.h * cs.w) * dtype_size(cs.dtype); }
+
+// Autotuning's device buffers, for both paths: with out_bytes > 0 a scratch output of that size
+// (the call adds into its output, and the trials write their results), and the largest workspace of
+// at most `want` bytes that the memory budget allows, halving until one fits (conv.cu).
+struct TuningBuffers {
+  std::unique_ptr<DeviceBuffer> scratch_out, workspace;
+  size_t workspace_bytes = 0;
+};
+TuningBuffers tuning_buffers(DeviceContext& ctx, size_t out_bytes, size_t want);
 
 // What the launch timer files a direction under (launch_timer.cuh; the step-time model keys the
 // emulated cuDNN's calls the same way).

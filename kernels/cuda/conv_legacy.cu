@@ -21,15 +21,6 @@ namespace {
 
 enum class Dir { Fwd, BwdData, BwdFilter };
 
-cudnnDataType_t data_type(DType t) {
-  switch (t) {
-    case DType::f32: return CUDNN_DATA_FLOAT;
-    case DType::f64: return CUDNN_DATA_DOUBLE;
-    case DType::f16: return CUDNN_DATA_HALF;
-    default: MINIDL_FAIL("conv2d (cuda): dtype ", dtype_name(t), " is not supported (f32, f64, f16)");
-  }
-}
-
 int to_int(int64_t v) {
   MINIDL_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "conv2d (cuda): size ", v, " exceeds cuDNN's int range");
   return static_cast<int>(v);
@@ -58,7 +49,7 @@ struct Descriptors {
 
  private:
   void init(const ConvShape& cs) {
-    const cudnnDataType_t dt = data_type(cs.dtype);
+    const cudnnDataType_t dt = cudnn_data_type(cs.dtype);
     const cudnnTensorFormat_t fmt = cs.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     MINIDL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     MINIDL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
@@ -118,9 +109,8 @@ std::string cache_key(const ConvShape& cs, Dir dir) {
 struct Plan {
   std::vector<Candidate> order;
 };
-std::mutex g_cache_mu;
-std::map<std::string, Plan>& algo_cache() {
-  static auto* m = new std::map<std::string, Plan>();
+PlanCache<std::string, Plan>& algo_cache() {
+  static auto* m = new PlanCache<std::string, Plan>();
   return *m;
 }
 
@@ -195,23 +185,12 @@ size_t workspace_size(cudnnHandle_t h, const Descriptors& d, Dir dir, const Cand
 // results, times them into a scratch output of that size instead.
 Candidate autotune(DeviceContext& ctx, const Descriptors& d, Dir dir, const std::vector<Candidate>& cands,
                    const void* a, const void* b, void* out, size_t out_bytes) {
-  std::unique_ptr<DeviceBuffer> scratch_out;
-  if (out_bytes > 0) {
-    scratch_out = std::make_unique<DeviceBuffer>(ctx, out_bytes);
-    out = scratch_out->get();
-  }
-  size_t want = 0;
-  for (const Candidate& c : cands) want = std::max(want, c.memory);
-  std::unique_ptr<DeviceBuffer> ws;
-  while (true) {
-    try {
-      ws = std::make_unique<DeviceBuffer>(ctx, want);
-      break;
-    } catch (const OutOfMemoryError&) {
-      if (want == 0) throw;
-      want /= 2;   // the budget leaves less: time what fits
-    }
-  }
+  size_t largest = 0;
+  for (const Candidate& c : cands) largest = std::max(largest, c.memory);
+  const TuningBuffers tb = tuning_buffers(ctx, out_bytes, largest);
+  if (tb.scratch_out) out = tb.scratch_out->get();
+  DeviceBuffer* const ws = tb.workspace.get();
+  const size_t want = tb.workspace_bytes;
   cudnnHandle_t h = ctx.cudnn();
   MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, d.default_math));
   struct Timed {
@@ -269,14 +248,8 @@ std::string plan_key(const std::string& shape_key, bool benchmark) {
 // The plan kept under `key`, made by build() on the key's first call.
 template <class Build>
 const Plan& cached_plan(const std::string& key, Build&& build) {
-  {
-    std::lock_guard<std::mutex> lock(g_cache_mu);
-    auto it = algo_cache().find(key);
-    if (it != algo_cache().end()) return it->second;   // std::map: references stay valid
-  }
-  Plan p = build();
-  std::lock_guard<std::mutex> lock(g_cache_mu);
-  return algo_cache().try_emplace(key, std::move(p)).first->second;
+  if (const Plan* kept = algo_cache().find(key)) return *kept;
+  return algo_cache().insert(key, build());
 }
 
 // The candidates, in order, each with its exact workspace under its math type; those whose
@@ -408,13 +381,7 @@ std::vector<size_t> legacy_conv_workspaces(const ConvShape& cs, ConvDir dir) {
   return out;
 }
 
-size_t legacy_conv_plan_count() {
-  std::lock_guard<std::mutex> lock(g_cache_mu);
-  return algo_cache().size();
-}
-void legacy_conv_clear_plans() {
-  std::lock_guard<std::mutex> lock(g_cache_mu);
-  algo_cache().clear();
-}
+size_t legacy_conv_plan_count() { return algo_cache().size(); }
+void legacy_conv_clear_plans() { algo_cache().clear(); }
 
 }  // namespace minidl::cuda
