@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/non_copyable.h"
+
 namespace minidl::cuda::emu {
 
 struct LaunchCounters {
@@ -46,12 +48,10 @@ void set_profiling(bool on);
 bool profiling();
 // A graph replay's launches are issued by cudaGraphLaunch, not at the capture: graphs.cpp runs each
 // replayed node under this scope, which carries whether profiling was on at that launch.
-class ReplayIssue {
+class ReplayIssue : NonCopyable {
  public:
   explicit ReplayIssue(bool profiled);
   ~ReplayIssue();
-  ReplayIssue(const ReplayIssue&) = delete;
-  ReplayIssue& operator=(const ReplayIssue&) = delete;
 
  private:
   int before_;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "core/non_copyable.h"
 #include "cuda_emu/access_recorder.h"
 
 namespace minidl::cuda::emu {
@@ -44,12 +45,10 @@ void race_host_waits_all();                                // cudaDeviceSynchron
 void race_drop_pending();                                  // a device fault: queued work never runs
 
 // Runs one piece of work's accesses into `op`; finish() checks them (and throws on a race).
-class RaceScope {
+class RaceScope : NonCopyable {
  public:
   explicit RaceScope(RaceOpPtr op);
   ~RaceScope();
-  RaceScope(const RaceScope&) = delete;
-  RaceScope& operator=(const RaceScope&) = delete;
   void finish();
 
  private:

@@ -10,6 +10,7 @@
 
 #include "core/device.h"
 #include "core/device_services.h"
+#include "core/non_copyable.h"
 
 namespace minidl::train {
 
@@ -40,12 +41,10 @@ double busy_percent(double busy_seconds, double wall_seconds);
 // The busy column of one epoch from the best source the device has, in this order: NVML
 // (source "nvml"), CUDA events around each step (source "cuda-events", an upper bound: see
 // cuda::EventTimer, the CUDA backend's interval timer), else none (source "none: <why>", e.g. "none: cpu device").
-class GpuBusyMeter {
+class GpuBusyMeter : NonCopyable {
  public:
   explicit GpuBusyMeter(Device device);
   ~GpuBusyMeter();
-  GpuBusyMeter(const GpuBusyMeter&) = delete;
-  GpuBusyMeter& operator=(const GpuBusyMeter&) = delete;
 
   // Around each training step; no-ops unless the source is cuda-events.
   void step_begin();
