@@ -13,8 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_emu/emu_libs.h"
-#include "cuda_emu/emu_libs_internal.h"
+#include "tests/emu_libs/backend_test_helpers.h"
 
 // cudnn-frontend's CUDA-graph bookkeeping refers to this runtime call; these host-only tests link
 // no emulated runtime, and no graph is captured here.
@@ -24,37 +23,15 @@ namespace {
 
 namespace emu = minidl::cuda::emu;
 namespace fe = cudnn_frontend;
-using minidl::cuda::emu::detail::float_to_half_bits;
-using minidl::cuda::emu::detail::half_bits_to_float;
+using namespace backend_test;   // NOLINT: the shared helpers
 
 enum class Dir { Fwd, BwdData, BwdFilter };
-
-struct Geo {
-  int64_t n, c, h, w, k, r, s, pad, stride, dil, groups;
-  bool nhwc = false;
-  int64_t oh() const { return (h + 2 * pad - (dil * (r - 1) + 1)) / stride + 1; }
-  int64_t ow() const { return (w + 2 * pad - (dil * (s - 1) + 1)) / stride + 1; }
-};
-
-// Strides of a [d0, d1, d2, d3] tensor stored NCHW or NHWC.
-std::vector<int64_t> strides(const std::vector<int64_t>& d, bool nhwc) {
-  if (!nhwc) return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
-  return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
-}
-int64_t offset(const std::vector<int64_t>& st, int64_t a, int64_t b, int64_t c, int64_t d) {
-  return a * st[0] + b * st[1] + c * st[2] + d * st[3];
-}
 
 // One convolution's graph and plan, built through cudnn-frontend as conv.cu builds them.
 struct Planned {
   fe::ExecutionPlan plan;
   std::vector<int64_t> uids;   // x-shaped, filter, y-shaped
 };
-
-fe::Tensor tensor(int64_t uid, const std::vector<int64_t>& dims, bool nhwc, cudnnDataType_t dt) {
-  const std::vector<int64_t> st = strides(dims, nhwc);
-  return fe::TensorBuilder().setDim(4, dims.data()).setStride(4, st.data()).setId(uid).setAlignment(16).setDataType(dt).build();
-}
 
 fe::OperationGraph graph(cudnnHandle_t h, Dir d, const Geo& g, cudnnDataType_t dt, double alpha, double beta) {
   const std::vector<int64_t> xd{g.n, g.c, g.h, g.w}, wd{g.k, g.c / g.groups, g.r, g.s}, yd{g.n, g.k, g.oh(), g.ow()};
@@ -95,102 +72,6 @@ Planned plan(cudnnHandle_t h, Dir d, const Geo& g, cudnnDataType_t dt, double al
 struct Buffers {
   std::vector<double> x, w, y;   // logical NCHW values
   std::vector<unsigned char> bx, bw, by, ws;
-};
-
-void store(std::vector<unsigned char>& out, const std::vector<double>& v, const std::vector<int64_t>& dims, bool nhwc,
-           cudnnDataType_t dt) {
-  const size_t e = dt == CUDNN_DATA_DOUBLE ? 8 : dt == CUDNN_DATA_FLOAT ? 4 : 2;
-  out.assign(v.size() * e + 64, 0);
-  const std::vector<int64_t> st = strides(dims, nhwc);
-  size_t i = 0;
-  for (int64_t a = 0; a < dims[0]; ++a)
-    for (int64_t b = 0; b < dims[1]; ++b)
-      for (int64_t c = 0; c < dims[2]; ++c)
-        for (int64_t d = 0; d < dims[3]; ++d, ++i) {
-          const auto o = static_cast<size_t>(offset(st, a, b, c, d));
-          if (dt == CUDNN_DATA_DOUBLE) std::memcpy(out.data() + 8 * o, &v[i], 8);
-          if (dt == CUDNN_DATA_FLOAT) {
-            const float f = static_cast<float>(v[i]);
-            std::memcpy(out.data() + 4 * o, &f, 4);
-          }
-          if (dt == CUDNN_DATA_HALF) {
-            const uint16_t hb = float_to_half_bits(static_cast<float>(v[i]));
-            std::memcpy(out.data() + 2 * o, &hb, 2);
-          }
-        }
-}
-
-std::vector<double> load(const std::vector<unsigned char>& in, const std::vector<int64_t>& dims, bool nhwc,
-                         cudnnDataType_t dt) {
-  std::vector<double> v;
-  const std::vector<int64_t> st = strides(dims, nhwc);
-  for (int64_t a = 0; a < dims[0]; ++a)
-    for (int64_t b = 0; b < dims[1]; ++b)
-      for (int64_t c = 0; c < dims[2]; ++c)
-        for (int64_t d = 0; d < dims[3]; ++d) {
-          const auto o = static_cast<size_t>(offset(st, a, b, c, d));
-          if (dt == CUDNN_DATA_DOUBLE) {
-            double x;
-            std::memcpy(&x, in.data() + 8 * o, 8);
-            v.push_back(x);
-          } else if (dt == CUDNN_DATA_FLOAT) {
-            float x;
-            std::memcpy(&x, in.data() + 4 * o, 4);
-            v.push_back(x);
-          } else {
-            uint16_t hb;
-            std::memcpy(&hb, in.data() + 2 * o, 2);
-            v.push_back(half_bits_to_float(hb));
-          }
-        }
-  return v;
-}
-
-std::vector<double> wave(size_t n, double seed) {
-  std::vector<double> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::sin(seed + 0.37 * static_cast<double>(i));
-  return v;
-}
-
-// The forward convolution written out (NCHW logical arrays).
-std::vector<double> direct_forward(const Geo& g, const std::vector<double>& x, const std::vector<double>& w) {
-  const int64_t cg = g.c / g.groups, kg = g.k / g.groups;
-  std::vector<double> y(static_cast<size_t>(g.n * g.k * g.oh() * g.ow()), 0.0);
-  for (int64_t n = 0; n < g.n; ++n)
-    for (int64_t k = 0; k < g.k; ++k)
-      for (int64_t p = 0; p < g.oh(); ++p)
-        for (int64_t q = 0; q < g.ow(); ++q) {
-          double acc = 0;
-          for (int64_t c = 0; c < cg; ++c)
-            for (int64_t r = 0; r < g.r; ++r)
-              for (int64_t s = 0; s < g.s; ++s) {
-                const int64_t ih = p * g.stride - g.pad + r * g.dil, iw = q * g.stride - g.pad + s * g.dil;
-                if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
-                const int64_t ic = (k / kg) * cg + c;
-                acc += x[static_cast<size_t>(((n * g.c + ic) * g.h + ih) * g.w + iw)] *
-                       w[static_cast<size_t>(((k * cg + c) * g.r + r) * g.s + s)];
-              }
-          y[static_cast<size_t>(((n * g.k + k) * g.oh() + p) * g.ow() + q)] = acc;
-        }
-  return y;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-class Handle {
- public:
-  Handle() { EXPECT_EQ(cudnnCreate(&h_), CUDNN_STATUS_SUCCESS); }
-  ~Handle() { EXPECT_EQ(cudnnDestroy(h_), CUDNN_STATUS_SUCCESS); }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  cudnnHandle_t get() const { return h_; }
-
- private:
-  cudnnHandle_t h_ = nullptr;
 };
 
 // Runs direction d of g on (a, b) into out through a fresh plan; returns the status of the execute.
