@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda_emu/call_log.h"
+#include "cuda_emu/cudnn_backend_fused.h"
 #include "cuda_emu/cudnn_backend_internal.h"
 
 namespace minidl::cuda::emu::detail {
@@ -23,6 +24,7 @@ cudnnStatus_t graph_supported(const char* what, const ConvGraph& g) {
 // The heuristics' ranking: tensor-core engines by fake speed, then FMA ones (modes INSTANT, A, B);
 // the fallback list is the FMA engines in index order.
 std::vector<int64_t> rank_engines(const ConvGraph& g, cudnnBackendHeurMode_t mode) {
+  if (g.fused != nullptr) return {0};   // one fused engine, in every mode
   std::vector<int64_t> out;
   const int n = algo_count(g.dir);
   AlgoInfo info;
@@ -148,7 +150,9 @@ cudnnStatus_t finalize_variant_pack(BackendDesc& d) {
   return CUDNN_STATUS_SUCCESS;
 }
 
-// The pointer bound to `uid` in the pack, or nullptr with *found false.
+
+}  // namespace
+
 void* bound(const BackendDesc& pack, int64_t uid, bool& found) {
   const std::vector<int64_t> uids = ints(find_attr(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS));
   const BackendAttr* ptrs = find_attr(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS);
@@ -163,7 +167,18 @@ void* bound(const BackendDesc& pack, int64_t uid, bool& found) {
   return nullptr;
 }
 
-}  // namespace
+cudnnStatus_t plan_workspace(const char* fn, const BackendDesc& plan, const BackendDesc& pack, void*& ws) {
+  ws = scalar<void*>(find_attr(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE), nullptr);
+  if (plan.workspace > 0 && ws == nullptr)
+    return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": the plan needs a workspace of ", plan.workspace,
+                                                         " bytes and the variant pack gives none"));
+  if (!range_ok(ws, plan.workspace)) {
+    report_fault(cat(fn, ": workspace [", ws, ", +", plan.workspace,
+                     " bytes) is not inside one live device allocation (illegal address)"));
+    return CUDNN_STATUS_EXECUTION_FAILED;
+  }
+  return CUDNN_STATUS_SUCCESS;
+}
 
 Problem ConvGraph::problem(bool tensor_cores) const {
   Problem p;
@@ -178,10 +193,19 @@ Problem ConvGraph::problem(bool tensor_cores) const {
   return p;
 }
 
-int64_t engine_count(const ConvGraph& g) { return 2 * static_cast<int64_t>(algo_count(g.dir)); }
+int64_t engine_count(const ConvGraph& g) {
+  return g.fused != nullptr ? 1 : 2 * static_cast<int64_t>(algo_count(g.dir));
+}
 
 cudnnStatus_t engine_support(const ConvGraph& g, int64_t engine, AlgoInfo& info) {
   if (cudnnStatus_t st = graph_supported("engine", g); st != CUDNN_STATUS_SUCCESS) return st;
+  if (g.fused != nullptr) {
+    info = AlgoInfo{};
+    info.name = "fused";
+    info.workspace = g.fused->workspace;
+    return engine == 0 ? CUDNN_STATUS_SUCCESS
+                       : fail(CUDNN_STATUS_BAD_PARAM_OUT_OF_BOUND, cat("engine ", engine, " of a fused graph (one engine)"));
+  }
   const int n = algo_count(g.dir);
   const bool tc = engine >= n;
   const Problem p = g.problem(tc);
@@ -225,6 +249,15 @@ bool derived_attr(const BackendDesc& d, cudnnBackendAttributeName_t name, Backen
       // Tensor cores; f32 inputs rounded to TF32 there; atomics (a sum order that varies) for the
       // non-deterministic algorithms.
       std::vector<int> notes;
+      if (d.graph->fused != nullptr) {   // f16 / bf16 fusions run on tensor cores, f32 ones exactly (FMA)
+        const GraphOp* c = d.graph->fused->conv();
+        if (c != nullptr && c->conv->w.dtype != CUDNN_DATA_FLOAT) notes.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
+        out.type = CUDNN_TYPE_NUMERICAL_NOTE;
+        out.count = static_cast<int64_t>(notes.size());
+        out.bytes.resize(notes.size() * sizeof(int));
+        if (!notes.empty()) std::memcpy(out.bytes.data(), notes.data(), out.bytes.size());
+        return true;
+      }
       AlgoInfo info;
       const bool tc = d.engine >= algo_count(d.graph->dir);
       engine_support(*d.graph, d.engine, info);
@@ -256,6 +289,7 @@ bool derived_attr(const BackendDesc& d, cudnnBackendAttributeName_t name, Backen
 cudnnStatus_t execute_plan(cudnnHandle_t h, const BackendDesc& plan, const BackendDesc& pack) {
   const char* fn = "cudnnBackendExecute";
   const ConvGraph& g = *plan.graph;
+  if (g.fused != nullptr) return execute_fused(h, plan, pack);
   const std::vector<int64_t> uids = ints(find_attr(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS));
   struct Operand {
     const char* name;
@@ -280,15 +314,8 @@ cudnnStatus_t execute_plan(cudnnHandle_t h, const BackendDesc& plan, const Backe
   for (const int64_t u : uids)
     if (u != g.uid_x && u != g.uid_w && u != g.uid_y)
       return fail(CUDNN_STATUS_BAD_PARAM, cat(fn, ": unique id ", u, " of the variant pack is no tensor of the plan's graph"));
-  void* ws = scalar<void*>(find_attr(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE), nullptr);
-  if (plan.workspace > 0 && ws == nullptr)
-    return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, cat(fn, ": the plan needs a workspace of ", plan.workspace,
-                                                         " bytes and the variant pack gives none"));
-  if (!range_ok(ws, plan.workspace)) {
-    report_fault(cat(fn, ": workspace [", ws, ", +", plan.workspace,
-                     " bytes) is not inside one live device allocation (illegal address)"));
-    return CUDNN_STATUS_EXECUTION_FAILED;
-  }
+  void* ws = nullptr;
+  if (cudnnStatus_t st = plan_workspace(fn, plan, pack, ws); st != CUDNN_STATUS_SUCCESS) return st;
   AlgoInfo info;
   if (cudnnStatus_t st = engine_support(g, plan.engine, info); st != CUDNN_STATUS_SUCCESS) return st;
   const bool tc = plan.engine >= algo_count(g.dir);

@@ -2,14 +2,16 @@
 // descriptors of an operation graph (tensors, the convolution, its operation, the graph) checks and
 // derives; the engines, heuristics, plans and cudnnBackendExecute are cudnn_backend_engines.cpp's. The emulator runs the
 // operation graphs minidl builds, one convolution (forward, data gradient or filter gradient) with
-// alpha / beta, on the reference convolutions; any other graph is refused at the heuristics with
-// CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN. The engines are the legacy algorithm table's
+// alpha / beta, on the reference convolutions; a graph of several operations goes to
+// cudnn_backend_fused_graph.cpp, which accepts the batch-norm fusions and leaves the rest to be
+// refused at the heuristics with CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN. The engines are the legacy algorithm table's
 // (cudnn_algos.cpp), each with FMA math and with tensor cores, so support rules, workspaces and
 // determinism carry over, and a plan's execution runs the same checks as a legacy call.
 #include <algorithm>
 #include <cmath>
 
 #include "cuda_emu/call_log.h"
+#include "cuda_emu/cudnn_backend_fused.h"
 #include "cuda_emu/cudnn_backend_internal.h"
 
 namespace minidl::cuda::emu::detail {
@@ -33,6 +35,9 @@ cudnnStatus_t finalize_tensor(BackendDesc& d) {
   const int64_t align = scalar<int64_t>(find_attr(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT), 0);
   if (align <= 0 || (align & (align - 1)) != 0)
     return fail(CUDNN_STATUS_BAD_PARAM, cat(kFinalize, ": TENSOR: byte alignment ", align, " is not a power of two"));
+  if (scalar<bool>(find_attr(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL), false) &&
+      scalar<bool>(find_attr(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE), false))
+    return fail(CUDNN_STATUS_BAD_PARAM, cat(kFinalize, ": TENSOR: a tensor is virtual or by value, not both"));
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -141,6 +146,26 @@ bool conv_struct(const BackendDesc& c, cudnnConvolutionStruct& s, std::string& w
   return why.empty();
 }
 
+bool is_virtual(const BackendDesc& t) { return scalar<bool>(find_attr(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL), false); }
+
+// The convolution as one operation of a fused graph: its tensors, what it reads and writes.
+std::shared_ptr<const GraphOp> conv_op(const BackendDesc& d, const OpAttrs& at, std::shared_ptr<const ConvGraph> g,
+                                       const BackendDesc& x, const BackendDesc& w, const BackendDesc& y) {
+  auto op = std::make_shared<GraphOp>();
+  op->kind = at.dir == Dir::Fwd ? OpKind::ConvFwd : at.dir == Dir::BwdData ? OpKind::ConvBwdData : OpKind::ConvBwdFilter;
+  op->type = d.type;
+  op->conv = std::move(g);
+  op->slot[at.x] = graph_tensor(x);
+  op->slot[at.w] = graph_tensor(w);
+  op->slot[at.y] = graph_tensor(y);
+  const int out = at.dir == Dir::Fwd ? at.y : at.dir == Dir::BwdData ? at.x : at.w;
+  op->outputs = {out};
+  for (const int a : {static_cast<int>(at.x), static_cast<int>(at.w), static_cast<int>(at.y)})
+    if (a != out) op->inputs.push_back(a);
+  if (op->conv->beta != 0.0) op->inputs.push_back(out);   // read back: out = alpha * conv + beta * out
+  return op;
+}
+
 // Checks an operation's operands against each other as cuDNN does and builds its graph.
 cudnnStatus_t finalize_conv_op(BackendDesc& d) {
   const OpAttrs at = op_attrs(d.type);
@@ -183,11 +208,17 @@ cudnnStatus_t finalize_conv_op(BackendDesc& d) {
                     ", ", g->w.c, ", ", g->w.h, ", ", g->w.w, "] give no whole group count"));
   g->conv.groups = g->x.c / g->w.c;
   d.graph = g;
-  if (!g->unsupported.empty()) return CUDNN_STATUS_SUCCESS;
+  if (!g->unsupported.empty()) {
+    d.op = conv_op(d, at, g, *x, *w, *y);
+    return CUDNN_STATUS_SUCCESS;
+  }
   // One data type for the three, a compute type that goes with it, y's dims what the convolution gives:
   // the legacy checks (cudnn_algos.cpp), run on the structs.
-  Problem p = g->problem(false);
-  if (g->x.dtype != g->w.dtype || g->x.dtype != g->y.dtype)
+  // A virtual operand (a fused graph's intermediate) may hold FLOAT instead.
+  const bool x_virtual = is_virtual(*x), y_virtual = is_virtual(*y);
+  const cudnnDataType_t dt = g->w.dtype;
+  if ((g->x.dtype != dt && !(x_virtual && g->x.dtype == CUDNN_DATA_FLOAT)) ||
+      (g->y.dtype != dt && !(y_virtual && g->y.dtype == CUDNN_DATA_FLOAT)))
     return fail(CUDNN_STATUS_BAD_PARAM, cat(kFinalize, ": ", descriptor_type_name(d.type), ": data types differ (",
                                             dtype_name(g->x.dtype), ", ", dtype_name(g->w.dtype), ", ",
                                             dtype_name(g->y.dtype), ")"));
@@ -198,7 +229,7 @@ cudnnStatus_t finalize_conv_op(BackendDesc& d) {
     return fail(CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH,
                 cat(kFinalize, ": ", descriptor_type_name(d.type), ": the y-shaped tensor is ", g->y.n, "x", g->y.c, "x",
                     g->y.h, "x", g->y.w, " but the convolution gives ", on, "x", oc, "x", oh, "x", ow));
-  (void)p;
+  d.op = conv_op(d, at, g, *x, *w, *y);
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -213,10 +244,12 @@ cudnnStatus_t finalize_operation_graph(BackendDesc& d) {
   }
   const BackendDesc& op = *ops->descs[0];
   const bool conv = op.graph != nullptr;
-  if (ops->count != 1 || !conv) {
+  const bool plain = conv && (op.op == nullptr || std::none_of(op.op->slot.begin(), op.op->slot.end(), [](const auto& s) {
+                                return s.second.is_virtual;
+                              }));
+  if (ops->count != 1 || !plain) {   // a fused graph (cudnn_backend_fused_graph.cpp)
     auto g = std::make_shared<ConvGraph>();
-    g->unsupported = cat("graph pattern: ", ops->count, " operation(s), the first a ", descriptor_type_name(op.type),
-                         " (the emulator runs one convolution: forward, data or filter gradient)");
+    if (cudnnStatus_t st = finalize_fused_graph(*ops, *g); st != CUDNN_STATUS_SUCCESS) return st;
     d.graph = g;
     return CUDNN_STATUS_SUCCESS;
   }
@@ -239,6 +272,11 @@ cudnnStatus_t finalize_desc(BackendDesc& d) {
     case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR:
     case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR: return finalize_conv_op(d);
     case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR: return finalize_operation_graph(d);
+    case CUDNN_BACKEND_POINTWISE_DESCRIPTOR: return finalize_pointwise_desc(d);
+    case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_BN_FINALIZE_STATISTICS_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR: return finalize_fused_op(d);
     default: return finalize_engine_desc(d);   // heuristics, engines, plans, variant packs (cudnn_backend_engines.cpp)
   }
 }

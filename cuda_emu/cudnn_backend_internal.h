@@ -17,6 +17,8 @@
 namespace minidl::cuda::emu::detail {
 
 struct BackendDesc;
+struct FusedGraph;   // cudnn_backend_fused.h
+struct GraphOp;
 
 // One attribute as set: its type, element count and bytes; descriptor-valued attributes keep
 // snapshots of the descriptors they were given (cuDNN copies them: the caller may destroy its own).
@@ -37,6 +39,8 @@ struct ConvGraph {
   int64_t align_x = 0, align_w = 0, align_y = 0;   // CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT
   double alpha = 1.0, beta = 0.0;
   std::string unsupported;   // why no engine runs it (a layout the references cannot load), "" if one does
+  // A graph of several operations that matched a fused pattern (the fields above then unused).
+  std::shared_ptr<const FusedGraph> fused;
   // A Problem over this graph's structs under an engine's math (tensor cores or FMA).
   Problem problem(bool tensor_cores) const;
 };
@@ -50,6 +54,7 @@ struct BackendDesc {
   // Derived at finalize: operation graphs, heuristics, engines, engine configs and plans carry the
   // graph; engines, configs and plans their engine; plans the workspace; heuristics their results.
   std::shared_ptr<const ConvGraph> graph;
+  std::shared_ptr<const GraphOp> op;   // operations: what a fused graph runs
   int64_t engine = -1;
   size_t workspace = 0;
   std::vector<int64_t> results;
@@ -111,6 +116,11 @@ int64_t engine_count(const ConvGraph& g);
 cudnnStatus_t engine_support(const ConvGraph& g, int64_t engine, AlgoInfo& info);
 
 cudnnStatus_t execute_plan(cudnnHandle_t h, const BackendDesc& plan, const BackendDesc& pack);
+// The pointer a variant pack binds to `uid`; found false when none.
+void* bound(const BackendDesc& pack, int64_t uid, bool& found);
+// The variant pack's workspace: given when the plan needs one (BAD_PARAM_NULL_POINTER), inside one
+// live allocation (EXECUTION_FAILED, a fault).
+cudnnStatus_t plan_workspace(const char* fn, const BackendDesc& plan, const BackendDesc& pack, void*& ws);
 
 // The call log behind emu_libs.h's cudnn_backend_calls.
 void log_backend_call(const char* fn, const BackendDesc* d);

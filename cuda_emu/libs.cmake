@@ -45,6 +45,9 @@ if(_minidl_emu_why STREQUAL "")
     ${CMAKE_CURRENT_LIST_DIR}/cudnn_backend_emu.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cudnn_backend_graph.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cudnn_backend_engines.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cudnn_backend_fused.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cudnn_backend_fused_graph.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cudnn_backend_fused_exec.cpp
     ${CMAKE_CURRENT_LIST_DIR}/conv_reference.cpp)
   target_include_directories(minidl_emu_libs PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
   target_include_directories(minidl_emu_libs SYSTEM PUBLIC ${MINIDL_EMU_CUDA_INCLUDE} ${MINIDL_EMU_CUDNN_INCLUDE})
