@@ -79,6 +79,17 @@ Tensor BatchNorm2d::forward_relu(const Tensor& x, const Tensor& residual) {
   return out;
 }
 
+BnAffine BatchNorm2d::affine(const ConvStats& stats) {
+  MINIDL_CHECK(!synchronised(), "BatchNorm2d(", num_features_, ", synchronised): the conv + batch-norm chain "
+               "needs this process's statistics; turn the chain off (ResNet::set_conv_bn_chain(false))");
+  MINIDL_CHECK(!stats.y.defined() || stats.y.size(1) == num_features_, "BatchNorm2d(", num_features_,
+               "): statistics of ", stats.y.size(1), " channels");
+  if (!is_training()) return bn_running_affine(weight_, bias_, running_mean_, running_var_, eps_);
+  BnAffine a = bn_finalize(stats, weight_, bias_, running_mean_, running_var_, momentum_, eps_);
+  count_batch();
+  return a;
+}
+
 // Two passes (mean, then squared deviations) in f32 or f64, with minidl's differentiable ops, so
 // autograd derives the backward; the reductions over processes are reduce_'s.
 Tensor BatchNorm2d::sync_forward(const Tensor& x) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/conv_bn.h"
 #include "core/generator.h"
 #include "core/ops.h"
 #include "nn/module.h"
@@ -42,6 +43,11 @@ class BatchNorm2d : public Module {
   // and num_batches_tracked updates as calling the layer, the add and a ReLU. A synchronised layer,
   // or a residual whose dtype differs from x's, takes that composed path instead.
   Tensor forward_relu(const Tensor& x, const Tensor& residual = Tensor());
+  // This layer as the per-channel affine its output is y * scale + bias (core/conv_bn.h): in
+  // training, from the batch statistics a conv2d_stats computed (bn_finalize, with this layer's
+  // running-statistics and num_batches_tracked updates); in evaluation, from the running
+  // statistics (the ConvStats' are not read). Not for a synchronised layer.
+  BnAffine affine(const ConvStats& stats);
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   const Tensor& running_mean() const { return running_mean_; }

@@ -30,7 +30,28 @@ BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::sh
   if (downsample) downsample_ = register_module("downsample", std::move(downsample));
 }
 
+bool ResidualBlock::chained(ConvBnPairs pairs) const {
+  if (!conv_bn_ || Module::summarizing()) return false;
+  for (const auto& [conv, bn] : pairs) {
+    if (bn->synchronised()) return false;
+  }
+  return true;
+}
+
+Tensor ResidualBlock::chain_forward(const Tensor& x, ConvBnPairs pairs) {
+  Tensor in = x;
+  BnAffine a;   // undefined before the first convolution: it reads the block's input as it is
+  for (const auto& [conv, bn] : pairs) {
+    const ConvStats s = conv2d_stats(in, a.scale, a.bias, conv->weight(), conv->options());
+    a = bn->affine(s);
+    in = s.y;
+  }
+  return scale_bias_relu(in, a.scale, a.bias, identity(x));
+}
+
 Tensor BasicBlock::forward(const Tensor& x) {
+  const ConvBnPairs pairs{{conv1_.get(), bn1_.get()}, {conv2_.get(), bn2_.get()}};
+  if (chained(pairs)) return chain_forward(x, pairs);
   if (fused_ && !Module::summarizing()) {
     const Tensor out = (*conv2_)(bn1_->forward_relu((*conv1_)(x)));
     return bn2_->forward_relu(out, identity(x));
@@ -54,6 +75,8 @@ Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::sh
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
+  const ConvBnPairs pairs{{conv1_.get(), bn1_.get()}, {conv2_.get(), bn2_.get()}, {conv3_.get(), bn3_.get()}};
+  if (chained(pairs)) return chain_forward(x, pairs);
   if (fused_ && !Module::summarizing()) {
     Tensor out = bn1_->forward_relu((*conv1_)(x));
     out = (*conv3_)(bn2_->forward_relu((*conv2_)(out)));
@@ -96,18 +119,24 @@ ResNet::ResNet(const ResNetOptions& opts, Generator* gen) : Module("ResNet"), op
       init::constant_(bn->bias(), 0.0);
     }
   }
-  if (opts.zero_init_residual) {
-    for (auto& [name, m] : named_modules()) {
-      if (auto* b = dynamic_cast<ResidualBlock*>(m)) init::constant_(b->last_bn()->weight(), 0.0);
-    }
-  }
+  if (opts.zero_init_residual) for_each_block([](ResidualBlock& b) { init::constant_(b.last_bn()->weight(), 0.0); });
   set_fused_bn_relu(opts.fused_bn_relu);
+  set_conv_bn_chain(opts.conv_bn_chain);
+}
+
+void ResNet::set_conv_bn_chain(bool on) {
+  opts_.conv_bn_chain = on;
+  for_each_block([on](ResidualBlock& b) { b.set_conv_bn_chain(on); });
 }
 
 void ResNet::set_fused_bn_relu(bool on) {
   opts_.fused_bn_relu = on;
+  for_each_block([on](ResidualBlock& b) { b.set_fused_bn_relu(on); });
+}
+
+void ResNet::for_each_block(const std::function<void(ResidualBlock&)>& fn) {
   for (auto& [name, m] : named_modules()) {
-    if (auto* b = dynamic_cast<ResidualBlock*>(m)) b->set_fused_bn_relu(on);
+    if (auto* b = dynamic_cast<ResidualBlock*>(m)) fn(*b);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/generator.h"
@@ -24,13 +25,24 @@ class ResidualBlock : public Module {
   // ops (BatchNorm2d::forward_relu); default on.
   void set_fused_bn_relu(bool on) { fused_ = on; }
   bool fused_bn_relu() const { return fused_; }
+  // The convolutions carry the batch norms (ResNetOptions::conv_bn_chain); off by default.
+  void set_conv_bn_chain(bool on) { conv_bn_ = on; }
+  bool conv_bn_chain() const { return conv_bn_; }
 
  protected:
   Tensor identity(const Tensor& x) { return downsample_ ? (*downsample_)(x) : x; }
+  // The block's convolution -> batch norm pairs, in order.
+  using ConvBnPairs = std::initializer_list<std::pair<Conv2d*, BatchNorm2d*>>;
+  // Whether this forward runs the chain: switched on, not summarising, no synchronised batch norm.
+  bool chained(ConvBnPairs pairs) const;
+  // The block as the chain: each convolution reads the previous pair's affine, the last affine
+  // ends in scale_bias_relu with the identity branch.
+  Tensor chain_forward(const Tensor& x, ConvBnPairs pairs);
 
   std::shared_ptr<ReLU> relu_;
   std::shared_ptr<Module> downsample_;
   bool fused_ = true;
+  bool conv_bn_ = false;
 };
 
 // conv3x3 -> bn -> relu -> conv3x3 -> bn, plus the identity or `downsample`, then relu.
@@ -76,6 +88,12 @@ struct ResNetOptions {
   // norm's). The module tree, state_dict and values are the composed ops' (in f32 and f64 on the
   // CPU, bit for bit); off runs the modules one by one. summary() always does.
   bool fused_bn_relu = true;
+  // Batch norm carried by the convolutions (core/conv_bn.h, docs/conv_bn.md): each block's
+  // convolutions emit their output's statistics and apply the previous batch norm's scale, bias
+  // and ReLU to their input, and the block ends in one scale + bias + add + ReLU. Same module tree,
+  // parameters, running statistics and (up to rounding) values. For backends with fused
+  // convolution graphs; elsewhere it runs as a composition, slower than the fused batch norms.
+  bool conv_bn_chain = false;
 };
 
 // One link of ResNet::chain(): composing the links in order is forward().
@@ -102,8 +120,11 @@ class ResNet : public Module {
   // Switches ResNetOptions::fused_bn_relu for the stem and every block (between steps: the
   // parameters and buffers are the same either way).
   void set_fused_bn_relu(bool on);
+  // Switches ResNetOptions::conv_bn_chain for every block (between steps).
+  void set_conv_bn_chain(bool on);
 
  private:
+  void for_each_block(const std::function<void(ResidualBlock&)>& fn);
   std::shared_ptr<Sequential> make_layer(int64_t planes, int64_t blocks, int64_t stride, Generator* gen);
 
   ResNetOptions opts_;

@@ -1,0 +1,179 @@
+// The ops of core/conv_bn.h: batch norm carried by the convolutions. conv2d_stats is one node with
+// its own backward, the shape of cuDNN's fused graphs (docs/conv_bn.md): the statistics'
+// gradients folded into the output's, the data gradient through the input's ReLU and scale, the
+// scale's and bias's gradients from the same pass, and the weight gradient from the activation
+// recomputed from x. bn_finalize and scale_bias_relu are compositions of per-channel and
+// elementwise ops, differentiated by autograd. Everything here runs on every backend.
+#include "core/conv_bn.h"
+
+#include <vector>
+
+#include "core/autocast.h"
+#include "core/autograd.h"
+#include "core/backend.h"
+#include "core/ops.h"
+
+namespace minidl {
+namespace {
+
+// Per-channel tensors are f32 under f16 activations, the activations' own dtype otherwise.
+DType stats_dtype(const Tensor& x) { return x.dtype() == DType::f16 ? DType::f32 : x.dtype(); }
+
+// [C] -> [1, C, 1, 1], to broadcast against an NCHW-shaped tensor.
+Tensor per_channel(const Tensor& t) { return t.reshape({1, t.size(0), 1, 1}); }
+
+void check_channel_vector(const char* op, const char* what, const Tensor& t, const Tensor& x) {
+  MINIDL_CHECK(t.dim() == 1 && t.size(0) == x.size(1), op, ": ", what, " has shape ", shape_str(t.shape()),
+               " but the input ", x.meta(), " has ", x.size(1), " channels (dim 1); it must be [", x.size(1), "]");
+  MINIDL_CHECK(t.dtype() == stats_dtype(x), op, ": ", what, " has dtype ", dtype_name(t.dtype()), " but the input ",
+               x.meta(), " needs ", dtype_name(stats_dtype(x)), "; convert it with .to(DType::",
+               dtype_name(stats_dtype(x)), ")");
+  MINIDL_CHECK(t.device() == x.device(), op, ": ", what, " is on ", t.device().str(), " but the input is on ",
+               x.device().str(), "; move it with .to(Device)");
+}
+
+// relu(x * scale + bias) in the statistics' dtype, rounded once to x's dtype, in x's layout; x
+// itself without scale and bias. Not recorded: callers differentiate it themselves.
+Tensor input_activation(const Tensor& x, const Tensor& scale, const Tensor& bias, bool cl) {
+  if (!scale.defined()) return x;
+  const Tensor pre = x.to(scale.dtype()) * per_channel(scale) + per_channel(bias);
+  return in_format(relu(pre).to(x.dtype()), cl);
+}
+
+// The gradient reaching y once the statistics' gradients are folded in:
+// gy + gsum + 2 * y * gsumsq, per channel, in the statistics' dtype, rounded to y's.
+Tensor total_output_grad(const Tensor& gy, const Tensor& gsum, const Tensor& gsumsq, const Tensor& y, bool cl) {
+  const DType sd = stats_dtype(y);
+  Tensor g = gy.defined() ? gy.to(sd) : zeros(y.shape(), {.dtype = sd, .device = y.device()});
+  if (gsum.defined()) g = g + per_channel(gsum);
+  if (gsumsq.defined()) g = g + y.to(sd) * per_channel(gsumsq * 2.0);
+  return in_format(g.to(y.dtype()), cl);
+}
+
+struct SavedConvStats {
+  Tensor x, scale, bias, w, y;
+  Conv2dOptions opts;
+  bool cl = false, w_cl = false, need_x = false, need_scale = false, need_bias = false, need_w = false;
+};
+
+// The node's backward: gradients for {x, in_scale, in_bias, w} from those of {y, sum, sumsq}.
+std::vector<Tensor> conv2d_stats_backward(const SavedConvStats& s, const std::vector<Tensor>& g) {
+  std::vector<Tensor> out(4);
+  if (!g[0].defined() && !g[1].defined() && !g[2].defined()) return out;
+  const Tensor gy = total_output_grad(g[0], g[1], g[2], s.y, s.cl);
+  Backend& be = backend(gy.device());
+  const bool through_input = s.need_x || s.need_scale || s.need_bias;
+  if (s.need_w) {
+    out[3] = empty_in_format(s.w.shape(), gy.options(), s.cl);
+    be.conv2d_backward_weight(gy, input_activation(s.x, s.scale, s.bias, s.cl), s.opts, out[3]);
+    if (s.cl && !s.w_cl) out[3] = out[3].contiguous();
+  }
+  if (!through_input) return out;
+  Tensor ga = empty_in_format(s.x.shape(), gy.options(), s.cl);
+  be.conv2d_backward_input(gy, s.w, s.opts, ga);
+  if (!s.scale.defined()) {
+    out[0] = ga;
+    return out;
+  }
+  // Through the ReLU (its mask from the pre-activation, as cuDNN's drelu reads it) and the affine.
+  const DType sd = s.scale.dtype();
+  const Tensor xf = s.x.to(sd);
+  const Tensor pre = xf * per_channel(s.scale) + per_channel(s.bias);
+  const Tensor gpre = ga.to(sd) * gt(pre, zeros({}, {.dtype = sd, .device = pre.device()})).to(sd);
+  const std::vector<int64_t> dims{0, 2, 3};
+  if (s.need_scale) out[1] = sum(gpre * xf, dims);
+  if (s.need_bias) out[2] = sum(gpre, dims);
+  if (s.need_x) out[0] = in_format((gpre * per_channel(s.scale)).to(s.x.dtype()), s.cl);
+  return out;
+}
+
+}  // namespace
+
+ConvStats conv2d_stats(const Tensor& x_in, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w_in,
+                       const Conv2dOptions& opts) {
+  MINIDL_CHECK(x_in.defined() && w_in.defined(), "conv2d_stats: input and weight must be defined tensors");
+  const Tensor x = autocast_to_low(x_in), w = autocast_to_low(w_in);
+  MINIDL_CHECK(x.dim() == 4, "conv2d_stats: expected a 4-D input [N, C, H, W] but got ", x.meta());
+  MINIDL_CHECK(in_scale.defined() == in_bias.defined(), "conv2d_stats: in_scale is ",
+               in_scale.defined() ? "defined" : "undefined", " but in_bias is ",
+               in_bias.defined() ? "defined" : "undefined", "; pass both (the previous batch norm's affine) or neither");
+  if (in_scale.defined()) {
+    check_channel_vector("conv2d_stats", "in_scale", in_scale, x);
+    check_channel_vector("conv2d_stats", "in_bias", in_bias, x);
+  }
+  const bool cl = prefers_channels_last(x) || prefers_channels_last(w);
+  const bool w_cl = prefers_channels_last(w) || (cl && is_channels_last(w));
+  const Tensor xc = in_format(x.detach(), cl), wc = in_format(w.detach(), cl);
+  const Tensor sc = in_scale.defined() ? in_scale.detach() : Tensor();
+  const Tensor bc = in_bias.defined() ? in_bias.detach() : Tensor();
+  ConvStats s;
+  {
+    NoGradGuard no_grad;
+    s.y = conv2d(input_activation(xc, sc, bc, cl), wc, Tensor(), opts);  // conv2d's checks name the shapes
+    const Tensor yf = s.y.to(stats_dtype(s.y));
+    s.sum = sum(yf, {0, 2, 3});
+    s.sumsq = sum(square(yf), {0, 2, 3});
+  }
+  s.count = s.y.numel() / s.y.size(1);
+  if (needs_grad({&x, &in_scale, &in_bias, &w})) {
+    SavedConvStats saved{xc, sc, bc, wc, s.y.detach(), opts, cl, w_cl, x.requires_grad(),
+                         in_scale.defined() && in_scale.requires_grad(), in_bias.defined() && in_bias.requires_grad(),
+                         w.requires_grad()};
+    record("conv2d_stats", {x, in_scale, in_bias, w}, {s.y, s.sum, s.sumsq},
+           [saved](const std::vector<Tensor>& g) { return conv2d_stats_backward(saved, g); });
+  }
+  return s;
+}
+
+BnAffine bn_finalize(const ConvStats& s, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                     const Tensor& running_var, double momentum, double eps) {
+  MINIDL_CHECK(s.sum.defined() && s.sumsq.defined() && s.count > 1, "bn_finalize: need the statistics of more than "
+               "one value per channel (conv2d_stats), got a count of ", s.count,
+               "; use a batch larger than 1 or evaluation mode (bn_running_affine)");
+  MINIDL_CHECK(momentum >= 0.0 && momentum <= 1.0, "bn_finalize: momentum ", momentum, " must be in [0, 1]");
+  MINIDL_CHECK(running_mean.defined() == running_var.defined(), "bn_finalize: pass both running statistics or "
+               "neither");
+  const double n = static_cast<double>(s.count);
+  const Tensor mean = s.sum * (1.0 / n);
+  // Biased, as normalisation uses. E[y^2] - E[y]^2 can round below zero for a channel whose mean
+  // dwarfs its spread: clamped, as cuDNN's finalize does, so no NaN reaches the running variance.
+  const Tensor var = relu(s.sumsq * (1.0 / n) - square(mean));
+  const Tensor invstd = 1.0 / sqrt(var + eps);
+  const Tensor scale = weight.defined() ? weight * invstd : invstd;
+  const Tensor shift = -(mean * scale);
+  BnAffine a{scale, bias.defined() ? bias + shift : shift};
+  if (running_mean.defined() && !recomputing()) {  // a checkpoint rerun already updated them
+    NoGradGuard no_grad;
+    Tensor rm = running_mean.detach(), rv = running_var.detach();  // the buffers' storage
+    rm.mul_(1.0 - momentum).add_(mean.detach().to(rm.dtype()), momentum);
+    rv.mul_(1.0 - momentum).add_(var.detach().to(rv.dtype()), momentum * n / (n - 1.0));
+  }
+  return a;
+}
+
+BnAffine bn_running_affine(const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                           const Tensor& running_var, double eps) {
+  MINIDL_CHECK(running_mean.defined() && running_var.defined(), "bn_running_affine: evaluation mode normalises "
+               "with running_mean and running_var, but they are undefined");
+  const Tensor invstd = 1.0 / sqrt(running_var.detach() + eps);
+  const Tensor scale = weight.defined() ? weight * invstd : invstd;
+  const Tensor shift = -(running_mean.detach() * scale);
+  return {scale, bias.defined() ? bias + shift : shift};
+}
+
+Tensor scale_bias_relu(const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& residual) {
+  MINIDL_CHECK(x.defined() && x.dim() == 4, "scale_bias_relu: expected a 4-D input [N, C, H, W] but got ",
+               x.defined() ? x.meta() : std::string("an undefined tensor"));
+  check_channel_vector("scale_bias_relu", "scale", scale, x);
+  check_channel_vector("scale_bias_relu", "bias", bias, x);
+  const DType sd = scale.dtype();
+  Tensor pre = x.to(sd) * per_channel(scale) + per_channel(bias);
+  if (residual.defined()) {
+    MINIDL_CHECK(residual.shape() == x.shape(), "scale_bias_relu: the residual ", residual.meta(),
+                 " must have the input's shape ", shape_str(x.shape()));
+    pre = pre + residual.to(sd);
+  }
+  return in_format(relu(pre).to(x.dtype()), prefers_channels_last(x));
+}
+
+}  // namespace minidl
