@@ -62,7 +62,9 @@ const char* op_kind_name(OpKind k) {
     case OpKind::Pointwise: return "pointwise";
     case OpKind::GenStats: return "gen-stats";
     case OpKind::BnFinalize: return "bn-finalize";
-    default: return "bn-bwd-weights";
+    case OpKind::BnBwdWeights: return "bn-bwd-weights";
+    case OpKind::NormFwd: return "batch-norm forward";
+    default: return "batch-norm backward";
   }
 }
 
@@ -278,6 +280,103 @@ cudnnStatus_t finalize_bn_bwd_weights(BackendDesc& d) {
   return CUDNN_STATUS_SUCCESS;
 }
 
+// A batch norm's per-channel operands [1, C, 1, 1] of x's channels, its scalars one element, its
+// other data operands x's shape.
+cudnnStatus_t check_norm_shapes(const BackendDesc& d, const GraphOp& op, int x_attr, const std::set<int>& full,
+                                const std::set<int>& scalars) {
+  const std::vector<int64_t>& x = op.slot.at(x_attr).dims;
+  const std::vector<int64_t> c = per_channel_dims(x);
+  for (const auto& [attr, t] : op.slot) {
+    const std::vector<int64_t> want = full.count(attr) ? x : scalars.count(attr) ? std::vector<int64_t>{} : c;
+    if (want.empty() ? t.count() != 1 : t.dims != want)
+      return shape_mismatch(d, cat("operand ", attr, " is ", dims_text(t.dims), ", x is ", dims_text(x)));
+  }
+  return CUDNN_STATUS_SUCCESS;
+}
+
+bool runs_batch_norm(const BackendDesc& d, int mode_attr, int peer_attr) {
+  const auto mode = scalar<cudnnBackendNormMode_t>(find_attr(d, static_cast<cudnnBackendAttributeName_t>(mode_attr)),
+                                                   CUDNN_LAYER_NORM);
+  const BackendAttr* peers = find_attr(d, static_cast<cudnnBackendAttributeName_t>(peer_attr));
+  return mode == CUDNN_BATCH_NORM && (peers == nullptr || peers->count == 0);
+}
+
+// Batch norm's training forward: statistics of x, y normalized, scaled and shifted; the running
+// statistics' update optional (all five operands or none).
+cudnnStatus_t finalize_norm_fwd(BackendDesc& d) {
+  MINIDL_EMU_REQUIRE(d, CUDNN_ATTR_OPERATION_NORM_FWD_MODE);
+  MINIDL_EMU_REQUIRE(d, CUDNN_ATTR_OPERATION_NORM_FWD_PHASE);
+  const bool training = scalar<cudnnBackendNormFwdPhase_t>(find_attr(d, CUDNN_ATTR_OPERATION_NORM_FWD_PHASE),
+                                                           CUDNN_NORM_FWD_INFERENCE) == CUDNN_NORM_FWD_TRAINING;
+  if (!training || !runs_batch_norm(d, CUDNN_ATTR_OPERATION_NORM_FWD_MODE, CUDNN_ATTR_OPERATION_NORM_FWD_PEER_STAT_DESCS))
+    return CUDNN_STATUS_SUCCESS;   // kept as set: not emulated
+  auto op = std::make_shared<GraphOp>();
+  op->kind = OpKind::NormFwd;
+  op->type = d.type;
+  if (cudnnStatus_t st =
+          collect(d, {{CUDNN_ATTR_OPERATION_NORM_FWD_XDESC, "XDESC", true, false},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC, "SCALE_DESC", true, false},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC, "BIAS_DESC", true, false},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC, "EPSILON_DESC", true, false},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC, "EXP_AVG_FACTOR_DESC", false, false},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_MEAN_DESC, "INPUT_RUNNING_MEAN_DESC", false, false},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_VAR_DESC, "INPUT_RUNNING_VAR_DESC", false, false},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC, "MEAN_DESC", true, true},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC, "INV_VARIANCE_DESC", true, true},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC, "OUTPUT_RUNNING_MEAN_DESC", false, true},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_VAR_DESC, "OUTPUT_RUNNING_VAR_DESC", false, true},
+                      {CUDNN_ATTR_OPERATION_NORM_FWD_YDESC, "YDESC", true, true}},
+                  *op);
+      st != CUDNN_STATUS_SUCCESS)
+    return st;
+  const int n = op->has(CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC) +
+                op->has(CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_MEAN_DESC) +
+                op->has(CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_VAR_DESC) +
+                op->has(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC) +
+                op->has(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_VAR_DESC);
+  if (n != 0 && n != 5)
+    return fail(CUDNN_STATUS_BAD_PARAM, cat(kFinalize, ": OPERATION_NORM_FORWARD: the running statistics need the "
+                                                       "input and output mean and variance and the exponential "
+                                                       "average factor together (", n, " of 5 set)"));
+  if (cudnnStatus_t st = check_norm_shapes(d, *op, CUDNN_ATTR_OPERATION_NORM_FWD_XDESC,
+                                           {CUDNN_ATTR_OPERATION_NORM_FWD_XDESC, CUDNN_ATTR_OPERATION_NORM_FWD_YDESC},
+                                           {CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC,
+                                            CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC});
+      st != CUDNN_STATUS_SUCCESS)
+    return st;
+  d.op = op;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t finalize_norm_bwd(BackendDesc& d) {
+  MINIDL_EMU_REQUIRE(d, CUDNN_ATTR_OPERATION_NORM_BWD_MODE);
+  if (!runs_batch_norm(d, CUDNN_ATTR_OPERATION_NORM_BWD_MODE, CUDNN_ATTR_OPERATION_NORM_BWD_PEER_STAT_DESCS))
+    return CUDNN_STATUS_SUCCESS;   // kept as set: not emulated
+  auto op = std::make_shared<GraphOp>();
+  op->kind = OpKind::NormBwd;
+  op->type = d.type;
+  if (cudnnStatus_t st = collect(d, {{CUDNN_ATTR_OPERATION_NORM_BWD_XDESC, "XDESC", true, false},
+                                     {CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC, "DYDESC", true, false},
+                                     {CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC, "SCALE_DESC", true, false},
+                                     {CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC, "MEAN_DESC", true, false},
+                                     {CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC, "INV_VARIANCE_DESC", true, false},
+                                     {CUDNN_ATTR_OPERATION_NORM_BWD_EPSILON_DESC, "EPSILON_DESC", false, false},
+                                     {CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC, "DSCALE_DESC", true, true},
+                                     {CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC, "DBIAS_DESC", true, true},
+                                     {CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC, "DXDESC", true, true}},
+                                 *op);
+      st != CUDNN_STATUS_SUCCESS)
+    return st;
+  if (cudnnStatus_t st = check_norm_shapes(d, *op, CUDNN_ATTR_OPERATION_NORM_BWD_XDESC,
+                                           {CUDNN_ATTR_OPERATION_NORM_BWD_XDESC, CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC,
+                                            CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC},
+                                           {CUDNN_ATTR_OPERATION_NORM_BWD_EPSILON_DESC});
+      st != CUDNN_STATUS_SUCCESS)
+    return st;
+  d.op = op;
+  return CUDNN_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 cudnnStatus_t finalize_pointwise_desc(BackendDesc& d) {
@@ -291,6 +390,8 @@ cudnnStatus_t finalize_fused_op(BackendDesc& d) {
     case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR: return finalize_pointwise_op(d);
     case CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR: return finalize_genstats(d);
     case CUDNN_BACKEND_OPERATION_BN_FINALIZE_STATISTICS_DESCRIPTOR: return finalize_bn_finalize(d);
+    case CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR: return finalize_norm_fwd(d);
+    case CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR: return finalize_norm_bwd(d);
     default: return finalize_bn_bwd_weights(d);
   }
 }

@@ -30,7 +30,7 @@ struct GraphTensor {
 GraphTensor graph_tensor(const BackendDesc& t);
 size_t dtype_size(cudnnDataType_t t);
 
-enum class OpKind { ConvFwd, ConvBwdData, ConvBwdFilter, Pointwise, GenStats, BnFinalize, BnBwdWeights };
+enum class OpKind { ConvFwd, ConvBwdData, ConvBwdFilter, Pointwise, GenStats, BnFinalize, BnBwdWeights, NormFwd, NormBwd };
 
 // A finalized operation: its tensors by the attribute each was set under, which of them it reads
 // and writes, and what its kind needs to run.
@@ -62,7 +62,9 @@ struct FusedGraph {
 const char* op_kind_name(OpKind k);
 
 // Finalizes the operation descriptors of the fused graphs (pointwise, gen-stats, bn-finalize,
-// bn-bwd-weights) and the pointwise descriptor: cuDNN's rules, then d.op.
+// bn-bwd-weights, norm forward and backward) and the pointwise descriptor: cuDNN's rules, then d.op
+// (left empty for what the emulator does not run: another normalization, its inference phase,
+// peer statistics; a graph of them is refused at the heuristics).
 cudnnStatus_t finalize_fused_op(BackendDesc& d);
 cudnnStatus_t finalize_pointwise_desc(BackendDesc& d);
 // The GraphOp of a finalized convolution operation (its graph's structs and tensors).

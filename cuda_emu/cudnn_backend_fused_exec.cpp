@@ -8,6 +8,7 @@
 // rounded to theirs (f16 data, f32 statistics), while later operations read the unrounded value,
 // as a fused kernel keeps it in registers.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -104,6 +105,8 @@ class Run {
       case OpKind::GenStats: return genstats(op);
       case OpKind::BnFinalize: return bn_finalize(op);
       case OpKind::BnBwdWeights: return bn_bwd_weights(op);
+      case OpKind::NormFwd: return norm_fwd(op);
+      case OpKind::NormBwd: return norm_bwd(op);
     }
   }
 
@@ -137,6 +140,36 @@ class Run {
   void genstats(const GraphOp& op);
   void bn_finalize(const GraphOp& op);
   void bn_bwd_weights(const GraphOp& op);
+  void norm_fwd(const GraphOp& op);
+  // The running statistics move by the factor toward the batch's mean and unbiased variance (M
+  // values a channel), as the unfused batch norm moves them. attrs: factor, previous mean and
+  // variance, updated mean and variance.
+  void running_update(const GraphOp& op, const std::vector<double>& mean, const std::vector<double>& var, double m,
+                      const std::array<int, 5>& attrs) {
+    const double f = in_scalar(op, attrs[0]);
+    const double unbias = m > 1.0 ? m / (m - 1.0) : 1.0;
+    std::vector<double> rm = in(op, attrs[1]), rv = in(op, attrs[2]);
+    for (size_t c = 0; c < rm.size(); ++c) {
+      rm[c] = (1.0 - f) * rm[c] + f * mean[c];
+      rv[c] = (1.0 - f) * rv[c] + f * var[c] * unbias;
+    }
+    out(op, attrs[3], std::move(rm));
+    out(op, attrs[4], std::move(rv));
+  }
+  void norm_bwd(const GraphOp& op);
+  // Per-channel sums of f(element index, channel) over a tensor of dims d (NCHW-ordered values).
+  template <class F>
+  static std::vector<double> channel_sums(const std::vector<int64_t>& d, F&& f) {
+    int64_t n = 1;
+    for (const int64_t v : d) n *= v;
+    const int64_t c = d[1], inner = n / (d[0] * c);
+    std::vector<double> s(static_cast<size_t>(c), 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto ch = static_cast<size_t>((i / inner) % c);
+      s[ch] += f(static_cast<size_t>(i), ch);
+    }
+    return s;
+  }
 
   const FusedGraph& g_;
   const Bindings& b_;
@@ -202,17 +235,10 @@ void Run::pointwise(const GraphOp& op) {
 
 // Per-channel sum and sum of squares over every other dimension, in f64.
 void Run::genstats(const GraphOp& op) {
-  const GraphTensor& x = op.slot.at(CUDNN_ATTR_OPERATION_GENSTATS_XDESC);
+  const std::vector<int64_t>& d = op.slot.at(CUDNN_ATTR_OPERATION_GENSTATS_XDESC).dims;
   const std::vector<double>& v = in(op, CUDNN_ATTR_OPERATION_GENSTATS_XDESC);
-  const int64_t c = x.dims[1], inner = x.count() / (x.dims[0] * c);
-  std::vector<double> sum(static_cast<size_t>(c), 0.0), sq(static_cast<size_t>(c), 0.0);
-  for (int64_t i = 0; i < x.count(); ++i) {
-    const auto ch = static_cast<size_t>((i / inner) % c);
-    sum[ch] += v[static_cast<size_t>(i)];
-    sq[ch] += v[static_cast<size_t>(i)] * v[static_cast<size_t>(i)];
-  }
-  out(op, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, std::move(sum));
-  out(op, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, std::move(sq));
+  out(op, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, channel_sums(d, [&](size_t i, size_t) { return v[i]; }));
+  out(op, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, channel_sums(d, [&](size_t i, size_t) { return v[i] * v[i]; }));
 }
 
 // Sums -> mean and biased variance (training) or the running statistics (inference); the
@@ -237,16 +263,12 @@ void Run::bn_finalize(const GraphOp& op) {
     eq_bias[i] = bias[i] - mean[i] * eq_scale[i];
   }
   if (training && op.has(CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_MEAN_DESC)) {
-    const double f = in_scalar(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_EXP_AVERATE_FACTOR_DESC);
-    const double unbias = m > 1.0 ? m / (m - 1.0) : 1.0;
-    std::vector<double> rm = in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_MEAN_DESC);
-    std::vector<double> rv = in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_VAR_DESC);
-    for (size_t i = 0; i < c; ++i) {
-      rm[i] = (1.0 - f) * rm[i] + f * mean[i];
-      rv[i] = (1.0 - f) * rv[i] + f * var[i] * unbias;
-    }
-    out(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_MEAN_DESC, std::move(rm));
-    out(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_VAR_DESC, std::move(rv));
+    running_update(op, mean, var, m,
+                   {CUDNN_ATTR_OPERATION_BN_FINALIZE_EXP_AVERATE_FACTOR_DESC,
+                    CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_MEAN_DESC,
+                    CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_VAR_DESC,
+                    CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_MEAN_DESC,
+                    CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_VAR_DESC});
   }
   if (op.has(CUDNN_ATTR_OPERATION_BN_FINALIZE_SAVED_MEAN_DESC)) {
     out(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_SAVED_MEAN_DESC, mean);
@@ -265,16 +287,11 @@ void Run::bn_bwd_weights(const GraphOp& op) {
   const std::vector<double> mean = in(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MEAN_DESC);
   const std::vector<double> inv = in(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_INVSTD_DESC);
   const std::vector<double> scale = in(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_BN_SCALE_DESC);
-  const int64_t c = xt.dims[1], inner = xt.count() / (xt.dims[0] * c);
-  const auto cs = static_cast<size_t>(c);
-  std::vector<double> dscale(cs, 0.0), dbias(cs, 0.0), eq_dy(cs), eq_x(cs), eq_bias(cs);
-  for (int64_t i = 0; i < xt.count(); ++i) {
-    const auto ch = static_cast<size_t>((i / inner) % c);
-    const auto k = static_cast<size_t>(i);
-    dbias[ch] += dy[k];
-    dscale[ch] += dy[k] * (x[k] - mean[ch]) * inv[ch];
-  }
-  const double m = static_cast<double>(xt.count() / c);
+  const auto cs = static_cast<size_t>(xt.dims[1]);
+  std::vector<double> dbias = channel_sums(xt.dims, [&](size_t i, size_t) { return dy[i]; });
+  std::vector<double> dscale = channel_sums(xt.dims, [&](size_t i, size_t c) { return dy[i] * (x[i] - mean[c]) * inv[c]; });
+  std::vector<double> eq_dy(cs), eq_x(cs), eq_bias(cs);
+  const double m = static_cast<double>(xt.count()) / static_cast<double>(cs);
   for (size_t i = 0; i < cs; ++i) {
     eq_dy[i] = scale[i] * inv[i];
     eq_x[i] = -eq_dy[i] * inv[i] * dscale[i] / m;
@@ -285,6 +302,58 @@ void Run::bn_bwd_weights(const GraphOp& op) {
   out(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_DY_SCALE_DESC, std::move(eq_dy));
   out(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_X_SCALE_DESC, std::move(eq_x));
   out(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_BIAS, std::move(eq_bias));
+}
+
+// Batch norm in training: the batch's mean and biased variance per channel, y = x_hat * scale +
+// bias, the running statistics' update with the unbiased variance as bn-finalize does it.
+void Run::norm_fwd(const GraphOp& op) {
+  const std::vector<int64_t>& d = op.slot.at(CUDNN_ATTR_OPERATION_NORM_FWD_XDESC).dims;
+  const std::vector<double> x = in(op, CUDNN_ATTR_OPERATION_NORM_FWD_XDESC);
+  const std::vector<double> scale = in(op, CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC);
+  const std::vector<double> bias = in(op, CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC);
+  const double eps = in_scalar(op, CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC);
+  const double m = static_cast<double>(x.size()) / static_cast<double>(d[1]);
+  std::vector<double> mean = channel_sums(d, [&](size_t i, size_t) { return x[i]; });
+  for (double& v : mean) v /= m;
+  std::vector<double> var = channel_sums(d, [&](size_t i, size_t c) { return (x[i] - mean[c]) * (x[i] - mean[c]); });
+  std::vector<double> inv(var.size());
+  for (size_t c = 0; c < var.size(); ++c) {
+    var[c] /= m;
+    inv[c] = 1.0 / std::sqrt(var[c] + eps);
+  }
+  std::vector<double> y(x.size());
+  channel_sums(d, [&](size_t i, size_t c) { return y[i] = (x[i] - mean[c]) * inv[c] * scale[c] + bias[c]; });
+  if (op.has(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC)) {
+    running_update(op, mean, var, m,
+                   {CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC, CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_MEAN_DESC,
+                    CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_VAR_DESC,
+                    CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC,
+                    CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_VAR_DESC});
+  }
+  out(op, CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC, std::move(mean));
+  out(op, CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC, std::move(inv));
+  out(op, CUDNN_ATTR_OPERATION_NORM_FWD_YDESC, std::move(y));
+}
+
+// dscale = sum dy * x_hat, dbias = sum dy, dx = scale * inv_std * (dy - dbias / M - x_hat * dscale / M).
+void Run::norm_bwd(const GraphOp& op) {
+  const std::vector<int64_t>& d = op.slot.at(CUDNN_ATTR_OPERATION_NORM_BWD_XDESC).dims;
+  const std::vector<double> x = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_XDESC);
+  const std::vector<double> dy = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC);
+  const std::vector<double> scale = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC);
+  const std::vector<double> mean = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC);
+  const std::vector<double> inv = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC);
+  const double m = static_cast<double>(x.size()) / static_cast<double>(d[1]);
+  const auto xhat = [&](size_t i, size_t c) { return (x[i] - mean[c]) * inv[c]; };
+  std::vector<double> dbias = channel_sums(d, [&](size_t i, size_t) { return dy[i]; });
+  std::vector<double> dscale = channel_sums(d, [&](size_t i, size_t c) { return dy[i] * xhat(i, c); });
+  std::vector<double> dx(x.size());
+  channel_sums(d, [&](size_t i, size_t c) {
+    return dx[i] = scale[c] * inv[c] * (dy[i] - dbias[c] / m - xhat(i, c) * dscale[c] / m);
+  });
+  out(op, CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC, std::move(dscale));
+  out(op, CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC, std::move(dbias));
+  out(op, CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC, std::move(dx));
 }
 
 // Every stored tensor bound, aligned as promised, by-value ones copied; no other unique id.

@@ -112,12 +112,74 @@ std::string match_conv(const FusedGraph& g, const Wiring& w, size_t ci, std::vec
   return "";
 }
 
-// The pattern g matches, or why none: one bn-finalize alone, or one convolution with the operations
-// its pattern allows and nothing else.
+// The one operation reading `uid`, or g.ops.size() when none or several do.
+size_t only_reader(const FusedGraph& g, const Wiring& w, int64_t uid) {
+  const auto r = w.readers.find(uid);
+  if (r == w.readers.end() || r->second != 1) return g.ops.size();
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    for (const int a : g.ops[i].inputs)
+      if (g.ops[i].uid(a) == uid) return i;
+  return g.ops.size();
+}
+
+// A block's last batch norm: the normalization, then optionally the residual's ADD (a stored tensor
+// of y's shape) and the ReLU. Backward: the ReLU's gradient (RELU_BWD against the stored forward
+// output, or MUL by a stored mask) into the batch norm's backward.
+void match_norm(const FusedGraph& g, const Wiring& w, size_t ni, std::vector<bool>& used, std::string& name) {
+  const GraphOp& norm = g.ops[ni];
+  used[ni] = true;
+  if (norm.kind == OpKind::NormFwd) {
+    name = "bn_add_relu";
+    int64_t cur = norm.uid(CUDNN_ATTR_OPERATION_NORM_FWD_YDESC);
+    for (int step = 0; step < 2; ++step) {
+      const size_t i = only_reader(g, w, cur);
+      if (i == g.ops.size() || g.ops[i].kind != OpKind::Pointwise) return;
+      const GraphOp& op = g.ops[i];
+      const bool add = step == 0 && op.mode == CUDNN_POINTWISE_ADD && op.has(CUDNN_ATTR_OPERATION_POINTWISE_BDESC) &&
+                       op.slot.at(CUDNN_ATTR_OPERATION_POINTWISE_BDESC).dims ==
+                           op.slot.at(CUDNN_ATTR_OPERATION_POINTWISE_XDESC).dims;
+      if (!add && op.mode != CUDNN_POINTWISE_RELU_FWD) return;
+      used[i] = true;
+      cur = op.uid(CUDNN_ATTR_OPERATION_POINTWISE_YDESC);
+      if (!add) return;
+    }
+    return;
+  }
+  name = "drelu_dbn";
+  const auto p = w.producer.find(norm.uid(CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC));
+  if (p == w.producer.end() || g.ops[p->second].kind != OpKind::Pointwise) return;
+  const GraphOp& op = g.ops[p->second];
+  const bool mask = op.mode == CUDNN_POINTWISE_MUL && op.has(CUDNN_ATTR_OPERATION_POINTWISE_BDESC) &&
+                    op.slot.at(CUDNN_ATTR_OPERATION_POINTWISE_BDESC).dims ==
+                        op.slot.at(CUDNN_ATTR_OPERATION_POINTWISE_XDESC).dims;
+  if (mask || op.mode == CUDNN_POINTWISE_RELU_BWD) used[p->second] = true;
+}
+
+// "", or the first operation the matched pattern does not account for.
+std::string first_unused(const FusedGraph& g, const std::vector<bool>& used) {
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (!used[i])
+      return cat("operation ", i, " (", op_kind_name(g.ops[i].kind),
+                 g.ops[i].kind == OpKind::Pointwise ? cat(" mode ", raw_enum(g.ops[i].mode)) : std::string(),
+                 ") is not part of the ", g.pattern, " pattern");
+  return "";
+}
+
+// The pattern g matches, or why none: one bn-finalize alone, a batch norm with its add and ReLU
+// (or their gradients), or one convolution with the operations its pattern allows, and nothing else.
 std::string classify(FusedGraph& g, const Wiring& w) {
   if (g.ops.size() == 1 && g.ops[0].kind == OpKind::BnFinalize) {
     g.pattern = "bn_finalize";
     return "";
+  }
+  std::vector<size_t> norms;
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].kind == OpKind::NormFwd || g.ops[i].kind == OpKind::NormBwd) norms.push_back(i);
+  if (!norms.empty()) {
+    if (norms.size() != 1) return cat(norms.size(), " batch norms (the fused patterns have one)");
+    std::vector<bool> used(g.ops.size(), false);
+    match_norm(g, w, norms[0], used, g.pattern);
+    return first_unused(g, used);
   }
   std::vector<size_t> convs;
   for (size_t i = 0; i < g.ops.size(); ++i)
@@ -127,12 +189,7 @@ std::string classify(FusedGraph& g, const Wiring& w) {
                                                                      "a bn-finalize alone)");
   std::vector<bool> used(g.ops.size(), false);
   if (std::string why = match_conv(g, w, convs[0], used, g.pattern); !why.empty()) return why;
-  for (size_t i = 0; i < g.ops.size(); ++i)
-    if (!used[i])
-      return cat("operation ", i, " (", op_kind_name(g.ops[i].kind),
-                 g.ops[i].kind == OpKind::Pointwise ? cat(" mode ", raw_enum(g.ops[i].mode)) : std::string(),
-                 ") is not part of the ", g.pattern, " pattern");
-  return "";
+  return first_unused(g, used);
 }
 
 // Orders the operations so each runs after the writers of its inputs; false on a cycle.
@@ -196,7 +253,8 @@ void cost(FusedGraph& g) {
   int64_t channels = 1;
   for (const GraphOp& op : g.ops) {
     for (const auto& [attr, t] : op.slot) g.flops += static_cast<double>(t.count());
-    if (op.kind == OpKind::GenStats || op.kind == OpKind::BnBwdWeights) {
+    if (op.kind == OpKind::GenStats || op.kind == OpKind::BnBwdWeights || op.kind == OpKind::NormFwd ||
+        op.kind == OpKind::NormBwd) {
       stats = true;
       channels = std::max(channels, op.slot.begin()->second.dims.size() > 1 ? op.slot.begin()->second.dims[1] : 1);
     }
@@ -235,6 +293,14 @@ cudnnStatus_t finalize_fused_graph(const BackendAttr& ops, ConvGraph& g) {
   if (std::string why = classify(*fg, w); !why.empty()) {
     g.unsupported = cat("graph pattern: ", kinds, ": ", why);
     return CUDNN_STATUS_SUCCESS;
+  }
+  for (const auto& [uid, t] : fg->tensors) {
+    Elem e{};
+    if (!elem_of(t.dtype, e) && t.dtype != CUDNN_DATA_INT64) {   // BOOLEAN masks are bit-packed: not emulated
+      g.unsupported = cat("tensor ", uid, " holds ", static_cast<int>(t.dtype), ", a data type the fused graphs do not "
+                          "run (HALF, BFLOAT16, FLOAT, DOUBLE, INT32, INT64)");
+      return CUDNN_STATUS_SUCCESS;
+    }
   }
   if (const GraphOp* c = fg->conv()) {
     if (std::string why = fused_conv_unsupported(*c); !why.empty()) {

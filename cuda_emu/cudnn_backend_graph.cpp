@@ -276,7 +276,9 @@ cudnnStatus_t finalize_desc(BackendDesc& d) {
     case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR:
     case CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR:
     case CUDNN_BACKEND_OPERATION_BN_FINALIZE_STATISTICS_DESCRIPTOR:
-    case CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR: return finalize_fused_op(d);
+    case CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR: return finalize_fused_op(d);
     default: return finalize_engine_desc(d);   // heuristics, engines, plans, variant packs (cudnn_backend_engines.cpp)
   }
 }

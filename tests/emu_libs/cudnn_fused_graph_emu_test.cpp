@@ -1,146 +1,26 @@
 // The emulated cuDNN graph API's fused batch-norm graphs, built through cudnn-frontend's builders
 // exactly as a caller in kernels/cuda builds them (NHWC, f16 or f32 data, f32 per-channel tensors):
 // scale-bias-ReLU-conv-genstats, the bn-finalize, dgrad + ReLU backward + batch-norm weight
-// gradient, scale-bias-ReLU-wgrad. Each result is checked against an independent composition
+// gradient, scale-bias-ReLU-wgrad, batch norm + add + ReLU and its backward. Each result is checked against an independent composition
 // (the convolution written out, per-channel arithmetic, sums in double loops, the textbook batch-norm
-// formulas with the running statistics' momentum); then the rules: shapes, patterns, bindings.
+// formulas with the running statistics' momentum). The rules are cudnn_fused_graph_rules_emu_test.cpp's.
 #ifdef MINIDL_EMU_WITH_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "tests/emu_libs/backend_test_helpers.h"
+#include "tests/emu_libs/fused_graph_helpers.h"
 
 namespace {
 
 namespace emu = minidl::cuda::emu;
 namespace fe = cudnn_frontend;
-using namespace backend_test;   // NOLINT: the shared helpers
-
-constexpr cudnnDataType_t kF32 = CUDNN_DATA_FLOAT;
-
-// A per-channel f32 tensor [1, C, 1, 1] (scale, bias, mean, statistics).
-fe::Tensor channel(int64_t uid, int64_t c) { return tensor(uid, {1, c, 1, 1}, true, kF32); }
-
-// A scalar passed by value: the variant pack binds a host pointer, read at the execute.
-fe::Tensor by_value(int64_t uid, cudnnDataType_t dt) {
-  const int64_t one[4] = {1, 1, 1, 1};
-  return fe::TensorBuilder().setDim(4, one).setStride(4, one).setId(uid).setAlignment(alignof(float)).setDataType(dt)
-      .setByValue(true).build();
-}
-
-fe::PointWiseDesc pw(cudnnPointwiseMode_t mode) {
-  return fe::PointWiseDescBuilder().setMode(mode).setComputeType(kF32).build();
-}
-
-// y = mode(x, b), or y = mode(x) without b.
-fe::Operation pointwise(cudnnPointwiseMode_t mode, const fe::Tensor& x, const fe::Tensor* b, const fe::Tensor& y) {
-  fe::OperationBuilder ob(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-  ob.setxDesc(x).setyDesc(y).setpwDesc(pw(mode));
-  if (b != nullptr) ob.setbDesc(*b);
-  return ob.build();
-}
-
-fe::ConvDesc conv_desc(const Geo& g) {
-  const int64_t pad[2] = {g.pad, g.pad}, stride[2] = {g.stride, g.stride}, dil[2] = {g.dil, g.dil};
-  return fe::ConvDescBuilder().setComputeType(kF32).setMathMode(CUDNN_CROSS_CORRELATION).setSpatialDimCount(2)
-      .setSpatialStride(2, stride).setPrePadding(2, pad).setPostPadding(2, pad).setDilation(2, dil).build();
-}
-
-fe::ExecutionPlan plan_of(cudnnHandle_t h, const std::vector<const fe::Operation*>& ops) {
-  std::vector<const fe::Operation*> v = ops;
-  fe::OperationGraph og = fe::OperationGraphBuilder().setHandle(h).setOperationGraph(v.size(), v.data()).build();
-  fe::EngineHeuristics heur = fe::EngineHeuristicsBuilder().setOperationGraph(og).setHeurMode(CUDNN_HEUR_MODE_A).build();
-  auto& cfgs = heur.getEngineConfig(heur.getEngineConfigCount());
-  EXPECT_EQ(cfgs.size(), 1u);
-  return fe::ExecutionPlanBuilder().setHandle(h).setEngineConfig(cfgs.front(), og.getTag()).build();
-}
-
-// The status of planning ops (the heuristics' refusal shows here).
-cudnnStatus_t plan_status(cudnnHandle_t h, const std::vector<const fe::Operation*>& ops) {
-  try {
-    plan_of(h, ops);
-    return CUDNN_STATUS_SUCCESS;
-  } catch (fe::cudnnException& e) {
-    return e.getCudnnStatus();
-  }
-}
-
-using Binds = std::vector<std::pair<int64_t, void*>>;
-
-cudnnStatus_t execute(cudnnHandle_t h, fe::ExecutionPlan& plan, const Binds& binds) {
-  std::vector<unsigned char> ws(static_cast<size_t>(plan.getWorkspaceSize()) + 16, 0);
-  std::vector<int64_t> uids;
-  std::vector<void*> ptrs;
-  for (const auto& [u, p] : binds) {
-    uids.push_back(u);
-    ptrs.push_back(p);
-  }
-  auto pack = fe::VariantPackBuilder().setWorkspacePointer(ws.data()).setDataPointers(ptrs.size(), ptrs.data())
-                  .setUids(uids.size(), uids.data()).build();
-  return cudnnBackendExecute(h, plan.get_raw_desc(), pack.get_raw_desc());
-}
-
-// Data rounded to what a tensor of dt holds.
-std::vector<double> rounded(const std::vector<double>& v, const std::vector<int64_t>& dims, cudnnDataType_t dt) {
-  std::vector<unsigned char> tmp;
-  store(tmp, v, dims, false, dt);
-  return load(tmp, dims, false, dt);
-}
-std::vector<float> floats(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-
-// Per-channel values of an NCHW logical array, with the channel's index.
-template <class F>
-void each_channel(const std::vector<int64_t>& d, F&& f) {
-  for (int64_t i = 0; i < d[0] * d[1] * d[2] * d[3]; ++i) f(static_cast<size_t>(i), static_cast<size_t>((i / (d[2] * d[3])) % d[1]));
-}
-
-double tol_of(cudnnDataType_t dt) { return dt == CUDNN_DATA_HALF ? 2e-2 : 1e-5; }
-
-void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol, const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << what << "[" << i << "]";
-}
-template <class T>
-std::vector<double> doubles(const std::vector<T>& v) { return {v.begin(), v.end()}; }
-
-enum Uid : int64_t {
-  X = 1, W, Y, DY, DX, DW, S, B, M, V, SUM, SQ, DS, DB, EQ_DY, EQ_X, EQ_B,
-  RM, RV, NEXT_RM, NEXT_RV, SAVED_M, SAVED_IV, EPS, MOMENTUM, COUNT, T1 = 100, T2, T3, T4, T5
-};
-
-// The forward graph a caller builds: x * scale + bias, the activation (ReLU), the convolution into y,
-// y's per-channel sum and sum of squares.
-std::vector<fe::Operation> sbrcs(const Geo& g, cudnnDataType_t dt, cudnnPointwiseMode_t act = CUDNN_POINTWISE_RELU_FWD) {
-  const std::vector<int64_t> xd{g.n, g.c, g.h, g.w}, wd{g.k, g.c, g.r, g.s}, yd{g.n, g.k, g.oh(), g.ow()};
-  const fe::Tensor x = tensor(X, xd, g.nhwc, dt), s = channel(S, g.c), b = channel(B, g.c);
-  const fe::Tensor t1 = tensor(T1, xd, g.nhwc, kF32, true), t2 = tensor(T2, xd, g.nhwc, kF32, true),
-                   t3 = tensor(T3, xd, g.nhwc, kF32, true);
-  const fe::Tensor w = tensor(W, wd, g.nhwc, dt), y = tensor(Y, yd, g.nhwc, dt), sum = channel(SUM, g.k),
-                   sq = channel(SQ, g.k);
-  std::vector<fe::Operation> ops;
-  ops.push_back(pointwise(CUDNN_POINTWISE_MUL, x, &s, t1));
-  ops.push_back(pointwise(CUDNN_POINTWISE_ADD, t1, &b, t2));
-  ops.push_back(pointwise(act, t2, nullptr, t3));
-  ops.push_back(fe::OperationBuilder(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)
-                    .setxDesc(t3).setwDesc(w).setyDesc(y).setcDesc(conv_desc(g)).setAlpha(1.0f).setBeta(0.0f).build());
-  ops.push_back(fe::OperationBuilder(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR)
-                    .setxDesc(y).setSumDesc(sum).setSqSumDesc(sq).setGenStatsMode(CUDNN_GENSTATS_SUM_SQSUM)
-                    .setMathPrecision(kF32).build());
-  return ops;
-}
-std::vector<const fe::Operation*> ptrs(const std::vector<fe::Operation>& ops) {
-  std::vector<const fe::Operation*> v;
-  for (const fe::Operation& op : ops) v.push_back(&op);
-  return v;
-}
+using namespace fused_test;   // NOLINT: the shared helpers
 
 class FusedGraph : public ::testing::TestWithParam<cudnnDataType_t> {};
 
@@ -276,10 +156,6 @@ TEST_P(FusedGraph, ScaleBiasReluWgradIsTheComposition) {
   expect_near(load(bdw, wd, true, dt), direct_wgrad(g, act, dyv), 2 * tol_of(dt), "dw");
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, FusedGraph, ::testing::Values(CUDNN_DATA_HALF, CUDNN_DATA_FLOAT),
-                         [](const ::testing::TestParamInfo<cudnnDataType_t>& i) {
-                           return std::string(i.param == CUDNN_DATA_HALF ? "f16" : "f32");
-                         });
 
 // The finalize a caller builds after the forward graph: the sums, scale and bias in; the equivalent
 // scale and bias of the next graph, the saved mean and inverse standard deviation, and the running
@@ -344,87 +220,113 @@ TEST(FusedGraphFinalize, BnFinalizeIsTheTextbookFormulas) {
   }
 }
 
-// ---- the rules ----
-
-cudnnStatus_t build_status(const std::function<void()>& build) {
-  try {
-    build();
-    return CUDNN_STATUS_SUCCESS;
-  } catch (fe::cudnnException& e) {
-    return e.getCudnnStatus();
-  }
-}
-
-// Per-channel operands must match the data they apply to, as cuDNN checks at the operation.
-TEST(FusedGraphRules, MismatchedShapesAreRefusedAtTheOperation) {
-  const std::vector<int64_t> xd{2, 8, 4, 4};
-  const fe::Tensor x = tensor(X, xd, true, CUDNN_DATA_HALF), wrong = channel(S, 6), t = tensor(T1, xd, true, kF32, true);
-  EXPECT_EQ(build_status([&] { pointwise(CUDNN_POINTWISE_MUL, x, &wrong, t); }), CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH);
-  EXPECT_EQ(build_status([&] {
-              fe::OperationBuilder(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR).setxDesc(x).setSumDesc(channel(SUM, 8))
-                  .setSqSumDesc(wrong).setGenStatsMode(CUDNN_GENSTATS_SUM_SQSUM).setMathPrecision(kF32).build();
-            }),
-            CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH);
-  EXPECT_EQ(build_status([&] {
-              fe::OperationBuilder(CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR).setxDesc(x).setdyDesc(x)
-                  .setSavedMeanAndInvVar(channel(M, 8), channel(V, 8)).setScale(wrong).setDScaleAndDBias(channel(DS, 8), channel(DB, 8))
-                  .setEqScalesAndBias(channel(EQ_DY, 8), channel(EQ_X, 8), channel(EQ_B, 8)).setMathPrecision(kF32).build();
-            }),
-            CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH);
-}
-
-// The running statistics' update needs its five operands together.
-TEST(FusedGraphRules, AHalfSetRunningUpdateIsRefused) {
-  EXPECT_EQ(build_status([] {
-              fe::OperationBuilder(CUDNN_BACKEND_OPERATION_BN_FINALIZE_STATISTICS_DESCRIPTOR).setComputeType(kF32)
-                  .setBNFinalizeMode(CUDNN_BN_FINALIZE_STATISTICS_TRAINING).setSumDesc(channel(SUM, 4)).setSqSumDesc(channel(SQ, 4))
-                  .setScaleAndBias(channel(S, 4), channel(B, 4)).setEqScaleAndBias(channel(EQ_DY, 4), channel(EQ_B, 4))
-                  .setEpsilonTensor(by_value(EPS, kF32)).setAccumCountTensor(by_value(COUNT, CUDNN_DATA_INT64))
-                  .setPrevRunningMeanAndVar(channel(RM, 4), channel(RV, 4)).build();
-            }),
-            CUDNN_STATUS_BAD_PARAM);
-  EXPECT_NE(std::string(emu::last_error_detail()).find("2 of 5"), std::string::npos) << emu::last_error_detail();
-}
-
-// Graphs outside the fused patterns are refused at the heuristics, as cuDNN refuses a graph no
-// engine fuses: another activation, a statistics operation without its convolution; a fused
-// convolution stored NCHW is a pattern with no engine for its layout.
-TEST(FusedGraphRules, OtherGraphsAreRefusedAtTheHeuristics) {
+// A block's last batch norm in training, its residual add and ReLU: out = relu(bn(x) + residual).
+TEST_P(FusedGraph, BnAddReluIsTheComposition) {
+  const cudnnDataType_t dt = GetParam();
   Handle h;
-  const Geo g{2, 8, 4, 4, 8, 3, 3, 1, 1, 1, 1, true};
-  const std::vector<fe::Operation> tanh = sbrcs(g, CUDNN_DATA_HALF, CUDNN_POINTWISE_TANH_FWD);
-  EXPECT_EQ(plan_status(h.get(), ptrs(tanh)), CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN);
-  EXPECT_NE(std::string(emu::last_error_detail()).find("is not part of the scale_bias_relu_conv_genstats pattern"),
-            std::string::npos)
+  const std::vector<int64_t> xd{3, 8, 4, 5};
+  const int64_t c = xd[1];
+  const fe::Tensor x = tensor(X, xd, true, dt), res = tensor(DY, xd, true, dt), out = tensor(Y, xd, true, dt);
+  const fe::Tensor bn = tensor(T1, xd, true, kF32, true), sum = tensor(T2, xd, true, kF32, true);
+  const fe::Operation norm = fe::OperationBuilder(CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR)
+                                 .setNormalizationMode(fe::NormMode_t::BATCH_NORM).setNormFwdPhase(fe::NormFwdPhase_t::TRAINING)
+                                 .setxDesc(x).setyDesc(bn).setScaleAndBias(channel(S, c), channel(B, c))
+                                 .setSavedMeanAndInvVar(channel(SAVED_M, c), channel(SAVED_IV, c))
+                                 .setEpsilonTensor(by_value(EPS, kF32)).setExpDecayFactorTensor(by_value(MOMENTUM, kF32))
+                                 .setPrevRunningMeanAndVar(channel(RM, c), channel(RV, c))
+                                 .setNextRunningMeanAndVar(channel(NEXT_RM, c), channel(NEXT_RV, c)).build();
+  const fe::Operation add = pointwise(CUDNN_POINTWISE_ADD, bn, &res, sum), relu = pointwise(CUDNN_POINTWISE_RELU_FWD, sum, nullptr, out);
+  fe::ExecutionPlan plan = plan_of(h.get(), {&norm, &add, &relu});
+
+  const auto cs = static_cast<size_t>(c);
+  const std::vector<double> xv = rounded(wave(static_cast<size_t>(3 * 8 * 4 * 5), 0.4), xd, dt);
+  const std::vector<double> rv = rounded(wave(xv.size(), 3.3), xd, dt);
+  std::vector<float> scale = floats(wave(cs, 1.5)), bias = floats(wave(cs, 2.5)), rm(cs, 0.5f), rvar(cs, 2.0f);
+  std::vector<float> mean(cs), inv(cs), next_rm(cs), next_rv(cs);
+  float eps = 1e-5f, momentum = 0.25f;
+  std::vector<unsigned char> bx, br, bo;
+  store(bx, xv, xd, true, dt);
+  store(br, rv, xd, true, dt);
+  store(bo, std::vector<double>(xv.size(), 0.0), xd, true, dt);
+  ASSERT_EQ(execute(h.get(), plan, {{X, bx.data()}, {DY, br.data()}, {Y, bo.data()}, {S, scale.data()}, {B, bias.data()},
+                                    {SAVED_M, mean.data()}, {SAVED_IV, inv.data()}, {EPS, &eps}, {MOMENTUM, &momentum},
+                                    {RM, rm.data()}, {RV, rvar.data()}, {NEXT_RM, next_rm.data()}, {NEXT_RV, next_rv.data()}}),
+            CUDNN_STATUS_SUCCESS)
       << emu::last_error_detail();
-  EXPECT_EQ(plan_status(h.get(), {&tanh.back()}), CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN);   // gen-stats alone
-  Geo nchw = g;
-  nchw.nhwc = false;
-  const std::vector<fe::Operation> planar = sbrcs(nchw, CUDNN_DATA_HALF);
-  EXPECT_EQ(plan_status(h.get(), ptrs(planar)), CUDNN_STATUS_NOT_SUPPORTED);
-  EXPECT_EQ(plan_status(h.get(), ptrs(sbrcs(g, CUDNN_DATA_HALF))), CUDNN_STATUS_SUCCESS) << emu::last_error_detail();
+
+  const double per = static_cast<double>(xv.size() / cs);
+  std::vector<double> mu(cs, 0.0), var(cs, 0.0), want(xv.size()), want_rm(cs), want_rv(cs), want_inv(cs);
+  each_channel(xd, [&](size_t i, size_t ch) { mu[ch] += xv[i] / per; });
+  each_channel(xd, [&](size_t i, size_t ch) { var[ch] += (xv[i] - mu[ch]) * (xv[i] - mu[ch]) / per; });
+  for (size_t ch = 0; ch < cs; ++ch) {
+    want_inv[ch] = 1 / std::sqrt(var[ch] + eps);
+    want_rm[ch] = 0.75 * rm[ch] + 0.25 * mu[ch];
+    want_rv[ch] = 0.75 * rvar[ch] + 0.25 * var[ch] * per / (per - 1);
+  }
+  each_channel(xd, [&](size_t i, size_t ch) {
+    want[i] = std::max(0.0, (xv[i] - mu[ch]) * want_inv[ch] * scale[ch] + bias[ch] + rv[i]);
+  });
+  expect_near(load(bo, xd, true, dt), want, tol_of(dt), "out");
+  expect_near(doubles(mean), mu, 1e-5, "saved mean");
+  expect_near(doubles(inv), want_inv, 1e-5, "saved inverse std");
+  expect_near(doubles(next_rm), want_rm, 1e-5, "running mean");
+  expect_near(doubles(next_rv), want_rv, 1e-5, "running variance");
 }
 
-// Every stored tensor bound, and nothing else: not a virtual one.
-TEST(FusedGraphRules, ExecuteNeedsEveryStoredTensorAndNoVirtualOne) {
+// Its backward: the ReLU's gradient against the stored output (kept: the residual's gradient),
+// then the batch norm's backward.
+TEST_P(FusedGraph, DreluDbnIsTheComposition) {
+  const cudnnDataType_t dt = GetParam();
   Handle h;
-  const Geo g{1, 8, 4, 4, 8, 3, 3, 1, 1, 1, 1, true};
-  const std::vector<fe::Operation> ops = sbrcs(g, CUDNN_DATA_HALF);
-  fe::ExecutionPlan plan = plan_of(h.get(), ptrs(ops));
-  alignas(16) static unsigned char x[4096], w[4096], y[4096], ch[6][64];
-  Binds all{{X, x}, {S, ch[0]}, {B, ch[1]}, {W, w}, {Y, y}, {SUM, ch[2]}, {SQ, ch[3]}};
-  Binds no_sum(all.begin(), all.end() - 2);
-  no_sum.push_back(all.back());
-  EXPECT_EQ(execute(h.get(), plan, no_sum), CUDNN_STATUS_BAD_PARAM);
-  EXPECT_NE(std::string(emu::last_error_detail()).find("no pointer to unique id"), std::string::npos);
-  Binds with_virtual = all;
-  with_virtual.emplace_back(T1, ch[4]);
-  EXPECT_EQ(execute(h.get(), plan, with_virtual), CUDNN_STATUS_BAD_PARAM);
-  Binds skewed = all;
-  skewed[0].second = x + 2;
-  EXPECT_EQ(execute(h.get(), plan, skewed), CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER);
-  EXPECT_EQ(execute(h.get(), plan, all), CUDNN_STATUS_SUCCESS) << emu::last_error_detail();
+  const std::vector<int64_t> xd{3, 8, 4, 5};
+  const int64_t c = xd[1];
+  const fe::Tensor dy = tensor(DY, xd, true, dt), y = tensor(Y, xd, true, dt), dr = tensor(T1, xd, true, dt),
+                   x = tensor(X, xd, true, dt), dx = tensor(DX, xd, true, dt);
+  const fe::Operation relu_bwd = fe::OperationBuilder(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)
+                                     .setdyDesc(dy).setxDesc(y).setdxDesc(dr).setpwDesc(pw(CUDNN_POINTWISE_RELU_BWD)).build();
+  const fe::Operation dbn = fe::OperationBuilder(CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR)
+                                .setNormalizationMode(fe::NormMode_t::BATCH_NORM).setxDesc(x).setdyDesc(dr)
+                                .setScale(channel(S, c)).setSavedMeanAndInvVar(channel(M, c), channel(V, c))
+                                .setDScaleAndDBias(channel(DS, c), channel(DB, c)).setdxDesc(dx).build();
+  fe::ExecutionPlan plan = plan_of(h.get(), {&relu_bwd, &dbn});
+
+  const auto cs = static_cast<size_t>(c);
+  const size_t n = static_cast<size_t>(3 * 8 * 4 * 5);
+  const std::vector<double> dyv = rounded(wave(n, 0.2), xd, dt), yv = rounded(wave(n, 1.2), xd, dt),
+                            xv = rounded(wave(n, 2.2), xd, dt);
+  std::vector<float> scale = floats(wave(cs, 3.5)), mean = floats(wave(cs, 4.5)), inv(cs, 1.25f), ds(cs), db(cs);
+  std::vector<unsigned char> bdy, by, bdr, bx, bdx;
+  store(bdy, dyv, xd, true, dt);
+  store(by, yv, xd, true, dt);
+  store(bx, xv, xd, true, dt);
+  store(bdr, std::vector<double>(n, 0.0), xd, true, dt);
+  store(bdx, std::vector<double>(n, 0.0), xd, true, dt);
+  ASSERT_EQ(execute(h.get(), plan, {{DY, bdy.data()}, {Y, by.data()}, {T1, bdr.data()}, {X, bx.data()}, {DX, bdx.data()},
+                                    {S, scale.data()}, {M, mean.data()}, {V, inv.data()}, {DS, ds.data()}, {DB, db.data()}}),
+            CUDNN_STATUS_SUCCESS)
+      << emu::last_error_detail();
+
+  const double per = static_cast<double>(n / cs);
+  std::vector<double> g(n), xhat(n), want_ds(cs, 0.0), want_db(cs, 0.0), want_dx(n);
+  each_channel(xd, [&](size_t i, size_t ch) {
+    g[i] = yv[i] > 0 ? dyv[i] : 0.0;
+    xhat[i] = (xv[i] - mean[ch]) * inv[ch];
+    want_db[ch] += g[i];
+    want_ds[ch] += g[i] * xhat[i];
+  });
+  each_channel(xd, [&](size_t i, size_t ch) {
+    want_dx[i] = scale[ch] * inv[ch] * (g[i] - want_db[ch] / per - xhat[i] * want_ds[ch] / per);
+  });
+  expect_near(load(bdr, xd, true, dt), g, tol_of(dt), "relu gradient");
+  expect_near(doubles(db), want_db, tol_of(dt), "dbias");
+  expect_near(doubles(ds), want_ds, tol_of(dt), "dscale");
+  expect_near(load(bdx, xd, true, dt), want_dx, tol_of(dt), "dx");
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, FusedGraph, ::testing::Values(CUDNN_DATA_HALF, CUDNN_DATA_FLOAT),
+                         [](const ::testing::TestParamInfo<cudnnDataType_t>& i) {
+                           return std::string(i.param == CUDNN_DATA_HALF ? "f16" : "f32");
+                         });
 
 }  // namespace
 #endif  // MINIDL_EMU_WITH_CUDNN_FRONTEND
