@@ -6,7 +6,6 @@
 #include <memory>
 
 #include "core/allocator.h"
-#include "kernels/meta/meta_backend.h"
 
 #include "kernels/cuda/workspace.h"
 #include "kernels/registry.h"
@@ -63,12 +62,12 @@ void copy(const Tensor& src, const Tensor& dst) {
   if (!src.is_contiguous() || src.dtype() != dst.dtype()) Tensor d = empty(src.shape(), {dst.dtype(), src.device(), false});
 }
 
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MetaBackend& backend) {
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, const std::function<void()>& draw_workspace) {
   if (out.size(0) == 0 || out.size(1) == 0 || out.size(2) == 0 || a.size(2) == 0) return;
   const auto [copy_a, copy_b] = q("matmul").matmul_operand_copies(a, b);
   const Tensor ca = copy_a ? a.contiguous() : a;
   const Tensor cb = copy_b ? b.contiguous() : b;
-  backend.draw_cublas_workspace();
+  draw_workspace();
 }
 
 void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o, bool add) {

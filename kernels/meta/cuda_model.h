@@ -2,13 +2,10 @@
 // kernels, from kernels/cuda/workspace.h, allocated on the caching allocator's model. Builds
 // without the CUDA backend throw a clear error at the first op that needs the backend's answer.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/backend.h"
-
-namespace minidl::meta {
-class MetaBackend;
-}
 
 namespace minidl::meta::cuda_model {
 
@@ -16,7 +13,8 @@ enum class ConvDir { Forward, BackwardData, BackwardFilter };
 
 size_t cublas_workspace_bytes();
 void copy(const Tensor& src, const Tensor& dst);
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out, MetaBackend& backend);
+// draw_workspace: the cuBLAS workspace drawn (once per device) while the operand copies are held.
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, const std::function<void()>& draw_workspace);
 // x: the input (or its gradient), w: the weight (or its gradient), y: the output (or its gradient).
 // add: the data gradient added into the one waiting (conv2d_backward_input_add), which cuDNN's
 // graph API plans apart (beta = 1).
