@@ -58,6 +58,26 @@ class Backend : public DeviceServices {
     return false;
   }
 
+  // conv2d_stats (core/conv_bn.h) as fused library calls, where the backend has them: true when
+  // it did, false, having done nothing, when it cannot (the op then composes it from the kernels
+  // above). Forward: y = conv(relu(x * in_scale + in_bias), w) (x itself when in_scale and in_bias
+  // are undefined) and y's per-channel sum and sum of squares (f32 for f16, else x's dtype); x, w
+  // and y in one layout (contiguous NCHW or channels-last), no bias. Backward, from gy (y's whole
+  // gradient, the statistics' already folded in): gx, gscale, gbias (the pre-activation's masked
+  // gradient summed against x and alone: undefined without in_scale) and gw, each undefined when
+  // not wanted; the weight gradient reads the activation recomputed from x.
+  virtual bool conv2d_stats_forward(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
+                                    const Conv2dOptions& o, const Tensor& y, const Tensor& sum, const Tensor& sumsq) {
+    (void)x, (void)in_scale, (void)in_bias, (void)w, (void)o, (void)y, (void)sum, (void)sumsq;
+    return false;
+  }
+  virtual bool conv2d_stats_backward(const Tensor& gy, const Tensor& x, const Tensor& in_scale, const Tensor& in_bias,
+                                     const Tensor& w, const Conv2dOptions& o, const Tensor& gx, const Tensor& gscale,
+                                     const Tensor& gbias, const Tensor& gw) {
+    (void)gy, (void)x, (void)in_scale, (void)in_bias, (void)w, (void)o, (void)gx, (void)gscale, (void)gbias, (void)gw;
+    return false;
+  }
+
   // Pooling, NCHW, options already resolved (stride != 0). indices: i64 flat offsets into H*W.
   virtual void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y,
                                   const Tensor& indices) = 0;

@@ -56,25 +56,16 @@ struct SavedConvStats {
   bool cl = false, w_cl = false, need_x = false, need_scale = false, need_bias = false, need_w = false;
 };
 
-// The node's backward: gradients for {x, in_scale, in_bias, w} from those of {y, sum, sumsq}.
-std::vector<Tensor> conv2d_stats_backward(const SavedConvStats& s, const std::vector<Tensor>& g) {
-  std::vector<Tensor> out(4);
-  if (!g[0].defined() && !g[1].defined() && !g[2].defined()) return out;
-  const Tensor gy = total_output_grad(g[0], g[1], g[2], s.y, s.cl);
+// The composed backward (a backend without the fused calls): out = {gx, gscale, gbias, gw}.
+void composed_backward(const SavedConvStats& s, const Tensor& gy, std::vector<Tensor>& out) {
   Backend& be = backend(gy.device());
-  const bool through_input = s.need_x || s.need_scale || s.need_bias;
-  if (s.need_w) {
-    out[3] = empty_in_format(s.w.shape(), gy.options(), s.cl);
-    be.conv2d_backward_weight(gy, input_activation(s.x, s.scale, s.bias, s.cl), s.opts, out[3]);
-    if (s.cl && !s.w_cl) out[3] = out[3].contiguous();
-  }
-  if (!through_input) return out;
-  Tensor ga = empty_in_format(s.x.shape(), gy.options(), s.cl);
+  if (s.need_w) be.conv2d_backward_weight(gy, input_activation(s.x, s.scale, s.bias, s.cl), s.opts, out[3]);
+  if (!(s.need_x || s.need_scale || s.need_bias)) return;
+  // Without an affine the data gradient is gx itself; with one, gx is computed afresh below.
+  Tensor ga = !s.scale.defined() && out[0].defined() ? out[0] : empty_in_format(s.x.shape(), gy.options(), s.cl);
   be.conv2d_backward_input(gy, s.w, s.opts, ga);
-  if (!s.scale.defined()) {
-    out[0] = ga;
-    return out;
-  }
+  if (!s.scale.defined()) return;
+  out[0] = Tensor();
   // Through the ReLU (its mask from the pre-activation, as cuDNN's drelu reads it) and the affine.
   const DType sd = s.scale.dtype();
   const Tensor xf = s.x.to(sd);
@@ -84,7 +75,40 @@ std::vector<Tensor> conv2d_stats_backward(const SavedConvStats& s, const std::ve
   if (s.need_scale) out[1] = sum(gpre * xf, dims);
   if (s.need_bias) out[2] = sum(gpre, dims);
   if (s.need_x) out[0] = in_format((gpre * per_channel(s.scale)).to(s.x.dtype()), s.cl);
+}
+
+// The node's backward: gradients for {x, in_scale, in_bias, w} from those of {y, sum, sumsq}.
+std::vector<Tensor> conv2d_stats_backward(const SavedConvStats& s, const std::vector<Tensor>& g) {
+  std::vector<Tensor> out(4);
+  if (!g[0].defined() && !g[1].defined() && !g[2].defined()) return out;
+  const Tensor gy = total_output_grad(g[0], g[1], g[2], s.y, s.cl);
+  const TensorOptions po{s.scale.defined() ? s.scale.dtype() : stats_dtype(s.x), gy.device(), false};
+  const int64_t c_in = s.x.size(1);
+  if (s.need_x) out[0] = empty_in_format(s.x.shape(), gy.options(), s.cl);
+  if (s.need_scale) out[1] = empty({c_in}, po);
+  if (s.need_bias) out[2] = empty({c_in}, po);
+  if (s.need_w) out[3] = empty_in_format(s.w.shape(), gy.options(), s.cl);
+  if (!backend(gy.device()).conv2d_stats_backward(gy, s.x, s.scale, s.bias, s.w, s.opts, out[0], out[1], out[2],
+                                                   out[3])) {
+    composed_backward(s, gy, out);
+  }
+  if (out[3].defined() && s.cl && !s.w_cl) out[3] = out[3].contiguous();   // the parameter's own format
   return out;
+}
+
+// conv2d's argument checks that the fused call needs before it runs; the output's shape.
+Shape checked_output_shape(const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
+  MINIDL_CHECK(x.dim() == 4, "conv2d_stats: expected a 4-D input [N, C, H, W] but got ", x.meta());
+  MINIDL_CHECK(w.dim() == 4 && w.size(1) == x.size(1), "conv2d_stats: weight ", w.meta(), " must be [out, ",
+               x.size(1), ", kH, kW] for the input ", x.meta());
+  MINIDL_CHECK(w.dtype() == x.dtype() && w.device() == x.device(), "conv2d_stats: weight ", w.meta(),
+               " and input ", x.meta(), " must share dtype and device; convert one with .to()");
+  MINIDL_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64 || x.dtype() == DType::f16, "conv2d_stats: input ",
+               x.meta(), " must be f32, f64 or f16; convert it with .to(DType::f32)");
+  MINIDL_CHECK(o.groups == 1, "conv2d_stats: groups=", o.groups, " is not supported (only groups=1)");
+  return {x.size(0), w.size(0),
+          conv_output_size(x.size(2), w.size(2), o.stride[0], o.padding[0], o.dilation[0], false, "conv2d_stats"),
+          conv_output_size(x.size(3), w.size(3), o.stride[1], o.padding[1], o.dilation[1], false, "conv2d_stats")};
 }
 
 }  // namespace
@@ -93,7 +117,7 @@ ConvStats conv2d_stats(const Tensor& x_in, const Tensor& in_scale, const Tensor&
                        const Conv2dOptions& opts) {
   MINIDL_CHECK(x_in.defined() && w_in.defined(), "conv2d_stats: input and weight must be defined tensors");
   const Tensor x = autocast_to_low(x_in), w = autocast_to_low(w_in);
-  MINIDL_CHECK(x.dim() == 4, "conv2d_stats: expected a 4-D input [N, C, H, W] but got ", x.meta());
+  const Shape y_shape = checked_output_shape(x, w, opts);
   MINIDL_CHECK(in_scale.defined() == in_bias.defined(), "conv2d_stats: in_scale is ",
                in_scale.defined() ? "defined" : "undefined", " but in_bias is ",
                in_bias.defined() ? "defined" : "undefined", "; pass both (the previous batch norm's affine) or neither");
@@ -107,10 +131,15 @@ ConvStats conv2d_stats(const Tensor& x_in, const Tensor& in_scale, const Tensor&
   const Tensor sc = in_scale.defined() ? in_scale.detach() : Tensor();
   const Tensor bc = in_bias.defined() ? in_bias.detach() : Tensor();
   ConvStats s;
-  {
+  s.y = empty_in_format(y_shape, x.options(), cl);
+  const TensorOptions so{stats_dtype(x), x.device(), false};
+  s.sum = empty({w.size(0)}, so);
+  s.sumsq = empty({w.size(0)}, so);
+  Backend& be = backend(x.device());
+  if (!be.conv2d_stats_forward(xc, sc, bc, wc, opts, s.y, s.sum, s.sumsq)) {
     NoGradGuard no_grad;
-    s.y = conv2d(input_activation(xc, sc, bc, cl), wc, Tensor(), opts);  // conv2d's checks name the shapes
-    const Tensor yf = s.y.to(stats_dtype(s.y));
+    be.conv2d_forward(input_activation(xc, sc, bc, cl), wc, Tensor(), opts, s.y);
+    const Tensor yf = s.y.to(so.dtype);
     s.sum = sum(yf, {0, 2, 3});
     s.sumsq = sum(square(yf), {0, 2, 3});
   }

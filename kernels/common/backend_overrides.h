@@ -64,11 +64,18 @@
      const std::vector<Tensor>& exp_avg_sq, const std::vector<Tensor>& max_exp_avg_sq,                        \
      const std::vector<int64_t>& steps, const AdamHyper& h))
 
-// What a GPU (and the meta device's model of one) adds: gradients added into as they are computed
-// and a fused SGD step. The CPU keeps Backend's defaults (false: the caller's general path).
+// What a GPU (and the meta device's model of one) adds: gradients added into as they are computed,
+// the convolutions that carry batch norm (core/conv_bn.h) and a fused SGD step. The CPU keeps
+// Backend's defaults (false: the caller's general path).
 #define MINIDL_DEVICE_BACKEND_KERNELS(X)                                                                       \
   X(bool, conv2d_backward_input_add,                                                                          \
     (const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx))                            \
+  X(bool, conv2d_stats_forward,                                                                               \
+    (const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w, const Conv2dOptions& o, \
+     const Tensor& y, const Tensor& sum, const Tensor& sumsq))                                                \
+  X(bool, conv2d_stats_backward,                                                                              \
+    (const Tensor& gy, const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,       \
+     const Conv2dOptions& o, const Tensor& gx, const Tensor& gscale, const Tensor& gbias, const Tensor& gw))   \
   X(bool, fused_sgd_step,                                                                                     \
     (const std::vector<Tensor>& params, const std::vector<Tensor>& grads,                                     \
      const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh, const SgdHyper& h))

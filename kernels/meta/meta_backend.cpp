@@ -109,7 +109,7 @@ void MetaBackend::bce_with_logits_forward(const Tensor&, const Tensor&, const Te
 void MetaBackend::bce_with_logits_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {}
 
 void MetaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
-  if (models_cuda(out)) return cuda_model::matmul(a, b, out, *this);
+  if (models_cuda(out)) return cuda_model::matmul(a, b, out, [this] { draw_cublas_workspace(); });
   if (is_half(a) || is_half(b) || is_half(out)) {
     const Tensor o = f32_output_for(out);
     return matmul(widen_half(a), widen_half(b), o);
@@ -143,6 +143,19 @@ void MetaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const
 bool MetaBackend::conv2d_backward_input_add(const Tensor& gy, const Tensor& w, const Conv2dOptions& o,
                                             const Tensor& gx) {
   return models_cuda(gx) && cuda_model::conv_backward_input_add(gx, w, gy, o);
+}
+
+// The convolutions that carry batch norm: composed here as the CUDA backend composes them (it
+// has no fused graphs to model yet), and as the CPU does.
+bool MetaBackend::conv2d_stats_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                       const Conv2dOptions&, const Tensor&, const Tensor&, const Tensor&) {
+  return false;
+}
+
+bool MetaBackend::conv2d_stats_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                        const Conv2dOptions&, const Tensor&, const Tensor&, const Tensor&,
+                                        const Tensor&) {
+  return false;
 }
 
 void MetaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {

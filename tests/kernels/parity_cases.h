@@ -56,6 +56,9 @@ inline const std::vector<ParityCase>& parity_cases() {
       // The CPU declines (false); the CUDA join's gradient against the CPU's engine-added one.
       {"conv2d_backward_input_add",
        "kernels/channels_last_cuda_test.cpp:Parity.AResidualJoinAddsTheConvolutionsGradientIntoTheShortcuts"},
+      {"conv2d_stats_forward", "kernels/conv_stats_cuda_test.cpp:ConvStatsParity.TheChainMatchesTheCpuForwardAndBackward"},
+      {"conv2d_stats_backward",
+       "kernels/conv_stats_cuda_test.cpp:ConvStatsParity.TheChainMatchesTheCpuForwardAndBackward"},
       {"max_pool2d_forward", "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
       {"max_pool2d_backward",
        "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxPoolBackwardOverlappingWindowsIsDeterministic"},
