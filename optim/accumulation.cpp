@@ -63,10 +63,14 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
 
   window_open_ = false;
   if (on_device) {
-    MINIDL_CHECK(sync == nullptr && !o_.before_step && o_.max_grad_norm == 0.0, "gradient accumulation: the ",
-                 "gradient scaler's device state (CUDA graphs) decides on the device; data-parallel training, a ",
-                 "before-step hook and clipping read values on the host (run without --cuda-graphs)");
-    scaler->step(opt_);   // unscales, and the fused kernels skip on the device's found-inf flag
+    MINIDL_CHECK(sync == nullptr && !o_.before_step, "gradient accumulation: the gradient scaler's device state ",
+                 "(CUDA graphs) decides on the device; data-parallel training and a before-step hook read values on ",
+                 "the host (run without --cuda-graphs)");
+    if (o_.max_grad_norm > 0.0) {
+      scaler->unscale_(opt_);   // clipping sees unscaled gradients; a window with inf is skipped below
+      clip();
+    }
+    scaler->step(opt_);   // unscales (unless done), and the fused kernels skip on the device's found-inf flag
     scaler->update();
   } else {
     if (scaler != nullptr) {
@@ -87,13 +91,7 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
       opt_.zero_grad();
       return false;
     }
-    if (o_.max_grad_norm > 0.0) {
-      std::vector<Tensor> params;
-      for (const ParamGroup& g : opt_.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
-      std::function<double(double)> reduce;
-      if (sync != nullptr) reduce = [sync](double norm) { return sync->same(norm); };
-      last_grad_norm_ = clip_grad_norm(params, o_.max_grad_norm, 2.0, false, reduce);
-    }
+    if (o_.max_grad_norm > 0.0) clip();
     if (scaler != nullptr) {
       scaler->step(opt_);  // already unscaled and clean: steps
       scaler->update();
@@ -108,6 +106,28 @@ bool AccumulatingTrainer::micro_batch(const Tensor& loss, const MicroBatch& mb) 
   if (o_.ema != nullptr) o_.ema->update();
   opt_.zero_grad();
   return true;
+}
+
+void AccumulatingTrainer::clip() {
+  std::vector<Tensor> params;
+  for (const ParamGroup& g : opt_.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
+  GradientSync* sync = o_.sync;
+  if (opt_.device_state() || (o_.scaler != nullptr && o_.scaler->device_state())) {
+    MINIDL_CHECK(sync == nullptr, "gradient accumulation: clipping in the device state (CUDA graphs) keeps the norm ",
+                 "on the device, but data-parallel training agrees on it on the host (run without --cuda-graphs)");
+    last_grad_norm_device_ = clip_grad_norm_device(params, o_.max_grad_norm);
+    if (!last_grad_norm_device_.defined()) last_grad_norm_ = 0.0;   // no gradient: nothing clipped
+    return;
+  }
+  std::function<double(double)> reduce;
+  if (sync != nullptr) reduce = [sync](double norm) { return sync->same(norm); };
+  last_grad_norm_ = clip_grad_norm(params, o_.max_grad_norm, 2.0, false, reduce);
+  last_grad_norm_device_ = Tensor();
+}
+
+double AccumulatingTrainer::last_grad_norm() const {
+  if (!last_grad_norm_device_.defined()) return last_grad_norm_;
+  return last_grad_norm_device_.item();
 }
 
 void AccumulatingTrainer::settle_device_step(const Counts& before, bool skipped) {

@@ -45,7 +45,8 @@ class GradientSync {
 };
 
 struct AccumulationOptions {
-  double max_grad_norm = 0.0;                    // > 0: clip_grad_norm before each step
+  double max_grad_norm = 0.0;                    // > 0: clip_grad_norm before each step (its device
+                                                 // form in the device state: captured steps clip)
   std::shared_ptr<const LrSchedule> schedule = {};  // optional: lr = base_lr[g] * factor(optimizer step)
   Ema* ema = nullptr;                            // optional: updated after each optimizer step
   // Optional, run before clipping; returning false skips the optimizer step (the gradient scaler
@@ -91,7 +92,9 @@ class AccumulatingTrainer {
   Counts counts() const { return {opt_.step_count(), optimizer_steps_, skipped_steps_}; }
   void settle_device_step(const Counts& before, bool skipped);
   int64_t skipped_steps() const { return skipped_steps_; }        // windows before_step refused
-  double last_grad_norm() const { return last_grad_norm_; }       // 0 when not clipping
+  // 0 when not clipping. With the device state (the optimizer's or the scaler's) the norm stays on
+  // the device and this reads it (a sync); a window the device skipped then shows its non-finite norm.
+  double last_grad_norm() const;
   const std::vector<double>& base_lrs() const { return base_lrs_; }
 
  private:
@@ -101,6 +104,10 @@ class AccumulatingTrainer {
   int64_t optimizer_steps_ = 0;
   int64_t skipped_steps_ = 0;
   double last_grad_norm_ = 0.0;
+  Tensor last_grad_norm_device_;   // the device state's last norm (0-dim f64), or undefined
+  // clip_grad_norm before the step: on the device in the device state (no host read), otherwise on
+  // the host (one read; the same norm on every rank with `sync`).
+  void clip();
   bool window_open_ = false;
   double window_scale_ = 0.0;   // the scaler's scale when the open window started
 };

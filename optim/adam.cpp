@@ -1,6 +1,8 @@
 // Adam/AdamW's update, written as PyTorch 1.13's _single_tensor_adam(w) (non-capturable) with
 // minidl's ops so it runs on any device and rounds like PyTorch: bias corrections are computed in
-// double on the host from the per-parameter step, as PyTorch does with step.item().
+// double on the host from the per-parameter step, as PyTorch does with step.item(). The fused CUDA
+// kernel computes the same formula in double on the device, from the device's step counts in the
+// optimizer's device state (CUDA graphs).
 #include "optim/adam.h"
 
 #include <cmath>
@@ -135,24 +137,30 @@ bool Adam::fused_group_step(size_t g) {
     if (amsgrad) vmax.push_back(bufs.at("max_exp_avg_sq"));
     steps.push_back(st.step + 1);
   }
-  const AdamHyper h{group.lr,
-                             group.weight_decay,
-                             group.option("beta1"),
-                             group.option("beta2"),
-                             group.option("eps"),
-                             amsgrad,
-                             group.option("maximize") != 0.0,
-                             decoupled_,
-                             skip_flag(),
-                             keras_eps(group)};
-  MINIDL_CHECK(skip_flag() == nullptr, name(), ": the gradient scaler's device state (CUDA graphs) cannot skip an ",
-               name(), " step on the device: its step count (bias correction) is kept on the host. Use SGD with ",
-               "--cuda-graphs, or run without it");
+  AdamHyper h{group.lr,
+              group.weight_decay,
+              group.option("beta1"),
+              group.option("beta2"),
+              group.option("eps"),
+              amsgrad,
+              group.option("maximize") != 0.0,
+              decoupled_,
+              skip_flag(),
+              keras_eps(group),
+              lr_device(g)};
+  MINIDL_CHECK(skip_flag() == nullptr || device_state(), name(), ": the gradient scaler's device state (CUDA graphs) ",
+               "skips a step on the device, but the step counts (bias correction) are on the host, where a skipped ",
+               "step would still count; call to_device_state() on the optimizer too (GraphedStep does)");
+  // The device state: each parameter's count lives on the device, which advances it (or not, when
+  // the gradient scaler's flag skips the step): the host's counts are read back when needed.
+  std::vector<int64_t*> counts;
+  for (size_t i : idx) counts.push_back(step_device(g, i));
+  if (device_state()) h.step_device = counts.data();
   if (!backend(params.front().device()).fused_adam_step(params, grads, m, v, vmax, steps, h)) return false;
   for (size_t k = 0; k < idx.size(); ++k) {
     ParamState& st = state_[g][idx[k]];
     for (auto& [name, t] : fresh[k]) st.buffers[name] = t;
-    st.step = steps[k];
+    if (!device_state()) st.step = steps[k];
   }
   return true;
 }

@@ -1,5 +1,6 @@
 // clip_grad_norm with minidl ops so it runs wherever the gradients live (CPU or CUDA) and costs one
-// host sync for the whole model, like PyTorch's foreach path, rather than one per parameter.
+// host sync for the whole model, like PyTorch's foreach path, rather than one per parameter; its
+// device form keeps the norm and the clip factor on the device, so a captured step can clip.
 #include "optim/clip.h"
 
 #include <cmath>
@@ -12,15 +13,16 @@
 
 namespace minidl::optim {
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
-                      bool error_if_nonfinite, const std::function<double(double)>& reduce_total) {
+namespace {
+
+bool is_inf_norm(double norm_type) { return norm_type == std::numeric_limits<double>::infinity(); }
+
+// The arguments' checks and the gradients to clip, shared by both forms.
+std::vector<Tensor> gradients_to_clip(const std::vector<Tensor>& params, double max_norm, double norm_type) {
   MINIDL_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, "clip_grad_norm: max_norm ", max_norm,
                " must be a finite number >= 0 (e.g. 1.0)");
-  const bool inf_norm = norm_type == std::numeric_limits<double>::infinity();
-  MINIDL_CHECK(inf_norm || (std::isfinite(norm_type) && norm_type > 0.0), "clip_grad_norm: norm_type ", norm_type,
-               " is not supported; use a finite p > 0 (2 for the Euclidean norm) or infinity for the max-norm");
-  NoGradGuard no_grad;
-
+  MINIDL_CHECK(is_inf_norm(norm_type) || (std::isfinite(norm_type) && norm_type > 0.0), "clip_grad_norm: norm_type ",
+               norm_type, " is not supported; use a finite p > 0 (2 for the Euclidean norm) or infinity for the max-norm");
   std::vector<Tensor> grads;
   std::set<const TensorImpl*> seen;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -35,10 +37,13 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
                  ", not floating point");
     grads.push_back(g);
   }
-  if (grads.empty()) return reduce_total ? reduce_total(0.0) : 0.0;
+  return grads;
+}
 
-  // Per-gradient partial results (sum of |g|^p, or max |g|) are combined in f64 on the first
-  // gradient's device; f16 gradients are widened first because their squares overflow f16.
+// Per-gradient partial results (sum of |g|^p, or max |g|) combined in f64 on the first gradient's
+// device; f16 gradients are widened first because their squares overflow f16.
+Tensor partial_norms(const std::vector<Tensor>& grads, double norm_type) {
+  const bool inf_norm = is_inf_norm(norm_type);
   const Device dev = grads[0].device();
   Tensor acc;
   for (const Tensor& g0 : grads) {
@@ -56,11 +61,37 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
     part = part.to(dev).to(DType::f64);
     acc = !acc.defined() ? part : (inf_norm ? maximum(acc, part) : acc + part);
   }
-  const double reduced = acc.item();
-  const double local = inf_norm ? reduced
-                       : norm_type == 2.0 ? std::sqrt(reduced)
-                       : norm_type == 1.0 ? reduced
-                                          : std::pow(reduced, 1.0 / norm_type);
+  return acc;
+}
+
+// g *= coef: a double on the host, or a 0-dim f64 tensor on the device, rounded either way to the
+// dtype it multiplies (as a scalar operand is); f16 gradients are scaled in f32.
+double as_operand(double coef, DType) { return coef; }
+Tensor as_operand(const Tensor& coef, DType dtype) { return coef.to(dtype); }
+
+template <typename Coef>
+void scale_gradients(std::vector<Tensor>& grads, const Coef& coef) {
+  for (Tensor& g : grads) {
+    if (g.dtype() == DType::f16) {
+      g.copy_(g.to(DType::f32).mul_(as_operand(coef, DType::f32)));
+    } else {
+      g.mul_(as_operand(coef, g.dtype()));
+    }
+  }
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                      bool error_if_nonfinite, const std::function<double(double)>& reduce_total) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads = gradients_to_clip(params, max_norm, norm_type);
+  if (grads.empty()) return reduce_total ? reduce_total(0.0) : 0.0;
+  const double reduced = partial_norms(grads, norm_type).item();
+  const double local = is_inf_norm(norm_type) ? reduced
+                       : norm_type == 2.0     ? std::sqrt(reduced)
+                       : norm_type == 1.0     ? reduced
+                                              : std::pow(reduced, 1.0 / norm_type);
   const double total = reduce_total ? reduce_total(local) : local;
   MINIDL_CHECK(!error_if_nonfinite || std::isfinite(total), "clip_grad_norm: the total norm of order ", norm_type,
                " of the gradients of ", grads.size(), " parameters is non-finite (", total,
@@ -69,15 +100,22 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
   const double clip_coef = max_norm / (total + 1e-6);
   // Written as !(coef >= 1) so a NaN coefficient (NaN gradients) propagates into the gradients as
   // in PyTorch, instead of silently leaving them as they were.
-  if (!(clip_coef >= 1.0)) {
-    for (Tensor& g : grads) {
-      if (g.dtype() == DType::f16) {
-        g.copy_(g.to(DType::f32).mul_(clip_coef));
-      } else {
-        g.mul_(clip_coef);
-      }
-    }
-  }
+  if (!(clip_coef >= 1.0)) scale_gradients(grads, clip_coef);
+  return total;
+}
+
+Tensor clip_grad_norm_device(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads = gradients_to_clip(params, max_norm, norm_type);
+  if (grads.empty()) return Tensor();
+  const Tensor reduced = partial_norms(grads, norm_type);
+  // The host form's arithmetic as f64 ops (sqrt and division round correctly in both).
+  const Tensor total = is_inf_norm(norm_type) || norm_type == 1.0 ? reduced
+                       : norm_type == 2.0                           ? sqrt(reduced)
+                                                                    : pow(reduced, 1.0 / norm_type);
+  const Tensor coef = max_norm / (total + 1e-6);
+  // minimum propagates NaN, as the host form's !(coef >= 1) does; a factor of 1 changes nothing.
+  scale_gradients(grads, minimum(coef, ones_like(coef)));
   return total;
 }
 

@@ -23,4 +23,12 @@ namespace minidl::optim {
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                       bool error_if_nonfinite = false, const std::function<double(double)>& reduce_total = {});
 
+// clip_grad_norm with no host read, for a step captured in a CUDA graph: the total norm and the
+// clip factor stay on the gradients' device, and every gradient is multiplied by
+// min(1, max_norm / (total + 1e-6)) (NaN when that is NaN), which leaves the gradients bit for bit
+// as clip_grad_norm does (a gradient times 1 is itself). Returns the total norm, a 0-dim f64 on the
+// first gradient's device (undefined when no parameter has a gradient). Without clip_grad_norm's
+// error_if_nonfinite and reduce_total, which need the norm on the host.
+Tensor clip_grad_norm_device(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+
 }  // namespace minidl::optim

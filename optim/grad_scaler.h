@@ -60,8 +60,9 @@ class GradScaler {
   // a kernel. No call between scale() and update() synchronizes, so a whole step can be captured;
   // the results are bit-identical to the host state's. step() then returns true whether or not
   // the device skipped; found_inf(), get_scale(), growth_tracker() and state_dict() read the
-  // device (a sync, outside any capture). The optimizer must take the fused path (SGD; Adam keeps
-  // its step count on the host and is refused). to_host_state() brings the state back.
+  // device (a sync, outside any capture). The optimizer must take the fused path; Adam's step
+  // counts must be in the optimizer's device state (Optimizer::to_device_state), so that a skipped
+  // step does not count. to_host_state() brings the state back.
   void to_device_state(Device device);
   void to_host_state();
   bool device_state() const { return dev_scale_.defined(); }

@@ -9,6 +9,7 @@
 
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/backend.h"
 
 namespace minidl::optim {
 
@@ -65,6 +66,8 @@ void Optimizer::check_group(const ParamGroup& group, size_t group_index) const {
 }
 
 void Optimizer::add_param_group(ParamGroup group) {
+  MINIDL_CHECK(!device_state(), name_, ".add_param_group: the optimizer is in its device state (CUDA graphs); call ",
+               "to_host_state() first, add the group, then to_device_state() again");
   if (std::isnan(group.lr)) group.lr = defaults_.at("lr");
   if (std::isnan(group.weight_decay)) group.weight_decay = defaults_.at("weight_decay");
   for (const auto& [k, v] : group.options) {
@@ -96,11 +99,16 @@ void Optimizer::zero_grad() {
 
 void Optimizer::step() {
   NoGradGuard no_grad;
+  upload_lrs();
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (fused_group_step(g)) continue;
-    MINIDL_CHECK(!skip_flag_.defined(), name_, ".step: parameter group ", g, " cannot take the fused CUDA path "
-                 "(every parameter and gradient a contiguous f32 tensor on one CUDA device), which the gradient "
-                 "scaler's device state (CUDA graphs) needs to skip a step without a host sync");
+    MINIDL_CHECK(!skip_flag_.defined() && !device_state(), name_, ".step: parameter group ", g, " cannot take the "
+                 "fused CUDA path (every parameter and gradient a contiguous f32 tensor on one CUDA device), which ",
+                 skip_flag_.defined() ? "the gradient scaler's device state (CUDA graphs) needs to skip a step "
+                                        "without a host sync"
+                                      : "the optimizer's device state (CUDA graphs) needs to read its rates and step "
+                                        "counts on the device",
+                 "; run without --cuda-graphs, or keep the parameters f32 on one CUDA device");
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       Tensor& p = groups_[g].params[i];
       const Tensor grad = p.grad();
@@ -114,6 +122,73 @@ void Optimizer::step() {
 
 const float* Optimizer::skip_flag() const {
   return skip_flag_.defined() ? static_cast<const float*>(skip_flag_.data_ptr()) : nullptr;
+}
+
+const double* Optimizer::lr_device(size_t g) const {
+  return device_state() ? static_cast<const double*>(dev_lrs_.data_ptr()) + g : nullptr;
+}
+
+int64_t* Optimizer::step_device(size_t g, size_t i) const {
+  if (!dev_steps_.defined()) return nullptr;
+  return static_cast<int64_t*>(dev_steps_.data_ptr()) + step_offsets_[g] + i;
+}
+
+void Optimizer::to_device_state(Device device) {
+  MINIDL_CHECK(device.target() == DeviceType::CUDA, name_, ".to_device_state: the device state is for CUDA graphs; ",
+               "got ", device.str());
+  MINIDL_CHECK(!backend(device).capturing(device.index), name_, ".to_device_state: called during a capture; move ",
+               "the optimizer to its device state between steps, before capturing");
+  if (device_state()) to_host_state();
+  NoGradGuard no_grad;
+  const TensorOptions on{DType::f64, device, false};
+  dev_lrs_ = zeros({static_cast<int64_t>(groups_.size())}, on);
+  uploaded_lrs_.clear();
+  upload_lrs();
+  if (!keeps_param_step()) return;
+  step_offsets_.clear();
+  size_t total = 0;
+  for (const ParamGroup& g : groups_) {
+    step_offsets_.push_back(total);
+    total += g.params.size();
+  }
+  dev_steps_ = zeros({static_cast<int64_t>(total)}, {DType::i64, device, false});
+  push_steps();
+}
+
+void Optimizer::to_host_state() {
+  if (!device_state()) return;
+  pull_steps();
+  dev_lrs_ = dev_steps_ = Tensor();
+  uploaded_lrs_.clear();
+  step_offsets_.clear();
+}
+
+void Optimizer::upload_lrs() {
+  if (!device_state() || backend(dev_lrs_.device()).capturing(dev_lrs_.device().index)) return;
+  std::vector<double> lrs;
+  for (const ParamGroup& g : groups_) lrs.push_back(g.lr);
+  if (lrs == uploaded_lrs_) return;
+  NoGradGuard no_grad;
+  dev_lrs_.copy_(from_vector(lrs, {static_cast<int64_t>(lrs.size())}, {.dtype = DType::f64}));
+  uploaded_lrs_ = std::move(lrs);
+}
+
+void Optimizer::pull_steps() const {
+  // The meta device has no values: its counts stay the host's (a dry run never reads them).
+  if (!dev_steps_.defined() || dev_steps_.device().is_meta()) return;
+  const Tensor host = dev_steps_.to(Device::cpu());
+  const int64_t* s = host.data<int64_t>();
+  for (size_t g = 0; g < state_.size(); ++g)
+    for (size_t i = 0; i < state_[g].size(); ++i) state_[g][i].step = s[step_offsets_[g] + i];
+}
+
+void Optimizer::push_steps() {
+  if (!dev_steps_.defined()) return;
+  std::vector<double> steps;
+  for (const auto& group : state_)
+    for (const ParamState& st : group) steps.push_back(static_cast<double>(st.step));
+  NoGradGuard no_grad;
+  dev_steps_.copy_(from_vector(steps, {static_cast<int64_t>(steps.size())}, {.dtype = DType::i64}));
 }
 
 bool Optimizer::group_on_one_cuda_device(size_t g, std::vector<size_t>& with_grad) const {
@@ -152,6 +227,7 @@ void Optimizer::set_lr(size_t group, double lr) {
 const ParamState& Optimizer::state(size_t group, size_t index) const {
   MINIDL_CHECK(group < state_.size() && index < state_[group].size(), name_, ".state: no parameter ", index,
                " in group ", group);
+  pull_steps();
   return state_[group][index];
 }
 
@@ -170,6 +246,7 @@ Tensor i64_scalar(int64_t v) { return scalar_tensor(static_cast<double>(v), {.dt
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {
   std::map<std::string, Tensor> d;
+  pull_steps();
   d["state.step"] = i64_scalar(step_count_);
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& grp = groups_[g];
@@ -244,7 +321,7 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
         MINIDL_CHECK(src->shape() == p.shape() && src->dtype() == p.dtype(), who, ": '", state_key(g, i, k), "' is ",
                      src->meta(), " but parameter ", i, " of group ", g, " is ", p.meta(),
                      "; the state must match its parameter's shape and dtype");
-        Tensor buf = empty(p.shape(), p.options());
+        Tensor buf = empty_like(p);   // the parameter's memory format, as a fresh state's: the fused path takes it
         buf.copy_(*src);
         st.buffers[k] = buf;
       }
@@ -275,6 +352,11 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
   groups_ = std::move(groups);
   state_ = std::move(states);
   step_count_ = steps;
+  if (device_state()) {   // the loaded rates and counts replace the device's
+    uploaded_lrs_.clear();
+    upload_lrs();
+    push_steps();
+  }
 }
 
 }  // namespace minidl::optim

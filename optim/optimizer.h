@@ -76,6 +76,24 @@ class Optimizer {
   // An undefined tensor clears it.
   void set_skip_flag(const Tensor& flag) { skip_flag_ = flag; }
 
+  // The device state, for CUDA graphs (docs/cuda/graphs.md): the groups' learning rates live in an
+  // f64 tensor on `device` (a CUDA device, or the meta device standing for one) that the fused
+  // kernels read when they run, and an optimizer that keeps per-parameter step counts (Adam, AdamW)
+  // keeps them there too: its kernel advances a count unless the gradient scaler's flag skips the
+  // step, and computes the bias corrections from it. So a captured step() replays with no host
+  // value in it, and a schedule never needs a new capture. Every group must then take the fused
+  // path (step() throws otherwise). state() and state_dict() read the counts back (a sync: never
+  // inside a capture), load_state_dict() writes them and the rates; to_host_state() brings the
+  // counts back and ends the device state.
+  void to_device_state(Device device);
+  void to_host_state();
+  bool device_state() const { return dev_lrs_.defined(); }
+  // Writes the groups' learning rates to the device state when one changed since the last write
+  // (a small host-to-device copy); does nothing without the device state or while the device is
+  // capturing (the graph reads the rate when it replays). step() calls it first; whoever replays
+  // a graph that holds step() calls it before each replay, so the replay uses the current rates.
+  void upload_lrs();
+
   double lr(size_t group) const;
   void set_lr(size_t group, double lr);
 
@@ -118,17 +136,29 @@ class Optimizer {
   bool group_on_one_cuda_device(size_t g, std::vector<size_t>& with_grad) const;
   // The device flag of set_skip_flag for the fused kernels (nullptr when none).
   const float* skip_flag() const;
+  // The device state's learning rate of group g and step count of parameter i of group g, for the
+  // fused kernels (nullptr without the device state, or for optimizers without step counts).
+  const double* lr_device(size_t g) const;
+  int64_t* step_device(size_t g, size_t i) const;
 
   std::vector<ParamGroup> groups_;
-  std::vector<std::vector<ParamState>> state_;  // [group][index]
+  // [group][index]. Mutable: with the device state its step counts live on the device, and the
+  // const readers (state(), state_dict()) copy them back here first.
+  mutable std::vector<std::vector<ParamState>> state_;
 
  private:
   void check_group(const ParamGroup& group, size_t group_index) const;
+  void pull_steps() const;   // the device's step counts into state_ (device state only)
+  void push_steps();         // state_'s step counts to the device
 
   std::string name_;
   std::map<std::string, double> defaults_;
   int64_t step_count_ = 0;
   Tensor skip_flag_;
+  Tensor dev_lrs_;                    // [groups] f64: the device state's learning rates
+  Tensor dev_steps_;                  // [parameters of every group, group by group] i64, or undefined
+  std::vector<size_t> step_offsets_;  // the index in dev_steps_ of each group's first parameter
+  std::vector<double> uploaded_lrs_;  // the rates dev_lrs_ holds (empty: none written yet)
 };
 
 }  // namespace minidl::optim

@@ -95,7 +95,7 @@ bool SGD::fused_group_step(size_t g) {
     bufs.push_back(fresh.back() ? empty_like(params.back()) : it->second);   // the parameter's format
   }
   const SgdHyper h{group.lr, group.weight_decay, group.option("momentum"), group.option("dampening"),
-                   group.option("nesterov") != 0.0, group.option("maximize") != 0.0, skip_flag()};
+                   group.option("nesterov") != 0.0, group.option("maximize") != 0.0, skip_flag(), lr_device(g)};
   if (!backend(params.front().device()).fused_sgd_step(params, grads, bufs, fresh, h)) return false;
   for (size_t k = 0; k < fresh.size(); ++k) {
     if (fresh[k]) state_[g][idx[k]].buffers["momentum_buffer"] = bufs[k];

@@ -67,7 +67,7 @@ bool fused_adam_qualifies(const std::vector<Tensor>& params, const std::vector<T
                           const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
                           const AdamHyper& h) {
   const size_t n = params.size();
-  if (n == 0 || h.skip_if != nullptr || grads.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n ||
+  if (n == 0 || h.skip_if != nullptr || h.lr_device != nullptr || h.step_device != nullptr || grads.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n ||
       steps.size() != n || (h.amsgrad && max_exp_avg_sq.size() != n)) {
     return false;
   }

@@ -3,6 +3,10 @@
 // step of a network with hundreds of parameter tensors. The formulas are optim/sgd.cpp's and
 // optim/adam.cpp's, one rounded f32 operation per tensor op (no FMA contraction), so results match
 // the CPU per-tensor path to within f32 rounding (tests/optim/optimizer_fused_cuda_test.cpp).
+// The kernels read the learning rate, and Adam's per-parameter step count, from device memory in
+// the optimizer's device state (optim/optimizer.h), and compute Adam's bias corrections on the
+// device in every state, so a captured step replays with the current values and a graphed run
+// rounds as an eager one on the same device.
 #include <cmath>
 #include <vector>
 
@@ -33,24 +37,53 @@ struct AdamChunk {
   float* v;
   float* vmax;        // nullptr without amsgrad
   int64_t n;
-  float neg_step_size;   // -lr / (1 - beta1^t), per parameter (its own t)
-  float bc2_sqrt;        // sqrt(1 - beta2^t)
+  int64_t step;       // the parameter's count including this step (its own t), kept by the host
+  int64_t* count;     // the device state's count before this step instead (nullptr: `step`)
+  int32_t first;      // the parameter's first chunk: adam_advance_kernel advances `count` once
 };
 
 struct SgdArgs {
-  float wd, momentum, one_minus_dampening, neg_lr;
+  float wd, momentum, one_minus_dampening;
+  double lr;
+  const double* lr_device;   // the device state's rate, read when the kernel runs (nullptr: lr)
   bool use_wd, use_momentum, nesterov, maximize;
   const float* skip_if;   // device flag: nonzero, nothing changes (the scaler's skipped step)
 };
 
 struct AdamArgs {
-  float wd, decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  bool use_wd, decoupled, amsgrad, maximize;
+  float wd, beta1, one_minus_beta1, beta2, one_minus_beta2;
+  double lr, weight_decay, beta1_d, beta2_d, eps;
+  const double* lr_device;
+  bool use_wd, decoupled, amsgrad, maximize, keras_eps;
   const float* skip_if;
 };
 
+// One parameter's step scalars, computed in double as kernels/cpu/optim.cpp and optim/adam.cpp do
+// on the host (each operation rounded once: __dmul_rn / __dadd_rn keep the compiler from fusing a
+// multiply-add the host does not fuse; double division and sqrt round correctly), then rounded
+// to f32. On the device, so that the learning rate and the step count may be device values.
+struct AdamStepScalars {
+  float decay_factor;   // 1 - lr * wd (AdamW)
+  float neg_step_size;  // -(lr / (1 - beta1^t))
+  float bc2_sqrt;       // sqrt(1 - beta2^t)
+  float eps;            // eps, or Keras' eps / sqrt(1 - beta2^t)
+};
+
+__device__ inline AdamStepScalars adam_step_scalars(const AdamArgs& a, double lr, int64_t step) {
+  const auto t = static_cast<double>(step);
+  const double bc1 = __dadd_rn(1.0, -pow(a.beta1_d, t));
+  const double bc2_sqrt = sqrt(__dadd_rn(1.0, -pow(a.beta2_d, t)));
+  AdamStepScalars s;
+  s.decay_factor = static_cast<float>(__dadd_rn(1.0, -__dmul_rn(lr, a.weight_decay)));
+  s.neg_step_size = static_cast<float>(-(lr / bc1));
+  s.bc2_sqrt = static_cast<float>(bc2_sqrt);
+  s.eps = static_cast<float>(a.keras_eps ? a.eps / bc2_sqrt : a.eps);
+  return s;
+}
+
 __global__ void sgd_kernel(const SgdChunk* __restrict__ chunks, int64_t nchunks, SgdArgs a) {
   if (a.skip_if != nullptr && *a.skip_if != 0.0f) return;   // decided on the device: no host sync
+  const auto neg_lr = static_cast<float>(-(a.lr_device != nullptr ? *a.lr_device : a.lr));
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const SgdChunk ch = chunks[c];
     for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) {
@@ -68,20 +101,32 @@ __global__ void sgd_kernel(const SgdChunk* __restrict__ chunks, int64_t nchunks,
         ch.buf[i] = b;
         d = a.nesterov ? __fadd_rn(d, __fmul_rn(a.momentum, b)) : b;             // d_p.add_(buf, momentum)
       }
-      ch.p[i] = __fadd_rn(p, __fmul_rn(a.neg_lr, d));                            // p.add_(d_p, -lr)
+      ch.p[i] = __fadd_rn(p, __fmul_rn(neg_lr, d));                              // p.add_(d_p, -lr)
     }
+  }
+}
+
+// The device state's counts: each parameter's, once, before adam_kernel reads them (a separate
+// launch, so that no block of adam_kernel reads a count another block is advancing).
+__global__ void adam_advance_kernel(const AdamChunk* __restrict__ chunks, int64_t nchunks, AdamArgs a) {
+  if (a.skip_if != nullptr && *a.skip_if != 0.0f) return;   // a skipped step is not counted
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < nchunks;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (chunks[c].first) *chunks[c].count += 1;
   }
 }
 
 __global__ void adam_kernel(const AdamChunk* __restrict__ chunks, int64_t nchunks, AdamArgs a) {
   if (a.skip_if != nullptr && *a.skip_if != 0.0f) return;
+  const double lr = a.lr_device != nullptr ? *a.lr_device : a.lr;
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const AdamChunk ch = chunks[c];
+    const AdamStepScalars k = adam_step_scalars(a, lr, ch.count != nullptr ? *ch.count : ch.step);
     for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) {
       float p = ch.p[i];
       float g = a.maximize ? -ch.g[i] : ch.g[i];
       if (a.decoupled) {
-        p = __fmul_rn(p, a.decay_factor);                                       // p.mul_(1 - lr * wd)
+        p = __fmul_rn(p, k.decay_factor);                                       // p.mul_(1 - lr * wd)
       } else if (a.use_wd) {
         g = __fadd_rn(g, __fmul_rn(a.wd, p));                                   // g.add_(p, wd)
       }
@@ -97,8 +142,8 @@ __global__ void adam_kernel(const AdamChunk* __restrict__ chunks, int64_t nchunk
         s = (::isnan(vm) || ::isnan(v)) ? vm + v : (vm > v ? vm : v);            // maximum(), NaN propagates
         ch.vmax[i] = s;
       }
-      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(s), ch.bc2_sqrt), a.eps);
-      ch.p[i] = __fadd_rn(p, __fmul_rn(ch.neg_step_size, __fdiv_rn(m, denom)));  // p.add_(m / denom, -step_size)
+      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(s), k.bc2_sqrt), k.eps);
+      ch.p[i] = __fadd_rn(p, __fmul_rn(k.neg_step_size, __fdiv_rn(m, denom)));     // p.add_(m / denom, -step_size)
     }
   }
 }
@@ -125,17 +170,22 @@ bool eligible(const std::vector<Tensor>& params, std::initializer_list<const std
   return true;
 }
 
+// Uploads the chunk table once and launches `kernel` over it, after `before` (a kernel over the
+// same table, one thread per chunk) when given.
 template <typename Chunk, typename Args>
 void launch(const Tensor& any, const std::vector<Chunk>& chunks, void (*kernel)(const Chunk*, int64_t, Args),
-            const Args& args, const char* name) {
+            const Args& args, const char* name, void (*before)(const Chunk*, int64_t, Args) = nullptr,
+            const char* before_name = nullptr) {
   if (chunks.empty()) return;
   DeviceContext& ctx = context_of(any);
   const size_t bytes = chunks.size() * sizeof(Chunk);
   DeviceBuffer meta(ctx, bytes);   // stream-ordered reuse makes freeing it after the launch safe
   ctx.staging().to_device(meta.get(), chunks.data(), bytes, ctx.stream());
   const auto n = static_cast<int64_t>(chunks.size());
-  MINIDL_LAUNCH(name, kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(), static_cast<const Chunk*>(meta.get()),
-                n, args);
+  const auto* table = static_cast<const Chunk*>(meta.get());
+  if (before != nullptr)
+    MINIDL_LAUNCH(before_name, before, grid_for(n), kThreads, 0, ctx.stream(), table, n, args);
+  MINIDL_LAUNCH(name, kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(), table, n, args);
 }
 
 // Whether a group takes the fused steps below, and their chunk count.
@@ -151,7 +201,7 @@ bool adam_qualifies(const std::vector<Tensor>& params, const std::vector<Tensor>
                     const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                     const std::vector<Tensor>& max_exp_avg_sq, const std::vector<int64_t>& steps,
                     const AdamHyper& h) {
-  return !h.keras_eps && grads.size() == params.size() && exp_avg.size() == params.size() &&
+  return grads.size() == params.size() && exp_avg.size() == params.size() &&
          exp_avg_sq.size() == params.size() &&
          steps.size() == params.size() && (!h.amsgrad || max_exp_avg_sq.size() == params.size()) &&
          eligible(params, {&params, &grads, &exp_avg, &exp_avg_sq, &max_exp_avg_sq});
@@ -202,7 +252,8 @@ bool CudaBackend::fused_sgd_step(const std::vector<Tensor>& params, const std::v
   a.wd = static_cast<float>(h.weight_decay);
   a.momentum = static_cast<float>(h.momentum);
   a.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
-  a.neg_lr = static_cast<float>(-h.lr);
+  a.lr = h.lr;
+  a.lr_device = h.lr_device;
   a.use_wd = h.weight_decay != 0.0;
   a.use_momentum = use_momentum;
   a.nesterov = h.nesterov;
@@ -219,12 +270,9 @@ bool CudaBackend::fused_adam_step(const std::vector<Tensor>& params, const std::
   if (!adam_qualifies(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, h)) return false;
   std::vector<AdamChunk> chunks;
   for (size_t t = 0; t < params.size(); ++t) {
-    MINIDL_CHECK(steps[t] >= 1, "fused_adam_step (cuda): step ", steps[t], " of parameter ", t,
+    int64_t* count = h.step_device != nullptr ? h.step_device[t] : nullptr;
+    MINIDL_CHECK(count != nullptr || steps[t] >= 1, "fused_adam_step (cuda): step ", steps[t], " of parameter ", t,
                  " must be >= 1 (the count including this step)");
-    // Bias corrections in double on the host, as optim/adam.cpp (and PyTorch's step.item()).
-    const auto step = static_cast<double>(steps[t]);
-    const double bc1 = 1.0 - std::pow(h.beta1, step);
-    const double bc2 = 1.0 - std::pow(h.beta2, step);
     const int64_t n = params[t].numel();
     for (int64_t off = 0; off < n; off += kChunkElems) {
       AdamChunk c{};
@@ -234,25 +282,34 @@ bool CudaBackend::fused_adam_step(const std::vector<Tensor>& params, const std::
       c.v = exp_avg_sq[t].data<float>() + off;
       c.vmax = h.amsgrad ? max_exp_avg_sq[t].data<float>() + off : nullptr;
       c.n = std::min(kChunkElems, n - off);
-      c.neg_step_size = static_cast<float>(-(h.lr / bc1));
-      c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+      c.step = steps[t];
+      c.count = count;
+      c.first = off == 0 ? 1 : 0;
       chunks.push_back(c);
     }
   }
-  AdamArgs a{};
-  a.wd = static_cast<float>(h.weight_decay);
-  a.decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  a.beta1 = static_cast<float>(h.beta1);
-  a.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-  a.beta2 = static_cast<float>(h.beta2);
-  a.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  a.eps = static_cast<float>(h.eps);
-  a.use_wd = h.weight_decay != 0.0;
-  a.decoupled = h.decoupled;
-  a.amsgrad = h.amsgrad;
-  a.maximize = h.maximize;
-  a.skip_if = h.skip_if;
-  launch(params[0], chunks, adam_kernel, a, "fused_adam_step");
+  const AdamArgs a{.wd = static_cast<float>(h.weight_decay),
+                   .beta1 = static_cast<float>(h.beta1),
+                   .one_minus_beta1 = static_cast<float>(1.0 - h.beta1),
+                   .beta2 = static_cast<float>(h.beta2),
+                   .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
+                   .lr = h.lr,
+                   .weight_decay = h.weight_decay,
+                   .beta1_d = h.beta1,
+                   .beta2_d = h.beta2,
+                   .eps = h.eps,
+                   .lr_device = h.lr_device,
+                   .use_wd = h.weight_decay != 0.0,
+                   .decoupled = h.decoupled,
+                   .amsgrad = h.amsgrad,
+                   .maximize = h.maximize,
+                   .keras_eps = h.keras_eps,
+                   .skip_if = h.skip_if};
+  if (h.step_device != nullptr) {
+    launch(params[0], chunks, adam_kernel, a, "fused_adam_step", adam_advance_kernel, "fused_adam_advance");
+  } else {
+    launch(params[0], chunks, adam_kernel, a, "fused_adam_step");
+  }
   return true;
 }
 

@@ -1,8 +1,10 @@
-// CUDA graphs for a whole training step (issue 27 item 3): forward, backward, the gradient scaler
-// and the fused optimizer captured once and replayed must give the eager steps' parameters bit for
-// bit, in FP32 and AMP, including a step the scaler skips on the device (a planted overflow) with no
-// host sync inside the graph; a capture that needs a host sync fails naming the fix. On the
-// emulated device (cuda-emu) the replay runs every check eager work gets.
+// CUDA graphs for a whole training step: forward, backward, the gradient scaler, clipping and the
+// fused optimizer (SGD variants, Adam, AdamW) captured once and replayed must give the eager steps'
+// parameters and optimizer state bit for bit, in FP32 and AMP, with a learning rate that changes
+// every step (written to the device before each replay: one capture), including a step the scaler
+// skips on the device (a planted overflow: Adam's step counts do not advance) with no host sync
+// inside the graph; a capture that needs a host sync fails naming the fix. On the emulated device
+// (cuda-emu) the replay runs every check eager work gets.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -19,6 +21,7 @@
 #include "nn/keras_cnn.h"
 #include "nn/resnet.h"
 #include "optim/accumulation.h"
+#include "optim/adam.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 
@@ -50,20 +53,51 @@ class GraphStep : public ::testing::Test {
 };
 
 enum class Net { SmallCnn, ResNet18Small };
+enum class Opt { Sgd, SgdNesterov, SgdDampening, Adam, AdamAmsgrad, AdamW };
 
-// One training setup: the model, SGD with momentum and weight decay, and a scaler when AMP is on;
-// `via_trainer` steps through AccumulatingTrainer (minidl-train's path) instead of calling the
-// scaler and the optimizer directly.
+// What the step runs besides the model: the optimizer, a rate that changes every step (set before
+// each step, as minidl-train's schedule does) and clipping (through AccumulatingTrainer).
+struct Recipe {
+  Opt opt = Opt::Sgd;
+  bool schedule = false;
+  double max_grad_norm = 0.0;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(Opt o, std::vector<Tensor> params) {
+  switch (o) {
+    case Opt::Sgd: return std::make_unique<SGD>(params, SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4});
+    case Opt::SgdNesterov:
+      return std::make_unique<SGD>(params, SgdOptions{.lr = 0.05, .momentum = 0.8, .weight_decay = 5e-4, .nesterov = true});
+    case Opt::SgdDampening:
+      return std::make_unique<SGD>(params, SgdOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.3, .maximize = true});
+    case Opt::Adam: return std::make_unique<Adam>(params, AdamOptions{.lr = 1e-3, .weight_decay = 1e-4});
+    case Opt::AdamAmsgrad: return std::make_unique<Adam>(params, AdamOptions{.lr = 1e-3, .amsgrad = true});
+    case Opt::AdamW: return std::make_unique<AdamW>(params, AdamOptions{.lr = 1e-3, .weight_decay = 1e-2});
+  }
+  return nullptr;
+}
+
+// One training setup: the model, the recipe's optimizer (SGD with momentum and weight decay by
+// default), and a scaler when AMP is on; `via_trainer` steps through AccumulatingTrainer
+// (minidl-train's path) instead of calling the scaler and the optimizer directly.
 struct Trainer {
-  Trainer(Net net, bool amp, bool via_trainer = false)
-      : net_(net), amp_(amp), scaler(GradScalerOptions{.init_scale = 1024.0, .enabled = amp}) {
+  Trainer(Net net, bool amp, bool via_trainer = false, const Recipe& recipe = {})
+      : net_(net), amp_(amp), recipe_(recipe), scaler(GradScalerOptions{.init_scale = 1024.0, .enabled = amp}) {
     Generator gen(7);
     if (net == Net::SmallCnn) model = std::make_shared<nn::KerasSmallCnn>(kImage, &gen);
     else model = nn::resnet18(2, &gen, false, /*small_input=*/true);
     model->to(kGpu);
     model->train();
-    opt = std::make_unique<SGD>(model->parameters(), SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4});
-    if (via_trainer) trainer = std::make_unique<AccumulatingTrainer>(*opt, AccumulationOptions{.scaler = &scaler});
+    opt = make_optimizer(recipe.opt, model->parameters());
+    base_lr_ = opt->lr(0);
+    if (via_trainer || recipe.max_grad_norm > 0) {
+      trainer = std::make_unique<AccumulatingTrainer>(
+          *opt, AccumulationOptions{.max_grad_norm = recipe.max_grad_norm, .scaler = amp ? &scaler : nullptr});
+    }
+  }
+  // The rate of step i (0-based): a warmup then a decay, a new value every step.
+  void set_rate(int i) {
+    if (recipe_.schedule) opt->set_lr(0, base_lr_ * (i < 3 ? (i + 1) / 3.0 : 1.0 / (1.0 + 0.25 * (i - 2))));
   }
   // The step the graph captures: nothing in it reads the device on the host.
   void step(const Tensor& x, const Tensor& y) {
@@ -88,8 +122,10 @@ struct Trainer {
   static constexpr int64_t kImage = 8;
   Net net_;
   bool amp_;
+  Recipe recipe_;
+  double base_lr_;
   std::shared_ptr<nn::Module> model;
-  std::unique_ptr<SGD> opt;
+  std::unique_ptr<Optimizer> opt;
   GradScaler scaler;
   std::unique_ptr<AccumulatingTrainer> trainer;
 };
@@ -132,32 +168,68 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
 
 constexpr int kWarmup = 2;   // eager steps before the capture: handles, workspaces, optimizer state
 
+// The optimizers' state, bit for bit: every buffer, per-parameter step count and rate ("state.step",
+// the host's count of step() calls, is the caller's to settle after replays: left out).
+::testing::AssertionResult same_optimizer_state(const Optimizer& a, const Optimizer& b) {
+  const auto sa = a.state_dict(), sb = b.state_dict();
+  if (sa.size() != sb.size()) return ::testing::AssertionFailure() << sa.size() << " vs " << sb.size() << " keys";
+  for (const auto& [key, t] : sa) {
+    if (key == "state.step") continue;
+    if (!sb.count(key) || bytes_of(t) != bytes_of(sb.at(key)))
+      return ::testing::AssertionFailure() << "optimizer state '" << key << "' differs between eager and replayed steps";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Runs `steps` steps eagerly and through a graph; `plant` (a step index, or -1) sets a scale that
-// overflows before that step, in both runs. Returns the graph's private pool bytes.
-size_t compare(Net net, bool amp, int steps, int plant, bool via_trainer = false) {
+// overflows before that step, in both runs. The graphed optimizer keeps its rates and step counts
+// on the device (one capture, whatever the rate). Returns the graph's private pool bytes.
+size_t compare(Net net, bool amp, int steps, int plant, bool via_trainer = false, const Recipe& recipe = {}) {
   const std::vector<Batch> data = batches(net, steps);
-  Trainer eager(net, amp, via_trainer), graphed(net, amp, via_trainer);
+  Trainer eager(net, amp, via_trainer, recipe), graphed(net, amp, via_trainer, recipe);
   for (int i = 0; i < steps; ++i) {
     if (i == plant) eager.scaler.update(1e38);
+    eager.set_rate(i);
     eager.step(data[i].x.to(kGpu), data[i].y.to(kGpu));
   }
-  for (int i = 0; i < kWarmup; ++i) graphed.step(data[i].x.to(kGpu), data[i].y.to(kGpu));
+  for (int i = 0; i < kWarmup; ++i) {
+    graphed.set_rate(i);
+    graphed.step(data[i].x.to(kGpu), data[i].y.to(kGpu));
+  }
+  // A capture before a real step makes fresh state that the skipped replays never fill: minidl-train
+  // waits for one (GraphedStep); here the optimizers' state is compared only when there was one.
+  const bool stepped_before_capture = graphed.opt->step_count() > 0;
   if (amp) graphed.scaler.to_device_state(kGpu);
+  graphed.opt->to_device_state(kGpu);
   // The captured input buffers: each step's batch is copied into them before the replay.
   Tensor x = data[kWarmup].x.to(kGpu), y = data[kWarmup].y.to(kGpu);
   std::unique_ptr<Backend::Graph> graph = backend(kGpu).capture_graph(0, [&] { graphed.step(x, y); });
   std::vector<uint8_t> before_plant;
+  int64_t param_step_before_plant = 0;
   for (int i = kWarmup; i < steps; ++i) {
     if (i == plant) {
       graphed.scaler.update(1e38);
       before_plant = bytes_of(graphed.model->parameters()[0]);
+      param_step_before_plant = graphed.opt->state(0, 0).step;
     }
     x.copy_(data[i].x);
     y.copy_(data[i].y);
+    graphed.set_rate(i);
+    graphed.opt->upload_lrs();   // the step's rate, read by the replay
     graph->replay();
     if (i == plant) {
       EXPECT_EQ(bytes_of(graphed.model->parameters()[0]), before_plant) << "the overflowing step was not skipped";
+      EXPECT_EQ(graphed.opt->state(0, 0).step, param_step_before_plant) << "a skipped step advanced the count";
     }
+  }
+  if (stepped_before_capture) {
+    EXPECT_TRUE(same_optimizer_state(*eager.opt, *graphed.opt));
+  }
+  // The last step's norm, from the device: the host's, bit for bit (a skipped step's differs: the
+  // host skips before clipping, the device clips inf gradients and discards the result).
+  if (recipe.max_grad_norm > 0 && plant < 0) {
+    EXPECT_GT(eager.trainer->last_grad_norm(), recipe.max_grad_norm) << "the max norm must really clip";
+    EXPECT_EQ(graphed.trainer->last_grad_norm(), eager.trainer->last_grad_norm());
   }
   if (amp) {
     EXPECT_EQ(graphed.scaler.get_scale(), eager.scaler.get_scale());
@@ -177,6 +249,25 @@ TEST_F(GraphStep, SmallCnnFp32ReplayIsBitIdenticalToEager) { EXPECT_GT(compare(N
 TEST_F(GraphStep, SmallCnnAmpWithASkippedStepIsBitIdenticalToEager) { compare(Net::SmallCnn, true, 6, 4); }
 
 TEST_F(GraphStep, ThroughTheAccumulatingTrainerTooWithASkippedStep) { compare(Net::SmallCnn, true, 5, 3, true); }
+
+// One graph serves every rate: the rate changes every step and is written to the device before
+// each replay, and SGD's variants, Adam (with amsgrad) and AdamW read it there; Adam's bias
+// corrections come from the step counts on the device.
+TEST_F(GraphStep, EveryOptimizerReplaysOneCaptureAtARateThatChangesEveryStep) {
+  for (Opt o : {Opt::Sgd, Opt::SgdNesterov, Opt::SgdDampening, Opt::Adam, Opt::AdamAmsgrad, Opt::AdamW}) {
+    SCOPED_TRACE("optimizer " + std::to_string(static_cast<int>(o)));
+    compare(Net::SmallCnn, false, 6, -1, false, Recipe{.opt = o, .schedule = true});
+  }
+}
+
+// Clipping on the device (norm and factor, no host read) inside the captured step, with AMP: a
+// replay the scaler skips (its gradients are inf, their norm too) leaves the weights and Adam's
+// step counts as they were, and every other replay clips as the eager step does.
+TEST_F(GraphStep, ClippedAdamAndAdamWWithASkippedStepAreBitIdenticalToEager) {
+  compare(Net::SmallCnn, true, 6, 4, true, Recipe{.opt = Opt::Adam, .schedule = true, .max_grad_norm = 0.05});
+  compare(Net::SmallCnn, false, 5, -1, true, Recipe{.opt = Opt::AdamW, .schedule = true, .max_grad_norm = 0.05});
+  compare(Net::SmallCnn, true, 5, -1, true, Recipe{.opt = Opt::SgdNesterov, .max_grad_norm = 0.05});
+}
 
 TEST_F(GraphStep, ResNet18SmallFp32AndAmpReplayAreBitIdenticalToEager) {
   // Few steps: an emulated ResNet-18 step takes seconds (2 eager warm-up steps, then replays).

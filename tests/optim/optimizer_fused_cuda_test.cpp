@@ -2,6 +2,8 @@
 // per-tensor path: 20 steps of SGD (momentum, dampening, nesterov, weight decay, maximize) and
 // Adam/AdamW (weight decay, amsgrad) on the same fixed gradients, parameters and state within
 // 4e-6 relative in f32 (kTol), the step counters, and a state_dict round trip in the middle of the run.
+// The optimizer's device state (CUDA graphs: the rates and Adam's step counts on the device) gives
+// the host state's results bit for bit, with a rate that changes every step.
 // MINIDL_PARITY_SELF_TEST=1 runs it CPU against CPU to check the harness without a GPU.
 #include <gtest/gtest.h>
 
@@ -109,37 +111,63 @@ void compare(const Run& cpu, const Run& gpu, const std::string& what) {
   }
 }
 
+// Every parameter, state buffer and step count of two runs on the device, bit for bit.
+void expect_same_bits(const Run& a, const Run& b, const std::string& what) {
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    const std::string w = what + ": parameter " + std::to_string(i);
+    ASSERT_EQ(a.params[i].to(Device::cpu()).to_vector(), b.params[i].to(Device::cpu()).to_vector()) << w;
+    const ParamState& sa = a.opt->state(0, i);
+    const ParamState& sb = b.opt->state(0, i);
+    ASSERT_EQ(sa.step, sb.step) << w << ": per-parameter step count";
+    for (const auto& [k, buf] : sa.buffers)
+      ASSERT_EQ(buf.to(Device::cpu()).to_vector(), sb.buffers.at(k).to(Device::cpu()).to_vector()) << w << ", " << k;
+  }
+}
+
+// One step of every run with step s's gradients at a rate that changes every step (a schedule).
+void step_all(const std::vector<Run*>& runs, int s, double base_lr) {
+  for (Run* r : runs) {
+    set_grads(*r, s);
+    r->opt->set_lr(0, base_lr * (0.5 + 0.05 * s));
+    r->opt->step();
+  }
+}
+
 void check_20_steps(const std::string& name, const Factory& make) {
   Run cpu = make_run(Device::cpu(), make);
   Run gpu = make_run(kGpu, make);
+  const double base_lr = cpu.opt->lr(0);
+  // The device state reads the rate and (Adam) the step counts on the device: the same bits.
+  const bool on_cuda = kGpu.target() == DeviceType::CUDA;
+  Run dev = make_run(kGpu, make);
+  if (on_cuda) dev.opt->to_device_state(kGpu);
   for (int s = 1; s <= 10; ++s) {
-    set_grads(cpu, s);
-    set_grads(gpu, s);
-    cpu.opt->step();
-    gpu.opt->step();
+    step_all({&cpu, &gpu, &dev}, s, base_lr);
     compare(cpu, gpu, name + " step " + std::to_string(s));
+    expect_same_bits(gpu, dev, name + " step " + std::to_string(s) + ", device state");
     if (::testing::Test::HasFatalFailure()) return;
   }
   // Resume from a state_dict in the middle: a fresh optimizer over copies of the device
-  // parameters continues exactly as the original (same kernels, same state: bit for bit).
+  // parameters continues exactly as the original (same kernels, same state: bit for bit), also
+  // when it loads in the device state (the counts and rates then go to the device).
   Run resumed = make_run(kGpu, make, &gpu.params);
   resumed.opt->load_state_dict(gpu.opt->state_dict());
   ASSERT_EQ(resumed.opt->step_count(), 10) << name << ": step counter after load_state_dict";
+  Run dev_resumed = make_run(kGpu, make, &gpu.params);
+  if (on_cuda) dev_resumed.opt->to_device_state(kGpu);
+  dev_resumed.opt->load_state_dict(dev.opt->state_dict());
   for (int s = 11; s <= 20; ++s) {
-    set_grads(cpu, s);
-    set_grads(gpu, s);
-    set_grads(resumed, s);
-    cpu.opt->step();
-    gpu.opt->step();
-    resumed.opt->step();
+    step_all({&cpu, &gpu, &resumed, &dev, &dev_resumed}, s, base_lr);
     compare(cpu, gpu, name + " step " + std::to_string(s));
     if (::testing::Test::HasFatalFailure()) return;
-    for (size_t i = 0; i < gpu.params.size(); ++i) {
-      ASSERT_EQ(gpu.params[i].to(Device::cpu()).to_vector(), resumed.params[i].to(Device::cpu()).to_vector())
-          << name << " step " << s << ": parameter " << i << " of the resumed optimizer differs";
-    }
+    expect_same_bits(gpu, resumed, name + " step " + std::to_string(s) + ", resumed");
+    expect_same_bits(gpu, dev, name + " step " + std::to_string(s) + ", device state");
+    expect_same_bits(gpu, dev_resumed, name + " step " + std::to_string(s) + ", device state resumed");
+    if (::testing::Test::HasFatalFailure()) return;
   }
   ASSERT_EQ(gpu.opt->step_count(), 20) << name;
+  dev.opt->to_host_state();
+  expect_same_bits(gpu, dev, name + ", back in the host state");
 }
 
 TEST_F(FusedOptim, SgdVariantsMatchCpuOver20Steps) {
@@ -172,6 +200,7 @@ TEST_F(FusedOptim, AdamAndAdamWMatchCpuOver20Steps) {
       {"Adam wd+amsgrad", false, {.lr = 1e-2, .beta1 = 0.8, .beta2 = 0.99, .weight_decay = 1e-2, .amsgrad = true}},
       {"AdamW", true, {.lr = 1e-2, .weight_decay = 1e-2}},
       {"AdamW amsgrad+maximize", true, {.lr = 3e-3, .eps = 1e-6, .weight_decay = 0.1, .amsgrad = true, .maximize = true}},
+      {"Adam Keras eps", false, {.lr = 1e-2, .eps = 1e-7, .keras_eps = true}},
   };
   for (const Case& c : cases) {
     check_20_steps(c.name, [&](std::vector<Tensor> ps) -> std::unique_ptr<Optimizer> {
