@@ -81,21 +81,21 @@ int run(TrainConfig& c, const StepOptions& o) {
   const auto w0 = Clock::now();
   for (int i = 0; i < o.warmup; ++i) step();   // cuDNN autotuning, allocator growth, the scaler's first skips
   // --cuda-graphs: the step captured once (docs/cuda/graphs.md) after the optimizer really
-  // stepped (its momentum buffers exist: AMP's first steps are often skipped), then replayed.
-  // The scaler's device state (no host sync in a step: the fused SGD kernel reads the found-inf flag
-  // and skips on it, as PyTorch's fused SGD does under its GradScaler) for graphs, and by default
-  // for eager CUDA AMP with SGD; --host-scaler keeps the decision on the host (a sync a step).
-  const bool device_scaler = scaler.is_enabled() && dev.is_cuda() && c.optimizer == "sgd" && !o.host_scaler;
+  // stepped (its momentum buffers or Adam's moments exist: AMP's first steps are often skipped),
+  // then replayed. The scaler's device state (no host sync in a step: the fused SGD and Adam kernels
+  // read the found-inf flag and skip on it, as PyTorch's fused optimizers do under its GradScaler)
+  // for graphs, and by default for eager CUDA AMP; --host-scaler keeps the decision on the host (a
+  // sync a step). The optimizer's device state with it: its rate and Adam's step counts on the GPU.
+  const bool device_scaler = scaler.is_enabled() && dev.is_cuda() && !o.host_scaler;
   if (o.cuda_graphs) {
     if (!dev.is_cuda()) throw UsageError("--cuda-graphs needs a CUDA device, got " + dev.str());
-    if (c.optimizer != "sgd")
-      throw UsageError("--cuda-graphs replays SGD only (" + c.optimizer + " keeps its step count on the host)");
     if (o.host_scaler) throw UsageError("--cuda-graphs keeps the scaler on the device; drop --host-scaler");
   }
   std::unique_ptr<Backend::Graph> graph;
   if (o.cuda_graphs || device_scaler) {
     for (int i = 0; i < 40 && opt->step_count() == 0; ++i) step();
     if (scaler.is_enabled()) scaler.to_device_state(dev);
+    opt->to_device_state(dev);
   }
   if (o.cuda_graphs) graph = backend(dev).capture_graph(dev.index, step);
   synchronize(dev);

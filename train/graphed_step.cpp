@@ -1,5 +1,6 @@
 // The captured training step of graphed_step.h: what --cuda-graphs refuses, when a step is
-// captured again, and the host's bookkeeping of steps that only the device ran.
+// captured again (a new batch shape, never a new rate), and the host's bookkeeping of steps that
+// only the device ran.
 #include "train/graphed_step.h"
 
 #include <string>
@@ -35,12 +36,6 @@ void check_cuda_graphs(const TrainConfig& c) {
     refuse("cannot replay data-parallel steps (" + std::to_string(c.world_size) +
                " ranks): the gradient allreduce and the ranks' agreed decisions run on the host",
            "run one process, or run without --cuda-graphs");
-  if (c.max_grad_norm > 0)
-    refuse("cannot replay --max-grad-norm clipping: the clip factor is computed from the gradient norm on the host",
-           "use --max-grad-norm 0, or run without --cuda-graphs");
-  if (c.optimizer != "sgd")
-    refuse("replays SGD only: " + c.optimizer + " keeps its step count (bias correction) on the host",
-           "use --optimizer sgd, or run without --cuda-graphs");
 }
 
 GraphedStep::GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, optim::Optimizer& opt,
@@ -54,7 +49,6 @@ GraphedStep::GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, opti
 void GraphedStep::release() {
   loss_ = logits_ = Tensor();   // in the graph's pool: dropped first, as in the destructor
   graph_.reset();
-  graph_lrs_.clear();
   x_ = y_ = Tensor();
   warm_.reset();
 }
@@ -68,16 +62,10 @@ GraphedStep::~GraphedStep() {
 bool GraphedStep::replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const {
   if (!ready_ || !mb.steps || mb.loss_weight != 1.0 || images.size(0) != micro) return false;
   const Layout l = layout(images);
-  if (graph_ && l == layout(x_) && same_rates()) return true;   // a replay of the graph as it is
+  if (graph_ && l == layout(x_)) return true;   // a replay of the graph as it is
   // A capture runs the step's host code: only at the layout whose host code ran last, so that
   // cuDNN's algorithm choice, workspaces and --checkpoint optimal's profile of the shape exist.
   return l == warm_;
-}
-
-bool GraphedStep::same_rates() const {
-  for (size_t g = 0; g < opt_.num_groups(); ++g)
-    if (g >= graph_lrs_.size() || opt_.lr(g) != graph_lrs_[g]) return false;
-  return true;
 }
 
 bool GraphedStep::skipped_on_device() const {
@@ -91,6 +79,7 @@ bool GraphedStep::eager_step(const Tensor& loss, const optim::MicroBatch& mb, co
     if (stepped) {
       ready_ = true;
       if (scaler_.is_enabled()) scaler_.to_device_state(device_);
+      opt_.to_device_state(device_);   // rates and step counts: a replay reads them on the device
     }
     return stepped;
   }
@@ -104,8 +93,6 @@ bool GraphedStep::eager_step(const Tensor& loss, const optim::MicroBatch& mb, co
 void GraphedStep::capture() {
   loss_ = logits_ = Tensor();   // the old graph's outputs, then the graph and its pool
   graph_.reset();
-  graph_lrs_.clear();
-  for (size_t g = 0; g < opt_.num_groups(); ++g) graph_lrs_.push_back(opt_.lr(g));
   graph_ = backend(device_).capture_graph(device_.index, [&] {
     logits_ = model_.forward(x_);
     loss_ = model_.loss(logits_, y_);
@@ -136,8 +123,8 @@ GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels
     x_.copy_(images);
     y_.copy_(labels);
   }
-  if (!same_rates()) recapture = true;
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
+  opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
   if (recapture) capture();   // runs the step's host code (and counts it) without its device work
   graph_->replay();
   const bool skipped = skipped_on_device();

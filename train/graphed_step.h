@@ -19,7 +19,8 @@
 namespace minidl::train {
 
 // Throws UsageError, naming --cuda-graphs and the fix, for what a replayed step cannot do: a
-// non-CUDA device, accumulation, data-parallel ranks, clipping, Adam/AdamW. Called by validate().
+// non-CUDA device, accumulation, data-parallel ranks. Every optimizer, schedule and --max-grad-norm
+// replays (their values live on the device). Called by validate().
 void check_cuda_graphs(const TrainConfig& c);
 
 // The captured step and its captured inputs and outputs. The loop asks replayable() per
@@ -28,6 +29,8 @@ void check_cuda_graphs(const TrainConfig& c);
 // captured until an eager step has really stepped the optimizer (its momentum buffers exist; AMP's
 // skipped first steps do not count) and until the batch's shape has run eagerly once (cuDNN's
 // algorithm choice, workspaces and --checkpoint optimal's profile happen outside the capture).
+// That first real step moves the optimizer (learning rates, Adam's step counts) and the gradient
+// scaler to their device states, so a replay needs no host value and one graph serves every rate.
 class GraphedStep {
  public:
   GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, optim::Optimizer& opt, optim::GradScaler& scaler,
@@ -38,8 +41,8 @@ class GraphedStep {
 
   // Whether this micro-batch can be a replay: after the warm-up, a whole optimizer step (weight 1)
   // of a full batch of `micro` samples (the epoch's last partial batch runs eagerly), and either the
-  // graph's layout and learning rates, or (a capture inside step()) the layout of the last step
-  // whose host code ran, eager or captured. Otherwise the step runs eagerly and warms its layout.
+  // graph's layout, or (a capture inside step()) the layout of the last step whose host code ran,
+  // eager or captured. Otherwise the step runs eagerly and warms its layout.
   bool replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const;
 
   // What a replay wrote: the loss (0-dim f32), the logits and the labels it used, all on the device;
@@ -49,9 +52,10 @@ class GraphedStep {
     bool stepped = true;
   };
   // Checks the labels on the host (the fused losses skip their own host check during a capture),
-  // copies the batch into the captured inputs, re-captures when the shape or a learning rate
-  // changed, replays, and counts the step in the trainer and the optimizer as the eager loop
-  // would (a step the scaler skipped on the device is not one: its flag is read after the replay).
+  // copies the batch into the captured inputs, writes the current learning rates to the device,
+  // captures again when the shape changed, replays, and counts the step in the trainer and the
+  // optimizer as the eager loop would (a step the scaler skipped on the device is not one: its
+  // flag is read after the replay).
   Output step(const Tensor& images, const Tensor& labels);
 
   // The eager update of a micro-batch the loop ran forward itself (trainer.micro_batch), counted
@@ -76,8 +80,6 @@ class GraphedStep {
   };
   static Layout layout(const Tensor& t) { return {t.shape(), t.strides(), t.dtype()}; }
   void capture();
-  // Whether every group's learning rate is the one the graph was captured with.
-  bool same_rates() const;
   // Whether the step that just ran was skipped by the scaler's device state (a host read).
   bool skipped_on_device() const;
 
@@ -89,7 +91,6 @@ class GraphedStep {
   bool ready_ = false;        // the optimizer has really stepped eagerly
   std::optional<Layout> warm_;      // the layout of the last step whose host code ran
   std::unique_ptr<Backend::Graph> graph_;
-  std::vector<double> graph_lrs_;   // the learning rates the graph replays (kernel arguments)
   Tensor x_, y_;              // captured inputs: each batch is copied into them
   Tensor loss_, logits_;      // captured outputs: each replay writes them (the graph's pool)
   int64_t captures_ = 0;

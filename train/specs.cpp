@@ -210,8 +210,8 @@ void DeviceSpec::add_flags(CLI::App& app) {
       ->excludes("--channels-last");
   app.add_flag("--cuda-graphs", cuda_graphs,
                "capture the training step into a CUDA graph after the warm-up and replay it for every full "
-               "batch (CUDA device, SGD, no accumulation, clipping or ranks; the divergence check follows the "
-               "update); off by default");
+               "batch (CUDA device, any optimizer, schedule and --max-grad-norm; no accumulation or ranks; the "
+               "divergence check follows the update); off by default");
   app.add_option("--device", device, "cpu, cuda or cuda:N");
 }
 

@@ -1,8 +1,10 @@
 // minidl-train's loop with --cuda-graphs (train/graphed_step.h) against the same run
-// without it: the small CNN on synthetic images, SGD with momentum, a learning-rate schedule that
-// forces re-captures and an epoch whose last batch is partial (eager), FP32 and AMP. On the emulated
-// device (experiments_cuda_emu) a replay computes what the eager step computes, so the losses,
-// accuracies, step counts and final weights must be bit-identical.
+// without it: the small CNN on synthetic images, SGD (momentum, Nesterov), Adam and AdamW, learning
+// rates that change (a step schedule, warmup + cosine) without a new capture, --max-grad-norm, an
+// epoch whose last batch is partial (eager), FP32 and AMP, and a run stopped inside an epoch and
+// resumed. On the emulated device (experiments_cuda_emu) a replay computes what the eager step
+// computes, so the losses, accuracies, step counts, final weights and the saved optimizer and
+// gradient-scaler state must be bit-identical.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,9 +30,11 @@ struct TrainingRun {
   std::string graph_line;              // the "--cuda-graphs: ..." summary
   RunResult result;
   std::map<std::string, Tensor> weights;
+  std::map<std::string, Tensor> optimizer;   // the optimizer's and the scaler's saved state
 };
 
-TrainingRun train(bool amp, bool graphs, const std::string& dir, double init_scale = 1024) {
+// SGD with momentum and weight decay, a step schedule, batch 4 of 18 images (a partial last batch).
+TrainConfig sgd_config(bool amp, double init_scale = 1024) {
   TrainConfig c = testing::tiny_config();
   c.image_size = 16;
   c.split = "9,2,2";   // 18 training images: 4 batches of 4 and a partial one of 2 per epoch
@@ -44,11 +48,30 @@ TrainingRun train(bool amp, bool graphs, const std::string& dir, double init_sca
   c.amp = amp;
   c.amp_init_scale = init_scale;   // 1024: no overflow (a skipped replay would still count as a step)
   c.workers = 0;
-  c.cuda_graphs = graphs;
   c.quiet = false;
   c.progress_every = 1;
   c.progress_seconds = 0;
-  c.save_weights = dir + (graphs ? "/graphed.safetensors" : "/eager.safetensors");
+  return c;
+}
+
+// Adam with warmup + cosine (a new rate every step) and clipping, 3 epochs.
+TrainConfig adam_config(bool amp, double init_scale = 1024) {
+  TrainConfig c = sgd_config(amp, init_scale);
+  c.optimizer = "adam";
+  c.momentum = 0.0;
+  c.lr = 2e-3;
+  c.epochs = 3;
+  c.warmup_steps = 3;
+  c.schedule = "cosine";
+  c.max_grad_norm = 0.5;
+  return c;
+}
+
+TrainingRun train(TrainConfig c, bool graphs, const std::string& dir, const RunHooks& extra = {},
+                  const std::string& name = "") {
+  c.cuda_graphs = graphs;
+  if (c.save_weights.empty())
+    c.save_weights = dir + "/" + (name.empty() ? (graphs ? "graphed" : "eager") : name) + ".safetensors";
   TrainingRun r;
   static const std::regex step_loss(R"(step \d+/\d+  loss \S+  acc \S+)");
   RunHooks hooks;
@@ -58,8 +81,10 @@ TrainingRun train(bool amp, bool graphs, const std::string& dir, double init_sca
     if (line.rfind("--cuda-graphs:", 0) == 0) r.graph_line = line;
   };
   hooks.on_epoch = [&](const EpochMetrics& em) { r.epochs.push_back(em); };
+  hooks.on_step = extra.on_step;
   r.result = run_training(c, hooks);
   r.weights = nn::load_safetensors(c.save_weights).tensors;
+  r.optimizer = nn::load_safetensors(c.save_weights + ".optimizer.safetensors").tensors;
   return r;
 }
 
@@ -70,15 +95,28 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   return b;
 }
 
-// `steps`: the optimizer steps both runs take; `replays`, `captures`: the graphed run's (-1: any > 0).
-void expect_same_training(bool amp, double init_scale, int64_t steps, int replays, int captures) {
+// Every tensor of two saved maps, byte for byte.
+void expect_same_tensors(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b,
+                         const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << what << ": " << name;
+    EXPECT_EQ(bytes_of(b.at(name)), bytes_of(t)) << what << ": " << name;
+  }
+}
+
+// `steps`: the optimizer steps both runs take (-1: any, the same); `replays`, `captures`: the
+// graphed run's (-1: any > 0).
+void expect_same_training(const TrainConfig& c, int64_t steps, int replays, int captures) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = testing::temp_dir().string();
-  const TrainingRun eager = train(amp, false, dir, init_scale), graphed = train(amp, true, dir, init_scale);
+  const TrainingRun eager = train(c, false, dir), graphed = train(c, true, dir);
   EXPECT_EQ(eager.result.status, "ok");
   EXPECT_EQ(graphed.result.status, "ok");
-  EXPECT_EQ(eager.result.steps, steps);
-  EXPECT_EQ(graphed.result.steps, steps);
+  if (steps >= 0) {
+    EXPECT_EQ(eager.result.steps, steps);
+  }
+  EXPECT_EQ(graphed.result.steps, eager.result.steps);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(graphed.graph_line, m, std::regex(R"((\d+) steps replayed from (\d+) capture)")))
       << graphed.graph_line;
@@ -101,22 +139,77 @@ void expect_same_training(bool amp, double init_scale, int64_t steps, int replay
     EXPECT_EQ(graphed.epochs[e].lr, eager.epochs[e].lr);
   }
   EXPECT_EQ(graphed.result.test_loss, eager.result.test_loss);
-  ASSERT_EQ(graphed.weights.size(), eager.weights.size());
-  for (const auto& [name, t] : eager.weights) EXPECT_EQ(bytes_of(graphed.weights.at(name)), bytes_of(t)) << name;
+  expect_same_tensors(eager.weights, graphed.weights, "weights");
+  // Every buffer, per-parameter step count and rate of the optimizer, and the scaler's state.
+  expect_same_tensors(eager.optimizer, graphed.optimizer, "optimizer and scaler state");
 }
 
-// 10 steps, 5 an epoch: step 1 eager (the warm-up), 2 captured, 3 replayed, 4 a new rate (captured
-// again), 5 the partial batch (eager); 6 replayed, 7 a new rate after the partial batch's host code
-// (eager: a capture would run the forward's host code at a layout that did not run last), 8
-// captured, 9 replayed, 10 partial (eager): 6 replays of 3 captures.
-TEST(ExperimentsCudaGraphs, Fp32TrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(false, 1024, 10, 6, 3); }
+// 10 steps, 5 an epoch: step 1 eager (the warm-up), 2 captured and replayed, 3 and 4 replayed (4 at
+// a new rate: written to the device, no new capture), 5 the partial batch (eager); 6 to 9
+// replayed, 10 partial (eager): 7 replays of 1 capture.
+TEST(ExperimentsCudaGraphs, Fp32TrainingWithReplaysIsBitIdenticalToEager) {
+  expect_same_training(sgd_config(false), 10, 7, 1);
+}
 
-TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(true, 1024, 10, 6, 3); }
+TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(sgd_config(true), 10, 7, 1); }
 
 // A loss scale of 2^18 overflows twice: the first step (the scaler's host state, during the
 // warm-up) and a later one, which the device skips inside a replay. That step must not count, as
 // in the eager loop, or the schedule, the progress lines and the run's step count would shift.
-TEST(ExperimentsCudaGraphs, AmpStepsTheDeviceSkipsAreNotCounted) { expect_same_training(true, 262144.0, 8, -1, -1); }
+TEST(ExperimentsCudaGraphs, AmpStepsTheDeviceSkipsAreNotCounted) { expect_same_training(sgd_config(true, 262144.0), 8, -1, -1); }
+
+// Adam, warmup + cosine (every step a new rate) and clipping, 3 epochs of 5 steps: 1 capture serves
+// every rate, 11 replays (the first step and each epoch's partial batch run eagerly).
+TEST(ExperimentsCudaGraphs, AdamWithWarmupCosineAndClippingReplaysOneCapture) {
+  expect_same_training(adam_config(false), 15, 11, 1);
+}
+
+// The same with AMP from a loss scale of 2^18: an overflow inside a replay is skipped on the
+// device, where Adam's step counts then stay as they were (the saved per-parameter counts and the
+// bias corrections of every later step match the eager run's).
+TEST(ExperimentsCudaGraphs, AmpAdamStepsTheDeviceSkipsLeaveItsStepCounts) {
+  expect_same_training(adam_config(true, 262144.0), 13, -1, 1);
+}
+
+TEST(ExperimentsCudaGraphs, AdamWAndNesterovSgdReplayBitIdentically) {
+  TrainConfig adamw = adam_config(true);
+  adamw.optimizer = "adamw";
+  adamw.weight_decay = 1e-2;
+  adamw.epochs = 2;
+  expect_same_training(adamw, 10, 7, 1);
+  TrainConfig nesterov = sgd_config(false);
+  nesterov.nesterov = true;
+  nesterov.max_grad_norm = 0.5;
+  nesterov.warmup_steps = 4;
+  expect_same_training(nesterov, 10, 7, 1);
+}
+
+// A graphed Adam run stopped inside epoch 2 and resumed (graphed again: a new warm-up step, then a
+// new capture) ends with the uninterrupted graphed run's weights and optimizer and scaler state,
+// which are also the eager run's.
+TEST(ExperimentsCudaGraphs, AGraphedRunStoppedInsideAnEpochResumesBitIdentically) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir().string();
+  const TrainConfig c = adam_config(true);
+  const TrainingRun eager = train(c, false, dir), full = train(c, true, dir);
+  const TrainingRun first = train(c, true, dir, {.log = {}, .on_epoch = {}, .on_step = [](int64_t step) {
+                                     if (step == 7) request_stop();   // after 2 of epoch 2's 5 steps
+                                   }}, "first");
+  clear_stop();
+  ASSERT_EQ(first.result.status, "interrupted") << first.result.note;
+  EXPECT_EQ(first.result.steps, 7);
+  TrainConfig rest = c;
+  rest.resume = dir + "/first.safetensors";
+  const TrainingRun resumed = train(rest, true, dir, {}, "resumed");
+  ASSERT_EQ(resumed.result.status, "ok") << resumed.result.note;
+  EXPECT_EQ(resumed.result.first_epoch, 2);
+  EXPECT_EQ(resumed.result.steps, full.result.steps);
+  EXPECT_EQ(resumed.epochs.back().lr, full.epochs.back().lr) << "schedule position";
+  expect_same_tensors(full.weights, resumed.weights, "weights, resumed");
+  expect_same_tensors(full.optimizer, resumed.optimizer, "optimizer and scaler state, resumed");
+  expect_same_tensors(eager.weights, full.weights, "weights, graphed against eager");
+  EXPECT_GT(resumed.graph_line.size(), 0u);
+}
 
 // The fused losses skip their host check of the targets while capturing; GraphedStep checks every
 // batch's labels on the host before it copies them in, so a bad label fails at once, before any
