@@ -1,19 +1,343 @@
 // conv2d_stats (core/conv_bn.h) on the GPU: the convolutions that carry batch norm, as cuDNN's
-// fused graphs (docs/conv_bn.md). Until those graphs are built here, both calls answer false and
-// the op runs its composition of this backend's convolution and elementwise kernels.
+// fused graphs (docs/conv_bn.md), built with cudnn-frontend's operation builders as conv_graph.cu
+// builds its single convolutions:
+// - forward, scale_bias_relu_conv_genstats: MUL(x, scale) -> ADD(bias) -> RELU_FWD -> conv_fwd(., w)
+//   -> y, GEN_STATS(y) -> sum, sumsq (without in_scale: conv_fwd -> y -> GEN_STATS);
+// - backward, dgrad_drelu_dbn_weight: conv_dgrad(gy, w), the ReLU's backward against the
+//   pre-activation x * scale + bias (as SUB(x, 0) -> MUL(1) -> MUL(scale) -> ADD(bias)) into dr,
+//   BN_BWD_WEIGHTS(x, dr, mean 0, inv_std 1, scale) -> gscale = sum(dr * x), gbias = sum(dr); then
+//   gx = dr * in_scale per channel (a kernel here);
+// - scale_bias_relu_wgrad: the forward's prologue feeding conv_wgrad -> gw.
+// Where conv_stats_support.h's rule does not hold (NCHW, f64, groups, no in_scale in the backward)
+// or the library refuses a graph at planning, the call answers false and the op composes.
+// One plan per graph and shape, cached; workspaces from the caching allocator.
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/conv_internal.cuh"
+#include "kernels/cuda/conv_stats_support.h"
 #include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/runtime.h"
 
 namespace minidl::cuda {
+namespace {
 
-bool CudaBackend::conv2d_stats_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                       const Conv2dOptions&, const Tensor&, const Tensor&, const Tensor&) {
-  return false;
+namespace fe = cudnn_frontend;
+
+enum class FusedGraph : int64_t { Forward, ForwardPlain, DgradDreluDbn, Wgrad };
+enum Uid : int64_t { X = 1, W, Y, DY, DR, DW, S, B, M, V, SUM, SQ, DS, DB, EQ_DY, EQ_X, EQ_B, T1 = 100, T2, T3, T4, T5 };
+
+using Key = std::array<int64_t, 21>;
+Key key_of(FusedGraph g, const ConvShape& cs, int64_t align, int device) {
+  return {static_cast<int64_t>(g), cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.oh, cs.ow, cs.o.padding[0],
+          cs.o.padding[1], cs.o.stride[0], cs.o.stride[1], cs.o.dilation[0], cs.o.dilation[1],
+          static_cast<int64_t>(cs.dtype), align, device, allow_tf32_cudnn(), cudnn_deterministic()};
 }
 
-bool CudaBackend::conv2d_stats_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                        const Conv2dOptions&, const Tensor&, const Tensor&, const Tensor&,
-                                        const Tensor&) {
-  return false;
+const char* graph_name(FusedGraph g) {
+  return g == FusedGraph::Forward        ? "scale_bias_relu_conv_genstats"
+         : g == FusedGraph::ForwardPlain ? "conv_genstats"
+         : g == FusedGraph::DgradDreluDbn ? "dgrad_drelu_dbn_weight"
+                                          : "scale_bias_relu_wgrad";
+}
+
+struct Candidate {
+  std::shared_ptr<fe::ExecutionPlan> plan;
+  size_t workspace = 0;
+};
+// No candidate: the library refused the graph (the call answers false and the op composes).
+using FusedPlan = std::shared_ptr<const std::vector<Candidate>>;
+
+PlanCache<Key, FusedPlan>& plans() {
+  static auto* m = new PlanCache<Key, FusedPlan>();   // outlives static destruction
+  return *m;
+}
+
+// The tensors of a graph: data NHWC (filters KRSC), per-channel [1, C, 1, 1] f32, virtual f32
+// intermediates.
+struct Tensors {
+  const ConvShape& cs;
+  int64_t align;
+  fe::Tensor make(int64_t uid, int64_t d0, int64_t d1, int64_t d2, int64_t d3, cudnnDataType_t dt, bool virt) const {
+    const int64_t dims[4] = {d0, d1, d2, d3}, st[4] = {d1 * d2 * d3, 1, d3 * d1, d1};
+    return fe::TensorBuilder().setDim(4, dims).setStride(4, st).setId(uid).setAlignment(align).setDataType(dt)
+        .setVirtual(virt).build();
+  }
+  fe::Tensor xs(int64_t uid, bool virt = false) const {
+    return make(uid, cs.n, cs.c, cs.h, cs.w, virt ? CUDNN_DATA_FLOAT : cudnn_data_type(cs.dtype), virt);
+  }
+  fe::Tensor ys(int64_t uid) const { return make(uid, cs.n, cs.k, cs.oh, cs.ow, cudnn_data_type(cs.dtype), false); }
+  fe::Tensor ws(int64_t uid) const { return make(uid, cs.k, cs.c, cs.r, cs.s, cudnn_data_type(cs.dtype), false); }
+  fe::Tensor channel(int64_t uid, int64_t c) const { return make(uid, 1, c, 1, 1, CUDNN_DATA_FLOAT, false); }
+};
+
+fe::Operation pointwise(cudnnPointwiseMode_t mode, const fe::Tensor& x, const fe::Tensor* b, const fe::Tensor& y) {
+  fe::OperationBuilder ob(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  ob.setxDesc(x).setyDesc(y).setpwDesc(fe::PointWiseDescBuilder().setMode(mode).setComputeType(CUDNN_DATA_FLOAT).build());
+  if (b != nullptr) ob.setbDesc(*b);
+  return ob.build();
+}
+
+fe::ConvDesc conv_desc(const ConvShape& cs) {
+  const int64_t pad[2] = {cs.o.padding[0], cs.o.padding[1]}, stride[2] = {cs.o.stride[0], cs.o.stride[1]};
+  const int64_t dil[2] = {cs.o.dilation[0], cs.o.dilation[1]};
+  return fe::ConvDescBuilder().setComputeType(CUDNN_DATA_FLOAT).setMathMode(CUDNN_CROSS_CORRELATION)
+      .setSpatialDimCount(2).setSpatialStride(2, stride).setPrePadding(2, pad).setPostPadding(2, pad)
+      .setDilation(2, dil).build();
+}
+
+// The operations of one fused graph, in order.
+std::vector<fe::Operation> build_ops(FusedGraph g, const ConvShape& cs, int64_t align) {
+  const Tensors t{cs, align};
+  std::vector<fe::Operation> ops;
+  const fe::Tensor s = t.channel(S, cs.c), b = t.channel(B, cs.c);
+  // The prologue relu(x * scale + bias) into the virtual tensor act (forward and wgrad).
+  const auto prologue = [&](const fe::Tensor& x, const fe::Tensor& act) {
+    const fe::Tensor t1 = t.xs(T1, true), t2 = t.xs(T2, true);
+    ops.push_back(pointwise(CUDNN_POINTWISE_MUL, x, &s, t1));
+    ops.push_back(pointwise(CUDNN_POINTWISE_ADD, t1, &b, t2));
+    ops.push_back(pointwise(CUDNN_POINTWISE_RELU_FWD, t2, nullptr, act));
+  };
+  const fe::Tensor x = t.xs(X), act = t.xs(T3, true);
+  if (g == FusedGraph::Forward || g == FusedGraph::ForwardPlain) {
+    const fe::Tensor y = t.ys(Y);
+    if (g == FusedGraph::Forward) prologue(x, act);
+    ops.push_back(fe::OperationBuilder(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)
+                      .setxDesc(g == FusedGraph::Forward ? act : x).setwDesc(t.ws(W)).setyDesc(y)
+                      .setcDesc(conv_desc(cs)).setAlpha(1.0f).setBeta(0.0f).build());
+    ops.push_back(fe::OperationBuilder(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR)
+                      .setxDesc(y).setSumDesc(t.channel(SUM, cs.k)).setSqSumDesc(t.channel(SQ, cs.k))
+                      .setGenStatsMode(CUDNN_GENSTATS_SUM_SQSUM).setMathPrecision(CUDNN_DATA_FLOAT).build());
+  } else if (g == FusedGraph::Wgrad) {
+    prologue(x, act);
+    ops.push_back(fe::OperationBuilder(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR)
+                      .setxDesc(act).setdwDesc(t.ws(DW)).setdyDesc(t.ys(DY)).setcDesc(conv_desc(cs)).setAlpha(1.0f)
+                      .setBeta(0.0f).build());
+  } else {
+    const fe::Tensor m = t.channel(M, cs.c), v = t.channel(V, cs.c), dgrad = t.xs(T1, true);
+    const fe::Tensor t2 = t.xs(T2, true), t3 = t.xs(T3, true), t4 = t.xs(T4, true), pre = t.xs(T5, true);
+    const fe::Tensor dr = t.xs(DR);
+    ops.push_back(fe::OperationBuilder(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR)
+                      .setdxDesc(dgrad).setwDesc(t.ws(W)).setdyDesc(t.ys(DY)).setcDesc(conv_desc(cs)).setAlpha(1.0f)
+                      .setBeta(0.0f).build());
+    ops.push_back(pointwise(CUDNN_POINTWISE_SUB, x, &m, t2));
+    ops.push_back(pointwise(CUDNN_POINTWISE_MUL, t2, &v, t3));
+    ops.push_back(pointwise(CUDNN_POINTWISE_MUL, t3, &s, t4));
+    ops.push_back(pointwise(CUDNN_POINTWISE_ADD, t4, &b, pre));
+    ops.push_back(fe::OperationBuilder(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)
+                      .setdyDesc(dgrad).setxDesc(pre).setdxDesc(dr)
+                      .setpwDesc(fe::PointWiseDescBuilder().setMode(CUDNN_POINTWISE_RELU_BWD)
+                                     .setComputeType(CUDNN_DATA_FLOAT).build())
+                      .build());
+    ops.push_back(fe::OperationBuilder(CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR)
+                      .setxDesc(x).setdyDesc(dr).setSavedMeanAndInvVar(m, v).setScale(s)
+                      .setDScaleAndDBias(t.channel(DS, cs.c), t.channel(DB, cs.c))
+                      .setEqScalesAndBias(t.channel(EQ_DY, cs.c), t.channel(EQ_X, cs.c), t.channel(EQ_B, cs.c))
+                      .setMathPrecision(CUDNN_DATA_FLOAT).build());
+  }
+  return ops;
+}
+
+// Whether the switches allow an engine config (as conv_graph.cu: determinism, TF32 for f32).
+bool allowed(const fe::ManagedOpaqueDescriptor& cfg, DType dtype) {
+  cudnnBackendDescriptor_t d = cfg->get_backend_descriptor();
+  if (cudnn_deterministic() && fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC>(d)) return false;
+  return dtype != DType::f32 || allow_tf32_cudnn() ||
+         !(fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_TENSOR_CORE>(d) ||
+           fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS>(d));
+}
+
+// The graph's plans, heuristics' order then the fallback engines'; none when the library refuses it.
+std::vector<Candidate> build_plans(cudnnHandle_t h, FusedGraph g, const ConvShape& cs, int64_t align) {
+  std::vector<Candidate> out;
+  try {
+    const std::vector<fe::Operation> ops = build_ops(g, cs, align);
+    std::vector<const fe::Operation*> ptrs;
+    for (const fe::Operation& op : ops) ptrs.push_back(&op);
+    fe::OperationGraph og = fe::OperationGraphBuilder().setHandle(h).setOperationGraph(ptrs.size(), ptrs.data()).build();
+    std::vector<std::string> tags;
+    for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+      std::vector<fe::ManagedOpaqueDescriptor> cfgs;
+      try {
+        fe::EngineHeuristics heur = fe::EngineHeuristicsBuilder().setOperationGraph(og).setHeurMode(mode).build();
+        cfgs = heur.getEngineConfig(heur.getEngineConfigCount());
+      } catch (fe::cudnnException&) {
+        continue;   // this mode has nothing for the graph; the other may
+      }
+      for (const fe::ManagedOpaqueDescriptor& cfg : cfgs) {
+        if (!allowed(cfg, cs.dtype)) continue;
+        try {
+          auto plan = std::make_shared<fe::ExecutionPlan>(
+              fe::ExecutionPlanBuilder().setHandle(h).setEngineConfig(cfg, og.getTag()).build());
+          if (std::find(tags.begin(), tags.end(), plan->getTag()) != tags.end()) continue;
+          tags.push_back(plan->getTag());
+          out.push_back({plan, static_cast<size_t>(plan->getWorkspaceSize())});
+        } catch (fe::cudnnException&) {
+        }
+      }
+    }
+  } catch (fe::cudnnException&) {
+    out.clear();   // the graph itself is refused: the op composes
+  }
+  return out;
+}
+
+FusedPlan plan_for(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, int64_t align) {
+  const Key key = key_of(g, cs, align, ctx.index());
+  if (const auto* kept = plans().find(key)) return *kept;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MINIDL_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capturing));
+  MINIDL_CHECK(capturing == cudaStreamCaptureStatusNone, "conv2d_stats (cuda): the fused graph ", graph_name(g),
+               " for x [", cs.n, ", ", cs.c, ", ", cs.h, ", ", cs.w, "] w [", cs.k, ", ", cs.c, ", ", cs.r, ", ", cs.s,
+               "] has no cuDNN plan yet and the stream is capturing a CUDA graph; run the step once before capturing "
+               "it (a warm-up step plans every shape)");
+  auto p = std::make_shared<const std::vector<Candidate>>(build_plans(ctx.cudnn(), g, cs, align));
+  return plans().insert(key, std::move(p), /*max_keys=*/2048);
+}
+
+using Binds = std::vector<std::pair<int64_t, void*>>;
+
+// A variant pack over the binds and the workspace, and an execute (straight backend calls).
+cudnnStatus_t execute(cudnnHandle_t h, const Candidate& c, const Binds& binds, void* ws) {
+  std::vector<int64_t> uids;
+  std::vector<void*> ptrs;
+  for (const auto& [u, p] : binds) uids.push_back(u), ptrs.push_back(p);
+  cudnnBackendDescriptor_t pack = nullptr;
+  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
+  if (st != CUDNN_STATUS_SUCCESS) return st;
+  const auto n = static_cast<int64_t>(binds.size());
+  st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data());
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data());
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(h, c.plan->get_raw_desc(), pack);
+  MINIDL_CUDNN_LOG(cudnnBackendDestroyDescriptor(pack));
+  return st;
+}
+
+int64_t alignment_of(const Binds& binds) {
+  int64_t a = 16;
+  for (const auto& bind : binds)
+    while (a > 1 && reinterpret_cast<uintptr_t>(bind.second) % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+
+// Runs graph g on the binds: false when the library refuses the graph (nothing was written).
+// A plan whose workspace does not fit gives way to the next; none fitting is an OutOfMemoryError.
+bool run_fused(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, const Binds& binds) {
+  const FusedPlan p = plan_for(ctx, g, cs, alignment_of(binds));
+  if (p->empty()) return false;
+  std::string tried;
+  for (const Candidate& c : *p) {
+    std::unique_ptr<DeviceBuffer> ws;
+    try {
+      ws = std::make_unique<DeviceBuffer>(ctx, c.workspace);
+    } catch (const OutOfMemoryError&) {
+      tried += " " + c.plan->getTag() + " (workspace " + format_bytes(c.workspace) + ")";
+      continue;
+    }
+    const cudnnStatus_t st = execute(ctx.cudnn(), c, binds, ws->get());
+    if (st == CUDNN_STATUS_SUCCESS) return true;
+    tried += " " + c.plan->getTag() + " (" + cudnnGetErrorString(st) + ")";
+  }
+  const MemoryStats s = ctx.allocator().stats();
+  MINIDL_CHECK(tried.find("workspace") != std::string::npos, "conv2d_stats (cuda): no cuDNN plan of the fused graph ",
+               graph_name(g), " ran (tried", tried, ")");
+  throw OutOfMemoryError("out of memory on cuda:" + std::to_string(ctx.index()) + ": no plan of the fused graph " +
+                             graph_name(g) + " has a workspace that fits (tried" + tried +
+                             "). Use a smaller batch, or raise the memory budget.",
+                         0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
+}
+
+ConvShape shape_of(const Tensor& x, const Tensor& w, const Shape& y, const Conv2dOptions& o) {
+  ConvShape cs;
+  cs.n = x.size(0), cs.c = x.size(1), cs.h = x.size(2), cs.w = x.size(3);
+  cs.k = w.size(0), cs.r = w.size(2), cs.s = w.size(3), cs.oh = y[2], cs.ow = y[3];
+  cs.o = o, cs.dtype = x.dtype(), cs.nhwc = true;
+  return cs;
+}
+
+void* ptr(const Tensor& t) { return const_cast<void*>(static_cast<const void*>(t.data_ptr())); }
+
+// x[i] *= scale[c] in place, channels-last (c = i % C), in f32 and rounded once to T.
+template <typename T>
+__global__ void scale_channels_kernel(T* x, const float* __restrict__ scale, int64_t c, int64_t n) {
+  MINIDL_GRID_STRIDE(i, n) { x[i] = static_cast<T>(static_cast<float>(x[i]) * scale[i % c]); }
+}
+
+void scale_channels(DeviceContext& ctx, const Tensor& x, const Tensor& scale) {
+  const int64_t n = x.numel(), c = x.size(1);
+  if (x.dtype() == DType::f16)
+    MINIDL_LAUNCH("conv2d_stats gx = dr * scale", scale_channels_kernel<__half>, grid_for(n), kThreads, 0,
+                  ctx.stream(), static_cast<__half*>(ptr(x)), static_cast<const float*>(ptr(scale)), c, n);
+  else
+    MINIDL_LAUNCH("conv2d_stats gx = dr * scale", scale_channels_kernel<float>, grid_for(n), kThreads, 0,
+                  ctx.stream(), static_cast<float*>(ptr(x)), static_cast<const float*>(ptr(scale)), c, n);
+}
+
+}  // namespace
+
+bool CudaBackend::conv2d_stats_forward(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
+                                       const Conv2dOptions& o, const Tensor& y, const Tensor& sum,
+                                       const Tensor& sumsq) {
+  check_cuda("conv2d_stats", {&x, &in_scale, &in_bias, &w, &y, &sum, &sumsq});
+  if (!conv_stats_fused(x, in_scale, w, o, /*backward=*/false, {&y}) || y.numel() == 0) return false;
+  if (sum.dtype() != DType::f32 || sumsq.dtype() != DType::f32) return false;
+  if (in_bias.defined() && !in_bias.is_contiguous()) return false;
+  const ConvShape cs = shape_of(x, w, y.shape(), o);
+  Binds binds{{X, ptr(x)}, {W, ptr(w)}, {Y, ptr(y)}, {SUM, ptr(sum)}, {SQ, ptr(sumsq)}};
+  if (in_scale.defined()) binds.insert(binds.end(), {{S, ptr(in_scale)}, {B, ptr(in_bias)}});
+  return run_fused(context_of(x), in_scale.defined() ? FusedGraph::Forward : FusedGraph::ForwardPlain, cs, binds);
+}
+
+bool CudaBackend::conv2d_stats_backward(const Tensor& gy, const Tensor& x, const Tensor& in_scale,
+                                        const Tensor& in_bias, const Tensor& w, const Conv2dOptions& o,
+                                        const Tensor& gx, const Tensor& gscale, const Tensor& gbias,
+                                        const Tensor& gw) {
+  check_cuda("conv2d_stats_backward", {&gy, &x, &in_scale, &in_bias, &w, &gx, &gscale, &gbias, &gw});
+  if (!conv_stats_fused(x, in_scale, w, o, /*backward=*/true, {&gy, &gx}) || gy.numel() == 0) return false;
+  if (!in_bias.is_contiguous() || (gw.defined() && (gw.dtype() != x.dtype() || !is_channels_last(gw)))) return false;
+  for (const Tensor* t : {&gscale, &gbias})
+    if (t->defined() && (t->dtype() != DType::f32 || !t->is_contiguous())) return false;
+  DeviceContext& ctx = context_of(x);
+  const ConvShape cs = shape_of(x, w, gy.shape(), o);
+  const bool wants_dgrad = gx.defined() || gscale.defined() || gbias.defined();
+  // mean 0 and inv_std 1, so the recomputed pre-activation is x * scale + bias and the weight
+  // gradients are sum(dr * x) and sum(dr); the scratch takes what is not wanted.
+  const TensorOptions f32{DType::f32, x.device(), false};
+  const Tensor per = wants_dgrad ? empty({7, cs.c}, f32) : Tensor();
+  const Tensor dr = gx.defined() || !wants_dgrad
+                        ? gx
+                        : empty({cs.n, cs.h, cs.w, cs.c}, x.options()).permute({0, 3, 1, 2});
+  const auto row = [&](int64_t i) { return per.select(0, i); };
+  const Binds wb = gw.defined() ? Binds{{X, ptr(x)}, {S, ptr(in_scale)}, {B, ptr(in_bias)}, {DY, ptr(gy)}, {DW, ptr(gw)}}
+                                : Binds{};
+  const Binds db = wants_dgrad ? Binds{{DY, ptr(gy)}, {W, ptr(w)}, {X, ptr(x)}, {M, ptr(row(0))}, {V, ptr(row(1))},
+                                       {S, ptr(in_scale)}, {B, ptr(in_bias)}, {DR, ptr(dr)},
+                                       {DS, ptr(gscale.defined() ? gscale : row(2))},
+                                       {DB, ptr(gbias.defined() ? gbias : row(3))}, {EQ_DY, ptr(row(4))},
+                                       {EQ_X, ptr(row(5))}, {EQ_B, ptr(row(6))}}
+                               : Binds{};
+  // Both graphs planned before either runs: a refused one leaves nothing written, and the op composes.
+  if (gw.defined() && plan_for(ctx, FusedGraph::Wgrad, cs, alignment_of(wb))->empty()) return false;
+  if (wants_dgrad && plan_for(ctx, FusedGraph::DgradDreluDbn, cs, alignment_of(db))->empty()) return false;
+  if (gw.defined()) run_fused(ctx, FusedGraph::Wgrad, cs, wb);
+  if (!wants_dgrad) return true;
+  fill(per, 0.0);
+  fill(row(1), 1.0);
+  run_fused(ctx, FusedGraph::DgradDreluDbn, cs, db);
+  if (gx.defined()) scale_channels(ctx, gx, in_scale);
+  return true;
 }
 
 }  // namespace minidl::cuda
