@@ -5,6 +5,7 @@
 // of a fused graph runs them in dependency order on host reference kernels
 // (cudnn_backend_fused_exec.cpp), virtual tensors as temporaries.
 #pragma once
+#include <array>
 #include <limits>
 #include <map>
 #include <memory>
@@ -60,6 +61,18 @@ struct FusedGraph {
 };
 
 const char* op_kind_name(OpKind k);
+
+// The operands of a batch norm's running-statistics update (all five set, or none): the factor,
+// the previous mean and variance, the updated mean and variance.
+using RunningStats = std::array<int, 5>;
+inline constexpr RunningStats kBnFinalizeRunningStats{
+    CUDNN_ATTR_OPERATION_BN_FINALIZE_EXP_AVERATE_FACTOR_DESC, CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_MEAN_DESC,
+    CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_VAR_DESC, CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_MEAN_DESC,
+    CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_VAR_DESC};
+inline constexpr RunningStats kNormFwdRunningStats{
+    CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC, CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_MEAN_DESC,
+    CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_VAR_DESC, CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC,
+    CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_VAR_DESC};
 
 // Finalizes the operation descriptors of the fused graphs (pointwise, gen-stats, bn-finalize,
 // bn-bwd-weights, norm forward and backward) and the pointwise descriptor: cuDNN's rules, then d.op

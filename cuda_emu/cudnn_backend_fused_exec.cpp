@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "cuda_emu/call_log.h"
 #include "cuda_emu/cudnn_backend_fused.h"
@@ -91,26 +92,26 @@ std::vector<double> expand(const std::vector<double>& v, const std::vector<int64
   return out;
 }
 
-// One run of a fused graph: the values of its tensors as they are computed.
+// Per-channel sums of f(element index, channel) over a tensor of dims d (NCHW-ordered values).
+template <class F>
+std::vector<double> channel_sums(const std::vector<int64_t>& d, F&& f) {
+  int64_t n = 1;
+  for (const int64_t v : d) n *= v;
+  const int64_t c = d[1], inner = n / (d[0] * c);
+  std::vector<double> s(static_cast<size_t>(c), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto ch = static_cast<size_t>((i / inner) % c);
+    s[ch] += f(static_cast<size_t>(i), ch);
+  }
+  return s;
+}
+
+// One run of a fused graph: the values of its tensors as they are computed. The operations
+// (below) read their operands from it and write their results to it.
 class Run {
  public:
   Run(const FusedGraph& g, const Bindings& b) : g_(g), b_(b) {}
 
-  void op(const GraphOp& op) {
-    switch (op.kind) {
-      case OpKind::ConvFwd:
-      case OpKind::ConvBwdData:
-      case OpKind::ConvBwdFilter: return convolution(op);
-      case OpKind::Pointwise: return pointwise(op);
-      case OpKind::GenStats: return genstats(op);
-      case OpKind::BnFinalize: return bn_finalize(op);
-      case OpKind::BnBwdWeights: return bn_bwd_weights(op);
-      case OpKind::NormFwd: return norm_fwd(op);
-      case OpKind::NormBwd: return norm_bwd(op);
-    }
-  }
-
- private:
   const std::vector<double>& in(const GraphOp& op, int attr) {
     const GraphTensor& t = op.slot.at(attr);
     auto it = vals_.find(t.uid);
@@ -122,6 +123,13 @@ class Run {
     return vals_[t.uid] = std::move(v);
   }
   double in_scalar(const GraphOp& op, int attr) { return in(op, attr)[0]; }
+  // Copies of several operands, in the order of attrs.
+  template <size_t N>
+  std::array<std::vector<double>, N> ins(const GraphOp& op, const int (&attrs)[N]) {
+    std::array<std::vector<double>, N> v;
+    for (size_t i = 0; i < N; ++i) v[i] = in(op, attrs[i]);
+    return v;
+  }
 
   void out(const GraphOp& op, int attr, std::vector<double> v) {
     const GraphTensor& t = op.slot.at(attr);
@@ -134,18 +142,16 @@ class Run {
     for (double& x : v) x = round_to(t.is_virtual ? t.dtype : CUDNN_DATA_FLOAT, x);
     vals_[t.uid] = std::move(v);
   }
+  // Several results, written in order.
+  void outs(const GraphOp& op, std::vector<std::pair<int, std::vector<double>>> results) {
+    for (auto& [attr, v] : results) out(op, attr, std::move(v));
+  }
 
-  void convolution(const GraphOp& op);
-  void pointwise(const GraphOp& op);
-  void genstats(const GraphOp& op);
-  void bn_finalize(const GraphOp& op);
-  void bn_bwd_weights(const GraphOp& op);
-  void norm_fwd(const GraphOp& op);
   // The running statistics move by the factor toward the batch's mean and unbiased variance (M
   // values a channel), as the unfused batch norm moves them. attrs: factor, previous mean and
   // variance, updated mean and variance.
   void running_update(const GraphOp& op, const std::vector<double>& mean, const std::vector<double>& var, double m,
-                      const std::array<int, 5>& attrs) {
+                      const RunningStats& attrs) {
     const double f = in_scalar(op, attrs[0]);
     const double unbias = m > 1.0 ? m / (m - 1.0) : 1.0;
     std::vector<double> rm = in(op, attrs[1]), rv = in(op, attrs[2]);
@@ -153,65 +159,51 @@ class Run {
       rm[c] = (1.0 - f) * rm[c] + f * mean[c];
       rv[c] = (1.0 - f) * rv[c] + f * var[c] * unbias;
     }
-    out(op, attrs[3], std::move(rm));
-    out(op, attrs[4], std::move(rv));
-  }
-  void norm_bwd(const GraphOp& op);
-  // Per-channel sums of f(element index, channel) over a tensor of dims d (NCHW-ordered values).
-  template <class F>
-  static std::vector<double> channel_sums(const std::vector<int64_t>& d, F&& f) {
-    int64_t n = 1;
-    for (const int64_t v : d) n *= v;
-    const int64_t c = d[1], inner = n / (d[0] * c);
-    std::vector<double> s(static_cast<size_t>(c), 0.0);
-    for (int64_t i = 0; i < n; ++i) {
-      const auto ch = static_cast<size_t>((i / inner) % c);
-      s[ch] += f(static_cast<size_t>(i), ch);
-    }
-    return s;
+    outs(op, {{attrs[3], std::move(rm)}, {attrs[4], std::move(rv)}});
   }
 
+ private:
   const FusedGraph& g_;
   const Bindings& b_;
   Values vals_;
 };
 
-void Run::convolution(const GraphOp& op) {
+void run_convolution(Run& r, const GraphOp& op) {
   const ConvGraph& c = *op.conv;
   const ConvGeometry q = c.problem(false).g;
   std::vector<double> res;
   int out_attr = 0;
   if (op.kind == OpKind::ConvFwd) {
-    res = conv_forward_ref(q, in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X),
-                           in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W));
+    res = conv_forward_ref(q, r.in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X),
+                           r.in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W));
     out_attr = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y;
   } else if (op.kind == OpKind::ConvBwdData) {
-    res = conv_backward_data_ref(q, in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
-                                 in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W));
+    res = conv_backward_data_ref(q, r.in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
+                                 r.in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W));
     out_attr = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX;
   } else {
-    res = conv_backward_filter_ref(q, in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X),
-                                   in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY));
+    res = conv_backward_filter_ref(q, r.in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X),
+                                   r.in(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY));
     out_attr = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW;
   }
   for (double& v : res) v *= c.alpha;
   if (c.beta != 0.0) {   // out = alpha * conv + beta * out; out not read when beta is 0
-    const std::vector<double>& old = in(op, out_attr);
+    const std::vector<double>& old = r.in(op, out_attr);
     for (size_t i = 0; i < res.size(); ++i) res[i] += c.beta * old[i];
   }
-  out(op, out_attr, std::move(res));
+  r.out(op, out_attr, std::move(res));
 }
 
-void Run::pointwise(const GraphOp& op) {
+void run_pointwise(Run& r, const GraphOp& op) {
   const int out_attr = op.outputs[0];
   const std::vector<int64_t>& od = op.slot.at(out_attr).dims;
-  const auto operand = [&](int attr) { return expand(in(op, attr), op.slot.at(attr).dims, od); };
+  const auto operand = [&](int attr) { return expand(r.in(op, attr), op.slot.at(attr).dims, od); };
   std::vector<double> a = operand(CUDNN_ATTR_OPERATION_POINTWISE_XDESC);
   if (op.mode == CUDNN_POINTWISE_RELU_BWD) {   // dx = dy where lower < x < upper, slope * dy below
     const std::vector<double> dy = operand(CUDNN_ATTR_OPERATION_POINTWISE_DYDESC);
     for (size_t i = 0; i < a.size(); ++i)
       a[i] = a[i] <= op.lower_clip ? op.slope * dy[i] : a[i] < op.upper_clip ? dy[i] : 0.0;
-    return out(op, out_attr, std::move(a));
+    return r.out(op, out_attr, std::move(a));
   }
   for (double& v : a) v *= op.alpha1;
   std::vector<double> b;
@@ -230,63 +222,56 @@ void Run::pointwise(const GraphOp& op) {
       default: throw std::logic_error(cat("pointwise mode ", raw_enum(op.mode), " in a fused pattern"));
     }
   }
-  out(op, out_attr, std::move(a));
+  r.out(op, out_attr, std::move(a));
 }
 
 // Per-channel sum and sum of squares over every other dimension, in f64.
-void Run::genstats(const GraphOp& op) {
+void run_genstats(Run& r, const GraphOp& op) {
   const std::vector<int64_t>& d = op.slot.at(CUDNN_ATTR_OPERATION_GENSTATS_XDESC).dims;
-  const std::vector<double>& v = in(op, CUDNN_ATTR_OPERATION_GENSTATS_XDESC);
-  out(op, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, channel_sums(d, [&](size_t i, size_t) { return v[i]; }));
-  out(op, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, channel_sums(d, [&](size_t i, size_t) { return v[i] * v[i]; }));
+  const std::vector<double>& v = r.in(op, CUDNN_ATTR_OPERATION_GENSTATS_XDESC);
+  r.out(op, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, channel_sums(d, [&](size_t i, size_t) { return v[i]; }));
+  r.out(op, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, channel_sums(d, [&](size_t i, size_t) { return v[i] * v[i]; }));
 }
 
 // Sums -> mean and biased variance (training) or the running statistics (inference); the
 // equivalent scale and bias that normalize, scale and shift in one multiply-add; the running
 // statistics' update with the unbiased variance; the saved mean and inverse standard deviation.
-void Run::bn_finalize(const GraphOp& op) {
-  const std::vector<double> sum = in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_Y_SUM_DESC);
-  const std::vector<double> sq = in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_Y_SQ_SUM_DESC);
-  const std::vector<double> scale = in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_SCALE_DESC);
-  const std::vector<double> bias = in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_BIAS_DESC);
-  const double eps = in_scalar(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_EPSILON_DESC);
+void run_bn_finalize(Run& r, const GraphOp& op) {
+  const auto [sum, sq, scale, bias] =
+      r.ins(op, {CUDNN_ATTR_OPERATION_BN_FINALIZE_Y_SUM_DESC, CUDNN_ATTR_OPERATION_BN_FINALIZE_Y_SQ_SUM_DESC,
+                 CUDNN_ATTR_OPERATION_BN_FINALIZE_SCALE_DESC, CUDNN_ATTR_OPERATION_BN_FINALIZE_BIAS_DESC});
+  const double eps = r.in_scalar(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_EPSILON_DESC);
   const bool training = op.bn_mode == CUDNN_BN_FINALIZE_STATISTICS_TRAINING;
-  const double m = training ? in_scalar(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_ACCUM_COUNT_DESC) : 1.0;
+  const double m = training ? r.in_scalar(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_ACCUM_COUNT_DESC) : 1.0;
   const size_t c = sum.size();
   std::vector<double> mean(c), var(c), inv(c), eq_scale(c), eq_bias(c);
   for (size_t i = 0; i < c; ++i) {
-    mean[i] = training ? sum[i] / m : in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_MEAN_DESC)[i];
+    mean[i] = training ? sum[i] / m : r.in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_MEAN_DESC)[i];
     var[i] = training ? std::max(0.0, sq[i] / m - mean[i] * mean[i])
-                      : in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_VAR_DESC)[i];
+                      : r.in(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_VAR_DESC)[i];
     inv[i] = 1.0 / std::sqrt(var[i] + eps);
     eq_scale[i] = scale[i] * inv[i];
     eq_bias[i] = bias[i] - mean[i] * eq_scale[i];
   }
   if (training && op.has(CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_MEAN_DESC)) {
-    running_update(op, mean, var, m,
-                   {CUDNN_ATTR_OPERATION_BN_FINALIZE_EXP_AVERATE_FACTOR_DESC,
-                    CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_MEAN_DESC,
-                    CUDNN_ATTR_OPERATION_BN_FINALIZE_PREV_RUNNING_VAR_DESC,
-                    CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_MEAN_DESC,
-                    CUDNN_ATTR_OPERATION_BN_FINALIZE_UPDATED_RUNNING_VAR_DESC});
+    r.running_update(op, mean, var, m, kBnFinalizeRunningStats);
   }
   if (op.has(CUDNN_ATTR_OPERATION_BN_FINALIZE_SAVED_MEAN_DESC)) {
-    out(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_SAVED_MEAN_DESC, mean);
-    out(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_SAVED_INV_STD_DESC, inv);
+    r.outs(op, {{CUDNN_ATTR_OPERATION_BN_FINALIZE_SAVED_MEAN_DESC, std::move(mean)},
+                {CUDNN_ATTR_OPERATION_BN_FINALIZE_SAVED_INV_STD_DESC, std::move(inv)}});
   }
-  out(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_EQ_SCALE_DESC, std::move(eq_scale));
-  out(op, CUDNN_ATTR_OPERATION_BN_FINALIZE_EQ_BIAS_DESC, std::move(eq_bias));
+  r.outs(op, {{CUDNN_ATTR_OPERATION_BN_FINALIZE_EQ_SCALE_DESC, std::move(eq_scale)},
+              {CUDNN_ATTR_OPERATION_BN_FINALIZE_EQ_BIAS_DESC, std::move(eq_bias)}});
 }
 
 // dbias = sum dy, dscale = sum dy * x_hat; and the coefficients of the data gradient
 // dx = eq_dy * dy + eq_x * x + eq_bias = scale * inv_std * (dy - dbias / M - x_hat * dscale / M).
-void Run::bn_bwd_weights(const GraphOp& op) {
+void run_bn_bwd_weights(Run& r, const GraphOp& op) {
   const GraphTensor& xt = op.slot.at(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_X_DESC);
-  const std::vector<double> x = in(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_X_DESC);
-  const std::vector<double> dy = in(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DY_DESC);
-  const std::vector<double> mean = in(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MEAN_DESC);
-  const std::vector<double> inv = in(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_INVSTD_DESC);
-  const std::vector<double> scale = in(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_BN_SCALE_DESC);
+  const auto [x, dy, mean, inv, scale] =
+      r.ins(op, {CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_X_DESC, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DY_DESC,
+                 CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MEAN_DESC, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_INVSTD_DESC,
+                 CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_BN_SCALE_DESC});
   const auto cs = static_cast<size_t>(xt.dims[1]);
   std::vector<double> dbias = channel_sums(xt.dims, [&](size_t i, size_t) { return dy[i]; });
   std::vector<double> dscale = channel_sums(xt.dims, [&](size_t i, size_t c) { return dy[i] * (x[i] - mean[c]) * inv[c]; });
@@ -297,21 +282,20 @@ void Run::bn_bwd_weights(const GraphOp& op) {
     eq_x[i] = -eq_dy[i] * inv[i] * dscale[i] / m;
     eq_bias[i] = -eq_dy[i] * dbias[i] / m - eq_x[i] * mean[i];
   }
-  out(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_SCALE_DESC, std::move(dscale));
-  out(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_BIAS_DESC, std::move(dbias));
-  out(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_DY_SCALE_DESC, std::move(eq_dy));
-  out(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_X_SCALE_DESC, std::move(eq_x));
-  out(op, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_BIAS, std::move(eq_bias));
+  r.outs(op, {{CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_SCALE_DESC, std::move(dscale)},
+              {CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_BIAS_DESC, std::move(dbias)},
+              {CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_DY_SCALE_DESC, std::move(eq_dy)},
+              {CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_X_SCALE_DESC, std::move(eq_x)},
+              {CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_BIAS, std::move(eq_bias)}});
 }
 
 // Batch norm in training: the batch's mean and biased variance per channel, y = x_hat * scale +
 // bias, the running statistics' update with the unbiased variance as bn-finalize does it.
-void Run::norm_fwd(const GraphOp& op) {
+void run_norm_fwd(Run& r, const GraphOp& op) {
   const std::vector<int64_t>& d = op.slot.at(CUDNN_ATTR_OPERATION_NORM_FWD_XDESC).dims;
-  const std::vector<double> x = in(op, CUDNN_ATTR_OPERATION_NORM_FWD_XDESC);
-  const std::vector<double> scale = in(op, CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC);
-  const std::vector<double> bias = in(op, CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC);
-  const double eps = in_scalar(op, CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC);
+  const auto [x, scale, bias] = r.ins(op, {CUDNN_ATTR_OPERATION_NORM_FWD_XDESC, CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC,
+                                            CUDNN_ATTR_OPERATION_NORM_FWD_BIAS_DESC});
+  const double eps = r.in_scalar(op, CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC);
   const double m = static_cast<double>(x.size()) / static_cast<double>(d[1]);
   std::vector<double> mean = channel_sums(d, [&](size_t i, size_t) { return x[i]; });
   for (double& v : mean) v /= m;
@@ -324,25 +308,20 @@ void Run::norm_fwd(const GraphOp& op) {
   std::vector<double> y(x.size());
   channel_sums(d, [&](size_t i, size_t c) { return y[i] = (x[i] - mean[c]) * inv[c] * scale[c] + bias[c]; });
   if (op.has(CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC)) {
-    running_update(op, mean, var, m,
-                   {CUDNN_ATTR_OPERATION_NORM_FWD_EXP_AVG_FACTOR_DESC, CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_MEAN_DESC,
-                    CUDNN_ATTR_OPERATION_NORM_FWD_INPUT_RUNNING_VAR_DESC,
-                    CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_MEAN_DESC,
-                    CUDNN_ATTR_OPERATION_NORM_FWD_OUTPUT_RUNNING_VAR_DESC});
+    r.running_update(op, mean, var, m, kNormFwdRunningStats);
   }
-  out(op, CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC, std::move(mean));
-  out(op, CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC, std::move(inv));
-  out(op, CUDNN_ATTR_OPERATION_NORM_FWD_YDESC, std::move(y));
+  r.outs(op, {{CUDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC, std::move(mean)},
+              {CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC, std::move(inv)},
+              {CUDNN_ATTR_OPERATION_NORM_FWD_YDESC, std::move(y)}});
 }
 
 // dscale = sum dy * x_hat, dbias = sum dy, dx = scale * inv_std * (dy - dbias / M - x_hat * dscale / M).
-void Run::norm_bwd(const GraphOp& op) {
+void run_norm_bwd(Run& r, const GraphOp& op) {
   const std::vector<int64_t>& d = op.slot.at(CUDNN_ATTR_OPERATION_NORM_BWD_XDESC).dims;
-  const std::vector<double> x = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_XDESC);
-  const std::vector<double> dy = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC);
-  const std::vector<double> scale = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC);
-  const std::vector<double> mean = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC);
-  const std::vector<double> inv = in(op, CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC);
+  const auto [x, dy, scale, mean, inv] =
+      r.ins(op, {CUDNN_ATTR_OPERATION_NORM_BWD_XDESC, CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC,
+                 CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC, CUDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC,
+                 CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC});
   const double m = static_cast<double>(x.size()) / static_cast<double>(d[1]);
   const auto xhat = [&](size_t i, size_t c) { return (x[i] - mean[c]) * inv[c]; };
   std::vector<double> dbias = channel_sums(d, [&](size_t i, size_t) { return dy[i]; });
@@ -351,9 +330,23 @@ void Run::norm_bwd(const GraphOp& op) {
   channel_sums(d, [&](size_t i, size_t c) {
     return dx[i] = scale[c] * inv[c] * (dy[i] - dbias[c] / m - xhat(i, c) * dscale[c] / m);
   });
-  out(op, CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC, std::move(dscale));
-  out(op, CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC, std::move(dbias));
-  out(op, CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC, std::move(dx));
+  r.outs(op, {{CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC, std::move(dscale)},
+              {CUDNN_ATTR_OPERATION_NORM_BWD_DBIAS_DESC, std::move(dbias)},
+              {CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC, std::move(dx)}});
+}
+
+void run_op(Run& r, const GraphOp& op) {
+  switch (op.kind) {
+    case OpKind::ConvFwd:
+    case OpKind::ConvBwdData:
+    case OpKind::ConvBwdFilter: return run_convolution(r, op);
+    case OpKind::Pointwise: return run_pointwise(r, op);
+    case OpKind::GenStats: return run_genstats(r, op);
+    case OpKind::BnFinalize: return run_bn_finalize(r, op);
+    case OpKind::BnBwdWeights: return run_bn_bwd_weights(r, op);
+    case OpKind::NormFwd: return run_norm_fwd(r, op);
+    case OpKind::NormBwd: return run_norm_bwd(r, op);
+  }
 }
 
 // Every stored tensor bound, aligned as promised, by-value ones copied; no other unique id.
@@ -420,7 +413,7 @@ cudnnStatus_t execute_fused(cudnnHandle_t h, const BackendDesc& plan, const Back
   const auto compute = [graph, b, ws, scratch, stream] {
     const FusedGraph& fg = *graph->fused;
     Run run(fg, b);
-    for (const GraphOp& op : fg.ops) run.op(op);
+    for (const GraphOp& op : fg.ops) run_op(run, op);
     if (const GraphOp* c = fg.conv(); c != nullptr && call_logging()) {
       const Dir d = c->kind == OpKind::ConvFwd ? Dir::Fwd : c->kind == OpKind::ConvBwdData ? Dir::BwdData : Dir::BwdFilter;
       log_conv(d, c->conv->problem(c->conv->w.dtype != CUDNN_DATA_FLOAT), fg.pattern.c_str(), scratch,
