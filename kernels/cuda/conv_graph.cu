@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/conv_engines.cuh"
 #include "kernels/cuda/conv_internal.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/launch.cuh"
@@ -70,11 +71,6 @@ std::string describe(const ConvShape& cs, ConvDir dir) {
   return os.str();
 }
 
-// One runnable plan of a shape and its exact workspace.
-struct Candidate {
-  std::shared_ptr<fe::ExecutionPlan> plan;
-  size_t workspace = 0;
-};
 struct GraphPlan {
   std::vector<Candidate> order;   // tried in order until one's workspace fits
 };
@@ -129,47 +125,10 @@ fe::OperationGraph build_graph(cudnnHandle_t h, const ConvShape& cs, ConvDir dir
   return fe::OperationGraphBuilder().setHandle(h).setOperationGraph(1, ops).build();
 }
 
-// Whether the switches allow an engine config: determinism keeps engines without atomics; f32
-// without TF32 keeps engines that neither use tensor cores nor round the inputs down.
-bool allowed(const fe::ManagedOpaqueDescriptor& cfg, DType dtype) {
-  cudnnBackendDescriptor_t d = cfg->get_backend_descriptor();
-  if (cudnn_deterministic() && fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC>(d)) return false;
-  if (dtype == DType::f32 && !allow_tf32_cudnn() &&
-      (fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_TENSOR_CORE>(d) ||
-       fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS>(d)))
-    return false;
-  return true;
-}
-
-// The plans of a graph, in the heuristics' order then the fallback engines', each engine once;
-// a config whose plan cuDNN refuses to finalize is skipped.
+// The plans of a graph (conv_engines.cuh); none is an error naming the shape and the last refusal.
 std::vector<Candidate> build_plans(cudnnHandle_t h, fe::OperationGraph& og, const ConvShape& cs, ConvDir dir) {
-  std::vector<Candidate> out;
-  std::vector<std::string> tags;
   std::string refused;
-  for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    std::vector<fe::ManagedOpaqueDescriptor> cfgs;
-    try {
-      fe::EngineHeuristics heur = fe::EngineHeuristicsBuilder().setOperationGraph(og).setHeurMode(mode).build();
-      cfgs = heur.getEngineConfig(heur.getEngineConfigCount());
-    } catch (fe::cudnnException& e) {
-      refused = e.what();   // this mode has nothing for the graph; the other may
-      continue;
-    }
-    for (const fe::ManagedOpaqueDescriptor& cfg : cfgs) {
-      if (out.size() >= kMaxPlans) break;
-      if (!allowed(cfg, cs.dtype)) continue;
-      try {
-        auto plan = std::make_shared<fe::ExecutionPlan>(
-            fe::ExecutionPlanBuilder().setHandle(h).setEngineConfig(cfg, og.getTag()).build());
-        if (std::find(tags.begin(), tags.end(), plan->getTag()) != tags.end()) continue;
-        tags.push_back(plan->getTag());
-        out.push_back({plan, static_cast<size_t>(plan->getWorkspaceSize())});
-      } catch (fe::cudnnException& e) {
-        refused = e.what();
-      }
-    }
-  }
+  std::vector<Candidate> out = engine_plans(h, og, cs.dtype, kMaxPlans, &refused);
   MINIDL_CHECK(!out.empty(), "conv2d (cuda): cuDNN has no engine for ", describe(cs, dir),
                cudnn_deterministic() ? " that is deterministic (set_cudnn_deterministic(false) allows the others)" : "",
                refused.empty() ? "" : "; last refusal: ", refused);

@@ -15,11 +15,13 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/conv_engines.cuh"
 #include "kernels/cuda/conv_internal.cuh"
 #include "kernels/cuda/conv_stats_support.h"
 #include "kernels/cuda/cuda_backend.cuh"
@@ -49,10 +51,6 @@ const char* graph_name(FusedGraph g) {
                                           : "scale_bias_relu_wgrad";
 }
 
-struct Candidate {
-  std::shared_ptr<fe::ExecutionPlan> plan;
-  size_t workspace = 0;
-};
 // No candidate: the library refused the graph (the call answers false and the op composes).
 using FusedPlan = std::shared_ptr<const std::vector<Candidate>>;
 
@@ -146,48 +144,17 @@ std::vector<fe::Operation> build_ops(FusedGraph g, const ConvShape& cs, int64_t 
   return ops;
 }
 
-// Whether the switches allow an engine config (as conv_graph.cu: determinism, TF32 for f32).
-bool allowed(const fe::ManagedOpaqueDescriptor& cfg, DType dtype) {
-  cudnnBackendDescriptor_t d = cfg->get_backend_descriptor();
-  if (cudnn_deterministic() && fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC>(d)) return false;
-  return dtype != DType::f32 || allow_tf32_cudnn() ||
-         !(fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_TENSOR_CORE>(d) ||
-           fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS>(d));
-}
-
-// The graph's plans, heuristics' order then the fallback engines'; none when the library refuses it.
+// The graph's plans (conv_engines.cuh); none when the library refuses the graph.
 std::vector<Candidate> build_plans(cudnnHandle_t h, FusedGraph g, const ConvShape& cs, int64_t align) {
-  std::vector<Candidate> out;
   try {
     const std::vector<fe::Operation> ops = build_ops(g, cs, align);
     std::vector<const fe::Operation*> ptrs;
     for (const fe::Operation& op : ops) ptrs.push_back(&op);
     fe::OperationGraph og = fe::OperationGraphBuilder().setHandle(h).setOperationGraph(ptrs.size(), ptrs.data()).build();
-    std::vector<std::string> tags;
-    for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-      std::vector<fe::ManagedOpaqueDescriptor> cfgs;
-      try {
-        fe::EngineHeuristics heur = fe::EngineHeuristicsBuilder().setOperationGraph(og).setHeurMode(mode).build();
-        cfgs = heur.getEngineConfig(heur.getEngineConfigCount());
-      } catch (fe::cudnnException&) {
-        continue;   // this mode has nothing for the graph; the other may
-      }
-      for (const fe::ManagedOpaqueDescriptor& cfg : cfgs) {
-        if (!allowed(cfg, cs.dtype)) continue;
-        try {
-          auto plan = std::make_shared<fe::ExecutionPlan>(
-              fe::ExecutionPlanBuilder().setHandle(h).setEngineConfig(cfg, og.getTag()).build());
-          if (std::find(tags.begin(), tags.end(), plan->getTag()) != tags.end()) continue;
-          tags.push_back(plan->getTag());
-          out.push_back({plan, static_cast<size_t>(plan->getWorkspaceSize())});
-        } catch (fe::cudnnException&) {
-        }
-      }
-    }
+    return engine_plans(h, og, cs.dtype, std::numeric_limits<size_t>::max());
   } catch (fe::cudnnException&) {
-    out.clear();   // the graph itself is refused: the op composes
+    return {};   // the graph itself is refused: the op composes
   }
-  return out;
 }
 
 FusedPlan plan_for(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, int64_t align) {

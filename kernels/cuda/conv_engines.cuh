@@ -1,0 +1,69 @@
+// What both cuDNN graph-API paths do with an operation graph once it is built: ask the heuristics
+// (mode A, then the fallback engines) for engine configs, keep those the switches allow, and
+// finalize each into an execution plan with its exact workspace. conv_graph.cu plans single
+// convolutions with it, conv_stats.cu the fused convolution + batch-norm graphs.
+#pragma once
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cuda/runtime.h"
+
+namespace minidl::cuda {
+
+// One runnable plan and its exact workspace.
+struct Candidate {
+  std::shared_ptr<cudnn_frontend::ExecutionPlan> plan;
+  size_t workspace = 0;
+};
+
+// Whether the switches allow an engine config: determinism keeps engines without atomics; f32
+// without TF32 keeps engines that neither use tensor cores nor round the inputs down.
+inline bool engine_allowed(const cudnn_frontend::ManagedOpaqueDescriptor& cfg, DType dtype) {
+  namespace fe = cudnn_frontend;
+  cudnnBackendDescriptor_t d = cfg->get_backend_descriptor();
+  if (cudnn_deterministic() && fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC>(d)) return false;
+  return dtype != DType::f32 || allow_tf32_cudnn() ||
+         !(fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_TENSOR_CORE>(d) ||
+           fe::hasNumericalNote<CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS>(d));
+}
+
+// The graph's plans in the heuristics' order, then the fallback engines', each engine once and at
+// most `max_plans`; a mode with nothing for the graph, or a config cuDNN refuses to finalize, is
+// skipped, and `refused` (when given) keeps the last refusal's text.
+inline std::vector<Candidate> engine_plans(cudnnHandle_t h, cudnn_frontend::OperationGraph& og, DType dtype,
+                                           size_t max_plans, std::string* refused = nullptr) {
+  namespace fe = cudnn_frontend;
+  std::vector<Candidate> out;
+  std::vector<std::string> tags;
+  for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    std::vector<fe::ManagedOpaqueDescriptor> cfgs;
+    try {
+      fe::EngineHeuristics heur = fe::EngineHeuristicsBuilder().setOperationGraph(og).setHeurMode(mode).build();
+      cfgs = heur.getEngineConfig(heur.getEngineConfigCount());
+    } catch (fe::cudnnException& e) {
+      if (refused != nullptr) *refused = e.what();
+      continue;
+    }
+    for (const fe::ManagedOpaqueDescriptor& cfg : cfgs) {
+      if (out.size() >= max_plans) break;
+      if (!engine_allowed(cfg, dtype)) continue;
+      try {
+        auto plan = std::make_shared<fe::ExecutionPlan>(
+            fe::ExecutionPlanBuilder().setHandle(h).setEngineConfig(cfg, og.getTag()).build());
+        if (std::find(tags.begin(), tags.end(), plan->getTag()) != tags.end()) continue;
+        tags.push_back(plan->getTag());
+        out.push_back({plan, static_cast<size_t>(plan->getWorkspaceSize())});
+      } catch (fe::cudnnException& e) {
+        if (refused != nullptr) *refused = e.what();
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace minidl::cuda
