@@ -16,8 +16,8 @@
 namespace minidl {
 namespace {
 
-// Per-channel tensors are f32 under f16 activations, the activations' own dtype otherwise.
-DType stats_dtype(const Tensor& x) { return x.dtype() == DType::f16 ? DType::f32 : x.dtype(); }
+// Per-channel tensors are f32 under f16 or bf16 activations, the activations' own dtype otherwise.
+DType stats_dtype(const Tensor& x) { return is_float16(x.dtype()) ? DType::f32 : x.dtype(); }
 
 // [C] -> [1, C, 1, 1], to broadcast against an NCHW-shaped tensor.
 Tensor per_channel(const Tensor& t) { return t.reshape({1, t.size(0), 1, 1}); }

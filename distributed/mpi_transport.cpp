@@ -30,14 +30,14 @@ std::unique_ptr<Transport> make_mpi_transport(const LaunchInfo& info) {
 
 namespace {
 
-// MPI is initialized once per process (by the first group, or already by the program) and
-// finalized at exit, after the world group is destroyed (atexit runs after the destructors of
-// statics constructed before the registration finished, which world()'s group is not).
 // The reduction ops of one 16-bit float type.
 struct Ops16 {
   MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL, min = MPI_OP_NULL;
 };
 
+// MPI is initialized once per process (by the first group, or already by the program) and
+// finalized at exit, after the world group is destroyed (atexit runs after the destructors of
+// statics constructed before the registration finished, which world()'s group is not).
 struct MpiRuntime {
   MPI_Datatype half = MPI_DATATYPE_NULL;   // any 2-byte element: f16 and bf16
   Ops16 f16, bf16;
