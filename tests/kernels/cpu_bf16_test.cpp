@@ -13,6 +13,7 @@
 
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/conv_bn.h"
 #include "core/generator.h"
 #include "core/ops.h"
 #include "tests/support/low_precision.h"
@@ -207,6 +208,24 @@ TEST(CpuBf16Parity, Conv2dForwardAndBackward) {
     const Tensor y = conv2d(x, w, b, o);
     return cat({y}, grads(y, gy0.to(dt), {x, w, b}));
   });
+}
+
+TEST(CpuBf16Parity, ConvStatsChainComposedInBf16) {
+  // conv2d_stats in bf16: y in bf16, its statistics in f32 (as under f16); the CPU composes it, so
+  // the second convolution reads a bf16-rounded activation: within bf16's tolerance of f32.
+  const Tensor x0 = input({2, 3, 6, 6}, 40), w0 = input({4, 3, 3, 3}, 41, 0.3), w1 = input({5, 4, 3, 3}, 42, 0.3);
+  const Tensor scale = exact(full({4}, 0.75)), bias = exact(full({4}, 0.125));
+  const Conv2dOptions o{.padding = {1, 1}};
+  expect_matches_f32(
+      [&](DType dt) {
+        const Tensor x = leaf(x0, dt), w = leaf(w0, dt), v = leaf(w1, dt);
+        const ConvStats s1 = conv2d_stats(x, Tensor(), Tensor(), w, o);
+        const ConvStats s2 = conv2d_stats(s1.y, scale, bias, v, o);
+        EXPECT_EQ(s2.sum.dtype(), DType::f32);
+        (sum(s2.y).to(DType::f32) + sum(s2.sumsq) * 0.01 + sum(s1.sum)).backward();
+        return std::vector<Tensor>{s1.y, s1.sum, s1.sumsq, s2.y, s2.sum, x.grad(), w.grad(), v.grad()};
+      },
+      kBf16Rtol);
 }
 
 TEST(CpuBf16Parity, PoolingForwardAndBackward) {

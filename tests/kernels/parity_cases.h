@@ -108,6 +108,9 @@ inline const std::vector<ParityCase>& cpu_bf16_cases() {
       {"conv2d_backward_input_add", "",
        "the CPU declines it (false) for every dtype; the engine then adds the gradient of "
        "conv2d_backward_input, whose row this is not"},
+      // The CPU declines both (false) for every dtype: the op composes them from the kernels above.
+      {"conv2d_stats_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.ConvStatsChainComposedInBf16"},
+      {"conv2d_stats_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.ConvStatsChainComposedInBf16"},
       {"max_pool2d_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
       {"max_pool2d_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
       {"avg_pool2d_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
