@@ -18,7 +18,7 @@ struct DTypeInfo {
 // Every dtype in the order of its enum, so that a dtype's value indexes the table.
 constexpr DTypeInfo kDTypes[] = {
     {DType::f32, 4, "f32"}, {DType::f64, 8, "f64"}, {DType::f16, 2, "f16"},   {DType::i32, 4, "i32"},
-    {DType::i64, 8, "i64"}, {DType::u8, 1, "u8"},   {DType::boolean, 1, "bool"},
+    {DType::i64, 8, "i64"}, {DType::u8, 1, "u8"},   {DType::boolean, 1, "bool"}, {DType::bf16, 2, "bf16"},
 };
 
 constexpr bool table_in_enum_order() {
@@ -47,13 +47,15 @@ const char* dtype_name(DType t) {
   return d != nullptr ? d->name : "?";
 }
 
-bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16; }
+bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || is_float16(t); }
+
+bool is_float16(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 DType dtype_from_name(const std::string& name) {
   for (const DTypeInfo& d : kDTypes) {
     if (name == d.name) return d.type;
   }
-  MINIDL_FAIL("unknown dtype '", name, "': expected one of f32, f64, f16, i32, i64, u8, bool");
+  MINIDL_FAIL("unknown dtype '", name, "': expected one of f32, f64, f16, bf16, i32, i64, u8, bool");
 }
 
 }  // namespace minidl

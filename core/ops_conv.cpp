@@ -19,9 +19,9 @@ std::string pair_str(const std::array<int64_t, 2>& a) {
 
 void check_conv_dtype(const Tensor& x, const char* what) {
   const DType dt = x.dtype();
-  const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
+  const bool ok = is_floating(dt);
   MINIDL_CHECK(ok, "conv2d: ", what, " has dtype ", dtype_name(dt), " on ", x.device().str(),
-               ", but only f32, f64 and f16 are supported; convert it with .to(DType::f32)");
+               ", but only f32, f64, f16 and bf16 are supported; convert it with .to(DType::f32)");
 }
 
 // The weight and the bias share the input's dtype and device; `which` is what the fix converts or

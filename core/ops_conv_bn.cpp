@@ -16,8 +16,8 @@
 namespace minidl {
 namespace {
 
-// Per-channel tensors are f32 under f16 activations, the activations' own dtype otherwise.
-DType stats_dtype(const Tensor& x) { return x.dtype() == DType::f16 ? DType::f32 : x.dtype(); }
+// Per-channel tensors are f32 under f16 or bf16 activations, the activations' own dtype otherwise.
+DType stats_dtype(const Tensor& x) { return is_float16(x.dtype()) ? DType::f32 : x.dtype(); }
 
 // [C] -> [1, C, 1, 1], to broadcast against an NCHW-shaped tensor.
 Tensor per_channel(const Tensor& t) { return t.reshape({1, t.size(0), 1, 1}); }
@@ -103,8 +103,8 @@ Shape checked_output_shape(const Tensor& x, const Tensor& w, const Conv2dOptions
                x.size(1), ", kH, kW] for the input ", x.meta());
   MINIDL_CHECK(w.dtype() == x.dtype() && w.device() == x.device(), "conv2d_stats: weight ", w.meta(),
                " and input ", x.meta(), " must share dtype and device; convert one with .to()");
-  MINIDL_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64 || x.dtype() == DType::f16, "conv2d_stats: input ",
-               x.meta(), " must be f32, f64 or f16; convert it with .to(DType::f32)");
+  MINIDL_CHECK(is_floating(x.dtype()), "conv2d_stats: input ", x.meta(),
+               " must be f32, f64, f16 or bf16; convert it with .to(DType::f32)");
   MINIDL_CHECK(o.groups == 1, "conv2d_stats: groups=", o.groups, " is not supported (only groups=1)");
   return {x.size(0), w.size(0),
           conv_output_size(x.size(2), w.size(2), o.stride[0], o.padding[0], o.dilation[0], false, "conv2d_stats"),

@@ -15,9 +15,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
                " must be in [0, 1] (it is the probability of zeroing an element, not of keeping it)");
   if (!training || p == 0.0) return x;
   const DType dt = x.dtype();
-  const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
+  const bool ok = is_floating(dt);
   MINIDL_CHECK(ok, "dropout: input ", shape_str(x.shape()), " has dtype ", dtype_name(dt), " on ", x.device().str(),
-               ", but only f32, f64 and f16 are supported; convert it with .to(DType::f32)");
+               ", but only f32, f64, f16 and bf16 are supported; convert it with .to(DType::f32)");
 
   // The mask holds 0 or 1/(1-p), so forward and backward are one multiply each.
   Tensor mask = empty(x.shape(), x.options());

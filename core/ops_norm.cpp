@@ -16,14 +16,14 @@ namespace {
 // x may be f16 (autocast, pure f16) with f32 parameters and statistics on every backend.
 void check_input_dtype(const Tensor& x, const char* op) {
   const DType dt = x.dtype();
-  const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
+  const bool ok = is_floating(dt);
   MINIDL_CHECK(ok, op, ": input ", shape_str(x.shape()), " has dtype ", dtype_name(dt), " on ",
-               x.device().str(), ", but only f32, f64 and f16 are supported; convert it with "
+               x.device().str(), ", but only f32, f64, f16 and bf16 are supported; convert it with "
                ".to(DType::f32)");
 }
 
 // Dtype of the per-channel tensors: x's own, except f32 under f16 activations.
-DType param_dtype(const Tensor& x) { return x.dtype() == DType::f16 ? DType::f32 : x.dtype(); }
+DType param_dtype(const Tensor& x) { return is_float16(x.dtype()) ? DType::f32 : x.dtype(); }
 
 void check_channel_tensor(const Tensor& t, const char* what, const Tensor& x, const char* op) {
   if (!t.defined()) return;

@@ -22,9 +22,9 @@ Pool2dOptions resolve_pool(const char* op, const Tensor& x, const Pool2dOptions&
   MINIDL_CHECK(x.dim() == 4, op, ": expected a 4-D input [N, C, H, W] but got ", shape_str(x.shape()),
                (x.dim() == 3 ? "; add the batch dim with x.unsqueeze(0)" : ""));
   const DType dt = x.dtype();
-  const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
+  const bool ok = is_floating(dt);
   MINIDL_CHECK(ok, op, ": input has dtype ", dtype_name(dt), " on ", x.device().str(),
-               ", but only f32, f64 and f16 are supported; convert it with .to(DType::f32)");
+               ", but only f32, f64, f16 and bf16 are supported; convert it with .to(DType::f32)");
   Pool2dOptions o = opts;
   for (int i = 0; i < 2; ++i) {
     MINIDL_CHECK(o.kernel[i] > 0, op, ": kernel size ", pair_str(opts.kernel), " must be positive");
@@ -118,9 +118,9 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) 
   MINIDL_CHECK(x.size(2) > 0 && x.size(3) > 0, "adaptive_avg_pool2d: input ", shape_str(x.shape()),
                " has an empty spatial dimension");
   const DType dt = x.dtype();
-  const bool ok = dt == DType::f32 || dt == DType::f64 || dt == DType::f16;
+  const bool ok = is_floating(dt);
   MINIDL_CHECK(ok, "adaptive_avg_pool2d: input has dtype ", dtype_name(dt), " on ", x.device().str(),
-               ", but only f32, f64 and f16 are supported; convert it with .to(DType::f32)");
+               ", but only f32, f64, f16 and bf16 are supported; convert it with .to(DType::f32)");
   // mean is differentiable, so it also provides the backward, except in channels-last: there
   // mean's backward (an expand divided by H*W) would come out contiguous, so the gradient is
   // written straight into x's format in one pass (the [N, C, 1, 1] output is both formats).

@@ -14,8 +14,8 @@ namespace {
 
 void check_float(const Tensor& t, const char* op, const char* what) {
   const DType dt = t.dtype();
-  MINIDL_CHECK(dt == DType::f32 || dt == DType::f64 || dt == DType::f16, op, ": ", what, " ", shape_str(t.shape()),
-               " has dtype ", dtype_name(dt), ", but only f32, f64 and f16 are supported; convert it with "
+  MINIDL_CHECK(is_floating(dt), op, ": ", what, " ", shape_str(t.shape()),
+               " has dtype ", dtype_name(dt), ", but only f32, f64, f16 and bf16 are supported; convert it with "
                ".to(DType::f32)");
 }
 

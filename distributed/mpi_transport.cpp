@@ -1,6 +1,6 @@
 // The MPI engine for CPU tensors: non-blocking MPI_Iallreduce in place (so data parallelism can
-// start a bucket during backward), MPI_Bcast, MPI_Barrier, MPI_Abort. f16 has no MPI type: it
-// travels as 2-byte elements reduced by user-defined ops that add in f32 and round once.
+// start a bucket during backward), MPI_Bcast, MPI_Barrier, MPI_Abort. f16 and bf16 have no MPI type:
+// they travel as 2-byte elements reduced by user-defined ops that add in f32 and round once.
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -30,30 +30,48 @@ std::unique_ptr<Transport> make_mpi_transport(const LaunchInfo& info) {
 
 namespace {
 
+// The reduction ops of one 16-bit float type.
+struct Ops16 {
+  MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL, min = MPI_OP_NULL;
+};
+
 // MPI is initialized once per process (by the first group, or already by the program) and
 // finalized at exit, after the world group is destroyed (atexit runs after the destructors of
 // statics constructed before the registration finished, which world()'s group is not).
 struct MpiRuntime {
-  MPI_Datatype half = MPI_DATATYPE_NULL;
-  MPI_Op half_sum = MPI_OP_NULL, half_max = MPI_OP_NULL, half_min = MPI_OP_NULL;
+  MPI_Datatype half = MPI_DATATYPE_NULL;   // any 2-byte element: f16 and bf16
+  Ops16 f16, bf16;
   std::string library;
 };
 
-template <typename F>
+// T is Half or BFloat16: each element widened to f32, combined, rounded once.
+template <typename T, typename F>
 void half_apply(void* in, void* inout, int* len, F f) {
   const auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = Half::from_float(f(Half::to_float(a[i]), Half::to_float(b[i])));
+  for (int i = 0; i < *len; ++i) b[i] = T::from_float(f(T::to_float(a[i]), T::to_float(b[i])));
 }
+template <typename T>
 void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-  half_apply(in, inout, len, [](float x, float y) { return x + y; });
+  half_apply<T>(in, inout, len, [](float x, float y) { return x + y; });
 }
+template <typename T>
 void half_max(void* in, void* inout, int* len, MPI_Datatype*) {
   // NaN wins, as in a sum: a NaN gradient must not vanish in a max.
-  half_apply(in, inout, len, [](float x, float y) { return (x != x || x > y) ? x : y; });
+  half_apply<T>(in, inout, len, [](float x, float y) { return (x != x || x > y) ? x : y; });
 }
+template <typename T>
 void half_min(void* in, void* inout, int* len, MPI_Datatype*) {
-  half_apply(in, inout, len, [](float x, float y) { return (x != x || x < y) ? x : y; });
+  half_apply<T>(in, inout, len, [](float x, float y) { return (x != x || x < y) ? x : y; });
+}
+
+template <typename T>
+Ops16 make_ops16() {
+  Ops16 o;
+  MPI_Op_create(half_sum<T>, 1, &o.sum);
+  MPI_Op_create(half_max<T>, 1, &o.max);
+  MPI_Op_create(half_min<T>, 1, &o.min);
+  return o;
 }
 
 void finalize_mpi() {
@@ -74,9 +92,8 @@ MpiRuntime& runtime() {
     auto* r = new MpiRuntime;  // lives until exit: MPI handles are freed by MPI_Finalize
     MPI_Type_contiguous(2, MPI_BYTE, &r->half);
     MPI_Type_commit(&r->half);
-    MPI_Op_create(half_sum, 1, &r->half_sum);
-    MPI_Op_create(half_max, 1, &r->half_max);
-    MPI_Op_create(half_min, 1, &r->half_min);
+    r->f16 = make_ops16<Half>();
+    r->bf16 = make_ops16<BFloat16>();
     char version[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;
     MPI_Get_library_version(version, &len);
@@ -98,7 +115,8 @@ MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
-    case DType::f16: return runtime().half;
+    case DType::f16:
+    case DType::bf16: return runtime().half;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
@@ -108,8 +126,9 @@ MPI_Datatype mpi_type(DType t) {
 }
 
 MPI_Op mpi_op(ReduceOp op, DType t) {
-  if (t == DType::f16) {
-    return op == ReduceOp::Max ? runtime().half_max : op == ReduceOp::Min ? runtime().half_min : runtime().half_sum;
+  if (is_float16(t)) {
+    const Ops16& o = t == DType::f16 ? runtime().f16 : runtime().bf16;
+    return op == ReduceOp::Max ? o.max : op == ReduceOp::Min ? o.min : o.sum;
   }
   return op == ReduceOp::Max ? MPI_MAX : op == ReduceOp::Min ? MPI_MIN : MPI_SUM;
 }

@@ -47,6 +47,7 @@ ncclDataType_t nccl_type(DType t, const std::string& where) {
     case DType::f32: return ncclFloat32;
     case DType::f64: return ncclFloat64;
     case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
     case DType::u8:

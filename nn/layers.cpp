@@ -94,7 +94,7 @@ BnAffine BatchNorm2d::affine(const ConvStats& stats) {
 // autograd derives the backward; the reductions over processes are reduce_'s.
 Tensor BatchNorm2d::sync_forward(const Tensor& x) {
   const int64_t c = num_features_;
-  const Tensor xf = x.dtype() == DType::f16 ? x.to(DType::f32) : x;
+  const Tensor xf = is_float16(x.dtype()) ? x.to(DType::f32) : x;
   const std::vector<int64_t> dims{0, 2, 3};
   const Shape per_channel{1, c, 1, 1};
   Tensor count = full({1}, static_cast<double>(x.numel() / c), {.dtype = DType::f64});
@@ -111,7 +111,7 @@ Tensor BatchNorm2d::sync_forward(const Tensor& x) {
     running_mean_.mul_(1.0 - momentum_).add_(mean.detach().to(running_mean_.dtype()), momentum_);
     running_var_.mul_(1.0 - momentum_).add_(var.detach().to(running_var_.dtype()), momentum_ * n / (n - 1.0));
   }
-  return x.dtype() == DType::f16 ? out.to(DType::f16) : out;
+  return is_float16(x.dtype()) ? out.to(x.dtype()) : out;
 }
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator* gen)

@@ -43,8 +43,8 @@ struct DTypeCode {
   DType dtype;
 };
 constexpr DTypeCode kCodes[] = {{"F32", DType::f32}, {"F64", DType::f64}, {"F16", DType::f16},
-                                {"I32", DType::i32}, {"I64", DType::i64}, {"U8", DType::u8},
-                                {"BOOL", DType::boolean}};
+                                {"BF16", DType::bf16}, {"I32", DType::i32}, {"I64", DType::i64},
+                                {"U8", DType::u8},     {"BOOL", DType::boolean}};
 
 bool dtype_from_code(const std::string& code, DType* out) {
   for (const auto& c : kCodes) {
@@ -172,7 +172,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t data_
     e.name = name;
     const std::string code = entry["dtype"].get<std::string>();
     MINIDL_CHECK(dtype_from_code(code, &e.dtype), where, " has unsupported dtype '", code,
-                 "' (known: F32, F64, F16, I32, I64, U8, BOOL)");
+                 "' (known: F32, F64, F16, BF16, I32, I64, U8, BOOL)");
 
     MINIDL_CHECK(entry["shape"].size() <= kMaxRank, where, " has ", entry["shape"].size(),
                  " dimensions, more than the ", kMaxRank, " minidl supports");

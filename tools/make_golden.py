@@ -52,6 +52,8 @@ def write_safetensors(path, tensors, metadata):
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous()
         code, np_type = DTYPE_CODES[t.dtype]
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)  # numpy has no bfloat16: the bits as they are
         data = t.numpy().astype(np_type).astype(np.dtype(np_type).newbyteorder("<")).tobytes()
         header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)

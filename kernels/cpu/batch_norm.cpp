@@ -33,7 +33,8 @@ std::vector<double> load_channels(const Tensor& t, int64_t C, double fallback) {
       case DType::f32: v[c] = t.data<float>()[c * st]; break;
       case DType::f64: v[c] = t.data<double>()[c * st]; break;
       case DType::f16: v[c] = static_cast<float>(t.data<Half>()[c * st]); break;
-      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32, f64 or f16");
+      case DType::bf16: v[c] = static_cast<float>(t.data<BFloat16>()[c * st]); break;
+      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32, f64, f16 or bf16");
     }
   }
   return v;
@@ -50,7 +51,8 @@ void store_channels(const Tensor& t, const std::vector<double>& v) {
       case DType::f32: t.data<float>()[c * st] = static_cast<float>(v[c]); break;
       case DType::f64: t.data<double>()[c * st] = v[c]; break;
       case DType::f16: t.data<Half>()[c * st] = Half(static_cast<float>(v[c])); break;
-      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32, f64 or f16");
+      case DType::bf16: t.data<BFloat16>()[c * st] = BFloat16(static_cast<float>(v[c])); break;
+      default: MINIDL_FAIL("batch_norm (cpu): per-channel tensor ", t.meta(), " must be f32, f64, f16 or bf16");
     }
   }
 }
@@ -289,8 +291,8 @@ Tensor staged_output(const Tensor& t) {
 }
 
 void check_act_dtype(const Tensor& x, const char* op) {
-  MINIDL_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64 || x.dtype() == DType::f16, op, " (cpu): x ",
-               x.meta(), " must be f32, f64 or f16; convert with .to(DType::f32)");
+  MINIDL_CHECK(is_floating(x.dtype()), op, " (cpu): x ", x.meta(),
+               " must be f32, f64, f16 or bf16; convert with .to(DType::f32)");
 }
 
 }  // namespace
@@ -318,7 +320,7 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight,
                                           const Tensor& running_mean, const Tensor& running_var, double momentum,
                                           double eps, const Tensor& y, const Tensor& save_mean,
                                           const Tensor& save_invstd) {
-  if (is_half(x) || is_half(y)) {  // f16 activations: f32 compute, statistics in double as for f32
+  if (is_half(x) || is_half(y)) {  // f16, bf16 activations: f32 compute, statistics in double as for f32
     return in_f32(y, [&](const Tensor& yf) {
       batch_norm_forward_train(widen_half(x), weight, bias, running_mean, running_var, momentum, eps, yf, save_mean,
                                save_invstd);

@@ -351,7 +351,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   common::check_contiguous("cpu", "conv2d_forward", {&x, &w, &bias, &y});
   const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), o, "conv2d_forward");
   if (g.n == 0) return;
-  if (is_half(x) || is_half(w) || is_half(y)) {  // f16: the f32 kernel on widened copies, one rounding
+  if (is_half(x) || is_half(w) || is_half(y)) {  // f16, bf16: the f32 kernel on widened copies, one rounding
     return in_f32(y, [&](const Tensor& yf) { conv2d_forward(widen_half(x), widen_half(w), widen_half(bias), o, yf); });
   }
   dispatch_wide(x.dtype(), "conv2d_forward", [&](auto t) { conv_forward<decltype(t)>(x, w, bias, g, y); });

@@ -21,7 +21,7 @@ std::vector<int64_t> conv2d_workspace_bytes(ConvPass pass, const Shape& x, const
     for (int64_t d : s) n *= d;
     return n;
   };
-  if (dtype == DType::f16) {
+  if (is_float16(dtype)) {
     // The f32 result first (f32_output_for), then the widened operands (widen_half).
     const int64_t f = static_cast<int64_t>(sizeof(float));
     if (pass == ConvPass::Forward) {
@@ -35,7 +35,7 @@ std::vector<int64_t> conv2d_workspace_bytes(ConvPass pass, const Shape& x, const
     dtype = DType::f32;
   }
   MINIDL_CHECK(dtype == DType::f32 || dtype == DType::f64, op, " (cpu): dtype ", dtype_name(dtype),
-               " is not supported (f32, f64 and f16 only)");
+               " is not supported (f32, f64, f16 and bf16 only)");
   const auto blocks = [&](auto tag) {
     using T = decltype(tag);
     const Workspace ws = pass == ConvPass::Forward         ? forward_workspace<T>(g)

@@ -47,16 +47,16 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
       for_each_run<2>(plan, {static_cast<char*>(dst.data_ptr()), static_cast<char*>(src.data_ptr())},
                       {sizeof(D), sizeof(S)}, [](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>& st) {
                         constexpr int64_t ED = sizeof(D), ES = sizeof(S);
-                        if constexpr (std::is_same_v<D, float> && std::is_same_v<S, Half>) {
+                        if constexpr (std::is_same_v<D, float> && is_float16_v<S>) {
                           if (st[0] == ED && st[1] == ES) {
-                            const auto* from = reinterpret_cast<const Half*>(p[1]);
+                            const auto* from = reinterpret_cast<const S*>(p[1]);
                             return half_to_float(from, reinterpret_cast<float*>(p[0]), n);
                           }
                         }
-                        if constexpr (std::is_same_v<D, Half> && std::is_same_v<S, float>) {
+                        if constexpr (is_float16_v<D> && std::is_same_v<S, float>) {
                           if (st[0] == ED && st[1] == ES) {
                             const auto* from = reinterpret_cast<const float*>(p[1]);
-                            return float_to_half(from, reinterpret_cast<Half*>(p[0]), n);
+                            return float_to_half(from, reinterpret_cast<D*>(p[0]), n);
                           }
                         }
                         char* d = p[0];
@@ -99,11 +99,11 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double sc
                         const T* a = reinterpret_cast<const T*>(p[1]);
                         switch (op) {  // hot ops get their own loop so they vectorise
                           case UnaryOp::Relu:
-                            if constexpr (std::is_same_v<T, Half>) {
+                            if constexpr (is_float16_v<T>) {
                               // On the bits, as the f32 loop decides: only x > 0 (positive, not NaN) passes.
                               for (int64_t i = 0; i < n; ++i) {
                                 const uint16_t b = a[i].bits;
-                                o[i].bits = (b != 0 && b <= 0x7c00u) ? b : uint16_t{0};
+                                o[i].bits = (b != 0 && b <= T::kInfBits) ? b : uint16_t{0};
                               }
                             } else {
                               for (int64_t i = 0; i < n; ++i) o[i] = a[i] > T(0) ? a[i] : T(0);
@@ -136,7 +136,7 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
                         const char* x = p[1];
                         const char* y = p[2];
                         for (int64_t i = 0; i < n; ++i, o += st[0], x += st[1], y += st[2]) {
-                          using C = std::conditional_t<std::is_same_v<T, Half>, float, T>;  // compare halves as float
+                          using C = compute_t<T>;  // compare 16-bit floats as float
                           *reinterpret_cast<bool*>(o) = apply_compare<C>(op, static_cast<C>(*reinterpret_cast<const T*>(x)),
                                                                          static_cast<C>(*reinterpret_cast<const T*>(y)));
                         }

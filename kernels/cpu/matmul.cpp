@@ -1,4 +1,5 @@
-// CPU batched GEMM: minidl's sgemm for f32 on AVX-512 (sgemm.h), Eigen otherwise. Operands that
+// CPU batched GEMM: minidl's sgemm for f32 on AVX-512 (sgemm.h), Eigen otherwise; bf16 has its
+// own kernel (bf16_gemm.h) and f16 runs the f32 GEMM on widened copies. Operands that
 // are row-major or column-major in memory (e.g. a transposed weight) are mapped without a copy;
 // anything else is made contiguous first.
 // Threads split the work themselves and each runs Eigen single-threaded: a batch of products one
@@ -13,6 +14,7 @@
 #include <Eigen/Core>
 
 #include "kernels/common/checks.h"
+#include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/sgemm.h"
@@ -55,6 +57,9 @@ std::pair<bool, bool> matmul_operand_copies(const Tensor& a, const Tensor& b) {
 }
 
 void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
+  if (a_in.dtype() == DType::bf16 && b_in.dtype() == DType::bf16 && out.dtype() == DType::bf16) {
+    return bf16_matmul(a_in, b_in, out);  // f32 accumulation, one rounding
+  }
   if (is_half(a_in) || is_half(b_in) || is_half(out)) {  // f16: an f32 GEMM (f32 accumulation), one rounding
     return in_f32(out, [&](const Tensor& o) { matmul(widen_half(a_in), widen_half(b_in), o); });
   }

@@ -279,7 +279,7 @@ void CpuBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, con
                "max_pool2d_forward (cpu): indices must be i64 with the output's shape ", shape_str(y.shape()),
                ", got ", indices.meta());
   const PoolGeom g = common::pool_geom("cpu", x.shape(), y.shape(), o, "max_pool2d_forward");
-  if (is_half(x) || is_half(y)) {  // f16: the f32 kernel on widened copies (max is exact in f16)
+  if (is_half(x) || is_half(y)) {  // f16, bf16: the f32 kernel on widened copies (max is exact)
     return in_f32(y, [&](const Tensor& yf) { max_pool2d_forward(widen_half(x), o, yf, indices); });
   }
   dispatch_wide(x.dtype(), "max_pool2d_forward", [&](auto t) {

@@ -1,5 +1,5 @@
-// CPU reductions over any set of dims of a strided tensor. Sums accumulate in double (f32, f64 and
-// f16) or int64; large reductions are split into fixed blocks combined in order, so results do not
+// CPU reductions over any set of dims of a strided tensor. Sums accumulate in double (f32, f64, f16
+// and bf16) or int64; large reductions are split into fixed blocks combined in order, so results do not
 // depend on the thread count.
 #include <algorithm>
 #include <cmath>
@@ -12,12 +12,12 @@ namespace minidl::cpu {
 namespace {
 
 template <typename T>
-constexpr bool kFloatLike = std::is_floating_point_v<T> || std::is_same_v<T, Half>;
+constexpr bool kFloatLike = std::is_floating_point_v<T> || is_float16_v<T>;
 
 template <typename T>
 bool is_nan(T v) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return (v.bits & 0x7fffu) > 0x7c00u;
+  if constexpr (is_float16_v<T>) {
+    return (v.bits & 0x7fffu) > T::kInfBits;
   } else {
     return std::isnan(v);
   }
@@ -63,7 +63,7 @@ void visit(ReduceOp op, const T* base, const Dims& r, int64_t begin, int64_t end
       if constexpr (kFloatLike<T>) {
         double s = 0;
         int64_t i = 0;
-        if (inner_stride == 1 && !std::is_same_v<T, Half>) {
+        if (inner_stride == 1 && !is_float16_v<T>) {
           // Eight partial sums the compiler keeps in one vector: a single running sum is a chain of
           // dependent adds, 4 cycles per element (the conv bias gradient sums whole activations).
           double part[8] = {};
@@ -141,6 +141,7 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
           if (out.dtype() == DType::f32) out.data<float>()[o] = static_cast<float>(acc.sum);
           else if (out.dtype() == DType::f64) out.data<double>()[o] = acc.sum;
           else if (out.dtype() == DType::f16) out.data<Half>()[o] = Half(static_cast<float>(acc.sum));
+          else if (out.dtype() == DType::bf16) out.data<BFloat16>()[o] = BFloat16(static_cast<float>(acc.sum));
           else if (out.dtype() == DType::i32) out.data<int32_t>()[o] = static_cast<int32_t>(acc.isum);
           else out.data<int64_t>()[o] = acc.isum;
           break;
@@ -148,6 +149,7 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
           const double m = R > 0 ? acc.sum / static_cast<double>(R) : std::numeric_limits<double>::quiet_NaN();
           if (out.dtype() == DType::f32) out.data<float>()[o] = static_cast<float>(m);
           else if (out.dtype() == DType::f16) out.data<Half>()[o] = Half(static_cast<float>(m));
+          else if (out.dtype() == DType::bf16) out.data<BFloat16>()[o] = BFloat16(static_cast<float>(m));
           else out.data<double>()[o] = m;
           break;
         }

@@ -114,7 +114,7 @@ void check_float(const Tensor& t, const char* op, const char* what) {
 
 void CpuBackend::softmax_forward(const Tensor& x, int64_t dim, bool log, const Tensor& y) {
   const char* op = log ? "log_softmax" : "softmax";
-  if (is_half(x) || is_half(y)) {  // f16: computed in f32, rounded once
+  if (is_half(x) || is_half(y)) {  // f16, bf16: computed in f32, rounded once
     MINIDL_CHECK(y.dtype() == x.dtype(), op, " (cpu): output ", y.meta(), " must have x's dtype ", x.meta());
     return in_f32(y, [&](const Tensor& yf) { softmax_forward(widen_half(x), dim, log, yf); });
   }

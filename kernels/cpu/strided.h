@@ -101,9 +101,9 @@ template <typename To, typename From>
 inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
     return v;
-  } else if constexpr (std::is_same_v<To, Half>) {
-    return Half(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<From, Half>) {
+  } else if constexpr (is_float16_v<To>) {
+    return To(static_cast<float>(v));
+  } else if constexpr (is_float16_v<From>) {
     return convert<To>(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From{};

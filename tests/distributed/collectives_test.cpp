@@ -20,7 +20,7 @@ TEST(DistCollectives, AllreduceSumMeanMaxMinPerDtype) {
   ProcessGroup& g = world();
   const int r = g.rank();
   const int w = g.world_size();
-  for (DType dt : {DType::f32, DType::f64, DType::f16}) {
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
     // Rank r holds [r + 1, -(r + 1), 0.5 * r]: sums, means and extremes have closed forms.
     const std::vector<double> v{r + 1.0, -(r + 1.0), 0.5 * r};
     Tensor t = from_vector(v, {3}, {.dtype = dt});
@@ -49,7 +49,7 @@ TEST(DistCollectives, NonFiniteValuesSurviveTheSum) {
   // The last rank contributes inf / NaN: every rank must see them (this is how a gradient
   // scaler's inf on one rank reaches all of them through the gradient average).
   const bool last = g.rank() == g.world_size() - 1;
-  for (DType dt : {DType::f32, DType::f16}) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
     Tensor t = from_vector({last ? INFINITY : 1.0, last ? NAN : 2.0}, {2}, {.dtype = dt});
     g.allreduce(t, ReduceOp::Mean);
     const auto v = t.to_vector();

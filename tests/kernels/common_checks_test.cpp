@@ -93,6 +93,21 @@ TEST(KernelsCommon, DispatchTakesEachFamilysDtypes) {
               HasSubstr("add (cuda): needs a numeric tensor (f32, f64, f16, i32 or i64), got u8"));
   EXPECT_THAT(error_of([&] { wide(DType::f16, "matmul", record); }),
               HasSubstr("matmul (cpu): needs a floating tensor (f32 or f64), got f16"));
+  // A backend without a bf16 type refuses bf16 naming the conversion; one with it takes it.
+  EXPECT_THAT(error_of([&] { arith(DType::bf16, "add", record); }),
+              HasSubstr("add (cuda): needs a numeric tensor (f32, f64, f16, i32 or i64), got bf16; convert with "
+                        ".to(DType::f32)"));
+  EXPECT_THAT(error_of([&] { all(DType::bf16, "copy", record); }),
+              HasSubstr("copy (cpu): needs a dtype it has kernels for, got bf16"));
+  struct FakeBf16 {
+    uint16_t bits[3];  // a size of its own, so the test tells it from FakeHalf
+  };
+  constexpr common::Dispatch<FakeHalf, common::DTypeFamily::Floating, FakeBf16> floating16{"cpu"};
+  size = 0;
+  floating16(DType::bf16, "relu", record);
+  EXPECT_EQ(size, sizeof(FakeBf16));
+  EXPECT_THAT(error_of([&] { floating16(DType::i32, "relu", record); }),
+              HasSubstr("relu (cpu): needs a floating tensor (f32, f64, f16 or bf16), got i32"));
 }
 
 TEST(KernelsCommon, BinaryFormulasPropagateNaNAndCompare) {

@@ -11,29 +11,17 @@
 #include "core/backend.h"
 #include "core/generator.h"
 #include "core/ops.h"
+#include "tests/support/low_precision.h"
 
 namespace minidl {
 namespace {
+
+using testing::max_rel_err;
 
 constexpr double kF16Rtol = 1e-3;  // the bound; one f16 rounding is 2^-11 = 4.9e-4
 
 Tensor h(const Tensor& t) { return t.to(DType::f16); }
 Tensor wide(const Tensor& t) { return t.to(DType::f64); }  // exact for f16 values
-
-// Largest |got - want| / (|want| + atol) over all elements.
-double max_rel_err(const Tensor& got, const Tensor& want, double atol = 1e-3) {
-  EXPECT_EQ(got.shape(), want.shape());
-  const auto g = got.to_vector(), w = want.to_vector();
-  double worst = 0.0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (std::isnan(w[i])) {
-      EXPECT_TRUE(std::isnan(g[i])) << "element " << i;
-      continue;
-    }
-    worst = std::max(worst, std::abs(g[i] - w[i]) / (std::abs(w[i]) + atol));
-  }
-  return worst;
-}
 
 Tensor randn_f16(const Shape& s, uint64_t seed, double scale = 1.0) {
   Generator gen(seed);

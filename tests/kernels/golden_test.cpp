@@ -335,8 +335,8 @@ TEST(GoldenReader, RejectsMalformedFiles) {
   expect_error(write_temp("huge_header", huge), "declares a header of");
   const BadFile bad[] = {
       {"bad_json", "{\"a\":", "", "not valid JSON"},
-      {"bad_dtype", R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", floats({1.f}),
-       "unsupported dtype 'BF16'"},
+      {"bad_dtype", R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", floats({1.f}),
+       "unsupported dtype 'F8_E4M3'"},
       {"outside", "{" + tensor + "}", floats({1.f}), "outside the data section"},
       {"count", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", floats({1.f, 2.f}), "needs 12"},
       {"neg_shape", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", floats({1.f, 2.f}), "non-negative"},

@@ -88,4 +88,54 @@ inline const std::vector<ParityCase>& parity_cases() {
   return table;
 }
 
+// The second table: bf16 against f32 on the CPU, one row per op contract of core/backend.h (the
+// device services move bytes and have no dtype arithmetic). Same row shape: the tests that run
+// the op in bf16, or why nothing is compared; tests/kernels/parity_coverage_test.cpp checks both.
+inline const std::vector<ParityCase>& cpu_bf16_cases() {
+  static const std::vector<ParityCase> table{
+      {"copy", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.CopiesAndCastsToAndFromEveryDtype "
+               "core/bfloat16_test.cpp:BFloat16.EveryPatternRoundTripsThroughTensorCopies"},
+      {"fill", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.FillsAndFactories"},
+      {"unary", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.UnaryOpsRoundOnce"},
+      {"binary", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.BinaryOpsBroadcastingAndComparisons"},
+      {"reduce", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.ReductionsAccumulateInF32"},
+      {"matmul", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.MatmulAccumulatesInF32 "
+                 "kernels/bf16_gemm_test.cpp:Bf16Gemm.ThePathsGiveTheSameBitsOnEveryShape"},
+      {"random", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.RandomDrawsAndDropout"},
+      {"conv2d_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.Conv2dForwardAndBackward"},
+      {"conv2d_backward_input", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.Conv2dForwardAndBackward"},
+      {"conv2d_backward_weight", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.Conv2dForwardAndBackward"},
+      {"conv2d_backward_input_add", "",
+       "the CPU declines it (false) for every dtype; the engine then adds the gradient of "
+       "conv2d_backward_input, whose row this is not"},
+      // The CPU declines both (false) for every dtype: the op composes them from the kernels above.
+      {"conv2d_stats_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.ConvStatsChainComposedInBf16"},
+      {"conv2d_stats_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.ConvStatsChainComposedInBf16"},
+      {"max_pool2d_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
+      {"max_pool2d_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
+      {"avg_pool2d_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
+      {"avg_pool2d_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
+      {"batch_norm_forward_train", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.BatchNormTrainEvalAndBackward"},
+      {"batch_norm_forward_eval", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.BatchNormTrainEvalAndBackward"},
+      {"batch_norm_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.BatchNormTrainEvalAndBackward"},
+      {"batch_norm_act_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.BatchNormReluAndAddReluFused"},
+      {"batch_norm_act_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.BatchNormReluAndAddReluFused"},
+      {"softmax_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.SoftmaxAndLogSoftmaxOverAnyDim"},
+      {"softmax_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.SoftmaxAndLogSoftmaxOverAnyDim"},
+      {"nll_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.NllLossForwardAndBackward"},
+      {"nll_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.NllLossForwardAndBackward"},
+      {"cross_entropy_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.CrossEntropyWithSmoothing"},
+      {"cross_entropy_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.CrossEntropyWithSmoothing"},
+      {"bce_with_logits_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.BceWithLogitsForwardAndBackward"},
+      {"bce_with_logits_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.BceWithLogitsForwardAndBackward"},
+      {"unscale_grads", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.UnscaleGradsAndTheNonFiniteFlag"},
+      {"unscale_grads_device", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.UnscaleGradsAndTheNonFiniteFlag"},
+      {"update_scale_device", "",
+       "the scale, growth tracker and flag are f32 and i32 whatever the gradients' dtype"},
+      {"fused_sgd_step", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.FusedOptimizerStepsDeclineBf16"},
+      {"fused_adam_step", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.FusedOptimizerStepsDeclineBf16"},
+  };
+  return table;
+}
+
 }  // namespace minidl::testing::parity

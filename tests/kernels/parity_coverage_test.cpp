@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -17,7 +18,9 @@
 namespace minidl {
 namespace {
 
+using testing::parity::cpu_bf16_cases;
 using testing::parity::parity_cases;
+using testing::parity::ParityCase;
 
 // The repository root: tests/golden's parent's parent (MINIDL_GOLDEN_DIR is set by tests/CMakeLists.txt).
 std::filesystem::path source_root() { return std::filesystem::path(MINIDL_GOLDEN_DIR).parent_path().parent_path(); }
@@ -41,9 +44,10 @@ std::set<std::string> declared_virtuals(const std::string& text) {
   return names;
 }
 
-std::set<std::string> backend_virtuals() {
+std::set<std::string> backend_virtuals(std::initializer_list<const char*> headers = {"core/backend.h",
+                                                                                     "core/device_services.h"}) {
   std::set<std::string> all;
-  for (const char* h : {"core/backend.h", "core/device_services.h"}) {
+  for (const char* h : headers) {
     const std::string text = read_text(source_root() / h);
     EXPECT_FALSE(text.empty()) << "cannot read " << (source_root() / h);
     all.merge(declared_virtuals(text));
@@ -79,9 +83,10 @@ TEST(ParityCoverage, EveryBackendVirtualHasACaseOrASaysWhyNot) {
   }
 }
 
-TEST(ParityCoverage, EveryNamedParityTestExists) {
+// Every row's "file:Suite.Test" entries name a TEST in that file.
+void expect_named_tests_exist(const std::vector<ParityCase>& table) {
   const std::regex entry(R"((\S+):(\w+)\.(\w+))");
-  for (const auto& c : parity_cases()) {
+  for (const auto& c : table) {
     const std::string tests(c.tests);
     int n = 0;
     for (auto it = std::sregex_iterator(tests.begin(), tests.end(), entry); it != std::sregex_iterator(); ++it, ++n) {
@@ -91,6 +96,29 @@ TEST(ParityCoverage, EveryNamedParityTestExists) {
       EXPECT_TRUE(std::regex_search(text, def)) << c.method << ": " << suite << "." << name << " is not in tests/" << file;
     }
     EXPECT_EQ(n == 0, tests.empty()) << c.method << ": cannot read the entries '" << tests << "'";
+  }
+}
+
+TEST(ParityCoverage, EveryNamedParityTestExists) {
+  expect_named_tests_exist(parity_cases());
+  expect_named_tests_exist(cpu_bf16_cases());
+}
+
+TEST(ParityCoverage, EveryBackendOpHasABf16CaseOrSaysWhyNot) {
+  const std::set<std::string> ops = backend_virtuals({"core/backend.h"});
+  ASSERT_GE(ops.size(), 25u) << "core/backend.h's virtuals were not found";
+  std::set<std::string> rows;
+  for (const auto& c : cpu_bf16_cases()) {
+    EXPECT_TRUE(rows.insert(std::string(c.method)).second) << "two bf16 rows for " << c.method;
+    EXPECT_NE(c.tests.empty(), c.not_compared.empty()) << c.method << ": tests or a reason, not both";
+  }
+  for (const std::string& v : ops) {
+    EXPECT_TRUE(rows.count(v)) << "Backend::" << v
+                               << " has no bf16 case: add a bf16-vs-f32 test (tests/kernels/cpu_bf16_test.cpp) and a "
+                                  "row in cpu_bf16_cases (tests/kernels/parity_cases.h), or a row with the reason";
+  }
+  for (const std::string& r : rows) {
+    EXPECT_TRUE(ops.count(r)) << "cpu_bf16_cases has a row for " << r << ", which core/backend.h no longer declares";
   }
 }
 
