@@ -3,7 +3,7 @@
 // finalize each into an execution plan with its exact workspace. conv_graph.cu plans single
 // convolutions with it, conv_stats.cu the fused convolution + batch-norm graphs.
 #pragma once
-#include <cudnn_frontend.h>
+#include "kernels/cuda/frontend.h"
 
 #include <algorithm>
 #include <memory>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cuda/check.cuh"
 #include "kernels/cuda/runtime.h"
 
 namespace minidl::cuda {
@@ -64,6 +65,25 @@ inline std::vector<Candidate> engine_plans(cudnnHandle_t h, cudnn_frontend::Oper
     }
   }
   return out;
+}
+
+// The hot path: a variant pack over this call's `n` pointers (tagged with their tensors' uids) and
+// the workspace, then an execute. Straight backend calls: cudnn-frontend's VariantPackBuilder
+// would add heap allocations and exceptions to every convolution.
+inline cudnnStatus_t execute_plan(cudnnHandle_t h, const Candidate& c, int64_t n, void* const* ptrs,
+                                  const int64_t* uids, void* ws) {
+  cudnnBackendDescriptor_t pack = nullptr;
+  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
+  if (st != CUDNN_STATUS_SUCCESS) return st;
+  st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(h, c.plan->get_raw_desc(), pack);
+  MINIDL_CUDNN_LOG(cudnnBackendDestroyDescriptor(pack));
+  return st;
 }
 
 }  // namespace minidl::cuda

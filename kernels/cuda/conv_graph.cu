@@ -8,7 +8,7 @@
 // and an execute: the legacy API's per-call descriptor setting and queries were most of an eager
 // ResNet-50 step's host time. Workspaces come from the caching allocator; a plan whose workspace
 // does not fit the budget gives way to the next, leaner one.
-#include <cudnn_frontend.h>
+#include "kernels/cuda/frontend.h"
 
 #include <algorithm>
 #include <array>
@@ -144,22 +144,9 @@ std::array<void*, 3> pointers(ConvDir dir, const void* a, const void* b, void* o
   return {pa, out, pb};
 }
 
-// The hot path: a variant pack over this call's pointers and workspace, and an execute. Straight
-// backend calls (cudnn-frontend's VariantPackBuilder would add heap allocations and exceptions).
 cudnnStatus_t execute(cudnnHandle_t h, const Candidate& c, std::array<void*, 3> ptrs, void* ws) {
   static constexpr int64_t kUids[3] = {kUidX, kUidW, kUidY};
-  cudnnBackendDescriptor_t pack = nullptr;
-  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
-  if (st != CUDNN_STATUS_SUCCESS) return st;
-  st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs.data());
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, kUids);
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(h, c.plan->get_raw_desc(), pack);
-  MINIDL_CUDNN_LOG(cudnnBackendDestroyDescriptor(pack));
-  return st;
+  return execute_plan(h, c, 3, ptrs.data(), kUids, ws);
 }
 
 // One timed execution of a candidate, in ms (infinity when it fails).

@@ -11,7 +11,7 @@
 // Where conv_stats_support.h's rule does not hold (NCHW, f64, groups, no in_scale in the backward)
 // or the library refuses a graph at planning, the call answers false and the op composes.
 // One plan per graph and shape, cached; workspaces from the caching allocator.
-#include <cudnn_frontend.h>
+#include "kernels/cuda/frontend.h"
 
 #include <algorithm>
 #include <array>
@@ -172,24 +172,11 @@ FusedPlan plan_for(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, int64_
 
 using Binds = std::vector<std::pair<int64_t, void*>>;
 
-// A variant pack over the binds and the workspace, and an execute (straight backend calls).
 cudnnStatus_t execute(cudnnHandle_t h, const Candidate& c, const Binds& binds, void* ws) {
   std::vector<int64_t> uids;
   std::vector<void*> ptrs;
   for (const auto& [u, p] : binds) uids.push_back(u), ptrs.push_back(p);
-  cudnnBackendDescriptor_t pack = nullptr;
-  cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
-  if (st != CUDNN_STATUS_SUCCESS) return st;
-  const auto n = static_cast<int64_t>(binds.size());
-  st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data());
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data());
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(h, c.plan->get_raw_desc(), pack);
-  MINIDL_CUDNN_LOG(cudnnBackendDestroyDescriptor(pack));
-  return st;
+  return execute_plan(h, c, static_cast<int64_t>(binds.size()), ptrs.data(), uids.data(), ws);
 }
 
 int64_t alignment_of(const Binds& binds) {

@@ -3,7 +3,7 @@
 // f16, deterministic data, the convolution's three directions written out from its definition, a
 // handle, and backend tensors built through cudnn-frontend.
 #pragma once
-#include <cudnn_frontend.h>
+#include "kernels/cuda/frontend.h"
 #include <gtest/gtest.h>
 
 #include <cmath>

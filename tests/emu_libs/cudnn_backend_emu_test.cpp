@@ -5,7 +5,7 @@
 // once built asks the library for nothing but a variant pack and an execute, the engines' notes,
 // and the statuses of graphs and calls the real library refuses.
 #ifdef MINIDL_EMU_WITH_CUDNN_FRONTEND
-#include <cudnn_frontend.h>
+#include "kernels/cuda/frontend.h"
 #include <gtest/gtest.h>
 
 #include <cmath>

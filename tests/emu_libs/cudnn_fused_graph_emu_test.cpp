@@ -5,7 +5,7 @@
 // (the convolution written out, per-channel arithmetic, sums in double loops, the textbook batch-norm
 // formulas with the running statistics' momentum). The rules are cudnn_fused_graph_rules_emu_test.cpp's.
 #ifdef MINIDL_EMU_WITH_CUDNN_FRONTEND
-#include <cudnn_frontend.h>
+#include "kernels/cuda/frontend.h"
 #include <gtest/gtest.h>
 
 #include <cmath>

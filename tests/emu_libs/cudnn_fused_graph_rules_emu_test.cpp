@@ -3,7 +3,7 @@
 // patterns (or of layouts and types no fused engine runs) refused at the heuristics, and a variant
 // pack that binds every stored tensor and nothing else.
 #ifdef MINIDL_EMU_WITH_CUDNN_FRONTEND
-#include <cudnn_frontend.h>
+#include "kernels/cuda/frontend.h"
 #include <gtest/gtest.h>
 
 #include <functional>

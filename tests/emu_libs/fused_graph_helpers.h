@@ -4,7 +4,7 @@
 // kernels/cuda does through cudnn-frontend's builders; the forward graph every rule starts from;
 // the unique ids the graphs use; comparisons.
 #pragma once
-#include <cudnn_frontend.h>
+#include "kernels/cuda/frontend.h"
 #include <gtest/gtest.h>
 
 #include <cmath>
