@@ -29,7 +29,7 @@ std::unique_ptr<DeviceServices::CopyHandle> DeviceServices::copy_async(
   return std::make_unique<CopyHandle>();
 }
 
-std::unique_ptr<DeviceServices::Graph> DeviceServices::capture_graph(int, const std::function<void()>&) {
+std::unique_ptr<DeviceServices::Graph> DeviceServices::capture_graph(int, const std::function<void()>&, const Graph*) {
   MINIDL_FAIL("CUDA graphs (--cuda-graphs) need a CUDA device; the ", name(),
               " backend runs every step eagerly (drop --cuda-graphs)");
 }

@@ -56,13 +56,20 @@ class DeviceServices {
   // returns it instantiated; replay() queues it on the stream again; destroying it releases the
   // graph and its pool. Work that CUDA forbids during a capture (a synchronization, a host read)
   // throws, naming the fix. The default throws: only a CUDA device has graphs.
+  // `share_pool`: a live graph of the same device whose pool this capture allocates from too
+  // (PyTorch's graph pool sharing), so that graphs that only ever replay one after the other on the
+  // stream (an accumulation window's micro-batches) hold their temporaries once. Memory the first
+  // graph's capture freed may then be written by the second's replay: the outputs of either are
+  // valid only until the next replay of any graph on the pool.
   class Graph {
    public:
     virtual ~Graph() = default;
     virtual void replay() = 0;
     virtual size_t pool_bytes() const = 0;   // the private pool's reserved bytes
+    virtual int pool() const { return 0; }   // the backend's id of the private pool
   };
-  virtual std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work);
+  virtual std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work,
+                                               const Graph* share_pool = nullptr);
   // Whether the device's stream is being captured now (ops that read device values on the host
   // skip those reads then).
   virtual bool capturing(int /*device_index*/) { return false; }

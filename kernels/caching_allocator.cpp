@@ -245,13 +245,25 @@ CachingStats CachingAllocator::detailed_stats() const {
   return c;
 }
 
-int CachingAllocator::begin_private_pool() {
+int CachingAllocator::begin_private_pool(int share) {
   std::lock_guard<std::mutex> lock(mu_);
   MINIDL_CHECK(current_pool_ == 0, "caching allocator (", device_.str(), "): private pool ", current_pool_,
                " is still current; end_private_pool first (one CUDA graph capture at a time)");
-  current_pool_ = next_pool_++;
-  pools_of(current_pool_);
-  return current_pool_;
+  if (share == 0) {
+    current_pool_ = next_pool_++;
+    pools_of(current_pool_).users = 1;
+    return current_pool_;
+  }
+  auto it = pools_.find(share);
+  MINIDL_CHECK(share > 0 && it != pools_.end(), "caching allocator (", device_.str(), "): no private pool ", share,
+               " to share (its graphs were released, or it belongs to another device's allocator)");
+  Pools& p = it->second;
+  // The new capture's blocks count as they come: its end holds the largest peak of the pool's captures.
+  if (p.holding) s_.allocated_bytes -= p.peak_live - p.live;
+  p.holding = false;
+  ++p.users;
+  current_pool_ = share;
+  return share;
 }
 
 void CachingAllocator::end_private_pool() {
@@ -282,6 +294,7 @@ void CachingAllocator::release_private_pool(int id) {
   auto it = pools_.find(id);
   if (id == 0 || it == pools_.end()) return;
   if (current_pool_ == id) current_pool_ = 0;
+  if (--it->second.users > 0) return;   // another graph still replays on the pool's blocks
   // What the graph held beyond its live blocks is free again; the live ones stay counted.
   if (it->second.holding) s_.allocated_bytes -= it->second.peak_live - it->second.live;
   Pools& eager = pools_of(0);

@@ -106,7 +106,11 @@ class CachingAllocator final : public StatsAllocator {
 
   // Private pools (above). begin_private_pool makes a new pool current and returns its id (> 0);
   // end_private_pool makes the eager pools current again (the pool keeps its segments).
-  int begin_private_pool();
+  // begin_private_pool(id) makes the live pool `id` current again, for one more graph that shares it
+  // (PyTorch's graph pool sharing: graphs that only ever replay one after the other, never at the
+  // same time, hold their temporaries once). The pool then holds the largest peak of its captures,
+  // and release_private_pool releases it when the last graph using it does.
+  int begin_private_pool(int share = 0);
   void end_private_pool();
   void release_private_pool(int id);
   int current_pool() const;
@@ -143,6 +147,7 @@ class CachingAllocator final : public StatsAllocator {
     // blocks' tensors do in between.
     int64_t live = 0, peak_live = 0;
     bool holding = false;   // the capture ended and the graph lives
+    int users = 0;          // the graphs captured into it (begin_private_pool), not yet released
   };
   Pools& pools_of(int id);
   // b takes over its next neighbour in the segment (which must be out of every pool), deleting it.

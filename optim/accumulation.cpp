@@ -130,9 +130,14 @@ double AccumulatingTrainer::last_grad_norm() const {
   return last_grad_norm_device_.item();
 }
 
+void AccumulatingTrainer::settle_device_micro_batch() {
+  MINIDL_CHECK(o_.scaler == nullptr || o_.scaler->device_state(), "gradient accumulation: a micro-batch settled ",
+               "from the device needs the gradient scaler's device state (GradScaler::to_device_state)");
+  window_open_ = true;
+}
+
 void AccumulatingTrainer::settle_device_step(const Counts& before, bool skipped) {
-  MINIDL_CHECK(!window_open_, "gradient accumulation: settle_device_step() inside an open accumulation window; a ",
-               "step settled from the device must be a whole window (one micro-batch that steps)");
+  window_open_ = false;   // the replayed micro-batch closed its window
   MINIDL_CHECK(!skipped || (o_.scaler != nullptr && o_.scaler->device_state()), "gradient accumulation: a step ",
                "skipped on the device needs the gradient scaler's device state (GradScaler::to_device_state)");
   optimizer_steps_ = before.windows + (skipped ? 0 : 1);

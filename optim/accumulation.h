@@ -77,13 +77,15 @@ class AccumulatingTrainer {
   bool micro_batch(const Tensor& loss, const MicroBatch& mb);
 
   int64_t optimizer_steps() const { return optimizer_steps_; }    // windows closed with a step
-  // CUDA graphs: a step whose outcome only the device knows. A replay runs a captured window of one
-  // micro-batch on the device only (nothing counted), its capture ran the host code without the
-  // device work (counted), and with the scaler's device state a window the device skipped was
-  // counted as a step. settle_device_step sets this trainer's and the optimizer's counts to
-  // `before` (taken with counts() before the step) plus that step: a step taken, or one skipped
-  // (`skipped`: the device's found-inf flag, read by the caller after the step). The schedule is
-  // not applied: the caller sets the learning rates (a graph's kernel arguments: it re-captures).
+  // CUDA graphs: a step whose outcome only the device knows. A replay runs a captured micro-batch
+  // on the device only (nothing counted), its capture ran the host code without the device work
+  // (counted), and with the scaler's device state a window the device skipped was counted as a
+  // step. settle_device_step, after the micro-batch that closes a window, sets this trainer's and
+  // the optimizer's counts to `before` (taken with counts() before the step) plus that step: a
+  // step taken, or one skipped (`skipped`: the device's found-inf flag, read by the caller after
+  // the step). The schedule is not applied: the caller writes the learning rates to the device.
+  // settle_device_micro_batch, after a replayed micro-batch that does not step, opens the window
+  // as its host code would have.
   struct Counts {
     int64_t optimizer_steps = 0;   // Optimizer::step_count
     int64_t windows = 0;           // optimizer_steps()
@@ -91,6 +93,8 @@ class AccumulatingTrainer {
   };
   Counts counts() const { return {opt_.step_count(), optimizer_steps_, skipped_steps_}; }
   void settle_device_step(const Counts& before, bool skipped);
+  void settle_device_micro_batch();
+  bool window_open() const { return window_open_; }   // a micro-batch that did not step ran since the last step
   int64_t skipped_steps() const { return skipped_steps_; }        // windows before_step refused
   // 0 when not clipping. With the device state (the optimizer's or the scaler's) the norm stays on
   // the device and this reads it (a sync); a window the device skipped then shows its non-finite norm.

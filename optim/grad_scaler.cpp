@@ -174,8 +174,9 @@ void GradScaler::update(double new_scale) {
 }
 
 void GradScaler::to_device_state(Device device) {
-  MINIDL_CHECK(device.is_cuda(), "GradScaler::to_device_state: the device state is for CUDA graphs; got ",
-               device.str());
+  // meta:cuda too: the dry run of a graphed run (no values; its reads give the host's state).
+  MINIDL_CHECK(device.target() == DeviceType::CUDA, "GradScaler::to_device_state: the device state is for CUDA "
+               "graphs; got ", device.str());
   if (!o_.enabled) return;
   MINIDL_CHECK(per_opt_.empty(), "GradScaler::to_device_state: call it between steps (after update())");
   NoGradGuard no_grad;
@@ -186,18 +187,22 @@ void GradScaler::to_device_state(Device device) {
 
 void GradScaler::to_host_state() {
   if (!device_state()) return;
+  if (!valued()) {
+    dev_scale_ = dev_tracker_ = dev_found_ = Tensor();
+    return;
+  }
   scale_ = static_cast<float>(dev_scale_.item());
   growth_tracker_ = static_cast<int64_t>(dev_tracker_.item());
   dev_scale_ = dev_tracker_ = dev_found_ = Tensor();
 }
 
 int64_t GradScaler::growth_tracker() const {
-  return device_state() ? static_cast<int64_t>(dev_tracker_.item()) : growth_tracker_;
+  return valued() ? static_cast<int64_t>(dev_tracker_.item()) : growth_tracker_;
 }
 
 double GradScaler::get_scale() const {
   if (!o_.enabled) return 1.0;
-  return device_state() ? dev_scale_.item() : static_cast<double>(scale_);
+  return valued() ? dev_scale_.item() : static_cast<double>(scale_);
 }
 
 void GradScaler::set_found_inf(const Optimizer& optimizer, bool found) {
@@ -213,7 +218,7 @@ void GradScaler::set_found_inf(const Optimizer& optimizer, bool found) {
 bool GradScaler::found_inf(const Optimizer& optimizer) const {
   auto it = per_opt_.find(&optimizer);
   if (it == per_opt_.end() || it->second.stage == Stage::Ready) return false;
-  return device_state() ? dev_found_.item() != 0.0 : it->second.found_inf;
+  return valued() ? dev_found_.item() != 0.0 : it->second.found_inf;
 }
 
 std::map<std::string, Tensor> GradScaler::state_dict() const {

@@ -85,6 +85,9 @@ class GradScaler {
   void load_state_dict(const std::map<std::string, Tensor>& dict);
 
  private:
+  // The device state on a device with values: the meta device's (a dry run) has none, and its
+  // reads give the host state's.
+  bool valued() const { return device_state() && !dev_scale_.device().is_meta(); }
   enum class Stage { Ready, Unscaled, Stepped };
   struct PerOptimizer {
     Stage stage = Stage::Ready;

@@ -90,8 +90,17 @@ void Optimizer::set_step_count(int64_t n) {
 }
 
 void Optimizer::zero_grad() {
-  for (auto& g : groups_)
-    for (auto& p : g.params) p.zero_grad();
+  for (auto& g : groups_) {
+    for (auto& p : g.params) {
+      Tensor grad = p.grad();
+      if (grads_to_none_ || !grad.defined()) {
+        p.zero_grad();
+      } else {
+        NoGradGuard no_grad;
+        grad.zero_();
+      }
+    }
+  }
   // A new step (or window) starts: autocast's f16 weight copies live only between zero_grad() and
   // step(), so weights changed in between steps (a loaded checkpoint) are never served stale.
   autocast_clear_cache();

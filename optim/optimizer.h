@@ -61,7 +61,13 @@ class Optimizer {
 
   // Sets every parameter's grad to undefined (PyTorch's set_to_none=True): the next backward
   // writes fresh gradients instead of adding to stale ones, and step() skips untouched params.
+  // With set_grads_to_none(false) it writes zeros into the gradients that exist instead, keeping
+  // their memory (set_to_none=False): a CUDA graph of an accumulation window's micro-batches adds
+  // into the gradients at the addresses it captured. The values are the same, except that a
+  // gradient of exactly -0.0 becomes 0.0 + -0.0 = +0.0.
   void zero_grad();
+  void set_grads_to_none(bool to_none) { grads_to_none_ = to_none; }
+  bool grads_to_none() const { return grads_to_none_; }
   // One update of every parameter that has a gradient, under NoGradGuard.
   virtual void step();
   int64_t step_count() const { return step_count_; }
@@ -154,6 +160,7 @@ class Optimizer {
   std::string name_;
   std::map<std::string, double> defaults_;
   int64_t step_count_ = 0;
+  bool grads_to_none_ = true;
   Tensor skip_flag_;
   Tensor dev_lrs_;                    // [groups] f64: the device state's learning rates
   Tensor dev_steps_;                  // [parameters of every group, group by group] i64, or undefined

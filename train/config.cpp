@@ -41,6 +41,19 @@ bool TrainConfig::resolved_channels_last() const {
   return cuda && amp;
 }
 
+bool TrainConfig::resolved_cuda_graphs(std::string* why) const {
+  if (why != nullptr) why->clear();
+  const bool cuda = device == "cuda" || device.rfind("cuda:", 0) == 0;
+  if (!cuda || !cuda_graphs.value_or(false)) return false;   // --cuda-graphs off CUDA: refused by validate()
+  if (world_size > 1) {
+    if (why != nullptr)
+      *why = "data-parallel steps (" + std::to_string(world_size) + " ranks) run eagerly: the gradient allreduce "
+             "and the ranks' agreed decisions run on the host";
+    return false;
+  }
+  return true;
+}
+
 double TrainConfig::scaled_lr() const {
   return optim::scaled_lr(resolved_lr(), effective_batch(), base_batch, optim::parse_lr_scaling(lr_scaling));
 }

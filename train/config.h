@@ -125,7 +125,9 @@ struct DeviceSpec {
   // Weights and batches in channels-last memory (NHWC): --channels-last / --no-channels-last; unset,
   // on for CUDA + AMP (TrainConfig::resolved_channels_last()).
   std::optional<bool> channels_last;
-  bool cuda_graphs = false;         // replay each step from a CUDA graph (graphed_step.h)
+  // Replay each step from a CUDA graph (graphed_step.h): --cuda-graphs / --no-cuda-graphs; unset, off
+  // (TrainConfig::resolved_cuda_graphs()).
+  std::optional<bool> cuda_graphs;
   // minidl-memest and minidl-maxbatch only: plan for this GPU (gpu_plan.h) with the dry run alone,
   // on any machine; empty: the configured device itself.
   std::string gpu;
@@ -177,6 +179,10 @@ struct TrainConfig : ModelSpec, DataSpec, OptimizerSpec, MemorySpec, DeviceSpec,
   // channels_last when set, else the default: on for a CUDA device with --amp (cuDNN's f16 convolutions
   // run channels-last; docs/experiments.md says what was measured), off otherwise.
   bool resolved_channels_last() const;
+  // cuda_graphs when set (and the device is CUDA), else off; off, with the reason in `why` (when
+  // given), for a run that asked for graphs but runs eagerly: data-parallel ranks (their gradient
+  // allreduce and agreed decisions run on the host).
+  bool resolved_cuda_graphs(std::string* why = nullptr) const;
   // Images per optimizer step over all ranks: per-device batch x world size x accumulation.
   int64_t effective_batch() const { return batch_size * world_size * accumulation_steps; }
   double scaled_lr() const;              // resolved_lr with --lr-scaling applied

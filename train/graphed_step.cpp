@@ -28,14 +28,6 @@ void check_cuda_graphs(const TrainConfig& c) {
   if (!d.is_cuda())
     refuse("needs a CUDA device, got --device " + c.device + ": a graph replays work captured on a CUDA stream",
            "use --device cuda, or run without --cuda-graphs");
-  if (c.accumulation_steps > 1)
-    refuse("replays whole optimizer steps of one micro-batch; --accumulation-steps " +
-               std::to_string(c.accumulation_steps) + " steps once per window",
-           "use --accumulation-steps 1, or run without --cuda-graphs");
-  if (c.world_size > 1)
-    refuse("cannot replay data-parallel steps (" + std::to_string(c.world_size) +
-               " ranks): the gradient allreduce and the ranks' agreed decisions run on the host",
-           "run one process, or run without --cuda-graphs");
 }
 
 GraphedStep::GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, optim::Optimizer& opt,
@@ -46,36 +38,61 @@ GraphedStep::GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, opti
                device.str());
 }
 
-void GraphedStep::release() {
-  loss_ = logits_ = Tensor();   // in the graph's pool: dropped first, as in the destructor
-  graph_.reset();
-  x_ = y_ = Tensor();
-  warm_.reset();
+void GraphedStep::drop_graphs() {
+  // The outputs live in the graphs' pool: dropped first, so releasing the pool frees its segments.
+  for (Captured& g : graphs_) g.loss = g.logits = Tensor();
+  for (Captured& g : graphs_) g.graph.reset();
 }
 
-GraphedStep::~GraphedStep() {
-  // The outputs live in the graph's pool: dropped first, so releasing the pool frees its segments.
-  loss_ = logits_ = Tensor();
-  graph_.reset();
+void GraphedStep::release() {
+  drop_graphs();
+  x_ = y_ = Tensor();
+  warm_.reset();
+  window_replayed_ = false;
+}
+
+GraphedStep::~GraphedStep() { drop_graphs(); }
+
+void GraphedStep::set_accumulation(int64_t k) {
+  MINIDL_CHECK(k >= 1, "GraphedStep: accumulation over ", k, " micro-batches; it needs at least 1");
+  if (k == accumulation_) return;
+  MINIDL_CHECK(!trainer_.window_open(), "GraphedStep: the accumulation changed inside an open window (from ",
+               accumulation_, " to ", k, " micro-batches); change it between windows");
+  drop_graphs();
+  accumulation_ = k;
+  window_replayed_ = false;
+  // One micro-batch a window: the capture's backward makes the gradients in the graph's pool, as
+  // the eager step does, so none may exist when it starts. More: the gradients are kept, and an
+  // eager window makes them before the first capture.
+  opt_.set_grads_to_none(k == 1);
+  if (k == 1) opt_.zero_grad();
+  grads_kept_ = k == 1;
 }
 
 bool GraphedStep::replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const {
-  if (!ready_ || !mb.steps || mb.loss_weight != 1.0 || images.size(0) != micro) return false;
+  if (!ready_ || !grads_kept_ || images.size(0) != micro) return false;
+  if (mb.loss_weight != 1.0 / static_cast<double>(accumulation_) || (accumulation_ == 1 && !mb.steps)) return false;
+  if (trainer_.window_open() && !window_replayed_) return false;   // a window begun eagerly ends eagerly
   const Layout l = layout(images);
-  if (graph_ && l == layout(x_)) return true;   // a replay of the graph as it is
+  if (graphs_[mb.steps ? 1 : 0].graph && l == layout(x_)) return true;   // a replay of the graph as it is
   // A capture runs the step's host code: only at the layout whose host code ran last, so that
   // cuDNN's algorithm choice, workspaces and --checkpoint optimal's profile of the shape exist.
   return l == warm_;
 }
 
 bool GraphedStep::skipped_on_device() const {
+  if (device_.is_meta()) return false;   // a dry run has no values: its steps count as taken
   return scaler_.is_enabled() && scaler_.device_state() && scaler_.device_found_inf().item() != 0.0;
 }
 
 bool GraphedStep::eager_step(const Tensor& loss, const optim::MicroBatch& mb, const Tensor& images) {
   warm_ = layout(images);
+  window_replayed_ = false;
+  // A window closed with the gradients kept (zeroed in place): they exist for the captures.
+  const bool keeps = mb.steps && !opt_.grads_to_none();
   if (!ready_) {   // the scaler's host state: the trainer's verdict is the real one
     const bool stepped = trainer_.micro_batch(loss, mb);
+    grads_kept_ = grads_kept_ || keeps;
     if (stepped) {
       ready_ = true;
       if (scaler_.is_enabled()) scaler_.to_device_state(device_);
@@ -84,27 +101,34 @@ bool GraphedStep::eager_step(const Tensor& loss, const optim::MicroBatch& mb, co
     return stepped;
   }
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
-  if (!trainer_.micro_batch(loss, mb)) return false;
+  const bool closed = trainer_.micro_batch(loss, mb);
+  grads_kept_ = grads_kept_ || keeps;
+  if (!closed) return false;
   const bool skipped = skipped_on_device();
   trainer_.settle_device_step(before, skipped);
   return !skipped;
 }
 
-void GraphedStep::capture() {
-  loss_ = logits_ = Tensor();   // the old graph's outputs, then the graph and its pool
-  graph_.reset();
-  graph_ = backend(device_).capture_graph(device_.index, [&] {
-    logits_ = model_.forward(x_);
-    loss_ = model_.loss(logits_, y_);
-    trainer_.micro_batch(loss_, optim::MicroBatch{.loss_weight = 1.0, .steps = true, .samples = x_.size(0)});
-  });
-  loss_ = loss_.detach();
-  logits_ = logits_.detach();
+void GraphedStep::capture(Captured& g, const optim::MicroBatch& mb) {
+  g.loss = g.logits = Tensor();   // the old graph's outputs, then the graph (its pool, unless shared)
+  g.graph.reset();
+  const Backend::Graph* other = graphs_[mb.steps ? 0 : 1].graph.get();
+  const optim::MicroBatch captured{.loss_weight = mb.loss_weight, .steps = mb.steps, .samples = x_.size(0)};
+  g.graph = backend(device_).capture_graph(
+      device_.index,
+      [&] {
+        g.logits = model_.forward(x_);
+        g.loss = model_.loss(g.logits, y_);
+        trainer_.micro_batch(g.loss, captured);
+      },
+      other);
+  g.loss = g.loss.detach();
+  g.logits = g.logits.detach();
   warm_ = layout(x_);
   ++captures_;
 }
 
-GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels) {
+GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb) {
   // The fused losses read their target-range verdict on the host, except while capturing: a label
   // outside [0, 2) would otherwise index past the logits in every replay, unchecked.
   const Tensor host_labels = labels.to(Device::cpu()).contiguous();
@@ -113,8 +137,10 @@ GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels
   for (int64_t i = 0; i < host_labels.numel(); ++i)
     MINIDL_CHECK(l[i] == 0 || l[i] == 1, "--cuda-graphs: label ", l[i], " of sample ", i,
                  " is outside [0, 2) (the models here have two classes); the batch was not copied in");
-  bool recapture = !graph_;
+  Captured& g = graphs_[mb.steps ? 1 : 0];
+  bool recapture = !g.graph;
   if (!x_.defined() || layout(images) != layout(x_) || layout(labels) != layout(y_)) {
+    drop_graphs();         // both graphs read the old inputs
     x_ = images.clone();   // clone keeps the memory format (channels-last batches stay so)
     y_ = labels.clone();
     recapture = true;
@@ -125,12 +151,18 @@ GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels
   }
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
-  if (recapture) capture();   // runs the step's host code (and counts it) without its device work
-  graph_->replay();
+  if (recapture) capture(g, mb);   // runs the micro-batch's host code (and counts it) without its device work
+  g.graph->replay();
+  ++replays_;
+  if (!mb.steps) {   // its gradients are added; the window stays open
+    trainer_.settle_device_micro_batch();
+    window_replayed_ = true;
+    return {g.loss, g.logits, y_, false};
+  }
   const bool skipped = skipped_on_device();
   trainer_.settle_device_step(before, skipped);
-  ++replays_;
-  return {loss_, logits_, y_, !skipped};
+  window_replayed_ = false;
+  return {g.loss, g.logits, y_, !skipped};
 }
 
 }  // namespace minidl::train

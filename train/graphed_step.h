@@ -18,19 +18,29 @@
 
 namespace minidl::train {
 
-// Throws UsageError, naming --cuda-graphs and the fix, for what a replayed step cannot do: a
-// non-CUDA device, accumulation, data-parallel ranks. Every optimizer, schedule and --max-grad-norm
-// replays (their values live on the device). Called by validate().
+// Throws UsageError, naming --cuda-graphs and the fix, for --cuda-graphs on a non-CUDA device. Every
+// optimizer, schedule, --max-grad-norm and accumulation replays (their values live on the device);
+// what still cannot (data-parallel ranks) runs eagerly with a line saying why
+// (TrainConfig::resolved_cuda_graphs). Called by validate().
 void check_cuda_graphs(const TrainConfig& c);
 
 // The captured step and its captured inputs and outputs. The loop asks replayable() per
-// micro-batch; a replayable one goes through step() (the update is done when it returns), any
-// other runs its forward eagerly and its update through eager_step(), which is also the warm-up: nothing is
-// captured until an eager step has really stepped the optimizer (its momentum buffers exist; AMP's
-// skipped first steps do not count) and until the batch's shape has run eagerly once (cuDNN's
-// algorithm choice, workspaces and --checkpoint optimal's profile happen outside the capture).
-// That first real step moves the optimizer (learning rates, Adam's step counts) and the gradient
-// scaler to their device states, so a replay needs no host value and one graph serves every rate.
+// micro-batch; a replayable one goes through step() (its update, when it closes its window, is done
+// when it returns), any other runs its forward eagerly and its update through eager_step(), which
+// is also the warm-up: nothing is captured until an eager step has really stepped the optimizer
+// (its momentum buffers exist; AMP's skipped first steps do not count) and until the batch's shape
+// has run eagerly once (cuDNN's algorithm choice, workspaces and --checkpoint optimal's profile
+// happen outside the capture). That first real step moves the optimizer (learning rates, Adam's
+// step counts) and the gradient scaler to their device states, so a replay needs no host value and
+// one graph serves every rate.
+//
+// Accumulation over k micro-batches (set_accumulation) captures two graphs of one micro-batch at
+// weight 1/k, one that only adds its gradients and one that closes the window with the update,
+// sharing one memory pool (they never replay at the same time). The gradients then keep their
+// memory from window to window (Optimizer::set_grads_to_none(false)), so that both graphs add into
+// the addresses they captured. A window replays whole or not at all: an uneven or trailing window
+// (other weights) and a window begun eagerly run eagerly to their end, so that AMP's f16 weight
+// copies, made by the window's first micro-batch, are the graphs' own.
 class GraphedStep {
  public:
   GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, optim::Optimizer& opt, optim::GradScaler& scaler,
@@ -39,32 +49,41 @@ class GraphedStep {
   GraphedStep(const GraphedStep&) = delete;
   GraphedStep& operator=(const GraphedStep&) = delete;
 
-  // Whether this micro-batch can be a replay: after the warm-up, a whole optimizer step (weight 1)
-  // of a full batch of `micro` samples (the epoch's last partial batch runs eagerly), and either the
-  // graph's layout, or (a capture inside step()) the layout of the last step whose host code ran,
-  // eager or captured. Otherwise the step runs eagerly and warms its layout.
+  // The accumulation of the windows to come (1: every micro-batch steps). A new value drops the
+  // graphs; k > 1 keeps the gradients' memory (above) and waits for an eager window to make them.
+  void set_accumulation(int64_t k);
+
+  // Whether this micro-batch can be a replay: after the warm-up, a full batch of `micro` samples at
+  // weight 1/k (the epoch's last partial batch and a trailing window run eagerly) in a window that
+  // has replayed so far, and either the graph's layout, or (a capture inside step()) the layout of
+  // the last micro-batch whose host code ran, eager or captured. Otherwise the micro-batch runs
+  // eagerly and warms its layout.
   bool replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const;
 
-  // What a replay wrote: the loss (0-dim f32), the logits and the labels it used, all on the device;
-  // `stepped`: false when the gradient scaler skipped the step on the device.
+  // What a replay wrote: the loss (0-dim f32), the logits and the labels it used, all on the device,
+  // valid until the next replay; `stepped`: false when the micro-batch does not close its window,
+  // or when the gradient scaler skipped the step on the device.
   struct Output {
     Tensor loss, logits, labels;
     bool stepped = true;
   };
   // Checks the labels on the host (the fused losses skip their own host check during a capture),
   // copies the batch into the captured inputs, writes the current learning rates to the device,
-  // captures again when the shape changed, replays, and counts the step in the trainer and the
-  // optimizer as the eager loop would (a step the scaler skipped on the device is not one: its
+  // captures again when the shape changed, replays, and counts the micro-batch in the trainer and
+  // the optimizer as the eager loop would (a step the scaler skipped on the device is not one: its
   // flag is read after the replay).
-  Output step(const Tensor& images, const Tensor& labels);
+  Output step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb);
+  Output step(const Tensor& images, const Tensor& labels) {
+    return step(images, labels, optim::MicroBatch{.loss_weight = 1.0, .steps = true, .samples = images.size(0)});
+  }
 
   // The eager update of a micro-batch the loop ran forward itself (trainer.micro_batch), counted
   // as step() counts; returns whether the optimizer stepped. Its shape is then warm; the first time
   // the optimizer really stepped, the gradient scaler moves to its device state.
   bool eager_step(const Tensor& loss, const optim::MicroBatch& mb, const Tensor& images);
 
-  // Drops the graph, its pool and its captured inputs and outputs, and forgets the warm layout, so
-  // that the next step runs eagerly before a capture (the maximum-batch trials: one graph per
+  // Drops the graphs, their pool and their captured inputs and outputs, and forgets the warm layout,
+  // so that the next step runs eagerly before a capture (the maximum-batch trials: one graph per
   // trial, nothing left from the one before).
   void release();
 
@@ -79,7 +98,13 @@ class GraphedStep {
     bool operator==(const Layout&) const = default;
   };
   static Layout layout(const Tensor& t) { return {t.shape(), t.strides(), t.dtype()}; }
-  void capture();
+  // One captured micro-batch and its outputs (in the graphs' pool).
+  struct Captured {
+    std::unique_ptr<Backend::Graph> graph;
+    Tensor loss, logits;
+  };
+  void capture(Captured& g, const optim::MicroBatch& mb);
+  void drop_graphs();
   // Whether the step that just ran was skipped by the scaler's device state (a host read).
   bool skipped_on_device() const;
 
@@ -88,11 +113,13 @@ class GraphedStep {
   optim::Optimizer& opt_;
   optim::GradScaler& scaler_;
   Device device_;
+  int64_t accumulation_ = 1;
   bool ready_ = false;        // the optimizer has really stepped eagerly
-  std::optional<Layout> warm_;      // the layout of the last step whose host code ran
-  std::unique_ptr<Backend::Graph> graph_;
-  Tensor x_, y_;              // captured inputs: each batch is copied into them
-  Tensor loss_, logits_;      // captured outputs: each replay writes them (the graph's pool)
+  bool grads_kept_ = true;    // with accumulation: an eager window has made the gradients that are kept
+  bool window_replayed_ = false;   // the open window's micro-batches so far were replays
+  std::optional<Layout> warm_;     // the layout of the last step whose host code ran
+  Captured graphs_[2];        // [0]: a micro-batch that only adds its gradients; [1]: one that steps
+  Tensor x_, y_;              // captured inputs, shared by both graphs: each batch is copied into them
   int64_t captures_ = 0;
   int64_t replays_ = 0;
 };

@@ -183,8 +183,12 @@ void Run::build_optimizer() {
   ao.sync = dp_.get();
   // Built before the saved optimizer state is loaded: the trainer keeps the configured learning
   // rates as the schedule's base, while the saved ones are already scheduled (warmup, decay).
-  // --cuda-graphs: full batches replay a captured step once the warm-up has stepped eagerly.
-  step_ = std::make_unique<Step>(m_, *opt_, *scaler_, ao, c_.cuda_graphs, device_);
+  // --cuda-graphs: full batches replay a captured step once the warm-up has stepped eagerly; a run
+  // that cannot replay says why and runs eagerly.
+  std::string why;
+  const bool graphs = c_.resolved_cuda_graphs(&why);
+  if (!why.empty()) log("--cuda-graphs: off for this run: " + why);
+  step_ = std::make_unique<Step>(m_, *opt_, *scaler_, ao, graphs, device_);
 }
 
 void Run::resume() {

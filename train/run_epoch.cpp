@@ -74,11 +74,7 @@ bool Run::start_phase(Epoch& e) {
     r_.note = "--batch-schedule: not even a micro-batch of 1 fits " + limit_name_ + " at epoch " + std::to_string(epoch);
     return false;
   }
-  if (step_->graphed() && eb_.accumulation > 1)
-    throw UsageError("--cuda-graphs replays whole optimizer steps of one micro-batch, but --batch-schedule's batch " +
-                     std::to_string(eb_.scheduled) + " at epoch " + std::to_string(epoch) + " fits " + limit_name_ +
-                     " only as " + std::to_string(eb_.accumulation) + " accumulated micro-batches (use a smaller "
-                     "scheduled batch, or run without --cuda-graphs)");
+  step_->set_accumulation(eb_.accumulation);
   set_optimal_limit(eb_.micro);
   data_.train->set_batch_size(eb_.micro);
   plan_ = optim::plan_accumulation(batches_->micro_sizes(eb_), eb_.accumulation);
@@ -273,9 +269,9 @@ void Run::evaluate_epoch(Epoch& e, bool complete) {
 // The test set, once, and --save-weights.
 void Run::finish() {
   if (const GraphedStep* g = step_->graphed())
-    log("--cuda-graphs: " + std::to_string(g->replays()) + " steps replayed from " +
+    log("--cuda-graphs: " + std::to_string(g->replays()) + " micro-batches replayed from " +
         std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, a new batch shape, "
-        "partial batches)");
+        "partial batches and windows)");
   r_.steps = opt_->step_count();
   r_.train_seconds = train_seconds_;
   const bool evaluates = r_.status == "ok" || r_.status == "interrupted";

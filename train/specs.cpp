@@ -208,10 +208,14 @@ void DeviceSpec::add_flags(CLI::App& app) {
          "--no-channels-last", [this](int64_t n) { channels_last = n <= 0; },
          "NCHW weights and batches, also with --device cuda and --amp")
       ->excludes("--channels-last");
-  app.add_flag("--cuda-graphs", cuda_graphs,
-               "capture the training step into a CUDA graph after the warm-up and replay it for every full "
-               "batch (CUDA device, any optimizer, schedule and --max-grad-norm; no accumulation or ranks; the "
-               "divergence check follows the update); off by default");
+  app.add_flag_function(
+      "--cuda-graphs", [this](int64_t n) { cuda_graphs = n > 0; },
+      "capture the training step into a CUDA graph after the warm-up and replay it for every full batch (any "
+      "optimizer, schedule, --max-grad-norm and accumulation; the divergence check follows the update; "
+      "data-parallel ranks run eagerly and say so); off by default");
+  app.add_flag_function(
+         "--no-cuda-graphs", [this](int64_t n) { cuda_graphs = n <= 0; }, "every step eagerly (the default)")
+      ->excludes("--cuda-graphs");
   app.add_option("--device", device, "cpu, cuda or cuda:N");
 }
 
@@ -303,7 +307,7 @@ void TrainConfig::validate() const {
     usage("--schedule '" + schedule + "' is invalid: expected constant, step:SIZE:GAMMA, multistep:M1,M2:GAMMA "
           "or cosine[:MIN] (milestones and sizes in steps, or in epochs as 4e)");
   }
-  if (cuda_graphs) check_cuda_graphs(*this);
+  if (cuda_graphs.value_or(false)) check_cuda_graphs(*this);
   if (parse_checkpoint(checkpoint).kind != CheckpointSpec::Kind::None && !is_resnet(model))
     usage("--checkpoint " + checkpoint + " needs a ResNet model (the small CNN has no stages to recompute)");
   DeviceSpec::validate();   // last: it asks the CUDA runtime

@@ -24,12 +24,16 @@ void Step::release_graph() {
   if (graphed_) graphed_->release();
 }
 
+void Step::set_accumulation(int64_t k) {
+  if (graphed_) graphed_->set_accumulation(k);
+}
+
 Step::Forward Step::forward(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb, int64_t micro) {
   Forward f;
   f.mb = mb;
   f.images = images;
   if (graphed_ && graphed_->replayable(images, mb, micro)) {
-    const GraphedStep::Output out = graphed_->step(images, labels);
+    const GraphedStep::Output out = graphed_->step(images, labels, mb);
     f.loss = out.loss, f.logits = out.logits, f.labels = out.labels, f.stepped = out.stepped;
     f.replayed = true;
     return f;

@@ -47,8 +47,10 @@ class Step {
   Forward run(const Tensor& images, const Tensor& labels);
   Forward run(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb);
 
-  // With graphs: drops the captured graph and its pool (GraphedStep::release); nothing otherwise.
+  // With graphs: drops the captured graphs and their pool (GraphedStep::release); nothing otherwise.
   void release_graph();
+  // With graphs: the accumulation of the windows to come (GraphedStep::set_accumulation).
+  void set_accumulation(int64_t k);
 
   optim::AccumulatingTrainer& trainer() { return *trainer_; }
   const GraphedStep* graphed() const { return graphed_.get(); }

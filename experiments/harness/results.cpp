@@ -257,7 +257,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"checkpoint", c.checkpoint},
           {"cudnn_benchmark", c.cudnn_benchmark},
           {"channels_last", c.resolved_channels_last()},
-          {"cuda_graphs", c.cuda_graphs},
+          {"cuda_graphs", c.resolved_cuda_graphs()},
           {"gpu", c.gpu},
           {"memory_budget", c.memory_budget},
           {"device", c.device},

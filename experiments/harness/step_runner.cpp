@@ -51,7 +51,8 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
   };
   // --cuda-graphs: each trial's steps are captured and replayed as the run's are (an eager step at
   // the batch, then the capture), so the graph's private pool counts in its peak and the budget.
-  step_ = std::make_unique<Step>(model_, *opt_, scaler_, ao, c_.cuda_graphs, device_);
+  step_ = std::make_unique<Step>(model_, *opt_, scaler_, ao, c_.resolved_cuda_graphs(), device_);
+  step_->set_accumulation(accumulated());
   // allocated: the weights (and anything else already on the device); then gradients and state.
   const int64_t fixed = memory_stats(device_).allocated_bytes +
                         static_cast<int64_t>(static_cast<double>(parameter_bytes()) * (1.0 + optimizer_state_factor(c_)));
@@ -92,9 +93,7 @@ int64_t StepRunner::step(int64_t batch) {
   // The overall peak is kept in `outer` while the phases are measured one at a time.
   const auto outer = memory_stats(device_);
   reset_peak_stats(device_);
-  // With accumulation, a second micro-batch's backward adds into gradients that already exist
-  // (temporaries of the largest parameter's size): two micro-batches cover that peak.
-  const int64_t micro = std::min<int64_t>(c_.accumulation_steps, 2);
+  const int64_t micro = accumulated();
   for (int64_t k = 0; k < micro; ++k) {
     const Tensor x = randn(model_.input_shape(batch), fo);
     const Tensor labels = gt(rand({batch}, fo), full({1}, 0.5, fo)).to(DType::i64);

@@ -6,6 +6,7 @@
 // The finder, --profile and minidl-memest use it; an OOM inside a trial is caught, the step's
 // tensors are dropped, and the runner checks that the memory statistics return to their level.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -46,6 +47,10 @@ class StepRunner {
   int64_t step(int64_t batch);
   // The run's evaluation pass at `batch`: a forward without gradients in evaluation mode.
   void evaluate(int64_t batch);
+  // The micro-batches of a trial's step: with accumulation, a second micro-batch's backward adds
+  // into gradients that already exist (temporaries of the largest parameter's size), and with
+  // --cuda-graphs it is the second graph on the shared pool: two cover every peak of a window.
+  int64_t accumulated() const { return std::min<int64_t>(c_.accumulation_steps, 2); }
 
   TrainConfig c_;
   Device device_;

@@ -74,6 +74,16 @@ std::string data_and_seeds(const Study& st) {
   return d + std::to_string(seeds.size()) + (seeds.size() == 1 ? " seed" : " seeds");
 }
 
+// Whether the runs' steps replay CUDA graphs (the default on a CUDA device) or run eagerly.
+std::string steps_mode(const Study& st) {
+  size_t graphed = 0;
+  for (const auto& r : st.runs) graphed += r.config.resolved_cuda_graphs() ? 1 : 0;
+  if (graphed == 0) return "eager";
+  const std::string how = "replayed from CUDA graphs after an eager warm-up (partial batches and windows eagerly)";
+  if (graphed == st.runs.size()) return how;
+  return how + " in " + std::to_string(graphed) + " of " + std::to_string(st.runs.size()) + " runs, eager in the others";
+}
+
 std::string accuracy_cell(const std::string& value, int64_t n) {
   if (value.empty()) return "-";
   double v = 0;
@@ -187,6 +197,7 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
         j["date"].get<std::string>() + "\n";
   md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n";
   md += "- what ran: " + setting + "; " + data_and_seeds(st) + "\n";
+  md += "- steps: " + steps_mode(st) + "\n";
   if (!st.published_setup.empty()) {
     const bool synthetic = !st.runs.empty() && st.runs.front().config.data == "synthetic";
     md += "- setting: " +

@@ -280,10 +280,9 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     if (retry.count(id)) replace_csv_row(csv, results_header(), "run_id", row);
     else append_csv_row(csv, results_header(), row);
   };
-  // --cuda-graphs refuses what a replay cannot do (accumulation, ranks):
-  // before the first run, not after hours of the runs before it.
+  // --cuda-graphs refuses a non-CUDA device: before the first run, not after hours of the runs before it.
   for (const SweepRun& run : st.runs) {
-    if (!run.config.cuda_graphs) continue;
+    if (!run.config.cuda_graphs.value_or(false)) continue;
     try {
       check_cuda_graphs(run.config);
     } catch (const UsageError& e) {

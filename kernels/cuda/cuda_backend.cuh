@@ -25,7 +25,8 @@ class CudaBackend final : public Backend {
   void update_scale_device(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval) override;
   // graph.cu: stream capture into a graph with a private memory pool.
-  std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work) override;
+  std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work,
+                                       const Graph* share_pool = nullptr) override;
   bool capturing(int device_index) override;
   // pinned.cu: page-locked host memory (cudaHostAlloc) for the loader's batches.
   void synchronize(int device_index) override;

@@ -39,6 +39,8 @@ class CudaGraph final : public Backend::Graph {
     MINIDL_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_->stream()));
   }
   size_t pool_bytes() const override { return ctx_->allocator().pool_reserved_bytes(pool_); }
+  int pool() const override { return pool_; }
+  const DeviceContext* context() const { return ctx_; }
 
  private:
   DeviceContext* ctx_;
@@ -58,13 +60,18 @@ const char* kCaptureFix =
 
 bool CudaBackend::capturing(int device_index) { return context(device_index).capturing(); }
 
-std::unique_ptr<Backend::Graph> CudaBackend::capture_graph(int device_index, const std::function<void()>& work) {
+std::unique_ptr<Backend::Graph> CudaBackend::capture_graph(int device_index, const std::function<void()>& work,
+                                                           const Graph* share_pool) {
   DeviceContext& ctx = context(device_index);
+  const auto* shared = dynamic_cast<const CudaGraph*>(share_pool);
+  MINIDL_CHECK(share_pool == nullptr || (shared != nullptr && shared->context() == &ctx),
+               "capture_graph: the graph whose pool to share was not captured on cuda:", device_index,
+               " (a pool serves one device's graphs)");
   ctx.activate();
   // Eager work queued before the capture is not part of the graph; finishing it first keeps the
   // private pool's first segments from being carved while eager blocks are still in flight.
   ctx.synchronize();
-  const int pool = ctx.allocator().begin_private_pool();
+  const int pool = ctx.allocator().begin_private_pool(shared != nullptr ? shared->pool() : 0);
   ctx.staging().begin_capture();
   // Whatever happens below, the capture, the pool and the staging mode end together.
   const auto abandon = [&] {

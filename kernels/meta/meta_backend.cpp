@@ -54,6 +54,8 @@ class MetaGraph final : public DeviceServices::Graph {
   ~MetaGraph() override { a_.release_private_pool(pool_); }
   void replay() override {}
   size_t pool_bytes() const override { return a_.pool_reserved_bytes(pool_); }
+  int pool() const override { return pool_; }
+  const CachingAllocator* allocator() const { return &a_; }
 
  private:
   CachingAllocator& a_;
@@ -62,10 +64,15 @@ class MetaGraph final : public DeviceServices::Graph {
 
 }  // namespace
 
-std::unique_ptr<DeviceServices::Graph> MetaBackend::capture_graph(int device_index, const std::function<void()>& work) {
-  if (device_index != static_cast<int>(DeviceType::CUDA)) return Backend::capture_graph(device_index, work);
+std::unique_ptr<DeviceServices::Graph> MetaBackend::capture_graph(int device_index, const std::function<void()>& work,
+                                                                  const Graph* share_pool) {
+  if (device_index != static_cast<int>(DeviceType::CUDA))
+    return Backend::capture_graph(device_index, work, share_pool);
   auto& a = static_cast<CachingAllocator&>(allocator(device_index));
-  const int pool = a.begin_private_pool();
+  const auto* shared = dynamic_cast<const MetaGraph*>(share_pool);
+  MINIDL_CHECK(share_pool == nullptr || (shared != nullptr && shared->allocator() == &a),
+               "capture_graph: the graph whose pool to share was not captured on meta:cuda");
+  const int pool = a.begin_private_pool(shared != nullptr ? shared->pool() : 0);
   capturing_ = true;
   try {
     work();
@@ -301,6 +308,19 @@ void MetaBackend::reduce(ReduceOp, const Tensor& x, const std::vector<int64_t>& 
 
 void MetaBackend::unscale_grads(const std::vector<Tensor>& grads, double /*inv_scale*/, const Tensor& found_inf) {
   if (models_cuda(found_inf)) cuda_model::unscale_grads(grads);
+}
+
+void MetaBackend::unscale_grads_device(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf) {
+  if (!models_cuda(found_inf)) return Backend::unscale_grads_device(grads, scale, found_inf);   // refused, as on a CPU
+  cuda_model::unscale_grads(grads);   // the same pass as the host-scale unscale, the scale read on the device
+}
+
+void MetaBackend::update_scale_device(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                                      double growth_factor, double backoff_factor, int64_t growth_interval) {
+  if (!models_cuda(scale))
+    return Backend::update_scale_device(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                                        growth_interval);
+  // One single-thread kernel on the three scalars: nothing allocated.
 }
 
 bool MetaBackend::fused_sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,

@@ -25,6 +25,10 @@ class MetaBackend final : public Backend {
   // adds for a model of a GPU, as CudaBackend does, and not for one of the CPU, as the CPU does not.
   MINIDL_BACKEND_KERNELS(MINIDL_DECLARE_OVERRIDE)
   MINIDL_DEVICE_BACKEND_KERNELS(MINIDL_DECLARE_OVERRIDE)
+  // The gradient scaler's device state (a graphed run's dry run): as the CUDA backend allocates.
+  void unscale_grads_device(const std::vector<Tensor>& grads, const Tensor& scale, const Tensor& found_inf) override;
+  void update_scale_device(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                           double growth_factor, double backoff_factor, int64_t growth_interval) override;
 
   // The CUDA model's cuBLAS workspace: drawn at the first GEMM and held, as a device context does.
   void draw_cublas_workspace();
@@ -33,7 +37,8 @@ class MetaBackend final : public Backend {
   // private pool current, as a capture does, so the pool's segments count in reserved bytes and
   // the budget while the graph lives; a replay allocates nothing and computes nothing. The model
   // of the CPU has no graphs, as the CPU has none.
-  std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work) override;
+  std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work,
+                                       const Graph* share_pool = nullptr) override;
   bool capturing(int device_index) override;
 
  private:

@@ -1,6 +1,6 @@
-// --cuda-graphs on any machine: the flag parses, and every configuration whose step a CUDA graph
-// cannot replay (it reads the host, or it is not on a CUDA device) is refused before anything runs,
-// with one line naming the flag and the fix. The replay itself: cuda_graphs_cuda_test.cpp.
+// --cuda-graphs on any machine: the flags parse, a run that cannot replay (data-parallel ranks) runs
+// eagerly saying why, and --cuda-graphs off a CUDA device is refused before anything runs, with one
+// line naming the flag and the fix. The replay itself: cuda_graphs_cuda_test.cpp.
 #include <CLI/CLI.hpp>
 
 #include <functional>
@@ -33,23 +33,53 @@ TrainConfig graphed() {
   return c;
 }
 
-TEST(ExperimentsCudaGraphs, FlagParsesAndIsOffByDefault) {
-  TrainConfig c;
-  EXPECT_FALSE(c.cuda_graphs);
-  CLI::App app;
-  add_train_flags(app, c);
-  std::vector<const char*> argv{"prog", "--cuda-graphs", "--device", "cuda"};
-  EXPECT_EQ(parse_command_line(app, static_cast<int>(argv.size()), argv.data(), "prog"), -1);
-  EXPECT_TRUE(c.cuda_graphs);
+// Off unless asked for; --cuda-graphs and --no-cuda-graphs parse, and exclude each other.
+TEST(ExperimentsCudaGraphs, FlagsParseAndGraphsAreOffByDefault) {
+  const auto parsed = [](std::vector<const char*> argv) {
+    TrainConfig c;
+    CLI::App app;
+    add_train_flags(app, c);
+    argv.insert(argv.begin(), "prog");
+    EXPECT_EQ(parse_command_line(app, static_cast<int>(argv.size()), argv.data(), "prog"), -1);
+    return c;
+  };
+  EXPECT_FALSE(parsed({}).cuda_graphs.has_value());
+  EXPECT_FALSE(parsed({}).resolved_cuda_graphs()) << "cpu";
+  EXPECT_FALSE(parsed({"--device", "cuda"}).resolved_cuda_graphs());
+  EXPECT_TRUE(parsed({"--device", "cuda:1", "--accumulation-steps", "4", "--cuda-graphs"}).resolved_cuda_graphs());
+  EXPECT_FALSE(parsed({"--device", "cuda", "--no-cuda-graphs"}).resolved_cuda_graphs());
+  const TrainConfig asked = parsed({"--cuda-graphs", "--device", "cuda"});
+  EXPECT_EQ(asked.cuda_graphs, std::optional<bool>(true));
+  EXPECT_TRUE(asked.resolved_cuda_graphs());
   // SGD, no accumulation or ranks: accepted (validate() itself would also look for a GPU).
-  EXPECT_NO_THROW(check_cuda_graphs(c));
+  EXPECT_NO_THROW(check_cuda_graphs(asked));
+  TrainConfig both;
+  CLI::App app;
+  add_train_flags(app, both);
+  std::vector<const char*> argv{"prog", "--cuda-graphs", "--no-cuda-graphs"};
+  EXPECT_NE(parse_command_line(app, static_cast<int>(argv.size()), argv.data(), "prog"), -1);
 }
 
-// Their values live on the device (the optimizer's device state, clipping's device form), so
-// every optimizer, schedule and --max-grad-norm replays.
-TEST(ExperimentsCudaGraphs, EveryOptimizerScheduleAndClippingIsAccepted) {
+// What a replay still cannot do runs eagerly instead of refusing the run, with the reason.
+TEST(ExperimentsCudaGraphs, DataParallelRunsFallBackToEagerSayingWhy) {
+  TrainConfig c = graphed();
+  c.world_size = 2;
+  std::string why;
+  EXPECT_FALSE(c.resolved_cuda_graphs(&why));
+  EXPECT_NE(why.find("data-parallel steps (2 ranks) run eagerly"), std::string::npos) << why;
+  EXPECT_NO_THROW(check_cuda_graphs(c));
+  why = "stale";
+  EXPECT_TRUE(graphed().resolved_cuda_graphs(&why));
+  EXPECT_EQ(why, "");
+}
+
+// Their values live on the device (the optimizer's device state, clipping's device form), and an
+// accumulation window replays as two graphs, so every optimizer, schedule, --max-grad-norm and
+// --accumulation-steps replays.
+TEST(ExperimentsCudaGraphs, EveryOptimizerScheduleClippingAndAccumulationIsAccepted) {
   for (const std::string opt : {"sgd", "adam", "adamw"}) {
     TrainConfig c = graphed();
+    c.accumulation_steps = opt == "adam" ? 4 : 1;
     c.optimizer = opt;
     c.nesterov = opt == "sgd";
     c.momentum = opt == "sgd" ? 0.9 : 0.0;
@@ -61,15 +91,13 @@ TEST(ExperimentsCudaGraphs, EveryOptimizerScheduleAndClippingIsAccepted) {
   }
 }
 
-TEST(ExperimentsCudaGraphs, WhatAReplayCannotDoIsRefusedNamingTheFlagAndTheFix) {
+TEST(ExperimentsCudaGraphs, CudaGraphsOffACudaDeviceAreRefusedNamingTheFlagAndTheFix) {
   struct Case {
     std::function<void(TrainConfig&)> set;
     std::string says, fix;
   };
   const std::vector<Case> cases{
       {[](TrainConfig& c) { c.device = "cpu"; }, "needs a CUDA device, got --device cpu", "use --device cuda"},
-      {[](TrainConfig& c) { c.accumulation_steps = 4; }, "--accumulation-steps 4", "use --accumulation-steps 1"},
-      {[](TrainConfig& c) { c.world_size = 2; }, "data-parallel steps (2 ranks)", "run one process"},
   };
   for (const Case& k : cases) {
     TrainConfig c = graphed();

@@ -61,12 +61,13 @@ TEST(WholeRunCuda, APlanForTheGpuTrains) {
 // --cuda-graphs: a trial runs its steps as the run does (an eager step at the batch, then the
 // capture and a replay), so the captured graph's private pool is in the answer, and the dry run,
 // which captures on the model of the GPU, has the real trial's peaks to the byte.
-TEST(WholeRunCuda, CudaGraphsPoolIsInTheAnswer) {
+void expect_graph_pool_in_the_answer(int64_t accumulation) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   // The graph's private pool reserves segments of its own (2 MiB small, 20 MiB large), as on a GPU.
   TrainConfig c = small_cnn_on_gpu("64MiB");
   c.cuda_graphs = true;
   c.momentum = 0.9;
+  c.accumulation_steps = accumulation;
   for (const Device d : {Device::meta(DeviceType::CUDA), Device::cuda(0)}) empty_cache(d);
   Trial dry, real;
   {
@@ -91,6 +92,12 @@ TEST(WholeRunCuda, CudaGraphsPoolIsInTheAnswer) {
   EXPECT_TRUE(real.recovered) << "the trial's graph, pool and captured tensors go with the trial";
   testing::expect_answer_trains(c);
 }
+
+TEST(WholeRunCuda, CudaGraphsPoolIsInTheAnswer) { expect_graph_pool_in_the_answer(1); }
+
+// Accumulation: the trial's two micro-batches are the two graphs of a window on one shared pool,
+// with the gradients kept between windows; the dry run still has the real trial's peaks.
+TEST(WholeRunCuda, CudaGraphsOfAnAccumulationWindowAreInTheAnswer) { expect_graph_pool_in_the_answer(2); }
 
 }  // namespace
 }  // namespace minidl::harness

@@ -395,6 +395,42 @@ TEST(CachingAllocatorPrivatePool, ReleasingThePoolReturnsItsMemoryAndKeepsLiveBl
   EXPECT_TRUE(f.dev.segments.empty());
 }
 
+// Two graphs on one pool (an accumulation window's micro-batch graphs): the second capture reuses
+// the first's freed temporaries, never its live outputs; the pool holds the larger peak of the two
+// captures, once; and it lives until the second graph that uses it is released.
+TEST(CachingAllocatorPrivatePool, ASharedPoolHoldsTheLargerPeakOnceAndLivesUntilItsLastGraph) {
+  Fixture f;
+  const int pool = f.alloc.begin_private_pool();
+  void* out_a = f.alloc.allocate(4000);        // the first graph's output, kept
+  void* tmp_a = f.alloc.allocate(5 * MiB);     // its temporary
+  f.alloc.deallocate(tmp_a, 5 * MiB);
+  f.alloc.end_private_pool();
+  const int64_t peak_a = 4000 + 5 * static_cast<int64_t>(MiB);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, peak_a);
+  const size_t reserved = f.alloc.pool_reserved_bytes(pool);
+  EXPECT_EQ(f.alloc.begin_private_pool(pool), pool);
+  void* tmp_b = f.alloc.allocate(5 * MiB);     // the first graph's temporary: reused
+  EXPECT_EQ(tmp_b, tmp_a);
+  void* out_b = f.alloc.allocate(4000);        // not the first graph's live output
+  EXPECT_NE(out_b, out_a);
+  f.alloc.deallocate(tmp_b, 5 * MiB);
+  f.alloc.end_private_pool();
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), reserved) << "no new segment";
+  // Held once: the pool's largest peak of live blocks (both outputs and a temporary).
+  const int64_t peak = 4000 + 4000 + 5 * static_cast<int64_t>(MiB);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, peak);
+  EXPECT_EQ(f.alloc.stats().peak_allocated_bytes, peak);
+  f.alloc.deallocate(out_a, 4000);
+  f.alloc.deallocate(out_b, 4000);
+  f.alloc.release_private_pool(pool);          // the first graph: the second still replays there
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), reserved);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, peak);
+  f.alloc.release_private_pool(pool);          // the last: the pool's memory goes back
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 0u);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 0);
+  EXPECT_THROW(f.alloc.begin_private_pool(pool), Error) << "a released pool cannot be shared";
+}
+
 TEST(CachingAllocatorPrivatePool, AnOomDuringACaptureDoesNotReleaseTheCache) {
   Fixture f;
   f.dev.capacity = 22 * MiB;

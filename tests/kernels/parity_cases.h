@@ -33,6 +33,7 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"capturing", "optim/graph_step_cuda_test.cpp:GraphStep.AHostReadInsideTheCaptureFailsNamingTheFix"},
       {"replay", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnFp32ReplayIsBitIdenticalToEager"},
       {"pool_bytes", "optim/graph_step_cuda_test.cpp:GraphStep.EagerAllocationsAfterTheCaptureDoNotReuseItsPool"},
+      {"pool", "experiments/cuda_graphs_cuda_test.cpp:ExperimentsCudaGraphs.AccumulationWindowsReplayTwoGraphsLikeTheEagerRun"},
       {"interval_timer", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},
       {"start", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},
       {"stop", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},

@@ -221,6 +221,45 @@ TEST(Accumulation, SettledDeviceStepsCountAsTheEagerLoopWould) {
   EXPECT_THROW(opt.set_step_count(-1), Error);
 }
 
+// Optimizer::set_grads_to_none(false) (a graphed accumulation window, train/graphed_step.h): the
+// gradients keep their memory from window to window, zeroed in place, and training is the same.
+TEST(Accumulation, KeptGradientsKeepTheirMemoryAndTrainTheSame) {
+  const std::vector<int64_t> sizes{4, 4, 4, 4};
+  const std::vector<Tensor> reference = train(Kind::SgdMomentum, false, sizes, 2);
+  Model m = make_model(false);
+  Data d = make_data(16);
+  auto opt = make_optimizer(Kind::SgdMomentum, m.params());
+  opt->set_grads_to_none(false);
+  AccumulatingTrainer trainer(*opt);
+  const auto plan = plan_accumulation(sizes, 2);
+  std::vector<const void*> storage;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t at = static_cast<int64_t>(i) * 4;
+    EXPECT_EQ(trainer.window_open(), i % 2 == 1);
+    trainer.micro_batch(loss_of(m, d.x.slice(0, at, at + 4), d.y.slice(0, at, at + 4)), plan[i]);
+    if (i == 1) {   // the first window made them; its end zeroed them in place
+      for (const Tensor& p : m.params()) {
+        ASSERT_TRUE(p.grad().defined());
+        EXPECT_EQ(max(abs(p.grad())).item(), 0.0);
+        storage.push_back(p.grad().data_ptr());
+      }
+    }
+  }
+  for (size_t i = 0; i < storage.size(); ++i) EXPECT_EQ(m.params()[i].grad().data_ptr(), storage[i]);
+  EXPECT_EQ(trainer.optimizer_steps(), 2);
+  EXPECT_EQ(max_rel_diff(m.params(), reference), 0.0);
+  // Back to the default: the next zero_grad drops them.
+  opt->set_grads_to_none(true);
+  opt->zero_grad();
+  for (const Tensor& p : m.params()) EXPECT_FALSE(p.grad().defined());
+  // A replayed micro-batch that does not step opens its window on the host, as its code would have.
+  trainer.settle_device_micro_batch();
+  EXPECT_TRUE(trainer.window_open());
+  trainer.settle_device_step(trainer.counts(), false);
+  EXPECT_FALSE(trainer.window_open());
+  EXPECT_EQ(trainer.optimizer_steps(), 3);
+}
+
 TEST(Accumulation, BadInputIsRefusedClearly) {
   auto msg = [](const std::function<void()>& f) {
     try {
