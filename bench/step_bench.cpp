@@ -38,6 +38,7 @@ struct StepOptions {
   std::string json;
   bool cuda_graphs = false;
   bool host_scaler = false;
+  bool conv_bn_chain = false;
 };
 
 // The TF32 and layout switches of a precision mode, as PyTorch's flags of the same names.
@@ -65,6 +66,10 @@ int run(TrainConfig& c, const StepOptions& o) {
   apply_precision(o, dev);
 
   Model m = make_model(c, c.seed * 4 + 3);
+  if (o.conv_bn_chain) {
+    if (!m.resnet) throw UsageError("--conv-bn-chain needs a ResNet model (its blocks carry the chain), got " + c.model);
+    m.resnet->set_conv_bn_chain(true);
+  }
   m.module->to(dev);
   m.module->train();
   auto opt = make_optimizer(c, *m.module, c.resolved_lr());
@@ -122,10 +127,11 @@ int run(TrainConfig& c, const StepOptions& o) {
   // Device-state steps skip on the device: only the last one's verdict is known (read after the
   // timing).
   if (scaler.device_state()) skipped = scaler.device_found_inf().item() != 0.0 ? -1 : 0;
-  std::printf("minidl %s batch %lld %dpx %s%s%s: %.1f images/s (%lld steps in %.2f s after %d warm-up steps in %.1f s; "
+  std::printf("minidl %s batch %lld %dpx %s%s%s%s: %.1f images/s (%lld steps in %.2f s after %d warm-up steps in %.1f s; "
               "%lld skipped by the %s scaler; host %.1f of %.1f ms a step; peak allocated %s, reserved %s%s)\n",
               c.model.c_str(), static_cast<long long>(c.batch_size), static_cast<int>(c.resolved_image_size()),
-              o.precision.c_str(), o.channels_last ? " channels-last" : "", graph ? " cuda-graphs" : "", ips,
+              o.precision.c_str(), o.channels_last ? " channels-last" : "", graph ? " cuda-graphs" : "",
+              o.conv_bn_chain ? " conv-bn-chain" : "", ips,
               static_cast<long long>(steps), secs,
               o.warmup, warmup_s, static_cast<long long>(skipped), scaler.device_state() ? "device's" : "host's",
               1e3 * host_s / static_cast<double>(steps), 1e3 * secs / static_cast<double>(steps),
@@ -142,6 +148,7 @@ int run(TrainConfig& c, const StepOptions& o) {
     j["precision"] = o.precision;
     j["channels_last"] = o.channels_last;
     j["cuda_graphs"] = o.cuda_graphs;
+    j["conv_bn_chain"] = o.conv_bn_chain;
     j["scaler"] = !scaler.is_enabled() ? "off" : scaler.device_state() ? "device" : "host";
     j["cudnn_benchmark"] = c.cudnn_benchmark;
     j["optimizer"] = {{"name", c.optimizer}, {"lr", c.resolved_lr()}, {"momentum", c.momentum},
@@ -187,6 +194,9 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-graphs", o.cuda_graphs,
                "capture the step into a CUDA graph after the warm-up and replay it (SGD; AMP with the scaler's "
                "device state; skipped_steps is then -1 if the last replay skipped, else 0)");
+  app.add_flag("--conv-bn-chain", o.conv_bn_chain,
+               "ResNets: each convolution also sums its output's batch-norm statistics and the next one applies "
+               "the normalization and ReLU to its input (cuDNN's fused graphs on a GPU; docs/conv_bn.md)");
   app.add_flag("--host-scaler", o.host_scaler,
                "AMP: the gradient scaler decides on the host (reads the found-inf flag every step, a sync); "
                "default on CUDA with SGD: on the device, as PyTorch's fused SGD (skipped_steps is then -1 if the "
