@@ -13,9 +13,11 @@ CHECK_ENV = """environment (flags win over these):
   GPU_CHECK_PHASE_MIN       a phase with fewer seconds left is not started (default 15)
   GPU_CHECK_STEP_SECONDS    timed seconds per step run (default 15; --rehearse 2)
   GPU_CHECK_STEP_RUNS       the step runs in order (default "minidl:amp:nhwc:graphs pytorch:amp:graphs
-                            pytorch:amp minidl:amp:nhwc minidl:amp minidl:tf32 pytorch:tf32"); each
-                            FRAMEWORK:PRECISION[:OPTION...], options in this order: nhwc (minidl), graphs
-                            (both), hostscaler (minidl), bN (batch N, default 128)
+                            pytorch:amp minidl:amp:nhwc minidl:amp:nhwc:chain:graphs
+                            minidl:amp:nhwc:chain minidl:amp minidl:tf32 pytorch:tf32"); each
+                            FRAMEWORK:PRECISION[:OPTION...], options in this order: nhwc (minidl), chain
+                            (minidl --conv-bn-chain), graphs (both), hostscaler (minidl), bN (batch N,
+                            default 128)
   GPU_CHECK_STEP_MIN        seconds a step run needs at least to be started (default 20)
   GPU_CHECK_MODEL_CONFIGS   the model phase's configurations (default resnet50-amp-nhwc,resnet50-amp)
   GPU_CHECK_MODEL_BATCHES   the model phase's batches, one run each (default 256)

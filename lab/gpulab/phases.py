@@ -18,8 +18,8 @@ from .common import ROOT, run_until, say, tail
 PASSED, FAILED, CUT, SKIPPED = 0, 1, 4, 5
 STOPPED = (124, 137)   # run_until's "stopped at the deadline" and "killed"
 
-DEFAULT_STEP_RUNS = ("minidl:amp:nhwc:graphs pytorch:amp:graphs pytorch:amp minidl:amp:nhwc minidl:amp "
-                     "minidl:tf32 pytorch:tf32")
+DEFAULT_STEP_RUNS = ("minidl:amp:nhwc:graphs pytorch:amp:graphs pytorch:amp minidl:amp:nhwc "
+                     "minidl:amp:nhwc:chain:graphs minidl:amp:nhwc:chain minidl:amp minidl:tf32 pytorch:tf32")
 DEFAULT_SANITIZER_FILTER = "*-Parity.Conv2dAutotuneNhwcAndTf32:Parity.AutotuneWorkspaceStaysInsideTheBudget"
 DEFAULT_BENCH_FILTER = "^(D2DCopy|Add|MulScalarInPlace|Relu|Cast|SumAll|SumRows)/"
 
@@ -109,13 +109,15 @@ def tests(ctx, budget):
 
 
 # ---------------------------------------------------------------- 2 step: minidl beside PyTorch
-MINIDL_ONLY = {"nhwc": "--channels-last", "hostscaler": "--host-scaler"}   # PyTorch always runs channels_last
+# PyTorch always runs channels_last; its batch norm is never carried by the convolutions.
+MINIDL_ONLY = {"nhwc": "--channels-last", "chain": "--conv-bn-chain", "hostscaler": "--host-scaler"}
 
 
 def parse_step_spec(spec, rehearse):
     """FRAMEWORK:PRECISION[:OPTION...] -> (framework, precision, batch, extra flags). Options, in
-    this order: nhwc (minidl channels-last), graphs (--cuda-graphs, both; not in a rehearsal: the
-    CPU has none), hostscaler (minidl --host-scaler), bN (batch N). ValueError names a bad one."""
+    this order: nhwc (minidl channels-last), chain (minidl --conv-bn-chain), graphs (--cuda-graphs,
+    both; not in a rehearsal: the CPU has none), hostscaler (minidl --host-scaler), bN (batch N).
+    ValueError names a bad one."""
     parts = spec.split(":")
     fw, prec = parts[0], (parts[1] if len(parts) > 1 else "")
     batch, extra, minidl_only = 128, [], []
@@ -128,7 +130,7 @@ def parse_step_spec(spec, rehearse):
         elif re.fullmatch(r"b\d+", opt):
             batch = int(opt[1:])
         else:
-            raise ValueError(f"unknown option '{opt}' in step run '{spec}' (nhwc, graphs, hostscaler, bN)")
+            raise ValueError(f"unknown option '{opt}' in step run '{spec}' (nhwc, chain, graphs, hostscaler, bN)")
     if fw not in ("minidl", "pytorch"):
         raise ValueError(f"unknown framework '{fw}' in GPU_CHECK_STEP_RUNS")
     if fw == "pytorch" and minidl_only:

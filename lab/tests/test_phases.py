@@ -26,10 +26,13 @@ class Step(unittest.TestCase):
                          ("minidl", "amp", 256, ["--channels-last", "--cuda-graphs", "--host-scaler"]))
         self.assertEqual(phases.parse_step_spec("pytorch:tf32:graphs", True), ("pytorch", "tf32", 128, []),
                          "a rehearsal's CPU has no graphs")
+        self.assertEqual(phases.parse_step_spec("minidl:amp:nhwc:chain:graphs", False),
+                         ("minidl", "amp", 128, ["--channels-last", "--conv-bn-chain", "--cuda-graphs"]))
 
     def test_bad_specs_name_the_problem(self):
         for spec, words in [("minidl:amp:bogus", "unknown option 'bogus'"),
                             ("pytorch:amp:nhwc", "PyTorch takes graphs and bN only"),
+                            ("pytorch:amp:chain", "PyTorch takes graphs and bN only"),
                             ("jax:amp", "unknown framework 'jax'")]:
             with self.assertRaises(ValueError) as e:
                 phases.parse_step_spec(spec, False)
