@@ -17,6 +17,7 @@
 #include <array>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "kernels/cuda/device/common.cuh"
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
 namespace {
@@ -239,19 +241,100 @@ void scale_channels(DeviceContext& ctx, const Tensor& x, const Tensor& scale) {
                   ctx.stream(), static_cast<float*>(ptr(x)), static_cast<const float*>(ptr(scale)), c, n);
 }
 
+// The graph a forward call runs, or nullopt when it composes (before any planning).
+std::optional<FusedGraph> forward_graph(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
+                                        const Conv2dOptions& o, const Tensor& y, const Tensor& sum,
+                                        const Tensor& sumsq) {
+  if (!conv_stats_fused(x, in_scale, w, o, /*backward=*/false, {&y}) || y.numel() == 0) return std::nullopt;
+  if (sum.dtype() != DType::f32 || sumsq.dtype() != DType::f32) return std::nullopt;
+  if (in_bias.defined() && !in_bias.is_contiguous()) return std::nullopt;
+  return in_scale.defined() ? FusedGraph::Forward : FusedGraph::ForwardPlain;
+}
+
+// What a backward call runs (before any planning), or nullopt when it composes.
+struct BackwardCall {
+  bool wgrad = false, dgrad = false, makes_dr = false;
+};
+std::optional<BackwardCall> backward_call(const Tensor& gy, const Tensor& x, const Tensor& in_scale,
+                                          const Tensor& in_bias, const Tensor& w, const Conv2dOptions& o,
+                                          const Tensor& gx, const Tensor& gscale, const Tensor& gbias,
+                                          const Tensor& gw) {
+  if (!conv_stats_fused(x, in_scale, w, o, /*backward=*/true, {&gy, &gx}) || gy.numel() == 0) return std::nullopt;
+  if (!in_bias.is_contiguous() || (gw.defined() && (gw.dtype() != x.dtype() || !is_channels_last(gw))))
+    return std::nullopt;
+  for (const Tensor* t : {&gscale, &gbias})
+    if (t->defined() && (t->dtype() != DType::f32 || !t->is_contiguous())) return std::nullopt;
+  BackwardCall b;
+  b.wgrad = gw.defined();
+  b.dgrad = gx.defined() || gscale.defined() || gbias.defined();
+  b.makes_dr = b.dgrad && !gx.defined();
+  return b;
+}
+
+// The workspaces of graph g's plans on device 0 (workspace.h), or nullopt when the library refuses it.
+std::optional<std::vector<size_t>> planned_workspaces(FusedGraph g, const ConvShape& cs, int64_t align) {
+  const FusedPlan p = plan_for(context(0), g, cs, align);
+  if (p->empty()) return std::nullopt;
+  std::vector<size_t> out;
+  for (const Candidate& c : *p) out.push_back(c.workspace);
+  return out;
+}
+
+// The largest power of two up to 16 that divides `bytes` (a view's offset into a 16-byte aligned block).
+int64_t offset_alignment(int64_t bytes) {
+  int64_t a = 16;
+  while (a > 1 && bytes % a != 0) a /= 2;
+  return a;
+}
+
 }  // namespace
+
+std::optional<std::vector<size_t>> conv_stats_forward_workspaces(const Tensor& x, const Tensor& in_scale,
+                                                                 const Tensor& in_bias, const Tensor& w,
+                                                                 const Conv2dOptions& o, const Tensor& y,
+                                                                 const Tensor& sum, const Tensor& sumsq) {
+  const std::optional<FusedGraph> g = forward_graph(x, in_scale, in_bias, w, o, y, sum, sumsq);
+  if (!g) return std::nullopt;
+  if (device_count() == 0) return std::vector<size_t>{0};
+  return planned_workspaces(*g, shape_of(x, w, y.shape(), o), 16);
+}
+
+std::optional<ConvStatsBackward> conv_stats_backward_plan(const Tensor& gy, const Tensor& x, const Tensor& in_scale,
+                                                          const Tensor& in_bias, const Tensor& w,
+                                                          const Conv2dOptions& o, const Tensor& gx,
+                                                          const Tensor& gscale, const Tensor& gbias, const Tensor& gw) {
+  const std::optional<BackwardCall> b = backward_call(gy, x, in_scale, in_bias, w, o, gx, gscale, gbias, gw);
+  if (!b) return std::nullopt;
+  ConvStatsBackward out;
+  out.scratch = b->dgrad;
+  out.makes_dr = b->makes_dr;
+  const bool gpu = device_count() > 0;
+  const ConvShape cs = shape_of(x, w, gy.shape(), o);
+  if (b->wgrad) {
+    const auto ws = gpu ? planned_workspaces(FusedGraph::Wgrad, cs, 16) : std::vector<size_t>{0};
+    if (!ws) return std::nullopt;
+    out.wgrad = *ws;
+  }
+  if (b->dgrad) {
+    // The scratch's rows are views at multiples of C floats into one block.
+    const auto ws = gpu ? planned_workspaces(FusedGraph::DgradDreluDbn, cs, offset_alignment(cs.c * 4))
+                        : std::vector<size_t>{0};
+    if (!ws) return std::nullopt;
+    out.dgrad = *ws;
+  }
+  return out;
+}
 
 bool CudaBackend::conv2d_stats_forward(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
                                        const Conv2dOptions& o, const Tensor& y, const Tensor& sum,
                                        const Tensor& sumsq) {
   check_cuda("conv2d_stats", {&x, &in_scale, &in_bias, &w, &y, &sum, &sumsq});
-  if (!conv_stats_fused(x, in_scale, w, o, /*backward=*/false, {&y}) || y.numel() == 0) return false;
-  if (sum.dtype() != DType::f32 || sumsq.dtype() != DType::f32) return false;
-  if (in_bias.defined() && !in_bias.is_contiguous()) return false;
+  const std::optional<FusedGraph> g = forward_graph(x, in_scale, in_bias, w, o, y, sum, sumsq);
+  if (!g) return false;
   const ConvShape cs = shape_of(x, w, y.shape(), o);
   Binds binds{{X, ptr(x)}, {W, ptr(w)}, {Y, ptr(y)}, {SUM, ptr(sum)}, {SQ, ptr(sumsq)}};
   if (in_scale.defined()) binds.insert(binds.end(), {{S, ptr(in_scale)}, {B, ptr(in_bias)}});
-  return run_fused(context_of(x), in_scale.defined() ? FusedGraph::Forward : FusedGraph::ForwardPlain, cs, binds);
+  return run_fused(context_of(x), *g, cs, binds);
 }
 
 bool CudaBackend::conv2d_stats_backward(const Tensor& gy, const Tensor& x, const Tensor& in_scale,
@@ -259,20 +342,16 @@ bool CudaBackend::conv2d_stats_backward(const Tensor& gy, const Tensor& x, const
                                         const Tensor& gx, const Tensor& gscale, const Tensor& gbias,
                                         const Tensor& gw) {
   check_cuda("conv2d_stats_backward", {&gy, &x, &in_scale, &in_bias, &w, &gx, &gscale, &gbias, &gw});
-  if (!conv_stats_fused(x, in_scale, w, o, /*backward=*/true, {&gy, &gx}) || gy.numel() == 0) return false;
-  if (!in_bias.is_contiguous() || (gw.defined() && (gw.dtype() != x.dtype() || !is_channels_last(gw)))) return false;
-  for (const Tensor* t : {&gscale, &gbias})
-    if (t->defined() && (t->dtype() != DType::f32 || !t->is_contiguous())) return false;
+  const std::optional<BackwardCall> call = backward_call(gy, x, in_scale, in_bias, w, o, gx, gscale, gbias, gw);
+  if (!call) return false;
   DeviceContext& ctx = context_of(x);
   const ConvShape cs = shape_of(x, w, gy.shape(), o);
-  const bool wants_dgrad = gx.defined() || gscale.defined() || gbias.defined();
+  const bool wants_dgrad = call->dgrad;
   // mean 0 and inv_std 1, so the recomputed pre-activation is x * scale + bias and the weight
   // gradients are sum(dr * x) and sum(dr); the scratch takes what is not wanted.
   const TensorOptions f32{DType::f32, x.device(), false};
   const Tensor per = wants_dgrad ? empty({7, cs.c}, f32) : Tensor();
-  const Tensor dr = gx.defined() || !wants_dgrad
-                        ? gx
-                        : empty({cs.n, cs.h, cs.w, cs.c}, x.options()).permute({0, 3, 1, 2});
+  const Tensor dr = call->makes_dr ? empty({cs.n, cs.h, cs.w, cs.c}, x.options()).permute({0, 3, 1, 2}) : gx;
   const auto row = [&](int64_t i) { return per.select(0, i); };
   const Binds wb = gw.defined() ? Binds{{X, ptr(x)}, {S, ptr(in_scale)}, {B, ptr(in_bias)}, {DY, ptr(gy)}, {DW, ptr(gw)}}
                                 : Binds{};

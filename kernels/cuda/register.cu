@@ -11,7 +11,9 @@ extern "C" const minidl::detail::CudaEntry* minidl_cuda_entry() {
                                            &c::batch_norm_forward_scratch, &c::batch_norm_backward_scratch,
                                            &c::reduce_scratch_bytes,       &c::unscale_table_bytes,
                                            &c::fused_sgd_table_bytes,
-                                           &c::fused_adam_table_bytes};
+                                           &c::fused_adam_table_bytes,
+                                           &c::conv_stats_forward_workspaces,
+                                           &c::conv_stats_backward_plan};
   static const minidl::detail::CudaEntry entry{&c::device_count, &c::runtime_status, &c::cuda_backend, &queries};
   return &entry;
 }

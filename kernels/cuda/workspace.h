@@ -73,6 +73,27 @@ std::optional<size_t> fused_adam_table_bytes(const std::vector<Tensor>& params, 
                                              const std::vector<Tensor>& max_exp_avg_sq,
                                              const std::vector<int64_t>& steps, const AdamHyper& h);
 
+// conv_stats.cu: what a conv2d_stats call (core/conv_bn.h) allocates when it runs cuDNN's fused
+// graphs: each graph's plan workspaces in the order they are tried until one fits, and the
+// backward's scratch. nullopt when the call answers false and the op composes (conv_stats_support.h's
+// rule does not hold, or the library refuses a graph at planning). Planned on device 0's handle
+// (tensors from the allocator are 16-byte aligned); without a GPU to ask (a plan for a GPU made on
+// a machine that has none), the graphs are taken to fuse with workspace-free engines.
+std::optional<std::vector<size_t>> conv_stats_forward_workspaces(const Tensor& x, const Tensor& in_scale,
+                                                                 const Tensor& in_bias, const Tensor& w,
+                                                                 const Conv2dOptions& o, const Tensor& y,
+                                                                 const Tensor& sum, const Tensor& sumsq);
+struct ConvStatsBackward {
+  std::vector<size_t> wgrad;   // the filter gradient's graph (empty: gw not wanted)
+  std::vector<size_t> dgrad;   // the data-side graph (empty: none of gx, gscale, gbias wanted)
+  bool scratch = false;        // the [7, C] f32 per-channel operands of the data-side graph
+  bool makes_dr = false;       // dr, activation-shaped in x's dtype, when gx is not wanted
+};
+std::optional<ConvStatsBackward> conv_stats_backward_plan(const Tensor& gy, const Tensor& x, const Tensor& in_scale,
+                                                          const Tensor& in_bias, const Tensor& w,
+                                                          const Conv2dOptions& o, const Tensor& gx,
+                                                          const Tensor& gscale, const Tensor& gbias, const Tensor& gw);
+
 // The queries above as one table, which minidl::cuda registers with the backend registry
 // (kernels/registry.h, CudaEntry::workspace): the meta device standing for a GPU
 // (kernels/meta/cuda_model.cpp) lives in minidl::core, which links no CUDA library.
@@ -87,6 +108,8 @@ struct WorkspaceQueries {
   decltype(&cuda::unscale_table_bytes) unscale_table_bytes;
   decltype(&cuda::fused_sgd_table_bytes) fused_sgd_table_bytes;
   decltype(&cuda::fused_adam_table_bytes) fused_adam_table_bytes;
+  decltype(&cuda::conv_stats_forward_workspaces) conv_stats_forward_workspaces;
+  decltype(&cuda::conv_stats_backward_plan) conv_stats_backward_plan;
 };
 
 }  // namespace minidl::cuda

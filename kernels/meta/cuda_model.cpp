@@ -4,6 +4,7 @@
 #include "kernels/meta/cuda_model.h"
 
 #include <memory>
+#include <string>
 
 #include "core/allocator.h"
 
@@ -38,6 +39,24 @@ class Buffer {
   size_t n_;
   void* p_;
 };
+
+// A cuDNN call's workspace: the candidates in order until one fits the allocator, held while the
+// call runs; none fitting is the out-of-memory error the CUDA backend throws.
+void run_with_workspace(Device d, const std::vector<size_t>& candidates, const char* whose) {
+  std::string tried;
+  for (size_t ws : candidates) {
+    try {
+      Buffer b(d, ws);
+      return;   // the call runs with this workspace, which is freed when it returns
+    } catch (const OutOfMemoryError&) {
+      tried += " " + format_bytes(ws);   // a leaner plan may fit
+    }
+  }
+  const MemoryStats s = allocator_for(d).stats();
+  throw OutOfMemoryError(std::string("out of memory on meta:cuda: no ") + whose + " workspace fits (tried" + tried +
+                             "). Use a smaller batch, or raise the memory budget.",
+                         0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
+}
 
 // kernels/cuda/conv.cu's to_nhwc / empty_nhwc.
 Tensor to_nhwc(const Tensor& t) { return t.detach().permute({0, 2, 3, 1}).contiguous(); }
@@ -88,19 +107,31 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
   const auto cdir = dir == ConvDir::Forward        ? cuda::ConvDir::Forward
                     : dir == ConvDir::BackwardData ? cuda::ConvDir::BackwardData
                                                    : cuda::ConvDir::BackwardFilter;
-  std::string tried;
-  for (size_t ws : q("conv2d").conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype(), cl, add)) {
-    try {
-      Buffer b(x.device(), ws);
-      return;   // the algorithm runs with this workspace, which is freed when it returns
-    } catch (const OutOfMemoryError&) {
-      tried += " " + format_bytes(ws);   // a leaner algorithm may fit
-    }
-  }
-  const MemoryStats s = allocator_for(x.device()).stats();
-  throw OutOfMemoryError("out of memory on meta:cuda: no cuDNN convolution algorithm's workspace fits (tried" + tried +
-                             "). Use a smaller batch, or raise the memory budget.",
-                         0, static_cast<size_t>(s.reserved_bytes), static_cast<size_t>(s.budget_bytes));
+  run_with_workspace(x.device(),
+                     q("conv2d").conv_workspace_candidates(cdir, x.shape(), w.shape(), y.shape(), o, x.dtype(), cl, add),
+                     "cuDNN convolution algorithm's");
+}
+
+bool conv_stats_forward(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
+                        const Conv2dOptions& o, const Tensor& y, const Tensor& sum, const Tensor& sumsq) {
+  const auto ws = q("conv2d_stats").conv_stats_forward_workspaces(x, in_scale, in_bias, w, o, y, sum, sumsq);
+  if (!ws) return false;
+  run_with_workspace(x.device(), *ws, "fused cuDNN graph's");
+  return true;
+}
+
+bool conv_stats_backward(const Tensor& gy, const Tensor& x, const Tensor& in_scale, const Tensor& in_bias,
+                         const Tensor& w, const Conv2dOptions& o, const Tensor& gx, const Tensor& gscale,
+                         const Tensor& gbias, const Tensor& gw) {
+  const auto p = q("conv2d_stats backward").conv_stats_backward_plan(gy, x, in_scale, in_bias, w, o, gx, gscale, gbias, gw);
+  if (!p) return false;
+  // conv_stats.cu's order: the scratch and dr, then the filter gradient's graph, then the data side's.
+  const Tensor per = p->scratch ? empty({7, x.size(1)}, {DType::f32, x.device(), false}) : Tensor();
+  const Tensor dr = p->makes_dr ? empty({x.size(0), x.size(2), x.size(3), x.size(1)}, {x.dtype(), x.device(), false})
+                                : Tensor();
+  if (!p->wgrad.empty()) run_with_workspace(x.device(), p->wgrad, "fused cuDNN graph's");
+  if (!p->dgrad.empty()) run_with_workspace(x.device(), p->dgrad, "fused cuDNN graph's");
+  return true;
 }
 
 bool conv_backward_input_add(const Tensor& gx, const Tensor& w, const Tensor& gy, const Conv2dOptions& o) {

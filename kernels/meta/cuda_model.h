@@ -22,6 +22,13 @@ void conv(ConvDir dir, const Tensor& x, const Tensor& w, const Tensor& y, const 
 // CudaBackend::conv2d_backward_input_add: false (nothing held) in set_conv_nhwc's transposing mode
 // around NCHW operands, else the data gradient's workspace, as conv() holds it, and true.
 bool conv_backward_input_add(const Tensor& gx, const Tensor& w, const Tensor& gy, const Conv2dOptions& o);
+// CudaBackend::conv2d_stats_forward / _backward (cuDNN's fused graphs): false (nothing held) where
+// the CUDA backend composes, else each graph's workspace and the backward's scratch, and true.
+bool conv_stats_forward(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
+                        const Conv2dOptions& o, const Tensor& y, const Tensor& sum, const Tensor& sumsq);
+bool conv_stats_backward(const Tensor& gy, const Tensor& x, const Tensor& in_scale, const Tensor& in_bias,
+                         const Tensor& w, const Conv2dOptions& o, const Tensor& gx, const Tensor& gscale,
+                         const Tensor& gbias, const Tensor& gw);
 // Plain and fused batch norm (residual undefined: none); save_mean / save_invstd as the caller
 // passes them (undefined: the kernel makes its own when it needs them).
 void batch_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& y, bool training,

@@ -154,17 +154,19 @@ bool MetaBackend::conv2d_backward_input_add(const Tensor& gy, const Tensor& w, c
   return models_cuda(gx) && cuda_model::conv_backward_input_add(gx, w, gy, o);
 }
 
-// The convolutions that carry batch norm: composed here as the CUDA backend composes them (it
-// has no fused graphs to model yet), and as the CPU does.
-bool MetaBackend::conv2d_stats_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                       const Conv2dOptions&, const Tensor&, const Tensor&, const Tensor&) {
-  return false;
+// The convolutions that carry batch norm: cuDNN's fused graphs on the model of a GPU, where the
+// CUDA backend runs them; composed elsewhere, as the CPU composes them.
+bool MetaBackend::conv2d_stats_forward(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
+                                       const Conv2dOptions& o, const Tensor& y, const Tensor& sum,
+                                       const Tensor& sumsq) {
+  return models_cuda(y) && cuda_model::conv_stats_forward(x, in_scale, in_bias, w, o, y, sum, sumsq);
 }
 
-bool MetaBackend::conv2d_stats_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                        const Conv2dOptions&, const Tensor&, const Tensor&, const Tensor&,
-                                        const Tensor&) {
-  return false;
+bool MetaBackend::conv2d_stats_backward(const Tensor& gy, const Tensor& x, const Tensor& in_scale,
+                                        const Tensor& in_bias, const Tensor& w, const Conv2dOptions& o,
+                                        const Tensor& gx, const Tensor& gscale, const Tensor& gbias,
+                                        const Tensor& gw) {
+  return models_cuda(gy) && cuda_model::conv_stats_backward(gy, x, in_scale, in_bias, w, o, gx, gscale, gbias, gw);
 }
 
 void MetaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {

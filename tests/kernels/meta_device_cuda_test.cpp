@@ -41,12 +41,18 @@ std::shared_ptr<nn::Sequential> net(Generator& gen) {
 
 // Two training steps (SGD with momentum; AMP with a gradient scaler), peaks above the start, of
 // the small net, or of a ResNet-18 for 32 px images (its residual joins: the convolution's data
-// gradient added into the shortcut's, conv2d_backward_input_add), NCHW or channels-last.
-Peaks train(Device d, bool amp, bool resnet = false, bool channels_last = false) {
+// gradient added into the shortcut's, conv2d_backward_input_add), NCHW or channels-last, with its
+// convolutions carrying the batch norms (`chain`: cuDNN's fused graphs, core/conv_bn.h) or not.
+Peaks train(Device d, bool amp, bool resnet = false, bool channels_last = false, bool chain = false) {
   Generator gen(7);
   std::shared_ptr<nn::Module> model;
-  if (resnet) model = nn::resnet18(10, &gen, false, /*small=*/true);
-  else model = net(gen);
+  if (resnet) {
+    auto r = nn::resnet18(10, &gen, false, /*small=*/true);
+    r->set_conv_bn_chain(chain);
+    model = r;
+  } else {
+    model = net(gen);
+  }
   model->to(d);
   if (channels_last) model->to_channels_last();
   optim::SgdOptions so;
@@ -96,6 +102,17 @@ TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStepOfAChannelsLastResNet) {
   if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one) for cuDNN's answers";
   const Peaks dry = train(Device::meta(DeviceType::CUDA), true, true, true);
   const Peaks real = train(Device::cuda(0), true, true, true);
+  EXPECT_GT(real.allocated, 0);
+  EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
+  EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+}
+
+// The same step with the convolutions carrying the batch norms: each fused graph's workspace (the
+// plans' order, the first that fits) and the backward's per-channel scratch.
+TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStepOfAResNetWhoseConvolutionsCarryTheBatchNorms) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one) for cuDNN's answers";
+  const Peaks dry = train(Device::meta(DeviceType::CUDA), true, true, true, true);
+  const Peaks real = train(Device::cuda(0), true, true, true, true);
   EXPECT_GT(real.allocated, 0);
   EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
   EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
