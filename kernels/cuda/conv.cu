@@ -101,10 +101,11 @@ std::vector<size_t> conv_workspace_candidates(ConvDir dir, const Shape& x, const
   return cudnn_api() == CudnnApi::Legacy ? legacy_conv_workspaces(cs, dir) : graph_conv_workspaces(cs, dir, add);
 }
 
-size_t conv_algo_cache_size() { return graph_conv_plan_count() + legacy_conv_plan_count(); }
+size_t conv_algo_cache_size() { return graph_conv_plan_count() + legacy_conv_plan_count() + conv_stats_plan_count(); }
 void clear_conv_algo_cache() {
   graph_conv_clear_plans();
   legacy_conv_clear_plans();
+  conv_stats_clear_plans();
 }
 
 void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,

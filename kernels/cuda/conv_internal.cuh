@@ -64,6 +64,10 @@ std::vector<size_t> legacy_conv_workspaces(const ConvShape& cs, ConvDir dir);
 size_t legacy_conv_plan_count();
 void legacy_conv_clear_plans();
 
+// The fused convolution + batch-norm graphs' plans (conv_stats.cu), one entry per graph and shape.
+size_t conv_stats_plan_count();
+void conv_stats_clear_plans();
+
 // cuDNN's data type of a convolution's tensors, for both paths.
 inline cudnnDataType_t cudnn_data_type(DType t) {
   switch (t) {

@@ -325,6 +325,9 @@ std::optional<ConvStatsBackward> conv_stats_backward_plan(const Tensor& gy, cons
   return out;
 }
 
+size_t conv_stats_plan_count() { return plans().size(); }
+void conv_stats_clear_plans() { plans().clear(); }
+
 bool CudaBackend::conv2d_stats_forward(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
                                        const Conv2dOptions& o, const Tensor& y, const Tensor& sum,
                                        const Tensor& sumsq) {

@@ -94,7 +94,8 @@ void synchronize(int device = 0);
 // The caching allocator's full statistics (fragmentation, segments, cudaMalloc calls).
 CachingStats caching_stats(int device = 0);
 // The convolutions' per-shape plans (conv.cu: cuDNN's algorithms in the order they are tried,
-// with their workspaces; both modes, keyed by the switches too): how many, and clearing them.
+// with their workspaces; both modes, keyed by the switches too; the fused convolution + batch-norm
+// graphs' too): how many, and clearing them.
 size_t conv_algo_cache_size();
 void clear_conv_algo_cache();
 // "NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, driver 13000, runtime 13000"

@@ -16,6 +16,7 @@
 #include "core/ops.h"
 #include "nn/resnet.h"
 #include "optim/sgd.h"
+#include "kernels/cuda/runtime.h"
 #include "tests/support/parity_helpers.h"
 
 #ifdef MINIDL_CUDA_EMU
@@ -134,6 +135,19 @@ TEST_F(ConvStatsParity, ChannelsLastRunsTheFusedGraphsAndNchwComposes) {
   }
 }
 #endif
+
+// The fused graphs' plans are part of the convolutions' plan cache: counted, reused, cleared.
+TEST_F(ConvStatsParity, TheFusedPlansAreInTheConvolutionPlanCache) {
+  cuda::clear_conv_algo_cache();
+  EXPECT_EQ(cuda::conv_algo_cache_size(), 0u);
+  run_chain(kGpu, DType::f32, true);
+  const size_t planned = cuda::conv_algo_cache_size();
+  EXPECT_GE(planned, 4u) << "at least the four fused graphs of the chain's shapes";
+  run_chain(kGpu, DType::f32, true);
+  EXPECT_EQ(cuda::conv_algo_cache_size(), planned) << "the second pass reuses every plan";
+  cuda::clear_conv_algo_cache();
+  EXPECT_EQ(cuda::conv_algo_cache_size(), 0u);
+}
 
 // A channels-last ResNet-18 training step (small input) with the convolutions carrying batch norm,
 // on the device under test against the CPU's chain: loss, every gradient, every parameter after
