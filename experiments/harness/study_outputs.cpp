@@ -74,7 +74,7 @@ std::string data_and_seeds(const Study& st) {
   return d + std::to_string(seeds.size()) + (seeds.size() == 1 ? " seed" : " seeds");
 }
 
-// Whether the runs' steps replay CUDA graphs (the default on a CUDA device) or run eagerly.
+// Whether the runs' steps replay CUDA graphs (--cuda-graphs) or run eagerly.
 std::string steps_mode(const Study& st) {
   size_t graphed = 0;
   for (const auto& r : st.runs) graphed += r.config.resolved_cuda_graphs() ? 1 : 0;
