@@ -6,6 +6,7 @@
 #include "kernels/cuda/frontend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,15 @@
 #include "kernels/cuda/runtime.h"
 
 namespace minidl::cuda {
+
+// The largest power of two up to 16 dividing an address, or a byte offset into a 16-byte aligned
+// block: the alignment a graph's tensor may promise cuDNN.
+inline int64_t alignment_of(uintptr_t v) {
+  int64_t a = 16;
+  while (a > 1 && v % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+inline int64_t alignment_of(const void* p) { return alignment_of(reinterpret_cast<uintptr_t>(p)); }
 
 // One runnable plan and its exact workspace.
 struct Candidate {

@@ -44,13 +44,6 @@ namespace fe = cudnn_frontend;
 constexpr int64_t kUidX = 'x', kUidW = 'w', kUidY = 'y';
 constexpr size_t kMaxPlans = 8;   // plans built per shape: the heuristics' best, then fallbacks
 
-// The largest power of two up to 16 dividing the address: what the graph may promise cuDNN.
-int64_t alignment_of(const void* p) {
-  int64_t a = 16;
-  while (a > 1 && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) != 0) a /= 2;
-  return a;
-}
-
 // Everything a plan depends on: the shape, dtype, layout, direction, beta, the pointers'
 // alignment, the device and the switches (TF32, autotuning, determinism).
 using Key = std::array<int64_t, 27>;

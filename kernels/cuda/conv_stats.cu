@@ -181,10 +181,10 @@ cudnnStatus_t execute(cudnnHandle_t h, const Candidate& c, const Binds& binds, v
   return execute_plan(h, c, static_cast<int64_t>(binds.size()), ptrs.data(), uids.data(), ws);
 }
 
+// The alignment every bound tensor allows (conv_engines.cuh's alignment_of, the smallest).
 int64_t alignment_of(const Binds& binds) {
   int64_t a = 16;
-  for (const auto& bind : binds)
-    while (a > 1 && reinterpret_cast<uintptr_t>(bind.second) % static_cast<uintptr_t>(a) != 0) a /= 2;
+  for (const auto& bind : binds) a = std::min(a, cuda::alignment_of(bind.second));
   return a;
 }
 
@@ -280,13 +280,6 @@ std::optional<std::vector<size_t>> planned_workspaces(FusedGraph g, const ConvSh
   return out;
 }
 
-// The largest power of two up to 16 that divides `bytes` (a view's offset into a 16-byte aligned block).
-int64_t offset_alignment(int64_t bytes) {
-  int64_t a = 16;
-  while (a > 1 && bytes % a != 0) a /= 2;
-  return a;
-}
-
 }  // namespace
 
 std::optional<std::vector<size_t>> conv_stats_forward_workspaces(const Tensor& x, const Tensor& in_scale,
@@ -317,7 +310,8 @@ std::optional<ConvStatsBackward> conv_stats_backward_plan(const Tensor& gy, cons
   }
   if (b->dgrad) {
     // The scratch's rows are views at multiples of C floats into one block.
-    const auto ws = gpu ? planned_workspaces(FusedGraph::DgradDreluDbn, cs, offset_alignment(cs.c * 4))
+    const auto ws = gpu ? planned_workspaces(FusedGraph::DgradDreluDbn, cs,
+                                                   cuda::alignment_of(static_cast<uintptr_t>(cs.c * 4)))
                         : std::vector<size_t>{0};
     if (!ws) return std::nullopt;
     out.dgrad = *ws;
