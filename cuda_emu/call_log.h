@@ -27,7 +27,9 @@ struct LibCall {
   MathClass math = MathClass::None;
   size_t workspace = 0;  // bytes given to the call
   double flops = 0;      // a multiply-add counts 2
-  double min_bytes = 0;  // each operand read once and the output written once (read too when beta != 0)
+  // Each operand read once and the output written once (read too when beta != 0); a fused graph's
+  // convolution: the graph's stored tensors once.
+  double min_bytes = 0;
   const void* stream = nullptr;
   uint64_t kernels_before = 0;   // kernels of ours that had run when this call ran (kernel_runs().size())
 };

@@ -225,9 +225,9 @@ cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p,
   return CUDNN_STATUS_SUCCESS;
 }
 
-// One executed convolution in the call log (call_log.h): its FLOPs (a multiply-add is 2) and the
-// bytes of its three operands, the output counted twice when beta != 0 (read and written).
-void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool accumulate, cudaStream_t stream) {
+// One executed convolution as the call log keeps it (call_log.h): its FLOPs (a multiply-add is 2)
+// and the bytes of its three operands, the output counted twice when beta != 0 (read and written).
+LibCall conv_call(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool accumulate, cudaStream_t stream) {
   const ConvGeometry& g = p.g;
   const double e = static_cast<double>(elem_size(p.elem));
   const double xb = e * static_cast<double>(g.n * g.c * g.h * g.w), yb = e * static_cast<double>(g.n * g.k * g.oh * g.ow);
@@ -253,7 +253,11 @@ void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool a
   c.shapes = cat("x ", g.n, "x", g.c, "x", g.h, "x", g.w, " ", c.layout, ", w ", g.k, "x", g.c / g.groups, "x", g.r,
                  "x", g.s, ", y ", g.n, "x", g.k, "x", g.oh, "x", g.ow, ", stride ", g.stride_h, " pad ", g.pad_h);
   c.stream = stream;
-  log_call(std::move(c));
+  return c;
+}
+
+void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool accumulate, cudaStream_t stream) {
+  log_call(conv_call(d, p, algo, ws_bytes, accumulate, stream));
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emu/call_log.h"
 #include "cuda_emu/conv_reference.h"
 #include "cuda_emu/cudnn_emu_internal.h"
 
@@ -63,7 +64,9 @@ cudnnStatus_t run_conv(const char* fn, cudnnHandle_t h, Dir d, const Problem& p,
                        const void* in_b, const void* beta, void* out,
                        const std::function<void(const Problem&)>& tail = {});
 
-// Logs one executed convolution (call_log.h) under the algorithm's or engine's name.
+// One executed convolution as the call log keeps it (call_log.h), under the algorithm's or
+// engine's name; log_conv logs it.
+LibCall conv_call(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool accumulate, cudaStream_t stream);
 void log_conv(Dir d, const Problem& p, const char* algo, size_t ws_bytes, bool accumulate, cudaStream_t stream);
 
 }  // namespace minidl::cuda::emu::detail

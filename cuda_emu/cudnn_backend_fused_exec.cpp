@@ -389,6 +389,24 @@ std::string out_of_range(const FusedGraph& g, const Bindings& b) {
   return "";
 }
 
+// A fused graph in the call log, as its convolution: the convolution's FLOPs, at the stored data's
+// type (the filter's: the convolution's other operand may be a virtual FLOAT tensor, the
+// scale-bias-ReLU's output it loads or the data gradient the ReLU's backward takes), and the bytes
+// of every stored tensor once. Virtual tensors never reach memory; that is the fusion's saving.
+LibCall fused_conv_call(const FusedGraph& fg, size_t scratch, cudaStream_t stream) {
+  const GraphOp& c = *fg.conv();
+  const Dir d = c.kind == OpKind::ConvFwd ? Dir::Fwd : c.kind == OpKind::ConvBwdData ? Dir::BwdData : Dir::BwdFilter;
+  Problem p = c.conv->problem(c.conv->w.dtype != CUDNN_DATA_FLOAT);
+  p.dtype = c.conv->w.dtype;
+  elem_of(p.dtype, p.elem);
+  LibCall call = conv_call(d, p, fg.pattern.c_str(), scratch, c.conv->beta != 0.0, stream);
+  double stored = 0;
+  for (const auto& [uid, t] : fg.tensors)
+    if (!t.is_virtual && !t.by_value) stored += static_cast<double>(t.count()) * static_cast<double>(dtype_size(t.dtype));
+  call.min_bytes = stored;
+  return call;
+}
+
 }  // namespace
 
 cudnnStatus_t execute_fused(cudnnHandle_t h, const BackendDesc& plan, const BackendDesc& pack) {
@@ -414,11 +432,7 @@ cudnnStatus_t execute_fused(cudnnHandle_t h, const BackendDesc& plan, const Back
     const FusedGraph& fg = *graph->fused;
     Run run(fg, b);
     for (const GraphOp& op : fg.ops) run_op(run, op);
-    if (const GraphOp* c = fg.conv(); c != nullptr && call_logging()) {
-      const Dir d = c->kind == OpKind::ConvFwd ? Dir::Fwd : c->kind == OpKind::ConvBwdData ? Dir::BwdData : Dir::BwdFilter;
-      log_conv(d, c->conv->problem(c->conv->w.dtype != CUDNN_DATA_FLOAT), fg.pattern.c_str(), scratch,
-               c->conv->beta != 0.0, stream);
-    }
+    if (fg.conv() != nullptr && call_logging()) log_call(fused_conv_call(fg, scratch, stream));
     // The engine's scratch is garbage afterwards: a workspace that overlaps live data shows.
     if (scratch > 0) std::fill_n(static_cast<unsigned char*>(ws), scratch, static_cast<unsigned char>(0xA5));
   };

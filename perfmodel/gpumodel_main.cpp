@@ -63,17 +63,21 @@ StepConfig parse_config(const std::string& name) {
     else if (part == "fp32") c.amp = false;
     else if (part == "nhwc") c.nhwc = true;
     else if (part == "nchw") c.nhwc = false;
-    else throw UsageError("--configs: '" + name + "': '" + part + "' is not amp, fp32, nhwc or nchw");
+    else if (part == "chain") c.conv_bn_chain = true;
+    else throw UsageError("--configs: '" + name + "': '" + part + "' is not amp, fp32, nhwc, nchw or chain");
   }
   if (c.model != "resnet50" && c.model != "smallcnn")
     throw UsageError("--configs: '" + name + "': the model is resnet50 or smallcnn");
+  if (c.conv_bn_chain && c.model != "resnet50")
+    throw UsageError("--configs: '" + name + "': 'chain' (the convolutions carry the batch norms) needs the ResNet");
   return c;
 }
 
 std::string title_of(const StepConfig& c, Size target) {
   return std::string(c.model == "resnet50" ? "ResNet-50" : "small CNN") + ", " + std::to_string(target.image) + "x" +
          std::to_string(target.image) + ", batch " + std::to_string(target.batch) + ", " + (c.amp ? "AMP" : "FP32") +
-         ", " + (c.nhwc ? "channels-last (memory format, no transposes)" : "NCHW");
+         ", " + (c.nhwc ? "channels-last (memory format, no transposes)" : "NCHW") +
+         (c.conv_bn_chain ? ", batch norm carried by the convolutions (conv_bn_chain)" : "");
 }
 
 std::string config_key(const std::string& name, Size target) {
@@ -341,7 +345,8 @@ struct Options {
 
 void add_flags(CLI::App& app, Options& o) {
   app.add_option("--configs", o.configs,
-                 "comma-separated MODEL-PRECISION[-nhwc]: resnet50-amp, resnet50-fp32-nhwc, smallcnn-fp32, ...");
+                 "comma-separated MODEL-PRECISION[-nhwc][-chain]: resnet50-amp, resnet50-fp32-nhwc, smallcnn-fp32, "
+                 "resnet50-amp-nhwc-chain (chain: the convolutions carry the batch norms, cuDNN's fused graphs), ...");
   app.add_option("--batch", o.batch, "target batch (default: resnet50 256, smallcnn 64)");
   app.add_option("--image", o.image, "target image side in pixels (default: resnet50 224, smallcnn 200)");
   app.add_option("--samples", o.samples,

@@ -32,7 +32,12 @@ bool starts(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 // Where the time goes, in the groups the issue asks about.
 const char* category_of(const Work& w) {
   const std::string& op = w.op;
+  // cuDNN's fused graphs (the convolutions that carry batch norm) log their pattern as the algorithm.
+  if (starts(op, "cuDNN") && (w.algo == "scale_bias_relu_conv_genstats" || w.algo == "scale_bias_relu_wgrad" ||
+                              w.algo == "dgrad_drelu_dbn_weight"))
+    return "cuDNN convolutions carrying batch norm (fused graphs)";
   if (starts(op, "cuDNN")) return "cuDNN convolutions";
+  if (starts(op, "conv2d_stats")) return "batch norm";
   if (starts(op, "cuBLAS")) return "cuBLAS GEMMs";
   if (op == "copy (conv2d NHWC transpose)") return "NHWC transposes around the convolutions";
   if (starts(op, "batch_norm")) return "batch norm";

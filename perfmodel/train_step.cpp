@@ -38,6 +38,10 @@ train::TrainConfig step_config(const StepConfig& c, int64_t image) {
 TrainStep::TrainStep(const StepConfig& c, int64_t image, Device device) : c_(c), image_(image), device_(device) {
   const train::TrainConfig t = step_config(c, image);
   model_ = train::make_model(t, 7);
+  if (c.conv_bn_chain) {
+    MINIDL_CHECK(model_.resnet != nullptr, "gpumodel: the conv + batch-norm chain needs a ResNet, not ", c.model);
+    model_.resnet->set_conv_bn_chain(true);
+  }
   model_.module->to(device_);
   model_.module->train();
   opt_ = train::make_optimizer(t, *model_.module, t.resolved_lr());

@@ -37,6 +37,9 @@ struct StepConfig {
   // minidl_bench_step and PyTorch's fused SGD keep it; --measure sets it, so the host time it
   // reports is the host's own work and not a wait for the GPU.
   bool device_scaler = false;
+  // The ResNet's convolutions carry its batch norms (ResNetOptions::conv_bn_chain): cuDNN's fused
+  // scale-bias-ReLU-convolution-statistics graphs where they apply, composed elsewhere.
+  bool conv_bn_chain = false;
 };
 
 class TrainStep {

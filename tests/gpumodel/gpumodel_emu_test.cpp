@@ -15,6 +15,8 @@
 #include "cuda_emu/runtime_state.h"
 #include "kernels/cuda/runtime.h"
 #include "core/backend.h"
+#include "core/conv_bn.h"
+#include "perfmodel/report.h"
 #include "nn/layers.h"
 
 namespace minidl::gpumodel {
@@ -241,6 +243,53 @@ TEST(GpuModelOnTheEmulator, GraphReplaysKeepTheGridsPlannedAtTheCapture) {
   };
   EXPECT_EQ(replayed_stats_blocks(false), 8.0);   // the capture's own plan: one block per channel
   EXPECT_EQ(replayed_stats_blocks(true), 64.0);   // planned for 32 x 32 x 32, as eager at the target
+}
+
+
+// The convolutions that carry batch norm (core/conv_bn.h) run as cuDNN's fused graphs; each logs its
+// convolution with the pattern's name, so the model prices it as the convolution it is (FLOPs at the
+// tensor cores' peak, its operands' bytes, the scale-bias-ReLU and the statistics fused in) and the
+// report shows it apart from the plain convolutions.
+TEST(GpuModelOnTheEmulator, TheFusedConvolutionsArePricedAsConvolutionsCarryingBatchNorm) {
+  const Device dev = Device::cuda(0);
+  const auto leaf = [&](const Shape& s, DType t, bool cl) {
+    Tensor v = randn(s, {t, dev, false});
+    if (cl) v = to_channels_last(v).detach();
+    return v.set_requires_grad(true);
+  };
+  const Tensor x = leaf({2, 8, 6, 6}, DType::f16, true), w1 = leaf({8, 8, 3, 3}, DType::f16, true);
+  const Tensor w2 = leaf({8, 8, 1, 1}, DType::f16, true);
+  const Tensor g = leaf({8}, DType::f32, false), b = leaf({8}, DType::f32, false);
+  const StepProfile p = profile_on_emulator(
+      [&] {
+        const ConvStats s1 = conv2d_stats(x, Tensor(), Tensor(), w1, pad1());
+        const BnAffine a = bn_finalize(s1, g, b, Tensor(), Tensor());
+        const ConvStats s2 = conv2d_stats(s1.y, a.scale, a.bias, w2);
+        sum(s2.y.to(DType::f32)).backward();
+      },
+      2, 6);
+  std::vector<std::string> patterns;
+  for (const Work& wk : p.work)
+    if (wk.kind == Work::Kind::Library) patterns.push_back(wk.op + " " + wk.algo);
+  const auto has = [&](const std::string& s) { return std::find(patterns.begin(), patterns.end(), s) != patterns.end(); };
+  ASSERT_TRUE(has("cuDNN conv forward scale_bias_relu_conv_genstats")) << ::testing::PrintToString(patterns);
+  EXPECT_TRUE(has("cuDNN conv backward filter scale_bias_relu_wgrad")) << ::testing::PrintToString(patterns);
+  EXPECT_TRUE(has("cuDNN conv backward data dgrad_drelu_dbn_weight")) << ::testing::PrintToString(patterns);
+  for (const Work& wk : p.work) {
+    if (wk.algo != "scale_bias_relu_conv_genstats" || wk.v[kDims + 5] != 1) continue;   // the 1x1 forward
+    EXPECT_DOUBLE_EQ(wk.v[kFlops], 2.0 * 2 * 8 * 6 * 6 * 8);
+    // Stored tensors once: x, w and y in f16, the input's scale and bias and the output's sum and
+    // sum of squares in f32; relu(x * scale + bias) is virtual and costs nothing.
+    EXPECT_DOUBLE_EQ(wk.v[kMinBytes], 2.0 * (2 * 8 * 6 * 6 + 8 * 8 + 2 * 8 * 6 * 6) + 4.0 * 4 * 8);
+    EXPECT_EQ(wk.math, Math::F16Tensor);
+    EXPECT_EQ(wk.detail, "f16 NHWC");
+  }
+  const ModelledStep m = model_step(p, {}, H100Spec{}, LaunchMode::Eager);
+  ReportInfo info;
+  info.title = "a chain";
+  info.images_per_step = 2;
+  const std::string md = markdown_report(m, info, H100Spec{});
+  EXPECT_NE(md.find("cuDNN convolutions carrying batch norm (fused graphs)"), std::string::npos) << md;
 }
 
 }  // namespace
