@@ -77,6 +77,39 @@ class Backend : public DeviceServices {
     (void)gy, (void)x, (void)in_scale, (void)in_bias, (void)w, (void)o, (void)gx, (void)gscale, (void)gbias, (void)gw;
     return false;
   }
+  // conv2d_stats's backward folds its statistics' gradients into its output's in one pass, where
+  // the backend has the kernel: g = gy + gsum + 2 * y * gsumsq per channel (gy, gsum or gsumsq
+  // undefined: zero), in f32 for f16 y and rounded once to y's dtype; gy, y and g channels-last in
+  // y's dtype, gsum and gsumsq [C] in the statistics' dtype. True when it did, false, having done
+  // nothing, when it cannot (the op then composes it).
+  virtual bool conv2d_stats_output_grad(const Tensor& gy, const Tensor& gsum, const Tensor& gsumsq, const Tensor& y,
+                                        const Tensor& g) {
+    (void)gy, (void)gsum, (void)gsumsq, (void)y, (void)g;
+    return false;
+  }
+  // bn_finalize (core/conv_bn.h) in one launch each way, where the backend has the kernels: true
+  // when it did, false, having done nothing, when it cannot (the op then composes it from
+  // per-channel ops and autograd differentiates those). Every tensor is [C] and contiguous in the
+  // statistics' dtype; weight, bias and the running statistics may be undefined (1, 0, none).
+  // Forward, per channel: mean = sum / count, var = max(sumsq / count - mean^2, 0), invstd =
+  // 1 / sqrt(var + eps), scale = weight * invstd, shift = bias - mean * scale; the running
+  // statistics updated as batch_norm's training forward does (momentum, unbiased variance).
+  // Backward, from gscale and gshift (either undefined: zero): gsum, gsumsq, gweight, gbias, each
+  // undefined when not wanted (the clamped variance passes no gradient).
+  virtual bool bn_finalize_forward(const Tensor& sum, const Tensor& sumsq, const Tensor& weight, const Tensor& bias,
+                                   const Tensor& running_mean, const Tensor& running_var, int64_t count,
+                                   double momentum, double eps, const Tensor& scale, const Tensor& shift) {
+    (void)sum, (void)sumsq, (void)weight, (void)bias, (void)running_mean, (void)running_var, (void)count,
+        (void)momentum, (void)eps, (void)scale, (void)shift;
+    return false;
+  }
+  virtual bool bn_finalize_backward(const Tensor& gscale, const Tensor& gshift, const Tensor& sum, const Tensor& sumsq,
+                                    const Tensor& weight, int64_t count, double eps, const Tensor& gsum,
+                                    const Tensor& gsumsq, const Tensor& gweight, const Tensor& gbias) {
+    (void)gscale, (void)gshift, (void)sum, (void)sumsq, (void)weight, (void)count, (void)eps, (void)gsum,
+        (void)gsumsq, (void)gweight, (void)gbias;
+    return false;
+  }
 
   // Pooling, NCHW, options already resolved (stride != 0). indices: i64 flat offsets into H*W.
   virtual void max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y,

@@ -11,8 +11,9 @@
 // equals conv -> batch_norm -> relu -> conv ... -> batch_norm -> add -> relu, forward and backward
 // (the batch variance is E[y^2] - E[y]^2 here, in f32, as cuDNN's finalize computes it), and
 // updates the running statistics as batch_norm does. These are the ops; a backend runs
-// conv2d_stats as fused library calls where it has them (the CUDA backend: cuDNN's fused graphs on
-// channels-last f16 / f32), and every other case runs the composition written in ops_conv_bn.cpp.
+// conv2d_stats as fused library calls and bn_finalize as one launch each way where it has them
+// (the CUDA backend: cuDNN's fused graphs on channels-last f16 / f32, bn_finalize.cu), and every
+// other case runs the composition written in ops_conv_bn.cpp.
 #pragma once
 #include <cstdint>
 

@@ -2,8 +2,11 @@
 // its own backward, the shape of cuDNN's fused graphs (docs/conv_bn.md): the statistics'
 // gradients folded into the output's, the data gradient through the input's ReLU and scale, the
 // scale's and bias's gradients from the same pass, and the weight gradient from the activation
-// recomputed from x. bn_finalize and scale_bias_relu are compositions of per-channel and
-// elementwise ops, differentiated by autograd. Everything here runs on every backend.
+// recomputed from x. bn_finalize is one node of one launch each way where the backend has the
+// kernels (the CUDA backend's), elsewhere a composition of per-channel ops that autograd
+// differentiates; scale_bias_relu runs batch norm's fused apply + ReLU kernels with an identity
+// normalisation.
+// Everything here runs on every backend.
 #include "core/conv_bn.h"
 
 #include <vector>
@@ -81,7 +84,13 @@ void composed_backward(const SavedConvStats& s, const Tensor& gy, std::vector<Te
 std::vector<Tensor> conv2d_stats_backward(const SavedConvStats& s, const std::vector<Tensor>& g) {
   std::vector<Tensor> out(4);
   if (!g[0].defined() && !g[1].defined() && !g[2].defined()) return out;
-  const Tensor gy = total_output_grad(g[0], g[1], g[2], s.y, s.cl);
+  // One pass where the backend has it; allocated first and given back before a composition (whose
+  // own temporaries are larger), so the composed path's peak does not grow.
+  Tensor gy = empty_in_format(s.y.shape(), s.y.options(), s.cl);
+  if (!backend(gy.device()).conv2d_stats_output_grad(g[0], g[1], g[2], s.y, gy)) {
+    gy = Tensor();
+    gy = total_output_grad(g[0], g[1], g[2], s.y, s.cl);
+  }
   const TensorOptions po{s.scale.defined() ? s.scale.dtype() : stats_dtype(s.x), gy.device(), false};
   const int64_t c_in = s.x.size(1);
   if (s.need_x) out[0] = empty_in_format(s.x.shape(), gy.options(), s.cl);
@@ -109,6 +118,45 @@ Shape checked_output_shape(const Tensor& x, const Tensor& w, const Conv2dOptions
   return {x.size(0), w.size(0),
           conv_output_size(x.size(2), w.size(2), o.stride[0], o.padding[0], o.dilation[0], false, "conv2d_stats"),
           conv_output_size(x.size(3), w.size(3), o.stride[1], o.padding[1], o.dilation[1], false, "conv2d_stats")};
+}
+
+// bn_finalize as one node whose forward and backward are one launch each, where the backend has the
+// kernels (Backend::bn_finalize_forward); false, having done nothing, where it composes.
+bool finalize_in_one_launch(const ConvStats& s, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                            const Tensor& running_var, double momentum, double eps, BnAffine& out) {
+  const TensorOptions o{s.sum.dtype(), s.sum.device(), false};
+  const Tensor scale = empty({s.sum.size(0)}, o), shift = empty({s.sum.size(0)}, o);
+  // A checkpoint rerun already updated the running statistics.
+  const bool track = running_mean.defined() && !recomputing();
+  const Tensor rm = track ? running_mean.detach() : Tensor(), rv = track ? running_var.detach() : Tensor();
+  const Tensor w = weight.defined() ? weight.detach() : Tensor(), b = bias.defined() ? bias.detach() : Tensor();
+  const Tensor sum = s.sum.detach(), sumsq = s.sumsq.detach();
+  if (!backend(sum.device()).bn_finalize_forward(sum, sumsq, w, b, rm, rv, s.count, momentum, eps, scale, shift))
+    return false;
+  out = {scale, shift};
+  if (!needs_grad({&s.sum, &s.sumsq, &weight, &bias})) return true;
+  const bool need_sum = s.sum.requires_grad(), need_sumsq = s.sumsq.requires_grad();
+  const bool need_w = weight.defined() && weight.requires_grad(), need_b = bias.defined() && bias.requires_grad();
+  const int64_t count = s.count;
+  record("bn_finalize", {s.sum, s.sumsq, weight, bias}, {scale, shift},
+         [sum, sumsq, w, count, eps, o, need_sum, need_sumsq, need_w, need_b](const std::vector<Tensor>& g) {
+           std::vector<Tensor> grads(4);
+           if (!g[0].defined() && !g[1].defined()) return grads;
+           const Shape c{sum.size(0)};
+           if (need_sum) grads[0] = empty(c, o);
+           if (need_sumsq) grads[1] = empty(c, o);
+           if (need_w) grads[2] = empty(c, o);
+           if (need_b) grads[3] = empty(c, o);
+           const Tensor gscale = g[0].defined() ? g[0].contiguous() : Tensor();
+           const Tensor gshift = g[1].defined() ? g[1].contiguous() : Tensor();
+           const bool ran = backend(sum.device()).bn_finalize_backward(gscale, gshift, sum, sumsq, w, count, eps,
+                                                                       grads[0], grads[1], grads[2], grads[3]);
+           MINIDL_CHECK(ran, "bn_finalize backward: the backend ran the forward in one launch but refused the "
+                        "backward for gradients ", g[0].defined() ? g[0].meta() : "(none)", " and ",
+                        g[1].defined() ? g[1].meta() : "(none)");
+           return grads;
+         });
+  return true;
 }
 
 }  // namespace
@@ -162,6 +210,7 @@ BnAffine bn_finalize(const ConvStats& s, const Tensor& weight, const Tensor& bia
   MINIDL_CHECK(momentum >= 0.0 && momentum <= 1.0, "bn_finalize: momentum ", momentum, " must be in [0, 1]");
   MINIDL_CHECK(running_mean.defined() == running_var.defined(), "bn_finalize: pass both running statistics or "
                "neither");
+  if (BnAffine a; finalize_in_one_launch(s, weight, bias, running_mean, running_var, momentum, eps, a)) return a;
   const double n = static_cast<double>(s.count);
   const Tensor mean = s.sum * (1.0 / n);
   // Biased, as normalisation uses. E[y^2] - E[y]^2 can round below zero for a channel whose mean
@@ -195,13 +244,22 @@ Tensor scale_bias_relu(const Tensor& x, const Tensor& scale, const Tensor& bias,
                x.defined() ? x.meta() : std::string("an undefined tensor"));
   check_channel_vector("scale_bias_relu", "scale", scale, x);
   check_channel_vector("scale_bias_relu", "bias", bias, x);
-  const DType sd = scale.dtype();
-  Tensor pre = x.to(sd) * per_channel(scale) + per_channel(bias);
   if (residual.defined()) {
     MINIDL_CHECK(residual.shape() == x.shape(), "scale_bias_relu: the residual ", residual.meta(),
                  " must have the input's shape ", shape_str(x.shape()));
-    pre = pre + residual.to(sd);
   }
+  // One pass, forward and backward, on every backend: batch norm's fused apply (+ add) + ReLU in
+  // evaluation mode with mean 0 and variance 0 under eps = 1 (1 / sqrt(0 + 1) is exactly 1) is
+  // relu(x * scale + bias + residual), computed in f32 for f16 x and rounded once; its backward is
+  // this op's (the masked gradient times the scale for x, the masked gradient's per-channel sums
+  // against x and alone for the scale and the bias, the masked gradient itself for the residual).
+  if (!residual.defined() || (residual.dtype() == x.dtype() && residual.device() == x.device())) {
+    const Tensor zero = zeros({x.size(1)}, {.dtype = scale.dtype(), .device = x.device()});
+    return residual.defined() ? batch_norm_add_relu(x, residual, scale, bias, zero, zero, false, 0.0, 1.0)
+                              : batch_norm_relu(x, scale, bias, zero, zero, false, 0.0, 1.0);
+  }
+  const DType sd = scale.dtype();
+  const Tensor pre = x.to(sd) * per_channel(scale) + per_channel(bias) + residual.to(sd);
   return in_format(relu(pre).to(x.dtype()), prefers_channels_last(x));
 }
 

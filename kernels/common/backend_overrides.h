@@ -65,8 +65,8 @@
      const std::vector<int64_t>& steps, const AdamHyper& h))
 
 // What a GPU (and the meta device's model of one) adds: gradients added into as they are computed,
-// the convolutions that carry batch norm (core/conv_bn.h) and a fused SGD step. The CPU keeps
-// Backend's defaults (false: the caller's general path).
+// the convolutions that carry batch norm and their finalize (core/conv_bn.h) and a fused SGD step.
+// The CPU keeps Backend's defaults (false: the caller's general path).
 #define MINIDL_DEVICE_BACKEND_KERNELS(X)                                                                       \
   X(bool, conv2d_backward_input_add,                                                                          \
     (const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx))                            \
@@ -76,6 +76,16 @@
   X(bool, conv2d_stats_backward,                                                                              \
     (const Tensor& gy, const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,       \
      const Conv2dOptions& o, const Tensor& gx, const Tensor& gscale, const Tensor& gbias, const Tensor& gw))   \
+  X(bool, conv2d_stats_output_grad,                                                                           \
+    (const Tensor& gy, const Tensor& gsum, const Tensor& gsumsq, const Tensor& y, const Tensor& g))           \
+  X(bool, bn_finalize_forward,                                                                                \
+    (const Tensor& sum, const Tensor& sumsq, const Tensor& weight, const Tensor& bias,                        \
+     const Tensor& running_mean, const Tensor& running_var, int64_t count, double momentum, double eps,       \
+     const Tensor& scale, const Tensor& shift))                                                               \
+  X(bool, bn_finalize_backward,                                                                               \
+    (const Tensor& gscale, const Tensor& gshift, const Tensor& sum, const Tensor& sumsq, const Tensor& weight, \
+     int64_t count, double eps, const Tensor& gsum, const Tensor& gsumsq, const Tensor& gweight,               \
+     const Tensor& gbias))                                                                                    \
   X(bool, fused_sgd_step,                                                                                     \
     (const std::vector<Tensor>& params, const std::vector<Tensor>& grads,                                     \
      const std::vector<Tensor>& momentum_bufs, const std::vector<uint8_t>& fresh, const SgdHyper& h))

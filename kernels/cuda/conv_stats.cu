@@ -241,6 +241,19 @@ void scale_channels(DeviceContext& ctx, const Tensor& x, const Tensor& scale) {
                   ctx.stream(), static_cast<float*>(ptr(x)), static_cast<const float*>(ptr(scale)), c, n);
 }
 
+// g = gy + gsum[c] + y * (2 * gsumsq[c]), channels-last (c = i % C), in f32 and rounded once to T; a
+// null gy, gsum or gsumsq is zero.
+template <typename T>
+__global__ void output_grad_kernel(const T* gy, const float* __restrict__ gsum, const float* __restrict__ gsumsq,
+                                   const T* y, T* g, int64_t c, int64_t n) {
+  MINIDL_GRID_STRIDE(i, n) {
+    float v = gy != nullptr ? static_cast<float>(gy[i]) : 0.0f;
+    if (gsum != nullptr) v += gsum[i % c];
+    if (gsumsq != nullptr) v += static_cast<float>(y[i]) * (gsumsq[i % c] * 2.0f);
+    g[i] = static_cast<T>(v);
+  }
+}
+
 // The graph a forward call runs, or nullopt when it composes (before any planning).
 std::optional<FusedGraph> forward_graph(const Tensor& x, const Tensor& in_scale, const Tensor& in_bias, const Tensor& w,
                                         const Conv2dOptions& o, const Tensor& y, const Tensor& sum,
@@ -332,6 +345,23 @@ bool CudaBackend::conv2d_stats_forward(const Tensor& x, const Tensor& in_scale, 
   Binds binds{{X, ptr(x)}, {W, ptr(w)}, {Y, ptr(y)}, {SUM, ptr(sum)}, {SQ, ptr(sumsq)}};
   if (in_scale.defined()) binds.insert(binds.end(), {{S, ptr(in_scale)}, {B, ptr(in_bias)}});
   return run_fused(context_of(x), *g, cs, binds);
+}
+
+bool CudaBackend::conv2d_stats_output_grad(const Tensor& gy, const Tensor& gsum, const Tensor& gsumsq, const Tensor& y,
+                                           const Tensor& g) {
+  check_cuda("conv2d_stats output gradient", {&gy, &gsum, &gsumsq, &y, &g});
+  if (!conv_stats_output_grad_fused(gy, gsum, gsumsq, y, g)) return false;
+  const int64_t n = y.numel(), c = y.size(1);
+  const auto f32 = [](const Tensor& t) { return t.defined() ? static_cast<const float*>(ptr(t)) : nullptr; };
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    const auto data = [](const Tensor& t) { return t.defined() ? static_cast<T*>(ptr(t)) : nullptr; };
+    MINIDL_LAUNCH("conv2d_stats g = gy + gsum + 2 y gsumsq", output_grad_kernel<T>, grid_for(n), kThreads, 0,
+                  context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y), data(g), c, n);
+  };
+  if (y.dtype() == DType::f16) launch(__half{});
+  else launch(float{});
+  return true;
 }
 
 bool CudaBackend::conv2d_stats_backward(const Tensor& gy, const Tensor& x, const Tensor& in_scale,

@@ -1,6 +1,7 @@
 // Which conv2d_stats calls (core/conv_bn.h) the CUDA backend runs as cuDNN's fused graphs
-// (kernels/cuda/conv_stats.cu), so the meta device's model of a GPU (kernels/meta/cuda_model.cpp)
-// answers as the GPU would. A plain C++ header: no CUDA types.
+// (kernels/cuda/conv_stats.cu), and which bn_finalize calls as its one-launch kernels
+// (kernels/cuda/bn_finalize.cu), so the meta device's model of a GPU (kernels/meta/) answers as
+// the GPU would. A plain C++ header: no CUDA types.
 #pragma once
 #include <initializer_list>
 
@@ -25,6 +26,33 @@ inline bool conv_stats_fused(const Tensor& x, const Tensor& in_scale, const Tens
   if (in_scale.defined() && (in_scale.dtype() != DType::f32 || !in_scale.is_contiguous())) return false;
   for (const Tensor* t : data)
     if (t->defined() && (t->dtype() != x.dtype() || !is_channels_last(*t))) return false;
+  return true;
+}
+
+// conv2d_stats_output_grad's kernel: y channels-last f16 or f32, gy and g like it (gy may be
+// undefined), the statistics' gradients [C] contiguous f32 (either may be undefined).
+inline bool conv_stats_output_grad_fused(const Tensor& gy, const Tensor& gsum, const Tensor& gsumsq, const Tensor& y,
+                                         const Tensor& g) {
+  if (y.dim() != 4 || y.numel() == 0 || !is_channels_last(y)) return false;
+  if (y.dtype() != DType::f16 && y.dtype() != DType::f32) return false;
+  for (const Tensor* t : {&gy, &g})
+    if (t->defined() && (t->shape() != y.shape() || t->dtype() != y.dtype() || !is_channels_last(*t))) return false;
+  for (const Tensor* t : {&gsum, &gsumsq})
+    if (t->defined() && (t->dim() != 1 || t->size(0) != y.size(1) || t->dtype() != DType::f32 || !t->is_contiguous()))
+      return false;
+  return g.defined();
+}
+
+// bn_finalize's kernels: the sums [C], contiguous, f32 or f64, with every other given tensor (the
+// rest may be undefined) of their shape, dtype and device and contiguous, and more than one value
+// a channel. Anything else composes.
+inline bool bn_finalize_fused(const Tensor& sum, int64_t count, std::initializer_list<const Tensor*> others) {
+  if (count < 2 || sum.dim() != 1 || !sum.is_contiguous()) return false;
+  if (sum.dtype() != DType::f32 && sum.dtype() != DType::f64) return false;
+  for (const Tensor* t : others)
+    if (t->defined() && (t->shape() != sum.shape() || t->dtype() != sum.dtype() || !t->is_contiguous() ||
+                         t->device() != sum.device()))
+      return false;
   return true;
 }
 

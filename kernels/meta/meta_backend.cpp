@@ -9,6 +9,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/workspace.h"
+#include "kernels/cuda/conv_stats_support.h"
 #include "kernels/meta/cuda_model.h"
 
 namespace minidl::meta {
@@ -167,6 +168,28 @@ bool MetaBackend::conv2d_stats_backward(const Tensor& gy, const Tensor& x, const
                                         const Tensor& gx, const Tensor& gscale, const Tensor& gbias,
                                         const Tensor& gw) {
   return models_cuda(gy) && cuda_model::conv_stats_backward(gy, x, in_scale, in_bias, w, o, gx, gscale, gbias, gw);
+}
+
+// The output gradient's one pass and bn_finalize's one-launch kernels where the CUDA backend runs
+// them: nothing to allocate.
+bool MetaBackend::conv2d_stats_output_grad(const Tensor& gy, const Tensor& gsum, const Tensor& gsumsq,
+                                           const Tensor& y, const Tensor& g) {
+  return models_cuda(y) && cuda::conv_stats_output_grad_fused(gy, gsum, gsumsq, y, g);
+}
+
+bool MetaBackend::bn_finalize_forward(const Tensor& sum, const Tensor& sumsq, const Tensor& weight, const Tensor& bias,
+                                      const Tensor& running_mean, const Tensor& running_var, int64_t count,
+                                      double /*momentum*/, double /*eps*/, const Tensor& scale, const Tensor& shift) {
+  return models_cuda(sum) && running_mean.defined() == running_var.defined() &&
+         cuda::bn_finalize_fused(sum, count, {&sumsq, &weight, &bias, &running_mean, &running_var, &scale, &shift});
+}
+
+bool MetaBackend::bn_finalize_backward(const Tensor& gscale, const Tensor& gshift, const Tensor& sum,
+                                       const Tensor& sumsq, const Tensor& weight, int64_t count, double /*eps*/,
+                                       const Tensor& gsum, const Tensor& gsumsq, const Tensor& gweight,
+                                       const Tensor& gbias) {
+  return models_cuda(sum) &&
+         cuda::bn_finalize_fused(sum, count, {&gscale, &gshift, &sumsq, &weight, &gsum, &gsumsq, &gweight, &gbias});
 }
 
 void MetaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {

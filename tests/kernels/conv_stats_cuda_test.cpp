@@ -1,20 +1,26 @@
 // CPU-vs-CUDA parity of the convolutions that carry batch norm (core/conv_bn.h: conv2d_stats,
-// bn_finalize, scale_bias_relu; Backend::conv2d_stats_forward / _backward): a two-convolution
+// bn_finalize, scale_bias_relu; Backend::conv2d_stats_forward / _backward, bn_finalize_forward /
+// _backward): a two-convolution
 // chain with its batch norms, the add and the ReLU, on the device under test against the CPU's
 // composition, forward (output, running statistics) and backward (every input's gradient), in f32
 // NCHW and channels-last and f16 channels-last (f32 statistics). kernels_cuda_emu runs it on the
 // emulated device: the shapes stay small. There the fused graphs (kernels/cuda/conv_stats.cu) are
 // counted through the call log (a fused execute logs its convolution with the pattern's name), and
-// a channels-last ResNet-18 step with the chain is checked against the CPU's.
+// a channels-last ResNet-18 step with the chain is checked against the CPU's, and AMP steps (one
+// the scaler skips, one it takes) against the composed path's.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/conv_bn.h"
 #include "core/ops.h"
 #include "nn/resnet.h"
+#include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "kernels/cuda/runtime.h"
 #include "tests/support/parity_helpers.h"
@@ -149,6 +155,59 @@ TEST_F(ConvStatsParity, TheFusedPlansAreInTheConvolutionPlanCache) {
   EXPECT_EQ(cuda::conv_algo_cache_size(), 0u);
 }
 
+// An AMP training step of a channels-last ResNet-18 with the chain launches about what the default
+// path (conv -> fused batch norm + ReLU) launches: the same library calls (the fused graphs replace
+// the convolutions one for one) and a few kernels more (ResNet-50: 564 kernels against 500) (each finalize is one launch each way, the
+// statistics' gradients fold into the output's in one pass, a block's end is batch norm's fused
+// apply kernel). Composed, the finalize alone was a dozen launches forward and two dozen backward.
+TEST_F(ConvStatsParity, AChainedAmpStepLaunchesAboutWhatTheDefaultStepLaunches) {
+  if (self_test()) GTEST_SKIP() << "launches are counted on the emulated device";
+  Generator gx(8);
+  const Tensor x = to_channels_last(to_target(randn({2, 3, 16, 16}, {}, &gx)));
+  const Tensor labels = to_target(from_vector({3, 7}, {2}, {.dtype = DType::i64}));
+  struct Launches {
+    int64_t kernels = 0, calls = 0;
+  };
+  const auto count = [&](bool chain) {
+    Generator g(7);
+    auto m = nn::resnet18(10, &g, false, /*small_input=*/true);
+    m->set_conv_bn_chain(chain);
+    m->to(kGpu);
+    m->to_channels_last();
+    optim::SGD opt(m->parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024.0});
+    const auto step = [&] {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        AutocastGuard autocast(DType::f16);
+        loss = cross_entropy(m->forward(x), labels);
+      }
+      scaler.scale(loss).backward();
+      scaler.step(opt);
+      scaler.update();
+    };
+    step();   // the optimizer's state, the plans
+    Launches n;
+#ifdef MINIDL_CUDA_EMU
+    cuda::emu::clear_call_log();
+    cuda::emu::set_call_logging(true);
+    step();
+    synchronize(kGpu);
+    cuda::emu::set_call_logging(false);
+    n.kernels = static_cast<int64_t>(cuda::emu::kernel_runs().size());
+    for (const cuda::emu::LibCall& c : cuda::emu::call_log()) n.calls += c.lib != "runtime";
+#endif
+    return n;
+  };
+  const Launches plain = count(false), chained = count(true);
+  ASSERT_GT(plain.kernels, 0);
+  EXPECT_EQ(chained.calls, plain.calls);
+  // The few more: each fused data gradient's constant rows (two fills) and its gx = dr * scale, each
+  // block end's zero mean.
+  EXPECT_LE(chained.kernels, plain.kernels * 120 / 100) << "default path " << plain.kernels << " kernels";
+}
+
 // A channels-last ResNet-18 training step (small input) with the convolutions carrying batch norm,
 // on the device under test against the CPU's chain: loss, every gradient, every parameter after
 // an SGD step, the running statistics.
@@ -199,6 +258,170 @@ TEST_F(ConvStatsParity, AChannelsLastResNet18ChainStepMatchesTheCpu) {
     if (buffers[i].second.dtype() != DType::f32) continue;
     EXPECT_TRUE(close(buffers[i].second, dev_buffers[i].second, 1e-4, buffers[i].first));
   }
+}
+
+// bn_finalize on the device under test against the CPU's composition, forward (scale, shift, the
+// running statistics) and backward (the sums', weight's and bias's gradients), with and without
+// weight, bias and running statistics, in f32 and f64; a channel whose E[y^2] - E[y]^2 rounds below
+// zero takes the clamp and passes no variance gradient. On the emulated device each direction is one
+// launch (Backend::bn_finalize_forward / _backward), where the composition takes dozens.
+TEST_F(ConvStatsParity, TheFinalizeMatchesTheCpuCompositionInOneLaunchEachWay) {
+  struct Case {
+    DType dt;
+    bool affine, running;
+  };
+  for (const Case k : {Case{DType::f32, true, true}, Case{DType::f32, false, false}, Case{DType::f64, true, false},
+                       Case{DType::f32, true, false}}) {
+    const std::string tag = std::string(dtype_name(k.dt)) + (k.affine ? " affine" : " plain") +
+                            (k.running ? " running" : "");
+    constexpr int64_t kC = 37, kCount = 50;
+    const auto run = [&](Device d) {
+      const auto on = [&](const Tensor& t, bool grad) {
+        Tensor v = d == Device::cpu() ? t.clone() : to_target(t);
+        return grad ? v.set_requires_grad(true) : v;
+      };
+      // Sums of 50 values a channel: mean in [-1, 2], spread 0.05 to 1.5; the last channel's sumsq
+      // is under count * mean^2 (a variance that rounded negative: clamped).
+      const std::vector<double> mean = rnd({kC}, DType::f64, 21, -1.0, 2.0).to_vector();
+      const std::vector<double> spread = rnd({kC}, DType::f64, 22, 0.05, 1.5).to_vector();
+      std::vector<double> sums(kC), sumsqs(kC);
+      for (size_t c = 0; c < sums.size(); ++c) {
+        sums[c] = mean[c] * kCount;
+        sumsqs[c] = (mean[c] * mean[c] + (c + 1 < sums.size() ? spread[c] * spread[c] : -1e-3)) * kCount;
+      }
+      const TensorOptions host{k.dt, Device::cpu(), false};
+      ConvStats st{Tensor(), on(from_vector(sums, {kC}, host), true), on(from_vector(sumsqs, {kC}, host), true),
+                   kCount};
+      const Tensor w = k.affine ? on(rnd({kC}, k.dt, 23, 0.5, 1.5), true) : Tensor();
+      const Tensor b = k.affine ? on(rnd({kC}, k.dt, 24, -0.5, 0.5), true) : Tensor();
+      const Tensor rm = k.running ? on(rnd({kC}, k.dt, 25, -0.2, 0.2), false) : Tensor();
+      const Tensor rv = k.running ? on(rnd({kC}, k.dt, 26, 0.5, 2.0), false) : Tensor();
+      BnAffine a;
+      const auto forward = [&] { a = bn_finalize(st, w, b, rm, rv, 0.1, 1e-5); };
+      const auto backward = [&] {
+        const Tensor ga = on(rnd({kC}, k.dt, 27, -1.0, 1.0), false), gb = on(rnd({kC}, k.dt, 28, -1.0, 1.0), false);
+        sum(a.scale * ga + a.bias * gb).backward();
+      };
+#ifdef MINIDL_CUDA_EMU
+      if (d != Device::cpu()) {
+        for (const auto& [what, fn] : {std::pair<const char*, std::function<void()>>{"forward", forward},
+                                       std::pair<const char*, std::function<void()>>{"backward", backward}}) {
+          cuda::emu::clear_call_log();
+          cuda::emu::set_call_logging(true);
+          fn();
+          synchronize(kGpu);   // the runs are logged as they execute
+          cuda::emu::set_call_logging(false);
+          const int64_t kernels = static_cast<int64_t>(cuda::emu::kernel_runs().size());
+          // The finalize's one launch; the backward also seeds and sums the loss above (a handful).
+          if (std::string(what) == "forward") EXPECT_EQ(kernels, 1) << tag << ": " << what << " launches";
+          else EXPECT_LE(kernels, 8) << tag << ": " << what << " launches";
+        }
+      } else {
+        forward();
+        backward();
+      }
+#else
+      forward();
+      backward();
+#endif
+      std::vector<Tensor> out{a.scale.detach(), a.bias.detach(), st.sum.grad(), st.sumsq.grad()};
+      if (k.affine) out.insert(out.end(), {w.grad(), b.grad()});
+      if (k.running) out.insert(out.end(), {rm, rv});
+      return out;
+    };
+    const std::vector<Tensor> cpu = run(Device::cpu()), dev = run(kGpu);
+    const char* names[] = {"scale", "shift", "gsum", "gsumsq", "gweight", "gbias", "running_mean", "running_var"};
+    const double tol = k.dt == DType::f64 ? 1e-12 : 1e-5;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const size_t name = !k.affine && i >= 4 ? i + 2 : i;
+      EXPECT_TRUE(close(cpu[i], dev[i], tol, tag + " " + names[name]));
+    }
+    // The clamped channel: no gradient through its variance (sumsq's), as relu's backward at 0.
+    EXPECT_EQ(cpu[3].to(Device::cpu()).to_vector().back(), 0.0) << tag;
+    EXPECT_EQ(dev[3].to(Device::cpu()).to_vector().back(), 0.0) << tag;
+  }
+}
+
+// AMP steps with the chain and without, on the device under test, against the composed path in f32:
+// a step the scaler skips (a planted overflow) changes no weight in either and backs both scales
+// off alike; the running statistics, which the forward updates whether or not the step is then
+// skipped (as PyTorch's batch norm), and the next step's update, at a sane scale, are as close to
+// f32's with the chain as without it.
+TEST_F(ConvStatsParity, AnAmpStepTheScalerSkipsLeavesTheChainWhereItLeavesTheComposedPath) {
+  enum class Path { F32, AmpComposed, AmpChain };
+  struct Run {
+    std::vector<Tensor> update, stats;
+    double scale_after_skip = 0;
+  };
+  Generator gx(8);
+  const Tensor x = to_channels_last(to_target(randn({2, 3, 16, 16}, {}, &gx)));
+  const Tensor labels = to_target(from_vector({3, 7}, {2}, {.dtype = DType::i64}));
+  const auto snapshot = [](nn::Module& m) {
+    std::vector<Tensor> v;
+    for (const auto& [name, p] : m.named_parameters()) v.push_back(p.detach().to(DType::f64).clone());
+    return v;
+  };
+  const auto run = [&](Path path) {
+    const bool amp = path != Path::F32;
+    const std::string tag = path == Path::F32 ? "f32" : path == Path::AmpChain ? "AMP chain" : "AMP composed";
+    Generator g(7);
+    auto m = nn::resnet18(10, &g, false, /*small_input=*/true);
+    m->set_conv_bn_chain(path == Path::AmpChain);
+    m->to(kGpu);
+    m->to_channels_last();
+    optim::SGD opt(m->parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024.0, .enabled = amp});
+    const auto step = [&] {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        AutocastGuard autocast(DType::f16, amp);
+        loss = cross_entropy(m->forward(x), labels);
+      }
+      scaler.scale(loss).backward();
+      const bool stepped = scaler.step(opt);
+      scaler.update();
+      return stepped;
+    };
+    Run r;
+    const std::vector<Tensor> before = snapshot(*m);
+    if (amp) {
+      scaler.update(1e38);   // planted: the f16 gradients overflow
+      EXPECT_FALSE(step()) << tag << ": the overflowing step was not skipped";
+      const std::vector<Tensor> after = snapshot(*m);
+      for (size_t i = 0; i < before.size(); ++i)
+        EXPECT_TRUE(close(before[i], after[i], 0.0, tag + ": a skipped step changed parameter " + std::to_string(i)));
+      r.scale_after_skip = scaler.get_scale();
+      scaler.update(1024.0);
+    } else {
+      NoGradGuard no_grad;
+      (void)m->forward(x);   // the skipped step's forward, for the running statistics
+    }
+    EXPECT_TRUE(step()) << tag << ": the step at a sane scale was skipped";
+    const std::vector<Tensor> after = snapshot(*m);
+    for (size_t i = 0; i < before.size(); ++i) r.update.push_back(after[i] - before[i]);
+    for (const auto& [name, b] : m->named_buffers())
+      if (b.dtype() == DType::f32) r.stats.push_back(b.detach().to(DType::f64).clone());
+    return r;
+  };
+  const Run f32 = run(Path::F32), composed = run(Path::AmpComposed), chained = run(Path::AmpChain);
+  EXPECT_EQ(chained.scale_after_skip, composed.scale_after_skip);
+  EXPECT_LT(composed.scale_after_skip, 1e38);   // backed off
+  const auto error = [](const std::vector<Tensor>& ref, const std::vector<Tensor>& v) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      num += sum(square(v[i] - ref[i])).item();
+      den += sum(square(ref[i])).item();
+    }
+    return std::sqrt(num / den);
+  };
+  const double update_composed = error(f32.update, composed.update), update_chained = error(f32.update, chained.update);
+  const double stats_composed = error(f32.stats, composed.stats), stats_chained = error(f32.stats, chained.stats);
+  // f16 moves a batch-2 ResNet-18's update by about a tenth either way (its last batch norms see 8
+  // values a channel); a chain that lost a ReLU or a scale is off by its whole size.
+  EXPECT_GT(update_composed, 0.0);
+  EXPECT_LE(update_chained, 1.5 * update_composed) << "the chain's AMP update is further from f32's than the composed one";
+  EXPECT_LE(stats_chained, 1.5 * stats_composed + 1e-6) << "the chain's running statistics are further from f32's";
 }
 
 }  // namespace

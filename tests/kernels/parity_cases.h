@@ -60,6 +60,13 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"conv2d_stats_forward", "kernels/conv_stats_cuda_test.cpp:ConvStatsParity.TheChainMatchesTheCpuForwardAndBackward"},
       {"conv2d_stats_backward",
        "kernels/conv_stats_cuda_test.cpp:ConvStatsParity.TheChainMatchesTheCpuForwardAndBackward"},
+      // The CPU declines these (false) and composes; the CUDA kernels against that composition.
+      {"conv2d_stats_output_grad",
+       "kernels/conv_stats_cuda_test.cpp:ConvStatsParity.TheChainMatchesTheCpuForwardAndBackward"},
+      {"bn_finalize_forward",
+       "kernels/conv_stats_cuda_test.cpp:ConvStatsParity.TheFinalizeMatchesTheCpuCompositionInOneLaunchEachWay"},
+      {"bn_finalize_backward",
+       "kernels/conv_stats_cuda_test.cpp:ConvStatsParity.TheFinalizeMatchesTheCpuCompositionInOneLaunchEachWay"},
       {"max_pool2d_forward", "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxAndAvgPooling"},
       {"max_pool2d_backward",
        "kernels/reduce_pool_parity_cuda_test.cpp:Parity.MaxPoolBackwardOverlappingWindowsIsDeterministic"},
@@ -112,6 +119,13 @@ inline const std::vector<ParityCase>& cpu_bf16_cases() {
       // The CPU declines both (false) for every dtype: the op composes them from the kernels above.
       {"conv2d_stats_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.ConvStatsChainComposedInBf16"},
       {"conv2d_stats_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.ConvStatsChainComposedInBf16"},
+      {"conv2d_stats_output_grad", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.ConvStatsChainComposedInBf16"},
+      {"bn_finalize_forward", "",
+       "its tensors are the statistics' dtype, f32 under bf16 activations: no bf16 arithmetic (and the CPU "
+       "declines it: the op composes in f32)"},
+      {"bn_finalize_backward", "",
+       "its tensors are the statistics' dtype, f32 under bf16 activations: no bf16 arithmetic (and the CPU "
+       "declines it: the op composes in f32)"},
       {"max_pool2d_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
       {"max_pool2d_backward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},
       {"avg_pool2d_forward", "kernels/cpu_bf16_test.cpp:CpuBf16Parity.PoolingForwardAndBackward"},

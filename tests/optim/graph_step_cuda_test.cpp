@@ -4,7 +4,8 @@
 // every step (written to the device before each replay: one capture), including a step the scaler
 // skips on the device (a planted overflow: Adam's step counts do not advance) with no host sync
 // inside the graph; a capture that needs a host sync fails naming the fix. On the emulated device
-// (cuda-emu) the replay runs every check eager work gets.
+// (cuda-emu) the replay runs every check eager work gets. A ResNet whose convolutions carry its batch
+// norms (cuDNN's fused graphs) replays the same way.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -27,6 +28,9 @@
 
 #ifdef MINIDL_WITH_CUDA
 #include "kernels/cuda/runtime.h"
+#endif
+#ifdef MINIDL_CUDA_EMU
+#include "cuda_emu/call_log.h"
 #endif
 
 namespace minidl::optim {
@@ -52,7 +56,9 @@ class GraphStep : public ::testing::Test {
   }
 };
 
-enum class Net { SmallCnn, ResNet18Small };
+// ResNet18SmallChain: channels-last, the convolutions carrying the batch norms (conv_bn_chain),
+// so that the step runs cuDNN's fused graphs.
+enum class Net { SmallCnn, ResNet18Small, ResNet18SmallChain };
 enum class Opt { Sgd, SgdNesterov, SgdDampening, Adam, AdamAmsgrad, AdamW };
 
 // What the step runs besides the model: the optimizer, a rate that changes every step (set before
@@ -87,6 +93,10 @@ struct Trainer {
     if (net == Net::SmallCnn) model = std::make_shared<nn::KerasSmallCnn>(kImage, &gen);
     else model = nn::resnet18(2, &gen, false, /*small_input=*/true);
     model->to(kGpu);
+    if (net == Net::ResNet18SmallChain) {
+      std::static_pointer_cast<nn::ResNet>(model)->set_conv_bn_chain(true);
+      model->to_channels_last();
+    }
     model->train();
     opt = make_optimizer(recipe.opt, model->parameters());
     base_lr_ = opt->lr(0);
@@ -105,7 +115,7 @@ struct Trainer {
     Tensor loss;
     {
       AutocastGuard autocast(DType::f16, amp_);
-      const Tensor logits = model->forward(x);
+      const Tensor logits = model->forward(net_ == Net::ResNet18SmallChain ? to_channels_last(x) : x);
       loss = net_ == Net::SmallCnn ? binary_cross_entropy_with_logits(logits, y) : cross_entropy(logits, y);
     }
     if (trainer) {
@@ -273,6 +283,26 @@ TEST_F(GraphStep, ResNet18SmallFp32AndAmpReplayAreBitIdenticalToEager) {
   // Few steps: an emulated ResNet-18 step takes seconds (2 eager warm-up steps, then replays).
   compare(Net::ResNet18Small, false, 3, -1);
   compare(Net::ResNet18Small, true, 4, 3);
+}
+
+// The convolutions that carry batch norm (cuDNN's fused graphs, their plans cached per shape) in a
+// captured AMP step: the replays run the fused graphs, a replay the scaler skips leaves the weights
+// as they were, and every parameter and running statistic equals the eager chain's bit for bit.
+TEST_F(GraphStep, AResNetWhoseConvolutionsCarryTheBatchNormsReplaysBitIdenticallyWithASkippedStep) {
+  constexpr int kSteps = 4;
+#ifdef MINIDL_CUDA_EMU
+  cuda::emu::clear_call_log();
+  cuda::emu::set_call_logging(true);
+#endif
+  compare(Net::ResNet18SmallChain, true, kSteps, 3);
+#ifdef MINIDL_CUDA_EMU
+  cuda::emu::set_call_logging(false);
+  int64_t fused_forwards = 0;
+  for (const cuda::emu::LibCall& c : cuda::emu::call_log()) fused_forwards += c.algo == "scale_bias_relu_conv_genstats";
+  // 16 chained convolutions a step: the eager run's steps, the graphed run's warm-up steps and its
+  // replays (the capture itself runs nothing).
+  EXPECT_EQ(fused_forwards, 16 * 2 * kSteps);
+#endif
 }
 
 TEST_F(GraphStep, AHostReadInsideTheCaptureFailsNamingTheFix) {
