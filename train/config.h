@@ -51,6 +51,8 @@ inline constexpr double kAdamDivergeLoss = 1e4;
 struct ModelSpec {
   std::string model = "smallcnn";  // smallcnn | resnet18 | resnet34 | resnet50 | resnet18-small | ...
   int64_t image_size = 0;          // 0: the model's default (smallcnn 200, resnet 224, *-small 32)
+  // A ResNet's convolutions carry its batch norms (ResNetOptions::conv_bn_chain, docs/conv_bn.md).
+  bool conv_bn_chain = false;
 
   void add_flags(CLI::App& app);
   void validate() const;

@@ -62,6 +62,7 @@ Model make_model(const TrainConfig& c, uint64_t seed) {
   else if (base == "resnet50") m.resnet = nn::resnet50(2, &gen, false, small);
   else throw UsageError("--model '" + c.model + "' is unknown");
   m.module = m.resnet;
+  m.resnet->set_conv_bn_chain(c.conv_bn_chain);
   if (m.channels_last) m.module->to_channels_last();   // device moves keep the format
   // The recomputation modes of nn/recompute.h; optimal plans for the device's memory budget.
   if (m.checkpoint.kind != CheckpointSpec::Kind::None)

@@ -45,6 +45,9 @@ void ModelSpec::add_flags(CLI::App& app) {
                                      "resnet18-small/34-small/50-small (3x3 stem, no max-pool, for 32-96 px)");
   app.add_option("--image-size", image_size, "input height and width; 0: the model's default "
                                                "(smallcnn 200, resnet 224, *-small 32)");
+  app.add_flag("--conv-bn-chain", conv_bn_chain,
+               "ResNets: the convolutions carry their batch norms (docs/conv_bn.md): on CUDA with channels-last "
+               "f16 or f32, cuDNN's fused graphs; elsewhere the same function composed; off by default");
 }
 
 void ModelSpec::validate() const {
@@ -52,6 +55,9 @@ void ModelSpec::validate() const {
   if (image_size < 0) usage("--image-size must be > 0 (or 0 for the model's default)");
   if (image_size > 0 && image_size < (is_resnet(model) ? 16 : 4))
     usage("--image-size " + std::to_string(image_size) + " is too small for " + model);
+  if (conv_bn_chain && !is_resnet(model))
+    usage("--conv-bn-chain: " + model + " has no residual blocks to chain; use a ResNet (--model resnet50) or drop "
+          "the flag");
 }
 
 int64_t ModelSpec::resolved_image_size() const {

@@ -226,6 +226,7 @@ nlohmann::json provenance(const std::string& device_name) {
 nlohmann::json to_json(const TrainConfig& c) {
   return {{"model", c.model},
           {"image_size", c.resolved_image_size()},
+          {"conv_bn_chain", c.conv_bn_chain},
           {"data", c.data},
           {"split", c.split},
           {"augment", c.augment},

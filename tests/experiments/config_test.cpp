@@ -4,7 +4,10 @@
 #include <fstream>
 
 #include "core/backend.h"
+#include "experiments/harness/results.h"
+#include "nn/resnet.h"
 #include "train/config.h"
+#include "train/model.h"
 #include "train/run.h"
 #include "tests/experiments/helpers.h"
 #include "tests/support/error_of.h"
@@ -130,6 +133,8 @@ TEST(ExperimentsConfig, ValidateNamesTheFlagAndTheFix) {
   EXPECT_NE(bad([](TrainConfig& c) { c.memory_budget = "lots"; }).find("--memory-budget"), std::string::npos);
   EXPECT_NE(bad([](TrainConfig& c) { c.checkpoint = "stages"; }).find("needs a ResNet"), std::string::npos);
   EXPECT_NE(bad([](TrainConfig& c) { c.checkpoint = "optimal"; }).find("needs a ResNet"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.conv_bn_chain = true; }).find("--conv-bn-chain: smallcnn has no residual"),
+            std::string::npos);
   EXPECT_NE(bad([](TrainConfig& c) { c.data = "/no/such/folder"; }).find("no such folder"), std::string::npos);
   const auto dir = temp_dir();
   EXPECT_NE(bad([&](TrainConfig& c) { c.data = dir.string(); }).find("empty"), std::string::npos);
@@ -138,6 +143,24 @@ TEST(ExperimentsConfig, ValidateNamesTheFlagAndTheFix) {
     EXPECT_NE(bad([](TrainConfig& c) { c.device = "cuda"; }).find("--device cuda"), std::string::npos);
   }
   EXPECT_NE(bad([](TrainConfig& c) { c.device = "tpu"; }).find("cpu, cuda or cuda:N"), std::string::npos);
+}
+
+// --conv-bn-chain reaches the ResNet the run builds (and so the dry runs, which build the same), and
+// results.json's config records it.
+TEST(ExperimentsConfig, ConvBnChainSwitchesTheResNetsBlocks) {
+  for (const bool chain : {false, true}) {
+    TrainConfig c;
+    CLI::App app;
+    add_train_flags(app, c);
+    std::vector<std::string> args{"--model", "resnet18-small"};
+    if (chain) args.push_back("--conv-bn-chain");
+    ASSERT_EQ(parse(app, args), -1);
+    validate(c);
+    const train::Model m = train::make_model(c, 3);
+    ASSERT_NE(m.resnet, nullptr);
+    EXPECT_EQ(m.resnet->options().conv_bn_chain, chain);
+    EXPECT_EQ(to_json(c).at("conv_bn_chain").get<bool>(), chain);   // results.json's config says which
+  }
 }
 
 TEST(ExperimentsConfig, SplitAndCheckpointSpecs) {
