@@ -19,6 +19,7 @@
 #include "core/autograd.h"
 #include "core/conv_bn.h"
 #include "core/ops.h"
+#include "nn/checkpoint.h"
 #include "nn/resnet.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
@@ -153,6 +154,31 @@ TEST_F(ConvStatsParity, TheFusedPlansAreInTheConvolutionPlanCache) {
   EXPECT_EQ(cuda::conv_algo_cache_size(), planned) << "the second pass reuses every plan";
   cuda::clear_conv_algo_cache();
   EXPECT_EQ(cuda::conv_algo_cache_size(), 0u);
+}
+
+// Recomputation on the device under test with the chain's one-launch finalize: a checkpointed stage
+// reruns its finalizes inside the backward without updating the running statistics a second time,
+// and every gradient is the plain step's.
+TEST_F(ConvStatsParity, ACheckpointedChainUpdatesTheRunningStatisticsOnce) {
+  Generator gp(7), gr(7), gx(8);
+  auto plain = nn::resnet18(10, &gp, false, /*small_input=*/true);
+  auto rerun = nn::resnet18(10, &gr, false, /*small_input=*/true);
+  for (auto* m : {&plain, &rerun}) {
+    (*m)->set_conv_bn_chain(true);
+    (*m)->to(kGpu);
+    (*m)->to_channels_last();
+  }
+  const Tensor x = to_channels_last(to_target(randn({2, 3, 16, 16}, {}, &gx)));
+  sum((*plain)(x)).backward();
+  Tensor h = nn::checkpoint([&](const Tensor& in) { return (*rerun->stage(1))(in); }, rerun->stem().run(x));
+  for (int i = 2; i <= 4; ++i) h = (*rerun->stage(i))(h);
+  sum(rerun->head().run(h)).backward();
+  const auto bp = plain->named_buffers(), br = rerun->named_buffers();
+  for (size_t i = 0; i < bp.size(); ++i)
+    EXPECT_TRUE(close(bp[i].second.to(kGpu), br[i].second, 0.0, bp[i].first + " (updated twice?)"));
+  const auto pp = plain->named_parameters(), pr = rerun->named_parameters();
+  for (size_t i = 0; i < pp.size(); ++i)
+    EXPECT_TRUE(close(pp[i].second.grad().to(kGpu), pr[i].second.grad(), 1e-5, "grad of " + pp[i].first));
 }
 
 // An AMP training step of a channels-last ResNet-18 with the chain launches about what the default
