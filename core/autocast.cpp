@@ -1,4 +1,5 @@
-// The autocast state, the front-ends' cast helpers and the per-step cache of f16 weight copies.
+// The autocast state, the front-ends' cast helpers and the per-step cache of low-precision weight
+// copies.
 // The cache is process-wide (one optimizer step invalidates it for every thread) and guarded by a
 // mutex; the enable flag is thread-local like grad mode.
 #include "core/autocast.h"
@@ -65,8 +66,8 @@ bool autocast_enabled() { return g_enabled; }
 DType autocast_dtype() { return g_dtype; }
 
 AutocastGuard::AutocastGuard(DType dtype, bool enabled) : prev_enabled_(g_enabled), prev_dtype_(g_dtype) {
-  MINIDL_CHECK(dtype == DType::f16, "AutocastGuard: the low-precision dtype must be f16, got ", dtype_name(dtype),
-               " (bf16 is not supported)");
+  MINIDL_CHECK(is_float16(dtype), "AutocastGuard: the low-precision dtype must be f16 or bf16, got ",
+               dtype_name(dtype));
   g_enabled = enabled;
   if (enabled) g_dtype = dtype;
 }
@@ -89,7 +90,7 @@ Tensor autocast_to_low(const Tensor& t) {
 }
 
 Tensor autocast_to_f32(const Tensor& t) {
-  if (!g_enabled || !t.defined() || t.dtype() != DType::f16) return t;
+  if (!g_enabled || !t.defined() || !is_float16(t.dtype())) return t;
   return t.to(DType::f32);
 }
 

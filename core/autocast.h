@@ -1,9 +1,11 @@
 // Autocast: a thread-local scope in which the op front-ends pick the precision of each op, the way
-// torch.autocast does. Convolutions, GEMMs and linear layers run in f16 (f32 accumulation inside
-// the kernels), losses, softmax and sums in f32, batch norm in its input's dtype with f32
-// statistics; everything else runs in the dtype it is given. Master weights stay f32: the f16
+// torch.autocast does. Convolutions, GEMMs and linear layers run in the scope's low-precision
+// dtype, f16 or bf16 (f32 accumulation inside the kernels), losses, softmax and sums in f32, batch
+// norm in its input's dtype with f32 statistics; everything else runs in the dtype it is given:
+// one op list for both dtypes, as PyTorch's CUDA autocast has. Master weights stay f32: the low
 // copy of a weight is made once per optimizer step (the cache below) and its gradient flows back
-// to the f32 master as f32.
+// to the f32 master as f32. bf16 keeps f32's range, so it needs no gradient scaler (GradScaler is
+// f16's).
 #pragma once
 #include <cstdint>
 
@@ -12,7 +14,7 @@
 namespace minidl {
 
 bool autocast_enabled();   // thread-local, off by default
-DType autocast_dtype();    // the low-precision dtype of the innermost active scope (f16)
+DType autocast_dtype();    // the low-precision dtype of the innermost active scope (f16 or bf16)
 
 // Turns autocast on (or, with enabled = false, off) until destroyed; scopes nest.
 class AutocastGuard {
@@ -29,7 +31,7 @@ class AutocastGuard {
 
 // The casts the front-ends apply; both return t unchanged outside autocast or when there is
 // nothing to cast. autocast_to_low: f32 -> the autocast dtype (differentiable; the gradient comes
-// back as f32). autocast_to_f32: f16 -> f32 (differentiable).
+// back as f32). autocast_to_f32: f16 or bf16 -> f32 (differentiable).
 Tensor autocast_to_low(const Tensor& t);
 Tensor autocast_to_f32(const Tensor& t);
 // Binary elementwise ops under autocast: operands of different floating dtypes both go to the

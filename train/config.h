@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace CLI {
@@ -111,6 +112,8 @@ struct OptimizerSpec {
 // What the memory a step needs is traded for: mixed precision, recomputation, the budget.
 struct MemorySpec {
   bool amp = false;
+  // With --amp: the autocast dtype, "f16" (dynamic loss scaling) or "bf16" (no scaler: f32's range).
+  std::string amp_dtype = "f16";
   double amp_init_scale = 65536.0;  // the gradient scaler's first scale (PyTorch's default 2^16)
   int64_t amp_growth_interval = 2000;  // clean steps before the scale doubles (PyTorch's default)
   std::string checkpoint = "none";  // none | stages | sequential:N | optimal
@@ -118,6 +121,8 @@ struct MemorySpec {
 
   void add_flags(CLI::App& app);
   void validate() const;
+  DType resolved_amp_dtype() const;   // f16 or bf16 (meaningful with amp)
+  bool uses_grad_scaler() const { return amp && amp_dtype == "f16"; }
 };
 
 // Where it runs and with which device switches.

@@ -12,7 +12,7 @@
 namespace minidl::train {
 
 Tensor Model::forward(const Tensor& images) {
-  AutocastGuard autocast(DType::f16, amp);
+  AutocastGuard autocast(amp_dtype, amp);
   // Loader batches arrive channels-last already (a view, no copy); other sources are converted.
   const Tensor x = channels_last ? to_channels_last(images) : images;
   if (recomputer) return recomputer->forward(x);
@@ -47,6 +47,7 @@ Model make_model(const TrainConfig& c, uint64_t seed) {
   m.image_size = c.resolved_image_size();
   m.checkpoint = parse_checkpoint(c.checkpoint);
   m.amp = c.amp;
+  m.amp_dtype = c.resolved_amp_dtype();
   m.channels_last = c.resolved_channels_last();
   Generator gen(seed);
   if (c.model == "smallcnn") {

@@ -24,7 +24,8 @@ struct Model {
   int64_t image_size = 0;
   CheckpointSpec checkpoint;
   std::shared_ptr<nn::Recomputer> recomputer;  // ResNet with --checkpoint other than none
-  bool amp = false;                    // forward under f16 autocast (mixed precision)
+  bool amp = false;                    // forward under autocast (mixed precision) ...
+  DType amp_dtype = DType::f16;        // ... in this dtype (f16 or bf16)
   bool channels_last = false;          // weights channels-last; forward takes images to the format
 
   // Logits for images [N, 3, S, S]: [N, 1] (binary) or [N, 2]; under autocast with --amp.

@@ -176,7 +176,7 @@ void Run::build_optimizer() {
   // Mixed precision: dynamic loss scaling (PyTorch's defaults unless --amp-init-scale /
   // --amp-growth-interval), once per effective batch.
   optim::GradScalerOptions so;
-  so.enabled = c_.amp;
+  so.enabled = c_.uses_grad_scaler();   // bf16 autocast needs none
   so.init_scale = c_.amp_init_scale;
   so.growth_interval = c_.amp_growth_interval;
   scaler_ = std::make_unique<optim::GradScaler>(so);

@@ -109,7 +109,7 @@ void load_optimizer_state(const TrainConfig& c, const std::map<std::string, std:
   const bool has_scaler =
       std::any_of(state.begin(), state.end(), [](const auto& kv) { return kv.first.rfind("scaler.", 0) == 0; });
   try {
-    if (c.amp && !has_scaler) {
+    if (c.uses_grad_scaler() && !has_scaler) {
       // Saved without --amp (or by an older minidl): the optimizer continues, the scaler starts fresh.
       opt.load_state_dict(state);
       log("--resume: " + path + " has no gradient-scaler state; the loss scale starts at --amp-init-scale");

@@ -3,6 +3,7 @@
 // (exit status 2 in the programs); TrainConfig registers them in --help's order and checks what
 // joins several of them.
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -175,17 +176,33 @@ void OptimizerSpec::validate() const {
 
 // ---- MemorySpec ---------------------------------------------------------------------------------
 
+DType MemorySpec::resolved_amp_dtype() const { return amp_dtype == "bf16" ? DType::bf16 : DType::f16; }
+
 void MemorySpec::add_flags(CLI::App& app) {
-  app.add_flag("--amp", amp, "mixed precision (f16 autocast + gradient scaler); off by default");
-  app.add_option("--amp-init-scale", amp_init_scale, "with --amp: the gradient scaler's initial loss scale");
+  // An optional value: "--amp" is f16; in a config file "amp = true" and "amp = false" still work.
+  app.add_option_function<std::string>(
+         "--amp",
+         [this](const std::string& v) {
+           std::string low;
+           for (const char ch : v) low += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+           amp = !(low == "false" || low == "0" || low == "off" || low == "no");
+           const bool f16 = low.empty() || low == "f16" || low == "true" || low == "1" || low == "on" || low == "yes";
+           amp_dtype = f16 || !amp ? "f16" : low;   // anything else is validate()'s to refuse
+         },
+         "mixed precision: f16 autocast + gradient scaler (--amp or --amp f16), or bf16 autocast without a scaler "
+         "(--amp bf16, the CPU for now); off by default")
+      ->expected(0, 1);
+  app.add_option("--amp-init-scale", amp_init_scale, "with --amp (f16): the gradient scaler's initial loss scale");
   app.add_option("--amp-growth-interval", amp_growth_interval,
-                 "with --amp: consecutive clean steps before the loss scale doubles");
+                 "with --amp (f16): consecutive clean steps before the loss scale doubles");
   app.add_option("--checkpoint", checkpoint, "activation recomputation: none, stages, sequential:N or optimal "
                                                "(ResNet models)");
   app.add_option("--memory-budget", memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
 }
 
 void MemorySpec::validate() const {
+  if (amp && amp_dtype != "f16" && amp_dtype != "bf16")
+    usage("--amp '" + amp_dtype + "': expected f16 or bf16 (--amp alone is f16)");
   if (!(amp_init_scale > 0) || !std::isfinite(amp_init_scale)) usage("--amp-init-scale must be > 0");
   if (amp_growth_interval < 1) usage("--amp-growth-interval must be >= 1");
   parse_checkpoint(checkpoint);
@@ -316,6 +333,9 @@ void TrainConfig::validate() const {
   if (cuda_graphs.value_or(false)) check_cuda_graphs(*this);
   if (parse_checkpoint(checkpoint).kind != CheckpointSpec::Kind::None && !is_resnet(model))
     usage("--checkpoint " + checkpoint + " needs a ResNet model (the small CNN has no stages to recompute)");
+  if (amp && amp_dtype == "bf16" && (!gpu.empty() || device.rfind("cuda", 0) == 0))
+    usage("--amp bf16: the CUDA backend has no bf16 kernels yet; on a GPU train with --amp (f16 autocast and the "
+          "gradient scaler), or run --amp bf16 with --device cpu");
   DeviceSpec::validate();   // last: it asks the CUDA runtime
 }
 

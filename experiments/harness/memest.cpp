@@ -45,7 +45,7 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
   {
     StepRunner dry(c, budget, dry_run_device(c));
     rep.title = c.model + " at " + std::to_string(dry.model().image_size) + " px, " + c.optimizer +
-                (c.amp ? ", AMP" : ", FP32") + ", checkpoint " + c.checkpoint + ", accumulation " +
+                (c.amp ? (c.amp_dtype == "bf16" ? ", AMP bf16" : ", AMP") : ", FP32") + ", checkpoint " + c.checkpoint + ", accumulation " +
                 std::to_string(c.accumulation_steps) +
                 (budget > 0 ? ", budget " + format_bytes(static_cast<size_t>(budget)) : ", no budget");
     rep.baseline_bytes = dry.baseline_allocated();

@@ -253,6 +253,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"max_steps", c.max_steps},
           {"max_grad_norm", c.max_grad_norm},
           {"amp", c.amp},
+          {"amp_dtype", c.amp ? c.amp_dtype : ""},
           {"amp_init_scale", c.amp_init_scale},
           {"amp_growth_interval", c.amp_growth_interval},
           {"checkpoint", c.checkpoint},

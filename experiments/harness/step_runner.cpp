@@ -32,7 +32,7 @@ Device released(Device d) {
 
 StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional<Device> device)
     : c_(c), device_(released(device ? *device : resolve_device(c.device))), model_(make_model(c, c.seed * 4 + 3)),
-      scaler_(optim::GradScalerOptions{.init_scale = c.amp_init_scale, .enabled = c.amp}), budget_(budget_bytes) {
+      scaler_(optim::GradScalerOptions{.init_scale = c.amp_init_scale, .enabled = c.uses_grad_scaler()}), budget_(budget_bytes) {
   apply_backend_switches(c_, device_);
   model_.module->to(device_);
   model_.module->train();

@@ -74,7 +74,7 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           std::to_string(res ? res->warmup_steps : c.warmup_steps),
           c.augment,
           c.checkpoint,
-          c.amp ? "on" : "off",
+          c.amp ? (c.amp_dtype == "bf16" ? "bf16" : "on") : "off",
           c.cudnn_benchmark,
           c.memory_budget,
           status,

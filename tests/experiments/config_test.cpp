@@ -2,6 +2,7 @@
 // precedence, and the one-line exit-2 errors for every kind of bad input the issue lists.
 #include <CLI/CLI.hpp>
 #include <fstream>
+#include <tuple>
 
 #include "core/backend.h"
 #include "experiments/harness/results.h"
@@ -145,6 +146,50 @@ TEST(ExperimentsConfig, ValidateNamesTheFlagAndTheFix) {
   EXPECT_NE(bad([](TrainConfig& c) { c.device = "tpu"; }).find("cpu, cuda or cuda:N"), std::string::npos);
 }
 
+// --amp takes an optional dtype: alone (or f16, or a config file's "amp = true") it is f16 with the
+// gradient scaler, bf16 is bf16 autocast without one; anything else, or bf16 on CUDA, is refused
+// naming the fix.
+TEST(ExperimentsConfig, AmpTakesF16OrBf16) {
+  const auto parsed = [](std::vector<std::string> args) {
+    TrainConfig c;
+    CLI::App app;
+    add_config_flag(app);
+    add_train_flags(app, c);
+    EXPECT_EQ(parse(app, args), -1);
+    return c;
+  };
+  EXPECT_FALSE(parsed({}).amp);
+  for (const auto& args : {std::vector<std::string>{"--amp"}, {"--amp", "f16"}, {"--amp=F16"}}) {
+    const TrainConfig c = parsed(args);
+    EXPECT_TRUE(c.amp && c.uses_grad_scaler() && c.resolved_amp_dtype() == DType::f16) << args.back();
+  }
+  const TrainConfig b = parsed({"--amp", "bf16", "--epochs", "2"});
+  EXPECT_TRUE(b.amp);
+  EXPECT_EQ(b.resolved_amp_dtype(), DType::bf16);
+  EXPECT_FALSE(b.uses_grad_scaler());
+  EXPECT_EQ(b.epochs, 2);
+  const auto dir = temp_dir();
+  for (const auto& [line, amp, dtype] : {std::tuple<const char*, bool, DType>{"amp = true\n", true, DType::f16},
+                                         {"amp = bf16\n", true, DType::bf16},
+                                         {"amp = false\n", false, DType::f16}}) {
+    std::ofstream(dir / "run.toml") << line;
+    const TrainConfig c = parsed({"--config", (dir / "run.toml").string()});
+    EXPECT_EQ(c.amp, amp) << line;
+    EXPECT_EQ(c.resolved_amp_dtype(), dtype) << line;
+  }
+  std::filesystem::remove_all(dir);
+  const auto bad = [](auto edit) {
+    TrainConfig c = testing::tiny_config();
+    edit(c);
+    return error_of([&] { validate(c); });
+  };
+  EXPECT_NE(bad([](TrainConfig& c) { c.amp = true, c.amp_dtype = "f8"; }).find("--amp 'f8': expected f16 or bf16"),
+            std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.amp = true, c.amp_dtype = "bf16", c.device = "cuda"; })
+                .find("--amp bf16: the CUDA backend has no bf16 kernels yet"),
+            std::string::npos);
+}
+
 // --conv-bn-chain reaches the ResNet the run builds (and so the dry runs, which build the same), and
 // results.json's config records it.
 TEST(ExperimentsConfig, ConvBnChainSwitchesTheResNetsBlocks) {
@@ -208,6 +253,22 @@ TEST(ExperimentsPrograms, BadInputExitsWithStatus2) {
     EXPECT_EQ(run_status(sweep + " --study nosuch"), 2);
     EXPECT_EQ(run_status(sweep + " --batch-sizes 8,-1"), 2);
   }
+}
+
+// bf16 autocast end to end on the CPU: a ResNet trains, its epoch losses are finite, and
+// results.json says which precision ran.
+TEST(ExperimentsPrograms, AmpBf16TrainsOnTheCpu) {
+  if (!std::filesystem::exists(program("minidl-train"))) GTEST_SKIP() << "minidl-train is not built beside the tests";
+  const auto dir = temp_dir();
+  const testing::Outcome o = testing::train("--model resnet18-small --image-size 16 --split 8,4,4 --batch-size 4 "
+                                            "--epochs 1 --workers 0 --amp bf16 --out " + dir.string());
+  ASSERT_EQ(o.status, 0) << o.output;
+  std::ifstream in(dir / "results.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("config").at("amp_dtype"), "bf16");
+  EXPECT_EQ(j.at("result").at("status"), "ok");
+  for (const auto& e : j.at("result").at("epochs")) EXPECT_TRUE(e.at("train_loss").is_number()) << e.dump();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
