@@ -40,6 +40,9 @@
 #  - The Keras study's small CNN (PyTorch transcription of nn/keras_cnn.h) at SIZE on the keras
 #    setting with pixels / 255 (Keras' rescale), binary cross entropy on the logit: "smallcnn.*"
 #    likewise, for SMALLCNN_KEYS.
+#  - "resnet18.bf16.*": the same ResNet-18 step under torch.autocast("cpu", dtype=torch.bfloat16)
+#    (f32 weights, no gradient scaler, the loss on the logits upcast to f32): ".logits", ".loss",
+#    ".grad.<p>" for R18_KEYS, as PyTorch's own bf16 kernels compute them (minidl's --amp bf16).
 #  The model stages are computed in float64 from the float32 input and weights and stored as
 #  float32 (no float32 rounding of their own); the script also runs them in float32 and fails if
 #  PyTorch's own float32 differs from the float64 reference by more than a tenth of the C++
@@ -202,6 +205,20 @@ def main() -> None:
 
     run("resnet18", lambda: torchvision.models.resnet18(num_classes=2), x_r18,
         lambda logits: torch.nn.functional.cross_entropy(logits, labels), R18_KEYS)
+    # bf16 autocast: the same ResNet-18 step with f32 weights under
+    # torch.autocast("cpu", dtype=torch.bfloat16), no gradient scaler; the loss in f32.
+    model = torchvision.models.resnet18(num_classes=2)
+    load_golden_weights(model)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(x_r18)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+    loss.backward()
+    params = dict(model.named_parameters())
+    entries["resnet18.bf16.logits"] = logits.detach().float().numpy()
+    entries["resnet18.bf16.loss"] = loss.detach().reshape(1).numpy()
+    for k in R18_KEYS:
+        entries["resnet18.bf16.grad." + k] = params[k].grad.detach().float().numpy()
     run("smallcnn", lambda: SmallCnn(SIZE), x_cnn,
         lambda logits: torch.nn.functional.binary_cross_entropy_with_logits(
             logits.reshape(-1), labels.to(logits.dtype)), SMALLCNN_KEYS)
