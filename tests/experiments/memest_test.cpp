@@ -33,7 +33,8 @@ Measured trial_peaks(const TrainConfig& c, Device d, int64_t batch) {
 
 void expect_dry_run_exact(const TrainConfig& c, int64_t batch) {
   SCOPED_TRACE(c.model + " at " + std::to_string(c.image_size) + " px, batch " + std::to_string(batch) +
-               (c.amp ? ", AMP" : "") + ", checkpoint " + c.checkpoint + ", accumulation " +
+               (c.amp ? ", AMP " + c.amp_dtype : "") + (c.conv_bn_chain ? ", conv-bn chain" : "") + ", checkpoint " +
+               c.checkpoint + ", accumulation " +
                std::to_string(c.accumulation_steps) + ", " + c.optimizer);
   const Measured dry = trial_peaks(c, Device::meta(), batch);
   const Measured real = trial_peaks(c, Device::cpu(), batch);
@@ -43,7 +44,8 @@ void expect_dry_run_exact(const TrainConfig& c, int64_t batch) {
   EXPECT_EQ(dry.fit, real.fit) << "the bytes maxbatch fits on (live blocks on the CPU, on meta:cpu too)";
 }
 
-// Three models, each FP32 and with a second configuration (AMP, accumulation, recomputation).
+// Three models, each FP32 and with other configurations (AMP f16 and bf16, accumulation,
+// recomputation, the conv-bn chain).
 TEST(ExperimentsMemest, DryRunEqualsTheMeasuredStepSmallCnn) {
   TrainConfig c = testing::tiny_config();
   c.amp_init_scale = 1;   // AMP: no overflowing warm-up steps to skip (each one a real step here)
@@ -68,6 +70,12 @@ TEST(ExperimentsMemest, DryRunEqualsTheMeasuredStepResNet18) {
   nn::set_modelled_link_times(true);
   expect_dry_run_exact(r, 2);
   nn::set_modelled_link_times(false);
+  // bf16 autocast (no gradient scaler) with the convolutions carrying the batch norms (composed on
+  // the CPU).
+  r.amp_dtype = "bf16";
+  r.checkpoint = "none";
+  r.conv_bn_chain = true;
+  expect_dry_run_exact(r, 3);
 }
 
 TEST(ExperimentsMemest, DryRunEqualsTheMeasuredStepResNet50) {
