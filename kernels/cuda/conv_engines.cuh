@@ -7,13 +7,23 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/context.cuh"
 #include "kernels/cuda/runtime.h"
+
+#ifdef MINIDL_CUDA_EMU
+// The emulated cuDNN's fake times for autotuning (cuda_emu/emu_libs.h).
+namespace minidl::cuda::emu {
+long long cudnn_autotune_trial();
+float cudnn_plan_time_ms(const void* plan, long long trial);
+}  // namespace minidl::cuda::emu
+#endif
 
 namespace minidl::cuda {
 
@@ -94,6 +104,47 @@ inline cudnnStatus_t execute_plan(cudnnHandle_t h, const Candidate& c, int64_t n
   if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(h, c.plan->get_raw_desc(), pack);
   MINIDL_CUDNN_LOG(cudnnBackendDestroyDescriptor(pack));
   return st;
+}
+
+// Benchmark mode (torch.backends.cudnn.benchmark) for both paths: each candidate whose workspace
+// fits `ws_bytes` runs cudnn_find_trials() times through `run(candidate, ws)` (an engine's first
+// run in a process also loads its kernels, so one run may rank it by load time) and keeps its best
+// time; the fastest goes first, the others follow in the heuristics' order as fallbacks. Returns
+// false, leaving the order as it was, when none ran. The emulated device ranks by the plans' fake
+// times (its event clock is the CPU's, which would rank them by noise).
+template <class Run>
+bool put_fastest_first(DeviceContext& ctx, std::vector<Candidate>& cands, void* ws, size_t ws_bytes, Run&& run) {
+  std::vector<float> best(cands.size(), std::numeric_limits<float>::infinity());
+  for (int trial = 0; trial < cudnn_find_trials(); ++trial) {
+#ifdef MINIDL_CUDA_EMU
+    const long long call = emu::cudnn_autotune_trial();
+    (void)ctx;
+#endif
+    for (size_t i = 0; i < cands.size(); ++i) {
+      if (cands[i].workspace > ws_bytes) continue;
+#ifdef MINIDL_CUDA_EMU
+      if (run(cands[i], ws) == CUDNN_STATUS_SUCCESS)
+        best[i] = std::min(best[i], emu::cudnn_plan_time_ms(cands[i].plan->get_raw_desc(), call));
+#else
+      cudaEvent_t start = nullptr, stop = nullptr;
+      MINIDL_CUDA_CHECK(cudaEventCreate(&start));
+      MINIDL_CUDA_CHECK(cudaEventCreate(&stop));
+      MINIDL_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
+      const cudnnStatus_t st = run(cands[i], ws);
+      MINIDL_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
+      MINIDL_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      MINIDL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      MINIDL_CUDA_LOG(cudaEventDestroy(start));
+      MINIDL_CUDA_LOG(cudaEventDestroy(stop));
+      if (st == CUDNN_STATUS_SUCCESS) best[i] = std::min(best[i], ms);
+#endif
+    }
+  }
+  const auto fastest = std::min_element(best.begin(), best.end()) - best.begin();
+  if (best.empty() || best[static_cast<size_t>(fastest)] == std::numeric_limits<float>::infinity()) return false;
+  std::rotate(cands.begin(), cands.begin() + fastest, cands.begin() + fastest + 1);
+  return true;
 }
 
 }  // namespace minidl::cuda

@@ -26,15 +26,6 @@
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/runtime.h"
 
-#ifdef MINIDL_CUDA_EMU
-// The emulated cuDNN's fake times for autotuning (cuda_emu/emu_libs.h): the emulated device's event
-// clock is the CPU's, which would rank plans by noise.
-namespace minidl::cuda::emu {
-long long cudnn_autotune_trial();
-float cudnn_plan_time_ms(const void* plan, long long trial);
-}  // namespace minidl::cuda::emu
-#endif
-
 namespace minidl::cuda {
 namespace {
 
@@ -142,57 +133,19 @@ cudnnStatus_t execute(cudnnHandle_t h, const Candidate& c, std::array<void*, 3> 
   return execute_plan(h, c, 3, ptrs.data(), kUids, ws);
 }
 
-// One timed execution of a candidate, in ms (infinity when it fails).
-float time_execute(DeviceContext& ctx, const Candidate& c, const std::array<void*, 3>& ptrs, void* ws,
-                   long long trial) {
-#ifdef MINIDL_CUDA_EMU
-  if (execute(ctx.cudnn(), c, ptrs, ws) != CUDNN_STATUS_SUCCESS) return std::numeric_limits<float>::infinity();
-  return emu::cudnn_plan_time_ms(c.plan->get_raw_desc(), trial);
-#else
-  (void)trial;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  MINIDL_CUDA_CHECK(cudaEventCreate(&start));
-  MINIDL_CUDA_CHECK(cudaEventCreate(&stop));
-  MINIDL_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
-  const cudnnStatus_t st = execute(ctx.cudnn(), c, ptrs, ws);
-  MINIDL_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
-  MINIDL_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  MINIDL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  MINIDL_CUDA_LOG(cudaEventDestroy(start));
-  MINIDL_CUDA_LOG(cudaEventDestroy(stop));
-  return st == CUDNN_STATUS_SUCCESS ? ms : std::numeric_limits<float>::infinity();
-#endif
-}
-
-// Benchmark mode: each plan whose workspace fits is run cudnn_find_trials() times (an engine's first
-// run in a process also loads its kernels, so one run may rank it by load time) and keeps its best
-// time; the fastest goes first, the others follow in the heuristics' order as fallbacks. When the
-// call adds into its output, the trials write into a scratch output of that size instead.
+// Benchmark mode: the fastest plan first (conv_engines.cuh). When the call adds into its output,
+// the trials write into a scratch output of that size instead.
 std::vector<Candidate> autotune(DeviceContext& ctx, ConvDir dir, const ConvShape& cs, std::vector<Candidate> cands,
                                 const void* a, const void* b, void* out, bool add) {
   size_t largest = 0;
   for (const Candidate& c : cands) largest = std::max(largest, c.workspace);
   const TuningBuffers tb = tuning_buffers(ctx, add ? x_bytes(cs) : 0, largest);
   if (tb.scratch_out) out = tb.scratch_out->get();
-  DeviceBuffer* const ws = tb.workspace.get();
-  const size_t want = tb.workspace_bytes;
   const std::array<void*, 3> ptrs = pointers(dir, a, b, out);
-  std::vector<float> best(cands.size(), std::numeric_limits<float>::infinity());
-  for (int trial = 0; trial < cudnn_find_trials(); ++trial) {
-#ifdef MINIDL_CUDA_EMU
-    const long long call = emu::cudnn_autotune_trial();
-#else
-    const long long call = trial;
-#endif
-    for (size_t i = 0; i < cands.size(); ++i)
-      if (cands[i].workspace <= want) best[i] = std::min(best[i], time_execute(ctx, cands[i], ptrs, ws->get(), call));
-  }
-  const auto fastest = std::min_element(best.begin(), best.end()) - best.begin();
-  MINIDL_CHECK(best[static_cast<size_t>(fastest)] < std::numeric_limits<float>::infinity(),
-               "conv2d (cuda): no cuDNN plan ran for ", describe(cs, dir), " within a workspace of ",
-               format_bytes(want), " while autotuning");
-  std::rotate(cands.begin(), cands.begin() + fastest, cands.begin() + fastest + 1);
+  const bool ran = put_fastest_first(ctx, cands, tb.workspace->get(), tb.workspace_bytes,
+                                     [&](const Candidate& c, void* ws) { return execute(ctx.cudnn(), c, ptrs, ws); });
+  MINIDL_CHECK(ran, "conv2d (cuda): no cuDNN plan ran for ", describe(cs, dir), " within a workspace of ",
+               format_bytes(tb.workspace_bytes), " while autotuning");
   return cands;
 }
 

@@ -10,7 +10,8 @@
 // - scale_bias_relu_wgrad: the forward's prologue feeding conv_wgrad -> gw.
 // Where conv_stats_support.h's rule does not hold (NCHW, f64, groups, no in_scale in the backward)
 // or the library refuses a graph at planning, the call answers false and the op composes.
-// One plan per graph and shape, cached; workspaces from the caching allocator.
+// One plan per graph and shape, cached (in benchmark mode timed once on the first call's operands,
+// the fastest first, as the single convolutions are); workspaces from the caching allocator.
 #include "kernels/cuda/frontend.h"
 
 #include <algorithm>
@@ -39,11 +40,11 @@ namespace fe = cudnn_frontend;
 enum class FusedGraph : int64_t { Forward, ForwardPlain, DgradDreluDbn, Wgrad };
 enum Uid : int64_t { X = 1, W, Y, DY, DR, DW, S, B, M, V, SUM, SQ, DS, DB, EQ_DY, EQ_X, EQ_B, T1 = 100, T2, T3, T4, T5 };
 
-using Key = std::array<int64_t, 21>;
-Key key_of(FusedGraph g, const ConvShape& cs, int64_t align, int device) {
+using Key = std::array<int64_t, 22>;
+Key key_of(FusedGraph g, const ConvShape& cs, int64_t align, int device, bool benchmark) {
   return {static_cast<int64_t>(g), cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.oh, cs.ow, cs.o.padding[0],
           cs.o.padding[1], cs.o.stride[0], cs.o.stride[1], cs.o.dilation[0], cs.o.dilation[1],
-          static_cast<int64_t>(cs.dtype), align, device, allow_tf32_cudnn(), cudnn_deterministic()};
+          static_cast<int64_t>(cs.dtype), align, device, allow_tf32_cudnn(), cudnn_deterministic(), benchmark};
 }
 
 const char* graph_name(FusedGraph g) {
@@ -159,19 +160,6 @@ std::vector<Candidate> build_plans(cudnnHandle_t h, FusedGraph g, const ConvShap
   }
 }
 
-FusedPlan plan_for(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, int64_t align) {
-  const Key key = key_of(g, cs, align, ctx.index());
-  if (const auto* kept = plans().find(key)) return *kept;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  MINIDL_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capturing));
-  MINIDL_CHECK(capturing == cudaStreamCaptureStatusNone, "conv2d_stats (cuda): the fused graph ", graph_name(g),
-               " for x [", cs.n, ", ", cs.c, ", ", cs.h, ", ", cs.w, "] w [", cs.k, ", ", cs.c, ", ", cs.r, ", ", cs.s,
-               "] has no cuDNN plan yet and the stream is capturing a CUDA graph; run the step once before capturing "
-               "it (a warm-up step plans every shape)");
-  auto p = std::make_shared<const std::vector<Candidate>>(build_plans(ctx.cudnn(), g, cs, align));
-  return plans().insert(key, std::move(p), /*max_keys=*/2048);
-}
-
 using Binds = std::vector<std::pair<int64_t, void*>>;
 
 cudnnStatus_t execute(cudnnHandle_t h, const Candidate& c, const Binds& binds, void* ws) {
@@ -179,6 +167,33 @@ cudnnStatus_t execute(cudnnHandle_t h, const Candidate& c, const Binds& binds, v
   std::vector<void*> ptrs;
   for (const auto& [u, p] : binds) uids.push_back(u), ptrs.push_back(p);
   return execute_plan(h, c, static_cast<int64_t>(binds.size()), ptrs.data(), uids.data(), ws);
+}
+
+// The graph's plans for this shape, built on first use. With `binds` (a call's own operands) in
+// benchmark mode, the plans are timed on them once and the fastest goes first (conv_engines.cuh);
+// every graph's outputs are written whole (beta 0), so the trials leave nothing the call does not
+// overwrite. Without binds (the meta device's workspace questions), the heuristics' order.
+FusedPlan plan_for(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, int64_t align, const Binds* binds = nullptr) {
+  const bool benchmark = binds != nullptr && cudnn_benchmark();
+  const Key key = key_of(g, cs, align, ctx.index(), benchmark);
+  if (const auto* kept = plans().find(key)) return *kept;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MINIDL_CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capturing));
+  MINIDL_CHECK(capturing == cudaStreamCaptureStatusNone, "conv2d_stats (cuda): the fused graph ", graph_name(g),
+               " for x [", cs.n, ", ", cs.c, ", ", cs.h, ", ", cs.w, "] w [", cs.k, ", ", cs.c, ", ", cs.r, ", ", cs.s,
+               "] has no cuDNN plan yet and the stream is capturing a CUDA graph; run the step once before capturing "
+               "it (a warm-up step plans every shape)");
+  std::vector<Candidate> cands = build_plans(ctx.cudnn(), g, cs, align);
+  // A single plan is timed too: once per shape, and on the emulated device the trials are the
+  // check that the call's binds run.
+  if (benchmark && !cands.empty()) {
+    size_t largest = 0;
+    for (const Candidate& c : cands) largest = std::max(largest, c.workspace);
+    const TuningBuffers tb = tuning_buffers(ctx, 0, largest);
+    put_fastest_first(ctx, cands, tb.workspace->get(), tb.workspace_bytes,
+                      [&](const Candidate& c, void* ws) { return execute(ctx.cudnn(), c, *binds, ws); });
+  }
+  return plans().insert(key, std::make_shared<const std::vector<Candidate>>(std::move(cands)), /*max_keys=*/2048);
 }
 
 // The alignment every bound tensor allows (conv_engines.cuh's alignment_of, the smallest).
@@ -191,7 +206,7 @@ int64_t alignment_of(const Binds& binds) {
 // Runs graph g on the binds: false when the library refuses the graph (nothing was written).
 // A plan whose workspace does not fit gives way to the next; none fitting is an OutOfMemoryError.
 bool run_fused(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, const Binds& binds) {
-  const FusedPlan p = plan_for(ctx, g, cs, alignment_of(binds));
+  const FusedPlan p = plan_for(ctx, g, cs, alignment_of(binds), &binds);
   if (p->empty()) return false;
   std::string tried;
   for (const Candidate& c : *p) {
@@ -389,12 +404,14 @@ bool CudaBackend::conv2d_stats_backward(const Tensor& gy, const Tensor& x, const
                                        {EQ_X, ptr(row(5))}, {EQ_B, ptr(row(6))}}
                                : Binds{};
   // Both graphs planned before either runs: a refused one leaves nothing written, and the op composes.
-  if (gw.defined() && plan_for(ctx, FusedGraph::Wgrad, cs, alignment_of(wb))->empty()) return false;
-  if (wants_dgrad && plan_for(ctx, FusedGraph::DgradDreluDbn, cs, alignment_of(db))->empty()) return false;
+  if (gw.defined() && plan_for(ctx, FusedGraph::Wgrad, cs, alignment_of(wb), &wb)->empty()) return false;
+  if (wants_dgrad) {
+    fill(per, 0.0);   // the constant rows, before a trial of the graph reads them
+    fill(row(1), 1.0);
+    if (plan_for(ctx, FusedGraph::DgradDreluDbn, cs, alignment_of(db), &db)->empty()) return false;
+  }
   if (gw.defined()) run_fused(ctx, FusedGraph::Wgrad, cs, wb);
   if (!wants_dgrad) return true;
-  fill(per, 0.0);
-  fill(row(1), 1.0);
   run_fused(ctx, FusedGraph::DgradDreluDbn, cs, db);
   if (gx.defined()) scale_channels(ctx, gx, in_scale);
   return true;

@@ -141,6 +141,30 @@ TEST_F(ConvStatsParity, ChannelsLastRunsTheFusedGraphsAndNchwComposes) {
     EXPECT_EQ(n.plain_convs, c.fused ? 2 : 6) << tag << ": plain cuDNN convolutions";
   }
 }
+
+// Benchmark mode (--cudnn-benchmark on) times each fused graph's plans on the first call's own
+// operands, cudnn_find_trials() runs each, once per shape; the results are the heuristic plans'
+// (every trial's outputs are overwritten by the call's own run).
+TEST_F(ConvStatsParity, BenchmarkModeTimesEachFusedGraphOncePerShapeAndChangesNoResult) {
+  if (self_test()) GTEST_SKIP() << "the call log is the emulated device's";
+  cuda::clear_conv_algo_cache();
+  const ChainRun heuristic = run_chain(kGpu, DType::f16, true);
+  cuda::clear_conv_algo_cache();
+  cuda::set_cudnn_benchmark(true);
+  ChainRun tuned;
+  const FusedCounts first = count_fused([&] { tuned = run_chain(kGpu, DType::f16, true); });
+  const FusedCounts second = count_fused([&] { run_chain(kGpu, DType::f16, true); });
+  cuda::set_cudnn_benchmark(false);
+  cuda::clear_conv_algo_cache();
+  const int trials = cuda::cudnn_find_trials();
+  EXPECT_EQ(second.forward, 2);
+  EXPECT_EQ(first.forward, 2 * (1 + trials)) << "each forward graph's plan timed " << trials << " times";
+  EXPECT_EQ(first.dgrad, 1 + trials);
+  EXPECT_EQ(first.wgrad, 1 + trials);
+  EXPECT_TRUE(close(heuristic.y, tuned.y, 0.0, "output"));
+  for (size_t i = 0; i < heuristic.grads.size(); ++i)
+    EXPECT_TRUE(close(heuristic.grads[i], tuned.grads[i], 0.0, "gradient " + std::to_string(i)));
+}
 #endif
 
 // The fused graphs' plans are part of the convolutions' plan cache: counted, reused, cleared.
