@@ -284,6 +284,17 @@ TEST(GpuModelOnTheEmulator, TheFusedConvolutionsArePricedAsConvolutionsCarryingB
     EXPECT_EQ(wk.math, Math::F16Tensor);
     EXPECT_EQ(wk.detail, "f16 NHWC");
   }
+  // The backward's two elementwise passes (the statistics' gradients folded into the output's, and
+  // gx = dr * scale) write 16 bytes a thread: 16 sectors a full warp's store (12 on average here,
+  // the last warp a quarter full), not the 2 of 2-byte f16 accesses.
+  int passes = 0;
+  for (const Work& wk : p.work) {
+    if (wk.kind != Work::Kind::Kernel || wk.op.rfind("conv2d_stats", 0) != 0) continue;
+    ++passes;
+    ASSERT_GT(wk.v[kGstRequests], 0.0) << wk.key();
+    EXPECT_GE(wk.v[kGstSectors] / wk.v[kGstRequests], 12.0) << wk.key();
+  }
+  EXPECT_EQ(passes, 2);
   const ModelledStep m = model_step(p, {}, H100Spec{}, LaunchMode::Eager);
   ReportInfo info;
   info.title = "a chain";
