@@ -41,13 +41,13 @@ std::vector<Tensor> gradients_to_clip(const std::vector<Tensor>& params, double 
 }
 
 // Per-gradient partial results (sum of |g|^p, or max |g|) combined in f64 on the first gradient's
-// device; f16 gradients are widened first because their squares overflow f16.
+// device; 16-bit gradients are widened first (f16's squares overflow, bf16's sums lose the small terms).
 Tensor partial_norms(const std::vector<Tensor>& grads, double norm_type) {
   const bool inf_norm = is_inf_norm(norm_type);
   const Device dev = grads[0].device();
   Tensor acc;
   for (const Tensor& g0 : grads) {
-    const Tensor g = g0.dtype() == DType::f16 ? g0.to(DType::f32) : g0;
+    const Tensor g = is_float16(g0.dtype()) ? g0.to(DType::f32) : g0;
     Tensor part;
     if (inf_norm) {
       part = max(abs(g));
@@ -65,14 +65,14 @@ Tensor partial_norms(const std::vector<Tensor>& grads, double norm_type) {
 }
 
 // g *= coef: a double on the host, or a 0-dim f64 tensor on the device, rounded either way to the
-// dtype it multiplies (as a scalar operand is); f16 gradients are scaled in f32.
+// dtype it multiplies (as a scalar operand is); 16-bit gradients are scaled in f32.
 double as_operand(double coef, DType) { return coef; }
 Tensor as_operand(const Tensor& coef, DType dtype) { return coef.to(dtype); }
 
 template <typename Coef>
 void scale_gradients(std::vector<Tensor>& grads, const Coef& coef) {
   for (Tensor& g : grads) {
-    if (g.dtype() == DType::f16) {
+    if (is_float16(g.dtype())) {
       g.copy_(g.to(DType::f32).mul_(as_operand(coef, DType::f32)));
     } else {
       g.mul_(as_operand(coef, g.dtype()));

@@ -43,7 +43,9 @@ const char* category_of(const Work& w) {
   if (starts(op, "batch_norm")) return "batch norm";
   if (starts(op, "relu")) return "ReLU (forward and backward)";
   if (op == "add") return "adds (residuals, biases, gradient accumulation)";
-  if (starts(op, "copy f32->f16") || starts(op, "copy f16->f32")) return "AMP casts";
+  if (starts(op, "copy f32->f16") || starts(op, "copy f16->f32") || starts(op, "copy f32->bf16") ||
+      starts(op, "copy bf16->f32"))
+    return "AMP casts";
   if (starts(op, "fused_") || op == "unscale_grads") return "optimizer step and gradient unscale";
   if (op.find("pool") != std::string::npos || op == "reduce") return "pooling and reductions";
   if (w.kind == Work::Kind::Transfer) return "copies and fills (runtime)";

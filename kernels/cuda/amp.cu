@@ -1,6 +1,7 @@
 // The CUDA side of dynamic loss scaling: ONE launch over every gradient tensor multiplies by
 // 1/scale and raises a found-non-finite flag on the device, so GradScaler never synchronises per
-// tensor (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Also the vectorised f32<->f16 casts.
+// tensor (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Also the vectorised casts between f32
+// and the 16-bit floats (f16, bf16).
 #include <vector>
 
 #include "kernels/cuda/amp.cuh"
@@ -15,7 +16,7 @@ namespace {
 
 // A slice of one gradient tensor (multi-tensor-apply style): each block takes one chunk, so a
 // group of many small tensors and one of few big ones both fill the GPU in a single launch.
-enum class GradType : int32_t { F32 = 0, F16 = 1, F64 = 2 };
+enum class GradType : int32_t { F32 = 0, F16 = 1, F64 = 2, BF16 = 3 };
 struct GradChunk {
   void* ptr;        // first element of the slice
   int64_t numel;    // elements in the slice (<= kChunkElems)
@@ -48,6 +49,7 @@ __global__ void unscale_kernel(const GradChunk* __restrict__ chunks, int64_t nch
     switch (ch.type) {
       case GradType::F32: bad = unscale_range(static_cast<float*>(ch.ptr), ch.numel, inv_f); break;
       case GradType::F16: bad = unscale_range(static_cast<__half*>(ch.ptr), ch.numel, inv_f); break;
+      case GradType::BF16: bad = unscale_range(static_cast<__nv_bfloat16*>(ch.ptr), ch.numel, inv_f); break;
       case GradType::F64: bad = unscale_range(static_cast<double*>(ch.ptr), ch.numel, inv_d); break;
     }
     // Every writer stores the same value, so the race is benign; the flag is never cleared here.
@@ -55,40 +57,75 @@ __global__ void unscale_kernel(const GradChunk* __restrict__ chunks, int64_t nch
   }
 }
 
-// Contiguous casts, 8 elements per thread per iteration (one 16-byte f16 load or store, two
-// 16-byte f32 ones), with a scalar tail. __float2half_rn rounds to nearest even, as the CPU.
-__global__ void f32_to_f16_kernel(__half* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+// Two 16-bit floats as one 32-bit value (__half2, __nv_bfloat162), converted from and to two f32
+// in one instruction each way on the GPU, rounding to nearest even as the CPU does.
+template <typename H>
+struct Pair16;
+template <>
+struct Pair16<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ type pack(float a, float b) { return __floats2half2_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(type h) { return __half22float2(h); }
+};
+template <>
+struct Pair16<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ type pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(type h) { return __bfloat1622float2(h); }
+};
+
+// Contiguous casts, 8 elements per thread per iteration (one 16-byte load or store of the 16-bit
+// type, two 16-byte f32 ones), with a scalar tail.
+template <typename H>
+__device__ __forceinline__ void f32_to_16(H* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  using P = Pair16<H>;
   const int64_t nv = n / 8;
   MINIDL_GRID_STRIDE(i, nv) {
     const float4 a = reinterpret_cast<const float4*>(src)[2 * i];
     const float4 b = reinterpret_cast<const float4*>(src)[2 * i + 1];
     union {
       uint4 u;
-      __half2 h[4];
+      typename P::type h[4];
     } r;
-    r.h[0] = __floats2half2_rn(a.x, a.y);
-    r.h[1] = __floats2half2_rn(a.z, a.w);
-    r.h[2] = __floats2half2_rn(b.x, b.y);
-    r.h[3] = __floats2half2_rn(b.z, b.w);
+    r.h[0] = P::pack(a.x, a.y);
+    r.h[1] = P::pack(a.z, a.w);
+    r.h[2] = P::pack(b.x, b.y);
+    r.h[3] = P::pack(b.z, b.w);
     reinterpret_cast<uint4*>(dst)[i] = r.u;
   }
-  MINIDL_GRID_STRIDE(j, n - nv * 8) { dst[nv * 8 + j] = __float2half_rn(src[nv * 8 + j]); }
+  MINIDL_GRID_STRIDE(j, n - nv * 8) { dst[nv * 8 + j] = cvt<H>(src[nv * 8 + j]); }
 }
 
-__global__ void f16_to_f32_kernel(float* __restrict__ dst, const __half* __restrict__ src, int64_t n) {
+template <typename H>
+__device__ __forceinline__ void to_f32(float* __restrict__ dst, const H* __restrict__ src, int64_t n) {
+  using P = Pair16<H>;
   const int64_t nv = n / 8;
   MINIDL_GRID_STRIDE(i, nv) {
     union {
       uint4 u;
-      __half2 h[4];
+      typename P::type h[4];
     } r;
     r.u = reinterpret_cast<const uint4*>(src)[i];
-    const float2 a = __half22float2(r.h[0]), b = __half22float2(r.h[1]);
-    const float2 c = __half22float2(r.h[2]), d = __half22float2(r.h[3]);
+    const float2 a = P::unpack(r.h[0]), b = P::unpack(r.h[1]);
+    const float2 c = P::unpack(r.h[2]), d = P::unpack(r.h[3]);
     reinterpret_cast<float4*>(dst)[2 * i] = make_float4(a.x, a.y, b.x, b.y);
     reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(c.x, c.y, d.x, d.y);
   }
-  MINIDL_GRID_STRIDE(j, n - nv * 8) { dst[nv * 8 + j] = __half2float(src[nv * 8 + j]); }
+  MINIDL_GRID_STRIDE(j, n - nv * 8) { dst[nv * 8 + j] = cvt<float>(src[nv * 8 + j]); }
+}
+
+// One kernel per type pair, so each keeps its own name in profiles and the step-time model.
+__global__ void f32_to_f16_kernel(__half* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  f32_to_16(dst, src, n);
+}
+__global__ void f32_to_bf16_kernel(__nv_bfloat16* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  f32_to_16(dst, src, n);
+}
+__global__ void f16_to_f32_kernel(float* __restrict__ dst, const __half* __restrict__ src, int64_t n) {
+  to_f32(dst, src, n);
+}
+__global__ void bf16_to_f32_kernel(float* __restrict__ dst, const __nv_bfloat16* __restrict__ src, int64_t n) {
+  to_f32(dst, src, n);
 }
 
 // PyTorch's _amp_update_scale_, one thread: the scale and the growth tracker never leave the device.
@@ -127,23 +164,34 @@ size_t unscale_table_bytes(const std::vector<Tensor>& grads) {
   return chunks * sizeof(GradChunk);
 }
 
-bool cast_f32_f16_vectorized(const Tensor& src, const Tensor& dst) {
-  const bool f32_to_f16 = src.dtype() == DType::f32 && dst.dtype() == DType::f16;
-  const bool f16_to_f32 = src.dtype() == DType::f16 && dst.dtype() == DType::f32;
+bool cast_f32_16bit_vectorized(const Tensor& src, const Tensor& dst) {
+  const auto is16 = [](DType t) { return t == DType::f16 || t == DType::bf16; };
+  const bool narrow = src.dtype() == DType::f32 && is16(dst.dtype());
+  const bool widen = is16(src.dtype()) && dst.dtype() == DType::f32;
   // Both contiguous or both channels-last (the casts of a channels-last AMP step): flat arrays.
-  if (!(f32_to_f16 || f16_to_f32) || !same_memory_order(src, dst) || !aligned16(src.data_ptr()) ||
+  if (!(narrow || widen) || !same_memory_order(src, dst) || !aligned16(src.data_ptr()) ||
       !aligned16(dst.data_ptr())) {
     return false;
   }
   const int64_t n = dst.numel();
   if (n == 0) return true;
   DeviceContext& ctx = context_of(dst);
-  if (f32_to_f16) {
-    MINIDL_LAUNCH("copy f32->f16", f32_to_f16_kernel, grid_for(n / 8 + 1), kThreads, 0, ctx.stream(),
-                  static_cast<__half*>(dst.data_ptr()), static_cast<const float*>(src.data_ptr()), n);
+  const unsigned grid = grid_for(n / 8 + 1);
+  cudaStream_t st = ctx.stream();
+  void* d = dst.data_ptr();
+  const void* x = src.data_ptr();
+  if (dst.dtype() == DType::f16) {
+    MINIDL_LAUNCH("copy f32->f16", f32_to_f16_kernel, grid, kThreads, 0, st, static_cast<__half*>(d),
+                  static_cast<const float*>(x), n);
+  } else if (dst.dtype() == DType::bf16) {
+    MINIDL_LAUNCH("copy f32->bf16", f32_to_bf16_kernel, grid, kThreads, 0, st, static_cast<__nv_bfloat16*>(d),
+                  static_cast<const float*>(x), n);
+  } else if (src.dtype() == DType::f16) {
+    MINIDL_LAUNCH("copy f16->f32", f16_to_f32_kernel, grid, kThreads, 0, st, static_cast<float*>(d),
+                  static_cast<const __half*>(x), n);
   } else {
-    MINIDL_LAUNCH("copy f16->f32", f16_to_f32_kernel, grid_for(n / 8 + 1), kThreads, 0, ctx.stream(),
-                  static_cast<float*>(dst.data_ptr()), static_cast<const __half*>(src.data_ptr()), n);
+    MINIDL_LAUNCH("copy bf16->f32", bf16_to_f32_kernel, grid, kThreads, 0, st, static_cast<float*>(d),
+                  static_cast<const __nv_bfloat16*>(x), n);
   }
   return true;
 }
@@ -187,9 +235,10 @@ void CudaBackend::unscale(const std::vector<Tensor>& grads, double inv_scale, co
     switch (g0.dtype()) {
       case DType::f32: type = GradType::F32; break;
       case DType::f16: type = GradType::F16; break;
+      case DType::bf16: type = GradType::BF16; break;
       case DType::f64: type = GradType::F64; break;
       default:
-        MINIDL_FAIL("unscale_grads (cuda): gradient ", g0.meta(), " is not floating (f32, f16 or f64)");
+        MINIDL_FAIL("unscale_grads (cuda): gradient ", g0.meta(), " is not floating (f32, f64, f16 or bf16)");
     }
     Tensor g = g0.detach();
     if (!g.is_contiguous() && !is_channels_last(g)) {   // dense gradients are walked flat

@@ -140,7 +140,7 @@ BatchNormScratch forward_scratch(const Geo& g, DType dt, bool training, bool kee
   s.make_mean = snapshot && !keeps_mean;
   s.make_invstd = snapshot && !keeps_invstd;
   s.stats = g.C;
-  s.stats_dtype = dt == DType::f16 ? DType::f32 : dt;
+  s.stats_dtype = dt == DType::f16 || dt == DType::bf16 ? DType::f32 : dt;
   s.partials = training ? shift_index(g, g.C) : 0;   // G x C pairs, then C shifts
   return s;
 }

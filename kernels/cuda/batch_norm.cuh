@@ -343,8 +343,8 @@ BatchNormScratch forward_scratch(const Geo& g, DType dt, bool training, bool kee
 BatchNormScratch backward_scratch(const Geo& g, int64_t numel, bool training, bool wants_gweight, bool wants_gbias,
                                   bool with_residual);
 
-// Calls f(T{}, integral_constant V, bool_constant rows) for the kernels' instantiations: f16 with
-// V 8/4/1, f32 4/2/1, f64 1 (f64 is the reference dtype: no vector path).
+// Calls f(T{}, integral_constant V, bool_constant rows) for the kernels' instantiations: f16 and
+// bf16 with V 8/4/1, f32 4/2/1, f64 1 (f64 is the reference dtype: no vector path).
 template <typename F>
 void dispatch(const Geo& g, DType dt, const char* op, F&& f) {
   auto rows = [&](auto tag, auto v) {
@@ -360,13 +360,17 @@ void dispatch(const Geo& g, DType dt, const char* op, F&& f) {
       if (g.V == 8) return rows(__half{}, I8{});
       if (g.V == 4) return rows(__half{}, I4{});
       return rows(__half{}, I1{});
+    case DType::bf16:
+      if (g.V == 8) return rows(__nv_bfloat16{}, I8{});
+      if (g.V == 4) return rows(__nv_bfloat16{}, I4{});
+      return rows(__nv_bfloat16{}, I1{});
     case DType::f32:
       if (g.V == 4) return rows(float{}, I4{});
       if (g.V == 2) return rows(float{}, I2{});
       return rows(float{}, I1{});
     case DType::f64: return rows(double{}, I1{});
     default:
-      MINIDL_FAIL(op, " (cuda): x must be f32, f64 or f16, got ", dtype_name(dt), "; convert with .to(DType::f32)");
+      MINIDL_FAIL(op, " (cuda): x must be f32, f64, f16 or bf16, got ", dtype_name(dt), "; convert with .to(DType::f32)");
   }
 }
 

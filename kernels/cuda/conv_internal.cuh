@@ -74,7 +74,8 @@ inline cudnnDataType_t cudnn_data_type(DType t) {
     case DType::f32: return CUDNN_DATA_FLOAT;
     case DType::f64: return CUDNN_DATA_DOUBLE;
     case DType::f16: return CUDNN_DATA_HALF;
-    default: MINIDL_FAIL("conv2d (cuda): dtype ", dtype_name(t), " is not supported (f32, f64, f16)");
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: MINIDL_FAIL("conv2d (cuda): dtype ", dtype_name(t), " is not supported (f32, f64, f16, bf16)");
   }
 }
 

@@ -64,8 +64,8 @@ struct Descriptors {
         conv, to_int(cs.o.padding[0]), to_int(cs.o.padding[1]), to_int(cs.o.stride[0]), to_int(cs.o.stride[1]),
         to_int(cs.o.dilation[0]), to_int(cs.o.dilation[1]), CUDNN_CROSS_CORRELATION, compute));
     MINIDL_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, to_int(cs.o.groups)));
-    // f32 without TF32 must not use tensor cores (CUDNN_FMA_MATH); f16 should (TENSOR_OP).
-    if (cs.dtype == DType::f16) default_math = CUDNN_TENSOR_OP_MATH;
+    // f32 without TF32 must not use tensor cores (CUDNN_FMA_MATH); f16 and bf16 should (TENSOR_OP).
+    if (cs.dtype == DType::f16 || cs.dtype == DType::bf16) default_math = CUDNN_TENSOR_OP_MATH;
     else if (cs.dtype == DType::f32 && !allow_tf32_cudnn()) default_math = CUDNN_FMA_MATH;
     MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, default_math));
     int on, oc, ooh, oow;

@@ -285,6 +285,7 @@ void scale_channels(DeviceContext& ctx, const Tensor& x, const Tensor& scale) {
                     ctx.stream(), d, s, c, n);
   };
   if (x.dtype() == DType::f16) launch(__half{});
+  else if (x.dtype() == DType::bf16) launch(__nv_bfloat16{});
   else launch(float{});
 }
 
@@ -421,6 +422,7 @@ bool CudaBackend::conv2d_stats_output_grad(const Tensor& gy, const Tensor& gsum,
                     context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y), data(g), c, n);
   };
   if (y.dtype() == DType::f16) launch(__half{});
+  else if (y.dtype() == DType::bf16) launch(__nv_bfloat16{});
   else launch(float{});
   return true;
 }

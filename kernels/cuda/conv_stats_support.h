@@ -10,7 +10,7 @@
 
 namespace minidl::cuda {
 
-// The fused graphs take channels-last (NHWC) data and a KRSC filter in f16 or f32, groups 1, a
+// The fused graphs take channels-last (NHWC) data and a KRSC filter in f16, bf16 or f32, groups 1, a
 // contiguous f32 per-channel scale and bias. The backward runs fused only with the prologue
 // (in_scale defined): without it the op's plain data and filter gradients are the convolution's own.
 // `data` are the activation-shaped operands besides x and w (y; gy, gx), each undefined or
@@ -19,7 +19,7 @@ namespace minidl::cuda {
 inline bool conv_stats_fused(const Tensor& x, const Tensor& in_scale, const Tensor& w, const Conv2dOptions& o,
                              bool backward, std::initializer_list<const Tensor*> data) {
   if (x.dim() != 4 || w.dim() != 4 || o.groups != 1) return false;
-  if (x.dtype() != DType::f16 && x.dtype() != DType::f32) return false;
+  if (x.dtype() != DType::f16 && x.dtype() != DType::bf16 && x.dtype() != DType::f32) return false;
   if (w.dtype() != x.dtype() || !is_channels_last(x) || !is_channels_last(w)) return false;
   if (x.numel() == 0 || w.numel() == 0) return false;
   if (backward && !in_scale.defined()) return false;
@@ -34,7 +34,7 @@ inline bool conv_stats_fused(const Tensor& x, const Tensor& in_scale, const Tens
 inline bool conv_stats_output_grad_fused(const Tensor& gy, const Tensor& gsum, const Tensor& gsumsq, const Tensor& y,
                                          const Tensor& g) {
   if (y.dim() != 4 || y.numel() == 0 || !is_channels_last(y)) return false;
-  if (y.dtype() != DType::f16 && y.dtype() != DType::f32) return false;
+  if (y.dtype() != DType::f16 && y.dtype() != DType::bf16 && y.dtype() != DType::f32) return false;
   for (const Tensor* t : {&gy, &g})
     if (t->defined() && (t->shape() != y.shape() || t->dtype() != y.dtype() || !is_channels_last(*t))) return false;
   for (const Tensor* t : {&gsum, &gsumsq})

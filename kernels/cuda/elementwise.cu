@@ -206,7 +206,7 @@ __global__ void binary_strided_kernel(BinaryOp op, T* out, const T* a, const T* 
 
 template <typename T>
 __global__ void compare_kernel(BinaryOp op, bool* out, const T* a, const T* b, OffsetCalc<3> oc, int64_t n) {
-  using C = std::conditional_t<std::is_same_v<T, __half>, float, T>;
+  using C = typename Compute<T>::type;
   MINIDL_GRID_STRIDE(i, n) {
     int64_t off[3];
     oc.get(i, off);
@@ -227,7 +227,7 @@ void device_copy(const Tensor& src, const Tensor& dst) {
                                       cudaMemcpyDeviceToDevice, ctx.stream()));
     return;
   }
-  if (cast_f32_f16_vectorized(src, dst)) return;   // the autocast weight/activation casts
+  if (cast_f32_16bit_vectorized(src, dst)) return;   // the autocast weight/activation casts
   dispatch_all(dst.dtype(), "copy", [&](auto dtag) {
     using D = decltype(dtag);
     dispatch_all(src.dtype(), "copy", [&](auto stag) {
@@ -304,6 +304,8 @@ void CudaBackend::fill(const Tensor& dst, double value) {
     T v;
     if constexpr (std::is_same_v<T, __half>) {
       v = __half_raw{Half::from_float(static_cast<float>(value))};   // the CPU's rounding, bit for bit
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      v = __nv_bfloat16_raw{BFloat16::from_float(static_cast<float>(value))};
     } else if constexpr (std::is_same_v<T, bool>) {
       v = value != 0.0;
     } else {

@@ -76,8 +76,12 @@ void CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& o
       dt = CUDA_R_16F;
       ct = CUBLAS_COMPUTE_32F;   // f16 in and out, f32 accumulation
       break;
+    case DType::bf16:
+      dt = CUDA_R_16BF;
+      ct = CUBLAS_COMPUTE_32F;   // bf16 in and out, f32 accumulation
+      break;
     default:
-      MINIDL_FAIL("matmul (cuda): dtype ", dtype_name(out.dtype()), " is not supported (f32, f64, f16)");
+      MINIDL_FAIL("matmul (cuda): dtype ", dtype_name(out.dtype()), " is not supported (f32, f64, f16, bf16)");
   }
   const float alpha32 = 1.0f, beta32 = 0.0f;
   const double alpha64 = 1.0, beta64 = 0.0;

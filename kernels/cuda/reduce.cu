@@ -351,6 +351,7 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
             case DType::i32: return launch<T, int32_t>(ctx, op, x, g, out);
             case DType::i64: return launch<T, int64_t>(ctx, op, x, g, out);
             case DType::f16: return launch<T, __half>(ctx, op, x, g, out);
+            case DType::bf16: return launch<T, __nv_bfloat16>(ctx, op, x, g, out);
             default: MINIDL_FAIL(name, " (cuda): unsupported output dtype ", out.meta());
           }
         case ReduceOp::Max:

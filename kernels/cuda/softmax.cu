@@ -140,11 +140,11 @@ void validate_targets(DeviceContext& ctx, const Tensor& target, int64_t N, int64
               ") (check the label encoding or the number of classes of the model's output layer)");
 }
 
-// f16 operands (pure-f16 models, where autocast does not lift the loss to f32) are computed in
-// f32 and rounded once, as the CPU backend does (widen_half / narrow_into).
+// f16 and bf16 operands (pure 16-bit models, where autocast does not lift the loss to f32) are
+// computed in f32 and rounded once, as the CPU backend does (widen_half / narrow_into).
 bool any_half(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) {
-    if (t->defined() && t->dtype() == DType::f16) return true;
+    if (t->defined() && (t->dtype() == DType::f16 || t->dtype() == DType::bf16)) return true;
   }
   return false;
 }

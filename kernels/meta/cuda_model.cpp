@@ -165,7 +165,7 @@ void batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& y, con
 }
 
 void nll_forward(const Tensor& log_probs, const Tensor& target, const Tensor& losses) {
-  if (log_probs.dtype() == DType::f16 || losses.dtype() == DType::f16) {
+  if (is_float16(log_probs.dtype()) || is_float16(losses.dtype())) {
     const Tensor lpf = f32_like(log_probs), lf = f32_like(losses);
     return nll_forward(lpf, target, lf);
   }
@@ -214,7 +214,7 @@ bool fused_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor
 }
 
 
-// kernels/cuda/softmax.cu's f32_like: f16 softmax and NLL compute in f32 copies.
+// kernels/cuda/softmax.cu's f32_like: f16 and bf16 softmax and NLL compute in f32 copies.
 Tensor f32_like(const Tensor& t) { return empty(t.shape(), {DType::f32, t.device(), false}); }
 
 }  // namespace minidl::meta::cuda_model

@@ -275,19 +275,22 @@ TEST_F(Parity, ChannelsLastGlobalAveragePoolReadsAlongTheChannels) {
 TEST_F(Parity, ChannelsLastElementwiseOpsAndCastsUseTheVectorKernels) {
   const Tensor a = to_channels_last(to_target(rnd({2, 16, 5, 3}, DType::f32, 6)));
   const Tensor b = to_channels_last(to_target(rnd({2, 16, 5, 3}, DType::f32, 7)));
-  Tensor sum_ab, r, h, back;
+  Tensor sum_ab, r, h, back, hb, back_b;
   const auto keys = launches_of([&] {
     sum_ab = a + b;
     r = relu(a);
     h = a.to(DType::f16);
     back = h.to(DType::f32);
+    hb = a.to(DType::bf16);
+    back_b = hb.to(DType::f32);
   });
-  for (const Tensor* t : {&sum_ab, &r, &h, &back}) EXPECT_TRUE(prefers_channels_last(*t)) << t->meta();
+  for (const Tensor* t : {&sum_ab, &r, &h, &back, &hb, &back_b}) EXPECT_TRUE(prefers_channels_last(*t)) << t->meta();
   EXPECT_TRUE(close(a.to(Device::cpu()).contiguous() + b.to(Device::cpu()).contiguous(), sum_ab, 1e-7, "add"));
   EXPECT_TRUE(close(relu(a.to(Device::cpu())), r, 0.0, "relu"));
   if (self_test()) return;
   const std::vector<std::string> want = {"add / (binary_vec_kernel<T>)", "relu / (unary_vec_kernel<T>)",
-                                         "copy f32->f16 / f32_to_f16_kernel", "copy f16->f32 / f16_to_f32_kernel"};
+                                         "copy f32->f16 / f32_to_f16_kernel", "copy f16->f32 / f16_to_f32_kernel",
+                                         "copy f32->bf16 / f32_to_bf16_kernel", "copy bf16->f32 / bf16_to_f32_kernel"};
   EXPECT_EQ(keys, want);
 }
 

@@ -153,4 +153,54 @@ inline const std::vector<ParityCase>& cpu_bf16_cases() {
   return table;
 }
 
+// The third table: bf16 on the CUDA backend against the CPU backend's bf16, one row per op contract
+// of core/backend.h, checked like the second (tests/kernels/parity_coverage_test.cpp).
+inline const std::vector<ParityCase>& cuda_bf16_cases() {
+  static const std::vector<ParityCase> table{
+      {"copy", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.CastsToAndFromEveryDtypeBitForBit"},
+      {"fill", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.FillsAndRandomDrawsBitForBit"},
+      {"unary", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.UnaryAndBinaryOpsComputeInF32AndRoundOnce"},
+      {"binary", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.UnaryAndBinaryOpsComputeInF32AndRoundOnce"},
+      {"reduce", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ReductionsAccumulateInF32"},
+      {"matmul", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.MatmulOnCublasWithF32Accumulation"},
+      {"random", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.FillsAndRandomDrawsBitForBit"},
+      {"conv2d_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.Conv2dForwardAndBackwardInBothLayouts"},
+      {"conv2d_backward_input", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.Conv2dForwardAndBackwardInBothLayouts"},
+      {"conv2d_backward_weight", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.Conv2dForwardAndBackwardInBothLayouts"},
+      {"conv2d_backward_input_add", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
+      {"conv2d_stats_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
+      {"conv2d_stats_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
+      {"conv2d_stats_output_grad", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
+      {"bn_finalize_forward", "",
+       "its tensors are the statistics' dtype, f32 under bf16 activations: no bf16 arithmetic (its f32 parity "
+       "row is in the first table)"},
+      {"bn_finalize_backward", "",
+       "its tensors are the statistics' dtype, f32 under bf16 activations: no bf16 arithmetic (its f32 parity "
+       "row is in the first table)"},
+      {"max_pool2d_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.MaxAndAvgPooling"},
+      {"max_pool2d_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.MaxAndAvgPooling"},
+      {"avg_pool2d_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.MaxAndAvgPooling"},
+      {"avg_pool2d_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.MaxAndAvgPooling"},
+      {"batch_norm_forward_train", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.BatchNormTrainEvalAndFusedActivations"},
+      {"batch_norm_forward_eval", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.BatchNormTrainEvalAndFusedActivations"},
+      {"batch_norm_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.BatchNormTrainEvalAndFusedActivations"},
+      {"batch_norm_act_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.BatchNormTrainEvalAndFusedActivations"},
+      {"batch_norm_act_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.BatchNormTrainEvalAndFusedActivations"},
+      {"softmax_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.SoftmaxAndTheLosses"},
+      {"softmax_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.SoftmaxAndTheLosses"},
+      {"nll_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.SoftmaxAndTheLosses"},
+      {"nll_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.SoftmaxAndTheLosses"},
+      {"cross_entropy_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.SoftmaxAndTheLosses"},
+      {"cross_entropy_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.SoftmaxAndTheLosses"},
+      {"bce_with_logits_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.SoftmaxAndTheLosses"},
+      {"bce_with_logits_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.SoftmaxAndTheLosses"},
+      {"unscale_grads", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.UnscaleGradsAndTheNonFiniteFlag"},
+      {"unscale_grads_device", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.UnscaleGradsAndTheNonFiniteFlag"},
+      {"update_scale_device", "", "the scale, growth tracker and flag are f32 and i32 whatever the gradients' dtype"},
+      {"fused_sgd_step", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.FusedOptimizerStepsDeclineBf16"},
+      {"fused_adam_step", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.FusedOptimizerStepsDeclineBf16"},
+  };
+  return table;
+}
+
 }  // namespace minidl::testing::parity

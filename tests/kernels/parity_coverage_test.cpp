@@ -19,6 +19,7 @@ namespace minidl {
 namespace {
 
 using testing::parity::cpu_bf16_cases;
+using testing::parity::cuda_bf16_cases;
 using testing::parity::parity_cases;
 using testing::parity::ParityCase;
 
@@ -102,24 +103,35 @@ void expect_named_tests_exist(const std::vector<ParityCase>& table) {
 TEST(ParityCoverage, EveryNamedParityTestExists) {
   expect_named_tests_exist(parity_cases());
   expect_named_tests_exist(cpu_bf16_cases());
+  expect_named_tests_exist(cuda_bf16_cases());
 }
 
-TEST(ParityCoverage, EveryBackendOpHasABf16CaseOrSaysWhyNot) {
+// A bf16 table has one row per op of core/backend.h: the tests that run it in bf16, or the reason.
+void expect_one_row_per_op(const std::vector<ParityCase>& table, const std::string& table_name,
+                           const std::string& how) {
   const std::set<std::string> ops = backend_virtuals({"core/backend.h"});
   ASSERT_GE(ops.size(), 25u) << "core/backend.h's virtuals were not found";
   std::set<std::string> rows;
-  for (const auto& c : cpu_bf16_cases()) {
-    EXPECT_TRUE(rows.insert(std::string(c.method)).second) << "two bf16 rows for " << c.method;
+  for (const auto& c : table) {
+    EXPECT_TRUE(rows.insert(std::string(c.method)).second) << "two " << table_name << " rows for " << c.method;
     EXPECT_NE(c.tests.empty(), c.not_compared.empty()) << c.method << ": tests or a reason, not both";
   }
   for (const std::string& v : ops) {
-    EXPECT_TRUE(rows.count(v)) << "Backend::" << v
-                               << " has no bf16 case: add a bf16-vs-f32 test (tests/kernels/cpu_bf16_test.cpp) and a "
-                                  "row in cpu_bf16_cases (tests/kernels/parity_cases.h), or a row with the reason";
+    EXPECT_TRUE(rows.count(v)) << "Backend::" << v << " has no " << table_name << " case: " << how << " and a row in "
+                               << table_name << " (tests/kernels/parity_cases.h), or a row with the reason";
   }
   for (const std::string& r : rows) {
-    EXPECT_TRUE(ops.count(r)) << "cpu_bf16_cases has a row for " << r << ", which core/backend.h no longer declares";
+    EXPECT_TRUE(ops.count(r)) << table_name << " has a row for " << r << ", which core/backend.h no longer declares";
   }
+}
+
+TEST(ParityCoverage, EveryBackendOpHasABf16CaseOrSaysWhyNot) {
+  expect_one_row_per_op(cpu_bf16_cases(), "cpu_bf16_cases", "add a bf16-vs-f32 test (tests/kernels/cpu_bf16_test.cpp)");
+}
+
+TEST(ParityCoverage, EveryBackendOpHasACudaBf16CaseOrSaysWhyNot) {
+  expect_one_row_per_op(cuda_bf16_cases(), "cuda_bf16_cases",
+                        "add a CUDA-vs-CPU bf16 test (tests/kernels/bf16_parity_cuda_test.cpp)");
 }
 
 }  // namespace

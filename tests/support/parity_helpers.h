@@ -46,7 +46,10 @@ inline Tensor to_target(const Tensor& t) {
   return d.device() == kGpu ? d.clone() : d.to(kGpu);
 }
 
-inline double tol_for(DType t) { return t == DType::f64 ? 1e-10 : t == DType::f16 ? 2e-3 : 2e-5; }
+// A rounding or two of each dtype, normalised: bf16's unit roundoff (2^-9) is 8 times f16's.
+inline double tol_for(DType t) {
+  return t == DType::f64 ? 1e-10 : t == DType::f16 ? 2e-3 : t == DType::bf16 ? 4e-3 : 2e-5;
+}
 
 // Normalised error, with a message naming the worst element.
 inline ::testing::AssertionResult close(const Tensor& cpu, const Tensor& gpu, double tol, const std::string& what) {

@@ -1,8 +1,9 @@
 // Device-side building blocks shared by the hand-written kernels: the C++ type of each DType,
-// conversions that round exactly as the CPU backend does (double -> float -> half, round to
-// nearest even), the strided offset calculator, warp/block reductions and launch sizing.
+// conversions that round exactly as the CPU backend does (double -> float -> half or bfloat16,
+// round to nearest even), the strided offset calculator, warp/block reductions and launch sizing.
 #pragma once
 #include <algorithm>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -23,6 +24,12 @@ template <typename T>
 struct Compute { using type = T; };   // arithmetic type of T
 template <>
 struct Compute<__half> { using type = float; };
+template <>
+struct Compute<__nv_bfloat16> { using type = float; };
+
+// The 16-bit floats, which compute in f32 (Compute) and round once on the way out.
+template <typename T>
+inline constexpr bool is_half_v = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
 template <typename To, typename From>
 __device__ __forceinline__ To cvt(From v) {
@@ -30,9 +37,14 @@ __device__ __forceinline__ To cvt(From v) {
     return v;
   } else if constexpr (std::is_same_v<From, __half>) {
     return cvt<To>(__half2float(v));
+  } else if constexpr (std::is_same_v<From, __nv_bfloat16>) {
+    return cvt<To>(__bfloat162float(v));
   } else if constexpr (std::is_same_v<To, __half>) {
     if constexpr (std::is_same_v<From, bool>) return __float2half_rn(v ? 1.0f : 0.0f);
     else return __float2half_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
+    if constexpr (std::is_same_v<From, bool>) return __float2bfloat16_rn(v ? 1.0f : 0.0f);
+    else return __float2bfloat16_rn(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From{};
   } else {
@@ -41,12 +53,12 @@ __device__ __forceinline__ To cvt(From v) {
 }
 
 // Dtype dispatch (kernels/common/dispatch.h): dispatch_x(dtype, op, f) calls f(T{}) with T the
-// C++ type of the dtype, __half for f16 (computed in f32, Compute). The same names take the same
-// dtypes on the CPU backend.
-inline constexpr common::Dispatch<__half, common::DTypeFamily::All> dispatch_all{"cuda"};
-inline constexpr common::Dispatch<__half, common::DTypeFamily::Floating> dispatch_floating{"cuda"};
-inline constexpr common::Dispatch<__half, common::DTypeFamily::Arith> dispatch_arith{"cuda"};
-// f32 and f64 only, for the kernels that widen f16 operands to f32 before they dispatch (softmax, NLL).
+// C++ type of the dtype, __half for f16 and __nv_bfloat16 for bf16 (both computed in f32,
+// Compute). The same names take the same dtypes on the CPU backend.
+inline constexpr common::Dispatch<__half, common::DTypeFamily::All, __nv_bfloat16> dispatch_all{"cuda"};
+inline constexpr common::Dispatch<__half, common::DTypeFamily::Floating, __nv_bfloat16> dispatch_floating{"cuda"};
+inline constexpr common::Dispatch<__half, common::DTypeFamily::Arith, __nv_bfloat16> dispatch_arith{"cuda"};
+// f32 and f64 only, for the kernels that widen 16-bit operands to f32 before they dispatch (softmax, NLL).
 inline constexpr common::Dispatch<void, common::DTypeFamily::Floating> dispatch_wide{"cuda"};
 
 // ---- Strided iteration ----
