@@ -333,9 +333,6 @@ void TrainConfig::validate() const {
   if (cuda_graphs.value_or(false)) check_cuda_graphs(*this);
   if (parse_checkpoint(checkpoint).kind != CheckpointSpec::Kind::None && !is_resnet(model))
     usage("--checkpoint " + checkpoint + " needs a ResNet model (the small CNN has no stages to recompute)");
-  if (amp && amp_dtype == "bf16" && (!gpu.empty() || device.rfind("cuda", 0) == 0))
-    usage("--amp bf16: the CUDA backend has no bf16 kernels yet; on a GPU train with --amp (f16 autocast and the "
-          "gradient scaler), or run --amp bf16 with --device cpu");
   DeviceSpec::validate();   // last: it asks the CUDA runtime
 }
 

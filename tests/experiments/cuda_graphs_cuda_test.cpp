@@ -162,6 +162,13 @@ TEST(ExperimentsCudaGraphs, Fp32TrainingWithReplaysIsBitIdenticalToEager) {
 
 TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(sgd_config(true), 10, 7, 1); }
 
+// bf16 autocast replays without a scaler: nothing to unscale, no step to skip.
+TEST(ExperimentsCudaGraphs, Bf16AmpTrainingWithReplaysIsBitIdenticalToEager) {
+  TrainConfig c = sgd_config(true);
+  c.amp_dtype = "bf16";
+  expect_same_training(c, 10, 7, 1);
+}
+
 // A loss scale of 2^18 overflows twice: the first step (the scaler's host state, during the
 // warm-up) and a later one, which the device skips inside a replay. That step must not count, as
 // in the eager loop, or the schedule, the progress lines and the run's step count would shift.

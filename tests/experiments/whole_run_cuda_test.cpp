@@ -39,6 +39,16 @@ TEST(WholeRunCuda, SyntheticDataWithAmp) {
   testing::expect_answer_trains(c);
 }
 
+// bf16 autocast: no gradient scaler, its activations and casts in bf16; the dry run on meta:cuda
+// knows the bf16 kernels' temporaries, so the answer still trains and the answer + 1 does not.
+TEST(WholeRunCuda, SyntheticDataWithBf16Amp) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = small_cnn_on_gpu("24MiB");
+  c.amp = true;
+  c.amp_dtype = "bf16";
+  testing::expect_answer_trains(c);
+}
+
 // Photos through the loader's pinned staging: without workers one batch is on the device at a time.
 TEST(WholeRunCuda, PhotoFolder) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
