@@ -34,12 +34,13 @@ Where this script differs, and why:
   - on the CPU PyTorch has no allocator statistics: the memory columns are empty and
     peak_rss_mib (process high-water RSS, reset per batch through /proc/self/clear_refs) is given
     instead; with --amp the CPU uses bfloat16 autocast without a gradient scaler.
-PyTorch's best settings (--best): AMP (float16 autocast + GradScaler), channels_last,
+PyTorch's best settings (--best): AMP (float16 autocast + GradScaler; with --amp-dtype bf16,
+bfloat16 autocast without one), channels_last,
 cudnn.benchmark, and the fused SGD kernel where this torch has one. TF32 stays at PyTorch's defaults
 (cuDNN on, matmul off), which are also minidl's.
 
   python3 bench/pytorch_utilization.py --device cuda --model resnet50 --image-size 224 \
-      --batches 4,8,16,32,64,128,256,512,1024 --steps 20 [--amp] [--channels-last] [--best] \
+      --batches 4,8,16,32,64,128,256,512,1024 --steps 20 [--amp [--amp-dtype bf16]] [--channels-last] [--best] \
       [--cudnn-benchmark | --no-cudnn-benchmark] --out FILE.csv
 Works with torch 1.13 (Debian, CPU) and torch 2.x (CUDA). Writes FILE.csv row by row (a killed run
 keeps its finished rows) and FILE.json (versions, device, settings, argv, date). Exit status: 0 when
@@ -98,6 +99,9 @@ def parse_args(argv):
                          "images_per_s_steady; at most steps - 1)")
     ap.add_argument("--amp", action="store_true", help="mixed precision: float16 autocast + GradScaler "
                     "(CPU: bfloat16, no scaler); off by default")
+    ap.add_argument("--amp-dtype", choices=("f16", "bf16"), default=None,
+                    help="the autocast dtype of --amp: f16 (with GradScaler; the default on CUDA) or bf16 "
+                         "(no scaler, as minidl's --amp bf16; the only one on the CPU)")
     ap.add_argument("--channels-last", action="store_true", help="model and input in channels_last; off by default")
     ap.add_argument("--cudnn-benchmark", dest="cudnn_benchmark", action="store_true", default=None,
                     help="torch.backends.cudnn.benchmark = True (the default, as minidl's --cudnn-benchmark on)")
@@ -356,8 +360,9 @@ def run_batch(torch, a, device, b, nvml):
     model = model.to(device=device, memory_format=fmt)
     model.train()
     opt, impl, note = make_optimizer(torch, model.parameters(), a, device)
-    scaler = make_scaler(torch, device, a.amp)
-    amp_dtype = torch.float16 if is_cuda else torch.bfloat16
+    bf16 = a.amp_dtype == "bf16" or not is_cuda
+    scaler = make_scaler(torch, device, a.amp and not bf16)
+    amp_dtype = torch.bfloat16 if bf16 else torch.float16
     binary = a.model == "smallcnn"
 
     # Host data, made before the clock starts (minidl builds its synthetic set before t0 too).
@@ -496,7 +501,9 @@ def provenance(torch, a, device):
         "cpus": os.cpu_count(),
         "settings": {
             "model": a.model, "image_size": a.image_size, "batches": a.batch_list, "steps": a.steps,
-            "warmup_steps": a.warmup_steps, "amp": a.amp, "channels_last": a.channels_last,
+            "warmup_steps": a.warmup_steps, "amp": a.amp,
+            "amp_dtype": getattr(a, "amp_dtype", None) or ("f16" if device.type == "cuda" else "bf16"),
+            "channels_last": a.channels_last,
             "cudnn_benchmark": a.cudnn_benchmark, "optimizer_impl": a.optimizer_impl, "best": a.best,
             "fresh_cache": a.fresh_cache, "keep_going_after_oom": a.keep_going_after_oom,
             "time_limit_s": a.time_limit,
@@ -560,7 +567,7 @@ def main(argv=None):
     json_path = sidecar_path(a.out)
     write_json(json_path, prov)
     log(f"torch {torch.__version__} on {prov.get('gpu', {}).get('name', prov.get('cpu'))}: {a.model} "
-        f"{a.image_size}px, batches {a.batches}, {a.steps} steps, amp {a.amp}, channels_last {a.channels_last}, "
+        f"{a.image_size}px, batches {a.batches}, {a.steps} steps, amp {a.amp} ({a.amp_dtype or 'f16'}), channels_last {a.channels_last}, "
         f"cudnn.benchmark {a.cudnn_benchmark}, optimizer {a.optimizer_impl}")
 
     common = {"model": a.model, "image_size": a.image_size, "device": str(device), "amp": int(a.amp),

@@ -100,11 +100,16 @@ Study utilization(bool quick, const TrainConfig& base) {
             "until the device saturates; images/s flattens beyond that point.";
   // --amp: the row to read beside PyTorch's --best (bench/pytorch_utilization.py), in a folder of
   // its own so that it never mixes with the fp32 rows (same run ids).
+  // --amp bf16 is a folder and a table of its own too, beside f16's.
+  const bool bf16 = base.amp && base.resolved_amp_dtype() == DType::bf16;
   if (base.amp) {
-    s.variant = "amp";
-    s.title += " (mixed precision)";
-    s.notes += " This table runs with --amp (f16 autocast, dynamic loss scaling), the precision of PyTorch's "
-               "--best; --best also uses channels_last, which minidl runs with --channels-last (" +
+    s.variant = bf16 ? "amp-bf16" : "amp";
+    s.title += bf16 ? " (bf16 mixed precision)" : " (mixed precision)";
+    s.notes += bf16 ? " This table runs with --amp bf16 (bf16 autocast, no loss scaling), the precision of "
+                      "PyTorch's --best --amp-dtype bf16"
+                    : " This table runs with --amp (f16 autocast, dynamic loss scaling), the precision of PyTorch's "
+                      "--best";
+    s.notes += "; --best also uses channels_last, which minidl runs with --channels-last (" +
                std::string(base.resolved_channels_last() ? "on here" : "off here") + ").";
   }
   const int64_t steps = quick ? 3 : 20;
@@ -121,7 +126,7 @@ Study utilization(bool quick, const TrainConfig& base) {
     c.max_steps = steps;
     c.progress_every = 0;
     r.id = b_id(b);
-    r.group = c.device + (c.amp ? ", amp" : "");
+    r.group = c.device + (!c.amp ? "" : bf16 ? ", amp bf16" : ", amp");
     r.throughput_only = true;
   }
   return s;
@@ -137,7 +142,7 @@ Study techniques(bool quick, const TrainConfig& base) {
                        "best_val_acc", "best_epoch", "status", "note"};
   s.published_setup = "ResNet-50, 224x224 photos, 15 epochs, an 11 GiB RTX 2080 Ti";
   s.notes = "Published (ResNet-50, 224x224, RTX 2080 Ti 11 GiB): baseline 102, cuDNN autotune off 111, AMP about "
-            "2x, optimal checkpointing more than 2x, all combined 960; best accuracy and speed at batch 199. Each row "
+            "2x (f16; the amp-bf16 row is bf16 autocast without loss scaling, which the article predates), optimal checkpointing more than 2x, all combined 960; best accuracy and speed at batch 199. Each row "
             "trains at its recommended batch (10% below its maximum); max_batch counts the effective batch. On the CPU "
             "backend there is no cuDNN, so the autotune-off row equals the baseline.";
   s.maxbatch.steps = quick ? 2 : 3;
@@ -147,10 +152,12 @@ Study techniques(bool quick, const TrainConfig& base) {
     std::string name, checkpoint;
     bool amp = false, autotune_off = false;
     int64_t accumulation = 1;
+    std::string amp_dtype = "f16";
   };
   const std::vector<Row> rows{{"baseline", "none"},
                               {"cudnn-autotune-off", "none", false, true},
                               {"amp", "none", true},
+                              {"amp-bf16", "none", true, false, 1, "bf16"},
                               {"recompute-stages", "stages"},
                               {"recompute-sequential", "sequential:4"},
                               {"recompute-optimal", "optimal"},
@@ -170,6 +177,7 @@ Study techniques(bool quick, const TrainConfig& base) {
     c.cudnn_benchmark = row.autotune_off ? "off" : "on";
     c.accumulation_steps = row.accumulation;
     c.amp = row.amp;
+    c.amp_dtype = row.amp_dtype;
     c.progress_every = 0;
     r.id = row.name;
     r.technique = row.name;

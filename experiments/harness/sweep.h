@@ -42,7 +42,7 @@ struct Study {
   std::string name;
   std::string title;
   bool quick = false;
-  std::string variant;                      // "amp": the utilization study under --amp (its own folder)
+  std::string variant;                      // "amp" / "amp-bf16": the utilization study under --amp (its own folder)
   std::vector<SweepRun> runs;
   MaxBatchOptions maxbatch;                 // for find_max_batch runs
   std::string plot_y = "test_acc";          // a results.csv column

@@ -42,6 +42,24 @@ TEST(ExperimentsSweep, StudiesHaveThePublishedSettings) {
   EXPECT_DOUBLE_EQ(tech.runs[0].config.momentum, 0.9);
   EXPECT_DOUBLE_EQ(tech.runs[0].config.resolved_weight_decay(), 1e-4);
   EXPECT_EQ(tech.runs[0].config.epochs, 15);
+  // AMP in both precisions, beside each other: f16 with the scaler, bf16 without.
+  const auto row = [&](const std::string& id) {
+    for (const auto& r : tech.runs)
+      if (r.id == id) return r.config;
+    ADD_FAILURE() << "no techniques row " << id;
+    return TrainConfig{};
+  };
+  EXPECT_TRUE(row("amp").amp && row("amp").uses_grad_scaler() && row("amp").resolved_amp_dtype() == DType::f16);
+  EXPECT_TRUE(row("amp-bf16").amp && !row("amp-bf16").uses_grad_scaler());
+  EXPECT_EQ(row("amp-bf16").resolved_amp_dtype(), DType::bf16);
+  // The utilization study under --amp bf16 is a table (and a folder) of its own beside f16's.
+  TrainConfig bf16 = base;
+  bf16.amp = true;
+  bf16.amp_dtype = "bf16";
+  const Study util_bf16 = make_study("utilization", false, bf16);
+  EXPECT_EQ(util_bf16.variant, "amp-bf16");
+  EXPECT_EQ(util_bf16.runs.front().group, "cpu, amp bf16");
+  EXPECT_EQ(util_bf16.runs.front().config.resolved_amp_dtype(), DType::bf16);
   const Study lr = make_study("lr-scaling", false, base);
   EXPECT_EQ(lr.runs.front().config.batch_size, 32);
   EXPECT_EQ(lr.runs.back().config.batch_size, 1024);
