@@ -11,7 +11,8 @@ ones GradScaler.step makes itself (none with the fused SGD). PyTorch's best sett
   - channels_last model and input (--no-channels-last to compare like for like with minidl's NCHW),
   - cudnn.benchmark = True,
   - the fused SGD kernel (torch >= 2.0 on CUDA),
-  - --precision amp: float16 autocast + GradScaler; tf32: float32 with TF32 in cuBLAS and cuDNN;
+  - --precision amp: float16 autocast + GradScaler; amp-bf16: bfloat16 autocast, no scaler (as
+    minidl's --amp bf16); tf32: float32 with TF32 in cuBLAS and cuDNN;
     fp32: float32 without TF32 anywhere.
 Timing: --warmup untimed steps, a synchronize, then steps until --seconds have passed, a final
 synchronize, images / elapsed wall time (minidl_bench_step measures the same span). --cuda-graphs
@@ -61,7 +62,8 @@ def parse_args(argv):
     ap.add_argument("--image-size", type=int, default=224, help="input side (default: 224)")
     ap.add_argument("--batch", type=int, default=128, help="batch size; with --max-batch-under, the first trial "
                     "(default: 128)")
-    ap.add_argument("--precision", choices=("amp", "tf32", "fp32"), default="amp", help="default: amp")
+    ap.add_argument("--precision", choices=("amp", "amp-bf16", "tf32", "fp32"), default="amp",
+                    help="default: amp")
     ap.add_argument("--no-channels-last", dest="channels_last", action="store_false",
                     help="NCHW model and input (default: channels_last, PyTorch's best)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (default: 10)")
@@ -100,8 +102,9 @@ class Step:
         fmt = torch.channels_last if a.channels_last and device.type == "cuda" else torch.contiguous_format
         self.model = pu.build_model(torch, a.model, a.image_size).to(device, memory_format=fmt).train()
         self.opt, self.impl, self.note = pu.make_optimizer(torch, self.model.parameters(), a, device)
-        self.amp = a.precision == "amp" and device.type == "cuda"
-        self.scaler = pu.make_scaler(torch, device, self.amp)
+        self.amp = a.precision in ("amp", "amp-bf16") and device.type == "cuda"
+        self.dtype = torch.bfloat16 if a.precision == "amp-bf16" else torch.float16
+        self.scaler = pu.make_scaler(torch, device, self.amp and a.precision == "amp")
         self.x = torch.randn(batch, 3, a.image_size, a.image_size, device=device).contiguous(memory_format=fmt)
         self.y = (torch.rand(batch, device=device) > 0.5).long()
         self.binary = a.model == "smallcnn"
@@ -110,7 +113,7 @@ class Step:
         torch = self.torch
         for _ in range(steps):
             # (torch 1.13's CPU autocast refuses float16 even when disabled: no context at all then.)
-            with torch.autocast(device_type="cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext():
+            with torch.autocast(device_type="cuda", dtype=self.dtype) if self.amp else contextlib.nullcontext():
                 out = self.model(self.x)
             out = out.float()
             if self.binary:
@@ -141,7 +144,7 @@ class Step:
         self.opt.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            with torch.autocast(device_type="cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext():
+            with torch.autocast(device_type="cuda", dtype=self.dtype) if self.amp else contextlib.nullcontext():
                 out = self.model(self.x)
             out = out.float()
             loss = (torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), self.y.float())
@@ -332,7 +335,8 @@ def main(argv=None):
     if a.json:
         prov = pu.provenance(torch, argparse.Namespace(
             model=a.model, image_size=a.image_size, batch_list=[a.batch], steps=0, warmup_steps=a.warmup,
-            amp=a.precision == "amp", channels_last=a.channels_last, cudnn_benchmark=True, optimizer_impl="fused",
+            amp=a.precision in ("amp", "amp-bf16"), amp_dtype="bf16" if a.precision == "amp-bf16" else "f16",
+            channels_last=a.channels_last, cudnn_benchmark=True, optimizer_impl="fused",
             best=True, fresh_cache=False, keep_going_after_oom=False, time_limit=0, lr=a.lr,
             momentum=a.momentum, seed=a.seed), device)
         prov["program"] = "bench/pytorch_step.py"

@@ -30,7 +30,7 @@ using namespace minidl;
 using namespace minidl::harness;
 
 struct StepOptions {
-  std::string precision = "amp";   // amp | tf32 | fp32
+  std::string precision = "amp";   // amp | amp-bf16 | tf32 | fp32
   bool channels_last = false;
   int warmup = 10;
   double seconds = 30.0;
@@ -56,9 +56,10 @@ void apply_precision(const StepOptions& o, Device d) {
 }
 
 int run(TrainConfig& c, const StepOptions& o) {
-  if (o.precision != "amp" && o.precision != "tf32" && o.precision != "fp32")
-    throw UsageError("--precision must be amp, tf32 or fp32, got '" + o.precision + "'");
-  c.amp = o.precision == "amp";
+  if (o.precision != "amp" && o.precision != "amp-bf16" && o.precision != "tf32" && o.precision != "fp32")
+    throw UsageError("--precision must be amp, amp-bf16, tf32 or fp32, got '" + o.precision + "'");
+  c.amp = o.precision == "amp" || o.precision == "amp-bf16";
+  c.amp_dtype = o.precision == "amp-bf16" ? "bf16" : "f16";
   c.channels_last = o.channels_last;   // weights (make_model) and the batch below
   validate(c);
   const Device dev = resolve_device(c.device);
@@ -73,7 +74,7 @@ int run(TrainConfig& c, const StepOptions& o) {
   m.module->to(dev);
   m.module->train();
   auto opt = make_optimizer(c, *m.module, c.resolved_lr());
-  optim::GradScaler scaler({.init_scale = c.amp_init_scale, .enabled = c.amp});
+  optim::GradScaler scaler({.init_scale = c.amp_init_scale, .enabled = c.uses_grad_scaler()});
   const TensorOptions fo{DType::f32, dev, false};
   Tensor x = randn(m.input_shape(c.batch_size), fo);
   if (o.channels_last) x = to_channels_last(x);   // as the loader writes it: no conversion per step
@@ -128,12 +129,15 @@ int run(TrainConfig& c, const StepOptions& o) {
   // timing).
   if (scaler.device_state()) skipped = scaler.device_found_inf().item() != 0.0 ? -1 : 0;
   std::printf("minidl %s batch %lld %dpx %s%s%s%s: %.1f images/s (%lld steps in %.2f s after %d warm-up steps in %.1f s; "
-              "%lld skipped by the %s scaler; host %.1f of %.1f ms a step; peak allocated %s, reserved %s%s)\n",
+              "%lld skipped by the %s; host %.1f of %.1f ms a step; peak allocated %s, reserved %s%s)\n",
               c.model.c_str(), static_cast<long long>(c.batch_size), static_cast<int>(c.resolved_image_size()),
               o.precision.c_str(), o.channels_last ? " channels-last" : "", graph ? " cuda-graphs" : "",
               o.conv_bn_chain ? " conv-bn-chain" : "", ips,
               static_cast<long long>(steps), secs,
-              o.warmup, warmup_s, static_cast<long long>(skipped), scaler.device_state() ? "device's" : "host's",
+              o.warmup, warmup_s, static_cast<long long>(skipped),
+              !scaler.is_enabled()     ? "scaler (none: no loss scaling)"
+              : scaler.device_state() ? "device's scaler"
+                                      : "host's scaler",
               1e3 * host_s / static_cast<double>(steps), 1e3 * secs / static_cast<double>(steps),
               format_bytes(static_cast<size_t>(ms.peak_allocated_bytes)).c_str(),
               format_bytes(static_cast<size_t>(ms.peak_reserved_bytes)).c_str(),
@@ -188,7 +192,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", c.device, "cuda, cuda:N or cpu")->capture_default_str();
   app.add_option("--precision", o.precision,
                  "amp (f16 autocast + gradient scaler; the f32 parts as PyTorch's defaults: TF32 convolutions), "
-                 "tf32 (f32 with TF32 GEMMs and convolutions) or fp32 (no TF32 anywhere)")
+                 "amp-bf16 (bf16 autocast, no scaler), tf32 (f32 with TF32 GEMMs and convolutions) or fp32 (no TF32 "
+                 "anywhere)")
       ->capture_default_str();
   app.add_flag("--channels-last", o.channels_last, "channels-last (NHWC) weights and batch, kept end to end");
   app.add_flag("--cuda-graphs", o.cuda_graphs,

@@ -60,11 +60,12 @@ StepConfig parse_config(const std::string& name) {
   std::getline(is, c.model, '-');
   while (std::getline(is, part, '-')) {
     if (part == "amp") c.amp = true;
+    else if (part == "bf16") c.amp = c.bf16 = true;
     else if (part == "fp32") c.amp = false;
     else if (part == "nhwc") c.nhwc = true;
     else if (part == "nchw") c.nhwc = false;
     else if (part == "chain") c.conv_bn_chain = true;
-    else throw UsageError("--configs: '" + name + "': '" + part + "' is not amp, fp32, nhwc, nchw or chain");
+    else throw UsageError("--configs: '" + name + "': '" + part + "' is not amp, bf16, fp32, nhwc, nchw or chain");
   }
   if (c.model != "resnet50" && c.model != "smallcnn")
     throw UsageError("--configs: '" + name + "': the model is resnet50 or smallcnn");
@@ -75,7 +76,7 @@ StepConfig parse_config(const std::string& name) {
 
 std::string title_of(const StepConfig& c, Size target) {
   return std::string(c.model == "resnet50" ? "ResNet-50" : "small CNN") + ", " + std::to_string(target.image) + "x" +
-         std::to_string(target.image) + ", batch " + std::to_string(target.batch) + ", " + (c.amp ? "AMP" : "FP32") +
+         std::to_string(target.image) + ", batch " + std::to_string(target.batch) + ", " + (!c.amp ? "FP32" : c.bf16 ? "AMP bf16" : "AMP") +
          ", " + (c.nhwc ? "channels-last (memory format, no transposes)" : "NCHW") +
          (c.conv_bn_chain ? ", batch norm carried by the convolutions (conv_bn_chain)" : "");
 }
@@ -346,7 +347,8 @@ struct Options {
 void add_flags(CLI::App& app, Options& o) {
   app.add_option("--configs", o.configs,
                  "comma-separated MODEL-PRECISION[-nhwc][-chain]: resnet50-amp, resnet50-fp32-nhwc, smallcnn-fp32, "
-                 "resnet50-amp-nhwc-chain (chain: the convolutions carry the batch norms, cuDNN's fused graphs), ...");
+                 "resnet50-bf16-nhwc (bf16 autocast, no gradient scaler), resnet50-amp-nhwc-chain (chain: the "
+                 "convolutions carry the batch norms, cuDNN's fused graphs), ...");
   app.add_option("--batch", o.batch, "target batch (default: resnet50 256, smallcnn 64)");
   app.add_option("--image", o.image, "target image side in pixels (default: resnet50 224, smallcnn 200)");
   app.add_option("--samples", o.samples,

@@ -17,6 +17,7 @@ train::TrainConfig step_config(const StepConfig& c, int64_t image) {
   t.model = c.model;
   t.image_size = image;
   t.amp = c.amp;
+  t.amp_dtype = c.bf16 ? "bf16" : "f16";
   t.channels_last = c.nhwc;   // weights KRSC: cuDNN on NHWC with no copies
   if (c.model == "resnet50") {
     t.lr = 0.001;
@@ -45,7 +46,7 @@ TrainStep::TrainStep(const StepConfig& c, int64_t image, Device device) : c_(c),
   model_.module->to(device_);
   model_.module->train();
   opt_ = train::make_optimizer(t, *model_.module, t.resolved_lr());
-  scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{.init_scale = 1.0, .enabled = c.amp});
+  scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{.init_scale = 1.0, .enabled = t.uses_grad_scaler()});
   train_step_ = std::make_unique<train::Step>(model_, *opt_, *scaler_);
   cuda::set_conv_nhwc(false);   // channels-last is the tensors' format, never the transposing mode
 }
@@ -56,7 +57,7 @@ void TrainStep::prepare(int64_t batch, int64_t image) {
   graph_.reset();   // its captured inputs are the previous shape's
   if (scaler_->device_state()) scaler_->to_host_state();
   // An eager step with the device's scaler (StepConfig::device_scaler); a graph moves it at capture.
-  if (c_.amp && c_.device_scaler && !c_.graph && device_.is_cuda()) scaler_->to_device_state(device_);
+  if (scaler_->is_enabled() && c_.device_scaler && !c_.graph && device_.is_cuda()) scaler_->to_device_state(device_);
   Generator gen(static_cast<uint64_t>(batch) * 1000 + static_cast<uint64_t>(image));
   x_ = randn({batch, 3, image, image}, {}, &gen).to(device_);
   if (c_.nhwc) x_ = to_channels_last(x_);   // as the loader writes it with --channels-last
@@ -66,7 +67,7 @@ void TrainStep::prepare(int64_t batch, int64_t image) {
 void TrainStep::ready() {
   if (!c_.graph || graph_) return;
   step();   // eager at this shape: algorithm choices, workspaces
-  if (c_.amp) scaler_->to_device_state(device_);
+  if (scaler_->is_enabled()) scaler_->to_device_state(device_);
   graph_ = backend(device_).capture_graph(device_.index, [this] { step(); });
 }
 
@@ -77,7 +78,7 @@ void TrainStep::run() {
 }
 
 bool TrainStep::last_stepped() const {
-  if (c_.graph && c_.amp && graph_) return scaler_->device_found_inf().item() == 0.0;
+  if (c_.graph && scaler_->is_enabled() && graph_) return scaler_->device_found_inf().item() == 0.0;
   return stepped_;
 }
 

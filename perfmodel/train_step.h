@@ -29,6 +29,7 @@ class UsageError : public Error {
 struct StepConfig {
   std::string model = "resnet50";   // resnet50 | smallcnn
   bool amp = false;
+  bool bf16 = false;                // with amp: bf16 autocast, no gradient scaler (f16 with one otherwise)
   bool nhwc = false;                // channels-last memory format: weights and batch (to_channels_last)
   // The step as a CUDA graph replays it (--mode graph): captured after one eager warm-up step at
   // each shape, with the gradient scaler's device state; run() is then one replay.

@@ -19,6 +19,7 @@ PASSED, FAILED, CUT, SKIPPED = 0, 1, 4, 5
 STOPPED = (124, 137)   # run_until's "stopped at the deadline" and "killed"
 
 DEFAULT_STEP_RUNS = ("minidl:amp:nhwc:graphs pytorch:amp:graphs pytorch:amp minidl:amp:nhwc "
+                     "minidl:amp-bf16:nhwc pytorch:amp-bf16 "
                      "minidl:amp:nhwc:chain:graphs minidl:amp:nhwc:chain minidl:amp minidl:tf32 pytorch:tf32")
 DEFAULT_SANITIZER_FILTER = "*-Parity.Conv2dAutotuneNhwcAndTf32:Parity.AutotuneWorkspaceStaysInsideTheBudget"
 DEFAULT_BENCH_FILTER = "^(D2DCopy|Add|MulScalarInPlace|Relu|Cast|SumAll|SumRows)/"
@@ -199,8 +200,8 @@ def step_header(ctx):
         return "Rehearsal: resnet18-small, 32 px, batch 4, on the CPU (not GPU numbers)."
     return (f"ResNet-50, 224 px, batch 128, SGD lr 0.001 momentum 0.9, one device-resident batch, "
             f"{ctx.step_seconds} s of steps after 15 warm-up steps; PyTorch {ctx.torch_line} at its best eager "
-            "settings (channels_last, cudnn.benchmark, fused SGD; amp: autocast f16 + GradScaler; tf32: TF32 in "
-            "cuBLAS and cuDNN).")
+            "settings (channels_last, cudnn.benchmark, fused SGD; amp: autocast f16 + GradScaler; amp-bf16: autocast "
+            "bf16, no scaler; tf32: TF32 in cuBLAS and cuDNN).")
 
 
 def step(ctx, budget):
