@@ -29,6 +29,7 @@
 #include "kernels/cuda/conv_stats_support.h"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/common.cuh"
+#include "kernels/cuda/device/fast_div.h"
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/workspace.h"
@@ -250,6 +251,22 @@ struct VecPlan {
   int v = 1;
   int64_t count = 0;   // accesses: numel / v
 };
+
+// The first channel of access i (V values of one row of c channels): (i * V) % c, with a
+// multiply-high instead of a 64-bit remainder (dozens of instructions on a GPU) when every access
+// index fits FastDiv's range, as it does below 2^31 accesses.
+struct ChannelOf {
+  FastDiv rows;       // divides by c / V
+  int64_t per_row = 1;
+  bool fast = false;
+  ChannelOf(int64_t c, int v, int64_t count)
+      : rows(std::max<int64_t>(1, c / v)), per_row(std::max<int64_t>(1, c / v)), fast(count < FastDiv::kLimit) {}
+  template <int V>
+  __device__ __forceinline__ int64_t first(int64_t i) const {
+    const int64_t q = fast ? static_cast<int64_t>(rows.div(static_cast<uint32_t>(i))) : i / per_row;
+    return (i - q * per_row) * V;
+  }
+};
 template <typename T>
 VecPlan vec_plan(int64_t n, int64_t c, std::initializer_list<const void*> ptrs) {
   constexpr int kV = vec_width<T>();
@@ -260,10 +277,10 @@ VecPlan vec_plan(int64_t n, int64_t c, std::initializer_list<const void*> ptrs) 
 
 // x[i] *= scale[c] in place, in f32 and rounded once to T.
 template <typename T, int V>
-__global__ void scale_channels_kernel(T* x, const float* __restrict__ scale, int64_t c, int64_t nv) {
+__global__ void scale_channels_kernel(T* x, const float* __restrict__ scale, ChannelOf ch, int64_t nv) {
   MINIDL_GRID_STRIDE(i, nv) {
     Vec<T, V> a = reinterpret_cast<Vec<T, V>*>(x)[i];
-    const int64_t base = (i * V) % c;
+    const int64_t base = ch.first<V>(i);
 #pragma unroll
     for (int k = 0; k < V; ++k) a.v[k] = cvt<T>(cvt<float>(a.v[k]) * scale[base + k]);
     reinterpret_cast<Vec<T, V>*>(x)[i] = a;
@@ -279,10 +296,10 @@ void scale_channels(DeviceContext& ctx, const Tensor& x, const Tensor& scale) {
     const VecPlan p = vec_plan<T>(n, c, {d});
     if (p.v > 1)
       MINIDL_LAUNCH("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, vec_width<T>()>), grid_for(p.count),
-                    kThreads, 0, ctx.stream(), d, s, c, p.count);
+                    kThreads, 0, ctx.stream(), d, s, ChannelOf(c, p.v, p.count), p.count);
     else
       MINIDL_LAUNCH("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, 1>), grid_for(n), kThreads, 0,
-                    ctx.stream(), d, s, c, n);
+                    ctx.stream(), d, s, ChannelOf(c, 1, n), n);
   };
   if (x.dtype() == DType::f16) launch(__half{});
   else if (x.dtype() == DType::bf16) launch(__nv_bfloat16{});
@@ -293,12 +310,12 @@ void scale_channels(DeviceContext& ctx, const Tensor& x, const Tensor& scale) {
 // is zero (y is read only with gsumsq).
 template <typename T, int V>
 __global__ void output_grad_kernel(const T* gy, const float* __restrict__ gsum, const float* __restrict__ gsumsq,
-                                   const T* y, T* g, int64_t c, int64_t nv) {
+                                   const T* y, T* g, ChannelOf ch, int64_t nv) {
   MINIDL_GRID_STRIDE(i, nv) {
     Vec<T, V> a{}, b{}, r;
     if (gy != nullptr) a = reinterpret_cast<const Vec<T, V>*>(gy)[i];
     if (gsumsq != nullptr) b = reinterpret_cast<const Vec<T, V>*>(y)[i];
-    const int64_t base = (i * V) % c;
+    const int64_t base = ch.first<V>(i);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       float v = gy != nullptr ? cvt<float>(a.v[k]) : 0.0f;
@@ -416,10 +433,10 @@ bool CudaBackend::conv2d_stats_output_grad(const Tensor& gy, const Tensor& gsum,
     if (p.v > 1)
       MINIDL_LAUNCH("conv2d_stats g = gy + gsum + 2 y gsumsq", (output_grad_kernel<T, vec_width<T>()>),
                     grid_for(p.count), kThreads, 0, context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y),
-                    data(g), c, p.count);
+                    data(g), ChannelOf(c, p.v, p.count), p.count);
     else
       MINIDL_LAUNCH("conv2d_stats g = gy + gsum + 2 y gsumsq", (output_grad_kernel<T, 1>), grid_for(n), kThreads, 0,
-                    context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y), data(g), c, n);
+                    context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y), data(g), ChannelOf(c, 1, n), n);
   };
   if (y.dtype() == DType::f16) launch(__half{});
   else if (y.dtype() == DType::bf16) launch(__nv_bfloat16{});
