@@ -15,7 +15,7 @@ void sum_over_ranks(distributed::ProcessGroup* group, std::initializer_list<doub
   for (double* v : values) *v = *d++;
 }
 
-EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group) {
+EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group, GraphedStep* graphed) {
   EvalResult r;
   double loss = 0.0, correct = 0.0, n = 0.0;
   if (src != nullptr && src->size() > 0) {
@@ -23,10 +23,17 @@ EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group
     m.module->eval();
     src->start_epoch(0);
     while (auto b = src->next()) {
-      const Tensor logits = m.forward(b->images);
       const int64_t bn = b->labels.size(0);
-      loss += m.loss(logits, b->labels).item() * static_cast<double>(bn);
-      correct += static_cast<double>(m.correct(logits, b->labels));
+      if (graphed != nullptr && graphed->eval_replayable(b->images, b->labels)) {
+        const GraphedStep::EvalOutput o = graphed->eval_step(b->images, b->labels);
+        loss += o.loss.item() * static_cast<double>(bn);
+        correct += static_cast<double>(static_cast<int64_t>(o.correct.item()));
+      } else {
+        const Tensor logits = m.forward(b->images);
+        loss += m.loss(logits, b->labels).item() * static_cast<double>(bn);
+        correct += static_cast<double>(m.correct(logits, b->labels));
+        if (graphed != nullptr) graphed->eval_warmed(b->images);
+      }
       n += static_cast<double>(bn);
     }
     m.module->train();

@@ -7,6 +7,7 @@
 
 #include "distributed/process_group.h"
 #include "train/data_source.h"
+#include "train/graphed_step.h"
 #include "train/model.h"
 
 namespace minidl::train {
@@ -22,7 +23,9 @@ void sum_over_ranks(distributed::ProcessGroup* group, std::initializer_list<doub
 
 // Loss and accuracy of m (in eval mode, no gradients) over src (null or empty: nothing from this
 // rank). With a group the sums (loss x images, correct predictions, images) are added over the
-// ranks, not the shards' accuracies averaged; every rank must then call it.
-EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group);
+// ranks, not the shards' accuracies averaged; every rank must then call it. With `graphed`
+// (--cuda-graphs) the batches it can replay (GraphedStep::eval_replayable) are replays of a
+// captured forward, the others eager, with the same results.
+EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group, GraphedStep* graphed = nullptr);
 
 }  // namespace minidl::train

@@ -1,6 +1,6 @@
 // The captured training step of graphed_step.h: what --cuda-graphs refuses, when a step is
-// captured again (a new batch shape, never a new rate), and the host's bookkeeping of steps that
-// only the device ran.
+// captured again (a new batch shape, never a new rate), the host's bookkeeping of steps that only
+// the device ran, and the captured evaluation forward.
 #include "train/graphed_step.h"
 
 #include <string>
@@ -41,13 +41,16 @@ GraphedStep::GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, opti
 void GraphedStep::drop_graphs() {
   // The outputs live in the graphs' pool: dropped first, so releasing the pool frees its segments.
   for (Captured& g : graphs_) g.loss = g.logits = Tensor();
+  eval_.loss = eval_.logits = eval_correct_ = Tensor();
   for (Captured& g : graphs_) g.graph.reset();
+  eval_.graph.reset();
 }
 
 void GraphedStep::release() {
   drop_graphs();
   x_ = y_ = Tensor();
   warm_.reset();
+  eval_warm_.reset();
   window_replayed_ = false;
 }
 
@@ -112,7 +115,8 @@ bool GraphedStep::eager_step(const Tensor& loss, const optim::MicroBatch& mb, co
 void GraphedStep::capture(Captured& g, const optim::MicroBatch& mb) {
   g.loss = g.logits = Tensor();   // the old graph's outputs, then the graph (its pool, unless shared)
   g.graph.reset();
-  const Backend::Graph* other = graphs_[mb.steps ? 0 : 1].graph.get();
+  // The pool of the other training graph, or of the evaluation graph (they never run together).
+  const Backend::Graph* other = graphs_[mb.steps ? 0 : 1].graph ? graphs_[mb.steps ? 0 : 1].graph.get() : eval_.graph.get();
   const optim::MicroBatch captured{.loss_weight = mb.loss_weight, .steps = mb.steps, .samples = x_.size(0)};
   g.graph = backend(device_).capture_graph(
       device_.index,
@@ -128,7 +132,7 @@ void GraphedStep::capture(Captured& g, const optim::MicroBatch& mb) {
   ++captures_;
 }
 
-GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb) {
+void GraphedStep::copy_in(const Tensor& images, const Tensor& labels) {
   // The fused losses read their target-range verdict on the host, except while capturing: a label
   // outside [0, 2) would otherwise index past the logits in every replay, unchecked.
   const Tensor host_labels = labels.to(Device::cpu()).contiguous();
@@ -137,18 +141,21 @@ GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels
   for (int64_t i = 0; i < host_labels.numel(); ++i)
     MINIDL_CHECK(l[i] == 0 || l[i] == 1, "--cuda-graphs: label ", l[i], " of sample ", i,
                  " is outside [0, 2) (the models here have two classes); the batch was not copied in");
-  Captured& g = graphs_[mb.steps ? 1 : 0];
-  bool recapture = !g.graph;
   if (!x_.defined() || layout(images) != layout(x_) || layout(labels) != layout(y_)) {
-    drop_graphs();         // both graphs read the old inputs
+    drop_graphs();         // every graph reads the old inputs
     x_ = images.clone();   // clone keeps the memory format (channels-last batches stay so)
     y_ = labels.clone();
-    recapture = true;
-  } else {
-    NoGradGuard no_grad;
-    x_.copy_(images);
-    y_.copy_(labels);
+    return;
   }
+  NoGradGuard no_grad;
+  x_.copy_(images);
+  y_.copy_(labels);
+}
+
+GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb) {
+  copy_in(images, labels);   // drops every graph when the layout changed
+  Captured& g = graphs_[mb.steps ? 1 : 0];
+  const bool recapture = !g.graph;
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
   if (recapture) capture(g, mb);   // runs the micro-batch's host code (and counts it) without its device work
@@ -163,6 +170,36 @@ GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels
   trainer_.settle_device_step(before, skipped);
   window_replayed_ = false;
   return {g.loss, g.logits, y_, !skipped};
+}
+
+bool GraphedStep::eval_replayable(const Tensor& images, const Tensor& labels) const {
+  if (!ready_ || !x_.defined() || !(graphs_[0].graph || graphs_[1].graph)) return false;
+  const Layout l = layout(images);
+  return l == eval_warm_ && l == layout(x_) && layout(labels) == layout(y_);
+}
+
+void GraphedStep::capture_eval() {
+  const Backend::Graph* training = graphs_[1].graph ? graphs_[1].graph.get() : graphs_[0].graph.get();
+  eval_.graph = backend(device_).capture_graph(
+      device_.index,
+      [&] {
+        eval_.logits = model_.forward(x_);
+        eval_.loss = model_.loss(eval_.logits, y_);
+        eval_correct_ = model_.correct_count(eval_.logits, y_);
+      },
+      training);
+  ++eval_captures_;
+}
+
+GraphedStep::EvalOutput GraphedStep::eval_step(const Tensor& images, const Tensor& labels) {
+  MINIDL_CHECK(eval_replayable(images, labels), "GraphedStep: an evaluation batch ", images.meta(),
+               " cannot replay (ask eval_replayable first)");
+  NoGradGuard no_grad;
+  copy_in(images, labels);   // the same layouts: nothing is dropped
+  if (!eval_.graph) capture_eval();
+  eval_.graph->replay();
+  ++eval_replays_;
+  return {eval_.loss, eval_correct_};
 }
 
 }  // namespace minidl::train

@@ -82,6 +82,20 @@ class GraphedStep {
   // the optimizer really stepped, the gradient scaler moves to its device state.
   bool eager_step(const Tensor& loss, const optim::MicroBatch& mb, const Tensor& images);
 
+  // Evaluation (evaluate.h). A batch of the training graphs' input layout replays a captured
+  // forward once an eager evaluation batch of that layout has run (eval_warmed: its host code ran in
+  // evaluation mode) and a training graph exists: the evaluation graph is captured into the training
+  // graphs' pool, since the two never run at the same time. It computes what the eager evaluation
+  // does, with the same kernels at the same shapes: the logits, the mean loss and the count of
+  // correct predictions. Any other batch (the last, partial one; another layout) runs eagerly. The
+  // caller puts the model in evaluation mode; the labels are checked on the host first, as step().
+  bool eval_replayable(const Tensor& images, const Tensor& labels) const;
+  struct EvalOutput {
+    Tensor loss, correct;   // 0-dim on the device: the f32 mean loss, the f64 count; valid until the next replay
+  };
+  EvalOutput eval_step(const Tensor& images, const Tensor& labels);
+  void eval_warmed(const Tensor& images) { eval_warm_ = layout(images); }
+
   // Drops the graphs, their pool and their captured inputs and outputs, and forgets the warm layout,
   // so that the next step runs eagerly before a capture (the maximum-batch trials: one graph per
   // trial, nothing left from the one before).
@@ -89,6 +103,8 @@ class GraphedStep {
 
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
+  int64_t eval_captures() const { return eval_captures_; }
+  int64_t eval_replays() const { return eval_replays_; }
 
  private:
   // A batch's shape, strides and dtype: what a graph's captured input must match.
@@ -104,7 +120,10 @@ class GraphedStep {
     Tensor loss, logits;
   };
   void capture(Captured& g, const optim::MicroBatch& mb);
+  void capture_eval();
   void drop_graphs();
+  // Copies a batch into the captured inputs x_, y_ (same layouts), after checking its labels on the host.
+  void copy_in(const Tensor& images, const Tensor& labels);
   // Whether the step that just ran was skipped by the scaler's device state (a host read).
   bool skipped_on_device() const;
 
@@ -119,9 +138,14 @@ class GraphedStep {
   bool window_replayed_ = false;   // the open window's micro-batches so far were replays
   std::optional<Layout> warm_;     // the layout of the last step whose host code ran
   Captured graphs_[2];        // [0]: a micro-batch that only adds its gradients; [1]: one that steps
-  Tensor x_, y_;              // captured inputs, shared by both graphs: each batch is copied into them
+  Tensor x_, y_;              // captured inputs, shared by every graph: each batch is copied into them
+  Captured eval_;             // the evaluation forward (its loss and logits) ...
+  Tensor eval_correct_;       // ... and its count of correct predictions
+  std::optional<Layout> eval_warm_;   // the layout of the last eager evaluation batch
   int64_t captures_ = 0;
   int64_t replays_ = 0;
+  int64_t eval_captures_ = 0;
+  int64_t eval_replays_ = 0;
 };
 
 }  // namespace minidl::train

@@ -29,7 +29,7 @@ Tensor Model::loss(const Tensor& logits_in, const Tensor& labels) const {
   return cross_entropy(logits, labels);
 }
 
-int64_t Model::correct(const Tensor& logits_in, const Tensor& labels) const {
+Tensor Model::correct_count(const Tensor& logits_in, const Tensor& labels) const {
   NoGradGuard guard;
   const Tensor logits = logits_in.dtype() == DType::f32 ? logits_in : logits_in.to(DType::f32);
   Tensor pred;
@@ -38,7 +38,11 @@ int64_t Model::correct(const Tensor& logits_in, const Tensor& labels) const {
   } else {
     pred = argmax(logits, 1);
   }
-  return static_cast<int64_t>(sum(eq(pred, labels.to(pred.device())).to(DType::f64)).item());
+  return sum(eq(pred, labels.to(pred.device())).to(DType::f64));
+}
+
+int64_t Model::correct(const Tensor& logits, const Tensor& labels) const {
+  return static_cast<int64_t>(correct_count(logits, labels).item());
 }
 
 Model make_model(const TrainConfig& c, uint64_t seed) {

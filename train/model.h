@@ -32,7 +32,9 @@ struct Model {
   Tensor forward(const Tensor& images);
   // Mean loss of logits against i64 labels [N].
   Tensor loss(const Tensor& logits, const Tensor& labels) const;
-  // Number of correct predictions.
+  // Number of correct predictions: on the device as a 0-dim f64 tensor (a replayed evaluation's
+  // output), or read on the host.
+  Tensor correct_count(const Tensor& logits, const Tensor& labels) const;
   int64_t correct(const Tensor& logits, const Tensor& labels) const;
   Shape input_shape(int64_t batch) const { return {batch, 3, image_size, image_size}; }
 };

@@ -253,7 +253,7 @@ void Run::evaluate_epoch(Epoch& e, bool complete) {
     return;
   }
   const auto t_eval = Clock::now();
-  const EvalResult v = evaluate(m_, data_.val.get(), group_);
+  const EvalResult v = evaluate(m_, data_.val.get(), group_, step_->graphed());
   eta_->evaluated(seconds_since(t_eval), data_.val ? data_.val->size() : 0);
   e.em.val_loss = v.loss;
   e.em.val_acc = v.acc;
@@ -268,14 +268,15 @@ void Run::evaluate_epoch(Epoch& e, bool complete) {
 
 // The test set, once, and --save-weights.
 void Run::finish() {
-  if (const GraphedStep* g = step_->graphed())
-    log("--cuda-graphs: " + std::to_string(g->replays()) + " micro-batches replayed from " +
-        std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, a new batch shape, "
-        "partial batches and windows)");
   r_.steps = opt_->step_count();
   r_.train_seconds = train_seconds_;
   const bool evaluates = r_.status == "ok" || r_.status == "interrupted";
-  const EvalResult t = evaluates ? evaluate(m_, data_.test.get(), group_) : EvalResult{};
+  const EvalResult t = evaluates ? evaluate(m_, data_.test.get(), group_, step_->graphed()) : EvalResult{};
+  if (const GraphedStep* g = step_->graphed())
+    log("--cuda-graphs: " + std::to_string(g->replays()) + " micro-batches replayed from " +
+        std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, a new batch shape, "
+        "partial batches and windows); " + std::to_string(g->eval_replays()) + " evaluation batches replayed from " +
+        std::to_string(g->eval_captures()) + " capture(s), the others eager (the first of a shape, partial batches)");
   settle_skips();
   r_.test_acc = t.acc;
   r_.test_loss = t.loss;

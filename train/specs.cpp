@@ -235,7 +235,8 @@ void DeviceSpec::add_flags(CLI::App& app) {
       "--cuda-graphs", [this](int64_t n) { cuda_graphs = n > 0; },
       "capture the training step into a CUDA graph after the warm-up and replay it for every full batch (any "
       "optimizer, schedule, --max-grad-norm and accumulation; the divergence check follows the update; "
-      "data-parallel ranks run eagerly and say so); off by default");
+      "data-parallel ranks run eagerly and say so), and the evaluation's forward for its full batches; off by "
+      "default");
   app.add_flag_function(
          "--no-cuda-graphs", [this](int64_t n) { cuda_graphs = n <= 0; }, "every step eagerly (the default)")
       ->excludes("--cuda-graphs");

@@ -54,6 +54,7 @@ class Step {
 
   optim::AccumulatingTrainer& trainer() { return *trainer_; }
   const GraphedStep* graphed() const { return graphed_.get(); }
+  GraphedStep* graphed() { return graphed_.get(); }
 
  private:
   Model& model_;

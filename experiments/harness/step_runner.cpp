@@ -120,7 +120,15 @@ void StepRunner::evaluate(int64_t batch) {
   model_.module->eval();
   const Tensor x = randn(model_.input_shape(batch), {DType::f32, device_, false});
   const Tensor labels = zeros({batch}, {DType::i64, device_, false});
-  const Tensor loss = model_.loss(model_.forward(x), labels);
+  {
+    const Tensor loss = model_.loss(model_.forward(x), labels);
+  }
+  // With graphs, the run's later evaluation batches replay a forward captured into the training
+  // graphs' pool (GraphedStep::eval_step): the trial captures and replays it too.
+  if (train::GraphedStep* g = step_->graphed()) {
+    g->eval_warmed(x);
+    if (g->eval_replayable(x, labels)) g->eval_step(x, labels);
+  }
 }
 
 Trial StepRunner::run(int64_t batch, int steps) {

@@ -9,11 +9,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/autograd.h"
 #include "core/ops.h"
 #include "train/graphed_step.h"
 #include "train/model.h"
@@ -135,6 +137,13 @@ void expect_same_training(const TrainConfig& c, int64_t steps, int replays, int 
   if (captures >= 0) {
     EXPECT_EQ(std::stoi(m[2]), captures);
   }
+  // Evaluation: one batch of validation images an epoch and one of test images, all full. The first
+  // runs eagerly (it warms the evaluation's host code), every later one replays the one captured
+  // forward: the later epochs' validation and the test, with the same losses (below).
+  ASSERT_TRUE(std::regex_search(graphed.graph_line, m, std::regex(R"((\d+) evaluation batches replayed from (\d+) capture)")))
+      << graphed.graph_line;
+  EXPECT_EQ(std::stoi(m[1]), c.epochs);
+  EXPECT_EQ(std::stoi(m[2]), 1);
   EXPECT_TRUE(eager.graph_line.empty());
   EXPECT_EQ(graphed.progress, eager.progress);
   ASSERT_EQ(graphed.epochs.size(), eager.epochs.size());
@@ -254,19 +263,34 @@ TEST(ExperimentsCudaGraphs, AGraphedRunStoppedInsideAnEpochResumesBitIdentically
 // The fused losses skip their host check of the targets while capturing; GraphedStep checks every
 // batch's labels on the host before it copies them in, so a bad label fails at once, before any
 // capture or replay, and the step waits for a real eager step before it is replayable at all.
+// The tiny config's model on the device with SGD (momentum 0.9), no scaler, and its GraphedStep.
+struct GraphedRig {
+  Device dev = Device::cuda(0);
+  TrainConfig c;
+  Model m;
+  std::unique_ptr<optim::Optimizer> opt;
+  optim::GradScaler scaler{{.enabled = false}};
+  std::unique_ptr<optim::AccumulatingTrainer> trainer;
+  std::unique_ptr<GraphedStep> graphed;
+  GraphedRig(uint64_t seed, double lr) : c(testing::tiny_config()) {
+    c.device = "cuda";
+    c.momentum = 0.9;
+    m = make_model(c, seed);
+    m.module->to(dev);
+    m.module->train();
+    opt = make_optimizer(c, *m.module, lr);
+    trainer = std::make_unique<optim::AccumulatingTrainer>(*opt);
+    graphed = std::make_unique<GraphedStep>(m, *trainer, *opt, scaler, dev);
+  }
+};
+
 TEST(ExperimentsCudaGraphs, LabelsAreCheckedOnTheHostBeforeAReplay) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  TrainConfig c = testing::tiny_config();
-  c.device = "cuda";
-  c.momentum = 0.9;
-  const Device dev = Device::cuda(0);
-  Model m = make_model(c, 3);
-  m.module->to(dev);
-  m.module->train();
-  auto opt = make_optimizer(c, *m.module, 0.01);
-  optim::GradScaler scaler({.enabled = false});
-  optim::AccumulatingTrainer trainer(*opt);
-  GraphedStep graphed(m, trainer, *opt, scaler, dev);
+  GraphedRig rig(3, 0.01);
+  const Device dev = rig.dev;
+  Model& m = rig.m;
+  auto& opt = rig.opt;
+  GraphedStep& graphed = *rig.graphed;
   const TensorOptions f32{DType::f32, dev, false};
   const Tensor x = randn(m.input_shape(4), f32);
   const Tensor good = full({4}, 1.0, f32).to(DType::i64);
@@ -292,6 +316,53 @@ TEST(ExperimentsCudaGraphs, LabelsAreCheckedOnTheHostBeforeAReplay) {
   EXPECT_EQ(graphed.captures(), 1);
   EXPECT_EQ(opt->step_count(), 2);
   EXPECT_TRUE(std::isfinite(out.loss.item()));
+}
+
+// An evaluation batch replays only once the training graph exists (its pool) and an eager
+// evaluation batch of its layout has run; it then gives the eager forward's loss and count to the
+// bit, at the weights the training replays left, and a partial batch never replays.
+TEST(ExperimentsCudaGraphs, EvaluationBatchesReplayACapturedForwardWithTheEagerResults) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  GraphedRig rig(5, 0.05);
+  const Device dev = rig.dev;
+  Model& m = rig.m;
+  GraphedStep& graphed = *rig.graphed;
+  const TensorOptions f32{DType::f32, dev, false};
+  const Tensor x = randn(m.input_shape(4), f32), y = from_vector({0, 1, 1, 0}, {4}, {.dtype = DType::i64}).to(dev);
+  const Tensor xv = randn(m.input_shape(4), f32), yv = from_vector({1, 1, 0, 0}, {4}, {.dtype = DType::i64}).to(dev);
+  const optim::MicroBatch mb{.loss_weight = 1.0, .steps = true, .samples = 4};
+  ASSERT_TRUE(graphed.eager_step(m.loss(m.forward(x), y), mb, x));
+  const auto eager_eval = [&] {
+    NoGradGuard no_grad;
+    m.module->eval();
+    const Tensor logits = m.forward(xv);
+    const std::pair<double, int64_t> r{m.loss(logits, yv).item(), m.correct(logits, yv)};
+    m.module->train();
+    return r;
+  };
+  const auto replayed_eval = [&] {
+    m.module->eval();
+    const GraphedStep::EvalOutput o = graphed.eval_step(xv, yv);
+    m.module->train();
+    return std::pair<double, int64_t>{o.loss.item(), static_cast<int64_t>(o.correct.item())};
+  };
+  graphed.eval_warmed(xv);
+  EXPECT_FALSE(graphed.eval_replayable(xv, yv)) << "no training graph (no pool) yet";
+  for (int i = 0; i < 3; ++i) graphed.step(x, y);   // captured once, replayed three times
+  EXPECT_TRUE(graphed.eval_replayable(xv, yv));
+  EXPECT_FALSE(graphed.eval_replayable(xv.slice(0, 0, 2), yv.slice(0, 0, 2))) << "a partial batch runs eagerly";
+  const auto want = eager_eval();
+  EXPECT_EQ(replayed_eval(), want);
+  EXPECT_EQ(graphed.eval_captures(), 1);
+  graphed.step(x, y);   // the weights move: the next replay evaluates them, as an eager pass does
+  const auto after = eager_eval();
+  EXPECT_NE(after.first, want.first);
+  EXPECT_EQ(replayed_eval(), after);
+  EXPECT_EQ(graphed.eval_captures(), 1);
+  EXPECT_EQ(graphed.eval_replays(), 2);
+  EXPECT_EQ(graphed.captures(), 1) << "the evaluation graph shares the pool and leaves the training graph";
+  graphed.release();
+  EXPECT_FALSE(graphed.eval_replayable(xv, yv));
 }
 
 }  // namespace
