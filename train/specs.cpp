@@ -190,7 +190,7 @@ void MemorySpec::add_flags(CLI::App& app) {
            amp_dtype = f16 || !amp ? "f16" : low;   // anything else is validate()'s to refuse
          },
          "mixed precision: f16 autocast + gradient scaler (--amp or --amp f16), or bf16 autocast without a scaler "
-         "(--amp bf16, the CPU for now); off by default")
+         "(--amp bf16); off by default")
       ->expected(0, 1);
   app.add_option("--amp-init-scale", amp_init_scale, "with --amp (f16): the gradient scaler's initial loss scale");
   app.add_option("--amp-growth-interval", amp_growth_interval,
