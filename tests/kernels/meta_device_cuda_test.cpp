@@ -39,11 +39,13 @@ std::shared_ptr<nn::Sequential> net(Generator& gen) {
       std::make_shared<Flatten>(), std::make_shared<Linear>(32 * 4 * 4, 10, true, &gen)});
 }
 
-// Two training steps (SGD with momentum; AMP with a gradient scaler), peaks above the start, of
+// Two training steps (SGD with momentum; AMP: f16 autocast with a gradient scaler, or bf16 autocast
+// without one, `amp_dtype`), peaks above the start, of
 // the small net, or of a ResNet-18 for 32 px images (its residual joins: the convolution's data
 // gradient added into the shortcut's, conv2d_backward_input_add), NCHW or channels-last, with its
 // convolutions carrying the batch norms (`chain`: cuDNN's fused graphs, core/conv_bn.h) or not.
-Peaks train(Device d, bool amp, bool resnet = false, bool channels_last = false, bool chain = false) {
+Peaks train(Device d, bool amp, bool resnet = false, bool channels_last = false, bool chain = false,
+            DType amp_dtype = DType::f16) {
   Generator gen(7);
   std::shared_ptr<nn::Module> model;
   if (resnet) {
@@ -59,7 +61,7 @@ Peaks train(Device d, bool amp, bool resnet = false, bool channels_last = false,
   so.lr = 0.01;
   so.momentum = 0.9;
   optim::SGD opt(model->parameters(), so);
-  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1.0, .enabled = amp});
+  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1.0, .enabled = amp && amp_dtype == DType::f16});
   // cuBLAS's workspace is drawn once per device, at the first GEMM: draw it on both first.
   (void)matmul(ones({2, 2}, {DType::f32, d}), ones({2, 2}, {DType::f32, d}));
   empty_cache(d);
@@ -71,7 +73,7 @@ Peaks train(Device d, bool amp, bool resnet = false, bool channels_last = false,
     const Tensor y = zeros({x.size(0)}, {DType::i64, d});
     Tensor loss;
     {
-      AutocastGuard autocast(DType::f16, amp);
+      AutocastGuard autocast(amp_dtype, amp);
       loss = cross_entropy((*model)(x), y);
     }
     scaler.scale(loss).backward();
@@ -85,10 +87,12 @@ Peaks train(Device d, bool amp, bool resnet = false, bool channels_last = false,
 
 TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStep) {
   if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one) for cuDNN's answers";
-  for (bool amp : {false, true}) {
-    SCOPED_TRACE(amp ? "AMP" : "FP32");
-    const Peaks dry = train(Device::meta(DeviceType::CUDA), amp);
-    const Peaks real = train(Device::cuda(0), amp);
+  for (const DType mode : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(mode == DType::f32 ? "FP32" : mode == DType::f16 ? "AMP f16" : "AMP bf16");
+    const bool amp = mode != DType::f32;
+    const DType low = amp ? mode : DType::f16;   // the guard's dtype, unused when it is off
+    const Peaks dry = train(Device::meta(DeviceType::CUDA), amp, false, false, false, low);
+    const Peaks real = train(Device::cuda(0), amp, false, false, false, low);
     EXPECT_GT(real.allocated, 0);
     EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
     EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
