@@ -3,6 +3,7 @@
 // the device ran, and the captured evaluation forward.
 #include "train/graphed_step.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/allocator.h"
@@ -38,20 +39,81 @@ GraphedStep::GraphedStep(Model& model, optim::AccumulatingTrainer& trainer, opti
                device.str());
 }
 
-void GraphedStep::drop_graphs() {
+void GraphedStep::drop(Shaped& s) {
   // The outputs live in the graphs' pool: dropped first, so releasing the pool frees its segments.
-  for (Captured& g : graphs_) g.loss = g.logits = Tensor();
-  eval_.loss = eval_.logits = eval_correct_ = Tensor();
-  for (Captured& g : graphs_) g.graph.reset();
-  eval_.graph.reset();
+  for (Captured& g : s.graphs) g.loss = g.logits = Tensor();
+  s.eval.loss = s.eval.logits = s.eval_correct = Tensor();
+  for (Captured& g : s.graphs) g.graph.reset();
+  s.eval.graph.reset();
+}
+
+void GraphedStep::drop_graphs() {
+  for (Shaped& s : shapes_) drop(s);
+  shapes_.clear();   // and the captured inputs
 }
 
 void GraphedStep::release() {
   drop_graphs();
-  x_ = y_ = Tensor();
   warm_.reset();
   eval_warm_.reset();
   window_replayed_ = false;
+}
+
+GraphedStep::Shaped* GraphedStep::find(const Layout& images, const Layout& labels) {
+  for (Shaped& s : shapes_)
+    if (s.images == images && s.labels == labels) return &s;
+  return nullptr;
+}
+
+const GraphedStep::Shaped* GraphedStep::find(const Layout& images) const {
+  for (const Shaped& s : shapes_)
+    if (s.images == images) return &s;
+  return nullptr;
+}
+
+const Backend::Graph* GraphedStep::any_graph() const {
+  for (const Shaped& s : shapes_) {
+    for (const Captured& g : s.graphs)
+      if (g.graph) return g.graph.get();
+    if (s.eval.graph) return s.eval.graph.get();
+  }
+  return nullptr;
+}
+
+void GraphedStep::check_labels(const Tensor& labels) {
+  // The fused losses read their target-range verdict on the host, except while capturing: a label
+  // outside [0, 2) would otherwise index past the logits in every replay, unchecked.
+  const Tensor host_labels = labels.to(Device::cpu()).contiguous();
+  MINIDL_CHECK(host_labels.dtype() == DType::i64, "--cuda-graphs: labels must be i64, got ", host_labels.meta());
+  const int64_t* l = host_labels.data<int64_t>();
+  for (int64_t i = 0; i < host_labels.numel(); ++i)
+    MINIDL_CHECK(l[i] == 0 || l[i] == 1, "--cuda-graphs: label ", l[i], " of sample ", i,
+                 " is outside [0, 2) (the models here have two classes); the batch was not copied in");
+}
+
+GraphedStep::Shaped& GraphedStep::shape_for(const Tensor& images, const Tensor& labels) {
+  check_labels(labels);
+  ++uses_;
+  if (Shaped* s = find(layout(images), layout(labels))) {
+    NoGradGuard no_grad;
+    s->x.copy_(images);
+    s->y.copy_(labels);
+    s->used = uses_;
+    return *s;
+  }
+  if (shapes_.size() >= kMaxShapes) {   // the least recently used layout goes, graphs and inputs
+    auto lru = std::min_element(shapes_.begin(), shapes_.end(),
+                                [](const Shaped& a, const Shaped& b) { return a.used < b.used; });
+    drop(*lru);
+    shapes_.erase(lru);
+  }
+  Shaped& s = shapes_.emplace_back();
+  s.images = layout(images);
+  s.labels = layout(labels);
+  s.x = images.clone();   // clone keeps the memory format (channels-last batches stay so)
+  s.y = labels.clone();
+  s.used = uses_;
+  return s;
 }
 
 GraphedStep::~GraphedStep() { drop_graphs(); }
@@ -73,11 +135,13 @@ void GraphedStep::set_accumulation(int64_t k) {
 }
 
 bool GraphedStep::replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const {
-  if (!ready_ || !grads_kept_ || images.size(0) != micro) return false;
+  if (!ready_ || !grads_kept_) return false;
+  if (accumulation_ > 1 && images.size(0) != micro) return false;   // a replayed window's micro-batches are full
   if (mb.loss_weight != 1.0 / static_cast<double>(accumulation_) || (accumulation_ == 1 && !mb.steps)) return false;
   if (trainer_.window_open() && !window_replayed_) return false;   // a window begun eagerly ends eagerly
   const Layout l = layout(images);
-  if (graphs_[mb.steps ? 1 : 0].graph && l == layout(x_)) return true;   // a replay of the graph as it is
+  const Shaped* s = find(l);
+  if (s != nullptr && s->graphs[mb.steps ? 1 : 0].graph) return true;   // a replay of the layout's graph
   // A capture runs the step's host code: only at the layout whose host code ran last, so that
   // cuDNN's algorithm choice, workspaces and --checkpoint optimal's profile of the shape exist.
   return l == warm_;
@@ -112,82 +176,59 @@ bool GraphedStep::eager_step(const Tensor& loss, const optim::MicroBatch& mb, co
   return !skipped;
 }
 
-void GraphedStep::capture(Captured& g, const optim::MicroBatch& mb) {
+void GraphedStep::capture(Shaped& s, Captured& g, const optim::MicroBatch& mb) {
   g.loss = g.logits = Tensor();   // the old graph's outputs, then the graph (its pool, unless shared)
   g.graph.reset();
-  // The pool of the other training graph, or of the evaluation graph (they never run together).
-  const Backend::Graph* other = graphs_[mb.steps ? 0 : 1].graph ? graphs_[mb.steps ? 0 : 1].graph.get() : eval_.graph.get();
-  const optim::MicroBatch captured{.loss_weight = mb.loss_weight, .steps = mb.steps, .samples = x_.size(0)};
+  const optim::MicroBatch captured{.loss_weight = mb.loss_weight, .steps = mb.steps, .samples = s.x.size(0)};
   g.graph = backend(device_).capture_graph(
       device_.index,
       [&] {
-        g.logits = model_.forward(x_);
-        g.loss = model_.loss(g.logits, y_);
+        g.logits = model_.forward(s.x);
+        g.loss = model_.loss(g.logits, s.y);
         trainer_.micro_batch(g.loss, captured);
       },
-      other);
+      any_graph());
   g.loss = g.loss.detach();
   g.logits = g.logits.detach();
-  warm_ = layout(x_);
+  warm_ = s.images;
   ++captures_;
 }
 
-void GraphedStep::copy_in(const Tensor& images, const Tensor& labels) {
-  // The fused losses read their target-range verdict on the host, except while capturing: a label
-  // outside [0, 2) would otherwise index past the logits in every replay, unchecked.
-  const Tensor host_labels = labels.to(Device::cpu()).contiguous();
-  MINIDL_CHECK(host_labels.dtype() == DType::i64, "--cuda-graphs: labels must be i64, got ", host_labels.meta());
-  const int64_t* l = host_labels.data<int64_t>();
-  for (int64_t i = 0; i < host_labels.numel(); ++i)
-    MINIDL_CHECK(l[i] == 0 || l[i] == 1, "--cuda-graphs: label ", l[i], " of sample ", i,
-                 " is outside [0, 2) (the models here have two classes); the batch was not copied in");
-  if (!x_.defined() || layout(images) != layout(x_) || layout(labels) != layout(y_)) {
-    drop_graphs();         // every graph reads the old inputs
-    x_ = images.clone();   // clone keeps the memory format (channels-last batches stay so)
-    y_ = labels.clone();
-    return;
-  }
-  NoGradGuard no_grad;
-  x_.copy_(images);
-  y_.copy_(labels);
-}
-
 GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb) {
-  copy_in(images, labels);   // drops every graph when the layout changed
-  Captured& g = graphs_[mb.steps ? 1 : 0];
-  const bool recapture = !g.graph;
+  Shaped& s = shape_for(images, labels);
+  Captured& g = s.graphs[mb.steps ? 1 : 0];
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
-  if (recapture) capture(g, mb);   // runs the micro-batch's host code (and counts it) without its device work
+  if (!g.graph) capture(s, g, mb);   // runs the micro-batch's host code (and counts it) without its device work
   g.graph->replay();
   ++replays_;
   if (!mb.steps) {   // its gradients are added; the window stays open
     trainer_.settle_device_micro_batch();
     window_replayed_ = true;
-    return {g.loss, g.logits, y_, false};
+    return {g.loss, g.logits, s.y, false};
   }
   const bool skipped = skipped_on_device();
   trainer_.settle_device_step(before, skipped);
   window_replayed_ = false;
-  return {g.loss, g.logits, y_, !skipped};
+  return {g.loss, g.logits, s.y, !skipped};
 }
 
 bool GraphedStep::eval_replayable(const Tensor& images, const Tensor& labels) const {
-  if (!ready_ || !x_.defined() || !(graphs_[0].graph || graphs_[1].graph)) return false;
+  if (!ready_) return false;
   const Layout l = layout(images);
-  return l == eval_warm_ && l == layout(x_) && layout(labels) == layout(y_);
+  const Shaped* s = find(l);
+  return s != nullptr && s->labels == layout(labels) && s->has_training_graph() && l == eval_warm_;
 }
 
-void GraphedStep::capture_eval() {
-  const Backend::Graph* training = graphs_[1].graph ? graphs_[1].graph.get() : graphs_[0].graph.get();
-  eval_.graph = backend(device_).capture_graph(
+void GraphedStep::capture_eval(Shaped& s) {
+  s.eval.graph = backend(device_).capture_graph(
       device_.index,
       [&] {
-        eval_.logits = model_.forward(x_);
-        eval_.loss = model_.loss(eval_.logits, y_);
-        eval_correct_ = model_.correct_count(eval_.logits, y_);
+        s.eval.logits = model_.forward(s.x);
+        s.eval.loss = model_.loss(s.eval.logits, s.y);
+        s.eval_correct = model_.correct_count(s.eval.logits, s.y);
       },
-      training);
+      any_graph());
   ++eval_captures_;
 }
 
@@ -195,11 +236,11 @@ GraphedStep::EvalOutput GraphedStep::eval_step(const Tensor& images, const Tenso
   MINIDL_CHECK(eval_replayable(images, labels), "GraphedStep: an evaluation batch ", images.meta(),
                " cannot replay (ask eval_replayable first)");
   NoGradGuard no_grad;
-  copy_in(images, labels);   // the same layouts: nothing is dropped
-  if (!eval_.graph) capture_eval();
-  eval_.graph->replay();
+  Shaped& s = shape_for(images, labels);   // the layout's entry: its inputs take the batch
+  if (!s.eval.graph) capture_eval(s);
+  s.eval.graph->replay();
   ++eval_replays_;
-  return {eval_.loss, eval_correct_};
+  return {s.eval.loss, s.eval_correct};
 }
 
 }  // namespace minidl::train

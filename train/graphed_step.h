@@ -34,6 +34,12 @@ void check_cuda_graphs(const TrainConfig& c);
 // step counts) and the gradient scaler to their device states, so a replay needs no host value and
 // one graph serves every rate.
 //
+// Graphs are kept per batch layout, all in one memory pool (none replays while another does): the
+// full batch's and the epoch's partial batch's, which recurs at the same shape every epoch. A
+// partial batch runs eagerly the first time (that warms it), is captured the next time it comes
+// right after its own eager run, and replays from then on. With accumulation (k > 1) every
+// micro-batch of a replayed window is a full one.
+//
 // Accumulation over k micro-batches (set_accumulation) captures two graphs of one micro-batch at
 // weight 1/k, one that only adds its gradients and one that closes the window with the update,
 // sharing one memory pool (they never replay at the same time). The gradients then keep their
@@ -53,11 +59,11 @@ class GraphedStep {
   // graphs; k > 1 keeps the gradients' memory (above) and waits for an eager window to make them.
   void set_accumulation(int64_t k);
 
-  // Whether this micro-batch can be a replay: after the warm-up, a full batch of `micro` samples at
-  // weight 1/k (the epoch's last partial batch and a trailing window run eagerly) in a window that
-  // has replayed so far, and either the graph's layout, or (a capture inside step()) the layout of
-  // the last micro-batch whose host code ran, eager or captured. Otherwise the micro-batch runs
-  // eagerly and warms its layout.
+  // Whether this micro-batch can be a replay: after the warm-up, a micro-batch at weight 1/k (a
+  // trailing window of other weights runs eagerly; with k > 1 a full one of `micro` samples) in a
+  // window that has replayed so far, and either a layout with a graph for it, or (a capture inside
+  // step()) the layout of the last micro-batch whose host code ran, eager or captured. Otherwise the
+  // micro-batch runs eagerly and warms its layout.
   bool replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const;
 
   // What a replay wrote: the loss (0-dim f32), the logits and the labels it used, all on the device,
@@ -68,8 +74,8 @@ class GraphedStep {
     bool stepped = true;
   };
   // Checks the labels on the host (the fused losses skip their own host check during a capture),
-  // copies the batch into the captured inputs, writes the current learning rates to the device,
-  // captures again when the shape changed, replays, and counts the micro-batch in the trainer and
+  // copies the batch into its layout's captured inputs, writes the current learning rates to the
+  // device, captures when the layout has no graph yet, replays, and counts the micro-batch in the trainer and
   // the optimizer as the eager loop would (a step the scaler skipped on the device is not one: its
   // flag is read after the replay).
   Output step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb);
@@ -82,13 +88,13 @@ class GraphedStep {
   // the optimizer really stepped, the gradient scaler moves to its device state.
   bool eager_step(const Tensor& loss, const optim::MicroBatch& mb, const Tensor& images);
 
-  // Evaluation (evaluate.h). A batch of the training graphs' input layout replays a captured
-  // forward once an eager evaluation batch of that layout has run (eval_warmed: its host code ran in
-  // evaluation mode) and a training graph exists: the evaluation graph is captured into the training
-  // graphs' pool, since the two never run at the same time. It computes what the eager evaluation
-  // does, with the same kernels at the same shapes: the logits, the mean loss and the count of
-  // correct predictions. Any other batch (the last, partial one; another layout) runs eagerly. The
-  // caller puts the model in evaluation mode; the labels are checked on the host first, as step().
+  // Evaluation (evaluate.h). A batch of a layout with a training graph replays a captured forward
+  // once an eager evaluation batch of that layout has run (eval_warmed: its host code ran in
+  // evaluation mode): the evaluation graph is captured into the training graphs' pool, since the
+  // two never run at the same time. It computes what the eager evaluation does, with the same
+  // kernels at the same shapes: the logits, the mean loss and the count of correct predictions.
+  // Any other batch runs eagerly. The caller puts the model in evaluation mode; the labels are
+  // checked on the host first, as step().
   bool eval_replayable(const Tensor& images, const Tensor& labels) const;
   struct EvalOutput {
     Tensor loss, correct;   // 0-dim on the device: the f32 mean loss, the f64 count; valid until the next replay
@@ -104,6 +110,8 @@ class GraphedStep {
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   int64_t eval_captures() const { return eval_captures_; }
+  // The reserved bytes of the pool every graph shares (0 before the first capture).
+  size_t pool_bytes() const { return any_graph() != nullptr ? any_graph()->pool_bytes() : 0; }
   int64_t eval_replays() const { return eval_replays_; }
 
  private:
@@ -119,11 +127,33 @@ class GraphedStep {
     std::unique_ptr<Backend::Graph> graph;
     Tensor loss, logits;
   };
-  void capture(Captured& g, const optim::MicroBatch& mb);
-  void capture_eval();
+  // The graphs of one batch layout: its captured inputs (a clone of the first batch of the layout;
+  // each batch is copied into them), [0] a micro-batch that only adds its gradients, [1] one that
+  // steps, and the evaluation forward with its count of correct predictions.
+  struct Shaped {
+    Layout images, labels;
+    Tensor x, y;
+    Captured graphs[2];
+    Captured eval;
+    Tensor eval_correct;
+    int64_t used = 0;   // the step counter at its last use (the least recent goes first)
+    bool has_training_graph() const { return graphs[0].graph || graphs[1].graph; }
+  };
+  // At most this many layouts keep graphs: the full batch and the epoch's partial one (a batch
+  // schedule's next phase replaces the least recently used).
+  static constexpr size_t kMaxShapes = 2;
+  Shaped* find(const Layout& images, const Layout& labels);
+  const Shaped* find(const Layout& images) const;
+  // The layout's entry, made (its inputs cloned) when new; copies the batch into its inputs when not.
+  Shaped& shape_for(const Tensor& images, const Tensor& labels);
+  // Any graph, whose pool a new capture shares (every graph shares one pool: none runs while another does).
+  const Backend::Graph* any_graph() const;
+  void capture(Shaped& s, Captured& g, const optim::MicroBatch& mb);
+  void capture_eval(Shaped& s);
+  static void drop(Shaped& s);
   void drop_graphs();
-  // Copies a batch into the captured inputs x_, y_ (same layouts), after checking its labels on the host.
-  void copy_in(const Tensor& images, const Tensor& labels);
+  // Checks a batch's labels on the host: i64, each 0 or 1.
+  static void check_labels(const Tensor& labels);
   // Whether the step that just ran was skipped by the scaler's device state (a host read).
   bool skipped_on_device() const;
 
@@ -137,11 +167,9 @@ class GraphedStep {
   bool grads_kept_ = true;    // with accumulation: an eager window has made the gradients that are kept
   bool window_replayed_ = false;   // the open window's micro-batches so far were replays
   std::optional<Layout> warm_;     // the layout of the last step whose host code ran
-  Captured graphs_[2];        // [0]: a micro-batch that only adds its gradients; [1]: one that steps
-  Tensor x_, y_;              // captured inputs, shared by every graph: each batch is copied into them
-  Captured eval_;             // the evaluation forward (its loss and logits) ...
-  Tensor eval_correct_;       // ... and its count of correct predictions
   std::optional<Layout> eval_warm_;   // the layout of the last eager evaluation batch
+  std::vector<Shaped> shapes_;
+  int64_t uses_ = 0;
   int64_t captures_ = 0;
   int64_t replays_ = 0;
   int64_t eval_captures_ = 0;

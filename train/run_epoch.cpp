@@ -274,8 +274,8 @@ void Run::finish() {
   const EvalResult t = evaluates ? evaluate(m_, data_.test.get(), group_, step_->graphed()) : EvalResult{};
   if (const GraphedStep* g = step_->graphed())
     log("--cuda-graphs: " + std::to_string(g->replays()) + " micro-batches replayed from " +
-        std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, a new batch shape, "
-        "partial batches and windows); " + std::to_string(g->eval_replays()) + " evaluation batches replayed from " +
+        std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, the first of a batch "
+        "shape, trailing windows); " + std::to_string(g->eval_replays()) + " evaluation batches replayed from " +
         std::to_string(g->eval_captures()) + " capture(s), the others eager (the first of a shape, partial batches)");
   settle_skips();
   r_.test_acc = t.acc;

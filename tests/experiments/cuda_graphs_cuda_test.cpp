@@ -163,19 +163,20 @@ void expect_same_training(const TrainConfig& c, int64_t steps, int replays, int 
 }
 
 // 10 steps, 5 an epoch: step 1 eager (the warm-up), 2 captured and replayed, 3 and 4 replayed (4 at
-// a new rate: written to the device, no new capture), 5 the partial batch (eager); 6 to 9
-// replayed, 10 partial (eager): 7 replays of 1 capture.
+// a new rate: written to the device, no new capture), 5 the partial batch (eager: it warms its
+// shape); 6 to 9 replayed, 10 the partial batch again, captured (its shape's host code ran last, at
+// step 5) and replayed: 8 replays of 2 captures, one per batch shape.
 TEST(ExperimentsCudaGraphs, Fp32TrainingWithReplaysIsBitIdenticalToEager) {
-  expect_same_training(sgd_config(false), 10, 7, 1);
+  expect_same_training(sgd_config(false), 10, 8, 2);
 }
 
-TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(sgd_config(true), 10, 7, 1); }
+TEST(ExperimentsCudaGraphs, AmpTrainingWithReplaysIsBitIdenticalToEager) { expect_same_training(sgd_config(true), 10, 8, 2); }
 
 // bf16 autocast replays without a scaler: nothing to unscale, no step to skip.
 TEST(ExperimentsCudaGraphs, Bf16AmpTrainingWithReplaysIsBitIdenticalToEager) {
   TrainConfig c = sgd_config(true);
   c.amp_dtype = "bf16";
-  expect_same_training(c, 10, 7, 1);
+  expect_same_training(c, 10, 8, 2);
 }
 
 // A loss scale of 2^18 overflows twice: the first step (the scaler's host state, during the
@@ -183,17 +184,18 @@ TEST(ExperimentsCudaGraphs, Bf16AmpTrainingWithReplaysIsBitIdenticalToEager) {
 // in the eager loop, or the schedule, the progress lines and the run's step count would shift.
 TEST(ExperimentsCudaGraphs, AmpStepsTheDeviceSkipsAreNotCounted) { expect_same_training(sgd_config(true, 262144.0), 8, -1, -1); }
 
-// Adam, warmup + cosine (every step a new rate) and clipping, 3 epochs of 5 steps: 1 capture serves
-// every rate, 11 replays (the first step and each epoch's partial batch run eagerly).
-TEST(ExperimentsCudaGraphs, AdamWithWarmupCosineAndClippingReplaysOneCapture) {
-  expect_same_training(adam_config(false), 15, 11, 1);
+// Adam, warmup + cosine (every step a new rate) and clipping, 3 epochs of 5 steps: one capture a
+// batch shape serves every rate, 13 replays (the first step and the first epoch's partial batch
+// run eagerly).
+TEST(ExperimentsCudaGraphs, AdamWithWarmupCosineAndClippingReplaysOneCaptureAShape) {
+  expect_same_training(adam_config(false), 15, 13, 2);
 }
 
 // The same with AMP from a loss scale of 2^18: an overflow inside a replay is skipped on the
 // device, where Adam's step counts then stay as they were (the saved per-parameter counts and the
 // bias corrections of every later step match the eager run's).
 TEST(ExperimentsCudaGraphs, AmpAdamStepsTheDeviceSkipsLeaveItsStepCounts) {
-  expect_same_training(adam_config(true, 262144.0), 13, -1, 1);
+  expect_same_training(adam_config(true, 262144.0), 13, -1, 2);
 }
 
 TEST(ExperimentsCudaGraphs, AdamWAndNesterovSgdReplayBitIdentically) {
@@ -201,12 +203,12 @@ TEST(ExperimentsCudaGraphs, AdamWAndNesterovSgdReplayBitIdentically) {
   adamw.optimizer = "adamw";
   adamw.weight_decay = 1e-2;
   adamw.epochs = 2;
-  expect_same_training(adamw, 10, 7, 1);
+  expect_same_training(adamw, 10, 8, 2);
   TrainConfig nesterov = sgd_config(false);
   nesterov.nesterov = true;
   nesterov.max_grad_norm = 0.5;
   nesterov.warmup_steps = 4;
-  expect_same_training(nesterov, 10, 7, 1);
+  expect_same_training(nesterov, 10, 8, 2);
 }
 
 // Accumulation over 2 micro-batches of 4: an epoch of 18 images is two windows of [4, 4] and a
@@ -363,6 +365,39 @@ TEST(ExperimentsCudaGraphs, EvaluationBatchesReplayACapturedForwardWithTheEagerR
   EXPECT_EQ(graphed.captures(), 1) << "the evaluation graph shares the pool and leaves the training graph";
   graphed.release();
   EXPECT_FALSE(graphed.eval_replayable(xv, yv));
+}
+
+// The epoch's partial batch gets a graph of its own in the pool the full batch's graph made: eager
+// the first time (it warms its shape), then captured and replayed, with the pool no larger (its
+// peak is the smaller one) and the full batch's graph still replaying; the loss of a partial replay
+// is the eager partial step's on a twin.
+TEST(ExperimentsCudaGraphs, APartialBatchGetsItsOwnGraphInTheFullBatchsPool) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  GraphedRig rig(9, 0.05), twin(9, 0.05);
+  const TensorOptions f32{DType::f32, rig.dev, false};
+  const Tensor x = randn(rig.m.input_shape(4), f32), y = from_vector({0, 1, 1, 0}, {4}, {.dtype = DType::i64}).to(rig.dev);
+  const Tensor xp = x.slice(0, 0, 2).contiguous(), yp = y.slice(0, 0, 2).contiguous();
+  const optim::MicroBatch full{.loss_weight = 1.0, .steps = true, .samples = 4};
+  const optim::MicroBatch part{.loss_weight = 1.0, .steps = true, .samples = 2};
+  GraphedStep& g = *rig.graphed;
+  for (GraphedRig* r : {&rig, &twin}) ASSERT_TRUE(r->graphed->eager_step(r->m.loss(r->m.forward(x), y), full, x));
+  g.step(x, y);   // the full batch's capture and replay
+  twin.graphed->step(x, y);
+  const size_t pool = g.pool_bytes();
+  ASSERT_GT(pool, 0u);
+  EXPECT_FALSE(g.replayable(xp, part, 4)) << "a partial batch's first time is eager";
+  for (GraphedRig* r : {&rig, &twin}) ASSERT_TRUE(r->graphed->eager_step(r->m.loss(r->m.forward(xp), yp), part, xp));
+  ASSERT_TRUE(g.replayable(xp, part, 4));
+  const GraphedStep::Output out = g.step(xp, yp, part);   // captured into the same pool, replayed
+  EXPECT_EQ(g.captures(), 2);
+  EXPECT_EQ(g.pool_bytes(), pool) << "the partial batch's graph fits in the full batch's pool";
+  const double eager_loss = twin.m.loss(twin.m.forward(xp), yp).item();
+  EXPECT_TRUE(twin.graphed->eager_step(twin.m.loss(twin.m.forward(xp), yp), part, xp));
+  EXPECT_EQ(out.loss.item(), eager_loss);
+  EXPECT_TRUE(g.replayable(x, full, 4)) << "the full batch's graph is kept";
+  g.step(x, y);
+  EXPECT_EQ(g.captures(), 2);
+  EXPECT_EQ(g.replays(), 3);
 }
 
 }  // namespace
