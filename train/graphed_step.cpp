@@ -55,7 +55,7 @@ void GraphedStep::drop_graphs() {
 void GraphedStep::release() {
   drop_graphs();
   warm_.reset();
-  eval_warm_.reset();
+  eval_warm_.clear();
   window_replayed_ = false;
 }
 
@@ -217,7 +217,13 @@ bool GraphedStep::eval_replayable(const Tensor& images, const Tensor& labels) co
   if (!ready_) return false;
   const Layout l = layout(images);
   const Shaped* s = find(l);
-  return s != nullptr && s->labels == layout(labels) && s->has_training_graph() && l == eval_warm_;
+  return s != nullptr && s->labels == layout(labels) && s->has_training_graph() &&
+         std::find(eval_warm_.begin(), eval_warm_.end(), l) != eval_warm_.end();
+}
+
+void GraphedStep::eval_warmed(const Tensor& images) {
+  const Layout l = layout(images);
+  if (std::find(eval_warm_.begin(), eval_warm_.end(), l) == eval_warm_.end()) eval_warm_.push_back(l);
 }
 
 void GraphedStep::capture_eval(Shaped& s) {

@@ -89,8 +89,8 @@ class GraphedStep {
   bool eager_step(const Tensor& loss, const optim::MicroBatch& mb, const Tensor& images);
 
   // Evaluation (evaluate.h). A batch of a layout with a training graph replays a captured forward
-  // once an eager evaluation batch of that layout has run (eval_warmed: its host code ran in
-  // evaluation mode): the evaluation graph is captured into the training graphs' pool, since the
+  // once an eager evaluation batch of that layout has run (eval_warmed: its host code, and so
+  // cuDNN's choices for its shapes, ran in evaluation mode; once is enough): the evaluation graph is captured into the training graphs' pool, since the
   // two never run at the same time. It computes what the eager evaluation does, with the same
   // kernels at the same shapes: the logits, the mean loss and the count of correct predictions.
   // Any other batch runs eagerly. The caller puts the model in evaluation mode; the labels are
@@ -100,7 +100,7 @@ class GraphedStep {
     Tensor loss, correct;   // 0-dim on the device: the f32 mean loss, the f64 count; valid until the next replay
   };
   EvalOutput eval_step(const Tensor& images, const Tensor& labels);
-  void eval_warmed(const Tensor& images) { eval_warm_ = layout(images); }
+  void eval_warmed(const Tensor& images);
 
   // Drops the graphs, their pool and their captured inputs and outputs, and forgets the warm layout,
   // so that the next step runs eagerly before a capture (the maximum-batch trials: one graph per
@@ -167,7 +167,7 @@ class GraphedStep {
   bool grads_kept_ = true;    // with accumulation: an eager window has made the gradients that are kept
   bool window_replayed_ = false;   // the open window's micro-batches so far were replays
   std::optional<Layout> warm_;     // the layout of the last step whose host code ran
-  std::optional<Layout> eval_warm_;   // the layout of the last eager evaluation batch
+  std::vector<Layout> eval_warm_;   // the layouts of the eager evaluation batches so far
   std::vector<Shaped> shapes_;
   int64_t uses_ = 0;
   int64_t captures_ = 0;

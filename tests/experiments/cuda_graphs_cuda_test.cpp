@@ -363,6 +363,8 @@ TEST(ExperimentsCudaGraphs, EvaluationBatchesReplayACapturedForwardWithTheEagerR
   EXPECT_EQ(graphed.eval_captures(), 1);
   EXPECT_EQ(graphed.eval_replays(), 2);
   EXPECT_EQ(graphed.captures(), 1) << "the evaluation graph shares the pool and leaves the training graph";
+  graphed.eval_warmed(xv.slice(0, 0, 2));   // a pass's partial batch ran eagerly
+  EXPECT_TRUE(graphed.eval_replayable(xv, yv)) << "the full batch's layout stays warm for the next pass";
   graphed.release();
   EXPECT_FALSE(graphed.eval_replayable(xv, yv));
 }
