@@ -247,6 +247,18 @@ int spawn_child(const std::vector<std::string>& argv, const std::string& id) {
 
 }  // namespace
 
+ChildVerdict child_verdict(int rc, bool stopped, bool wrote) {
+  ChildVerdict v;
+  if (rc == 130 || stopped) {   // the child's row, if it wrote one before the interrupt, is a result
+    v.ran = wrote;
+    v.stop = true;
+    return v;
+  }
+  v.ran = true;
+  v.record_crash = rc != 0 && !wrote;   // it died without writing its row: record it, move on
+  return v;
+}
+
 const Row& results_header() {
   static const Row h{"run_id",        "study",          "group",         "technique",          "model",
                      "image_size",    "batch_size",     "accumulation",  "effective_batch",    "optimizer",
@@ -329,17 +341,18 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     if (o.process_per_run && o.only.empty()) {
       const std::string before = row_text(csv, run.id);   // a failed row being retried, else ""
       const int rc = spawn_child(o.argv, run.id);
-      if (rc == 130 || stop_requested()) {
+      const ChildVerdict v = child_verdict(rc, stop_requested(), row_text(csv, run.id) != before);
+      if (v.record_crash)
+        record(run.id, make_row(st, run, run.config, nullptr, "crashed", "child exit status " + std::to_string(rc), 0, 0));
+      if (v.ran) {
+        ++out.ran;
+        out.retried += retry.count(run.id) ? 1 : 0;
+        run_done();
+      }
+      if (v.stop) {
         out.interrupted = true;
         break;
       }
-      if (rc != 0 && row_text(csv, run.id) == before) {
-        // The child died without writing its row (a crash): record it so the sweep moves on.
-        record(run.id, make_row(st, run, run.config, nullptr, "crashed", "child exit status " + std::to_string(rc), 0, 0));
-      }
-      ++out.ran;
-      out.retried += retry.count(run.id) ? 1 : 0;
-      run_done();
       continue;
     }
     Executed ex = execute(st, run, o.verbose, group != nullptr);

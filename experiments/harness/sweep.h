@@ -130,6 +130,16 @@ struct SweepOutcome {
 };
 
 SweepOutcome run_sweep(const Study& study, const SweepOptions& o);
+
+// What the sweep does once a --process-per-run child has exited: `rc` its exit status, `stopped`
+// whether SIGINT reached the sweep too, `wrote` whether the run's row in results.csv changed. An
+// interrupted child (status 130, or the sweep stopped) ends the sweep, and counts as ran only when it
+// wrote its row before the interrupt; any other child counts as ran, and one that exited non-zero
+// without writing its row gets a "crashed" row so that the sweep moves on.
+struct ChildVerdict {
+  bool ran = false, record_crash = false, stop = false;
+};
+ChildVerdict child_verdict(int rc, bool stopped, bool wrote);
 // Rebuilds results.json, summary.md and the plot from results.csv and runs.jsonl.
 std::string write_study_outputs(const Study& study, const std::filesystem::path& out);
 

@@ -262,6 +262,21 @@ TEST(ExperimentsSweep, RetryFailedWithProcessPerRun) {
   std::filesystem::remove_all(dir);
 }
 
+// After a --process-per-run child: a finished row counts even when SIGINT came right after it (the
+// sweep used to leave it out of "ran" though results.csv holds it), an interrupted child without
+// its row counts for nothing, and a crash without a row is recorded and counted.
+TEST(ExperimentsSweep, AProcessPerRunChildCountsByTheRowItWrote) {
+  const auto same = [](ChildVerdict a, ChildVerdict b) {
+    return a.ran == b.ran && a.record_crash == b.record_crash && a.stop == b.stop;
+  };
+  EXPECT_TRUE(same(child_verdict(0, false, true), {.ran = true}));
+  EXPECT_TRUE(same(child_verdict(0, true, true), {.ran = true, .stop = true})) << "finished, then SIGINT";
+  EXPECT_TRUE(same(child_verdict(130, true, false), {.stop = true})) << "interrupted mid-run";
+  EXPECT_TRUE(same(child_verdict(130, false, true), {.ran = true, .stop = true}));
+  EXPECT_TRUE(same(child_verdict(139, false, false), {.ran = true, .record_crash = true})) << "a crash";
+  EXPECT_TRUE(same(child_verdict(1, false, true), {.ran = true})) << "an error row the child wrote itself";
+}
+
 // minidl-maxbatch answers from the dry run and confirms with one real trial; the search on real
 // trials (what it falls back to) finds the same maximum and recovers from every OOM it meets.
 TEST(ExperimentsMaxBatch, DryAnswerHoldsAndRealTrialsRecoverFromOoms) {
