@@ -167,7 +167,9 @@ inline const std::vector<ParityCase>& cuda_bf16_cases() {
       {"conv2d_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.Conv2dForwardAndBackwardInBothLayouts"},
       {"conv2d_backward_input", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.Conv2dForwardAndBackwardInBothLayouts"},
       {"conv2d_backward_weight", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.Conv2dForwardAndBackwardInBothLayouts"},
-      {"conv2d_backward_input_add", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
+      {"conv2d_backward_input_add",
+       "kernels/channels_last_cuda_test.cpp:Parity.AResidualJoinAddsTheConvolutionsGradientIntoTheShortcuts "
+       "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
       {"conv2d_stats_forward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
       {"conv2d_stats_backward", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
       {"conv2d_stats_output_grad", "kernels/bf16_parity_cuda_test.cpp:Bf16Parity.ConvolutionsCarryingBatchNormAndTheResidualJoin"},
