@@ -252,6 +252,14 @@ struct VecPlan {
   int64_t count = 0;   // accesses: numel / v
 };
 
+template <typename T>
+VecPlan vec_plan(int64_t n, int64_t c, std::initializer_list<const void*> ptrs) {
+  constexpr int kV = vec_width<T>();
+  bool ok = c % kV == 0;
+  for (const void* p : ptrs) ok = ok && (p == nullptr || aligned16(p));
+  return ok ? VecPlan{kV, n / kV} : VecPlan{1, n};
+}
+
 // The first channel of access i (V values of one row of c channels): (i * V) % c, with a
 // multiply-high instead of a 64-bit remainder (dozens of instructions on a GPU) when every access
 // index fits FastDiv's range, as it does below 2^31 accesses.
@@ -267,12 +275,13 @@ struct ChannelOf {
     return (i - q * per_row) * V;
   }
 };
-template <typename T>
-VecPlan vec_plan(int64_t n, int64_t c, std::initializer_list<const void*> ptrs) {
-  constexpr int kV = vec_width<T>();
-  bool ok = c % kV == 0;
-  for (const void* p : ptrs) ok = ok && (p == nullptr || aligned16(p));
-  return ok ? VecPlan{kV, n / kV} : VecPlan{1, n};
+
+// Calls f(T{}) with the C++ type of a chain activation's dtype: f16, bf16 or f32 (conv_stats_fused).
+template <class F>
+void with_activation_type(DType t, F&& f) {
+  if (t == DType::f16) f(__half{});
+  else if (t == DType::bf16) f(__nv_bfloat16{});
+  else f(float{});
 }
 
 // x[i] *= scale[c] in place, in f32 and rounded once to T.
@@ -298,12 +307,10 @@ void scale_channels(DeviceContext& ctx, const Tensor& x, const Tensor& scale) {
       MINIDL_LAUNCH("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, vec_width<T>()>), grid_for(p.count),
                     kThreads, 0, ctx.stream(), d, s, ChannelOf(c, p.v, p.count), p.count);
     else
-      MINIDL_LAUNCH("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, 1>), grid_for(n), kThreads, 0,
-                    ctx.stream(), d, s, ChannelOf(c, 1, n), n);
+      MINIDL_LAUNCH("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, 1>), grid_for(p.count), kThreads, 0,
+                    ctx.stream(), d, s, ChannelOf(c, 1, p.count), p.count);
   };
-  if (x.dtype() == DType::f16) launch(__half{});
-  else if (x.dtype() == DType::bf16) launch(__nv_bfloat16{});
-  else launch(float{});
+  with_activation_type(x.dtype(), launch);
 }
 
 // g = gy + gsum[c] + y * (2 * gsumsq[c]), in f32 and rounded once to T; a null gy, gsum or gsumsq
@@ -435,12 +442,11 @@ bool CudaBackend::conv2d_stats_output_grad(const Tensor& gy, const Tensor& gsum,
                     grid_for(p.count), kThreads, 0, context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y),
                     data(g), ChannelOf(c, p.v, p.count), p.count);
     else
-      MINIDL_LAUNCH("conv2d_stats g = gy + gsum + 2 y gsumsq", (output_grad_kernel<T, 1>), grid_for(n), kThreads, 0,
-                    context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y), data(g), ChannelOf(c, 1, n), n);
+      MINIDL_LAUNCH("conv2d_stats g = gy + gsum + 2 y gsumsq", (output_grad_kernel<T, 1>), grid_for(p.count), kThreads,
+                    0, context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y), data(g),
+                    ChannelOf(c, 1, p.count), p.count);
   };
-  if (y.dtype() == DType::f16) launch(__half{});
-  else if (y.dtype() == DType::bf16) launch(__nv_bfloat16{});
-  else launch(float{});
+  with_activation_type(y.dtype(), launch);
   return true;
 }
 
