@@ -120,7 +120,7 @@ void StepRunner::evaluate(int64_t batch) {
   model_.module->eval();
   const Tensor x = randn(model_.input_shape(batch), {DType::f32, device_, false});
   const Tensor labels = zeros({batch}, {DType::i64, device_, false});
-  {
+  {   // the eager batch, its tensors freed before the evaluation's capture below, as in the run
     const Tensor loss = model_.loss(model_.forward(x), labels);
   }
   // With graphs, the run's later evaluation batches replay a forward captured into the training

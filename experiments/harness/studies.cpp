@@ -142,9 +142,10 @@ Study techniques(bool quick, const TrainConfig& base) {
                        "best_val_acc", "best_epoch", "status", "note"};
   s.published_setup = "ResNet-50, 224x224 photos, 15 epochs, an 11 GiB RTX 2080 Ti";
   s.notes = "Published (ResNet-50, 224x224, RTX 2080 Ti 11 GiB): baseline 102, cuDNN autotune off 111, AMP about "
-            "2x (f16; the amp-bf16 row is bf16 autocast without loss scaling, which the article predates), optimal checkpointing more than 2x, all combined 960; best accuracy and speed at batch 199. Each row "
-            "trains at its recommended batch (10% below its maximum); max_batch counts the effective batch. On the CPU "
-            "backend there is no cuDNN, so the autotune-off row equals the baseline.";
+            "2x (f16; the amp-bf16 row is bf16 autocast without loss scaling, which the article predates), optimal "
+            "checkpointing more than 2x, all combined 960; best accuracy and speed at batch 199. Each row trains at "
+            "its recommended batch (10% below its maximum); max_batch counts the effective batch. On the CPU backend "
+            "there is no cuDNN, so the autotune-off row equals the baseline.";
   s.maxbatch.steps = quick ? 2 : 3;
   s.maxbatch.probe_small = quick ? 2 : 4;
   s.maxbatch.probe_large = quick ? 6 : 16;
