@@ -27,10 +27,6 @@ struct Compute<__half> { using type = float; };
 template <>
 struct Compute<__nv_bfloat16> { using type = float; };
 
-// The 16-bit floats, which compute in f32 (Compute) and round once on the way out.
-template <typename T>
-inline constexpr bool is_half_v = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
-
 template <typename To, typename From>
 __device__ __forceinline__ To cvt(From v) {
   if constexpr (std::is_same_v<To, From>) {
