@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
     std::printf("minidl-memest: %s\n%s\nweights + optimizer state: %.1f MiB\nalso held, as in the run: %s\n\n%s",
                 rep.title.c_str(), rep.device.c_str(), static_cast<double>(rep.baseline_bytes) / (1 << 20),
                 rep.footprint.c_str(), table.c_str());
+    std::printf("%s", memest_graphs_note(rep).c_str());
     for (const auto& r : rep.rows) {
       if (r.over_budget())
         std::printf("batch %lld exceeds --memory-budget %s in the dry run: not run\n", static_cast<long long>(r.batch),
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
                               {"estimated_peak_allocated", r.estimate.peak_allocated},
                               {"estimated_peak_reserved", r.estimate.peak_reserved},
                               {"dry_run_seconds", r.estimate.step_seconds},
+                              {"estimated_graphed", r.estimate.graphed},
                               {"measured", r.measured}};
         if (r.measured) {
           row["measured_peak_allocated"] = r.measurement.peak_allocated;

@@ -136,6 +136,13 @@ void AccumulatingTrainer::settle_device_micro_batch() {
   window_open_ = true;
 }
 
+void AccumulatingTrainer::restore(const Counts& before, bool window_open) {
+  window_open_ = window_open;
+  optimizer_steps_ = before.windows;
+  skipped_steps_ = before.skipped;
+  opt_.set_step_count(before.optimizer_steps);
+}
+
 void AccumulatingTrainer::settle_device_step(const Counts& before, bool skipped) {
   window_open_ = false;   // the replayed micro-batch closed its window
   MINIDL_CHECK(!skipped || (o_.scaler != nullptr && o_.scaler->device_state()), "gradient accumulation: a step ",

@@ -94,6 +94,10 @@ class AccumulatingTrainer {
   Counts counts() const { return {opt_.step_count(), optimizer_steps_, skipped_steps_}; }
   void settle_device_step(const Counts& before, bool skipped);
   void settle_device_micro_batch();
+  // A capture abandoned part-way (out of memory beside the eager cache) ran some of a micro-batch's
+  // host code and none of its device work: restore() puts the counts and the window back as they
+  // were before it (`window_open`: window_open() then), so that the micro-batch can run eagerly.
+  void restore(const Counts& before, bool window_open);
   bool window_open() const { return window_open_; }   // a micro-batch that did not step ran since the last step
   int64_t skipped_steps() const { return skipped_steps_; }        // windows before_step refused
   // 0 when not clipping. With the device state (the optimizer's or the scaler's) the norm stays on

@@ -65,6 +65,9 @@ class GradScaler {
   // step does not count. to_host_state() brings the state back.
   void to_device_state(Device device);
   void to_host_state();
+  // Forgets this step's unscale_/step() without an update(): a captured step abandoned part-way
+  // (out of memory during its capture) ran their host code but none of their device work.
+  void abandon_step() { per_opt_.clear(); }
   bool device_state() const { return dev_scale_.defined(); }
   // The device state's found-inf flag of the last unscale_ (one-element f32), undefined otherwise.
   const Tensor& device_found_inf() const { return dev_found_; }

@@ -44,7 +44,7 @@ bool TrainConfig::resolved_channels_last() const {
 bool TrainConfig::resolved_cuda_graphs(std::string* why) const {
   if (why != nullptr) why->clear();
   const bool cuda = device == "cuda" || device.rfind("cuda:", 0) == 0;
-  if (!cuda || !cuda_graphs.value_or(false)) return false;   // --cuda-graphs off CUDA: refused by validate()
+  if (!cuda || !cuda_graphs.value_or(true)) return false;   // --cuda-graphs off CUDA: refused by validate()
   if (world_size > 1) {
     if (why != nullptr)
       *why = "data-parallel steps (" + std::to_string(world_size) + " ranks) run eagerly: the gradient allreduce "

@@ -132,8 +132,8 @@ struct DeviceSpec {
   // Weights and batches in channels-last memory (NHWC): --channels-last / --no-channels-last; unset,
   // on for CUDA + AMP (TrainConfig::resolved_channels_last()).
   std::optional<bool> channels_last;
-  // Replay each step from a CUDA graph (graphed_step.h): --cuda-graphs / --no-cuda-graphs; unset, off
-  // (TrainConfig::resolved_cuda_graphs()).
+  // Replay each step from a CUDA graph (graphed_step.h): --cuda-graphs (graphs required) /
+  // --no-cuda-graphs; unset, graphs where they fit on a CUDA device (TrainConfig::resolved_cuda_graphs()).
   std::optional<bool> cuda_graphs;
   // minidl-memest and minidl-maxbatch only: plan for this GPU (gpu_plan.h) with the dry run alone,
   // on any machine; empty: the configured device itself.
@@ -186,10 +186,14 @@ struct TrainConfig : ModelSpec, DataSpec, OptimizerSpec, MemorySpec, DeviceSpec,
   // channels_last when set, else the default: on for a CUDA device with --amp (cuDNN's f16 convolutions
   // run channels-last; docs/experiments.md says what was measured), off otherwise.
   bool resolved_channels_last() const;
-  // cuda_graphs when set (and the device is CUDA), else off; off, with the reason in `why` (when
-  // given), for a run that asked for graphs but runs eagerly: data-parallel ranks (their gradient
-  // allreduce and agreed decisions run on the host).
+  // Whether the steps replay CUDA graphs: on a CUDA device unless --no-cuda-graphs (off on any other
+  // device); off, with the reason in `why` (when given), for a run that would replay but cannot:
+  // data-parallel ranks (their gradient allreduce and agreed decisions run on the host).
   bool resolved_cuda_graphs(std::string* why = nullptr) const;
+  // Unset (the default): a capture that runs out of memory falls back to eager steps for its batch
+  // shape (GraphedStep::fall_back_when_out_of_memory), so graphs never lower the largest batch
+  // that trains. --cuda-graphs: graphs are required, and a capture out of memory is the run's OOM.
+  bool cuda_graphs_fall_back() const { return !cuda_graphs.has_value(); }
   // Images per optimizer step over all ranks: per-device batch x world size x accumulation.
   int64_t effective_batch() const { return batch_size * world_size * accumulation_steps; }
   double scaled_lr() const;              // resolved_lr with --lr-scaling applied

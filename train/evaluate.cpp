@@ -24,11 +24,12 @@ EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group
     src->start_epoch(0);
     while (auto b = src->next()) {
       const int64_t bn = b->labels.size(0);
-      if (graphed != nullptr && graphed->eval_replayable(b->images, b->labels)) {
-        const GraphedStep::EvalOutput o = graphed->eval_step(b->images, b->labels);
-        loss += o.loss.item() * static_cast<double>(bn);
-        correct += static_cast<double>(static_cast<int64_t>(o.correct.item()));
-      } else {
+      std::optional<GraphedStep::EvalOutput> o;
+      if (graphed != nullptr && graphed->eval_replayable(b->images, b->labels)) o = graphed->eval_step(b->images, b->labels);
+      if (o) {
+        loss += o->loss.item() * static_cast<double>(bn);
+        correct += static_cast<double>(static_cast<int64_t>(o->correct.item()));
+      } else {   // eager (its capture may just have fallen back)
         const Tensor logits = m.forward(b->images);
         loss += m.loss(logits, b->labels).item() * static_cast<double>(bn);
         correct += static_cast<double>(m.correct(logits, b->labels));

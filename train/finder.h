@@ -26,6 +26,9 @@ struct Trial {
   double step_seconds = 0.0;     // mean time of one step (after the first), when ok
   int64_t fit_bytes() const { return activation_phase_reserved > 0 ? activation_phase_reserved : peak_reserved; }
   bool recovered = true;         // after an OOM, allocated memory returned to its level before the trial
+  // CUDA graphs (a CUDA device, unless --no-cuda-graphs): whether the trial's steps replayed a
+  // captured graph; false when its capture ran out of memory and its steps fell back to eager ones.
+  bool graphed = false;
 };
 using TryBatch = std::function<Trial(int64_t batch)>;
 

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/generator.h"
 #include "core/ops.h"
 
 namespace minidl::train {
@@ -56,6 +59,8 @@ void GraphedStep::release() {
   drop_graphs();
   warm_.reset();
   eval_warm_.clear();
+  no_graph_.clear();
+  no_eval_graph_.clear();
   window_replayed_ = false;
 }
 
@@ -136,6 +141,7 @@ void GraphedStep::set_accumulation(int64_t k) {
 
 bool GraphedStep::replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const {
   if (!ready_ || !grads_kept_) return false;
+  if (std::find(no_graph_.begin(), no_graph_.end(), layout(images)) != no_graph_.end()) return false;
   if (accumulation_ > 1 && images.size(0) != micro) return false;   // a replayed window's micro-batches are full
   if (mb.loss_weight != 1.0 / static_cast<double>(accumulation_) || (accumulation_ == 1 && !mb.steps)) return false;
   if (trainer_.window_open() && !window_replayed_) return false;   // a window begun eagerly ends eagerly
@@ -194,23 +200,71 @@ void GraphedStep::capture(Shaped& s, Captured& g, const optim::MicroBatch& mb) {
   ++captures_;
 }
 
-GraphedStep::Output GraphedStep::step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb) {
-  Shaped& s = shape_for(images, labels);
-  Captured& g = s.graphs[mb.steps ? 1 : 0];
+void GraphedStep::fall_back_when_out_of_memory(std::function<void(const std::string&)> log) {
+  fallback_log_ = std::move(log);
+  falls_back_ = true;
+}
+
+GraphedStep::HostState GraphedStep::host_state() const {
+  HostState h{.counts = trainer_.counts(), .window_open = trainer_.window_open(), .lrs = {},
+              .rng_offset = default_generator().offset()};
+  for (size_t g = 0; g < opt_.param_groups().size(); ++g) h.lrs.push_back(opt_.lr(g));
+  return h;
+}
+
+std::string GraphedStep::shape_text(const Layout& l) {
+  return std::string(dtype_name(l.dtype)) + shape_str(l.shape);
+}
+
+void GraphedStep::fall_back(const Layout& images, const HostState& before, const std::string& what) {
+  // The capture ran host code only: its counts, rates and random draws go back, and what its device
+  // work would have filled (the scaler's stage, autocast's weight copies, new gradients) holds nothing.
+  trainer_.restore(before.counts, before.window_open);
+  for (size_t g = 0; g < before.lrs.size(); ++g) opt_.set_lr(g, before.lrs[g]);
+  default_generator().set_offset(before.rng_offset);
+  scaler_.abandon_step();
+  autocast_clear_cache();
+  if (opt_.grads_to_none()) opt_.zero_grad();
+  no_graph_.push_back(images);
+  auto it = std::find_if(shapes_.begin(), shapes_.end(), [&](const Shaped& s) { return s.images == images; });
+  if (it != shapes_.end()) {   // its other graph (a window's) goes too: the layout runs eagerly
+    drop(*it);
+    shapes_.erase(it);
+  }
+  if (fallback_log_)
+    fallback_log_("CUDA graphs: batches of " + shape_text(images) + " run eagerly from here: capturing their step "
+                  "ran out of memory beside the eager cache (" + what + "); --no-cuda-graphs runs every step "
+                  "eagerly, --cuda-graphs makes this an error");
+}
+
+std::optional<GraphedStep::Output> GraphedStep::step(const Tensor& images, const Tensor& labels,
+                                                     const optim::MicroBatch& mb) {
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
-  if (!g.graph) capture(s, g, mb);   // runs the micro-batch's host code (and counts it) without its device work
+  const HostState host = host_state();
+  Shaped* sp = nullptr;
+  try {
+    sp = &shape_for(images, labels);   // a new layout's inputs are allocated here
+    Captured& c = sp->graphs[mb.steps ? 1 : 0];
+    if (!c.graph) capture(*sp, c, mb);   // runs the micro-batch's host code (and counts it) without its device work
+  } catch (const OutOfMemoryError& e) {
+    if (!falls_back_) throw;
+    fall_back(layout(images), host, e.what());
+    return std::nullopt;
+  }
+  Shaped& s = *sp;
+  Captured& g = s.graphs[mb.steps ? 1 : 0];
   g.graph->replay();
   ++replays_;
   if (!mb.steps) {   // its gradients are added; the window stays open
     trainer_.settle_device_micro_batch();
     window_replayed_ = true;
-    return {g.loss, g.logits, s.y, false};
+    return Output{g.loss, g.logits, s.y, false};
   }
   const bool skipped = skipped_on_device();
   trainer_.settle_device_step(before, skipped);
   window_replayed_ = false;
-  return {g.loss, g.logits, s.y, !skipped};
+  return Output{g.loss, g.logits, s.y, !skipped};
 }
 
 bool GraphedStep::eval_replayable(const Tensor& images, const Tensor& labels) const {
@@ -218,7 +272,8 @@ bool GraphedStep::eval_replayable(const Tensor& images, const Tensor& labels) co
   const Layout l = layout(images);
   const Shaped* s = find(l);
   return s != nullptr && s->labels == layout(labels) && s->has_training_graph() &&
-         std::find(eval_warm_.begin(), eval_warm_.end(), l) != eval_warm_.end();
+         std::find(eval_warm_.begin(), eval_warm_.end(), l) != eval_warm_.end() &&
+         std::find(no_eval_graph_.begin(), no_eval_graph_.end(), l) == no_eval_graph_.end();
 }
 
 void GraphedStep::eval_warmed(const Tensor& images) {
@@ -238,15 +293,27 @@ void GraphedStep::capture_eval(Shaped& s) {
   ++eval_captures_;
 }
 
-GraphedStep::EvalOutput GraphedStep::eval_step(const Tensor& images, const Tensor& labels) {
+std::optional<GraphedStep::EvalOutput> GraphedStep::eval_step(const Tensor& images, const Tensor& labels) {
   MINIDL_CHECK(eval_replayable(images, labels), "GraphedStep: an evaluation batch ", images.meta(),
                " cannot replay (ask eval_replayable first)");
   NoGradGuard no_grad;
   Shaped& s = shape_for(images, labels);   // the layout's entry: its inputs take the batch
-  if (!s.eval.graph) capture_eval(s);
+  if (!s.eval.graph) {
+    try {
+      capture_eval(s);
+    } catch (const OutOfMemoryError& e) {   // evaluation changes nothing but its outputs: eager from here
+      if (!falls_back_) throw;
+      s.eval.loss = s.eval.logits = s.eval_correct = Tensor();
+      no_eval_graph_.push_back(s.images);
+      if (fallback_log_)
+        fallback_log_("CUDA graphs: evaluation batches of " + shape_text(s.images) + " run eagerly from here: "
+                      "capturing their forward ran out of memory beside the training graphs (" + e.what() + ")");
+      return std::nullopt;
+    }
+  }
   s.eval.graph->replay();
   ++eval_replays_;
-  return {s.eval.loss, s.eval_correct};
+  return EvalOutput{s.eval.loss, s.eval_correct};
 }
 
 }  // namespace minidl::train

@@ -4,8 +4,10 @@
 // keeps everything that reads the host (loss, accuracy, divergence, progress) outside the replay.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -77,11 +79,23 @@ class GraphedStep {
   // copies the batch into its layout's captured inputs, writes the current learning rates to the
   // device, captures when the layout has no graph yet, replays, and counts the micro-batch in the trainer and
   // the optimizer as the eager loop would (a step the scaler skipped on the device is not one: its
-  // flag is read after the replay).
-  Output step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb);
-  Output step(const Tensor& images, const Tensor& labels) {
+  // flag is read after the replay). Empty when the capture ran out of memory and falling back is
+  // allowed (fall_back_when_out_of_memory): nothing of the micro-batch has run then, and the caller
+  // runs it eagerly.
+  std::optional<Output> step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb);
+  std::optional<Output> step(const Tensor& images, const Tensor& labels) {
     return step(images, labels, optim::MicroBatch{.loss_weight = 1.0, .steps = true, .samples = images.size(0)});
   }
+
+  // Graphs when they fit (the default of --device cuda): a capture that runs out of memory (its
+  // private pool cannot grow beside the eager cache: no memory is released while a stream captures)
+  // is abandoned, with the host state of the micro-batch restored, and batches of that layout (or
+  // that layout's evaluation) run eagerly from then on, which is what an eager run at that batch
+  // needs. `log` gets one line per layout that falls back. Without this (--cuda-graphs), the
+  // capture's OutOfMemoryError ends the step as any other.
+  void fall_back_when_out_of_memory(std::function<void(const std::string&)> log);
+  // Layouts whose capture fell back (training and evaluation), since the last release().
+  int64_t fallbacks() const { return static_cast<int64_t>(no_graph_.size() + no_eval_graph_.size()); }
 
   // The eager update of a micro-batch the loop ran forward itself (trainer.micro_batch), counted
   // as step() counts; returns whether the optimizer stepped. Its shape is then warm; the first time
@@ -99,12 +113,14 @@ class GraphedStep {
   struct EvalOutput {
     Tensor loss, correct;   // 0-dim on the device: the f32 mean loss, the f64 count; valid until the next replay
   };
-  EvalOutput eval_step(const Tensor& images, const Tensor& labels);
+  // Empty when the evaluation's capture ran out of memory and falling back is allowed: the caller
+  // runs the batch eagerly (it changes nothing but the outputs).
+  std::optional<EvalOutput> eval_step(const Tensor& images, const Tensor& labels);
   void eval_warmed(const Tensor& images);
 
-  // Drops the graphs, their pool and their captured inputs and outputs, and forgets the warm layout,
-  // so that the next step runs eagerly before a capture (the maximum-batch trials: one graph per
-  // trial, nothing left from the one before).
+  // Drops the graphs, their pool and their captured inputs and outputs, and forgets the warm layout
+  // and the layouts that fell back, so that the next step runs eagerly before a capture (the
+  // maximum-batch trials: one graph per trial, nothing left from the one before).
   void release();
 
   int64_t captures() const { return captures_; }
@@ -150,6 +166,17 @@ class GraphedStep {
   const Backend::Graph* any_graph() const;
   void capture(Shaped& s, Captured& g, const optim::MicroBatch& mb);
   void capture_eval(Shaped& s);
+  // After a capture of `images` ran out of memory (and falling back is allowed): puts the host
+  // state back (`before`), drops the layout's entry (its inputs and any other graph of it), and says so.
+  struct HostState {
+    optim::AccumulatingTrainer::Counts counts;
+    bool window_open = false;
+    std::vector<double> lrs;
+    uint64_t rng_offset = 0;
+  };
+  HostState host_state() const;
+  void fall_back(const Layout& images, const HostState& before, const std::string& what);
+  static std::string shape_text(const Layout& l);
   static void drop(Shaped& s);
   void drop_graphs();
   // Checks a batch's labels on the host: i64, each 0 or 1.
@@ -168,6 +195,9 @@ class GraphedStep {
   bool window_replayed_ = false;   // the open window's micro-batches so far were replays
   std::optional<Layout> warm_;     // the layout of the last step whose host code ran
   std::vector<Layout> eval_warm_;   // the layouts of the eager evaluation batches so far
+  std::function<void(const std::string&)> fallback_log_;   // set: a capture out of memory falls back
+  bool falls_back_ = false;
+  std::vector<Layout> no_graph_, no_eval_graph_;   // layouts whose capture fell back: eager from then on
   std::vector<Shaped> shapes_;
   int64_t uses_ = 0;
   int64_t captures_ = 0;

@@ -183,12 +183,15 @@ void Run::build_optimizer() {
   ao.sync = dp_.get();
   // Built before the saved optimizer state is loaded: the trainer keeps the configured learning
   // rates as the schedule's base, while the saved ones are already scheduled (warmup, decay).
-  // --cuda-graphs: full batches replay a captured step once the warm-up has stepped eagerly; a run
-  // that cannot replay says why and runs eagerly.
+  // CUDA graphs (the default on CUDA): full batches replay a captured step once the warm-up has
+  // stepped eagerly; a run that cannot replay says why and runs eagerly, and so does a batch shape
+  // whose capture does not fit (unless --cuda-graphs requires graphs).
   std::string why;
   const bool graphs = c_.resolved_cuda_graphs(&why);
-  if (!why.empty()) log("--cuda-graphs: off for this run: " + why);
+  if (!why.empty()) log("CUDA graphs: off for this run: " + why);
   step_ = std::make_unique<Step>(m_, *opt_, *scaler_, ao, graphs, device_);
+  if (GraphedStep* g = step_->graphed(); g != nullptr && c_.cuda_graphs_fall_back())
+    g->fall_back_when_out_of_memory([this](const std::string& s) { log(s); });
 }
 
 void Run::resume() {

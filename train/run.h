@@ -57,6 +57,10 @@ struct RunResult {
   double train_seconds = 0.0;
   int64_t peak_allocated = 0;
   int64_t peak_reserved = 0;
+  // CUDA graphs: micro-batches replayed, and batch shapes whose capture ran out of memory and fell
+  // back to eager steps (GraphedStep::fallbacks); both 0 for an eager run.
+  int64_t graph_replays = 0;
+  int64_t graph_fallbacks = 0;
   std::string data_description;
   std::string device_name;
   int64_t first_epoch = 1;        // > 1 (or a partial epoch) when --resume continued a saved run

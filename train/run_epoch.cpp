@@ -272,11 +272,15 @@ void Run::finish() {
   r_.train_seconds = train_seconds_;
   const bool evaluates = r_.status == "ok" || r_.status == "interrupted";
   const EvalResult t = evaluates ? evaluate(m_, data_.test.get(), group_, step_->graphed()) : EvalResult{};
-  if (const GraphedStep* g = step_->graphed())
-    log("--cuda-graphs: " + std::to_string(g->replays()) + " micro-batches replayed from " +
+  if (const GraphedStep* g = step_->graphed()) {
+    r_.graph_replays = g->replays();
+    r_.graph_fallbacks = g->fallbacks();
+    log("CUDA graphs: " + std::to_string(g->replays()) + " micro-batches replayed from " +
         std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, the first of a batch "
         "shape, trailing windows); " + std::to_string(g->eval_replays()) + " evaluation batches replayed from " +
-        std::to_string(g->eval_captures()) + " capture(s), the others eager (the first of a shape, partial batches)");
+        std::to_string(g->eval_captures()) + " capture(s), the others eager (the first of a shape, partial batches" +
+        (g->fallbacks() > 0 ? ", shapes whose capture did not fit" : "") + ")");
+  }
   settle_skips();
   r_.test_acc = t.acc;
   r_.test_loss = t.loss;

@@ -233,12 +233,13 @@ void DeviceSpec::add_flags(CLI::App& app) {
       ->excludes("--channels-last");
   app.add_flag_function(
       "--cuda-graphs", [this](int64_t n) { cuda_graphs = n > 0; },
-      "capture the training step into a CUDA graph after the warm-up and replay it for every full batch (any "
-      "optimizer, schedule, --max-grad-norm and accumulation; the divergence check follows the update; "
-      "data-parallel ranks run eagerly and say so), and the evaluation's forward for its full batches; off by "
-      "default");
+      "require CUDA graphs: a capture that runs out of memory ends the run as an OOM. By default, with --device "
+      "cuda, the training step is captured into a CUDA graph after the warm-up and replayed for every full batch "
+      "(any optimizer, schedule, --max-grad-norm and accumulation; data-parallel ranks run eagerly and say so), "
+      "and so is the evaluation's forward; a capture that does not fit beside the eager cache falls back to "
+      "eager steps for its batch shape, with one line saying so");
   app.add_flag_function(
-         "--no-cuda-graphs", [this](int64_t n) { cuda_graphs = n <= 0; }, "every step eagerly (the default)")
+         "--no-cuda-graphs", [this](int64_t n) { cuda_graphs = n <= 0; }, "every step eagerly")
       ->excludes("--cuda-graphs");
   app.add_option("--device", device, "cpu, cuda or cuda:N");
 }

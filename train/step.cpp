@@ -33,10 +33,11 @@ Step::Forward Step::forward(const Tensor& images, const Tensor& labels, const op
   f.mb = mb;
   f.images = images;
   if (graphed_ && graphed_->replayable(images, mb, micro)) {
-    const GraphedStep::Output out = graphed_->step(images, labels, mb);
-    f.loss = out.loss, f.logits = out.logits, f.labels = out.labels, f.stepped = out.stepped;
-    f.replayed = true;
-    return f;
+    if (const std::optional<GraphedStep::Output> out = graphed_->step(images, labels, mb)) {
+      f.loss = out->loss, f.logits = out->logits, f.labels = out->labels, f.stepped = out->stepped;
+      f.replayed = true;
+      return f;
+    }   // its capture did not fit and fell back: the micro-batch runs eagerly
   }
   f.logits = model_.forward(images);
   f.loss = model_.loss(f.logits, labels);

@@ -228,6 +228,11 @@ void Search::summary() {
       fmt(f.refined_error_pct(), 1) + "% (refit)");
   say("peak at the maximum: allocated " + mib(f.at_max.peak_allocated) + ", reserved " + mib(f.at_max.peak_reserved) +
       ", fragmentation " + fmt(100 * frag, 1) + "%");
+  if (c_.resolved_cuda_graphs())
+    say(f.at_max.graphed ? "steps at the maximum: replayed from a CUDA graph (its private pool is in the peak)"
+                         : "steps at the maximum: eager, since the CUDA graph's capture does not fit beside the eager "
+                           "cache (the run falls back as the trial did); --cuda-graphs finds the largest batch that "
+                           "replays, --no-cuda-graphs the largest eager one");
   say("recommended batch (" + fmt(100 * o_.margin, 0) + "% margin): " + std::to_string(rep_.recommended));
   rep_.json = {{"budget_bytes", rep_.budget_bytes},
                {"gpu", c_.gpu},
@@ -253,6 +258,7 @@ void Search::summary() {
                {"peak_allocated_bytes", f.at_max.peak_allocated},
                {"peak_reserved_bytes", f.at_max.peak_reserved},
                {"fragmentation", frag},
+               {"graphed_at_max", f.at_max.graphed},
                {"margin", o_.margin},
                {"recommended", rep_.recommended}};
 }
@@ -300,6 +306,7 @@ void Search::profile() {
                     {"images_per_second", r.images_per_second},
                     {"peak_allocated_bytes", r.peak_allocated},
                     {"peak_reserved_bytes", r.peak_reserved},
+                    {"graphed", t.graphed},
                     {"epoch_seconds", r.epoch_seconds},
                     {"run_seconds", r.run_seconds}});
   }

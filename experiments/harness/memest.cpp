@@ -40,6 +40,8 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
                                                    : static_cast<int64_t>(parse_bytes(c.memory_budget));
   const ModelledTimes times(c.checkpoint == "optimal");
   MemestReport rep;
+  // One step, or with CUDA graphs two: the eager warm-up at the batch, then the capture and a replay.
+  const int steps = c.resolved_cuda_graphs() ? 2 : 1;
   rep.device = (plan ? plan_assumptions(c) : device_description(resolve_device(c.device))) + "; dry run on " +
                dry_run_device(c).str();
   {
@@ -49,11 +51,12 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
                 std::to_string(c.accumulation_steps) +
                 (budget > 0 ? ", budget " + format_bytes(static_cast<size_t>(budget)) : ", no budget");
     rep.baseline_bytes = dry.baseline_allocated();
+    rep.graphs = c.resolved_cuda_graphs();
     rep.footprint = dry.footprint().describe();
     for (int64_t b : batches) {
       MemestRow r;
       r.batch = b;
-      r.estimate = dry.run(b, 1);
+      r.estimate = dry.run(b, steps);
       rep.rows.push_back(r);
     }
   }
@@ -61,10 +64,23 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
   StepRunner runner(c, budget);
   for (MemestRow& r : rep.rows) {
     if (r.over_budget()) continue;
-    r.measurement = runner.run(r.batch, 1);
+    r.measurement = runner.run(r.batch, steps);
     r.measured = true;
   }
   return rep;
+}
+
+std::string memest_graphs_note(const MemestReport& rep) {
+  if (!rep.graphs) return "";
+  std::vector<std::string> eager;
+  for (const auto& r : rep.rows)
+    if (!r.over_budget() && !r.estimate.graphed) eager.push_back(std::to_string(r.batch));
+  if (eager.empty()) return "\nEvery batch's steps replay a CUDA graph: its private pool is in the peaks.\n";
+  std::string list;
+  for (const auto& b : eager) list += (list.empty() ? "" : ", ") + b;
+  return "\nSteps replay a CUDA graph (its private pool is in the peaks) except at batch " + list +
+         ", whose capture does not fit beside the eager cache: those steps run eagerly, as the run's would, and "
+         "their peaks include the failed capture's.\n";
 }
 
 std::string memest_table(const MemestReport& rep) {
@@ -95,7 +111,7 @@ std::string memest_markdown(const MemestReport& r, const std::string& commit, co
          "\n\nEstimated: a dry run on the shape-only device of one training step and the run's evaluation pass, "
          "beside the data the run holds (docs/memory.md). Measured: the same, run for real. A batch over the "
          "budget is not run.\n\n" +
-         memest_table(r);
+         memest_table(r) + memest_graphs_note(r);
 }
 
 }  // namespace minidl::harness

@@ -32,11 +32,15 @@ struct MemestReport {
   int64_t baseline_bytes = 0;      // weights + optimizer state (+ the cuBLAS workspace), dry run
   std::string footprint;           // what the run holds beside its steps (RunFootprint::describe)
   std::vector<MemestRow> rows;
+  bool graphs = false;             // the steps replay CUDA graphs where they fit (TrainConfig::resolved_cuda_graphs)
 };
 
 // Dry-runs every batch, then measures the ones within the budget (all of them without a budget)
 // when `measure`. With --checkpoint optimal both runs plan with modelled link times
 // (nn::set_modelled_link_times), so the measured step runs the plan the dry run estimated.
+// With CUDA graphs, which batches' steps replay a graph and which fell back to eager steps (their
+// capture did not fit): empty without graphs.
+std::string memest_graphs_note(const MemestReport& rep);
 MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batches, bool measure = true);
 
 std::string memest_table(const MemestReport& r);

@@ -310,6 +310,8 @@ nlohmann::json to_json(const RunResult& r) {
           {"images_per_second_steady", num(r.steady_images_per_second())},
           {"peak_allocated_bytes", r.peak_allocated},
           {"peak_reserved_bytes", r.peak_reserved},
+          {"graph_replays", r.graph_replays},       // CUDA graphs: micro-batches replayed
+          {"graph_fallbacks", r.graph_fallbacks},   // batch shapes whose capture did not fit: eager
           {"data", r.data_description},
           {"epochs", epochs}};
 }

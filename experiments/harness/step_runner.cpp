@@ -49,9 +49,12 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
     const auto ph = memory_stats(device_);
     backward_peak_ = device_.target() == DeviceType::CPU ? ph.peak_allocated_bytes : ph.peak_reserved_bytes;
   };
-  // --cuda-graphs: each trial's steps are captured and replayed as the run's are (an eager step at
+  // CUDA graphs: each trial's steps are captured and replayed as the run's are (an eager step at
   // the batch, then the capture), so the graph's private pool counts in its peak and the budget.
+  // By default a capture that does not fit falls back to eager steps, in the trial as in the run.
   step_ = std::make_unique<Step>(model_, *opt_, scaler_, ao, c_.resolved_cuda_graphs(), device_);
+  if (train::GraphedStep* g = step_->graphed(); g != nullptr && c_.cuda_graphs_fall_back())
+    g->fall_back_when_out_of_memory(nullptr);
   step_->set_accumulation(accumulated());
   // allocated: the weights (and anything else already on the device); then gradients and state.
   const int64_t fixed = memory_stats(device_).allocated_bytes +
@@ -138,6 +141,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
   const int64_t before = memory_stats(device_).allocated_bytes;
   peak_allocated_ = peak_reserved_ = 0;
   double timed = 0.0;
+  const int64_t replays_before = step_->graphed() != nullptr ? step_->graphed()->replays() : 0;
   try {
     // The batches the run's loader holds beside the one trained on, for the whole trial.
     std::vector<Tensor> held;
@@ -163,6 +167,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
   }
   // The trial's graph (--cuda-graphs), its pool and captured tensors go with the trial, whether it
   // fit or not, so the statistics can return to where they were.
+  t.graphed = step_->graphed() != nullptr && step_->graphed()->replays() > replays_before;
   step_->release_graph();
   // After an OOM the phase bookkeeping stopped mid-step: the allocator's peak covers the rest.
   const auto ms = memory_stats(device_);

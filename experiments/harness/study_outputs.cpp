@@ -74,12 +74,14 @@ std::string data_and_seeds(const Study& st) {
   return d + std::to_string(seeds.size()) + (seeds.size() == 1 ? " seed" : " seeds");
 }
 
-// Whether the runs' steps replay CUDA graphs (--cuda-graphs) or run eagerly.
+// Whether the runs' steps replay CUDA graphs (the default on a CUDA device) or run eagerly.
 std::string steps_mode(const Study& st) {
   size_t graphed = 0;
   for (const auto& r : st.runs) graphed += r.config.resolved_cuda_graphs() ? 1 : 0;
   if (graphed == 0) return "eager";
-  const std::string how = "replayed from CUDA graphs after an eager warm-up (partial batches and windows eagerly)";
+  const std::string how =
+      "replayed from CUDA graphs after an eager warm-up (partial batches and windows eagerly, and any batch shape "
+      "whose capture did not fit: results.json's graph_fallbacks)";
   if (graphed == st.runs.size()) return how;
   return how + " in " + std::to_string(graphed) + " of " + std::to_string(st.runs.size()) + " runs, eager in the others";
 }

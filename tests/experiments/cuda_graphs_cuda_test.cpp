@@ -2,14 +2,16 @@
 // without it: the small CNN on synthetic images, SGD (momentum, Nesterov), Adam and AdamW, learning
 // rates that change (a step schedule, warmup + cosine) without a new capture, --max-grad-norm, an
 // epoch whose last batch is partial (eager), FP32 and AMP, and a run stopped inside an epoch and
-// resumed. On the emulated device (experiments_cuda_emu) a replay computes what the eager step
-// computes, so the losses, accuracies, step counts, final weights and the saved optimizer and
-// gradient-scaler state must be bit-identical.
+// resumed; and the default's capture that does not fit, which falls back to the eager run. On the
+// emulated device (experiments_cuda_emu) a replay computes what the eager step computes, so the
+// losses, accuracies, step counts, final weights and the saved optimizer and gradient-scaler state
+// must be bit-identical.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -29,7 +31,8 @@ namespace {
 struct TrainingRun {
   std::vector<EpochMetrics> epochs;
   std::vector<std::string> progress;   // "step S/T  loss L  acc A" of every progress line
-  std::string graph_line;              // the "--cuda-graphs: ..." summary
+  std::string graph_line;              // the "CUDA graphs: N micro-batches replayed ..." summary
+  std::vector<std::string> fallbacks;   // the lines of captures that fell back to eager steps
   RunResult result;
   std::map<std::string, Tensor> weights;
   std::map<std::string, Tensor> optimizer;   // the optimizer's and the scaler's saved state
@@ -69,18 +72,20 @@ TrainConfig adam_config(bool amp, double init_scale = 1024) {
   return c;
 }
 
-TrainingRun train(TrainConfig c, bool graphs, const std::string& dir, const RunHooks& extra = {},
+// `graphs`: --cuda-graphs (true), --no-cuda-graphs (false), or neither (the default: graphs where they fit).
+TrainingRun train(TrainConfig c, std::optional<bool> graphs, const std::string& dir, const RunHooks& extra = {},
                   const std::string& name = "") {
   c.cuda_graphs = graphs;
-  if (c.save_weights.empty())
-    c.save_weights = dir + "/" + (name.empty() ? (graphs ? "graphed" : "eager") : name) + ".safetensors";
+  const std::string mode = !graphs ? "default" : *graphs ? "graphed" : "eager";
+  if (c.save_weights.empty()) c.save_weights = dir + "/" + (name.empty() ? mode : name) + ".safetensors";
   TrainingRun r;
   static const std::regex step_loss(R"(step \d+/\d+  loss \S+  acc \S+)");
   RunHooks hooks;
   hooks.log = [&](const std::string& line) {
     std::smatch m;
     if (std::regex_search(line, m, step_loss)) r.progress.push_back(m.str());
-    if (line.rfind("--cuda-graphs:", 0) == 0) r.graph_line = line;
+    if (line.rfind("CUDA graphs: ", 0) == 0 && line.find("replayed from") != std::string::npos) r.graph_line = line;
+    if (line.find("run eagerly from here") != std::string::npos) r.fallbacks.push_back(line);
   };
   hooks.on_epoch = [&](const EpochMetrics& em) { r.epochs.push_back(em); };
   hooks.on_step = extra.on_step;
@@ -262,6 +267,69 @@ TEST(ExperimentsCudaGraphs, AGraphedRunStoppedInsideAnEpochResumesBitIdentically
   EXPECT_GT(resumed.graph_line.size(), 0u);
 }
 
+// By default (neither --cuda-graphs nor --no-cuda-graphs) a CUDA run replays graphs where they fit.
+// Under a budget that the eager run fills to the byte, the graph's private pool (segments of its
+// own, no memory released while a stream captures) cannot grow: the capture is abandoned, the run
+// says so once per batch shape, and it is the eager run bit for bit. With --cuda-graphs the same
+// capture is the run's out-of-memory end.
+TEST(ExperimentsCudaGraphs, ACaptureThatDoesNotFitFallsBackToTheEagerRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir().string();
+  TrainConfig c = sgd_config(true);
+  const TrainingRun eager = train(c, false, dir);
+  ASSERT_EQ(eager.result.status, "ok") << eager.result.note;
+  {
+    const TrainingRun fits = train(c, std::nullopt, dir, {}, "fits");   // no budget: graphs by default
+    EXPECT_GT(fits.result.graph_replays, 0);
+    EXPECT_EQ(fits.result.graph_fallbacks, 0);
+    EXPECT_TRUE(fits.fallbacks.empty());
+    expect_same_tensors(eager.weights, fits.weights, "weights, graphed by default");
+  }
+  c.memory_budget = std::to_string(eager.result.peak_reserved);
+  const TrainingRun fell = train(c, std::nullopt, dir);
+  ASSERT_EQ(fell.result.status, "ok") << fell.result.note;
+  ASSERT_FALSE(fell.fallbacks.empty());
+  EXPECT_NE(fell.fallbacks[0].find("batches of f32[4, 3, 16, 16] run eagerly from here"), std::string::npos)
+      << fell.fallbacks[0];
+  EXPECT_NE(fell.fallbacks[0].find("--no-cuda-graphs"), std::string::npos) << "it names the switches";
+  EXPECT_EQ(fell.result.graph_fallbacks, static_cast<int64_t>(fell.fallbacks.size()));
+  EXPECT_EQ(fell.result.graph_replays, 0);
+  EXPECT_EQ(fell.result.steps, eager.result.steps);
+  EXPECT_EQ(fell.progress, eager.progress);
+  ASSERT_EQ(fell.epochs.size(), eager.epochs.size());
+  for (size_t e = 0; e < eager.epochs.size(); ++e) {
+    EXPECT_EQ(fell.epochs[e].train_loss, eager.epochs[e].train_loss);
+    EXPECT_EQ(fell.epochs[e].val_loss, eager.epochs[e].val_loss);
+  }
+  EXPECT_EQ(fell.result.test_loss, eager.result.test_loss);
+  expect_same_tensors(eager.weights, fell.weights, "weights after the fallback");
+  expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state after the fallback");
+  c.save_weights = dir + "/required.safetensors";
+  c.cuda_graphs = true;
+  EXPECT_EQ(run_training(c).status, "oom") << "--cuda-graphs requires the graph";
+}
+
+// The same with Adam (warmup + cosine, clipping) over windows of 2 micro-batches: the capture that
+// falls back ran the window's host code (the trainer's window, the rates, the step counts), which
+// goes back, so the eager window that follows is the eager run's.
+TEST(ExperimentsCudaGraphs, AnAccumulationWindowWhoseCaptureDoesNotFitRunsEagerly) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir().string();
+  TrainConfig c = adam_config(true);
+  c.accumulation_steps = 2;
+  c.epochs = 2;
+  const TrainingRun eager = train(c, false, dir);
+  ASSERT_EQ(eager.result.status, "ok") << eager.result.note;
+  c.memory_budget = std::to_string(eager.result.peak_reserved);
+  const TrainingRun fell = train(c, std::nullopt, dir);
+  ASSERT_EQ(fell.result.status, "ok") << fell.result.note;
+  EXPECT_GT(fell.result.graph_fallbacks, 0);
+  EXPECT_EQ(fell.result.steps, eager.result.steps);
+  EXPECT_EQ(fell.progress, eager.progress);
+  expect_same_tensors(eager.weights, fell.weights, "weights after the fallback");
+  expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state after the fallback");
+}
+
 // The fused losses skip their host check of the targets while capturing; GraphedStep checks every
 // batch's labels on the host before it copies them in, so a bad label fails at once, before any
 // capture or replay, and the step waits for a real eager step before it is replayable at all.
@@ -313,7 +381,7 @@ TEST(ExperimentsCudaGraphs, LabelsAreCheckedOnTheHostBeforeAReplay) {
   EXPECT_NE(what.find("label 2 of sample 2 is outside [0, 2)"), std::string::npos) << what;
   EXPECT_EQ(graphed.captures(), 0);
   EXPECT_EQ(opt->step_count(), 1);
-  const GraphedStep::Output out = graphed.step(x, good);   // the good batch is captured and replayed
+  const GraphedStep::Output out = graphed.step(x, good).value();   // the good batch is captured and replayed
   EXPECT_TRUE(out.stepped);
   EXPECT_EQ(graphed.captures(), 1);
   EXPECT_EQ(opt->step_count(), 2);
@@ -344,7 +412,7 @@ TEST(ExperimentsCudaGraphs, EvaluationBatchesReplayACapturedForwardWithTheEagerR
   };
   const auto replayed_eval = [&] {
     m.module->eval();
-    const GraphedStep::EvalOutput o = graphed.eval_step(xv, yv);
+    const GraphedStep::EvalOutput o = graphed.eval_step(xv, yv).value();
     m.module->train();
     return std::pair<double, int64_t>{o.loss.item(), static_cast<int64_t>(o.correct.item())};
   };
@@ -390,7 +458,7 @@ TEST(ExperimentsCudaGraphs, APartialBatchGetsItsOwnGraphInTheFullBatchsPool) {
   EXPECT_FALSE(g.replayable(xp, part, 4)) << "a partial batch's first time is eager";
   for (GraphedRig* r : {&rig, &twin}) ASSERT_TRUE(r->graphed->eager_step(r->m.loss(r->m.forward(xp), yp), part, xp));
   ASSERT_TRUE(g.replayable(xp, part, 4));
-  const GraphedStep::Output out = g.step(xp, yp, part);   // captured into the same pool, replayed
+  const GraphedStep::Output out = g.step(xp, yp, part).value();   // captured into the same pool, replayed
   EXPECT_EQ(g.captures(), 2);
   EXPECT_EQ(g.pool_bytes(), pool) << "the partial batch's graph fits in the full batch's pool";
   const double eager_loss = twin.m.loss(twin.m.forward(xp), yp).item();

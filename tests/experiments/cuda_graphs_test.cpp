@@ -1,4 +1,4 @@
-// --cuda-graphs on any machine: the flags parse, a run that cannot replay (data-parallel ranks) runs
+// CUDA graphs' flags on any machine: the default, the flags parse, a run that cannot replay (data-parallel ranks) runs
 // eagerly saying why, and --cuda-graphs off a CUDA device is refused before anything runs, with one
 // line naming the flag and the fix. The replay itself: cuda_graphs_cuda_test.cpp.
 #include <CLI/CLI.hpp>
@@ -33,8 +33,9 @@ TrainConfig graphed() {
   return c;
 }
 
-// Off unless asked for; --cuda-graphs and --no-cuda-graphs parse, and exclude each other.
-TEST(ExperimentsCudaGraphs, FlagsParseAndGraphsAreOffByDefault) {
+// On by default with a CUDA device, where they fit (a capture out of memory falls back); off on any
+// other device; --cuda-graphs (required: no fallback) and --no-cuda-graphs parse, and exclude each other.
+TEST(ExperimentsCudaGraphs, FlagsParseAndGraphsAreOnByDefaultOnCuda) {
   const auto parsed = [](std::vector<const char*> argv) {
     TrainConfig c;
     CLI::App app;
@@ -45,12 +46,15 @@ TEST(ExperimentsCudaGraphs, FlagsParseAndGraphsAreOffByDefault) {
   };
   EXPECT_FALSE(parsed({}).cuda_graphs.has_value());
   EXPECT_FALSE(parsed({}).resolved_cuda_graphs()) << "cpu";
-  EXPECT_FALSE(parsed({"--device", "cuda"}).resolved_cuda_graphs());
+  EXPECT_TRUE(parsed({}).cuda_graphs_fall_back());
+  EXPECT_TRUE(parsed({"--device", "cuda"}).resolved_cuda_graphs());
+  EXPECT_TRUE(parsed({"--device", "cuda"}).cuda_graphs_fall_back());
   EXPECT_TRUE(parsed({"--device", "cuda:1", "--accumulation-steps", "4", "--cuda-graphs"}).resolved_cuda_graphs());
   EXPECT_FALSE(parsed({"--device", "cuda", "--no-cuda-graphs"}).resolved_cuda_graphs());
   const TrainConfig asked = parsed({"--cuda-graphs", "--device", "cuda"});
   EXPECT_EQ(asked.cuda_graphs, std::optional<bool>(true));
   EXPECT_TRUE(asked.resolved_cuda_graphs());
+  EXPECT_FALSE(asked.cuda_graphs_fall_back()) << "asked for: a capture out of memory is the run's OOM";
   // SGD, no accumulation or ranks: accepted (validate() itself would also look for a GPU).
   EXPECT_NO_THROW(check_cuda_graphs(asked));
   TrainConfig both;

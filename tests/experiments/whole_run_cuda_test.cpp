@@ -109,5 +109,35 @@ TEST(WholeRunCuda, CudaGraphsPoolIsInTheAnswer) { expect_graph_pool_in_the_answe
 // with the gradients kept between windows; the dry run still has the real trial's peaks.
 TEST(WholeRunCuda, CudaGraphsOfAnAccumulationWindowAreInTheAnswer) { expect_graph_pool_in_the_answer(2); }
 
+// The default, graphs where they fit: above the largest batch whose graph fits, the capture falls
+// back to eager steps in the trials as in the run, so the answer is the eager run's and the run
+// there trains (eagerly, saying so), while a batch within the graphed answer replays.
+TEST(WholeRunCuda, GraphsByDefaultKeepTheEagerAnswer) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = small_cnn_on_gpu("64MiB");
+  c.momentum = 0.9;
+  c.split = "120,4,4";   // two full batches at the answer (about 110): the run's second step is a capture
+  MaxBatchOptions o;
+  o.steps = 2;
+  TrainConfig eager = c, required = c;
+  eager.cuda_graphs = false;
+  required.cuda_graphs = true;
+  const int64_t eager_answer = run_maxbatch(eager, o, false).finder.max_batch;
+  const int64_t graphed_answer = run_maxbatch(required, o, false).finder.max_batch;
+  ASSERT_LT(graphed_answer, eager_answer) << "the graph's pool lowers the answer when graphs are required";
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  const int64_t answer = rep.finder.max_batch;
+  EXPECT_EQ(answer, eager_answer) << rep.text;
+  EXPECT_FALSE(rep.finder.at_max.graphed) << "the trial at the answer fell back";
+  const RunResult at = testing::train_at(c, answer);
+  EXPECT_EQ(at.status, "ok") << at.note;
+  EXPECT_EQ(at.graph_replays, 0);
+  EXPECT_GT(at.graph_fallbacks, 0);
+  EXPECT_EQ(testing::train_at(c, answer + 1).status, "oom");
+  const RunResult within = testing::train_at(c, graphed_answer);
+  EXPECT_GT(within.graph_replays, 0);
+  EXPECT_EQ(within.graph_fallbacks, 0);
+}
+
 }  // namespace
 }  // namespace minidl::harness
