@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/allocator.h"
 #include "core/backend.h"
@@ -193,6 +194,15 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv, const s
     std::string msg = e.what();
     for (char& ch : msg) if (ch == '\n') ch = ' ';
     std::fprintf(stderr, "%s: error: %s (see --help)\n", program.c_str(), msg.c_str());
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    // CLI11 converts a flag's value (--no-channels-last=A, or "no-channels-last = A" in a --config
+    // file) with std::invalid_argument, naming neither the flag nor the values it takes.
+    std::fprintf(stderr,
+                 "%s: error: a flag was given a value that is not one of true, false, on, off, yes, no, 1, 0 (%s); "
+                 "on the command line a flag takes no value (--no-channels-last), in a --config file write "
+                 "'channels-last = false' (see --help)\n",
+                 program.c_str(), e.what());
     return 2;
   }
   return -1;

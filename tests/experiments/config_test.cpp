@@ -48,6 +48,26 @@ TEST(ExperimentsConfig, FlagsSetEveryFieldAndDefaultsResolve) {
   EXPECT_DOUBLE_EQ(d.resolved_lr(), 0.01);
 }
 
+// A flag given a value CLI11 cannot read as a boolean (fuzz/corpus/config/flag_value) is a usage
+// error, exit 2, on the command line and in a config file; it used to escape as std::invalid_argument.
+TEST(ExperimentsConfig, AFlagWithANonBooleanValueIsAUsageError) {
+  const auto file = temp_dir() / "flag.toml";
+  std::ofstream(file) << "no-channels-last = A\n";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--no-channels-last=A"}, std::vector<std::string>{"--config", file.string()}}) {
+    TrainConfig c;
+    CLI::App app;
+    add_config_flag(app);
+    add_train_flags(app, c);
+    EXPECT_EQ(parse(app, args), 2) << args[0];
+  }
+  TrainConfig c;
+  CLI::App app;
+  add_train_flags(app, c);
+  EXPECT_EQ(parse(app, {"--no-channels-last=true"}), -1) << "a boolean value is read";
+  EXPECT_EQ(c.channels_last, std::optional<bool>(false));
+}
+
 TEST(ExperimentsConfig, ConfigFileIsReadAndCommandLineWins) {
   const auto dir = temp_dir();
   const auto file = dir / "run.toml";
