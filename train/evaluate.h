@@ -24,7 +24,7 @@ void sum_over_ranks(distributed::ProcessGroup* group, std::initializer_list<doub
 // Loss and accuracy of m (in eval mode, no gradients) over src (null or empty: nothing from this
 // rank). With a group the sums (loss x images, correct predictions, images) are added over the
 // ranks, not the shards' accuracies averaged; every rank must then call it. With `graphed`
-// (--cuda-graphs) the batches it can replay (GraphedStep::eval_replayable) are replays of a
+// (CUDA graphs) the batches it can replay (GraphedStep::eval_replayable) are replays of a
 // captured forward, the others eager, with the same results.
 EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group, GraphedStep* graphed = nullptr);
 

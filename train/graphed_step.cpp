@@ -1,6 +1,6 @@
 // The captured training step of graphed_step.h: what --cuda-graphs refuses, when a step is
 // captured again (a new batch shape, never a new rate), the host's bookkeeping of steps that only
-// the device ran, and the captured evaluation forward.
+// the device ran, the captured evaluation forward, and the fallback of a capture that does not fit.
 #include "train/graphed_step.h"
 
 #include <algorithm>

@@ -1,7 +1,8 @@
-// --cuda-graphs (docs/cuda/graphs.md): minidl-train's step of one
-// micro-batch captured into a CUDA graph once and replayed for every full batch, which cuts the
-// host's launch cost of a small-batch step to one cudaGraphLaunch. The training loop (run.cpp)
-// keeps everything that reads the host (loss, accuracy, divergence, progress) outside the replay.
+// CUDA graphs (docs/cuda/graphs.md; the default on a CUDA device, where they fit): minidl-train's
+// step of one micro-batch captured into a CUDA graph once and replayed for every full batch, which
+// cuts the host's launch cost of a small-batch step to one cudaGraphLaunch. The training loop
+// (run.cpp) keeps everything that reads the host (loss, accuracy, divergence, progress) outside
+// the replay.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -1,7 +1,7 @@
 // The training step, written once: forward (under autocast with --amp), loss, backward and, at the
 // end of its accumulation window, the update through optim::AccumulatingTrainer (the gradient
 // scaler, clipping, the schedule, data-parallel synchronisation), or a replay of the step captured
-// in a CUDA graph (--cuda-graphs, graphed_step.h). minidl-train's loop, the trials of
+// in a CUDA graph (the default on CUDA, graphed_step.h). minidl-train's loop, the trials of
 // minidl-maxbatch and minidl-memest, the step benchmark and the step-time model all run this step,
 // so what they measure is what training runs.
 #pragma once

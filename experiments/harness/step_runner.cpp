@@ -165,7 +165,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
     opt_->zero_grad();
     t.ok = false;
   }
-  // The trial's graph (--cuda-graphs), its pool and captured tensors go with the trial, whether it
+  // The trial's graph (CUDA graphs), its pool and captured tensors go with the trial, whether it
   // fit or not, so the statistics can return to where they were.
   t.graphed = step_->graphed() != nullptr && step_->graphed()->replays() > replays_before;
   step_->release_graph();

@@ -49,7 +49,7 @@ class StepRunner {
   void evaluate(int64_t batch);
   // The micro-batches of a trial's step: with accumulation, a second micro-batch's backward adds
   // into gradients that already exist (temporaries of the largest parameter's size), and with
-  // --cuda-graphs it is the second graph on the shared pool: two cover every peak of a window.
+  // CUDA graphs it is the second graph on the shared pool: two cover every peak of a window.
   int64_t accumulated() const { return std::min<int64_t>(c_.accumulation_steps, 2); }
 
   TrainConfig c_;
