@@ -5,12 +5,14 @@ eager settings, so a GPU session can put the two side by side from one call (lab
 phases `step` and `maxbatch`).
 
 The step is minidl's: torchvision's ResNet (2 classes, as minidl's harness), cross-entropy, SGD
-lr 0.001 momentum 0.9 without weight decay (bench/pytorch_utilization.py's model and optimizer
-helpers), zero_grad(set_to_none) after each step, no host sync inside the loop other than the
-ones GradScaler.step makes itself (none with the fused SGD). PyTorch's best settings, always on here:
+lr 0.001 momentum 0.9 without weight decay, or --optimizer adam / adamw (lr 0.001, no weight
+decay; bench/pytorch_utilization.py's model and optimizer helpers), zero_grad(set_to_none) after
+each step, no host sync inside the loop other than the ones GradScaler.step makes itself (none
+with the fused optimizers). --accumulation-steps K: a step is K micro-batches of --batch images,
+each loss divided by K, then one optimizer step (images/s counts all K). PyTorch's best settings, always on here:
   - channels_last model and input (--no-channels-last to compare like for like with minidl's NCHW),
   - cudnn.benchmark = True,
-  - the fused SGD kernel (torch >= 2.0 on CUDA),
+  - the fused SGD / Adam / AdamW kernel (torch >= 2.0 on CUDA; capturable Adam under --cuda-graphs),
   - --precision amp: float16 autocast + GradScaler; amp-bf16: bfloat16 autocast, no scaler (as
     minidl's --amp bf16); tf32: float32 with TF32 in cuBLAS and cuDNN;
     fp32: float32 without TF32 anywhere.
@@ -76,6 +78,10 @@ def parse_args(argv):
     ap.add_argument("--profile-steps", type=int, default=0, help="instead of timing: profile this many steps "
                     "after --warmup and print their kernels' time per step by category (default: 0, off)")
     ap.add_argument("--profile-out", default="", help="with --profile-steps: also write the markdown tables here")
+    ap.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd",
+                    help="sgd (momentum 0.9), adam or adamw; lr 0.001, no weight decay (default: sgd)")
+    ap.add_argument("--accumulation-steps", type=int, default=1,
+                    help="micro-batches of --batch per optimizer step (default: 1)")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="capture the whole step (forward, loss, backward, GradScaler, fused SGD step) into one "
                          "CUDA graph after the warm-up and replay it, as PyTorch's docs' whole-network capture does "
@@ -84,13 +90,15 @@ def parse_args(argv):
     a = ap.parse_args(argv)
     if a.model not in pu.MODELS:
         pu.die(f"--model '{a.model}': expected one of {', '.join(pu.MODELS)}")
-    if a.batch < 1 or a.warmup < 0 or a.seconds <= 0 or a.trial_steps < 1 or a.profile_steps < 0:
-        pu.die("--batch and --trial-steps must be >= 1, --warmup and --profile-steps >= 0 and --seconds > 0")
+    if a.batch < 1 or a.warmup < 0 or a.seconds <= 0 or a.trial_steps < 1 or a.profile_steps < 0 or \
+            a.accumulation_steps < 1:
+        pu.die("--batch, --trial-steps and --accumulation-steps must be >= 1, --warmup and --profile-steps >= 0 "
+               "and --seconds > 0")
     if a.profile_steps and a.max_batch_under:
         pu.die("--profile-steps and --max-batch-under are separate runs: give one")
     a.budget = parse_bytes(a.max_batch_under) if a.max_batch_under else 0
     # What pytorch_utilization's helpers read.
-    a.lr, a.momentum, a.optimizer_impl = 0.001, 0.9, "fused"
+    a.lr, a.momentum, a.optimizer_impl, a.capturable = 0.001, 0.9, "fused", a.cuda_graphs
     return a
 
 
@@ -108,10 +116,15 @@ class Step:
         self.x = torch.randn(batch, 3, a.image_size, a.image_size, device=device).contiguous(memory_format=fmt)
         self.y = (torch.rand(batch, device=device) > 0.5).long()
         self.binary = a.model == "smallcnn"
+        self.accumulation = a.accumulation_steps
+        self.updates = 0     # optimizer steps taken (a replay is one; the capture itself runs none)
+        self.loss = None     # the last micro-batch's loss (a device tensor: read after the timing)
 
-    def run(self, steps):
+    def window(self):
+        """One optimizer step: the window's micro-batches (forward, loss / K, backward), the scaler
+        and the optimizer's step; the gradients are left for the caller to clear."""
         torch = self.torch
-        for _ in range(steps):
+        for _ in range(self.accumulation):
             # (torch 1.13's CPU autocast refuses float16 even when disabled: no context at all then.)
             with torch.autocast(device_type="cuda", dtype=self.dtype) if self.amp else contextlib.nullcontext():
                 out = self.model(self.x)
@@ -120,10 +133,18 @@ class Step:
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), self.y.float())
             else:
                 loss = torch.nn.functional.cross_entropy(out, self.y)
+            if self.accumulation > 1:
+                loss = loss / self.accumulation
             self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
+            self.loss = loss * self.accumulation if self.accumulation > 1 else loss
+        self.scaler.step(self.opt)
+        self.scaler.update()
+
+    def run(self, steps):
+        for _ in range(steps):
+            self.window()
             self.opt.zero_grad(set_to_none=True)
+            self.updates += 1
 
     def sync(self):
         if self.device.type == "cuda":
@@ -132,9 +153,10 @@ class Step:
     def capture(self):
         """The step as one CUDA graph (PyTorch's whole-network capture): warm-up on a side stream,
         gradients set to None before the capture so the captured backward writes them (static
-        addresses in the graph's pool), then forward, loss, backward, scaler and fused SGD step
-        captured; run() replays it. The fused SGD takes the scaler's found-inf flag on the device, so
-        nothing in the step syncs the host."""
+        addresses in the graph's pool; with accumulation the first micro-batch's backward writes them
+        and the others add), then the window's forwards, losses, backwards, scaler and fused step
+        captured; replay() replays it. The fused optimizers take the scaler's found-inf flag on the
+        device (capturable Adam keeps its step counts there), so nothing in the step syncs the host."""
         torch = self.torch
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -144,19 +166,13 @@ class Step:
         self.opt.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            with torch.autocast(device_type="cuda", dtype=self.dtype) if self.amp else contextlib.nullcontext():
-                out = self.model(self.x)
-            out = out.float()
-            loss = (torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), self.y.float())
-                    if self.binary else torch.nn.functional.cross_entropy(out, self.y))
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
+            self.window()
         self.graph = graph
 
     def replay(self, steps):
         for _ in range(steps):
             self.graph.replay()
+            self.updates += 1
 
 
 def time_steps(torch, a, device):
@@ -178,14 +194,18 @@ def time_steps(torch, a, device):
         steps += 1
     s.sync()
     secs = time.perf_counter() - t0
-    ips = steps * a.batch / secs
+    ips = steps * a.batch * a.accumulation_steps / secs
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    print(f"pytorch {a.model} batch {a.batch} {a.image_size}px {a.precision}"
+    loss = float(s.loss.item())   # the same batch every step: how far the steps fitted it
+    acc = f" x {a.accumulation_steps} accumulated" if a.accumulation_steps > 1 else ""
+    print(f"pytorch {a.model} batch {a.batch}{acc} {a.image_size}px {a.precision}"
           f"{' channels-last' if a.channels_last and device.type == 'cuda' else ''}"
           f"{' cuda-graphs' if a.cuda_graphs else ''}: {ips:.1f} images/s ({steps} steps in {secs:.2f} s after "
-          f"{a.warmup} warm-up steps in {warmup_s:.1f} s; SGD {s.impl}{'; ' + s.note if s.note else ''})", flush=True)
+          f"{a.warmup} warm-up steps in {warmup_s:.1f} s; {a.optimizer} {s.impl}{'; ' + s.note if s.note else ''}; "
+          f"loss {loss:.4f} after {s.updates} updates)", flush=True)
     return {"images_per_s": ips, "steps": steps, "seconds": secs, "warmup_steps": a.warmup,
-            "cuda_graphs": a.cuda_graphs,
+            "cuda_graphs": a.cuda_graphs, "optimizer": a.optimizer, "accumulation_steps": a.accumulation_steps,
+            "loss": loss, "optimizer_steps": s.updates,
             "warmup_seconds": warmup_s, "optimizer_impl": s.impl, "peak_allocated_bytes": peak}
 
 

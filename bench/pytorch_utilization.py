@@ -306,24 +306,34 @@ def peak_rss_mib():
 
 
 def make_optimizer(torch, params, a, device):
-    kw = {"lr": a.lr, "momentum": a.momentum, "weight_decay": 0.0}
+    """SGD (lr, momentum, no weight decay), or with a.optimizer adam / adamw (lr, no weight decay);
+    a.optimizer_impl fused / foreach / default; a.capturable (Adam, AdamW): step counts on the device,
+    as a captured CUDA graph needs. Returns (optimizer, implementation, a note when it fell back)."""
+    name = getattr(a, "optimizer", "sgd")
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
+    kw = {"lr": a.lr, "weight_decay": 0.0}
+    if name == "sgd":
+        kw["momentum"] = a.momentum
+    elif getattr(a, "capturable", False):
+        kw["capturable"] = True
     impl = a.optimizer_impl
-    supported = inspect.signature(torch.optim.SGD.__init__).parameters
+    supported = inspect.signature(cls.__init__).parameters
     note = ""
+    label = "SGD" if name == "sgd" else ("Adam" if name == "adam" else "AdamW")
     if impl == "fused":
         if "fused" in supported and device.type == "cuda":
             kw["fused"] = True
         else:
-            # --best on a torch (or device) without fused SGD: its default is its best remaining choice.
-            note = "fused SGD unavailable here: PyTorch's default implementation"
+            # --best on a torch (or device) without the fused kernel: its default is its best remaining choice.
+            note = f"fused {label} unavailable here: PyTorch's default implementation"
             impl = "default"
     elif impl == "foreach":
         if "foreach" in supported:
             kw["foreach"] = True
         else:
-            note = "foreach SGD unavailable here: PyTorch's default implementation"
+            note = f"foreach {label} unavailable here: PyTorch's default implementation"
             impl = "default"
-    return torch.optim.SGD(params, **kw), impl, note
+    return cls(params, **kw), impl, note
 
 
 class GradScalerShim:
