@@ -16,8 +16,10 @@ CHECK_ENV = """environment (flags win over these):
                             pytorch:amp minidl:amp:nhwc minidl:amp:nhwc:chain:graphs
                             minidl:amp:nhwc:chain minidl:amp minidl:tf32 pytorch:tf32"); each
                             FRAMEWORK:PRECISION[:OPTION...], options in this order: nhwc (minidl), chain
-                            (minidl --conv-bn-chain), graphs (both), hostscaler (minidl), bN (batch N,
-                            default 128)
+                            (minidl --conv-bn-chain), graphs (both), hostscaler (minidl), smallcnn,
+                            adam, accN (accumulation), bN (batch N, default 128); "graphs": the preset
+                            of CUDA graphs in every mode (16 runs: GPU_CHECK_PHASES=step in a call of
+                            its own, GPU_CHECK_CAP_STEP=420, GPU_CHECK_STEP_SECONDS=8)
   GPU_CHECK_STEP_MIN        seconds a step run needs at least to be started (default 20)
   GPU_CHECK_MODEL_CONFIGS   the model phase's configurations (default resnet50-amp-nhwc,resnet50-amp)
   GPU_CHECK_MODEL_BATCHES   the model phase's batches, one run each (default 256)

@@ -55,7 +55,8 @@ def context_from(env, rehearse):
     return phases.Ctx(
         rehearse=rehearse,
         step_seconds=common.env_int(env, "GPU_CHECK_STEP_SECONDS", 2 if rehearse else 15),
-        step_runs=(env.get("GPU_CHECK_STEP_RUNS") or phases.DEFAULT_STEP_RUNS).split(),
+        step_runs=phases.STEP_RUN_PRESETS.get(env.get("GPU_CHECK_STEP_RUNS", ""),
+                                              env.get("GPU_CHECK_STEP_RUNS") or phases.DEFAULT_STEP_RUNS).split(),
         step_min=common.env_int(env, "GPU_CHECK_STEP_MIN", 20),
         model_configs=env.get("GPU_CHECK_MODEL_CONFIGS") or "resnet50-amp-nhwc,resnet50-amp",
         model_batches=(env.get("GPU_CHECK_MODEL_BATCHES") or "256").split(),

@@ -21,6 +21,15 @@ STOPPED = (124, 137)   # run_until's "stopped at the deadline" and "killed"
 DEFAULT_STEP_RUNS = ("minidl:amp:nhwc:graphs pytorch:amp:graphs pytorch:amp minidl:amp:nhwc "
                      "minidl:amp-bf16:nhwc pytorch:amp-bf16 "
                      "minidl:amp:nhwc:chain:graphs minidl:amp:nhwc:chain minidl:amp minidl:tf32 pytorch:tf32")
+# CUDA graphs in every mode (GPU_CHECK_STEP_RUNS=graphs): the small CNN with Adam at the Keras study's
+# small batches, ResNet-50 AMP with accumulation over 4 micro-batches, each graphed and eager, beside
+# PyTorch's eager step and its whole-step capture.
+GRAPH_STEP_RUNS = " ".join(
+    f"{fw}:{spec}" for spec in ("fp32:smallcnn:adam:graphs:b16", "fp32:smallcnn:adam:b16",
+                                "fp32:smallcnn:adam:graphs:b64", "fp32:smallcnn:adam:b64")
+    for fw in ("minidl", "pytorch")) + " " + " ".join(
+    f"minidl:amp:nhwc{g}:acc4:b{b} pytorch:amp{g}:acc4:b{b}" for b in (32, 256) for g in (":graphs", ""))
+STEP_RUN_PRESETS = {"graphs": GRAPH_STEP_RUNS}
 DEFAULT_SANITIZER_FILTER = "*-Parity.Conv2dAutotuneNhwcAndTf32:Parity.AutotuneWorkspaceStaysInsideTheBudget"
 DEFAULT_BENCH_FILTER = "^(D2DCopy|Add|MulScalarInPlace|Relu|Cast|SumAll|SumRows)/"
 
@@ -117,8 +126,9 @@ MINIDL_ONLY = {"nhwc": "--channels-last", "chain": "--conv-bn-chain", "hostscale
 def parse_step_spec(spec, rehearse):
     """FRAMEWORK:PRECISION[:OPTION...] -> (framework, precision, batch, extra flags). Options, in
     this order: nhwc (minidl channels-last), chain (minidl --conv-bn-chain), graphs (--cuda-graphs,
-    both; not in a rehearsal: the CPU has none), hostscaler (minidl --host-scaler), bN (batch N).
-    ValueError names a bad one."""
+    both; not in a rehearsal: the CPU has none), hostscaler (minidl --host-scaler), smallcnn (the
+    Keras study's small CNN at 200 px instead of ResNet-50 at 224), adam (--optimizer adam), accN
+    (--accumulation-steps N), bN (batch N). ValueError names a bad one."""
     parts = spec.split(":")
     fw, prec = parts[0], (parts[1] if len(parts) > 1 else "")
     batch, extra, minidl_only = 128, [], []
@@ -128,23 +138,35 @@ def parse_step_spec(spec, rehearse):
             minidl_only.append(opt)
         elif opt == "graphs":
             extra += [] if rehearse else ["--cuda-graphs"]
+        elif opt == "smallcnn":
+            extra += [] if rehearse else ["--model", "smallcnn", "--image-size", "200"]
+        elif opt == "adam":
+            extra += ["--optimizer", "adam"]
+        elif re.fullmatch(r"acc\d+", opt):
+            extra += ["--accumulation-steps", opt[3:]]
         elif re.fullmatch(r"b\d+", opt):
             batch = int(opt[1:])
         else:
-            raise ValueError(f"unknown option '{opt}' in step run '{spec}' (nhwc, chain, graphs, hostscaler, bN)")
+            raise ValueError(f"unknown option '{opt}' in step run '{spec}' "
+                             "(nhwc, chain, graphs, hostscaler, smallcnn, adam, accN, bN)")
     if fw not in ("minidl", "pytorch"):
         raise ValueError(f"unknown framework '{fw}' in GPU_CHECK_STEP_RUNS")
     if fw == "pytorch" and minidl_only:
-        raise ValueError(f"step run '{spec}': PyTorch takes graphs and bN only (it always runs channels_last)")
+        raise ValueError(f"step run '{spec}': PyTorch takes graphs, smallcnn, adam, accN and bN only "
+                         "(it always runs channels_last)")
     return fw, prec, batch, extra
 
 
-def step_args(rehearse, batch, seconds):
+def step_args(rehearse, batch, seconds, extra=()):
+    """The step benches' arguments; `extra` (parse_step_spec's) may name another --model and
+    --image-size, which replace the defaults here (a flag is given once)."""
+    model = ["--model", "resnet18-small", "--image-size", "32"] if rehearse else \
+        ["--model", "resnet50", "--image-size", "224"]
+    if "--model" in extra:
+        model = []
     if rehearse:
-        return ["--device", "cpu", "--model", "resnet18-small", "--image-size", "32", "--batch", "4",
-                "--warmup", "1", "--seconds", str(seconds)]
-    return ["--device", "cuda", "--model", "resnet50", "--image-size", "224", "--batch", str(batch),
-            "--warmup", "15", "--seconds", str(seconds)]
+        return ["--device", "cpu", *model, "--batch", "4", "--warmup", "1", "--seconds", str(seconds), *extra]
+    return ["--device", "cuda", *model, "--batch", str(batch), "--warmup", "15", "--seconds", str(seconds), *extra]
 
 
 def step_detail(d):
@@ -154,22 +176,29 @@ def step_detail(d):
     host = ""
     if d.get("host_seconds") is not None:
         host = f"; host {1e3 * d['host_seconds'] / d['steps']:.1f} of {1e3 * d['seconds'] / d['steps']:.1f} ms a step"
-    return f"{d['steps']} steps in {d['seconds']:.1f} s; peak {peak} MiB{reserved}{host}"
+    loss = ""
+    if d.get("loss") is not None and d.get("optimizer_steps"):
+        loss = f"; loss {d['loss']:.4f} after {d['optimizer_steps']} updates"
+    return f"{d['steps']} steps in {d['seconds']:.1f} s; peak {peak} MiB{reserved}{host}{loss}"
 
 
 def step_ratios(runs, ips):
-    """Each minidl run against PyTorch's eager run of its precision and batch, and a graphed one
-    also against PyTorch's graphed run: 'm / peer: 0.75x' lines."""
+    """Each minidl run against PyTorch's eager run of the same options (precision, model, optimizer,
+    accumulation, batch), a graphed one also against PyTorch's graphed run and against minidl's own
+    eager run: 'm / peer: 0.75x' lines."""
     out = []
     for m in runs:
         if not m.startswith("minidl:") or m not in ips:
             continue
-        prec = m.split(":")[1]
-        b = (re.findall(r":b\d*", m) or [""])[0]
-        for peer in (f"pytorch:{prec}{b}", f"pytorch:{prec}:graphs{b}"):
-            if ("graphs" in peer and "graphs" not in m) or peer not in ips:
-                continue
-            out.append(f"{m} / {peer}: {ips[m] / ips[peer]:.2f}x")
+        parts = m.split(":")
+        shared = [o for o in parts[2:] if o not in MINIDL_ONLY]
+        eager = [o for o in shared if o != "graphs"]
+        peers = [":".join(["pytorch", parts[1], *eager])]
+        if "graphs" in shared:
+            peers += [":".join(["pytorch", parts[1], *shared]), ":".join(o for o in parts if o != "graphs")]
+        for peer in peers:
+            if peer in ips:
+                out.append(f"{m} / {peer}: {ips[m] / ips[peer]:.2f}x")
     return out
 
 
@@ -182,7 +211,7 @@ def step_run(ctx, spec, budget):
         log.write_text(f"{e}\n")
         return 3, None
     jpath = log.with_suffix(".json")
-    args = step_args(ctx.rehearse, batch, ctx.step_seconds) + ["--precision", prec] + extra + ["--json", jpath]
+    args = step_args(ctx.rehearse, batch, ctx.step_seconds, extra) + ["--precision", prec, "--json", jpath]
     if fw == "minidl":
         rc = run_until([ctx.bin / "minidl_bench_step", *args], log, budget)
     else:
@@ -198,7 +227,9 @@ def step_run(ctx, spec, budget):
 def step_header(ctx):
     if ctx.rehearse:
         return "Rehearsal: resnet18-small, 32 px, batch 4, on the CPU (not GPU numbers)."
-    return (f"ResNet-50, 224 px, batch 128, SGD lr 0.001 momentum 0.9, one device-resident batch, "
+    return (f"ResNet-50, 224 px, batch 128, SGD lr 0.001 momentum 0.9 unless a run's name says otherwise "
+            f"(smallcnn: the Keras study's small CNN at 200 px; adam: Adam lr 0.001; accN: N micro-batches a step), "
+            f"one device-resident batch, "
             f"{ctx.step_seconds} s of steps after 15 warm-up steps; PyTorch {ctx.torch_line} at its best eager "
             "settings (channels_last, cudnn.benchmark, fused SGD; amp: autocast f16 + GradScaler; amp-bf16: autocast "
             "bf16, no scaler; tf32: TF32 in cuBLAS and cuDNN).")

@@ -52,7 +52,7 @@ class CheckRehearsal(FakeTree):
         self.assertIn("minidl:amp:graphs / pytorch:amp: 0.75x", r)
         self.assertIn("minidl:amp:graphs / pytorch:amp:graphs: 0.75x", r)
         self.assertNotIn("minidl:amp:nhwc:hostscaler:b256 / pytorch:amp:graphs", r)
-        self.assertIn("pytorch:amp:nhwc | failed (exit 3): step run 'pytorch:amp:nhwc': PyTorch takes graphs and bN only", r)
+        self.assertIn("pytorch:amp:nhwc | failed (exit 3): step run 'pytorch:amp:nhwc': PyTorch takes graphs, smallcnn, adam, accN and bN only", r)
         with tarfile.open(self.out / "gpu_check_logs.tar.gz") as t:
             log = t.extractfile("step_minidl_amp_nhwc_hostscaler_b256.log").read().decode()
         self.assertIn("arg --channels-last", log)

@@ -28,11 +28,37 @@ class Step(unittest.TestCase):
                          "a rehearsal's CPU has no graphs")
         self.assertEqual(phases.parse_step_spec("minidl:amp:nhwc:chain:graphs", False),
                          ("minidl", "amp", 128, ["--channels-last", "--conv-bn-chain", "--cuda-graphs"]))
+        self.assertEqual(phases.parse_step_spec("pytorch:fp32:smallcnn:adam:graphs:acc4:b16", False),
+                         ("pytorch", "fp32", 16, ["--model", "smallcnn", "--image-size", "200", "--optimizer", "adam",
+                                                  "--cuda-graphs", "--accumulation-steps", "4"]))
+        self.assertEqual(phases.parse_step_spec("minidl:fp32:smallcnn:adam", True),
+                         ("minidl", "fp32", 128, ["--optimizer", "adam"]), "a rehearsal keeps its small model")
+
+    def test_args_take_the_runs_model_once(self):
+        args = phases.step_args(False, 16, 15, ["--model", "smallcnn", "--image-size", "200"])
+        self.assertEqual(args.count("--model"), 1)
+        self.assertEqual(args[args.index("--model") + 1], "smallcnn")
+        self.assertEqual(args[args.index("--image-size") + 1], "200")
+        plain = phases.step_args(False, 128, 15)
+        self.assertEqual(plain[plain.index("--model") + 1], "resnet50")
+
+    def test_the_graphs_preset_pairs_every_run(self):
+        runs = phases.STEP_RUN_PRESETS["graphs"].split()
+        self.assertEqual(len(runs), 16)
+        for r in runs:
+            phases.parse_step_spec(r, False)   # every one parses
+        ips = {r: 100.0 for r in runs}
+        lines = phases.step_ratios(runs, ips)
+        self.assertIn("minidl:fp32:smallcnn:adam:graphs:b16 / minidl:fp32:smallcnn:adam:b16: 1.00x", lines)
+        self.assertIn("minidl:amp:nhwc:graphs:acc4:b256 / pytorch:amp:graphs:acc4:b256: 1.00x", lines)
+        self.assertIn("minidl:amp:nhwc:acc4:b32 / pytorch:amp:acc4:b32: 1.00x", lines)
+        self.assertEqual(len(lines), 4 * 3 + 4 * 1)
 
     def test_bad_specs_name_the_problem(self):
         for spec, words in [("minidl:amp:bogus", "unknown option 'bogus'"),
-                            ("pytorch:amp:nhwc", "PyTorch takes graphs and bN only"),
-                            ("pytorch:amp:chain", "PyTorch takes graphs and bN only"),
+                            ("pytorch:amp:nhwc", "PyTorch takes graphs, smallcnn, adam, accN and bN only"),
+                            ("pytorch:amp:chain", "PyTorch takes graphs, smallcnn, adam, accN and bN only"),
+                            ("minidl:amp:accx", "unknown option 'accx'"),
                             ("jax:amp", "unknown framework 'jax'")]:
             with self.assertRaises(ValueError) as e:
                 phases.parse_step_spec(spec, False)
@@ -53,6 +79,8 @@ class Step(unittest.TestCase):
              "host_seconds": 1.0}
         self.assertEqual(phases.step_detail(d), "10 steps in 2.0 s; peak 3 MiB (reserved 4); host 100.0 of 200.0 ms a step")
         self.assertEqual(phases.step_detail({"steps": 1, "seconds": 1.0}), "1 steps in 1.0 s; peak - MiB")
+        self.assertEqual(phases.step_detail({"steps": 1, "seconds": 1.0, "loss": 0.25, "optimizer_steps": 16}),
+                         "1 steps in 1.0 s; peak - MiB; loss 0.2500 after 16 updates")
 
 
 class Sanitizer(unittest.TestCase):
