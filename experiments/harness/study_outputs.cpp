@@ -74,16 +74,23 @@ std::string data_and_seeds(const Study& st) {
   return d + std::to_string(seeds.size()) + (seeds.size() == 1 ? " seed" : " seeds");
 }
 
-// Whether the runs' steps replay CUDA graphs (the default on a CUDA device) or run eagerly.
-std::string steps_mode(const Study& st) {
-  size_t graphed = 0;
-  for (const auto& r : st.runs) graphed += r.config.resolved_cuda_graphs() ? 1 : 0;
+std::string steps_mode(const Study& st, const std::map<std::string, nlohmann::json>& runs) {
+  size_t graphed = 0, fell_back = 0;
+  for (const auto& r : st.runs) {
+    graphed += r.config.resolved_cuda_graphs() ? 1 : 0;
+    const auto it = runs.find(r.id);
+    if (it != runs.end() && it->second.contains("result") && it->second["result"].value("graph_fallbacks", 0) > 0)
+      ++fell_back;
+  }
   if (graphed == 0) return "eager";
-  const std::string how =
-      "replayed from CUDA graphs after an eager warm-up (partial batches and windows eagerly, and any batch shape "
-      "whose capture did not fit: results.json's graph_fallbacks)";
-  if (graphed == st.runs.size()) return how;
-  return how + " in " + std::to_string(graphed) + " of " + std::to_string(st.runs.size()) + " runs, eager in the others";
+  std::string how = "replayed from CUDA graphs after an eager warm-up (partial batches and windows eagerly)";
+  if (graphed < st.runs.size())
+    how += " in " + std::to_string(graphed) + " of " + std::to_string(st.runs.size()) + " runs, eager in the others";
+  if (fell_back > 0)
+    how += "; in " + std::to_string(fell_back) + (fell_back == 1 ? " run" : " runs") +
+           " a batch shape's capture did not fit beside the eager cache and its steps ran eagerly (results.json: "
+           "graph_fallbacks)";
+  return how;
 }
 
 std::string accuracy_cell(const std::string& value, int64_t n) {
@@ -199,7 +206,7 @@ std::string write_study_outputs(const Study& st, const std::filesystem::path& ou
         j["date"].get<std::string>() + "\n";
   md += "- runs: " + std::to_string(rows.size()) + " of " + std::to_string(st.runs.size()) + "\n";
   md += "- what ran: " + setting + "; " + data_and_seeds(st) + "\n";
-  md += "- steps: " + steps_mode(st) + "\n";
+  md += "- steps: " + steps_mode(st, runs) + "\n";
   if (!st.published_setup.empty()) {
     const bool synthetic = !st.runs.empty() && st.runs.front().config.data == "synthetic";
     md += "- setting: " +

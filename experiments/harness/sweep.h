@@ -102,6 +102,10 @@ std::string run_setting(const Study& st, const std::string& device_kind);
 // What summary.md's "what ran" line adds: the synthetic data's difficulty (when synthetic) and the
 // number of seeds, e.g. "synthetic difficulty 0.85, 3 seeds".
 std::string data_and_seeds(const Study& st);
+// What summary.md's "steps" line says: eager, or replayed from CUDA graphs (in how many runs), and in
+// how many of the runs that ran (`runs`: runs.jsonl's records by run id) a batch shape's capture
+// did not fit and its steps ran eagerly.
+std::string steps_mode(const Study& st, const std::map<std::string, nlohmann::json>& runs);
 // An accuracy cell for summary.md: "0.5125 (chance)" when it is within two binomial standard
 // errors of 50% (two balanced classes) for `n` evaluated images (n <= 0: within 5 points).
 std::string accuracy_cell(const std::string& value, int64_t n);

@@ -83,6 +83,30 @@ TEST(ExperimentsProgress, SummaryStatesDifficultyAndSeeds) {
   EXPECT_EQ(data_and_seeds(st), "1 seed");
 }
 
+// CUDA graphs are the default on a CUDA device: the summary says the steps replay, in how many
+// runs, and how many runs had a batch shape whose capture did not fit (from runs.jsonl's results).
+TEST(ExperimentsProgress, SummarySaysWhetherTheStepsReplayedAndWhereTheyFellBack) {
+  Study st;
+  for (const std::string id : {"a", "b", "c"}) {
+    SweepRun r;
+    r.id = id;
+    r.config = testing::tiny_config();
+    r.config.device = "cuda";
+    st.runs.push_back(r);
+  }
+  std::map<std::string, nlohmann::json> runs;
+  runs["a"] = {{"id", "a"}, {"result", {{"graph_fallbacks", 0}}}};
+  runs["b"] = {{"id", "b"}, {"result", {{"graph_fallbacks", 1}}}};
+  EXPECT_EQ(steps_mode(st, runs),
+            "replayed from CUDA graphs after an eager warm-up (partial batches and windows eagerly); in 1 run a "
+            "batch shape's capture did not fit beside the eager cache and its steps ran eagerly (results.json: "
+            "graph_fallbacks)");
+  st.runs[2].config.cuda_graphs = false;
+  EXPECT_NE(steps_mode(st, {}).find("in 2 of 3 runs, eager in the others"), std::string::npos);
+  for (SweepRun& r : st.runs) r.config.device = "cpu";
+  EXPECT_EQ(steps_mode(st, runs), "eager");
+}
+
 TEST(ExperimentsProgress, AccuracyPlotsShadeTheChanceBandAndCircleThePointsInIt) {
   const auto dir = testing::temp_dir();
   PlotSpec spec;
