@@ -134,6 +134,22 @@ TEST(WholeRunCuda, GraphsByDefaultKeepTheEagerAnswer) {
   EXPECT_EQ(at.graph_replays, 0);
   EXPECT_GT(at.graph_fallbacks, 0);
   EXPECT_EQ(testing::train_at(c, answer + 1).status, "oom");
+  // memest's rows at the answer: the dry run's trial falls back where the real one does, with the
+  // real trial's peaks to the byte (the failed capture's segments included).
+  for (const Device d : {Device::meta(DeviceType::CUDA), Device::cuda(0)}) empty_cache(d);
+  Trial dry, real;
+  {
+    StepRunner r(c, int64_t{64} << 20, Device::meta(DeviceType::CUDA));
+    dry = r.run(answer, 2);
+  }
+  {
+    StepRunner r(c, int64_t{64} << 20, Device::cuda(0));
+    real = r.run(answer, 2);
+  }
+  ASSERT_TRUE(dry.ok && real.ok);
+  EXPECT_FALSE(dry.graphed || real.graphed);
+  EXPECT_EQ(dry.peak_allocated, real.peak_allocated);
+  EXPECT_EQ(dry.peak_reserved, real.peak_reserved);
   const RunResult within = testing::train_at(c, graphed_answer);
   EXPECT_GT(within.graph_replays, 0);
   EXPECT_EQ(within.graph_fallbacks, 0);
