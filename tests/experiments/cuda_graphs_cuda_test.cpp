@@ -267,24 +267,6 @@ TEST(ExperimentsCudaGraphs, AGraphedRunStoppedInsideAnEpochResumesBitIdentically
   EXPECT_GT(resumed.graph_line.size(), 0u);
 }
 
-// Recomputation (the techniques study's rows, graphed by default on a GPU): ResNet-18-small with
-// each stage checkpointed, AMP, 16 px, one epoch of three batches of 2 (a small run: the emulated
-// ResNet costs seconds a step). The reruns inside the captured backward are captured with it
-// (they read nothing on the host) and replay bit-identically: step 1 eager, 2 captured and
-// replayed, 3 replayed; the test batch replays the evaluation's capture.
-TEST(ExperimentsCudaGraphs, CheckpointedStagesReplayBitIdentically) {
-  TrainConfig c = sgd_config(true);
-  c.model = "resnet18-small";
-  c.image_size = 16;
-  c.split = "3,1,1";
-  c.batch_size = 2;
-  c.epochs = 1;
-  c.checkpoint = "stages";
-  c.schedule = "constant";
-  c.cudnn_benchmark = "off";
-  expect_same_training(c, 3, 2, 1);
-}
-
 // By default (neither --cuda-graphs nor --no-cuda-graphs) a CUDA run replays graphs where they fit.
 // Under a budget that the eager run fills to the byte, the graph's private pool (segments of its
 // own, no memory released while a stream captures) cannot grow: the capture is abandoned, the run
