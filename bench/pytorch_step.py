@@ -133,10 +133,10 @@ class Step:
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(1), self.y.float())
             else:
                 loss = torch.nn.functional.cross_entropy(out, self.y)
+            self.loss = loss   # the micro-batch's mean, before the window's weight
             if self.accumulation > 1:
                 loss = loss / self.accumulation
             self.scaler.scale(loss).backward()
-            self.loss = loss * self.accumulation if self.accumulation > 1 else loss
         self.scaler.step(self.opt)
         self.scaler.update()
 

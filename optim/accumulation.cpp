@@ -144,12 +144,12 @@ void AccumulatingTrainer::restore(const Counts& before, bool window_open) {
 }
 
 void AccumulatingTrainer::settle_device_step(const Counts& before, bool skipped) {
-  window_open_ = false;   // the replayed micro-batch closed its window
   MINIDL_CHECK(!skipped || (o_.scaler != nullptr && o_.scaler->device_state()), "gradient accumulation: a step ",
                "skipped on the device needs the gradient scaler's device state (GradScaler::to_device_state)");
-  optimizer_steps_ = before.windows + (skipped ? 0 : 1);
-  skipped_steps_ = before.skipped + (skipped ? 1 : 0);
-  opt_.set_step_count(before.optimizer_steps + (skipped ? 0 : 1));
+  const int64_t taken = skipped ? 0 : 1;
+  restore({.optimizer_steps = before.optimizer_steps + taken, .windows = before.windows + taken,
+           .skipped = before.skipped + 1 - taken},
+          false);   // the replayed micro-batch closed its window
 }
 
 }  // namespace minidl::optim

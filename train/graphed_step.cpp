@@ -216,15 +216,17 @@ std::string GraphedStep::shape_text(const Layout& l) {
   return std::string(dtype_name(l.dtype)) + shape_str(l.shape);
 }
 
-void GraphedStep::fall_back(const Layout& images, const HostState& before, const std::string& what) {
-  // The capture ran host code only: its counts, rates and random draws go back, and what its device
-  // work would have filled (the scaler's stage, autocast's weight copies, new gradients) holds nothing.
-  trainer_.restore(before.counts, before.window_open);
-  for (size_t g = 0; g < before.lrs.size(); ++g) opt_.set_lr(g, before.lrs[g]);
-  default_generator().set_offset(before.rng_offset);
-  scaler_.abandon_step();
-  autocast_clear_cache();
-  if (opt_.grads_to_none()) opt_.zero_grad();
+void GraphedStep::fall_back(const Layout& images, const HostState* before, const std::string& what) {
+  if (before != nullptr) {
+    // The capture ran host code only: its counts, rates and random draws go back, and what its
+    // device work would have filled (the scaler's stage, autocast's copies, new gradients) holds nothing.
+    trainer_.restore(before->counts, before->window_open);
+    for (size_t g = 0; g < before->lrs.size(); ++g) opt_.set_lr(g, before->lrs[g]);
+    default_generator().set_offset(before->rng_offset);
+    scaler_.abandon_step();
+    autocast_clear_cache();
+    if (opt_.grads_to_none()) opt_.zero_grad();
+  }
   no_graph_.push_back(images);
   auto it = std::find_if(shapes_.begin(), shapes_.end(), [&](const Shaped& s) { return s.images == images; });
   if (it != shapes_.end()) {   // its other graph (a window's) goes too: the layout runs eagerly
@@ -241,15 +243,18 @@ std::optional<GraphedStep::Output> GraphedStep::step(const Tensor& images, const
                                                      const optim::MicroBatch& mb) {
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
-  const HostState host = host_state();
   Shaped* sp = nullptr;
+  std::optional<HostState> host;   // taken before a capture only: a replay moves no host state
   try {
     sp = &shape_for(images, labels);   // a new layout's inputs are allocated here
     Captured& c = sp->graphs[mb.steps ? 1 : 0];
-    if (!c.graph) capture(*sp, c, mb);   // runs the micro-batch's host code (and counts it) without its device work
+    if (!c.graph) {
+      host = host_state();
+      capture(*sp, c, mb);   // runs the micro-batch's host code (and counts it) without its device work
+    }
   } catch (const OutOfMemoryError& e) {
     if (!falls_back_) throw;
-    fall_back(layout(images), host, e.what());
+    fall_back(layout(images), host ? &*host : nullptr, e.what());
     return std::nullopt;
   }
   Shaped& s = *sp;

@@ -168,7 +168,8 @@ class GraphedStep {
   void capture(Shaped& s, Captured& g, const optim::MicroBatch& mb);
   void capture_eval(Shaped& s);
   // After a capture of `images` ran out of memory (and falling back is allowed): puts the host
-  // state back (`before`), drops the layout's entry (its inputs and any other graph of it), and says so.
+  // state back (`before`; null when it ran out before the capture, in the new layout's inputs),
+  // drops the layout's entry (its inputs and any other graph of it), and says so.
   struct HostState {
     optim::AccumulatingTrainer::Counts counts;
     bool window_open = false;
@@ -176,7 +177,7 @@ class GraphedStep {
     uint64_t rng_offset = 0;
   };
   HostState host_state() const;
-  void fall_back(const Layout& images, const HostState& before, const std::string& what);
+  void fall_back(const Layout& images, const HostState* before, const std::string& what);
   static std::string shape_text(const Layout& l);
   static void drop(Shaped& s);
   void drop_graphs();
