@@ -117,6 +117,7 @@ Recomputer::Recomputer(ResNet& model, RecomputeMode mode, int64_t memory_limit_b
 void Recomputer::replan(const Tensor& x) {
   device_ = x.device();
   profile_ = profile_chain(links_, x);
+  ++profiles_;
   const ChainProfile& p = *profile_;
   keep_all_ = evaluate(p.stages, p.input_bytes, std::vector<StageMode>(p.stages.size(), StageMode::KeepAll));
   solve(memory_stats(x.device()));
@@ -171,9 +172,37 @@ Tensor Recomputer::forward(const Tensor& x) {
   if (mode_.kind == RecomputeMode::Kind::None || !grad_enabled()) return model_(x);
   if (mode_.kind == RecomputeMode::Kind::Optimal &&
       (!profile_ || profile_->input_shape != x.shape() || profile_->input_dtype != x.dtype())) {
-    replan(x);
+    switch_plan(x);
   }
   return run_chain(links_, x, segments_);
+}
+
+void Recomputer::switch_plan(const Tensor& x) {
+  std::optional<Planned> kept;
+  const auto it = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) {
+    return p.profile.input_shape == x.shape() && p.profile.input_dtype == x.dtype();
+  });
+  if (it != planned_.end()) {
+    kept = std::move(*it);
+    planned_.erase(it);
+  }
+  if (profile_) {   // the current plan is kept for when its shape comes back
+    if (planned_.size() + 1 >= kPlannedShapes) planned_.erase(planned_.begin());
+    planned_.push_back(Planned{.profile = std::move(*profile_), .plan = std::move(*plan_),
+                               .keep_all = std::move(*keep_all_), .segments = segments_, .limit = limit_,
+                               .limit_arg = limit_arg_, .below_least_peak = below_least_peak_});
+  }
+  if (!kept) {
+    replan(x);
+    return;
+  }
+  profile_ = std::move(kept->profile);
+  plan_ = std::move(kept->plan);
+  keep_all_ = std::move(kept->keep_all);
+  segments_ = std::move(kept->segments);
+  limit_ = kept->limit;
+  below_least_peak_ = kept->below_least_peak;
+  if (kept->limit_arg != limit_arg_) solve(memory_stats(device_));   // set_memory_limit came in between
 }
 
 const RecomputePlan* Recomputer::plan() const { return plan_ ? &*plan_ : nullptr; }

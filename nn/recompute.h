@@ -43,17 +43,22 @@ class Recomputer {
   Recomputer(ResNet& model, RecomputeMode mode, int64_t memory_limit_bytes = 0);
 
   // The model's forward with the mode applied. With grad mode off it is the plain forward. For
-  // optimal, the first call (and any call with a new input shape or dtype) profiles the chain on
-  // x and solves the plan; when the limit is below the least peak any plan reaches, the
-  // least-memory plan is used (the allocator then decides) and describe() says so.
+  // optimal, the first call with an input shape and dtype profiles the chain on x and solves the
+  // plan; when the limit is below the least peak any plan reaches, the least-memory plan is used
+  // (the allocator then decides) and describe() says so. The plans of the last kPlannedShapes
+  // shapes are kept: an epoch's partial batch and the full batch after it switch plans without a
+  // new profile (which runs every link twice, and would otherwise happen twice an epoch).
   Tensor forward(const Tensor& x);
+  static constexpr size_t kPlannedShapes = 4;
 
   // Optimal: a new limit (bytes > 0, or 0 to derive it from the budget); after the first
-  // forward the plan is solved again from the same profile (no new profile).
+  // forward the plan is solved again from the same profile (no new profile), and a kept plan of
+  // another shape is solved again when that shape comes back.
   void set_memory_limit(int64_t bytes);
 
   const RecomputePlan* plan() const;           // optimal only, after the first forward
   const ChainProfile* profile() const;         // optimal only, after the first forward
+  int64_t profiles() const { return profiles_; }   // optimal: the chain profiles taken so far
   std::string describe() const;                // the printable plan with predicted peak (or the mode)
   const RecomputeMode& mode() const { return mode_; }
   int64_t memory_limit() const { return limit_; }   // optimal: the limit the plan was solved for
@@ -63,6 +68,9 @@ class Recomputer {
  private:
   void replan(const Tensor& x);
   void solve(const MemoryStats& ms);  // the plan for limit_arg_ (or the budget) from profile_
+  // Optimal: makes x's shape and dtype the current plan: a kept one (solved again when the limit
+  // changed since), or a new profile; the plan it replaces is kept.
+  void switch_plan(const Tensor& x);
 
   ResNet& model_;
   RecomputeMode mode_;
@@ -75,6 +83,16 @@ class Recomputer {
   std::optional<ChainProfile> profile_;
   std::optional<RecomputePlan> plan_;
   std::optional<RecomputePlan> keep_all_;  // the none plan under the same profile, for comparison
+  int64_t profiles_ = 0;
+  // The plans of other shapes (optimal), the most recently used last.
+  struct Planned {
+    ChainProfile profile;
+    RecomputePlan plan, keep_all;
+    std::vector<int> segments;
+    int64_t limit = 0, limit_arg = 0;
+    bool below_least_peak = false;
+  };
+  std::vector<Planned> planned_;
 };
 
 }  // namespace minidl::nn

@@ -339,6 +339,38 @@ TEST(RecomputeTest, ReplansWhenTheBatchShapeChangesAndSkipsWithoutGrad) {
   const Tensor y = rc.forward(make_batch(4, 8).x);
   EXPECT_EQ(y.shape(), (Shape{4, 10}));
   EXPECT_EQ(rc.profile()->input_shape, (Shape{3, 3, 8, 8}));  // no profile without grad
+  EXPECT_EQ(rc.profiles(), 2);
+}
+
+// An epoch's partial batch and the full batch after it, epoch after epoch: each shape is profiled
+// once and comes back to its own plan (the same segments and limit); a limit set in between is
+// applied to a kept plan when its shape comes back, from the kept profile.
+TEST(RecomputeTest, KeepsThePlanOfEachBatchShape) {
+  Net n = make_net(10);
+  Recomputer rc(*n.model, RecomputeMode::parse("optimal"), 1);
+  const auto step = [&](int64_t b) { loss_of(rc.forward(make_batch(b, 8).x), make_batch(b, 8).w).backward(); };
+  step(4);
+  const std::vector<int> full = rc.segments();
+  const std::string full_plan = rc.describe();
+  step(2);
+  const std::string partial_plan = rc.describe();
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    step(4);
+    EXPECT_EQ(rc.profile()->input_shape, (Shape{4, 3, 8, 8}));
+    EXPECT_EQ(rc.segments(), full);
+    EXPECT_EQ(rc.describe(), full_plan);
+    step(2);
+    EXPECT_EQ(rc.describe(), partial_plan);
+  }
+  EXPECT_EQ(rc.profiles(), 2) << "one profile a shape";
+  const int64_t keep_all = int64_t{1} << 40;   // far above any plan's peak
+  rc.set_memory_limit(keep_all);   // solved again for the current (partial) shape
+  EXPECT_EQ(rc.memory_limit(), keep_all);
+  step(4);   // the full batch's kept plan, solved again for the new limit
+  EXPECT_EQ(rc.memory_limit(), keep_all);
+  EXPECT_NE(rc.describe(), full_plan);
+  for (const int s : rc.segments()) EXPECT_EQ(s, -1) << "everything kept under the new limit";
+  EXPECT_EQ(rc.profiles(), 2);
 }
 
 // k micro-batches through AccumulatingTrainer: the parameters after the optimizer step are the
