@@ -57,7 +57,7 @@ void GraphedStep::drop_graphs() {
 
 void GraphedStep::release() {
   drop_graphs();
-  warm_.reset();
+  warm_.clear();
   eval_warm_.clear();
   no_graph_.clear();
   no_eval_graph_.clear();
@@ -148,9 +148,9 @@ bool GraphedStep::replayable(const Tensor& images, const optim::MicroBatch& mb, 
   const Layout l = layout(images);
   const Shaped* s = find(l);
   if (s != nullptr && s->graphs[mb.steps ? 1 : 0].graph) return true;   // a replay of the layout's graph
-  // A capture runs the step's host code: only at the layout whose host code ran last, so that
-  // cuDNN's algorithm choice, workspaces and --checkpoint optimal's profile of the shape exist.
-  return l == warm_;
+  // A capture runs the step's host code: only at a layout whose host code ran recently, so that
+  // cuDNN's algorithm choice and --checkpoint optimal's profile and plan of the shape exist.
+  return std::find(warm_.begin(), warm_.end(), l) != warm_.end();
 }
 
 bool GraphedStep::skipped_on_device() const {
@@ -158,8 +158,14 @@ bool GraphedStep::skipped_on_device() const {
   return scaler_.is_enabled() && scaler_.device_state() && scaler_.device_found_inf().item() != 0.0;
 }
 
+void GraphedStep::warmed(const Layout& l) {
+  std::erase(warm_, l);
+  if (warm_.size() >= kMaxShapes) warm_.erase(warm_.begin());
+  warm_.push_back(l);
+}
+
 bool GraphedStep::eager_step(const Tensor& loss, const optim::MicroBatch& mb, const Tensor& images) {
-  warm_ = layout(images);
+  warmed(layout(images));
   window_replayed_ = false;
   // A window closed with the gradients kept (zeroed in place): they exist for the captures.
   const bool keeps = mb.steps && !opt_.grads_to_none();
@@ -196,7 +202,7 @@ void GraphedStep::capture(Shaped& s, Captured& g, const optim::MicroBatch& mb) {
       any_graph());
   g.loss = g.loss.detach();
   g.logits = g.logits.detach();
-  warm_ = s.images;
+  warmed(s.images);
   ++captures_;
 }
 

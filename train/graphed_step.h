@@ -39,8 +39,8 @@ void check_cuda_graphs(const TrainConfig& c);
 //
 // Graphs are kept per batch layout, all in one memory pool (none replays while another does): the
 // full batch's and the epoch's partial batch's, which recurs at the same shape every epoch. A
-// partial batch runs eagerly the first time (that warms it), is captured the next time it comes
-// right after its own eager run, and replays from then on. With accumulation (k > 1) every
+// partial batch runs eagerly the first time (that warms it), is captured the next time it comes,
+// and replays from then on; so is an epoch of one full batch and one partial one. With accumulation (k > 1) every
 // micro-batch of a replayed window is a full one.
 //
 // Accumulation over k micro-batches (set_accumulation) captures two graphs of one micro-batch at
@@ -65,7 +65,7 @@ class GraphedStep {
   // Whether this micro-batch can be a replay: after the warm-up, a micro-batch at weight 1/k (a
   // trailing window of other weights runs eagerly; with k > 1 a full one of `micro` samples) in a
   // window that has replayed so far, and either a layout with a graph for it, or (a capture inside
-  // step()) the layout of the last micro-batch whose host code ran, eager or captured. Otherwise the
+  // step()) a layout whose host code ran recently (warm_), eager or captured. Otherwise the
   // micro-batch runs eagerly and warms its layout.
   bool replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const;
 
@@ -159,6 +159,8 @@ class GraphedStep {
   // At most this many layouts keep graphs: the full batch and the epoch's partial one (a batch
   // schedule's next phase replaces the least recently used).
   static constexpr size_t kMaxShapes = 2;
+  static_assert(kMaxShapes <= nn::Recomputer::kPlannedShapes,
+                "a warm layout's --checkpoint optimal plan must still be kept: no profile inside a capture");
   Shaped* find(const Layout& images, const Layout& labels);
   const Shaped* find(const Layout& images) const;
   // The layout's entry, made (its inputs cloned) when new; copies the batch into its inputs when not.
@@ -178,6 +180,7 @@ class GraphedStep {
   };
   HostState host_state() const;
   void fall_back(const Layout& images, const HostState* before, const std::string& what);
+  void warmed(const Layout& l);   // its host code ran: it goes last in warm_
   static std::string shape_text(const Layout& l);
   static void drop(Shaped& s);
   void drop_graphs();
@@ -195,7 +198,10 @@ class GraphedStep {
   bool ready_ = false;        // the optimizer has really stepped eagerly
   bool grads_kept_ = true;    // with accumulation: an eager window has made the gradients that are kept
   bool window_replayed_ = false;   // the open window's micro-batches so far were replays
-  std::optional<Layout> warm_;     // the layout of the last step whose host code ran
+  // The layouts of the last kMaxShapes micro-batches whose host code ran (eager or captured), the
+  // most recent last: a capture needs one of them. Their host-side choices are all still held:
+  // cuDNN's per-shape plans, and --checkpoint optimal's plans (nn::Recomputer keeps more shapes).
+  std::vector<Layout> warm_;
   std::vector<Layout> eval_warm_;   // the layouts of the eager evaluation batches so far
   std::function<void(const std::string&)> fallback_log_;   // set: a capture out of memory falls back
   bool falls_back_ = false;

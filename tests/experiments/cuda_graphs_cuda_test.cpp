@@ -169,8 +169,8 @@ void expect_same_training(const TrainConfig& c, int64_t steps, int replays, int 
 
 // 10 steps, 5 an epoch: step 1 eager (the warm-up), 2 captured and replayed, 3 and 4 replayed (4 at
 // a new rate: written to the device, no new capture), 5 the partial batch (eager: it warms its
-// shape); 6 to 9 replayed, 10 the partial batch again, captured (its shape's host code ran last, at
-// step 5) and replayed: 8 replays of 2 captures, one per batch shape.
+// shape); 6 to 9 replayed, 10 the partial batch again, captured (its shape's host code ran at step
+// 5) and replayed: 8 replays of 2 captures, one per batch shape.
 TEST(ExperimentsCudaGraphs, Fp32TrainingWithReplaysIsBitIdenticalToEager) {
   expect_same_training(sgd_config(false), 10, 8, 2);
 }
@@ -194,6 +194,16 @@ TEST(ExperimentsCudaGraphs, AmpStepsTheDeviceSkipsAreNotCounted) { expect_same_t
 // run eagerly).
 TEST(ExperimentsCudaGraphs, AdamWithWarmupCosineAndClippingReplaysOneCaptureAShape) {
   expect_same_training(adam_config(false), 15, 13, 2);
+}
+
+// An epoch of one full batch and one partial batch (6 training images, batch 4), for 4 epochs: the
+// two shapes alternate, and each is captured the first time it comes after its eager run (epoch 2),
+// then both replay: 6 replays of 2 captures in 8 steps.
+TEST(ExperimentsCudaGraphs, AnEpochOfOneFullAndOnePartialBatchReplaysBoth) {
+  TrainConfig c = sgd_config(false);
+  c.split = "3,2,2";
+  c.epochs = 4;
+  expect_same_training(c, 8, 6, 2);
 }
 
 // The same with AMP from a loss scale of 2^18: an overflow inside a replay is skipped on the
@@ -231,8 +241,8 @@ TEST(ExperimentsCudaGraphs, AccumulationWindowsReplayTwoGraphsLikeTheEagerRun) {
 // Adam with warmup + cosine, clipping and AMP from a loss scale of 2^18 over windows of 3
 // micro-batches: 30 images an epoch, [4, 4, 4] twice then a trailing [4, 2] (eager). The overflows
 // are found once a window, at its end, and a window skipped inside a replay counts no step, as in
-// the eager loop. The first capture waits for a window whose shape ran last (not the one after
-// the partial batch); then every full window replays.
+// the eager loop. After the first eager window (the warm-up) every full window replays, the one
+// after the trailing window's partial batch too (its shape stays warm).
 TEST(ExperimentsCudaGraphs, AmpAdamAccumulationSkipsWholeWindowsOnTheDevice) {
   TrainConfig c = adam_config(true, 262144.0);
   c.split = "15,2,2";
