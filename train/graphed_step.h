@@ -40,8 +40,8 @@ void check_cuda_graphs(const TrainConfig& c);
 // Graphs are kept per batch layout, all in one memory pool (none replays while another does): the
 // full batch's and the epoch's partial batch's, which recurs at the same shape every epoch. A
 // partial batch runs eagerly the first time (that warms it), is captured the next time it comes,
-// and replays from then on; so is an epoch of one full batch and one partial one. With accumulation (k > 1) every
-// micro-batch of a replayed window is a full one.
+// and replays from then on; so does an epoch of one full batch and one partial one. With
+// accumulation (k > 1) every micro-batch of a replayed window is a full one.
 //
 // Accumulation over k micro-batches (set_accumulation) captures two graphs of one micro-batch at
 // weight 1/k, one that only adds its gradients and one that closes the window with the update,
