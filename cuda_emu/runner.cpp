@@ -407,10 +407,9 @@ void run_grid_erased(const LaunchInfo& info, void (*body)(void*), std::shared_pt
 }
 
 namespace {
-// Makes a thread's fiber at its first turn, not when the block starts: a thread that finishes
-// without waiting gives its stack back before the next one starts, so a block whose threads never
-// wait runs them all on one stack, warm in the cache (made up front, each thread touched a stack
-// of its own). The order the threads run in, and so everything they compute, is the same.
+// Makes a thread's fiber at its first turn, not when its block starts: a thread that finishes
+// without waiting gives its stack back before the next one starts, so the threads of a block that
+// never waits all run on one stack, warm in the cache, in the scheduler's order.
 void start(Fiber& f, Block& b, void (*body)(void*), void* arg) {
   f.self = bctx::fiber(std::allocator_arg, StackPool{}, [&f, body, arg, &b](bctx::fiber&& s) {
     f.sched = std::move(s);
