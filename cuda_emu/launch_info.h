@@ -16,6 +16,9 @@ struct LaunchInfo {
   cudaStream_t stream;
   const void* func = nullptr;   // the kernel, as cudaFuncSetAttribute names it
   bool profiled = false;        // profiling was on when the launch was issued (profiler.h)
+  // Launched with MINIDL_LAUNCH_NOWAIT: the kernel calls no __syncthreads() or warp collective, so
+  // the runner runs its threads one after another without fibers (a wait is a fault).
+  bool never_waits = false;
 };
 
 }  // namespace minidl::cuda::emu

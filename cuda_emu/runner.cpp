@@ -121,6 +121,7 @@ struct Block {
   const void* barrier_site = nullptr;
   std::exception_ptr error;
   bool aborting = false;   // a fault: every suspended fiber is resumed to leave through AbortBlock
+  bool direct = false;     // LaunchInfo::never_waits: the threads run one after another, without fibers
   SharedArena shared;
 };
 
@@ -186,6 +187,9 @@ std::string where(const Fiber& f) {
 }
 
 void yield_until_released(Fiber& f) {
+  if (f.wait != Wait::None && t_block->direct)
+    kernel_fault("a thread must wait at a __syncthreads() or warp collective, but the kernel was launched with "
+                 "MINIDL_LAUNCH_NOWAIT (its threads run one after another): launch it with MINIDL_LAUNCH");
   while (f.wait != Wait::None) {
     leaving_fiber(f, false);
     f.sched = std::move(f.sched).resume();
@@ -428,10 +432,60 @@ void start(Fiber& f, Block& b, void (*body)(void*), void* arg) {
   f.stack_bottom = StackPool::last_stack();
 }
 
+// A block's threads on fibers: each runs until it finishes or waits at a collective, in index
+// order (a seeded shuffle under MINIDL_EMU_SCHEDULE), round after round until all have finished.
+void run_block_on_fibers(Block& b, std::vector<int>& order, std::mt19937_64& rng, void (*body)(void*), void* arg) {
+  for (;;) {
+    if (g_seed != 0) std::shuffle(order.begin(), order.end(), rng);
+    bool ran = false, all_done = true;
+    for (int t : order) {
+      Fiber& f = b.threads[static_cast<size_t>(t)];
+      if (f.done) continue;
+      all_done = false;
+      if (f.wait != Wait::None) continue;
+      if (!f.self) start(f, b, body, arg);   // its first turn
+      t_fiber = &f;
+      t_record_thread = f.linear;
+      enter(f.coords);
+      resume(f);
+      ran = true;
+      if (b.error) {
+        abort_block(b);
+        std::rethrow_exception(b.error);
+      }
+    }
+    if (all_done) return;
+    if (!ran) {
+      t_fiber = nullptr;
+      const std::string why = deadlock_report(b);
+      abort_block(b);
+      kernel_fault(why);
+    }
+  }
+}
+
+// A block of a kernel that never waits (MINIDL_LAUNCH_NOWAIT): each thread runs to its end on this
+// stack, in the order of the fibers' first round (the generator advanced as their two rounds
+// advance it), so the schedule, and all the threads compute, is what fibers give, without a
+// fiber's creation and two stack switches a thread (most of an elementwise kernel's cost here).
+void run_block_directly(Block& b, std::vector<int>& order, std::mt19937_64& rng, void (*body)(void*), void* arg) {
+  if (g_seed != 0) std::shuffle(order.begin(), order.end(), rng);
+  for (int t : order) {
+    Fiber& f = b.threads[static_cast<size_t>(t)];
+    t_fiber = &f;
+    t_record_thread = f.linear;
+    enter(f.coords);
+    body(arg);   // a fault propagates: no thread waits to be released
+    f.done = true;
+  }
+  if (g_seed != 0) std::shuffle(order.begin(), order.end(), rng);
+}
+
 void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
   const int nthreads = static_cast<int>(info.block.x * info.block.y * info.block.z);
   Block b;
   b.info = &info;
+  b.direct = info.never_waits;
   b.threads.resize(static_cast<size_t>(nthreads));
   b.warps.resize(static_cast<size_t>((nthreads + 31) / 32));
   b.shared.start_launch(info.smem, max_dynamic_shared(info.func) > kSharedLimit ? kSharedOptInLimit : kSharedLimit);
@@ -464,33 +518,8 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
         }
         for (WarpState& w : b.warps) w = WarpState{};
         b.arrived = 0;
-        for (;;) {
-          if (g_seed != 0) std::shuffle(order.begin(), order.end(), rng);
-          bool ran = false, all_done = true;
-          for (int t : order) {
-            Fiber& f = b.threads[static_cast<size_t>(t)];
-            if (f.done) continue;
-            all_done = false;
-            if (f.wait != Wait::None) continue;
-            if (!f.self) start(f, b, body, arg);   // its first turn
-            t_fiber = &f;
-            t_record_thread = f.linear;
-            enter(f.coords);
-            resume(f);
-            ran = true;
-            if (b.error) {
-              abort_block(b);
-              std::rethrow_exception(b.error);
-            }
-          }
-          if (all_done) break;
-          if (!ran) {
-            t_fiber = nullptr;
-            const std::string why = deadlock_report(b);
-            abort_block(b);
-            kernel_fault(why);
-          }
-        }
+        if (b.direct) run_block_directly(b, order, rng, body, arg);
+        else run_block_on_fibers(b, order, rng, body, arg);
         recorder_block_end();
       }
     }

@@ -181,17 +181,17 @@ bool cast_f32_16bit_vectorized(const Tensor& src, const Tensor& dst) {
   void* d = dst.data_ptr();
   const void* x = src.data_ptr();
   if (dst.dtype() == DType::f16) {
-    MINIDL_LAUNCH("copy f32->f16", f32_to_f16_kernel, grid, kThreads, 0, st, static_cast<__half*>(d),
-                  static_cast<const float*>(x), n);
+    MINIDL_LAUNCH_NOWAIT("copy f32->f16", f32_to_f16_kernel, grid, kThreads, 0, st, static_cast<__half*>(d),
+                         static_cast<const float*>(x), n);
   } else if (dst.dtype() == DType::bf16) {
-    MINIDL_LAUNCH("copy f32->bf16", f32_to_bf16_kernel, grid, kThreads, 0, st, static_cast<__nv_bfloat16*>(d),
-                  static_cast<const float*>(x), n);
+    MINIDL_LAUNCH_NOWAIT("copy f32->bf16", f32_to_bf16_kernel, grid, kThreads, 0, st,
+                         static_cast<__nv_bfloat16*>(d), static_cast<const float*>(x), n);
   } else if (src.dtype() == DType::f16) {
-    MINIDL_LAUNCH("copy f16->f32", f16_to_f32_kernel, grid, kThreads, 0, st, static_cast<float*>(d),
-                  static_cast<const __half*>(x), n);
+    MINIDL_LAUNCH_NOWAIT("copy f16->f32", f16_to_f32_kernel, grid, kThreads, 0, st, static_cast<float*>(d),
+                         static_cast<const __half*>(x), n);
   } else {
-    MINIDL_LAUNCH("copy bf16->f32", bf16_to_f32_kernel, grid, kThreads, 0, st, static_cast<float*>(d),
-                  static_cast<const __nv_bfloat16*>(x), n);
+    MINIDL_LAUNCH_NOWAIT("copy bf16->f32", bf16_to_f32_kernel, grid, kThreads, 0, st, static_cast<float*>(d),
+                         static_cast<const __nv_bfloat16*>(x), n);
   }
   return true;
 }
@@ -215,9 +215,10 @@ void CudaBackend::update_scale_device(const Tensor& scale, const Tensor& growth_
   MINIDL_CHECK(growth_interval > 0 && growth_interval < (int64_t{1} << 31), "update_scale_device (cuda): "
                "growth_interval ", growth_interval, " must be in [1, 2^31)");
   DeviceContext& ctx = context_of(scale);
-  MINIDL_LAUNCH("update_scale", update_scale_kernel, 1, 32, 0, ctx.stream(), static_cast<float*>(scale.data_ptr()),
-                static_cast<int32_t*>(growth_tracker.data_ptr()), static_cast<const float*>(found_inf.data_ptr()),
-                growth_factor, backoff_factor, static_cast<int32_t>(growth_interval));
+  MINIDL_LAUNCH_NOWAIT("update_scale", update_scale_kernel, 1, 32, 0, ctx.stream(),
+                       static_cast<float*>(scale.data_ptr()), static_cast<int32_t*>(growth_tracker.data_ptr()),
+                       static_cast<const float*>(found_inf.data_ptr()), growth_factor, backoff_factor,
+                       static_cast<int32_t>(growth_interval));
 }
 
 void CudaBackend::unscale(const std::vector<Tensor>& grads, double inv_scale, const float* scale,
@@ -259,9 +260,9 @@ void CudaBackend::unscale(const std::vector<Tensor>& grads, double inv_scale, co
   DeviceBuffer meta(ctx, bytes);   // stream-ordered: freed after the launch is queued, reused only after it
   ctx.staging().to_device(meta.get(), chunks.data(), bytes, ctx.stream());
   const auto n = static_cast<int64_t>(chunks.size());
-  MINIDL_LAUNCH("unscale_grads", unscale_kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(),
-                static_cast<const GradChunk*>(meta.get()), n, static_cast<float>(inv_scale), inv_scale, scale,
-                static_cast<float*>(found_inf.data_ptr()));
+  MINIDL_LAUNCH_NOWAIT("unscale_grads", unscale_kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(),
+                       static_cast<const GradChunk*>(meta.get()), n, static_cast<float>(inv_scale), inv_scale, scale,
+                       static_cast<float*>(found_inf.data_ptr()));
   for (auto& [orig, tmp] : write_back) copy(tmp, orig);
 }
 

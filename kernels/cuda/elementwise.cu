@@ -235,9 +235,9 @@ void device_copy(const Tensor& src, const Tensor& dst) {
       D* d = static_cast<D*>(dst.data_ptr());
       const S* s = static_cast<const S*>(src.data_ptr());
       if (oc.contiguous()) {
-        MINIDL_LAUNCH("copy", (copy_contig_kernel<D, S>), grid_for(n), kThreads, 0, ctx.stream(), d, s, n);
+        MINIDL_LAUNCH_NOWAIT("copy", (copy_contig_kernel<D, S>), grid_for(n), kThreads, 0, ctx.stream(), d, s, n);
       } else {
-        MINIDL_LAUNCH("copy", (copy_strided_kernel<D, S>), grid_for(n), kThreads, 0, ctx.stream(), d, s, oc, n);
+        MINIDL_LAUNCH_NOWAIT("copy", (copy_strided_kernel<D, S>), grid_for(n), kThreads, 0, ctx.stream(), d, s, oc, n);
       }
     });
   });
@@ -311,8 +311,8 @@ void CudaBackend::fill(const Tensor& dst, double value) {
     } else {
       v = static_cast<T>(value);
     }
-    MINIDL_LAUNCH("fill", (fill_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<T*>(dst.data_ptr()), v, oc, n);
+    MINIDL_LAUNCH_NOWAIT("fill", (fill_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                         static_cast<T*>(dst.data_ptr()), v, oc, n);
   });
 }
 
@@ -329,11 +329,11 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double s
     T* o = static_cast<T*>(out.data_ptr());
     const T* a = static_cast<const T*>(x.data_ptr());
     if (oc.contiguous() && aligned16(o) && aligned16(a)) {
-      MINIDL_LAUNCH(unary_name(op), (unary_vec_kernel<T>), grid_for(n / vec_width<T>() + 1), kThreads, 0, ctx.stream(),
-                    op, o, a, n, scalar);
+      MINIDL_LAUNCH_NOWAIT(unary_name(op), (unary_vec_kernel<T>), grid_for(n / vec_width<T>() + 1), kThreads, 0,
+                           ctx.stream(), op, o, a, n, scalar);
     } else {
-      MINIDL_LAUNCH(unary_name(op), (unary_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op, o, a, oc, n,
-                    scalar);
+      MINIDL_LAUNCH_NOWAIT(unary_name(op), (unary_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op, o, a,
+                           oc, n, scalar);
     }
   });
 }
@@ -352,9 +352,9 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
     MINIDL_CHECK(out.dtype() == DType::boolean, binary_name(op), " (cuda): comparisons write bool, got ", out.meta());
     dispatch_all(a.dtype(), binary_name(op), [&](auto tag) {
       using T = decltype(tag);
-      MINIDL_LAUNCH(binary_name(op), (compare_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op,
-                    static_cast<bool*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()),
-                    static_cast<const T*>(b.data_ptr()), oc, n);
+      MINIDL_LAUNCH_NOWAIT(binary_name(op), (compare_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op,
+                           static_cast<bool*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()),
+                           static_cast<const T*>(b.data_ptr()), oc, n);
     });
     return;
   }
@@ -371,17 +371,18 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
     const T* pb = static_cast<const T*>(b.data_ptr());
     const unsigned gv = grid_for(n / vec_width<T>() + 1);
     if (oc.contiguous() && aligned16(o) && aligned16(pa) && aligned16(pb)) {
-      MINIDL_LAUNCH(binary_name(op), (binary_vec_kernel<T>), gv, kThreads, 0, ctx.stream(), op, o, pa, pb, n, alpha);
+      MINIDL_LAUNCH_NOWAIT(binary_name(op), (binary_vec_kernel<T>), gv, kThreads, 0, ctx.stream(), op, o, pa, pb, n,
+                           alpha);
     } else if (b_scalar && oa.contiguous() && aligned16(o) && aligned16(pa)) {
-      MINIDL_LAUNCH(binary_name(op), (binary_scalar_vec_kernel<T>), gv, kThreads, 0, ctx.stream(), op, o, pa, pb, n,
-                    alpha);
+      MINIDL_LAUNCH_NOWAIT(binary_name(op), (binary_scalar_vec_kernel<T>), gv, kThreads, 0, ctx.stream(), op, o, pa, pb,
+                           n, alpha);
     } else if (bool av = false, bv = false; inner_vec_ok(oc, {o, pa, pb}, vec_width<T>(), av, bv)) {
       const int64_t nv = n / vec_width<T>();
-      MINIDL_LAUNCH(binary_name(op), (binary_inner_vec_kernel<T>), grid_for(nv), kThreads, 0, ctx.stream(), op, o, pa,
-                    pb, oc, nv, av, bv, alpha);
+      MINIDL_LAUNCH_NOWAIT(binary_name(op), (binary_inner_vec_kernel<T>), grid_for(nv), kThreads, 0, ctx.stream(), op,
+                           o, pa, pb, oc, nv, av, bv, alpha);
     } else {
-      MINIDL_LAUNCH(binary_name(op), (binary_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op, o, pa, pb,
-                    oc, n, alpha);
+      MINIDL_LAUNCH_NOWAIT(binary_name(op), (binary_strided_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(), op, o,
+                           pa, pb, oc, n, alpha);
     }
   });
 }

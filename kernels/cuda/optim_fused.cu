@@ -184,8 +184,8 @@ void launch(const Tensor& any, const std::vector<Chunk>& chunks, void (*kernel)(
   const auto n = static_cast<int64_t>(chunks.size());
   const auto* table = static_cast<const Chunk*>(meta.get());
   if (before != nullptr)
-    MINIDL_LAUNCH(before_name, before, grid_for(n), kThreads, 0, ctx.stream(), table, n, args);
-  MINIDL_LAUNCH(name, kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(), table, n, args);
+    MINIDL_LAUNCH_NOWAIT(before_name, before, grid_for(n), kThreads, 0, ctx.stream(), table, n, args);
+  MINIDL_LAUNCH_NOWAIT(name, kernel, grid_for(n * kThreads), kThreads, 0, ctx.stream(), table, n, args);
 }
 
 // Whether a group takes the fused steps below, and their chunk count.

@@ -310,8 +310,9 @@ void CudaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, co
   DeviceContext& ctx = context_of(x);
   dispatch_floating(x.dtype(), "avg_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("avg_pool2d_forward", (avg_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(x.data_ptr()), g, pool_divs(g, g.oh, g.ow), static_cast<T*>(y.data_ptr()));
+    MINIDL_LAUNCH_NOWAIT("avg_pool2d_forward", (avg_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                         static_cast<const T*>(x.data_ptr()), g, pool_divs(g, g.oh, g.ow),
+                         static_cast<T*>(y.data_ptr()));
   });
 }
 
@@ -324,8 +325,9 @@ void CudaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, 
   DeviceContext& ctx = context_of(gy);
   dispatch_floating(gy.dtype(), "avg_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("avg_pool2d_backward", (avg_bwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(gy.data_ptr()), g, pool_divs(g, g.h, g.w), static_cast<T*>(gx.data_ptr()));
+    MINIDL_LAUNCH_NOWAIT("avg_pool2d_backward", (avg_bwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                         static_cast<const T*>(gy.data_ptr()), g, pool_divs(g, g.h, g.w),
+                         static_cast<T*>(gx.data_ptr()));
   });
 }
 

@@ -46,8 +46,8 @@ void CudaBackend::random(RandomKind kind, const Tensor& out, uint64_t seed, uint
   DeviceContext& ctx = context_of(out);
   dispatch_all(out.dtype(), "random", [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("random", (random_kernel<T>), grid_for((n + 3) / 4), kThreads, 0, ctx.stream(), kind,
-                  static_cast<T*>(out.data_ptr()), n, seed, offset, a, b);
+    MINIDL_LAUNCH_NOWAIT("random", (random_kernel<T>), grid_for((n + 3) / 4), kThreads, 0, ctx.stream(), kind,
+                         static_cast<T*>(out.data_ptr()), n, seed, offset, a, b);
   });
 }
 

@@ -113,6 +113,16 @@ __global__ void write_one_past_kernel(float* x, int n) {
   if (threadIdx.x == 0) x[n] = 1.0f;   // planted: one element past the tensor, inside its segment
 }
 
+// Each thread writes the turn it ran in (a device-wide counter): the schedule itself.
+__global__ void turn_kernel(int* turns, int* counter) {
+  turns[blockIdx.x * blockDim.x + threadIdx.x] = atomicAdd(counter, 1);
+}
+
+__global__ void syncs_kernel(int* out) {
+  __syncthreads();   // planted: launched as a kernel that never waits
+  out[threadIdx.x] = 1;
+}
+
 // The hardware's shuffle sources (CUDA programming guide, warp shuffle functions).
 int ref_src(int kind, int l, int param, int width) {
   const int seg = l & ~(width - 1);
@@ -266,6 +276,38 @@ TEST(EmuChecks, ASecondScheduleExposesARace) {
   run_now([&] { MINIDL_LAUNCH("test", block_sum_kernel, 2, 256, 0, nullptr, dx.get(), b.get(), n); });
   emu::set_schedule_seed(prev);
   EXPECT_EQ(a.host(), b.host());
+}
+
+// A kernel launched as one that never waits (MINIDL_LAUNCH_NOWAIT) runs its threads one after
+// another without fibers, in the order fibers run them: index order, or the seeded schedule's (the
+// blocks after the first included).
+TEST(EmuRunner, AKernelThatNeverWaitsRunsInTheFibersOrder) {
+  const unsigned blocks = 3, threads = 96;
+  const uint64_t prev = emu::schedule_seed();
+  for (const uint64_t seed : {uint64_t{0}, uint64_t{99}}) {
+    SCOPED_TRACE("schedule seed " + std::to_string(seed));
+    emu::set_schedule_seed(seed);
+    Buf<int> fibers(blocks * threads), direct(blocks * threads), c1(1), c2(1);
+    run_now([&] { MINIDL_LAUNCH("test", turn_kernel, blocks, threads, 0, nullptr, fibers.get(), c1.get()); });
+    run_now([&] { MINIDL_LAUNCH_NOWAIT("test", turn_kernel, blocks, threads, 0, nullptr, direct.get(), c2.get()); });
+    EXPECT_EQ(direct.host(), fibers.host());
+    std::vector<int> in_order(blocks * threads);
+    for (size_t i = 0; i < in_order.size(); ++i) in_order[i] = static_cast<int>(i);
+    if (seed == 0) EXPECT_EQ(direct.host(), in_order);
+    else EXPECT_NE(direct.host(), in_order);
+  }
+  emu::set_schedule_seed(prev);
+}
+
+// A kernel launched with MINIDL_LAUNCH_NOWAIT that does wait is reported, naming the fix.
+TEST(EmuChecks, AWaitInAKernelLaunchedAsNeverWaitingIsReported) {
+  Buf<int> out(64);
+  const std::string e = error_of([&] { MINIDL_LAUNCH_NOWAIT("test", syncs_kernel, 1, 64, 0, nullptr, out.get()); });
+  EXPECT_NE(e.find("syncs_kernel"), std::string::npos) << e;
+  EXPECT_NE(e.find("MINIDL_LAUNCH_NOWAIT"), std::string::npos) << e;
+  EXPECT_NE(e.find("launch it with MINIDL_LAUNCH"), std::string::npos) << e;
+  run_now([&] { MINIDL_LAUNCH("test", syncs_kernel, 1, 64, 0, nullptr, out.get()); });   // on fibers it works
+  for (int v : out.host()) EXPECT_EQ(v, 1);
 }
 
 TEST(EmuRuntime, CopiesOutsideLiveAllocationsAreRefused) {

@@ -37,15 +37,18 @@ class LaunchScope {
 };
 
 // `op` names the operation in errors ("copy", "batch_norm apply"), `kernel_name` the kernel.
-// Arguments are converted to the kernel's parameter types here, as a launch does.
-template <typename... P, typename... A>
+// Arguments are converted to the kernel's parameter types here, as a launch does. `kNeverWaits`
+// (MINIDL_LAUNCH_NOWAIT): the kernel calls no __syncthreads() or warp collective; the GPU build
+// ignores it, the emulated one runs the threads without fibers (and faults on a wait).
+template <bool kNeverWaits = false, typename... P, typename... A>
 inline void launch_kernel(const char* op, const char* kernel_name, void (*kernel)(P...), dim3 grid, dim3 block,
                           size_t smem, cudaStream_t stream, A&&... args) {
   if (launch_scope_name != nullptr) op = launch_scope_name;
 #ifdef MINIDL_CUDA_EMU
   {
     ScopedLaunchTimer timer(op, kernel_name, stream);
-    emu::run_grid(op, kernel_name, kernel, grid, block, smem, stream, static_cast<P>(std::forward<A>(args))...);
+    emu::run_grid(op, kernel_name, kNeverWaits, kernel, grid, block, smem, stream,
+                  static_cast<P>(std::forward<A>(args))...);
   }
   if (emu::call_logging() || emu::stream_capturing(stream)) {
     // A marker behind the launch in its stream: the kernels' run order, and the parameter types
@@ -72,3 +75,6 @@ inline void launch_kernel(const char* op, const char* kernel_name, void (*kernel
 // MINIDL_LAUNCH(op, kernel, grid, block, smem, stream, args...): a template kernel goes in
 // parentheses, `(copy_contig_kernel<D, S>)`, so its commas stay inside one macro argument.
 #define MINIDL_LAUNCH(op, kernel, ...) ::minidl::cuda::launch_kernel(op, #kernel, kernel, __VA_ARGS__)
+// The same for a kernel that calls no __syncthreads() or warp collective (elementwise kernels):
+// the emulated device runs its threads one after another instead of as fibers.
+#define MINIDL_LAUNCH_NOWAIT(op, kernel, ...) ::minidl::cuda::launch_kernel<true>(op, #kernel, kernel, __VA_ARGS__)
