@@ -303,9 +303,9 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, const Tens
       });
     }
     if (x.numel() == 0) return;
-    MINIDL_LAUNCH(op, (apply_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp,
-                  residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr,
-                  static_cast<T*>(y.data_ptr()), g, aff, relu);
+    MINIDL_LAUNCH_NOWAIT(op, (apply_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), xp,
+                         residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr,
+                         static_cast<T*>(y.data_ptr()), g, aff, relu);
   });
 }
 

@@ -191,8 +191,8 @@ void backward(const char* op, const Tensor& gy, const Tensor& x, const Tensor& y
       });
     }
     if (!gx.defined()) return;
-    MINIDL_LAUNCH(op, (grad_input_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), with_res ? grp : gyp, xp,
-                  static_cast<T*>(gx.data_ptr()), g, aff, mask == Mask::FromY ? Mask::None : mask, coef_d);
+    MINIDL_LAUNCH_NOWAIT(op, (grad_input_kernel<T, V, R>), grid_of(g), kBlock, 0, ctx.stream(), with_res ? grp : gyp,
+                         xp, static_cast<T*>(gx.data_ptr()), g, aff, mask == Mask::FromY ? Mask::None : mask, coef_d);
   });
 }
 

@@ -95,11 +95,12 @@ bool CudaBackend::bn_finalize_forward(const Tensor& sum, const Tensor& sumsq, co
   const double n = static_cast<double>(count);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("bn_finalize", bn_finalize_forward_kernel<T>, grid_for(channels), kThreads, 0,
-                  context_of(sum).stream(), data_of<T>(sum), data_of<T>(sumsq), data_of<T>(weight), data_of<T>(bias),
-                  data_of<T>(running_mean), data_of<T>(running_var), data_of<T>(scale), data_of<T>(shift), channels,
-                  static_cast<T>(1.0 / n), static_cast<T>(eps), static_cast<T>(1.0 - momentum),
-                  static_cast<T>(momentum), static_cast<T>(momentum * n / (n - 1.0)));
+    MINIDL_LAUNCH_NOWAIT("bn_finalize", bn_finalize_forward_kernel<T>, grid_for(channels), kThreads, 0,
+                         context_of(sum).stream(), data_of<T>(sum), data_of<T>(sumsq), data_of<T>(weight),
+                         data_of<T>(bias), data_of<T>(running_mean), data_of<T>(running_var), data_of<T>(scale),
+                         data_of<T>(shift), channels, static_cast<T>(1.0 / n), static_cast<T>(eps),
+                         static_cast<T>(1.0 - momentum), static_cast<T>(momentum),
+                         static_cast<T>(momentum * n / (n - 1.0)));
   };
   if (sum.dtype() == DType::f32) launch(float{});
   else launch(double{});
@@ -117,10 +118,11 @@ bool CudaBackend::bn_finalize_backward(const Tensor& gscale, const Tensor& gshif
   if (channels == 0) return true;
   auto launch = [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("bn_finalize backward", bn_finalize_backward_kernel<T>, grid_for(channels), kThreads, 0,
-                  context_of(sum).stream(), data_of<T>(gscale), data_of<T>(gshift), data_of<T>(sum), data_of<T>(sumsq),
-                  data_of<T>(weight), data_of<T>(gsum), data_of<T>(gsumsq), data_of<T>(gweight), data_of<T>(gbias),
-                  channels, static_cast<T>(1.0 / static_cast<double>(count)), static_cast<T>(eps));
+    MINIDL_LAUNCH_NOWAIT("bn_finalize backward", bn_finalize_backward_kernel<T>, grid_for(channels), kThreads, 0,
+                         context_of(sum).stream(), data_of<T>(gscale), data_of<T>(gshift), data_of<T>(sum),
+                         data_of<T>(sumsq), data_of<T>(weight), data_of<T>(gsum), data_of<T>(gsumsq),
+                         data_of<T>(gweight), data_of<T>(gbias), channels,
+                         static_cast<T>(1.0 / static_cast<double>(count)), static_cast<T>(eps));
   };
   if (sum.dtype() == DType::f32) launch(float{});
   else launch(double{});

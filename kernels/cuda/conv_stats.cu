@@ -304,11 +304,11 @@ void scale_channels(DeviceContext& ctx, const Tensor& x, const Tensor& scale) {
     T* d = static_cast<T*>(ptr(x));
     const VecPlan p = vec_plan<T>(n, c, {d});
     if (p.v > 1)
-      MINIDL_LAUNCH("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, vec_width<T>()>), grid_for(p.count),
-                    kThreads, 0, ctx.stream(), d, s, ChannelOf(c, p.v, p.count), p.count);
+      MINIDL_LAUNCH_NOWAIT("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, vec_width<T>()>),
+                           grid_for(p.count), kThreads, 0, ctx.stream(), d, s, ChannelOf(c, p.v, p.count), p.count);
     else
-      MINIDL_LAUNCH("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, 1>), grid_for(p.count), kThreads, 0,
-                    ctx.stream(), d, s, ChannelOf(c, 1, p.count), p.count);
+      MINIDL_LAUNCH_NOWAIT("conv2d_stats gx = dr * scale", (scale_channels_kernel<T, 1>), grid_for(p.count), kThreads,
+                           0, ctx.stream(), d, s, ChannelOf(c, 1, p.count), p.count);
   };
   with_activation_type(x.dtype(), launch);
 }
@@ -438,13 +438,13 @@ bool CudaBackend::conv2d_stats_output_grad(const Tensor& gy, const Tensor& gsum,
     const auto data = [](const Tensor& t) { return t.defined() ? static_cast<T*>(ptr(t)) : nullptr; };
     const VecPlan p = vec_plan<T>(n, c, {data(gy), data(y), data(g)});
     if (p.v > 1)
-      MINIDL_LAUNCH("conv2d_stats g = gy + gsum + 2 y gsumsq", (output_grad_kernel<T, vec_width<T>()>),
-                    grid_for(p.count), kThreads, 0, context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y),
-                    data(g), ChannelOf(c, p.v, p.count), p.count);
+      MINIDL_LAUNCH_NOWAIT("conv2d_stats g = gy + gsum + 2 y gsumsq", (output_grad_kernel<T, vec_width<T>()>),
+                           grid_for(p.count), kThreads, 0, context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq),
+                           data(y), data(g), ChannelOf(c, p.v, p.count), p.count);
     else
-      MINIDL_LAUNCH("conv2d_stats g = gy + gsum + 2 y gsumsq", (output_grad_kernel<T, 1>), grid_for(p.count), kThreads,
-                    0, context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y), data(g),
-                    ChannelOf(c, 1, p.count), p.count);
+      MINIDL_LAUNCH_NOWAIT("conv2d_stats g = gy + gsum + 2 y gsumsq", (output_grad_kernel<T, 1>), grid_for(p.count),
+                           kThreads, 0, context_of(y).stream(), data(gy), f32(gsum), f32(gsumsq), data(y), data(g),
+                           ChannelOf(c, 1, p.count), p.count);
   };
   with_activation_type(y.dtype(), launch);
   return true;

@@ -168,11 +168,11 @@ void CudaBackend::cross_entropy_backward(const Tensor& g, const Tensor& logits, 
   const int64_t gs = g.dim() == 0 ? 0 : g.stride(0);
   dispatch_floating(logits.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("cross_entropy_backward", (ce_bwd_kernel<T>), grid_for(N * C), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(g.data_ptr()), gs, static_cast<const T*>(logits.data_ptr()),
-                  static_cast<const int64_t*>(target.data_ptr()), target.stride(0),
-                  static_cast<const double*>(lse.data_ptr()), N, C, label_smoothing,
-                  static_cast<T*>(glogits.data_ptr()));
+    MINIDL_LAUNCH_NOWAIT("cross_entropy_backward", (ce_bwd_kernel<T>), grid_for(N * C), kThreads, 0, ctx.stream(),
+                         static_cast<const T*>(g.data_ptr()), gs, static_cast<const T*>(logits.data_ptr()),
+                         static_cast<const int64_t*>(target.data_ptr()), target.stride(0),
+                         static_cast<const double*>(lse.data_ptr()), N, C, label_smoothing,
+                         static_cast<T*>(glogits.data_ptr()));
   });
 }
 
@@ -188,9 +188,9 @@ void CudaBackend::bce_with_logits_forward(const Tensor& x, const Tensor& y, cons
   DeviceContext& ctx = context_of(x);
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("bce_with_logits_forward", (bce_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(x.data_ptr()), static_cast<const T*>(y.data_ptr()), n,
-                  static_cast<T*>(loss.data_ptr()));
+    MINIDL_LAUNCH_NOWAIT("bce_with_logits_forward", (bce_fwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                         static_cast<const T*>(x.data_ptr()), static_cast<const T*>(y.data_ptr()), n,
+                         static_cast<T*>(loss.data_ptr()));
   });
 }
 
@@ -211,9 +211,9 @@ void CudaBackend::bce_with_logits_backward(const Tensor& g, const Tensor& x, con
   DeviceContext& ctx = context_of(x);
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("bce_with_logits_backward", (bce_bwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(g.data_ptr()), gs, static_cast<const T*>(x.data_ptr()),
-                  static_cast<const T*>(y.data_ptr()), n, ptr_or_null<T>(gx), ptr_or_null<T>(gy));
+    MINIDL_LAUNCH_NOWAIT("bce_with_logits_backward", (bce_bwd_kernel<T>), grid_for(n), kThreads, 0, ctx.stream(),
+                         static_cast<const T*>(g.data_ptr()), gs, static_cast<const T*>(x.data_ptr()),
+                         static_cast<const T*>(y.data_ptr()), n, ptr_or_null<T>(gx), ptr_or_null<T>(gy));
   });
 }
 

@@ -124,9 +124,9 @@ void validate_targets(DeviceContext& ctx, const Tensor& target, int64_t N, int64
   Tensor flag = empty({1}, {DType::i64, target.device(), false});
   const unsigned long long init = static_cast<unsigned long long>(N);
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(flag.data_ptr(), &init, sizeof(init), cudaMemcpyHostToDevice, ctx.stream()));
-  MINIDL_LAUNCH(what, nll_validate_kernel, grid_for(N), kThreads, 0, ctx.stream(),
-                static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N, C,
-                static_cast<unsigned long long*>(flag.data_ptr()));
+  MINIDL_LAUNCH_NOWAIT(what, nll_validate_kernel, grid_for(N), kThreads, 0, ctx.stream(),
+                       static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N, C,
+                       static_cast<unsigned long long*>(flag.data_ptr()));
   unsigned long long bad = 0;
   MINIDL_CUDA_CHECK(cudaMemcpyAsync(&bad, flag.data_ptr(), sizeof(bad), cudaMemcpyDeviceToHost, ctx.stream()));
   ctx.synchronize();
@@ -227,9 +227,9 @@ void CudaBackend::nll_forward(const Tensor& log_probs, const Tensor& target, con
   if (N == 0) return;
   dispatch_wide(log_probs.dtype(), "nll_loss", [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("nll_loss", (nll_fwd_kernel<T>), grid_for(N), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(log_probs.data_ptr()), static_cast<const int64_t*>(target.data_ptr()),
-                  target.stride(0), N, C, static_cast<T*>(losses.data_ptr()), losses.stride(0));
+    MINIDL_LAUNCH_NOWAIT("nll_loss", (nll_fwd_kernel<T>), grid_for(N), kThreads, 0, ctx.stream(),
+                         static_cast<const T*>(log_probs.data_ptr()), static_cast<const int64_t*>(target.data_ptr()),
+                         target.stride(0), N, C, static_cast<T*>(losses.data_ptr()), losses.stride(0));
   });
 }
 
@@ -247,10 +247,10 @@ void CudaBackend::nll_backward(const Tensor& g, const Tensor& target, const Tens
   if (N * C == 0) return;
   dispatch_wide(glogp.dtype(), "nll_loss_backward", [&](auto tag) {
     using T = decltype(tag);
-    MINIDL_LAUNCH("nll_loss_backward", (nll_bwd_kernel<T>), grid_for(N * C), kThreads, 0, ctx.stream(),
-                  static_cast<const T*>(g.data_ptr()), g.dim() == 0 ? 0 : g.stride(0),
-                  static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N, C,
-                  static_cast<T*>(glogp.data_ptr()));
+    MINIDL_LAUNCH_NOWAIT("nll_loss_backward", (nll_bwd_kernel<T>), grid_for(N * C), kThreads, 0, ctx.stream(),
+                         static_cast<const T*>(g.data_ptr()), g.dim() == 0 ? 0 : g.stride(0),
+                         static_cast<const int64_t*>(target.data_ptr()), target.stride(0), N, C,
+                         static_cast<T*>(glogp.data_ptr()));
   });
 }
 
