@@ -46,6 +46,7 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     # compiled once for minidl_emu and minidl_emu_prof.
     add_library(minidl_emu_core OBJECT
       ${CMAKE_CURRENT_LIST_DIR}/runner.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/collectives.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime_streams.cpp
       ${CMAKE_CURRENT_LIST_DIR}/graphs.cpp
@@ -59,7 +60,8 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     target_compile_features(minidl_emu_core PUBLIC cxx_std_20)
     target_link_libraries(minidl_emu_core PRIVATE minidl_emu_libs minidl_warnings Boost::context)
     if(MINIDL_EMU_ASAN)
-      set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/runner.cpp ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+      set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/runner.cpp ${CMAKE_CURRENT_LIST_DIR}/collectives.cpp
+        ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
         PROPERTIES COMPILE_OPTIONS "-fsanitize=address;-fno-omit-frame-pointer")
     endif()
 
