@@ -147,6 +147,11 @@ void* CachingAllocator::allocate(size_t nbytes) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t size = round_size(nbytes);
   const bool small = size <= kSmallSize;
+  if (fault_current_) {
+    if (fault_seen_ >= fault_request_)
+      throw_oom(nbytes, "a fault injected by fail_in_capture, as a device with no memory left would refuse it");
+    ++fault_seen_;
+  }
   Pools& pools = pools_of(current_pool_);
   Pool& pool = small ? pools.small : pools.large;
   Block* b = find_free(pool, size);
@@ -249,6 +254,10 @@ int CachingAllocator::begin_private_pool(int share) {
   std::lock_guard<std::mutex> lock(mu_);
   MINIDL_CHECK(current_pool_ == 0, "caching allocator (", device_.str(), "): private pool ", current_pool_,
                " is still current; end_private_pool first (one CUDA graph capture at a time)");
+  if (fault_skip_ >= 0 && fault_skip_-- == 0) {
+    fault_current_ = true;
+    fault_seen_ = 0;
+  }
   if (share == 0) {
     current_pool_ = next_pool_++;
     pools_of(current_pool_).users = 1;
@@ -276,6 +285,27 @@ void CachingAllocator::end_private_pool() {
     p.holding = true;
   }
   current_pool_ = 0;
+  fault_current_ = false;
+}
+
+void CachingAllocator::fail_in_capture(int captures_before, int64_t request) {
+  MINIDL_CHECK(captures_before >= 0 && request >= 0, "caching allocator (", device_.str(), "): fail_in_capture(",
+               captures_before, ", ", request, ") needs counts >= 0");
+  std::lock_guard<std::mutex> lock(mu_);
+  fault_skip_ = captures_before;
+  fault_current_ = false;
+  fault_seen_ = 0;
+  fault_request_ = request;
+}
+
+bool CachingAllocator::capture_fault_armed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fault_skip_ >= 0 || fault_current_;
+}
+
+int64_t CachingAllocator::capture_fault_requests() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fault_seen_;
 }
 
 int CachingAllocator::current_pool() const {

@@ -116,6 +116,17 @@ class CachingAllocator final : public StatsAllocator {
   int current_pool() const;
   // Bytes of segments that pool `id` holds (0 for a released or unknown pool).
   size_t pool_reserved_bytes(int id) const;
+  // A fault for testing what a full device does to a capture that no budget reaches: one that fits
+  // in the freed blocks of a pool it shares never asks for a segment. Once `captures_before` more
+  // private pools have become current (begin_private_pool), every request from number `request`
+  // (0: the first) on, while the next one is current, throws OutOfMemoryError: a device with
+  // nothing left refuses a smaller workspace too. It disarms when that capture ends; arming again
+  // replaces it.
+  void fail_in_capture(int captures_before, int64_t request);
+  bool capture_fault_armed() const;   // its capture has not ended yet
+  // The requests that capture was served: `request` once the fault fired, all it made when it ended
+  // first (how a test finds the range of requests to fail).
+  int64_t capture_fault_requests() const;
   // The block size a request of nbytes occupies, and the segment a miss of that size reserves.
   static size_t round_size(size_t nbytes);
   static size_t segment_size(size_t rounded);
@@ -163,6 +174,11 @@ class CachingAllocator final : public StatsAllocator {
   int current_pool_ = 0, next_pool_ = 1;
   std::unordered_map<void*, Block*> live_;   // allocated blocks by pointer
   int64_t segments_ = 0, raw_allocs_ = 0, raw_frees_ = 0, flushes_ = 0;
+  // fail_in_capture: the pools to let begin first (-1: none armed), whether the current one is the
+  // faulting capture, and the requests it has served.
+  int fault_skip_ = -1;
+  bool fault_current_ = false;
+  int64_t fault_request_ = 0, fault_seen_ = 0;
 };
 
 }  // namespace minidl

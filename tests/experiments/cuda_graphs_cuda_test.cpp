@@ -1,11 +1,11 @@
 // minidl-train's loop with --cuda-graphs (train/graphed_step.h) against the same run
 // without it: the small CNN on synthetic images, SGD (momentum, Nesterov), Adam and AdamW, learning
 // rates that change (a step schedule, warmup + cosine) without a new capture, --max-grad-norm, an
-// epoch whose last batch is partial (eager), FP32 and AMP, and a run stopped inside an epoch and
-// resumed; and the default's capture that does not fit, which falls back to the eager run. On the
-// emulated device (experiments_cuda_emu) a replay computes what the eager step computes, so the
-// losses, accuracies, step counts, final weights and the saved optimizer and gradient-scaler state
-// must be bit-identical.
+// epoch whose last batch is partial, FP32 and AMP, and a run stopped inside an epoch and resumed
+// (the captures that do not fit: cuda_graphs_fallback_cuda_test.cpp). On the emulated device
+// (experiments_cuda_emu) a replay computes what the eager step computes, so the losses,
+// accuracies, step counts, final weights and the saved optimizer and gradient-scaler state must be
+// bit-identical.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,103 +22,10 @@
 #include "train/graphed_step.h"
 #include "train/model.h"
 #include "train/run.h"
-#include "nn/safetensors.h"
-#include "tests/experiments/helpers.h"
+#include "tests/experiments/graphed_runs.h"
 
 namespace minidl::harness {
 namespace {
-
-struct TrainingRun {
-  std::vector<EpochMetrics> epochs;
-  std::vector<std::string> progress;   // "step S/T  loss L  acc A" of every progress line
-  std::string graph_line;              // the "CUDA graphs: N micro-batches replayed ..." summary
-  std::vector<std::string> fallbacks;   // the lines of captures that fell back to eager steps
-  RunResult result;
-  std::map<std::string, Tensor> weights;
-  std::map<std::string, Tensor> optimizer;   // the optimizer's and the scaler's saved state
-};
-
-// SGD with momentum and weight decay, a step schedule, batch 4 of 18 images (a partial last batch).
-TrainConfig sgd_config(bool amp, double init_scale = 1024) {
-  TrainConfig c = testing::tiny_config();
-  c.image_size = 16;
-  c.split = "9,2,2";   // 18 training images: 4 batches of 4 and a partial one of 2 per epoch
-  c.batch_size = 4;
-  c.epochs = 2;
-  c.device = "cuda";
-  c.momentum = 0.9;
-  c.weight_decay = 1e-4;
-  c.lr = 0.05;
-  c.schedule = "step:3:0.5";   // a new rate at steps 3, 6, 9: the graph is captured again
-  c.amp = amp;
-  c.amp_init_scale = init_scale;   // 1024: no overflow (a skipped replay would still count as a step)
-  c.workers = 0;
-  c.quiet = false;
-  c.progress_every = 1;
-  c.progress_seconds = 0;
-  return c;
-}
-
-// Adam with warmup + cosine (a new rate every step) and clipping, 3 epochs.
-TrainConfig adam_config(bool amp, double init_scale = 1024) {
-  TrainConfig c = sgd_config(amp, init_scale);
-  c.optimizer = "adam";
-  c.momentum = 0.0;
-  c.lr = 2e-3;
-  c.epochs = 3;
-  c.warmup_steps = 3;
-  c.schedule = "cosine";
-  c.max_grad_norm = 0.5;
-  return c;
-}
-
-// `graphs`: --cuda-graphs (true), --no-cuda-graphs (false), or neither (the default: graphs where they fit).
-TrainingRun train(TrainConfig c, std::optional<bool> graphs, const std::string& dir, const RunHooks& extra = {},
-                  const std::string& name = "") {
-  c.cuda_graphs = graphs;
-  const std::string mode = !graphs ? "default" : *graphs ? "graphed" : "eager";
-  if (c.save_weights.empty()) c.save_weights = dir + "/" + (name.empty() ? mode : name) + ".safetensors";
-  TrainingRun r;
-  static const std::regex step_loss(R"(step \d+/\d+  loss \S+  acc \S+)");
-  RunHooks hooks;
-  hooks.log = [&](const std::string& line) {
-    std::smatch m;
-    if (std::regex_search(line, m, step_loss)) r.progress.push_back(m.str());
-    if (line.rfind("CUDA graphs: ", 0) == 0 && line.find("replayed from") != std::string::npos) r.graph_line = line;
-    if (line.find("run eagerly from here") != std::string::npos) r.fallbacks.push_back(line);
-  };
-  hooks.on_epoch = [&](const EpochMetrics& em) { r.epochs.push_back(em); };
-  hooks.on_step = extra.on_step;
-  r.result = run_training(c, hooks);
-  r.weights = nn::load_safetensors(c.save_weights).tensors;
-  r.optimizer = nn::load_safetensors(c.save_weights + ".optimizer.safetensors").tensors;
-  return r;
-}
-
-// `zero_sign`: false reads -0.0 as +0.0 (f32 tensors).
-std::vector<uint8_t> bytes_of(const Tensor& t, bool zero_sign = true) {
-  Tensor h = t.to(Device::cpu()).contiguous();
-  if (!zero_sign && h.dtype() == DType::f32) {
-    h = h.clone();
-    float* v = h.data<float>();
-    for (int64_t i = 0; i < h.numel(); ++i)
-      if (v[i] == 0.0F) v[i] = 0.0F;
-  }
-  std::vector<uint8_t> b(h.nbytes());
-  std::memcpy(b.data(), h.data_ptr(), b.size());
-  return b;
-}
-
-// Every tensor of two saved maps, byte for byte (with `zero_sign` false, but for the sign of zeros:
-// the kept gradients of a graphed accumulation window start at +0.0, and 0.0 + -0.0 is +0.0).
-void expect_same_tensors(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b,
-                         const std::string& what, bool zero_sign = true) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (const auto& [name, t] : a) {
-    ASSERT_TRUE(b.count(name)) << what << ": " << name;
-    EXPECT_EQ(bytes_of(b.at(name), zero_sign), bytes_of(t, zero_sign)) << what << ": " << name;
-  }
-}
 
 // `steps`: the optimizer steps both runs take (-1: any, the same); `replays`, `captures`: the
 // graphed run's micro-batches replayed and graphs captured (-1: any > 0).
@@ -275,69 +182,6 @@ TEST(ExperimentsCudaGraphs, AGraphedRunStoppedInsideAnEpochResumesBitIdentically
   expect_same_tensors(full.optimizer, resumed.optimizer, "optimizer and scaler state, resumed");
   expect_same_tensors(eager.weights, full.weights, "weights, graphed against eager");
   EXPECT_GT(resumed.graph_line.size(), 0u);
-}
-
-// By default (neither --cuda-graphs nor --no-cuda-graphs) a CUDA run replays graphs where they fit.
-// Under a budget that the eager run fills to the byte, the graph's private pool (segments of its
-// own, no memory released while a stream captures) cannot grow: the capture is abandoned, the run
-// says so once per batch shape, and it is the eager run bit for bit. With --cuda-graphs the same
-// capture is the run's out-of-memory end.
-TEST(ExperimentsCudaGraphs, ACaptureThatDoesNotFitFallsBackToTheEagerRun) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = testing::temp_dir().string();
-  TrainConfig c = sgd_config(true);
-  const TrainingRun eager = train(c, false, dir);
-  ASSERT_EQ(eager.result.status, "ok") << eager.result.note;
-  {
-    const TrainingRun fits = train(c, std::nullopt, dir, {}, "fits");   // no budget: graphs by default
-    EXPECT_GT(fits.result.graph_replays, 0);
-    EXPECT_EQ(fits.result.graph_fallbacks, 0);
-    EXPECT_TRUE(fits.fallbacks.empty());
-    expect_same_tensors(eager.weights, fits.weights, "weights, graphed by default");
-  }
-  c.memory_budget = std::to_string(eager.result.peak_reserved);
-  const TrainingRun fell = train(c, std::nullopt, dir);
-  ASSERT_EQ(fell.result.status, "ok") << fell.result.note;
-  ASSERT_FALSE(fell.fallbacks.empty());
-  EXPECT_NE(fell.fallbacks[0].find("batches of f32[4, 3, 16, 16] run eagerly from here"), std::string::npos)
-      << fell.fallbacks[0];
-  EXPECT_NE(fell.fallbacks[0].find("--no-cuda-graphs"), std::string::npos) << "it names the switches";
-  EXPECT_EQ(fell.result.graph_fallbacks, static_cast<int64_t>(fell.fallbacks.size()));
-  EXPECT_EQ(fell.result.graph_replays, 0);
-  EXPECT_EQ(fell.result.steps, eager.result.steps);
-  EXPECT_EQ(fell.progress, eager.progress);
-  ASSERT_EQ(fell.epochs.size(), eager.epochs.size());
-  for (size_t e = 0; e < eager.epochs.size(); ++e) {
-    EXPECT_EQ(fell.epochs[e].train_loss, eager.epochs[e].train_loss);
-    EXPECT_EQ(fell.epochs[e].val_loss, eager.epochs[e].val_loss);
-  }
-  EXPECT_EQ(fell.result.test_loss, eager.result.test_loss);
-  expect_same_tensors(eager.weights, fell.weights, "weights after the fallback");
-  expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state after the fallback");
-  c.save_weights = dir + "/required.safetensors";
-  c.cuda_graphs = true;
-  EXPECT_EQ(run_training(c).status, "oom") << "--cuda-graphs requires the graph";
-}
-
-// The same with Adam (warmup + cosine, clipping) over windows of 2 micro-batches: the capture that
-// falls back ran the window's host code (the trainer's window, the rates, the step counts), which
-// goes back, so the eager window that follows is the eager run's.
-TEST(ExperimentsCudaGraphs, AnAccumulationWindowWhoseCaptureDoesNotFitRunsEagerly) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = testing::temp_dir().string();
-  TrainConfig c = adam_config(true);
-  c.accumulation_steps = 2;
-  c.epochs = 2;
-  const TrainingRun eager = train(c, false, dir);
-  ASSERT_EQ(eager.result.status, "ok") << eager.result.note;
-  c.memory_budget = std::to_string(eager.result.peak_reserved);
-  const TrainingRun fell = train(c, std::nullopt, dir);
-  ASSERT_EQ(fell.result.status, "ok") << fell.result.note;
-  EXPECT_GT(fell.result.graph_fallbacks, 0);
-  EXPECT_EQ(fell.result.steps, eager.result.steps);
-  EXPECT_EQ(fell.progress, eager.progress);
-  expect_same_tensors(eager.weights, fell.weights, "weights after the fallback");
-  expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state after the fallback");
 }
 
 // The fused losses skip their host check of the targets while capturing; GraphedStep checks every

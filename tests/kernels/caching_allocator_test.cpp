@@ -452,5 +452,54 @@ TEST(CachingAllocatorPrivatePool, AnOomDuringACaptureDoesNotReleaseTheCache) {
   f.alloc.end_private_pool();
 }
 
+// fail_in_capture: the eager pools and the captures it lets pass never see it; in the one it names,
+// the named request and every later one throw OutOfMemoryError, even from a freed block of a shared
+// pool (which no budget refuses); the pool's books stay whole, and the next capture is served.
+TEST(CachingAllocatorPrivatePool, AnInjectedFaultFailsTheNamedRequestOfTheNamedCapture) {
+  Fixture f;
+  const int pool = f.alloc.begin_private_pool();
+  void* temp = f.alloc.allocate(MiB);   // a temporary of the first capture: a freed block of the pool
+  f.alloc.deallocate(temp, MiB);
+  f.alloc.end_private_pool();
+  f.alloc.fail_in_capture(1, 1);
+  EXPECT_TRUE(f.alloc.capture_fault_armed());
+  void* eager = f.alloc.allocate(MiB);   // eager requests never count
+  const int other = f.alloc.begin_private_pool();   // the capture it lets pass
+  void* passed = f.alloc.allocate(MiB);
+  f.alloc.deallocate(passed, MiB);
+  f.alloc.end_private_pool();
+  const MemoryStats before = f.alloc.stats();
+  EXPECT_EQ(f.alloc.begin_private_pool(pool), pool);   // the faulting capture, sharing the first pool
+  void* first = f.alloc.allocate(MiB / 2);             // request 0 is served
+  try {
+    f.alloc.allocate(MiB / 4);
+    FAIL() << "expected an OutOfMemoryError at request 1";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("fail_in_capture"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(f.alloc.allocate(512), OutOfMemoryError) << "a smaller request is refused too";
+  EXPECT_TRUE(f.alloc.capture_fault_armed()) << "until the capture ends";
+  EXPECT_EQ(f.alloc.capture_fault_requests(), 1) << "served before it fired";
+  f.alloc.deallocate(first, MiB / 2);
+  f.alloc.end_private_pool();
+  EXPECT_FALSE(f.alloc.capture_fault_armed());
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, before.reserved_bytes) << "served from the pool's freed block";
+  EXPECT_EQ(f.alloc.begin_private_pool(pool), pool);   // the next capture is served
+  void* again = f.alloc.allocate(MiB / 4);
+  f.alloc.deallocate(again, MiB / 4);
+  f.alloc.end_private_pool();
+  for (int id : {pool, pool, pool, other}) f.alloc.release_private_pool(id);   // pool: its three graphs
+  f.alloc.fail_in_capture(0, 5);   // a capture that ends before its request 5 disarms it
+  const int last = f.alloc.begin_private_pool();
+  void* one = f.alloc.allocate(MiB);
+  f.alloc.deallocate(one, MiB);
+  f.alloc.end_private_pool();
+  EXPECT_FALSE(f.alloc.capture_fault_armed());
+  EXPECT_EQ(f.alloc.capture_fault_requests(), 1) << "all the capture made";
+  f.alloc.release_private_pool(last);
+  f.alloc.deallocate(eager, MiB);
+  EXPECT_THROW(f.alloc.fail_in_capture(-1, 0), Error);
+}
+
 }  // namespace
 }  // namespace minidl
