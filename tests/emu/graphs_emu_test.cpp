@@ -144,6 +144,7 @@ TEST(EmuGraphs, TheLegacyStreamCannotRunWhileABlockingStreamCaptures) {
 }
 
 TEST(EmuGraphs, AReplayIsCheckedLikeEagerWorkAndItsFaultIsSticky) {
+  const DeferredStreams deferred;   // the launch succeeds; its fault comes at the next synchronization
   Stream st;
   Buf<float> src(64);
   void* dst = nullptr;

@@ -141,13 +141,14 @@ TEST(GpuModelOnTheEmulator, GatedLaunchTimingTimesTheSameLaunchesAndHoldsTheStre
   auto keys_of = [&](bool gated, bool with_conv) {
     return timed_keys(gated, [&] { const Tensor y = relu(with_conv ? conv2d(x, w, Tensor(), pad1()) : x); });
   };
+  const bool deferred = cuda::emu::deferred_streams();   // the mode before the test, afterwards
+  cuda::emu::set_deferred_streams(true);
   const size_t timeouts = cuda::launch_gate_timeouts();
   const std::vector<std::string> ungated = keys_of(false, true);
   ASSERT_EQ(ungated.size(), 2u);   // the convolution and the relu
   EXPECT_EQ(keys_of(true, true), ungated);
   EXPECT_EQ(cuda::launch_gate_timeouts(), timeouts) << "deferred: every gate was open when the stream reached it";
 
-  const bool deferred = cuda::emu::deferred_streams();
   cuda::emu::set_deferred_streams(false);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(keys_of(true, false), std::vector<std::string>{ungated.back()});
