@@ -64,16 +64,22 @@ void composed_backward(const SavedConvStats& s, const Tensor& gy, std::vector<Te
   Backend& be = backend(gy.device());
   if (s.need_w) be.conv2d_backward_weight(gy, input_activation(s.x, s.scale, s.bias, s.cl), s.opts, out[3]);
   if (!(s.need_x || s.need_scale || s.need_bias)) return;
-  // Without an affine the data gradient is gx itself; with one, gx is computed afresh below.
-  Tensor ga = !s.scale.defined() && out[0].defined() ? out[0] : empty_in_format(s.x.shape(), gy.options(), s.cl);
+  // The convolution's data gradient goes into gx's buffer where there is one: without an affine it
+  // is gx itself; with one, gx is computed afresh below and the buffer goes once it has been read.
+  Tensor ga = out[0].defined() ? out[0] : empty_in_format(s.x.shape(), gy.options(), s.cl);
   be.conv2d_backward_input(gy, s.w, s.opts, ga);
   if (!s.scale.defined()) return;
   out[0] = Tensor();
   // Through the ReLU (its mask from the pre-activation, as cuDNN's drelu reads it) and the affine.
+  // Each input-sized temporary goes as soon as it has been read: at most three live at once.
   const DType sd = s.scale.dtype();
   const Tensor xf = s.x.to(sd);
-  const Tensor pre = xf * per_channel(s.scale) + per_channel(s.bias);
-  const Tensor gpre = ga.to(sd) * gt(pre, zeros({}, {.dtype = sd, .device = pre.device()})).to(sd);
+  Tensor gpre;
+  {
+    const Tensor mask = gt(xf * per_channel(s.scale) + per_channel(s.bias), zeros({}, {.dtype = sd, .device = xf.device()}));
+    gpre = ga.to(sd) * mask.to(sd);
+  }
+  ga = Tensor();
   const std::vector<int64_t> dims{0, 2, 3};
   if (s.need_scale) out[1] = sum(gpre * xf, dims);
   if (s.need_bias) out[2] = sum(gpre, dims);

@@ -2,7 +2,7 @@
 // the composed reference, conv2d -> batch_norm -> relu -> ... -> add -> relu: values, every
 // gradient and the running statistics, in f64 (to rounding), f32 channels-last and f16 autocast;
 // whole ResNet-18 and ResNet-50 (small input) training steps and their evaluation; recomputation
-// updating the running statistics once; what the backward keeps; the errors.
+// updating the running statistics once; what the backward keeps and its peak; the errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -225,6 +225,29 @@ TEST(ConvBnChain, ErrorsNameTheOpAndTheFix) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("batch larger than 1"), std::string::npos) << e.what();
+  }
+}
+
+// The composed backward (the CPU's) of a convolution that reads its input through an affine and a
+// ReLU: with the input much larger than the rest, its peak is counted in input-sized buffers. The
+// convolution's data gradient, the pre-activation, its mask (a byte a value, then f32) and the
+// gradient through them are made one after another and each goes once read: about 3.25 at the
+// most, with or without the input's own gradient (4.25 when each lived to the end).
+TEST(ConvBnChain, TheComposedBackwardHoldsAtMostThreeInputSizedTemporaries) {
+  for (const bool need_x : {false, true}) {
+    Generator g(5);
+    Tensor x = leaf({2, 64, 16, 16}, DType::f32, g, 1.0, 0.5);
+    x.set_requires_grad(need_x);
+    const Tensor w = leaf({1, 64, 1, 1}, DType::f32, g, 0.2);
+    const Tensor scale = leaf({64}, DType::f32, g, 0.2, 1.0), bias = leaf({64}, DType::f32, g, 0.2);
+    const Tensor loss = sum(conv2d_stats(x, scale, bias, w).y);
+    const int64_t before = memory_stats().allocated_bytes;
+    reset_peak_stats();
+    loss.backward();
+    const double peak = static_cast<double>(memory_stats().peak_allocated_bytes - before) / static_cast<double>(x.nbytes());
+    EXPECT_LT(peak, 3.5) << "input-sized buffers at the backward's peak, need_x " << need_x;
+    EXPECT_EQ(x.grad().defined(), need_x);
+    EXPECT_TRUE(scale.grad().defined() && bias.grad().defined() && w.grad().defined());
   }
 }
 
