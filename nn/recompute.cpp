@@ -116,46 +116,51 @@ Recomputer::Recomputer(ResNet& model, RecomputeMode mode, int64_t memory_limit_b
 
 void Recomputer::replan(const Tensor& x) {
   device_ = x.device();
-  profile_ = profile_chain(links_, x);
+  Planned p;   // kept only once whole: a profile that runs out of memory changes nothing
+  p.profile = profile_chain(links_, x);
   ++profiles_;
-  const ChainProfile& p = *profile_;
-  keep_all_ = evaluate(p.stages, p.input_bytes, std::vector<StageMode>(p.stages.size(), StageMode::KeepAll));
-  solve(memory_stats(x.device()));
+  p.keep_all = evaluate(p.profile.stages, p.profile.input_bytes,
+                        std::vector<StageMode>(p.profile.stages.size(), StageMode::KeepAll));
+  solve(p, memory_stats(x.device()));
+  if (planned_.size() >= kPlannedShapes) planned_.erase(planned_.begin());
+  planned_.push_back(std::move(p));
 }
 
 void Recomputer::set_memory_limit(int64_t bytes) {
   MINIDL_CHECK(bytes >= 0, "Recomputer::set_memory_limit: ", bytes, " bytes is negative; give 0 for the budget");
   limit_arg_ = bytes;
-  if (profile_) solve(memory_stats(device_));
+  if (!planned_.empty()) solve(planned_.back(), memory_stats(device_));
 }
 
-void Recomputer::solve(const MemoryStats& ms) {
-  const ChainProfile& p = *profile_;
+void Recomputer::solve(Planned& p, const MemoryStats& ms) {
+  const ChainProfile& pr = p.profile;
+  p.limit_arg = limit_arg_;
   if (limit_arg_ > 0) {
-    limit_ = limit_arg_;
+    p.limit = limit_arg_;
   } else {
     if (ms.budget_bytes == 0) {
-      limit_ = keep_all_->predicted_peak_bytes;  // nothing to fit into: keep everything
+      p.limit = p.keep_all.predicted_peak_bytes;  // nothing to fit into: keep everything
     } else {
       const int64_t free = ms.budget_bytes - ms.reserved_bytes;
-      limit_ = std::max<int64_t>(0, free - free / 10) + p.input_bytes;
+      p.limit = std::max<int64_t>(0, free - free / 10) + pr.input_bytes;
     }
   }
-  below_least_peak_ = false;
-  if (keep_all_->predicted_peak_bytes <= limit_) {
-    plan_ = keep_all_;  // no recomputation needed (and no slot rounding to lose it)
+  p.below_least_peak = false;
+  if (p.keep_all.predicted_peak_bytes <= p.limit) {
+    p.plan = p.keep_all;  // no recomputation needed (and no slot rounding to lose it)
   } else {
-    plan_ = solve_optimal(p.stages, p.input_bytes, limit_);
-    below_least_peak_ = !plan_->feasible;
+    p.plan = solve_optimal(pr.stages, pr.input_bytes, p.limit);
+    p.below_least_peak = !p.plan.feasible;
   }
-  if (below_least_peak_) {
+  if (p.below_least_peak) {
     // The least-memory plan: bisect (to 0.1%) the smallest limit the planner accepts, so the
     // allocator, not the model's estimate, has the last word.
-    int64_t lo = std::max(limit_, least_peak_bytes(p.stages, p.input_bytes) - 1), hi = keep_all_->predicted_peak_bytes;
-    RecomputePlan best = *keep_all_;
+    int64_t lo = std::max(p.limit, least_peak_bytes(pr.stages, pr.input_bytes) - 1);
+    int64_t hi = p.keep_all.predicted_peak_bytes;
+    RecomputePlan best = p.keep_all;
     while (hi - lo > std::max<int64_t>(1, hi / 1000)) {
       const int64_t mid = lo + (hi - lo) / 2;
-      RecomputePlan cand = solve_optimal(p.stages, p.input_bytes, mid);
+      RecomputePlan cand = solve_optimal(pr.stages, pr.input_bytes, mid);
       if (cand.feasible) {
         hi = mid;
         best = std::move(cand);
@@ -163,50 +168,38 @@ void Recomputer::solve(const MemoryStats& ms) {
         lo = mid;
       }
     }
-    plan_ = std::move(best);
+    p.plan = std::move(best);
   }
-  segments_ = segments_from_modes(plan_->modes);
+  p.segments = segments_from_modes(p.plan.modes);
 }
 
 Tensor Recomputer::forward(const Tensor& x) {
   if (mode_.kind == RecomputeMode::Kind::None || !grad_enabled()) return model_(x);
-  if (mode_.kind == RecomputeMode::Kind::Optimal &&
-      (!profile_ || profile_->input_shape != x.shape() || profile_->input_dtype != x.dtype())) {
-    switch_plan(x);
+  if (mode_.kind == RecomputeMode::Kind::Optimal) {
+    const Planned* c = current();
+    if (c == nullptr || c->profile.input_shape != x.shape() || c->profile.input_dtype != x.dtype()) switch_plan(x);
   }
-  return run_chain(links_, x, segments_);
+  return run_chain(links_, x, segments());
 }
 
 void Recomputer::switch_plan(const Tensor& x) {
-  std::optional<Planned> kept;
   const auto it = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) {
     return p.profile.input_shape == x.shape() && p.profile.input_dtype == x.dtype();
   });
-  if (it != planned_.end()) {
-    kept = std::move(*it);
-    planned_.erase(it);
-  }
-  if (profile_) {   // the current plan is kept for when its shape comes back
-    if (planned_.size() + 1 >= kPlannedShapes) planned_.erase(planned_.begin());
-    planned_.push_back(Planned{.profile = std::move(*profile_), .plan = std::move(*plan_),
-                               .keep_all = std::move(*keep_all_), .segments = segments_, .limit = limit_,
-                               .limit_arg = limit_arg_, .below_least_peak = below_least_peak_});
-  }
-  if (!kept) {
+  if (it == planned_.end()) {
     replan(x);
     return;
   }
-  profile_ = std::move(kept->profile);
-  plan_ = std::move(kept->plan);
-  keep_all_ = std::move(kept->keep_all);
-  segments_ = std::move(kept->segments);
-  limit_ = kept->limit;
-  below_least_peak_ = kept->below_least_peak;
-  if (kept->limit_arg != limit_arg_) solve(memory_stats(device_));   // set_memory_limit came in between
+  std::rotate(it, it + 1, planned_.end());   // the kept plan becomes the current one, the last
+  if (planned_.back().limit_arg != limit_arg_) solve(planned_.back(), memory_stats(device_));   // set_memory_limit came in between
 }
 
-const RecomputePlan* Recomputer::plan() const { return plan_ ? &*plan_ : nullptr; }
-const ChainProfile* Recomputer::profile() const { return profile_ ? &*profile_ : nullptr; }
+const RecomputePlan* Recomputer::plan() const { return current() ? &current()->plan : nullptr; }
+const ChainProfile* Recomputer::profile() const { return current() ? &current()->profile : nullptr; }
+int64_t Recomputer::memory_limit() const { return current() ? current()->limit : 0; }
+const std::vector<int>& Recomputer::segments() const {
+  return mode_.kind == RecomputeMode::Kind::Optimal && current() ? current()->segments : segments_;
+}
 
 std::string Recomputer::describe() const {
   std::ostringstream os;
@@ -228,13 +221,14 @@ std::string Recomputer::describe() const {
     }
     case RecomputeMode::Kind::Optimal: break;
   }
-  if (!plan_) {
+  const Planned* c = current();
+  if (c == nullptr) {
     os << " (profiled and planned at the first forward with grad on)\n";
     return os.str();
   }
-  const ChainProfile& p = *profile_;
+  const ChainProfile& p = c->profile;
   os << " over the block chain (" << links_.size() << " links), batch " << shape_str(p.input_shape) << ", limit "
-     << mib(limit_) << (limit_arg_ > 0 ? " (given)" : " (from the memory budget)") << "\n";
+     << mib(c->limit) << (limit_arg_ > 0 ? " (given)" : " (from the memory budget)") << "\n";
   char line[160];
   std::snprintf(line, sizeof line, "  %-10s %-13s %9s %9s %11s %11s\n", "link", "mode", "fwd ms", "bwd ms",
                 "saved MiB", "out MiB");
@@ -242,17 +236,17 @@ std::string Recomputer::describe() const {
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const ChainStage& s = p.stages[i];
     std::snprintf(line, sizeof line, "  %-10s %-13s %9.3f %9.3f %11.3f %11.3f\n", p.names[i].c_str(),
-                  stage_mode_name(plan_->modes[i]), s.forward_time * 1e3, s.backward_time * 1e3,
+                  stage_mode_name(c->plan.modes[i]), s.forward_time * 1e3, s.backward_time * 1e3,
                   static_cast<double>(s.saved_bytes) / 1048576.0, static_cast<double>(s.output_bytes) / 1048576.0);
     os << line;
   }
-  const double base = keep_all_->predicted_time;
+  const double base = c->keep_all.predicted_time;
   std::snprintf(line, sizeof line, "  predicted time %.3f ms (keep-all %.3f ms, +%.1f%% recompute)\n",
-                plan_->predicted_time * 1e3, base * 1e3, base > 0 ? 100.0 * (plan_->predicted_time / base - 1.0) : 0.0);
-  os << "  predicted peak " << mib(plan_->predicted_peak_bytes) << " (keep-all " << mib(keep_all_->predicted_peak_bytes)
+                c->plan.predicted_time * 1e3, base * 1e3, base > 0 ? 100.0 * (c->plan.predicted_time / base - 1.0) : 0.0);
+  os << "  predicted peak " << mib(c->plan.predicted_peak_bytes) << " (keep-all " << mib(c->keep_all.predicted_peak_bytes)
      << ")\n"
      << line;
-  if (below_least_peak_) {
+  if (c->below_least_peak) {
     os << "  the limit is below the least peak any plan reaches: this is the least-memory plan\n";
   }
   return os.str();

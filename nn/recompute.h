@@ -3,7 +3,6 @@
 // this; checkpoint(), run_chain(), the profiler and the planner are the parts underneath.
 #pragma once
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,38 +60,35 @@ class Recomputer {
   int64_t profiles() const { return profiles_; }   // optimal: the chain profiles taken so far
   std::string describe() const;                // the printable plan with predicted peak (or the mode)
   const RecomputeMode& mode() const { return mode_; }
-  int64_t memory_limit() const { return limit_; }   // optimal: the limit the plan was solved for
+  int64_t memory_limit() const;                // optimal: the limit the plan was solved for
   const std::vector<ChainLink>& links() const { return links_; }
-  const std::vector<int>& segments() const { return segments_; }  // run_chain ids over links()
+  const std::vector<int>& segments() const;    // run_chain ids over links()
 
  private:
+  // Optimal: one shape's profile and the plan solved from it.
+  struct Planned {
+    ChainProfile profile;
+    RecomputePlan plan, keep_all;   // keep_all: the none plan under the same profile, for comparison
+    std::vector<int> segments;
+    int64_t limit = 0;              // the limit the plan was solved for
+    int64_t limit_arg = 0;          // limit_arg_ when it was solved
+    bool below_least_peak = false;
+  };
+  const Planned* current() const { return planned_.empty() ? nullptr : &planned_.back(); }
   void replan(const Tensor& x);
-  void solve(const MemoryStats& ms);  // the plan for limit_arg_ (or the budget) from profile_
+  void solve(Planned& p, const MemoryStats& ms);  // p's plan for limit_arg_ (or the budget)
   // Optimal: makes x's shape and dtype the current plan: a kept one (solved again when the limit
-  // changed since), or a new profile; the plan it replaces is kept.
+  // changed since), or a new profile, the least recently used plan making room for it.
   void switch_plan(const Tensor& x);
 
   ResNet& model_;
   RecomputeMode mode_;
   Device device_ = Device::cpu();  // where the profiled batch lives (its allocator's budget)
   int64_t limit_arg_ = 0;
-  int64_t limit_ = 0;
-  bool below_least_peak_ = false;
   std::vector<ChainLink> links_;
-  std::vector<int> segments_;
-  std::optional<ChainProfile> profile_;
-  std::optional<RecomputePlan> plan_;
-  std::optional<RecomputePlan> keep_all_;  // the none plan under the same profile, for comparison
+  std::vector<int> segments_;      // stages and sequential
   int64_t profiles_ = 0;
-  // The plans of other shapes (optimal), the most recently used last.
-  struct Planned {
-    ChainProfile profile;
-    RecomputePlan plan, keep_all;
-    std::vector<int> segments;
-    int64_t limit = 0, limit_arg = 0;
-    bool below_least_peak = false;
-  };
-  std::vector<Planned> planned_;
+  std::vector<Planned> planned_;   // optimal: the last kPlannedShapes shapes' plans, the current one last
 };
 
 }  // namespace minidl::nn
