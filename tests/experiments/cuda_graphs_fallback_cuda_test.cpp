@@ -19,6 +19,32 @@
 namespace minidl::harness {
 namespace {
 
+// `fell` is the eager run bit for bit: its steps, progress lines, every epoch's losses, accuracy and
+// rate, the test loss, every saved weight and the optimizer's and scaler's saved state.
+void expect_the_eager_run(const TrainingRun& eager, const TrainingRun& fell) {
+  EXPECT_EQ(fell.result.steps, eager.result.steps);
+  EXPECT_EQ(fell.progress, eager.progress);
+  ASSERT_EQ(fell.epochs.size(), eager.epochs.size());
+  for (size_t e = 0; e < eager.epochs.size(); ++e) {
+    SCOPED_TRACE("epoch " + std::to_string(e + 1));
+    EXPECT_EQ(fell.epochs[e].train_loss, eager.epochs[e].train_loss);
+    EXPECT_EQ(fell.epochs[e].val_loss, eager.epochs[e].val_loss);
+    EXPECT_EQ(fell.epochs[e].val_acc, eager.epochs[e].val_acc);
+    EXPECT_EQ(fell.epochs[e].lr, eager.epochs[e].lr);
+  }
+  EXPECT_EQ(fell.result.test_loss, eager.result.test_loss);
+  expect_same_tensors(eager.weights, fell.weights, "weights after the fallback");
+  expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state after the fallback");
+}
+
+// Adam with AMP, warmup + cosine and clipping, over windows of 2 micro-batches, 2 epochs.
+TrainConfig window_config() {
+  TrainConfig c = adam_config(true);
+  c.accumulation_steps = 2;
+  c.epochs = 2;
+  return c;
+}
+
 // By default (neither --cuda-graphs nor --no-cuda-graphs) a CUDA run replays graphs where they fit.
 // Under a budget that the eager run fills to the byte, the graph's private pool (segments of its
 // own, no memory released while a stream captures) cannot grow: the capture is abandoned, the run
@@ -46,16 +72,7 @@ TEST(ExperimentsCudaGraphs, ACaptureThatDoesNotFitFallsBackToTheEagerRun) {
   EXPECT_NE(fell.fallbacks[0].find("--no-cuda-graphs"), std::string::npos) << "it names the switches";
   EXPECT_EQ(fell.result.graph_fallbacks, static_cast<int64_t>(fell.fallbacks.size()));
   EXPECT_EQ(fell.result.graph_replays, 0);
-  EXPECT_EQ(fell.result.steps, eager.result.steps);
-  EXPECT_EQ(fell.progress, eager.progress);
-  ASSERT_EQ(fell.epochs.size(), eager.epochs.size());
-  for (size_t e = 0; e < eager.epochs.size(); ++e) {
-    EXPECT_EQ(fell.epochs[e].train_loss, eager.epochs[e].train_loss);
-    EXPECT_EQ(fell.epochs[e].val_loss, eager.epochs[e].val_loss);
-  }
-  EXPECT_EQ(fell.result.test_loss, eager.result.test_loss);
-  expect_same_tensors(eager.weights, fell.weights, "weights after the fallback");
-  expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state after the fallback");
+  expect_the_eager_run(eager, fell);
   c.save_weights = dir + "/required.safetensors";
   c.cuda_graphs = true;
   EXPECT_EQ(run_training(c).status, "oom") << "--cuda-graphs requires the graph";
@@ -67,19 +84,14 @@ TEST(ExperimentsCudaGraphs, ACaptureThatDoesNotFitFallsBackToTheEagerRun) {
 TEST(ExperimentsCudaGraphs, AnAccumulationWindowWhoseCaptureDoesNotFitRunsEagerly) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = testing::temp_dir().string();
-  TrainConfig c = adam_config(true);
-  c.accumulation_steps = 2;
-  c.epochs = 2;
+  TrainConfig c = window_config();
   const TrainingRun eager = train(c, false, dir);
   ASSERT_EQ(eager.result.status, "ok") << eager.result.note;
   c.memory_budget = std::to_string(eager.result.peak_reserved);
   const TrainingRun fell = train(c, std::nullopt, dir);
   ASSERT_EQ(fell.result.status, "ok") << fell.result.note;
   EXPECT_GT(fell.result.graph_fallbacks, 0);
-  EXPECT_EQ(fell.result.steps, eager.result.steps);
-  EXPECT_EQ(fell.progress, eager.progress);
-  expect_same_tensors(eager.weights, fell.weights, "weights after the fallback");
-  expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state after the fallback");
+  expect_the_eager_run(eager, fell);
 }
 
 CachingAllocator& cuda_allocator() { return dynamic_cast<CachingAllocator&>(allocator_for(Device::cuda(0))); }
@@ -121,16 +133,7 @@ TEST(ExperimentsCudaGraphs, AnEvaluationCaptureThatRunsOutOfMemoryEvaluatesEager
     EXPECT_EQ(fell.result.graph_fallbacks, 1);
     EXPECT_EQ(fell.result.graph_replays, 8) << "the training graphs replay on";
     EXPECT_NE(fell.graph_line.find("0 evaluation batches replayed"), std::string::npos) << fell.graph_line;
-    EXPECT_EQ(fell.progress, eager.progress);
-    ASSERT_EQ(fell.epochs.size(), eager.epochs.size());
-    for (size_t e = 0; e < eager.epochs.size(); ++e) {
-      EXPECT_EQ(fell.epochs[e].train_loss, eager.epochs[e].train_loss);
-      EXPECT_EQ(fell.epochs[e].val_loss, eager.epochs[e].val_loss);
-      EXPECT_EQ(fell.epochs[e].val_acc, eager.epochs[e].val_acc);
-    }
-    EXPECT_EQ(fell.result.test_loss, eager.result.test_loss);
-    expect_same_tensors(eager.weights, fell.weights, "weights");
-    expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state");
+    expect_the_eager_run(eager, fell);
   }
 }
 
@@ -142,9 +145,7 @@ TEST(ExperimentsCudaGraphs, AnEvaluationCaptureThatRunsOutOfMemoryEvaluatesEager
 TEST(ExperimentsCudaGraphs, AWindowsSteppingCaptureThatRunsOutAfterItsAddingGraphReplayedEndsEagerly) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = testing::temp_dir().string();
-  TrainConfig c = adam_config(true);
-  c.accumulation_steps = 2;
-  c.epochs = 2;
+  const TrainConfig c = window_config();
   const TrainingRun eager = train(c, false, dir);
   ASSERT_EQ(eager.result.status, "ok") << eager.result.note;
   for (const TrainingRun& fell : runs_out_in_capture(c, 1, dir)) {
@@ -153,15 +154,7 @@ TEST(ExperimentsCudaGraphs, AWindowsSteppingCaptureThatRunsOutAfterItsAddingGrap
     EXPECT_NE(fell.fallbacks[0].find("batches of f32[4, 3, 16, 16] run eagerly from here"), std::string::npos)
         << fell.fallbacks[0];
     EXPECT_EQ(fell.result.graph_replays, 1) << "the adding micro-batch's graph, once";
-    EXPECT_EQ(fell.result.steps, eager.result.steps);
-    EXPECT_EQ(fell.progress, eager.progress);
-    ASSERT_EQ(fell.epochs.size(), eager.epochs.size());
-    for (size_t e = 0; e < eager.epochs.size(); ++e) {
-      EXPECT_EQ(fell.epochs[e].train_loss, eager.epochs[e].train_loss);
-      EXPECT_EQ(fell.epochs[e].lr, eager.epochs[e].lr);
-    }
-    expect_same_tensors(eager.weights, fell.weights, "weights", false);
-    expect_same_tensors(eager.optimizer, fell.optimizer, "optimizer and scaler state", false);
+    expect_the_eager_run(eager, fell);
   }
 }
 
