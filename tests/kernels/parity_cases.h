@@ -29,7 +29,7 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"copy_async", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.DeviceBatchesEqualCpuBatches"},
       {"make_compute_wait", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.KeptBatchesAreNotOverwritten"},
       {"host_wait", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.BatchSizeChangesBetweenEpochs"},
-      {"capture_graph", "optim/graph_step_cuda_test.cpp:GraphStep.ResNet18SmallReplaysAreBitIdenticalToEager"},
+      {"capture_graph", "optim/graph_step_cuda_test.cpp:GraphStep.SmallInputResNetsReplayBitIdenticallyToEager"},
       {"capturing", "optim/graph_step_cuda_test.cpp:GraphStep.AHostReadInsideTheCaptureFailsNamingTheFix"},
       {"replay", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnFp32ReplayIsBitIdenticalToEager"},
       {"pool_bytes", "optim/graph_step_cuda_test.cpp:GraphStep.EagerAllocationsAfterTheCaptureDoNotReuseItsPool"},
