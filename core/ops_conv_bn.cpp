@@ -76,7 +76,8 @@ void composed_backward(const SavedConvStats& s, const Tensor& gy, std::vector<Te
   const Tensor xf = s.x.to(sd);
   Tensor gpre;
   {
-    const Tensor mask = gt(xf * per_channel(s.scale) + per_channel(s.bias), zeros({}, {.dtype = sd, .device = xf.device()}));
+    const Tensor zero = zeros({}, {.dtype = sd, .device = xf.device()});
+    const Tensor mask = gt(xf * per_channel(s.scale) + per_channel(s.bias), zero);
     gpre = ga.to(sd) * mask.to(sd);
   }
   ga = Tensor();

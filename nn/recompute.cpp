@@ -191,7 +191,8 @@ void Recomputer::switch_plan(const Tensor& x) {
     return;
   }
   std::rotate(it, it + 1, planned_.end());   // the kept plan becomes the current one, the last
-  if (planned_.back().limit_arg != limit_arg_) solve(planned_.back(), memory_stats(device_));   // set_memory_limit came in between
+  // set_memory_limit came in between: the kept plan is solved again from its profile.
+  if (planned_.back().limit_arg != limit_arg_) solve(planned_.back(), memory_stats(device_));
 }
 
 const RecomputePlan* Recomputer::plan() const { return current() ? &current()->plan : nullptr; }

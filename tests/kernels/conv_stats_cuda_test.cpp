@@ -40,7 +40,8 @@ class ConvStatsParity : public Parity {};
 // A small-input ResNet of one basic block a stage with 10 classes: every kind of link a ResNet-18
 // has, in about half its emulated time.
 std::shared_ptr<nn::ResNet> resnet10_small(Generator* g) {
-  return std::make_shared<nn::ResNet>(nn::ResNetOptions{.layers = {1, 1, 1, 1}, .num_classes = 10, .small_input = true}, g);
+  return std::make_shared<nn::ResNet>(
+      nn::ResNetOptions{.layers = {1, 1, 1, 1}, .num_classes = 10, .small_input = true}, g);
 }
 
 struct ChainRun {

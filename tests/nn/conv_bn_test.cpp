@@ -244,7 +244,8 @@ TEST(ConvBnChain, TheComposedBackwardHoldsAtMostThreeInputSizedTemporaries) {
     const int64_t before = memory_stats().allocated_bytes;
     reset_peak_stats();
     loss.backward();
-    const double peak = static_cast<double>(memory_stats().peak_allocated_bytes - before) / static_cast<double>(x.nbytes());
+    const double peak =
+        static_cast<double>(memory_stats().peak_allocated_bytes - before) / static_cast<double>(x.nbytes());
     EXPECT_LT(peak, 3.5) << "input-sized buffers at the backward's peak, need_x " << need_x;
     EXPECT_EQ(x.grad().defined(), need_x);
     EXPECT_TRUE(scale.grad().defined() && bias.grad().defined() && w.grad().defined());

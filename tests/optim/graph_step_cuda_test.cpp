@@ -96,7 +96,8 @@ struct Trainer {
     Generator gen(7);
     if (net == Net::SmallCnn) model = std::make_shared<nn::KerasSmallCnn>(kImage, &gen);
     else if (net == Net::ResNet18Small) model = nn::resnet18(2, &gen, false, /*small_input=*/true);
-    else model = std::make_shared<nn::ResNet>(nn::ResNetOptions{.layers = {1, 1, 1, 1}, .num_classes = 2, .small_input = true}, &gen);
+    else model = std::make_shared<nn::ResNet>(
+             nn::ResNetOptions{.layers = {1, 1, 1, 1}, .num_classes = 2, .small_input = true}, &gen);
     model->to(kGpu);
     if (net == Net::ResNet10SmallChain) {
       std::static_pointer_cast<nn::ResNet>(model)->set_conv_bn_chain(true);
