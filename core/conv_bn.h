@@ -53,6 +53,16 @@ BnAffine bn_finalize(const ConvStats& s, const Tensor& weight, const Tensor& bia
 BnAffine bn_running_affine(const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                            const Tensor& running_var, double eps = 1e-5);
 
+// How conv2d_stats calls ran since the process started, on every device and thread: as the
+// backend's fused library calls (a forward, or a backward's masked data and filter gradients), or
+// composed of minidl's own ops. A backward without the input's prologue (a block's first
+// convolution) counts as composed: it is the plain convolution's data and filter gradients. What a
+// run says about its conv-bn chain (RunResult::conv_stats) is the difference of two readings.
+struct ConvStatsCounts {
+  int64_t fused_forward = 0, composed_forward = 0, fused_backward = 0, composed_backward = 0;
+};
+ConvStatsCounts conv_stats_counts();
+
 // relu(x * scale + bias + residual) (residual undefined: none), computed in f32 for f16 x and
 // rounded once to x's dtype; x's layout. The end of a residual block.
 Tensor scale_bias_relu(const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& residual = Tensor());

@@ -9,6 +9,7 @@
 // Everything here runs on every backend.
 #include "core/conv_bn.h"
 
+#include <atomic>
 #include <vector>
 
 #include "core/autocast.h"
@@ -18,6 +19,9 @@
 
 namespace minidl {
 namespace {
+
+// conv_stats_counts(): relaxed counters, read only as totals.
+std::atomic<int64_t> g_fused_forward{0}, g_composed_forward{0}, g_fused_backward{0}, g_composed_backward{0};
 
 // Per-channel tensors are f32 under f16 or bf16 activations, the activations' own dtype otherwise.
 DType stats_dtype(const Tensor& x) { return is_float16(x.dtype()) ? DType::f32 : x.dtype(); }
@@ -104,8 +108,11 @@ std::vector<Tensor> conv2d_stats_backward(const SavedConvStats& s, const std::ve
   if (s.need_scale) out[1] = empty({c_in}, po);
   if (s.need_bias) out[2] = empty({c_in}, po);
   if (s.need_w) out[3] = empty_in_format(s.w.shape(), gy.options(), s.cl);
-  if (!backend(gy.device()).conv2d_stats_backward(gy, s.x, s.scale, s.bias, s.w, s.opts, out[0], out[1], out[2],
-                                                   out[3])) {
+  if (backend(gy.device()).conv2d_stats_backward(gy, s.x, s.scale, s.bias, s.w, s.opts, out[0], out[1], out[2],
+                                                  out[3])) {
+    g_fused_backward.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    g_composed_backward.fetch_add(1, std::memory_order_relaxed);
     composed_backward(s, gy, out);
   }
   if (out[3].defined() && s.cl && !s.w_cl) out[3] = out[3].contiguous();   // the parameter's own format
@@ -191,7 +198,9 @@ ConvStats conv2d_stats(const Tensor& x_in, const Tensor& in_scale, const Tensor&
   s.sum = empty({w.size(0)}, so);
   s.sumsq = empty({w.size(0)}, so);
   Backend& be = backend(x.device());
-  if (!be.conv2d_stats_forward(xc, sc, bc, wc, opts, s.y, s.sum, s.sumsq)) {
+  const bool fused = be.conv2d_stats_forward(xc, sc, bc, wc, opts, s.y, s.sum, s.sumsq);
+  (fused ? g_fused_forward : g_composed_forward).fetch_add(1, std::memory_order_relaxed);
+  if (!fused) {
     NoGradGuard no_grad;
     be.conv2d_forward(input_activation(xc, sc, bc, cl), wc, Tensor(), opts, s.y);
     const Tensor yf = s.y.to(so.dtype);
@@ -234,6 +243,11 @@ BnAffine bn_finalize(const ConvStats& s, const Tensor& weight, const Tensor& bia
     rv.mul_(1.0 - momentum).add_(var.detach().to(rv.dtype()), momentum * n / (n - 1.0));
   }
   return a;
+}
+
+ConvStatsCounts conv_stats_counts() {
+  return {g_fused_forward.load(std::memory_order_relaxed), g_composed_forward.load(std::memory_order_relaxed),
+          g_fused_backward.load(std::memory_order_relaxed), g_composed_backward.load(std::memory_order_relaxed)};
 }
 
 BnAffine bn_running_affine(const Tensor& weight, const Tensor& bias, const Tensor& running_mean,

@@ -225,6 +225,7 @@ void Run::log_head() const {
 }
 
 RunResult Run::execute() {
+  const ConvStatsCounts conv_stats_before = conv_stats_counts();
   load_model();
   apply_budget();
   load_data();
@@ -248,6 +249,18 @@ RunResult Run::execute() {
     end_epoch(e);
   }
   finish();
+  const ConvStatsCounts now = conv_stats_counts();
+  r_.conv_stats = {now.fused_forward - conv_stats_before.fused_forward,
+                   now.composed_forward - conv_stats_before.composed_forward,
+                   now.fused_backward - conv_stats_before.fused_backward,
+                   now.composed_backward - conv_stats_before.composed_backward};
+  if (c_.conv_bn_chain) {
+    const ConvStatsCounts& k = r_.conv_stats;
+    log("conv-bn chain: " + std::to_string(k.fused_forward) + " of " +
+        std::to_string(k.fused_forward + k.composed_forward) + " forward and " + std::to_string(k.fused_backward) +
+        " of " + std::to_string(k.fused_backward + k.composed_backward) +
+        " backward convolution calls ran as the backend's fused graphs, the others composed (docs/conv_bn.md)");
+  }
   return r_;
 }
 

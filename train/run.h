@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/conv_bn.h"
 #include "train/config.h"
 
 namespace minidl::train {
@@ -61,6 +62,9 @@ struct RunResult {
   // back to eager steps (GraphedStep::fallbacks); both 0 for an eager run.
   int64_t graph_replays = 0;
   int64_t graph_fallbacks = 0;
+  // --conv-bn-chain: the run's conv2d_stats calls (its dry trials' included) that ran as the
+  // backend's fused graphs and that were composed (core/conv_bn.h); all 0 without the chain.
+  ConvStatsCounts conv_stats;
   std::string data_description;
   std::string device_name;
   int64_t first_epoch = 1;        // > 1 (or a partial epoch) when --resume continued a saved run

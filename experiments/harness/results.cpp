@@ -312,6 +312,10 @@ nlohmann::json to_json(const RunResult& r) {
           {"peak_reserved_bytes", r.peak_reserved},
           {"graph_replays", r.graph_replays},       // CUDA graphs: micro-batches replayed
           {"graph_fallbacks", r.graph_fallbacks},   // batch shapes whose capture did not fit: eager
+          {"conv_stats", {{"fused_forward", r.conv_stats.fused_forward},   // --conv-bn-chain's calls
+                          {"composed_forward", r.conv_stats.composed_forward},
+                          {"fused_backward", r.conv_stats.fused_backward},
+                          {"composed_backward", r.conv_stats.composed_backward}}},
           {"data", r.data_description},
           {"epochs", epochs}};
 }

@@ -164,6 +164,33 @@ TEST(ExperimentsTrain, MixedPrecisionAndOptimalRecomputationRun) {
   EXPECT_TRUE(std::isfinite(opt.epochs.at(0).train_loss));
 }
 
+// A --conv-bn-chain run says how its conv2d_stats calls ran: on the CPU every one composes (no
+// backend fuses there), forward and backward; a run without the chain makes none.
+TEST(ExperimentsTrain, AChainRunCountsHowItsConvolutionsRan) {
+  TrainConfig c = testing::tiny_config();
+  c.model = "resnet18-small";
+  c.image_size = 16;
+  c.split = "4,2,0";
+  std::string lines;
+  const auto log = [&lines](const std::string& s) { lines += s + "\n"; };
+  const RunResult plain = run_training(c, {log, {}, {}});
+  EXPECT_EQ(plain.conv_stats.composed_forward + plain.conv_stats.fused_forward, 0);
+  EXPECT_EQ(lines.find("conv-bn chain:"), std::string::npos) << lines;
+  c.conv_bn_chain = true;
+  const RunResult chain = run_training(c, {log, {}, {}});
+  ASSERT_EQ(chain.status, "ok") << chain.note;
+  EXPECT_EQ(chain.conv_stats.fused_forward, 0);
+  EXPECT_EQ(chain.conv_stats.fused_backward, 0);
+  // One training step (batch 8 of the 8 training images) and one validation batch: every convolution
+  // of the ResNet-18 runs through conv2d_stats in both forwards, and in the step's backward.
+  EXPECT_GT(chain.conv_stats.composed_backward, 0);
+  EXPECT_EQ(chain.conv_stats.composed_forward, 2 * chain.conv_stats.composed_backward);
+  EXPECT_NE(lines.find("conv-bn chain: 0 of " + std::to_string(chain.conv_stats.composed_forward) +
+                       " forward and 0 of " + std::to_string(chain.conv_stats.composed_backward) + " backward"),
+            std::string::npos)
+      << lines;
+}
+
 TEST(ExperimentsTrain, SummaryListsTheLayers) {
   TrainConfig c = testing::tiny_config();
   const std::string s = model_summary(c);

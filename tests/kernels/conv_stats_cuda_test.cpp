@@ -138,7 +138,15 @@ TEST_F(ConvStatsParity, ChannelsLastRunsTheFusedGraphsAndNchwComposes) {
   for (const Case c : {Case{DType::f32, true, 1}, Case{DType::f16, true, 1}, Case{DType::f32, false, 0},
                        Case{DType::f64, true, 0}}) {
     const std::string tag = std::string(dtype_name(c.dt)) + (c.channels_last ? " channels-last" : " NCHW");
+    const ConvStatsCounts before = conv_stats_counts();
     const FusedCounts n = count_fused([&] { run_chain(kGpu, c.dt, c.channels_last); });
+    // What a run reports (RunResult::conv_stats): the first node's backward, without a prologue,
+    // counts as composed.
+    const ConvStatsCounts after = conv_stats_counts();
+    EXPECT_EQ(after.fused_forward - before.fused_forward, 2 * c.fused) << tag;
+    EXPECT_EQ(after.composed_forward - before.composed_forward, 2 - 2 * c.fused) << tag;
+    EXPECT_EQ(after.fused_backward - before.fused_backward, c.fused) << tag;
+    EXPECT_EQ(after.composed_backward - before.composed_backward, 2 - c.fused) << tag;
     EXPECT_EQ(n.forward, 2 * c.fused) << tag << ": scale_bias_relu_conv_genstats executes (with and without "
                                           "the prologue)";
     EXPECT_EQ(n.dgrad, c.fused) << tag << ": dgrad_drelu_dbn_weight executes";
