@@ -55,8 +55,9 @@ int main(int argc, char** argv) {
   add_train_flags(app, base);
   app.get_option("--out")->description("root folder of the study folders (<out>/<study>[-quick-cpu|-quick-cuda][-Nranks]/ "
                                        "with results.csv, results.json, summary.md and the plots)");
-  app.add_option("--study", study_name, "keras-batch, utilization, techniques, lr-scaling or batch-schedule (published settings); "
-                                        "empty: a grid over the lists below");
+  app.add_option("--study", study_name,
+                 "keras-batch, utilization, techniques, lr-scaling, batch-schedule (published settings) or "
+                 "conv-bn-chain (--conv-bn-chain against batch norm); empty: a grid over the lists below");
   app.add_flag("--quick", quick,
                "scale the study down (small images, few steps, small model): minutes on 2 CPU cores; off by default");
   app.add_option("--batch-sizes", batches, "grid: comma-separated batch sizes; empty: --batch-size");

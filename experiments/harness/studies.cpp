@@ -239,7 +239,8 @@ SweepRun& add_study_run(Study& s, const TrainConfig& base, const StudyScale& sca
 }
 
 const std::vector<std::string>& study_names() {
-  static const std::vector<std::string> n{"keras-batch", "utilization", "techniques", "lr-scaling", "batch-schedule"};
+  static const std::vector<std::string> n{"keras-batch", "utilization",    "techniques",
+                                          "lr-scaling",  "batch-schedule", "conv-bn-chain"};
   return n;
 }
 
@@ -250,8 +251,9 @@ Study make_study(const std::string& name, bool quick, const TrainConfig& base) {
   else if (name == "techniques") s = techniques(quick, base);
   else if (name == "lr-scaling") s = lr_scaling(quick, base);
   else if (name == "batch-schedule") s = batch_schedule_study(quick, base);
-  else throw UsageError("--study '" + name + "': expected keras-batch, utilization, techniques, lr-scaling or "
-                        "batch-schedule");
+  else if (name == "conv-bn-chain") s = conv_bn_chain_study(quick, base);
+  else throw UsageError("--study '" + name + "': expected keras-batch, utilization, techniques, lr-scaling, "
+                        "batch-schedule or conv-bn-chain");
   s.quick = quick;
   for (auto& r : s.runs) {
     r.config.out.clear();

@@ -63,7 +63,7 @@ struct Study {
       extra_outputs;
 };
 
-// keras-batch, utilization, techniques, lr-scaling, batch-schedule
+// keras-batch, utilization, techniques, lr-scaling, batch-schedule, conv-bn-chain
 const std::vector<std::string>& study_names();
 // The keras-batch study's --diverge-loss: Keras trains on whatever the loss, so the study stops a
 // run only on NaN or a loss no run recovers from (studies.cpp says why the default 50 is too low).
@@ -77,6 +77,10 @@ Study make_study(const std::string& name, bool quick, const TrainConfig& base);
 // epochs with the learning rate kept (Smith et al. 2017), (c) a hybrid (the batch grows at the
 // first milestone, the learning rate decays at the second).
 Study batch_schedule_study(bool quick, const TrainConfig& base);
+// The conv-bn-chain study (conv_bn_chain_study.cpp): per seed, the same ResNet trained with batch
+// norm and with --conv-bn-chain; its outputs put the chain's training loss curve beside the batch
+// norm runs' seed-to-seed spread, and count the chain's calls that ran as fused graphs.
+Study conv_bn_chain_study(bool quick, const TrainConfig& base);
 // What a predefined study trains, at its published or its --quick scale.
 struct StudyScale {
   std::string model;

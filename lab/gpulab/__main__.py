@@ -36,7 +36,7 @@ STAGE_ENV = """environment:
 It ends with the size each call carries. Exit status: 0 staged, 3 a configure, build or copy failed."""
 
 STUDIES_ENV = """PLAN: comma-separated steps, in this order, each optionally capped as STEP:SECONDS:
-  keras-batch, utilization, techniques, lr-scaling, batch-schedule
+  keras-batch, utilization, techniques, lr-scaling, batch-schedule, conv-bn-chain
                  minidl-sweep --study STEP --device cuda --workers N --process-per-run --out results
                  (--data the photos, except utilization: synthetic images)
   utilization-amp  minidl-sweep --study utilization --amp (results/utilization-amp)

@@ -17,7 +17,8 @@ from pathlib import Path
 from . import common
 from .common import CUT, FAILED, OK, ROOT, SETUP, Exit, Terminated, say
 
-STUDIES = ["keras-batch", "utilization", "utilization-amp", "techniques", "lr-scaling", "batch-schedule"]
+STUDIES = ["keras-batch", "utilization", "utilization-amp", "techniques", "lr-scaling", "batch-schedule",
+           "conv-bn-chain"]
 STEPS = STUDIES + ["pytorch"]
 
 

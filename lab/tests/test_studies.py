@@ -14,6 +14,7 @@ class Plan(unittest.TestCase):
         self.assertEqual(studies.parse_plan("utilization", True), [("utilization", None), ("pytorch", 4)])
         self.assertEqual(studies.parse_plan("pytorch:60,utilization", False), [("pytorch", 60), ("utilization", None)])
         self.assertEqual(studies.parse_plan("techniques", False), [("techniques", None)])
+        self.assertEqual(studies.parse_plan("conv-bn-chain:240", False), [("conv-bn-chain", 240)])
 
     def test_bad_plans_are_setup_errors(self):
         for plan in ("", "keras", "techniques:1.5", "techniques:soon"):
