@@ -36,8 +36,29 @@ int shuffle_source(WarpOp op, int l, int param, int width) {
   }
 }
 
+// A shuffle-down tree (warp_tree): every lane's array, then the tree over them all, in place.
+void complete_tree(Fiber* lanes, WarpState& w) {
+  void* arrays[32];
+  for (int l = 0; l < 32; ++l) {
+    if (lanes[l].param != lanes[0].param) {
+      t_fiber = &lanes[l];
+      kernel_fault("lanes of one warp run shuffle-down trees to different depths (" + std::to_string(lanes[0].param) +
+                   " and " + std::to_string(lanes[l].param) + ")");
+    }
+    arrays[l] = reinterpret_cast<void*>(static_cast<uintptr_t>(lanes[l].value));
+  }
+  w.tree(arrays, lanes[0].param);
+  for (int l = 0; l < 32; ++l) lanes[l].wait = Wait::None;
+}
+
 void complete_warp(Block& b, int warp, WarpState& w) {
   Fiber* lanes = &b.threads[static_cast<size_t>(warp) * 32];
+  if (w.op == WarpOp::ShflDownTree) {
+    complete_tree(lanes, w);
+    w.arrived = 0;
+    recorder_warp_collective();
+    return;
+  }
   const bool vote = w.op == WarpOp::Ballot || w.op == WarpOp::Any || w.op == WarpOp::All;
   uint64_t ballot = 0;
   for (int l = 0; l < 32; ++l) {
@@ -126,7 +147,10 @@ void syncthreads(const void* site) {
   yield_until_released(f);
 }
 
-uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width, const void* site) {
+namespace {
+
+// The running lane's arrival at a warp collective; it returns once the collective has completed.
+void arrive(WarpOp op, unsigned mask, uint64_t value, int param, int width, WarpTreeFn tree, const void* site) {
   Block& b = *t_block;
   Fiber& f = *t_fiber;
   const int lane = f.linear & 31, warp = f.linear >> 5;
@@ -151,6 +175,7 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, in
     w.mask = mask;
     w.op = op;
     w.site = site;
+    w.tree = tree;
   } else if (w.mask != mask || w.op != op || w.site != site) {
     kernel_fault("lanes of one warp are in different warp collectives at once (mask " + mask_hex() +
                  "): divergent shuffles or votes");
@@ -163,7 +188,17 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, in
   w.arrived |= 1u << lane;
   if (w.arrived == w.mask) complete_warp(b, warp, w);
   yield_until_released(f);
-  return f.result;
+}
+
+}  // namespace
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width, const void* site) {
+  arrive(op, mask, value, param, width, nullptr, site);
+  return t_fiber->result;
+}
+
+void warp_tree(void* values, WarpTreeFn tree, int last, const void* site) {
+  arrive(WarpOp::ShflDownTree, 0xffffffffu, reinterpret_cast<uintptr_t>(values), last, 32, tree, site);
 }
 
 }  // namespace minidl::cuda::emu

@@ -29,8 +29,51 @@ namespace minidl::cuda::emu {
 
 // Collectives: each returns once every participant has arrived (or reports a fault).
 void syncthreads(const void* site);
-enum class WarpOp : int { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All };
+enum class WarpOp : int { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, ShflDownTree };
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int param, int width, const void* site);
+
+// A whole shuffle-down tree as one collective of the full warp (MINIDL_EMU_WARP_TREES below): each
+// lane arrives with its array of values, and the last to arrive runs `tree` over the 32 lanes'
+// arrays, which computes in place what the shuffles one by one would leave in each lane.
+using WarpTreeFn = void (*)(void* const* lanes, int last);
+void warp_tree(void* values, WarpTreeFn tree, int last, const void* site);
+
+// for (o = 16; o >= last; o >>= 1) for each j: v[j] += __shfl_down_sync(0xffffffff, v[j], o), in
+// every lane at once: lane l reads lane l + o's value from before the round, or its own where
+// l + o is past the warp, and adds it to its own (the order the shuffles give, in T).
+template <typename T, int L>
+void shfl_down_tree(void* const* lanes, int last) {
+  T v[32][L], before[32][L];
+  for (int l = 0; l < 32; ++l) std::memcpy(static_cast<void*>(v[l]), lanes[l], sizeof(v[l]));
+  for (int o = 16; o >= last; o >>= 1) {
+    std::memcpy(static_cast<void*>(before), static_cast<const void*>(v), sizeof(v));
+    for (int l = 0; l < 32; ++l)
+      for (int j = 0; j < L; ++j) v[l][j] += before[l + o < 32 ? l + o : l][j];
+  }
+  for (int l = 0; l < 32; ++l) std::memcpy(lanes[l], static_cast<const void*>(v[l]), sizeof(v[l]));
+}
+
+// What kernels call (common.cuh, batch_norm.cuh): out of line, so that the site is the caller's,
+// as for a shuffle.
+template <typename T, int L>
+__attribute__((noinline)) void warp_shfl_down_sums(T (&v)[L], int last) {
+  warp_tree(v, shfl_down_tree<T, L>, last, __builtin_return_address(0));
+}
+
+}  // namespace minidl::cuda::emu
+
+// The emulated device's test build runs a kernel's shuffle-down trees (warp_sum and batch norm's
+// per-channel sums) as one collective each (kernels/cuda/device/common.cuh): one by one, each
+// shuffle costs every lane two fiber switches, which was about half the time of an emulated
+// ResNet step. The profiling build (minidl_emu_prof, __SANITIZE_THREAD__), whose counts price the
+// shuffles for the step-time model, and the GPU run them one by one.
+#if !defined(__SANITIZE_THREAD__)
+#define MINIDL_EMU_WARP_TREES 1
+#else
+#define MINIDL_EMU_WARP_TREES 0
+#endif
+
+namespace minidl::cuda::emu {
 
 template <typename T>
 inline T shfl(WarpOp op, unsigned mask, T v, int param, int width, const void* site) {

@@ -54,6 +54,7 @@ struct WarpState {
   unsigned arrived = 0, mask = 0;
   WarpOp op = WarpOp::ShflIdx;
   const void* site = nullptr;
+  WarpTreeFn tree = nullptr;   // WarpOp::ShflDownTree
 };
 
 struct Block {

@@ -259,10 +259,14 @@ __device__ __forceinline__ void write_block_sums(PairSums<A, L>& ps, const Geo& 
       double v[L];
 #pragma unroll
       for (int j = 0; j < L; ++j) v[j] = which == 0 ? ps.s[j] : ps.q[j];
+#if defined(MINIDL_CUDA_EMU) && MINIDL_EMU_WARP_TREES   // the same tree as one collective (common.cuh)
+      ::minidl::cuda::emu::warp_shfl_down_sums(v, g.cx);
+#else
       for (int o = 16; o >= g.cx; o >>= 1) {
 #pragma unroll
         for (int j = 0; j < L; ++j) v[j] += __shfl_down_sync(0xffffffffu, v[j], o);
       }
+#endif
       __syncthreads();   // the previous round's reads are done
       if (lane < g.cx) {
 #pragma unroll

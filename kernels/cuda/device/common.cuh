@@ -176,11 +176,19 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
 
 // ---- Reductions ----
 
+// The sum of the full warp's values in lane 0 (a shuffle-down tree; the emulated device runs the
+// tree as one collective with the same additions: MINIDL_EMU_WARP_TREES in cuda_emu/device_api.h).
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
+#if defined(MINIDL_CUDA_EMU) && MINIDL_EMU_WARP_TREES
+  T a[1] = {v};
+  ::minidl::cuda::emu::warp_shfl_down_sums(a, 1);
+  return a[0];
+#else
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
   return v;
+#endif
 }
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); the result is valid in thread 0.
