@@ -186,10 +186,7 @@ Study conv_bn_chain_study(bool quick, const TrainConfig& base) {
     for (const bool chain : {false, true}) {
       SweepRun& r = add_study_run(s, base, scale);
       TrainConfig& c = r.config;
-      c.optimizer = "sgd";
-      c.momentum = 0.9;
-      c.lr = 0.001;
-      c.weight_decay = 1e-4;
+      use_article_sgd(c);
       c.batch_size = quick ? 16 : 32;
       c.amp = !quick || base.amp;   // --quick (sized for a CPU) in f32 unless the sweep sets --amp
       c.amp_dtype = base.amp ? base.amp_dtype : "f16";

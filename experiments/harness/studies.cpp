@@ -169,10 +169,7 @@ Study techniques(bool quick, const TrainConfig& base) {
   for (const Row& row : rows) {
     SweepRun& r = add_study_run(s, base, scale);
     TrainConfig& c = r.config;
-    c.optimizer = "sgd";
-    c.momentum = 0.9;
-    c.lr = 0.001;
-    c.weight_decay = 1e-4;
+    use_article_sgd(c);
     c.memory_budget = quick ? "256MiB" : "11GiB";
     c.checkpoint = row.checkpoint;
     c.cudnn_benchmark = row.autotune_off ? "off" : "on";
@@ -227,6 +224,13 @@ Study lr_scaling(bool quick, const TrainConfig& base) {
 }
 
 }  // namespace
+
+void use_article_sgd(TrainConfig& c) {
+  c.optimizer = "sgd";
+  c.momentum = 0.9;
+  c.lr = 0.001;
+  c.weight_decay = 1e-4;
+}
 
 SweepRun& add_study_run(Study& s, const TrainConfig& base, const StudyScale& scale) {
   SweepRun& r = s.runs.emplace_back();

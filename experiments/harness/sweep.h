@@ -91,6 +91,9 @@ struct StudyScale {
 // A new run of `s`: `base` at `scale`. The study sets the rest (optimizer, batch, ..., id, group);
 // the reference holds until the study's next run is added.
 SweepRun& add_study_run(Study& s, const TrainConfig& base, const StudyScale& scale);
+// The techniques study's optimizer, the article's ResNet-50 settings: SGD, momentum 0.9, lr 0.001,
+// weight decay 1e-4 (the conv-bn-chain study trains with them too).
+void use_article_sgd(TrainConfig& c);
 
 // The study's folder under --out: <name>[-<variant>][-quick-<cpu|cuda>], e.g. utilization-amp,
 // keras-batch-quick-cpu.

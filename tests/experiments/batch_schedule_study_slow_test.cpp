@@ -4,22 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "experiments/harness/results.h"
 #include "tests/experiments/helpers.h"
 
 namespace minidl::harness {
 namespace {
-
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 TEST(ExperimentsBatchScheduleStudy, QuickStudyWritesItsTablePlotsAndSummary) {
   const auto dir = testing::temp_dir();
@@ -44,13 +35,13 @@ TEST(ExperimentsBatchScheduleStudy, QuickStudyWritesItsTablePlotsAndSummary) {
   EXPECT_EQ(phases.substr(0, 4), "16: ") << phases;
   EXPECT_EQ(std::count(phases.begin(), phases.end(), ';'), 2) << "one rate per phase: " << phases;
   for (const char* axis : {"updates", "time"}) {
-    const std::string dat = read_text(out / ("batch-schedule-" + std::string(axis) + ".png.dat"));
+    const std::string dat = testing::read_text(out / ("batch-schedule-" + std::string(axis) + ".png.dat"));
     EXPECT_EQ(dat.rfind("# plot: ", 0), 0u) << axis;
     EXPECT_NE(dat.find("\"(a) fixed batch, lr decay\""), std::string::npos) << axis;
     EXPECT_NE(dat.find("\"(b) batch grows, lr kept\""), std::string::npos) << axis;
     EXPECT_NE(dat.find("\"(c) batch grows, then lr decay\""), std::string::npos) << axis;
   }
-  const std::string md = read_text(out / "summary.md");
+  const std::string md = testing::read_text(out / "summary.md");
   EXPECT_NE(md.find("| (b) batch grows, lr kept | 3 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| 504 | 44% |"), std::string::npos) << "updates against the decaying run\n" << md;
   EXPECT_NE(md.find("arXiv:1711.00489"), std::string::npos) << "the published claim beside it";

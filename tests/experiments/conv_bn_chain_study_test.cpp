@@ -4,8 +4,6 @@
 // loss plot's data and the count of fused calls.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
 
 #include "experiments/harness/sweep.h"
 #include "tests/experiments/helpers.h"
@@ -60,13 +58,6 @@ nlohmann::json record(const std::vector<double>& losses, int64_t fused, int64_t 
               {"composed_backward", composed}}}}}};
 }
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 TEST(ExperimentsConvBnChainStudy, ComparesTheChainsLossWithTheBatchNormRunsSpread) {
   const Study st = make_study("conv-bn-chain", true, TrainConfig{});
   ASSERT_TRUE(st.extra_outputs);
@@ -87,7 +78,7 @@ TEST(ExperimentsConvBnChainStudy, ComparesTheChainsLossWithTheBatchNormRunsSprea
   EXPECT_NE(md.find("| 1 | 10 |"), std::string::npos) << md;
   EXPECT_NE(md.find("the largest paired difference is 0.1100"), std::string::npos) << md;
   EXPECT_NE(md.find("180 of 240 ran as the backend's fused graphs"), std::string::npos) << md;
-  const std::string dat = read_text(dir / "conv-bn-chain-loss.png.dat");
+  const std::string dat = testing::read_text(dir / "conv-bn-chain-loss.png.dat");
   EXPECT_NE(dat.find("\"batch norm\""), std::string::npos) << dat;
   EXPECT_NE(dat.find("\"conv-bn chain\""), std::string::npos) << dat;
   // One seed of each finished: no spread to judge by; a path without a finished run: no table.
