@@ -243,9 +243,10 @@ std::string Recomputer::describe() const {
   }
   const double base = c->keep_all.predicted_time;
   std::snprintf(line, sizeof line, "  predicted time %.3f ms (keep-all %.3f ms, +%.1f%% recompute)\n",
-                c->plan.predicted_time * 1e3, base * 1e3, base > 0 ? 100.0 * (c->plan.predicted_time / base - 1.0) : 0.0);
-  os << "  predicted peak " << mib(c->plan.predicted_peak_bytes) << " (keep-all " << mib(c->keep_all.predicted_peak_bytes)
-     << ")\n"
+                c->plan.predicted_time * 1e3, base * 1e3,
+                base > 0 ? 100.0 * (c->plan.predicted_time / base - 1.0) : 0.0);
+  os << "  predicted peak " << mib(c->plan.predicted_peak_bytes) << " (keep-all "
+     << mib(c->keep_all.predicted_peak_bytes) << ")\n"
      << line;
   if (c->below_least_peak) {
     os << "  the limit is below the least peak any plan reaches: this is the least-memory plan\n";

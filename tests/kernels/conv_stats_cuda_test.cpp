@@ -220,11 +220,12 @@ TEST_F(ConvStatsParity, ACheckpointedChainUpdatesTheRunningStatisticsOnce) {
     EXPECT_TRUE(close(pp[i].second.grad().to(kGpu), pr[i].second.grad(), 1e-5, "grad of " + pp[i].first));
 }
 
-// An AMP training step of a channels-last ResNet (resnet10_small) with the chain launches about what the default
-// path (conv -> fused batch norm + ReLU) launches: the same library calls (the fused graphs replace
-// the convolutions one for one) and a few kernels more (ResNet-50: 564 kernels against 500) (each finalize is one launch each way, the
-// statistics' gradients fold into the output's in one pass, a block's end is batch norm's fused
-// apply kernel). Composed, the finalize alone was a dozen launches forward and two dozen backward.
+// An AMP training step of a channels-last ResNet (resnet10_small) with the chain launches about what
+// the default path (conv -> fused batch norm + ReLU) launches: the same library calls (the fused
+// graphs replace the convolutions one for one) and a few kernels more (a ResNet-50 step: 564 against
+// 500): each finalize is one launch each way, the statistics' gradients fold into the output's in
+// one pass, a block's end is batch norm's fused apply kernel. Composed, the finalize alone was a
+// dozen launches forward and two dozen backward.
 TEST_F(ConvStatsParity, AChainedAmpStepLaunchesAboutWhatTheDefaultStepLaunches) {
   if (self_test()) GTEST_SKIP() << "launches are counted on the emulated device";
   Generator gx(8);
