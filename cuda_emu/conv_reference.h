@@ -20,6 +20,10 @@ struct ConvGeometry {
 };
 
 // Each returns its output, accumulated in f64 (sizes n*k*oh*ow, n*c*h*w and k*(c/groups)*r*s).
+// Every element sums its terms from 0 in one fixed order, each product added by one fused
+// multiply-add (std::fma), so a result does not depend on how the loops are arranged or on what
+// the compiler contracts: y[n][k][oh][ow] over (c, r, s), dx[n][c][h][w] over (k, oh, ow) and
+// dw[k][c][r][s] over (n, oh, ow), each in increasing order.
 std::vector<double> conv_forward_ref(const ConvGeometry& g, const std::vector<double>& x, const std::vector<double>& w);
 std::vector<double> conv_backward_data_ref(const ConvGeometry& g, const std::vector<double>& dy,
                                            const std::vector<double>& w);
