@@ -272,19 +272,35 @@ void run_block_on_fibers(Block& b, std::vector<int>& order, std::mt19937_64& rng
   }
 }
 
+// The built-in variables of thread t (linear index) of block `block`.
+ThreadCoords coords_of(const LaunchInfo& info, int t, const uint3& block) {
+  const unsigned u = static_cast<unsigned>(t);
+  return {uint3{u % info.block.x, u / info.block.x % info.block.y, u / (info.block.x * info.block.y)}, block,
+          info.block, info.grid};
+}
+
 // A block of a kernel that never waits (MINIDL_LAUNCH_NOWAIT): each thread runs to its end on this
 // stack, in the order of the fibers' first round (the generator advanced as their two rounds
 // advance it), so the schedule, and all the threads compute, is what fibers give, without a
 // fiber's creation and two stack switches a thread (most of an elementwise kernel's cost here).
-void run_block_directly(Block& b, std::vector<int>& order, std::mt19937_64& rng, void (*body)(void*), void* arg) {
-  if (g_seed != 0) std::shuffle(order.begin(), order.end(), rng);
-  for (int t : order) {
-    Fiber& f = b.threads[static_cast<size_t>(t)];
-    t_fiber = &f;
-    t_record_thread = f.linear;
+// One record serves every thread in turn: nothing waits, so nothing else reads the others.
+void run_block_directly(Block& b, const uint3& block, std::vector<int>& order, std::mt19937_64& rng,
+                        void (*body)(void*), void* arg) {
+  const LaunchInfo& info = *b.info;
+  const int nthreads = static_cast<int>(b.threads.size());
+  if (g_seed != 0) {
+    for (int t = 0; t < nthreads; ++t) order[static_cast<size_t>(t)] = t;
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  Fiber& f = b.threads[0];
+  t_fiber = &f;
+  for (int i = 0; i < nthreads; ++i) {
+    const int t = g_seed != 0 ? order[static_cast<size_t>(i)] : i;
+    f.linear = t;
+    f.coords = coords_of(info, t, block);
+    t_record_thread = t;
     enter(f.coords);
     body(arg);   // a fault propagates: no thread waits to be released
-    f.done = true;
   }
   if (g_seed != 0) std::shuffle(order.begin(), order.end(), rng);
 }
@@ -312,22 +328,22 @@ void execute_grid(const LaunchInfo& info, void (*body)(void*), void* arg) {
     for (unsigned by = 0; by < info.grid.y; ++by) {
       for (unsigned bx = 0; bx < info.grid.x; ++bx) {
         b.shared.start_block();   // shared memory nothing of this block wrote
+        const uint3 block{bx, by, bz};
+        if (b.direct) {
+          run_block_directly(b, block, order, rng, body, arg);
+          recorder_block_end();
+          continue;
+        }
         for (int t = 0; t < nthreads; ++t) {
           Fiber& f = b.threads[static_cast<size_t>(t)];
           f = Fiber{};
           f.linear = t;
-          f.coords.thread_idx = uint3{static_cast<unsigned>(t) % info.block.x,
-                                      static_cast<unsigned>(t) / info.block.x % info.block.y,
-                                      static_cast<unsigned>(t) / (info.block.x * info.block.y)};
-          f.coords.block_idx = uint3{bx, by, bz};
-          f.coords.block_dim = info.block;
-          f.coords.grid_dim = info.grid;
+          f.coords = coords_of(info, t, block);
           order[static_cast<size_t>(t)] = t;
         }
         for (WarpState& w : b.warps) w = WarpState{};
         b.arrived = 0;
-        if (b.direct) run_block_directly(b, order, rng, body, arg);
-        else run_block_on_fibers(b, order, rng, body, arg);
+        run_block_on_fibers(b, order, rng, body, arg);
         recorder_block_end();
       }
     }
