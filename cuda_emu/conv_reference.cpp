@@ -1,11 +1,12 @@
 // The three convolution directions as direct loops over every (output pixel, filter tap) pair
 // that lands inside the input: forward gathers x*w into y, backward-data scatters dy*w into dx,
 // backward-filter accumulates x*dy into dw. Each element of a result sums its terms from 0 in the
-// order conv_reference.h states, each term added by one fused multiply-add; the loops run a filter tap at a time over a row of output pixels
-// (the range of them the tap keeps inside the input computed once), which keeps that order and
-// lets the compiler vectorise the rows. The tests check the three against written-out sums and
-// the adjoint identities, and against a per-element walk bit for bit. Below them, the
-// cudnnConvolution* entry points that load the descriptors' layouts into them.
+// order conv_reference.h states, each term added by one fused multiply-add. The loops run over
+// pixels and taps with the channels innermost (the operands laid out channels-last here), so the
+// innermost loop is a run of independent elements the compiler vectorises, and no element's
+// order changes. The tests check the three against written-out sums and the adjoint identities,
+// and against a per-term walk bit for bit. Below them, the cudnnConvolution* entry points that
+// load the descriptors' layouts into them.
 #include "cuda_emu/conv_reference.h"
 
 #include <algorithm>
@@ -22,107 +23,114 @@
 namespace minidl::cuda::emu::detail {
 namespace {
 
-// The output positions o in [0, out) whose input position o * stride - pad + tap * dil lies in [0, in).
-struct Span {
-  int64_t lo = 0, hi = 0;
-};
-Span valid_outputs(int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t tap, int64_t dil) {
-  const int64_t off = tap * dil - pad;   // input position of output 0
-  // o * stride + off >= 0  <=>  o >= ceil(-off / stride); o * stride + off < in  <=>  o <= floor((in - 1 - off) / stride)
-  const auto floor_div = [](int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
-  Span sp{std::max<int64_t>(0, -floor_div(off, stride)), std::min(out, floor_div(in - 1 - off, stride) + 1)};
-  if (sp.hi < sp.lo) sp.hi = sp.lo;
-  return sp;
+// v as [outer][inner][pixels] -> [outer][pixels][inner], and back.
+std::vector<double> reorder(const std::vector<double>& v, int64_t outer, int64_t inner, int64_t pixels, bool to_last) {
+  std::vector<double> t(v.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i)
+      for (int64_t p = 0; p < pixels; ++p) {
+        const auto first = static_cast<size_t>((o * inner + i) * pixels + p);
+        const auto last = static_cast<size_t>((o * pixels + p) * inner + i);
+        if (to_last) t[last] = v[first];
+        else t[first] = v[last];
+      }
+  return t;
+}
+std::vector<double> inner_last(const std::vector<double>& v, int64_t outer, int64_t inner, int64_t pixels) {
+  return reorder(v, outer, inner, pixels, true);
+}
+std::vector<double> inner_first(const std::vector<double>& t, int64_t outer, int64_t inner, int64_t pixels) {
+  return reorder(t, outer, inner, pixels, false);
 }
 
-// The filter element a tap (r, s) of output channel k and group channel c reads.
-int64_t filter_index(const ConvGeometry& g, int64_t k, int64_t c, int64_t r, int64_t s) {
-  const int64_t fr = g.flip ? g.r - 1 - r : r, fs = g.flip ? g.s - 1 - s : s;
-  return ((k * (g.c / g.groups) + c) * g.r + fr) * g.s + fs;
+// dst[i] = fma(a, b[i], dst[i]) for i < n.
+void axpy(int64_t n, double a, const double* b, double* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = std::fma(a, b[i], dst[i]);
 }
 
-// Calls row(x plane, y plane, w index, r, s) for every (n, k, group channel c, r, s) in that order,
-// r and s descending where `reversed`; the planes are the offsets of x[n][group's c] and y[n][k].
-template <class Row>
-void for_each_tap_plane(const ConvGeometry& g, bool reversed, Row&& row) {
-  const int64_t cg = g.c / g.groups, kg = g.k / g.groups;
-  for (int64_t n = 0; n < g.n; ++n) {
-    for (int64_t k = 0; k < g.k; ++k) {
-      const int64_t yp = (n * g.k + k) * g.oh * g.ow;
-      for (int64_t c = 0; c < cg; ++c) {
-        const int64_t xp = (n * g.c + k / kg * cg + c) * g.h * g.w;
-        for (int64_t ri = 0; ri < g.r; ++ri) {
-          const int64_t r = reversed ? g.r - 1 - ri : ri;
-          for (int64_t si = 0; si < g.s; ++si) {
-            const int64_t s = reversed ? g.s - 1 - si : si;
-            row(xp, yp, filter_index(g, k, c, r, s), r, s);
+// Calls f(n, oh, ow, ih, iw, tap) for every output pixel and every tap (r, s) that keeps it inside
+// the input, pixels in [n][oh][ow] order; tap = r * s-count + s of the filter as stored (flipped
+// under CUDNN_CONVOLUTION).
+template <class F>
+void for_each_pixel_tap(const ConvGeometry& g, F&& f) {
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t oh = 0; oh < g.oh; ++oh)
+      for (int64_t ow = 0; ow < g.ow; ++ow)
+        for (int64_t r = 0; r < g.r; ++r) {
+          const int64_t ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
+          if (ih < 0 || ih >= g.h) continue;
+          const int64_t fr = g.flip ? g.r - 1 - r : r;
+          for (int64_t s = 0; s < g.s; ++s) {
+            const int64_t iw = ow * g.stride_w - g.pad_w + s * g.dil_w;
+            if (iw < 0 || iw >= g.w) continue;
+            f(n, oh, ow, ih, iw, fr * g.s + (g.flip ? g.s - 1 - s : s));
           }
         }
-      }
-    }
-  }
-}
-
-// Calls f(x offset in its plane, y offset in its plane, row length) for the rows of one tap:
-// consecutive outputs of a row read input positions `stride_w` apart.
-template <class F>
-void for_each_row(const ConvGeometry& g, int64_t r, int64_t s, F&& f) {
-  const Span rows = valid_outputs(g.oh, g.h, g.stride_h, g.pad_h, r, g.dil_h);
-  const Span cols = valid_outputs(g.ow, g.w, g.stride_w, g.pad_w, s, g.dil_w);
-  if (cols.hi == cols.lo) return;
-  for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
-    const int64_t ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
-    const int64_t iw = cols.lo * g.stride_w - g.pad_w + s * g.dil_w;
-    f(ih * g.w + iw, oh * g.ow + cols.lo, cols.hi - cols.lo);
-  }
 }
 
 }  // namespace
 
-std::vector<double> conv_forward_ref(const ConvGeometry& g, const std::vector<double>& x, const std::vector<double>& w) {
-  std::vector<double> y(static_cast<size_t>(g.n * g.k * g.oh * g.ow), 0.0);
-  const int64_t sw = g.stride_w;
-  for_each_tap_plane(g, false, [&](int64_t xp, int64_t yp, int64_t wi, int64_t r, int64_t s) {
-    const double wv = w[static_cast<size_t>(wi)];
-    for_each_row(g, r, s, [&](int64_t xo, int64_t yo, int64_t len) {
-      const double* xr = x.data() + xp + xo;
-      double* yr = y.data() + yp + yo;
-      for (int64_t i = 0; i < len; ++i) yr[i] = std::fma(xr[i * sw], wv, yr[i]);
-    });
-  });
-  return y;
+// y channels-last: each pixel's k outputs gain a channel's term per tap, channels outermost among
+// the terms, so every y element adds (c, r, s) in order.
+std::vector<double> conv_forward_ref(const ConvGeometry& g, const std::vector<double>& x,
+                                     const std::vector<double>& w) {
+  const int64_t cg = g.c / g.groups, kg = g.k / g.groups, taps = g.r * g.s;
+  const std::vector<double> xt = inner_last(x, g.n, g.c, g.h * g.w);   // [n][h][w][c]
+  const std::vector<double> wt = inner_last(w, 1, g.k, cg * taps);     // [c][r][s][k]
+  std::vector<double> yt(static_cast<size_t>(g.n * g.oh * g.ow * g.k), 0.0);
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t oh = 0; oh < g.oh; ++oh)
+      for (int64_t ow = 0; ow < g.ow; ++ow) {
+        double* yp = yt.data() + ((n * g.oh + oh) * g.ow + ow) * g.k;
+        for (int64_t gi = 0; gi < g.groups; ++gi)
+          for (int64_t c = 0; c < cg; ++c)
+            for (int64_t r = 0; r < g.r; ++r) {
+              const int64_t ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
+              if (ih < 0 || ih >= g.h) continue;
+              const int64_t fr = g.flip ? g.r - 1 - r : r;
+              for (int64_t s = 0; s < g.s; ++s) {
+                const int64_t iw = ow * g.stride_w - g.pad_w + s * g.dil_w;
+                if (iw < 0 || iw >= g.w) continue;
+                const int64_t tap = fr * g.s + (g.flip ? g.s - 1 - s : s);
+                const double xv = xt[static_cast<size_t>(((n * g.h + ih) * g.w + iw) * g.c + gi * cg + c)];
+                axpy(kg, xv, wt.data() + (c * taps + tap) * g.k + gi * kg, yp + gi * kg);
+              }
+            }
+      }
+  return inner_first(yt, g.n, g.k, g.oh * g.ow);
 }
 
-// Taps in reverse: an element of dx is reached by output rows in increasing order as r and s fall.
+// dx channels-last: output pixels in order within each k, and a pixel reaches a given input
+// element through one tap at most, so every dx element adds (k, oh, ow) in order.
 std::vector<double> conv_backward_data_ref(const ConvGeometry& g, const std::vector<double>& dy,
                                            const std::vector<double>& w) {
-  std::vector<double> dx(static_cast<size_t>(g.n * g.c * g.h * g.w), 0.0);
-  const int64_t sw = g.stride_w;
-  for_each_tap_plane(g, true, [&](int64_t xp, int64_t yp, int64_t wi, int64_t r, int64_t s) {
-    const double wv = w[static_cast<size_t>(wi)];
-    for_each_row(g, r, s, [&](int64_t xo, int64_t yo, int64_t len) {
-      double* xr = dx.data() + xp + xo;
-      const double* yr = dy.data() + yp + yo;
-      for (int64_t i = 0; i < len; ++i) xr[i * sw] = std::fma(yr[i], wv, xr[i * sw]);
+  const int64_t cg = g.c / g.groups, kg = g.k / g.groups, taps = g.r * g.s;
+  const std::vector<double> wt = inner_last(w, g.k, cg, taps);   // [k][r][s][c]
+  std::vector<double> dxt(static_cast<size_t>(g.n * g.h * g.w * g.c), 0.0);
+  for (int64_t k = 0; k < g.k; ++k) {
+    const int64_t c0 = k / kg * cg;
+    for_each_pixel_tap(g, [&](int64_t n, int64_t oh, int64_t ow, int64_t ih, int64_t iw, int64_t tap) {
+      const double dv = dy[static_cast<size_t>(((n * g.k + k) * g.oh + oh) * g.ow + ow)];
+      axpy(cg, dv, wt.data() + (k * taps + tap) * cg, dxt.data() + ((n * g.h + ih) * g.w + iw) * g.c + c0);
     });
-  });
-  return dx;
+  }
+  return inner_first(dxt, g.n, g.c, g.h * g.w);
 }
 
+// dw as [k][r][s][c]: one term per output pixel, pixels in (n, oh, ow) order.
 std::vector<double> conv_backward_filter_ref(const ConvGeometry& g, const std::vector<double>& x,
                                              const std::vector<double>& dy) {
-  std::vector<double> dw(static_cast<size_t>(g.k * (g.c / g.groups) * g.r * g.s), 0.0);
-  const int64_t sw = g.stride_w;
-  for_each_tap_plane(g, false, [&](int64_t xp, int64_t yp, int64_t wi, int64_t r, int64_t s) {
-    double acc = dw[static_cast<size_t>(wi)];
-    for_each_row(g, r, s, [&](int64_t xo, int64_t yo, int64_t len) {
-      const double* xr = x.data() + xp + xo;
-      const double* yr = dy.data() + yp + yo;
-      for (int64_t i = 0; i < len; ++i) acc = std::fma(xr[i * sw], yr[i], acc);
-    });
-    dw[static_cast<size_t>(wi)] = acc;
+  const int64_t cg = g.c / g.groups, kg = g.k / g.groups, taps = g.r * g.s;
+  const std::vector<double> xt = inner_last(x, g.n, g.c, g.h * g.w);   // [n][h][w][c]
+  std::vector<double> dwt(static_cast<size_t>(g.k * taps * cg), 0.0);
+  for_each_pixel_tap(g, [&](int64_t n, int64_t oh, int64_t ow, int64_t ih, int64_t iw, int64_t tap) {
+    const double* xp = xt.data() + ((n * g.h + ih) * g.w + iw) * g.c;
+    for (int64_t k = 0; k < g.k; ++k) {
+      const double dv = dy[static_cast<size_t>(((n * g.k + k) * g.oh + oh) * g.ow + ow)];
+      axpy(cg, dv, xp + k / kg * cg, dwt.data() + (k * taps + tap) * cg);
+    }
   });
-  return dw;
+  return inner_first(dwt, g.k, cg, taps);
 }
 
 }  // namespace minidl::cuda::emu::detail
