@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -398,24 +399,31 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
       const size_t used = std::min(ws.bytes, static_cast<size_t>(m) * static_cast<size_t>(n) * 4);
       std::fill_n(static_cast<unsigned char*>(ws.ptr), used, static_cast<unsigned char>(0xA5));
     }
-    std::vector<double> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n);
+    // Each element of op(A)op(B) sums its k products from 0 in order of l, each added by one fused
+    // multiply-add; a column's m sums advance together (a vectorised loop), which changes no order.
+    std::vector<double> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n), acc(static_cast<size_t>(m));
     for (int64_t bi = 0; bi < batchCount; ++bi) {
       if (reads_ab) {
-        // op(A)(i, l) and op(B)(l, j), rounded as the compute type does.
+        // op(A)(i, l) at a[l * m + i] and op(B)(l, j) at b[j * k + l], rounded as the compute type does.
         for (int64_t i = 0; i < m; ++i)
           for (int64_t l = 0; l < k; ++l)
-            a[i * k + l] = read_elem(ma.batch(bi), ea, transa == CUBLAS_OP_N ? i + l * lda : l + i * lda, rule.round);
+            a[l * m + i] = read_elem(ma.batch(bi), ea, transa == CUBLAS_OP_N ? i + l * lda : l + i * lda, rule.round);
         for (int64_t l = 0; l < k; ++l)
           for (int64_t j = 0; j < n; ++j)
             b[j * k + l] = read_elem(mb.batch(bi), eb, transb == CUBLAS_OP_N ? l + j * ldb : j + l * ldb, rule.round);
       }
       void* c = const_cast<unsigned char*>(mc.batch(bi));
       for (int64_t j = 0; j < n; ++j) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        if (reads_ab) {
+          for (int64_t l = 0; l < k; ++l) {
+            const double bv = b[j * k + l];
+            const double* col = a.data() + l * m;
+            for (int64_t i = 0; i < m; ++i) acc[i] = std::fma(col[i], bv, acc[i]);
+          }
+        }
         for (int64_t i = 0; i < m; ++i) {
-          double acc = 0.0;
-          if (reads_ab)
-            for (int64_t l = 0; l < k; ++l) acc += a[i * k + l] * b[j * k + l];
-          double v = a_scale * acc;
+          double v = a_scale * acc[i];
           if (b_scale != 0.0) v += b_scale * read_elem(c, ec, i + j * ldc, InputRounding::None);   // beta == 0: C not read
           write_elem(c, ec, i + j * ldc, v);
         }

@@ -88,6 +88,39 @@ TEST_F(CublasEmu, StridedBatchedF32MatchesDirectProductForEveryTranspose) {
   }
 }
 
+// Each element sums its k products from 0 in order of l, one fused multiply-add each, whatever
+// the compiler vectorises: bit for bit, in f64, with values spanning six decades (so the order
+// and the rounding of each addition show) and m, k not multiples of a vector's width.
+TEST_F(CublasEmu, F64ElementsAddTheirProductsInOrderWithFusedMultiplyAdds) {
+  const int m = 13, n = 3, k = 37;
+  const auto values = [](size_t count, double seed) {
+    std::vector<double> v(count);
+    for (size_t i = 0; i < count; ++i) {
+      const double x = static_cast<double>(i);
+      v[i] = std::sin(seed + 0.37 * x) * std::pow(10.0, std::fmod(1.7 * x, 6.0));
+    }
+    return v;
+  };
+  const auto a = values(static_cast<size_t>(m) * k, 0.1), b = values(static_cast<size_t>(k) * n, 0.7);
+  std::vector<double> c(static_cast<size_t>(m) * n, std::nan(""));
+  const double one = 1, zero = 0;
+  ASSERT_EQ(cublasGemmStridedBatchedEx(h_, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a.data(), CUDA_R_64F, m, 0,
+                                       b.data(), CUDA_R_64F, k, 0, &zero, c.data(), CUDA_R_64F, m, 0, 1,
+                                       CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS)
+      << emu::last_error_detail();
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      double acc = 0;
+      for (int l = 0; l < k; ++l)
+        acc = std::fma(a[static_cast<size_t>(i + l * m)], b[static_cast<size_t>(l + j * k)], acc);
+      const double got = c[static_cast<size_t>(i + j * m)];
+      EXPECT_EQ(std::memcmp(&got, &acc, sizeof acc), 0) << "C(" << i << ", " << j << ") is " << got << ", in order "
+                                                         << acc;
+    }
+  }
+}
+
 TEST_F(CublasEmu, BetaZeroDoesNotReadCAndAlphaZeroDoesNotReadAB) {
   const int m = 2, n = 2, k = 2;
   const std::vector<float> a = {1, 2, 3, 4}, b = {5, 6, 7, 8};
