@@ -48,24 +48,29 @@ void axpy(int64_t n, double a, const double* b, double* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = std::fma(a, b[i], dst[i]);
 }
 
-// Calls f(n, oh, ow, ih, iw, tap) for every output pixel and every tap (r, s) that keeps it inside
-// the input, pixels in [n][oh][ow] order; tap = r * s-count + s of the filter as stored (flipped
-// under CUDNN_CONVOLUTION).
+// Calls f(ih, iw, tap) for every tap (r, s) that keeps output pixel (oh, ow) inside the input, in
+// (r, s) order; tap = r * s-count + s of the filter as stored (flipped under CUDNN_CONVOLUTION).
+template <class F>
+void for_each_tap(const ConvGeometry& g, int64_t oh, int64_t ow, F&& f) {
+  for (int64_t r = 0; r < g.r; ++r) {
+    const int64_t ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
+    if (ih < 0 || ih >= g.h) continue;
+    const int64_t fr = g.flip ? g.r - 1 - r : r;
+    for (int64_t s = 0; s < g.s; ++s) {
+      const int64_t iw = ow * g.stride_w - g.pad_w + s * g.dil_w;
+      if (iw < 0 || iw >= g.w) continue;
+      f(ih, iw, fr * g.s + (g.flip ? g.s - 1 - s : s));
+    }
+  }
+}
+
+// Calls f(n, oh, ow, ih, iw, tap) for every output pixel, in [n][oh][ow] order, and its taps.
 template <class F>
 void for_each_pixel_tap(const ConvGeometry& g, F&& f) {
   for (int64_t n = 0; n < g.n; ++n)
     for (int64_t oh = 0; oh < g.oh; ++oh)
       for (int64_t ow = 0; ow < g.ow; ++ow)
-        for (int64_t r = 0; r < g.r; ++r) {
-          const int64_t ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
-          if (ih < 0 || ih >= g.h) continue;
-          const int64_t fr = g.flip ? g.r - 1 - r : r;
-          for (int64_t s = 0; s < g.s; ++s) {
-            const int64_t iw = ow * g.stride_w - g.pad_w + s * g.dil_w;
-            if (iw < 0 || iw >= g.w) continue;
-            f(n, oh, ow, ih, iw, fr * g.s + (g.flip ? g.s - 1 - s : s));
-          }
-        }
+        for_each_tap(g, oh, ow, [&](int64_t ih, int64_t iw, int64_t tap) { f(n, oh, ow, ih, iw, tap); });
 }
 
 }  // namespace
@@ -84,18 +89,10 @@ std::vector<double> conv_forward_ref(const ConvGeometry& g, const std::vector<do
         double* yp = yt.data() + ((n * g.oh + oh) * g.ow + ow) * g.k;
         for (int64_t gi = 0; gi < g.groups; ++gi)
           for (int64_t c = 0; c < cg; ++c)
-            for (int64_t r = 0; r < g.r; ++r) {
-              const int64_t ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
-              if (ih < 0 || ih >= g.h) continue;
-              const int64_t fr = g.flip ? g.r - 1 - r : r;
-              for (int64_t s = 0; s < g.s; ++s) {
-                const int64_t iw = ow * g.stride_w - g.pad_w + s * g.dil_w;
-                if (iw < 0 || iw >= g.w) continue;
-                const int64_t tap = fr * g.s + (g.flip ? g.s - 1 - s : s);
-                const double xv = xt[static_cast<size_t>(((n * g.h + ih) * g.w + iw) * g.c + gi * cg + c)];
-                axpy(kg, xv, wt.data() + (c * taps + tap) * g.k + gi * kg, yp + gi * kg);
-              }
-            }
+            for_each_tap(g, oh, ow, [&](int64_t ih, int64_t iw, int64_t tap) {
+              const double xv = xt[static_cast<size_t>(((n * g.h + ih) * g.w + iw) * g.c + gi * cg + c)];
+              axpy(kg, xv, wt.data() + (c * taps + tap) * g.k + gi * kg, yp + gi * kg);
+            });
       }
   return inner_first(yt, g.n, g.k, g.oh * g.ow);
 }
