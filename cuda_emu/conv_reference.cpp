@@ -114,20 +114,22 @@ std::vector<double> conv_backward_data_ref(const ConvGeometry& g, const std::vec
   return inner_first(dxt, g.n, g.c, g.h * g.w);
 }
 
-// dw as [k][r][s][c]: one term per output pixel, pixels in (n, oh, ow) order.
+// dw as [c][r][s][k], over the output channels innermost (the first layer has 3 input channels and
+// 64 output ones): one term per output pixel, pixels in (n, oh, ow) order.
 std::vector<double> conv_backward_filter_ref(const ConvGeometry& g, const std::vector<double>& x,
                                              const std::vector<double>& dy) {
   const int64_t cg = g.c / g.groups, kg = g.k / g.groups, taps = g.r * g.s;
-  const std::vector<double> xt = inner_last(x, g.n, g.c, g.h * g.w);   // [n][h][w][c]
-  std::vector<double> dwt(static_cast<size_t>(g.k * taps * cg), 0.0);
+  const std::vector<double> dyt = inner_last(dy, g.n, g.k, g.oh * g.ow);   // [n][oh][ow][k]
+  std::vector<double> dwt(static_cast<size_t>(cg * taps * g.k), 0.0);
   for_each_pixel_tap(g, [&](int64_t n, int64_t oh, int64_t ow, int64_t ih, int64_t iw, int64_t tap) {
-    const double* xp = xt.data() + ((n * g.h + ih) * g.w + iw) * g.c;
-    for (int64_t k = 0; k < g.k; ++k) {
-      const double dv = dy[static_cast<size_t>(((n * g.k + k) * g.oh + oh) * g.ow + ow)];
-      axpy(cg, dv, xp + k / kg * cg, dwt.data() + (k * taps + tap) * cg);
-    }
+    const double* dyp = dyt.data() + ((n * g.oh + oh) * g.ow + ow) * g.k;
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      for (int64_t c = 0; c < cg; ++c) {
+        const double xv = x[static_cast<size_t>(((n * g.c + gi * cg + c) * g.h + ih) * g.w + iw)];
+        axpy(kg, xv, dyp + gi * kg, dwt.data() + (c * taps + tap) * g.k + gi * kg);
+      }
   });
-  return inner_first(dwt, g.k, cg, taps);
+  return inner_first(dwt, 1, g.k, cg * taps);
 }
 
 }  // namespace minidl::cuda::emu::detail
