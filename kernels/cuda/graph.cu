@@ -88,7 +88,12 @@ std::unique_ptr<Backend::Graph> CudaBackend::capture_graph(int device_index, con
   };
   cudaGraph_t graph = nullptr;
   try {
-    MINIDL_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeGlobal));
+    // Thread-local: the capturing thread may make no potentially unsafe call (a host sync, a
+    // cudaMalloc outside the allocator's relaxed section), but other threads may. In global mode
+    // a data-loader worker waiting for its pinned buffer's last copy (cudaEventSynchronize) while
+    // a step was captured invalidated the capture (the likely cause of the first GPU studies' 11
+    // failed captures).
+    MINIDL_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal));
     work();
     const cudaError_t e = cudaStreamEndCapture(ctx.stream(), &graph);
     MINIDL_CHECK(e == cudaSuccess, "CUDA graph capture of the step failed: cudaStreamEndCapture returned ",

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/allocator.h"
@@ -345,6 +346,49 @@ TEST_F(GraphStep, AHostReadInsideTheCaptureFailsNamingTheFix) {
   t.step(x, y);
   synchronize(kGpu);
   EXPECT_EQ(memory_stats(kGpu).allocated_bytes, allocated);
+}
+
+// The data loader's workers wait for their pinned buffers' last copies (cudaEventSynchronize) while
+// the main thread captures a step. In CUDA's global capture mode another thread's potentially
+// unsafe call is refused and invalidates the capture (likely the first GPU studies' 11 failed captures);
+// a step is captured in thread-local mode, which refuses such calls on the capturing thread only.
+TEST_F(GraphStep, ALoaderWorkerWaitingForItsCopyDuringTheCaptureLeavesItValid) {
+  Trainer t(Net::SmallCnn, false);
+  const std::vector<Batch> data = batches(Net::SmallCnn, 2);
+  const Tensor x = data[0].x.to(kGpu), y = data[0].y.to(kGpu);
+  t.step(x, y);
+  Backend& be = backend(kGpu);
+  const Tensor next = data[1].x.contiguous();
+  const size_t bytes = static_cast<size_t>(next.numel()) * sizeof(float);
+  void* pinned = be.pinned_alloc(bytes);
+  ASSERT_NE(pinned, nullptr);
+  std::memcpy(pinned, next.data_ptr(), bytes);
+  Tensor dst = empty(next.shape(), {DType::f32, kGpu, false});
+  std::unique_ptr<DeviceServices::CopyHandle> copy = be.copy_async({{pinned, dst}});
+  std::string worker_error;
+  std::unique_ptr<Backend::Graph> graph;
+  try {
+    graph = be.capture_graph(0, [&] {
+      t.step(x, y);
+      std::thread worker([&] {
+        try {
+          copy->host_wait();
+        } catch (const Error& e) {
+          worker_error = e.what();
+        }
+      });
+      worker.join();
+    });
+  } catch (const Error& e) {
+    ADD_FAILURE() << "the capture failed: " << e.what();
+  }
+  EXPECT_EQ(worker_error, "");
+  ASSERT_NE(graph, nullptr);
+  graph->replay();
+  synchronize(kGpu);
+  EXPECT_EQ(bytes_of(dst), bytes_of(next));   // the copy the worker waited for landed
+  copy.reset();
+  be.pinned_free(pinned);
 }
 
 TEST_F(GraphStep, EagerAllocationsAfterTheCaptureDoNotReuseItsPool) {
