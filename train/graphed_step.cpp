@@ -222,7 +222,7 @@ std::string GraphedStep::shape_text(const Layout& l) {
   return std::string(dtype_name(l.dtype)) + shape_str(l.shape);
 }
 
-void GraphedStep::fall_back(const Layout& images, const HostState* before, const std::string& what) {
+void GraphedStep::fall_back(const Layout& images, const HostState* before, const std::string& what, bool oom) {
   if (before != nullptr) {
     // The capture ran host code only: its counts, rates and random draws go back, and what its
     // device work would have filled (the scaler's stage, autocast's copies, new gradients) holds nothing.
@@ -240,9 +240,9 @@ void GraphedStep::fall_back(const Layout& images, const HostState* before, const
     shapes_.erase(it);
   }
   if (fallback_log_)
-    fallback_log_("CUDA graphs: batches of " + shape_text(images) + " run eagerly from here: capturing their step "
-                  "ran out of memory beside the eager cache (" + what + "); --no-cuda-graphs runs every step "
-                  "eagerly, --cuda-graphs makes this an error");
+    fallback_log_("CUDA graphs: batches of " + shape_text(images) + " run eagerly from here: capturing their step " +
+                  (oom ? "ran out of memory beside the eager cache (" : "failed (") + what +
+                  "); --no-cuda-graphs runs every step eagerly, --cuda-graphs makes this an error");
 }
 
 std::optional<GraphedStep::Output> GraphedStep::step(const Tensor& images, const Tensor& labels,
@@ -260,7 +260,14 @@ std::optional<GraphedStep::Output> GraphedStep::step(const Tensor& images, const
     }
   } catch (const OutOfMemoryError& e) {
     if (!falls_back_) throw;
-    fall_back(layout(images), host ? &*host : nullptr, e.what());
+    fall_back(layout(images), host ? &*host : nullptr, e.what(), true);
+    return std::nullopt;
+  } catch (const Error& e) {
+    // Any other failure of the capture itself (a library call refused inside it, a convolution
+    // with no plan from the warm-up): the same fallback. An error before it (the labels' check)
+    // is the run's, as in an eager step.
+    if (!falls_back_ || !host) throw;
+    fall_back(layout(images), &*host, e.what(), false);
     return std::nullopt;
   }
   Shaped& s = *sp;
@@ -312,13 +319,15 @@ std::optional<GraphedStep::EvalOutput> GraphedStep::eval_step(const Tensor& imag
   if (!s.eval.graph) {
     try {
       capture_eval(s);
-    } catch (const OutOfMemoryError& e) {   // evaluation changes nothing but its outputs: eager from here
+    } catch (const Error& e) {   // evaluation changes nothing but its outputs: eager from here
       if (!falls_back_) throw;
       s.eval.loss = s.eval.logits = s.eval_correct = Tensor();
       no_eval_graph_.push_back(s.images);
+      const bool oom = dynamic_cast<const OutOfMemoryError*>(&e) != nullptr;
       if (fallback_log_)
         fallback_log_("CUDA graphs: evaluation batches of " + shape_text(s.images) + " run eagerly from here: "
-                      "capturing their forward ran out of memory beside the training graphs (" + e.what() + ")");
+                      "capturing their forward " +
+                      (oom ? "ran out of memory beside the training graphs (" : "failed (") + e.what() + ")");
       return std::nullopt;
     }
   }

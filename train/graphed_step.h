@@ -80,9 +80,9 @@ class GraphedStep {
   // copies the batch into its layout's captured inputs, writes the current learning rates to the
   // device, captures when the layout has no graph yet, replays, and counts the micro-batch in the trainer and
   // the optimizer as the eager loop would (a step the scaler skipped on the device is not one: its
-  // flag is read after the replay). Empty when the capture ran out of memory and falling back is
-  // allowed (fall_back_when_out_of_memory): nothing of the micro-batch has run then, and the caller
-  // runs it eagerly.
+  // flag is read after the replay). Empty when the capture failed (out of memory, or otherwise) and
+  // falling back is allowed (fall_back_when_out_of_memory): nothing of the micro-batch has run then,
+  // and the caller runs it eagerly.
   std::optional<Output> step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb);
   std::optional<Output> step(const Tensor& images, const Tensor& labels) {
     return step(images, labels, optim::MicroBatch{.loss_weight = 1.0, .steps = true, .samples = images.size(0)});
@@ -92,8 +92,9 @@ class GraphedStep {
   // private pool cannot grow beside the eager cache: no memory is released while a stream captures)
   // is abandoned, with the host state of the micro-batch restored, and batches of that layout (or
   // that layout's evaluation) run eagerly from then on, which is what an eager run at that batch
-  // needs. `log` gets one line per layout that falls back. Without this (--cuda-graphs), the
-  // capture's OutOfMemoryError ends the step as any other.
+  // needs. A capture that fails otherwise (a call refused inside it, a convolution with no plan from
+  // the warm-up) falls back the same way. `log` gets one line per layout that falls back. Without
+  // this (--cuda-graphs), the capture's error ends the step as any other.
   void fall_back_when_out_of_memory(std::function<void(const std::string&)> log);
   // Layouts whose capture fell back (training and evaluation), since the last release().
   int64_t fallbacks() const { return static_cast<int64_t>(no_graph_.size() + no_eval_graph_.size()); }
@@ -179,7 +180,8 @@ class GraphedStep {
     uint64_t rng_offset = 0;
   };
   HostState host_state() const;
-  void fall_back(const Layout& images, const HostState* before, const std::string& what);
+  // `oom`: the capture ran out of memory; otherwise it failed for `what`.
+  void fall_back(const Layout& images, const HostState* before, const std::string& what, bool oom);
   void warmed(const Layout& l);   // its host code ran: it goes last in warm_
   static std::string shape_text(const Layout& l);
   static void drop(Shaped& s);

@@ -14,6 +14,7 @@
 #include "core/allocator.h"
 #include "core/backend.h"
 #include "kernels/caching_allocator.h"
+#include "kernels/cuda/runtime.h"
 #include "tests/experiments/graphed_runs.h"
 
 namespace minidl::harness {
@@ -156,6 +157,41 @@ TEST(ExperimentsCudaGraphs, AWindowsSteppingCaptureThatRunsOutAfterItsAddingGrap
     EXPECT_EQ(fell.result.graph_replays, 1) << "the adding micro-batch's graph, once";
     expect_the_eager_run(eager, fell);
   }
+}
+
+// A capture that fails for another reason than memory falls back the same way (issue 51: what
+// cannot be captured runs eagerly, saying why). Here the convolutions' plans are cleared after the
+// warm-up step, so the step's capture stops at its first convolution; the run says so once and is
+// the eager run whose plans are cleared at the same step.
+TEST(ExperimentsCudaGraphs, ACaptureThatFailsOtherwiseFallsBackToTheEagerRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir().string();
+  TrainConfig c = sgd_config(true);
+  RunHooks clear_plans;
+  clear_plans.on_step = [](int64_t step) {
+    if (step == 1) cuda::clear_conv_algo_cache();
+  };
+  const TrainingRun eager = train(c, false, dir, clear_plans);
+  ASSERT_EQ(eager.result.status, "ok") << eager.result.note;
+  const TrainingRun fell = train(c, std::nullopt, dir, clear_plans, "fell");
+  ASSERT_EQ(fell.result.status, "ok") << fell.result.note;
+  ASSERT_EQ(fell.fallbacks.size(), 1u);
+  EXPECT_NE(fell.fallbacks[0].find("batches of f32[4, 3, 16, 16] run eagerly from here: capturing their step "
+                                   "failed ("),
+            std::string::npos)
+      << fell.fallbacks[0];
+  EXPECT_NE(fell.fallbacks[0].find("has no cuDNN plan yet"), std::string::npos) << fell.fallbacks[0];
+  EXPECT_EQ(fell.result.graph_fallbacks, 1);
+  expect_the_eager_run(eager, fell);
+  c.save_weights = dir + "/required.safetensors";
+  c.cuda_graphs = true;
+  std::string what;   // --cuda-graphs requires the graph: the capture's error ends the run
+  try {
+    run_training(c, clear_plans);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("CUDA graph capture of the step failed"), std::string::npos) << what;
 }
 
 }  // namespace
