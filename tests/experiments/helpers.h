@@ -7,8 +7,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +14,7 @@
 
 #include "train/config.h"
 #include "experiments/harness/results.h"
+#include "tests/support/read_text.h"
 
 namespace minidl::harness::testing {
 
@@ -42,13 +41,7 @@ inline std::filesystem::path temp_dir() {
   return dir;
 }
 
-// A file's whole text ("" when it cannot be read).
-inline std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using ::minidl::testing::read_text;   // tests/support/read_text.h
 
 // A program built into the same bin folder as this test executable.
 inline std::filesystem::path program(const std::string& name) {

@@ -6,14 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include "tests/kernels/parity_cases.h"
+#include "tests/support/read_text.h"
 
 namespace minidl {
 namespace {
@@ -26,12 +25,7 @@ using testing::parity::ParityCase;
 // The repository root: tests/golden's parent's parent (MINIDL_GOLDEN_DIR is set by tests/CMakeLists.txt).
 std::filesystem::path source_root() { return std::filesystem::path(MINIDL_GOLDEN_DIR).parent_path().parent_path(); }
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+using testing::read_text;   // tests/support/read_text.h
 
 // The names of the `virtual` member functions a header declares (destructors left out), with
 // comments removed first so a comment that mentions "virtual" counts for nothing.
