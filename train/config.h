@@ -191,7 +191,7 @@ struct TrainConfig : ModelSpec, DataSpec, OptimizerSpec, MemorySpec, DeviceSpec,
   // data-parallel ranks (their gradient allreduce and agreed decisions run on the host).
   bool resolved_cuda_graphs(std::string* why = nullptr) const;
   // Unset (the default): a capture that runs out of memory, or fails otherwise, falls back to eager
-  // steps for its batch shape (GraphedStep::fall_back_when_out_of_memory), so graphs never lower the
+  // steps for its batch shape (GraphedStep::fall_back_when_a_capture_fails), so graphs never lower the
   // largest batch that trains. --cuda-graphs: graphs are required, and a capture out of memory is
   // the run's OOM (any other capture error ends the run too).
   bool cuda_graphs_fall_back() const { return !cuda_graphs.has_value(); }

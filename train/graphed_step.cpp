@@ -206,7 +206,7 @@ void GraphedStep::capture(Shaped& s, Captured& g, const optim::MicroBatch& mb) {
   ++captures_;
 }
 
-void GraphedStep::fall_back_when_out_of_memory(std::function<void(const std::string&)> log) {
+void GraphedStep::fall_back_when_a_capture_fails(std::function<void(const std::string&)> log) {
   fallback_log_ = std::move(log);
   falls_back_ = true;
 }

@@ -81,7 +81,7 @@ class GraphedStep {
   // device, captures when the layout has no graph yet, replays, and counts the micro-batch in the trainer and
   // the optimizer as the eager loop would (a step the scaler skipped on the device is not one: its
   // flag is read after the replay). Empty when the capture failed (out of memory, or otherwise) and
-  // falling back is allowed (fall_back_when_out_of_memory): nothing of the micro-batch has run then,
+  // falling back is allowed (fall_back_when_a_capture_fails): nothing of the micro-batch has run then,
   // and the caller runs it eagerly.
   std::optional<Output> step(const Tensor& images, const Tensor& labels, const optim::MicroBatch& mb);
   std::optional<Output> step(const Tensor& images, const Tensor& labels) {
@@ -95,7 +95,7 @@ class GraphedStep {
   // needs. A capture that fails otherwise (a call refused inside it, a convolution with no plan from
   // the warm-up) falls back the same way. `log` gets one line per layout that falls back. Without
   // this (--cuda-graphs), the capture's error ends the step as any other.
-  void fall_back_when_out_of_memory(std::function<void(const std::string&)> log);
+  void fall_back_when_a_capture_fails(std::function<void(const std::string&)> log);
   // Layouts whose capture fell back (training and evaluation), since the last release().
   int64_t fallbacks() const { return static_cast<int64_t>(no_graph_.size() + no_eval_graph_.size()); }
 

@@ -191,7 +191,7 @@ void Run::build_optimizer() {
   if (!why.empty()) log("CUDA graphs: off for this run: " + why);
   step_ = std::make_unique<Step>(m_, *opt_, *scaler_, ao, graphs, device_);
   if (GraphedStep* g = step_->graphed(); g != nullptr && c_.cuda_graphs_fall_back())
-    g->fall_back_when_out_of_memory([this](const std::string& s) { log(s); });
+    g->fall_back_when_a_capture_fails([this](const std::string& s) { log(s); });
 }
 
 void Run::resume() {

@@ -54,7 +54,7 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
   // By default a capture that does not fit falls back to eager steps, in the trial as in the run.
   step_ = std::make_unique<Step>(model_, *opt_, scaler_, ao, c_.resolved_cuda_graphs(), device_);
   if (train::GraphedStep* g = step_->graphed(); g != nullptr && c_.cuda_graphs_fall_back())
-    g->fall_back_when_out_of_memory(nullptr);
+    g->fall_back_when_a_capture_fails(nullptr);
   step_->set_accumulation(accumulated());
   // allocated: the weights (and anything else already on the device); then gradients and state.
   const int64_t fixed = memory_stats(device_).allocated_bytes +
