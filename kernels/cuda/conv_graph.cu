@@ -172,8 +172,9 @@ std::shared_ptr<const GraphPlan> plan_for(const Key& key, DeviceContext& ctx, co
     MINIDL_FAIL("conv2d (cuda): cuDNN refused the graph of ", describe(cs, dir), ": ", e.what(), " (",
                 cudnnGetErrorString(e.getCudnnStatus()), ")");
   }
-  // A long search over batch sizes plans every layer at every size: start again past this many
-  // (each holds up to kMaxPlans cuDNN plans; a call in flight keeps its own by shared_ptr).
+  // A long search over batch sizes plans every layer at every size: past this many shapes the
+  // least recently used leave (plan_cache.h; each holds up to kMaxPlans cuDNN plans; a call in
+  // flight keeps its own by shared_ptr).
   constexpr size_t kMaxShapes = 2048;
   return plans().insert(key, std::move(p), kMaxShapes);
 }

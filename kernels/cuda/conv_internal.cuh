@@ -11,42 +11,10 @@
 #include <vector>
 
 #include "kernels/cuda/conv.cuh"
+#include "kernels/cuda/plan_cache.h"
 #include "kernels/cuda/workspace.h"
 
 namespace minidl::cuda {
-
-// The plans of both paths, one per key (a shape and the switches its plan depends on), shared by
-// every thread: looked up on every call, made once on a key's first. References to values stay
-// valid until clear() (std::map); a value made twice by racing threads keeps the first.
-template <class Key, class Value>
-class PlanCache {
- public:
-  const Value* find(const Key& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    return it == map_.end() ? nullptr : &it->second;
-  }
-  // Keeps `value` under `key` (unless a value is there already) and returns the one kept; past
-  // `max_keys` keys (0: no limit) the cache starts again, as a long batch-size search plans every
-  // layer at every size.
-  const Value& insert(const Key& key, Value value, size_t max_keys = 0) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (max_keys > 0 && map_.size() >= max_keys) map_.clear();
-    return map_.try_emplace(key, std::move(value)).first->second;
-  }
-  size_t size() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return map_.size();
-  }
-  void clear() {
-    std::lock_guard<std::mutex> lock(mu_);
-    map_.clear();
-  }
-
- private:
-  std::mutex mu_;
-  std::map<Key, Value> map_;
-};
 
 // Runs one direction through the graph API: a, b are (x, w) forward, (dy, w) data gradient,
 // (x, dy) filter gradient; add: out += the result (beta = 1) instead of out = it.

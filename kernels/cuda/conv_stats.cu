@@ -195,6 +195,7 @@ FusedPlan plan_for(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, int64_
     put_fastest_first(ctx, cands, tb.workspace->get(), tb.workspace_bytes,
                       [&](const Candidate& c, void* ws) { return execute(ctx.cudnn(), c, *binds, ws); });
   }
+  // Past 2048 shapes the least recently used leave (plan_cache.h).
   return plans().insert(key, std::make_shared<const std::vector<Candidate>>(std::move(cands)), /*max_keys=*/2048);
 }
 
