@@ -4,8 +4,6 @@
 #include "nn/recompute_profile.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <memory>
 #include <utility>
 
@@ -73,19 +71,9 @@ class GradStash {
   std::vector<std::shared_ptr<TensorImpl>> grads_;
 };
 
-void sync(const Tensor& t) {
-  if (t.device().target() == DeviceType::CUDA) (void)sum(t.detach()).item();   // meta:cuda too: the same scalar
-}
-
-std::atomic<bool> g_modelled_times{false};
-
 // A link's modelled forward time: 1 s per 10 GB written.
 double modelled_seconds(const ChainStage& st) {
   return static_cast<double>(st.output_bytes + st.saved_bytes) * 1e-10;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -115,22 +103,17 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
     {  // warm-up
       Tensor out = link.run(x_in);
       if (out.requires_grad()) run_backward({out}, {ones_like(out)}, false);
-      sync(out);
       x_in.zero_grad();
       grads.clear();
     }
     const int64_t before = memory_stats(dev).allocated_bytes;
-    auto t0 = std::chrono::steady_clock::now();
     Tensor out = link.run(x_in);
-    sync(out);
-    const double forward_time = seconds_since(t0);
     const int64_t after = memory_stats(dev).allocated_bytes;
     // Only `out` and, if the graph saved it (a final ReLU does), the graph own its storage.
     const bool output_kept = out.storage().use_count() > 1;
     const int64_t out_bytes = static_cast<int64_t>(out.storage()->nbytes());
 
     ChainStage st;
-    st.forward_time = forward_time;
     st.output_bytes = out_bytes;
     st.saved_bytes = std::max<int64_t>(0, after - before - (output_kept ? 0 : out_bytes));
     h = out.detach();
@@ -138,27 +121,19 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
       const Tensor g = ones_like(out);
       const int64_t before_backward = memory_stats(dev).allocated_bytes;
       reset_peak_stats(dev);
-      t0 = std::chrono::steady_clock::now();
       run_backward({out}, {g}, false);
-      if (input_grad && x_in.grad().defined()) sync(x_in.grad());
-      st.backward_time = seconds_since(t0);
       const int64_t peak = memory_stats(dev).peak_allocated_bytes;
       st.param_grad_bytes = grads.grad_bytes();
       const int64_t in_grad = x_in.grad().defined() ? static_cast<int64_t>(x_in.grad().storage()->nbytes()) : 0;
       st.backward_extra_bytes = std::max<int64_t>(0, peak - before_backward - in_grad - st.param_grad_bytes);
     }
-    if (dev.is_meta() || modelled_link_times()) {
-      st.forward_time = modelled_seconds(st);
-      st.backward_time = 2.0 * st.forward_time;
-    }
+    st.forward_time = modelled_seconds(st);
+    st.backward_time = 2.0 * st.forward_time;
     grads.clear();
     prof.names.push_back(link.name);
     prof.stages.push_back(st);
   }
   return prof;
 }
-
-void set_modelled_link_times(bool on) { g_modelled_times = on; }
-bool modelled_link_times() { return g_modelled_times; }
 
 }  // namespace minidl::nn

@@ -1,6 +1,7 @@
 // Measures the numbers the `optimal` recomputation planner needs (nn/recompute_plan.h) on a real
-// batch: per chain link, forward and backward time and the bytes its graph keeps for backward,
-// from the allocator's statistics and steady_clock timers (DESIGN.md "Recomputation").
+// batch: per chain link, the bytes its graph keeps for backward, from the allocator's statistics,
+// and its forward and backward times, modelled from those bytes (DESIGN.md "Recomputation"; why
+// modelled: profile_chain below).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,9 +22,14 @@ struct ChainProfile {
 };
 
 // Runs each link once on the activation the previous link produced from `x`, after one warm-up
-// forward+backward of that link, and measures (times in seconds, bytes from the allocator):
-//   forward_time / backward_time: the forward with grad on; the backward of its output with a
-//     gradient of ones (run_backward; parameter gradients included).
+// forward+backward of that link, and measures (bytes from the allocator):
+//   forward_time / backward_time: modelled, not timed: the forward's time is proportional to the
+//     bytes the link writes (its output and what it saves; 1 s per 10 GB), the backward's twice
+//     that. A plan must be a function of the shapes and the limit alone: the same in the dry run
+//     (the meta device computes nothing to time), in minidl-maxbatch's trials and in the run, on
+//     every machine and in every process. Measured times are noisy from one process to the next,
+//     and two plans under the same limit reach different real peaks (workspaces, the allocator's
+//     blocks): a batch the trial fitted could then run out of memory in the run.
 //   output_bytes: the bytes of the link's output storage.
 //   saved_bytes: allocated bytes added by the forward, less the output unless the graph keeps the
 //     output's storage (a final ReLU saves it): what the link's graph holds for backward. The
@@ -33,18 +39,12 @@ struct ChainProfile {
 //     after zero_grad, which drops them).
 //   backward_extra_bytes: the backward's peak above the bytes live before it, its input's
 //     gradient and param_grad_bytes (intermediate gradients, weight-gradient temporaries).
-// The model is left as it was: batch-norm running statistics are not updated (RecomputeGuard),
-// parameter gradients are put back as they were, and every generator drawn from (dropout) is
-// returned to its state. Each link's graph is released before the next link runs, so profiling
-// needs about one link's memory, not the whole chain's. On CUDA each time includes a device sync.
-// It resets the allocator's peak statistics (reset_peak_stats) to measure the backwards.
+// The warm-up makes what a link allocates at its first call only (a library's handle or workspace
+// cache) before the bytes are counted. The model is left as it was: batch-norm running statistics
+// are not updated (RecomputeGuard), parameter gradients are put back as they were, and every
+// generator drawn from (dropout) is returned to its state. Each link's graph is released before
+// the next link runs, so profiling needs about one link's memory, not the whole chain's. It resets
+// the allocator's peak statistics (reset_peak_stats) to measure the backwards.
 ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x);
-
-// Modelled instead of measured link times: forward time proportional to the bytes the link
-// writes (its output and what it saves), backward twice that. Always so on the meta device, which
-// computes nothing; switched on for a real device by a program that compares a dry run with a
-// measured step (minidl-memest), so that both plan alike. Process-wide, off by default.
-void set_modelled_link_times(bool on);
-bool modelled_link_times();
 
 }  // namespace minidl::nn

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/backend.h"
+#include "train/run_footprint.h"
 #include "train/run_parts.h"
 #include "nn/safetensors.h"
 
@@ -107,17 +108,10 @@ void Run::load_data() {
   if (group_ && !c_.manifest.empty() && !lead_) group_->barrier();
   data_ = make_run_data(c_, device_, m_.image_size, shard);
   if (group_ && !c_.manifest.empty() && lead_) group_->barrier();
-  // The optimal plan's limit, when derived by the Recomputer at the first forward, cannot know
-  // that the optimizer's state is allocated only at the first step: leave room for it here. The
-  // room is taken now, before the state exists; a batch schedule changes only the input's share.
+  // The optimal plan's limit comes from the configuration (optimal_recompute_limit), as in the
+  // trials of minidl-maxbatch: the same plan at the same micro-batch, whatever the allocator holds.
   optimal_under_budget_ =
       m_.recomputer && m_.checkpoint.kind == CheckpointSpec::Kind::Optimal && !c_.memory_budget.empty();
-  if (optimal_under_budget_) {
-    const auto ms = memory_stats(device_);
-    const double state =
-        static_cast<double>(m_.module->parameter_bytes()) * optimizer_state_factor(c_) * (c_.amp ? 1.5 : 1.0);
-    optimal_room_ = 0.9 * (static_cast<double>(ms.budget_bytes - ms.reserved_bytes) - state);
-  }
   set_optimal_limit(c_.batch_size);
   if (!data_.split_note.empty()) log(data_.split_note);
   if (!data_.validation_report.empty()) log(data_.validation_report);
@@ -129,8 +123,10 @@ void Run::load_data() {
 }
 
 void Run::set_optimal_limit(int64_t micro) {
-  const double limit = optimal_room_ + static_cast<double>(micro * 3 * m_.image_size * m_.image_size * 4);
-  if (optimal_under_budget_ && limit > 0) m_.recomputer->set_memory_limit(static_cast<int64_t>(limit));
+  if (!optimal_under_budget_) return;
+  m_.recomputer->set_memory_limit(optimal_recompute_limit(c_, static_cast<int64_t>(parse_bytes(c_.memory_budget)),
+                                                          m_.module->parameter_bytes(),
+                                                          run_footprint(c_, device_, m_.image_size), micro));
 }
 
 // Unreadable files found while loading are counted out after each pass; one that empties a class's

@@ -112,12 +112,22 @@ void Run::train_epoch(Epoch& e) {
       if (!micro_batch(e, *b)) break;
     }
   } catch (const OutOfMemoryError& x) {
+    log_new_plans();     // the plan of the batch that ran out, if its forward planned one
     if (group_) throw;   // the other ranks may wait in a collective: the job ends (run_or_abort)
     r_.status = "oom";
     r_.note = x.what();
     stop_ = e.cut = true;
     opt_->zero_grad();
   }
+}
+
+// --checkpoint optimal: the plan of each batch shape, printed once, when its first forward made it.
+void Run::log_new_plans() {
+  if (!m_.recomputer || m_.recomputer->profiles() <= plans_logged_) return;
+  plans_logged_ = m_.recomputer->profiles();
+  std::string plan = m_.recomputer->describe();
+  if (!plan.empty() && plan.back() == '\n') plan.pop_back();
+  log(plan);
 }
 
 bool Run::micro_batch(Epoch& e, const TensorBatch& b) {
@@ -132,6 +142,7 @@ bool Run::micro_batch(Epoch& e, const TensorBatch& b) {
   if (mb.samples != n) mb.loss_weight = std::min(1.0, mb.loss_weight * static_cast<double>(n) / mb.samples);
   // A replay has updated the weights when it returns: its loss is checked after the update.
   const Step::Forward f = step_->forward(b.images, b.labels, mb, eb_.micro);
+  log_new_plans();
   const double lv = f.loss.item();
   e.loss_sum += lv * static_cast<double>(n);
   e.correct += m_.correct(f.logits, f.labels);

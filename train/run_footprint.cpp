@@ -2,9 +2,12 @@
 // and data::Loader take: which source serves the batches, where it keeps them, how many it holds.
 #include "train/run_footprint.h"
 
+#include <algorithm>
+
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "train/data_source.h"
+#include "train/model.h"
 
 namespace minidl::train {
 
@@ -29,13 +32,37 @@ std::string RunFootprint::describe() const {
                                      : "";
   s += std::to_string(batches_held) + (batches_held == 1 ? " input batch" : " input batches") +
        " on the device at once";
-  if (evaluation) s += ", an evaluation pass at the same batch";
+  if (evaluation)
+    s += evaluation_images < 0 ? ", an evaluation pass at the same batch"
+                               : ", an evaluation pass at the same batch, up to " +
+                                     std::to_string(evaluation_images) + " images";
   return s;
 }
+
+namespace {
+
+// RunFootprint::evaluation_images: from the split's counts (a folder with fewer images gives
+// smaller sets, and a smaller pass), or the synthetic set's parts; sharded over the ranks.
+int64_t evaluation_images(const TrainConfig& c) {
+  const SplitSpec s = parse_split(c.split);
+  if (!s.counts && c.data != "synthetic") return -1;
+  const std::array<int64_t, 3> n = c.data == "synthetic" ? synthetic_part_counts(c)
+                                                          : std::array<int64_t, 3>{static_cast<int64_t>(s.parts[0]),
+                                                                                   static_cast<int64_t>(s.parts[1]),
+                                                                                   static_cast<int64_t>(s.parts[2])};
+  // --augment article adds a cropped copy of every validation image.
+  const int64_t val = 2 * n[1] * (c.augment == "article" ? 2 : 1), test = 2 * n[2];
+  const int64_t ranks = std::max<int64_t>(1, c.world_size);
+  return (std::max(val, test) + ranks - 1) / ranks;
+}
+
+}  // namespace
 
 RunFootprint run_footprint(const TrainConfig& c, Device device, int64_t image_size) {
   RunFootprint f;
   f.image_size = image_size;
+  f.evaluation_images = evaluation_images(c);
+  f.evaluation = f.evaluation_images != 0;
   const bool on_cpu = device.target() == DeviceType::CPU;
   if (c.data == "synthetic" && c.augment == "none") {
     // tensor_source: every part's images as one f32 tensor and its labels as i64, in host memory;
@@ -53,6 +80,17 @@ RunFootprint run_footprint(const TrainConfig& c, Device device, int64_t image_si
   if (c.workers == 0) f.batches_held = 1;
   else f.batches_held = on_cpu ? defaults.prefetch_batches + 2 : 2;
   return f;
+}
+
+int64_t optimal_recompute_limit(const TrainConfig& c, int64_t budget, int64_t parameter_bytes, const RunFootprint& f,
+                                int64_t micro) {
+  const double p = static_cast<double>(parameter_bytes);
+  const double fixed = p * (1.0 + optimizer_state_factor(c)) + (c.amp ? p / 2 : 0.0) +
+                       (c.accumulation_steps > 1 ? p : 0.0) + (c.world_size > 1 ? p : 0.0) +
+                       static_cast<double>(f.resident_bytes) +
+                       static_cast<double>((f.batches_held - 1) * f.batch_bytes(micro));
+  const double room = std::max(0.0, 0.9 * (static_cast<double>(budget) - fixed));
+  return static_cast<int64_t>(room) + micro * 3 * f.image_size * f.image_size * static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace minidl::train

@@ -5,6 +5,7 @@
 // The trials (dry and real) hold these bytes beside their steps (step_runner.h); docs/memory.md
 // lists what is modelled and what is not.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -25,8 +26,17 @@ struct RunFootprint {
   int batches_held = 1;
   int64_t image_size = 0;
   // Every trial ends with an evaluation pass (a forward without gradients, in evaluation mode) at
-  // the trial's batch: the run evaluates at --batch-size after every epoch.
+  // the trial's batch, or at the largest evaluation set when that is smaller: the run evaluates its
+  // validation and test sets at --batch-size, so a set of 8 images is one batch of 8.
   bool evaluation = true;
+  // The largest evaluation set (validation or test) one rank holds; -1 when it is not known before
+  // the data is read (a folder split by fractions): the pass then runs at the trial's batch.
+  int64_t evaluation_images = -1;
+
+  // The batch of the trial's evaluation pass for a trial at `batch`.
+  int64_t evaluation_batch(int64_t batch) const {
+    return evaluation_images < 0 ? batch : std::min(batch, evaluation_images);
+  }
 
   // The bytes of one input batch of `batch` images (f32 pixels and i64 labels).
   int64_t batch_bytes(int64_t batch) const;
@@ -37,6 +47,21 @@ struct RunFootprint {
 // The footprint of the run c would make on `device` (a meta device counts as the device it stands
 // for) with models of `image_size`: the same data sources as make_run_data (data_source.h).
 RunFootprint run_footprint(const TrainConfig& c, Device device, int64_t image_size);
+
+// --checkpoint optimal under a memory budget of `budget` bytes: the limit the planner solves a
+// micro-batch's plan for (nn::Recomputer::set_memory_limit). It is computed from the configuration
+// alone, never from what the allocator holds at the moment, so that minidl-train, the trials of
+// minidl-maxbatch and minidl-memest and their dry runs solve the same plan at the same micro-batch
+// (with the profile's modelled times, nn/recompute_profile.h), and a trial's verdict holds for the
+// run. It is 90% of what the budget leaves beside the run's fixed memory, plus the micro-batch's
+// input (which the planner's model counts). Fixed: the weights, the optimizer state, with AMP the
+// autocast's half-precision weight copies, with accumulation the gradients of the window's earlier
+// micro-batches, with several ranks DataParallel's gradient buckets, the resident data set and
+// the loader's other batches. The 10% absorbs what the model leaves out: workspaces, the
+// allocator's rounding and the blocks it cannot reuse. When the budget leaves nothing, the limit
+// is the input alone: the least-memory plan runs, and the allocator decides.
+int64_t optimal_recompute_limit(const TrainConfig& c, int64_t budget, int64_t parameter_bytes, const RunFootprint& f,
+                                int64_t micro);
 
 // The synthetic set's images per class in the train, val and test parts (--split as counts, or as
 // fractions of --synthetic-size); throws UsageError when it leaves no training images.

@@ -76,6 +76,7 @@ class Run {
   void apply_budget();
   void load_data();
   void set_optimal_limit(int64_t micro);
+  void log_new_plans();
   void settle_skips();
   void plan_steps();
   void build_optimizer();
@@ -104,8 +105,8 @@ class Run {
   std::unique_ptr<distributed::DataParallel> dp_;
   BudgetReset budget_reset_;
   RunData data_;
-  bool optimal_under_budget_ = false;
-  double optimal_room_ = 0.0;
+  bool optimal_under_budget_ = false;   // --checkpoint optimal with --memory-budget: optimal_recompute_limit
+  int64_t plans_logged_ = 0;            // --checkpoint optimal: the plans printed (one per profiled shape)
   std::optional<EpochBatches> batches_;
   int64_t total_steps_ = 0;
   std::string spec_;

@@ -73,6 +73,7 @@ class Search {
   void first_line();
   Trial real_trial(int64_t b);
   void search();
+  void check_recommended();
   void summary();
   void accumulation();
   void profile();
@@ -204,6 +205,29 @@ void Search::search() {
   rep_.recommended = recommended_batch(f.max_batch, o_.margin);
 }
 
+// --checkpoint optimal solves a plan for each batch, and a smaller batch's plan keeps more, up to
+// the planner's limit: its real peak (workspaces, the allocator's blocks, which the planner's
+// model leaves out) can pass the budget where a larger batch's least-memory plan fitted, so what
+// fits is not monotonic in the batch. The recommended batch is therefore tried itself: in the dry
+// run, one step down at a time until it fits, then in a real trial (a few steps down at most).
+void Search::check_recommended() {
+  const bool optimal = runner_->model().checkpoint.kind == CheckpointSpec::Kind::Optimal;
+  const int64_t first = rep_.recommended;
+  if (!optimal || first <= 0) return;
+  const auto down = [](int64_t b) { return b - std::max<int64_t>(1, b / 50); };
+  int64_t b = first;
+  for (int k = 0; b > 0 && k < 200 && !agree(group_, dry_->run(b, o_.steps)).ok; ++k) b = down(b);
+  bool confirmed = plan_ || b <= 0;
+  for (int k = 0; !confirmed && k < 6; ++k) {
+    confirmed = real_trial(b).ok;
+    if (!confirmed) b = down(b);
+  }
+  rep_.recommended = std::max<int64_t>(b, 0);
+  if (b != first)
+    say("the recommended batch " + std::to_string(first) + " runs its own recomputation plan (--checkpoint optimal " +
+        "plans each batch), which does not fit: " + std::to_string(b) + (confirmed ? " does" : " is the last tried"));
+}
+
 // The lines after the search, and maxbatch.json's figures.
 void Search::summary() {
   const FinderResult& f = rep_.finder;
@@ -233,7 +257,9 @@ void Search::summary() {
                          : "steps at the maximum: eager, since the CUDA graph's capture does not fit beside the eager "
                            "cache (the run falls back as the trial did); --cuda-graphs finds the largest batch that "
                            "replays, --no-cuda-graphs the largest eager one");
-  say("recommended batch (" + fmt(100 * o_.margin, 0) + "% margin): " + std::to_string(rep_.recommended));
+  const bool optimal = runner_->model().checkpoint.kind == CheckpointSpec::Kind::Optimal;
+  say("recommended batch (" + fmt(100 * o_.margin, 0) + "% margin" +
+      (optimal ? ", tried with its own recomputation plan" : "") + "): " + std::to_string(rep_.recommended));
   rep_.json = {{"budget_bytes", rep_.budget_bytes},
                {"gpu", c_.gpu},
                {"world_size", c_.world_size},
@@ -326,6 +352,7 @@ void Search::profile() {
 MaxBatchReport Search::run() {
   first_line();
   search();
+  check_recommended();
   summary();
   accumulation();
   profile();

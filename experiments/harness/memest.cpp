@@ -9,7 +9,6 @@
 #include "experiments/harness/results.h"
 #include "experiments/harness/step_runner.h"
 #include "train/run.h"
-#include "nn/recompute_profile.h"
 
 namespace minidl::harness {
 namespace {
@@ -19,13 +18,6 @@ double pct(int64_t estimate, int64_t measured) {
 }
 
 std::string mib(int64_t b) { return fmt(static_cast<double>(b) / (1024.0 * 1024.0), 1); }
-
-// Restores the process-wide switch however run_memest leaves.
-struct ModelledTimes {
-  bool before = nn::modelled_link_times();
-  explicit ModelledTimes(bool on) { nn::set_modelled_link_times(before || on); }
-  ~ModelledTimes() { nn::set_modelled_link_times(before); }
-};
 
 }  // namespace
 
@@ -38,7 +30,6 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
   const int64_t budget = plan                     ? plan_budget(c)
                          : c.memory_budget.empty() ? 0
                                                    : static_cast<int64_t>(parse_bytes(c.memory_budget));
-  const ModelledTimes times(c.checkpoint == "optimal");
   MemestReport rep;
   // One step, or with CUDA graphs two: the eager warm-up at the batch, then the capture and a replay.
   const int steps = c.resolved_cuda_graphs() ? 2 : 1;

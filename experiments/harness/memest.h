@@ -36,8 +36,9 @@ struct MemestReport {
 };
 
 // Dry-runs every batch, then measures the ones within the budget (all of them without a budget)
-// when `measure`. With --checkpoint optimal both runs plan with modelled link times
-// (nn::set_modelled_link_times), so the measured step runs the plan the dry run estimated.
+// when `measure`. With --checkpoint optimal both solve the plan the run solves at each batch
+// (modelled link times, train::optimal_recompute_limit), so the measured step runs the plan the
+// dry run estimated.
 // With CUDA graphs, which batches' steps replay a graph and which fell back to eager steps (their
 // capture did not fit): empty without graphs.
 std::string memest_graphs_note(const MemestReport& rep);

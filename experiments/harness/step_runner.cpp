@@ -90,7 +90,16 @@ StepRunner::~StepRunner() {
 
 int64_t StepRunner::parameter_bytes() const { return model_.module->parameter_bytes(); }
 
+void StepRunner::limit_recomputation(int64_t batch) {
+  const bool optimal = model_.recomputer && model_.checkpoint.kind == CheckpointSpec::Kind::Optimal;
+  if (!optimal || budget_ <= 0 || batch == limited_batch_) return;
+  model_.recomputer->set_memory_limit(
+      optimal_recompute_limit(c_, budget_, parameter_bytes(), footprint_, batch));
+  limited_batch_ = batch;
+}
+
 int64_t StepRunner::step(int64_t batch) {
+  limit_recomputation(batch);
   // Inputs are made on the device like a loader's batch; their bytes count in the peak.
   const TensorOptions fo{DType::f32, device_, false};
   // The overall peak is kept in `outer` while the phases are measured one at a time.
@@ -156,7 +165,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s > 0 || steps == 1) timed += dt;
     }
-    if (footprint_.evaluation) evaluate(batch);
+    if (footprint_.evaluation) evaluate(footprint_.evaluation_batch(batch));
     t.ok = true;
     t.step_seconds = timed / (steps > 1 ? steps - 1 : 1);
   } catch (const OutOfMemoryError&) {

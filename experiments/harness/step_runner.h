@@ -51,6 +51,9 @@ class StepRunner {
   // into gradients that already exist (temporaries of the largest parameter's size), and with
   // CUDA graphs it is the second graph on the shared pool: two cover every peak of a window.
   int64_t accumulated() const { return std::min<int64_t>(c_.accumulation_steps, 2); }
+  // --checkpoint optimal under the budget: the run's limit for this micro-batch (train::
+  // optimal_recompute_limit), so the trial's plan is the one the run solves at the same batch.
+  void limit_recomputation(int64_t batch);
 
   TrainConfig c_;
   Device device_;
@@ -66,6 +69,7 @@ class StepRunner {
   int64_t peak_allocated_ = 0;   // over the current trial, across the phase resets
   int64_t peak_reserved_ = 0;
   bool last_stepped_ = false;   // the last step() really updated the weights (not skipped by AMP)
+  int64_t limited_batch_ = 0;   // the batch limit_recomputation last set the limit for
 };
 
 // The shape-only device standing for c's device (Device::meta of its type): a StepRunner there is a

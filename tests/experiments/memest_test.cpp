@@ -7,7 +7,6 @@
 #include "core/allocator.h"
 #include "experiments/harness/memest.h"
 #include "experiments/harness/step_runner.h"
-#include "nn/recompute_profile.h"
 #include "tests/experiments/helpers.h"
 
 namespace minidl::harness {
@@ -64,12 +63,10 @@ TEST(ExperimentsMemest, DryRunEqualsTheMeasuredStepResNet18) {
   r.image_size = 16;
   r.momentum = 0.9;
   expect_dry_run_exact(r, 4);
-  // AMP with optimal recomputation: both runs plan with modelled link times (as memest does).
+  // AMP with optimal recomputation: both plan alike (modelled link times, the run's limit).
   r.amp = true;
   r.checkpoint = "optimal";
-  nn::set_modelled_link_times(true);
   expect_dry_run_exact(r, 2);
-  nn::set_modelled_link_times(false);
   // bf16 autocast (no gradient scaler) with the convolutions carrying the batch norms (composed on
   // the CPU).
   r.amp_dtype = "bf16";

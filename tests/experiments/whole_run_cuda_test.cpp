@@ -60,6 +60,30 @@ TEST(WholeRunCuda, PhotoFolder) {
   testing::expect_answer_trains(c);
 }
 
+// --checkpoint optimal on the caching allocator: the trials and the run solve the same plan at
+// each batch (modelled link times, the run's limit), so the dry run's answer is the real trial's.
+// A smaller batch runs another plan, which keeps more: what fits is not monotonic in the batch
+// (under 140 MiB the dry run fits 26, 27 and 29, not 28), so the recommended batch is tried with
+// its own plan, and the run there trains. (The CPU suite's WholeRun test checks the answer's
+// run and its neighbour's: here each step is seconds of emulated kernels.)
+TEST(WholeRunCuda, SyntheticDataWithOptimalRecomputation) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = small_cnn_on_gpu("115MiB");
+  c.model = "resnet18-small";
+  c.image_size = 16;
+  c.checkpoint = "optimal";
+  c.cuda_graphs = false;   // one step a trial (with graphs, two: the capture follows an eager step)
+  MaxBatchOptions o;
+  o.steps = 1;
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  ASSERT_GT(rep.finder.max_batch, 1) << rep.text;
+  EXPECT_TRUE(rep.finder.confirmed) << rep.text;
+  EXPECT_EQ(rep.finder.dry_max_batch, rep.finder.max_batch) << rep.text;
+  EXPECT_NE(rep.text.find("tried with its own recomputation plan"), std::string::npos) << rep.text;
+  const RunResult recommended = testing::train_at(c, rep.recommended);
+  EXPECT_EQ(recommended.status, "ok") << recommended.note << "\n" << rep.text;
+}
+
 // A plan for a GPU (--gpu, the dry run alone) holds on the GPU: the same answer, trained.
 TEST(WholeRunCuda, APlanForTheGpuTrains) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";

@@ -39,6 +39,25 @@ TEST(WholeRun, SyntheticDataWithRecomputation) {
   testing::expect_answer_trains(c);
 }
 
+// --checkpoint optimal: the plan is solved at the first step of each batch shape, under a limit
+// derived from the budget. The trials and the run plan alike (the same limit, modelled link
+// times), so the answer trains and the answer + 1 runs out, the dry run's answer is the real one,
+// and the recommended batch, which runs a plan of its own, trains too.
+TEST(WholeRun, SyntheticDataWithOptimalRecomputation) {
+  TrainConfig c = small_cnn("120MiB");
+  c.model = "resnet18-small";
+  c.checkpoint = "optimal";
+  const int64_t answer = testing::expect_answer_trains(c);
+  MaxBatchOptions o;
+  o.steps = 2;
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  EXPECT_EQ(rep.finder.dry_max_batch, answer) << rep.text;
+  EXPECT_TRUE(rep.finder.confirmed) << rep.text;
+  // A smaller batch runs another plan, which keeps more: the recommended batch was tried itself.
+  EXPECT_NE(rep.text.find("tried with its own recomputation plan"), std::string::npos) << rep.text;
+  EXPECT_EQ(testing::train_at(c, rep.recommended).status, "ok") << rep.text;
+}
+
 // The shared photos (../shared/data/catsdogs) decoded by the loader; skipped where they are absent.
 class WholeRunPhotos : public ::testing::Test {
  protected:
