@@ -70,8 +70,9 @@ int main(int argc, char** argv) {
   app.add_flag("--process-per-run", process_per_run, "run each configuration in its own process; off by default");
   app.add_flag("--list", list, "print the runs (id, group) and whether they are done, then exit; off by default");
   app.add_option("--only", only, "run only this run id (what --process-per-run children get)");
-  app.add_flag("--retry-failed", retry_failed, "run again the runs whose row says error or crashed, replacing "
-                                               "those rows (the others stay as they are); off by default");
+  app.add_flag("--retry-failed", retry_failed,
+               "run again the runs whose row says error or crashed, or oom at the batch its maximum-batch search "
+               "recommended (max_batch set), replacing those rows (the others stay as they are); off by default");
   if (const int rc = parse_command_line(app, argc, argv, "minidl-sweep"); rc >= 0) return rc;
   // Under mpirun -np N every rank trains every run (each on its shard); rank 0 prints and writes.
   return run_program("minidl-sweep", base.verbose, [&](const Ranks& ranks) {

@@ -138,7 +138,7 @@ Study techniques(bool quick, const TrainConfig& base) {
   s.title = "Maximum batch under memory-saving techniques (ResNet, fixed memory budget)";
   s.plot_y = "max_batch";
   s.plot_ylabel = "maximum (effective) batch";
-  s.summary_columns = {"technique", "max_batch", "predicted_max_batch", "peak_allocated_mib", "epoch_seconds",
+  s.summary_columns = {"technique", "max_batch", "dry_run_max_batch", "peak_allocated_mib", "epoch_seconds",
                        "best_val_acc", "best_epoch", "status", "note"};
   s.published_setup = "ResNet-50, 224x224 photos, 15 epochs, an 11 GiB RTX 2080 Ti";
   s.notes = "Published (ResNet-50, 224x224, RTX 2080 Ti 11 GiB): baseline 102, cuDNN autotune off 111, AMP about "

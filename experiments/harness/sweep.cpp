@@ -43,7 +43,8 @@ std::string phase_rates(const RunResult& r) {
 
 // One results.csv row; `res` may be empty (skipped or failed runs).
 Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const RunResult* res,
-             const std::string& status, const std::string& note, int64_t max_batch, int64_t predicted) {
+             const std::string& status, const std::string& note, int64_t max_batch, int64_t predicted,
+             int64_t dry_max_batch = 0) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   double epoch_s = nan, ips = nan, cpu = nan, gpu = nan;
   if (res && !res->epochs.empty()) {
@@ -102,7 +103,8 @@ Row make_row(const Study& st, const SweepRun& run, const TrainConfig& c, const R
           res ? fmt(res->train_seconds, 2) : "",
           res ? phase_rates(*res) : "",
           std::to_string(c.world_size),
-          std::to_string(c.batch_size)};
+          std::to_string(c.batch_size),
+          dry_max_batch > 0 ? std::to_string(dry_max_batch) : ""};
 }
 
 struct Executed {
@@ -152,7 +154,7 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
     ex.json["note"] = run.unavailable;
     return ex;
   }
-  int64_t max_batch = 0, predicted = 0;
+  int64_t max_batch = 0, predicted = 0, dry = 0;   // effective batches: the answer, the linear model's, the dry run's
   std::string failure;   // "<status>\t<note>" of a run that threw
   try {
     if (run.find_max_batch) {
@@ -174,10 +176,11 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
       // The effective batch: per device x accumulation x ranks.
       max_batch = rep.finder.max_batch * c.accumulation_steps * c.world_size;
       predicted = rep.finder.predicted * c.accumulation_steps * c.world_size;
+      dry = rep.finder.dry_max_batch * c.accumulation_steps * c.world_size;
     }
     const RunResult res = run_training(c);
     ex.interrupted = res.status == "interrupted";
-    ex.row = make_row(st, run, c, &res, res.status, res.note, max_batch, predicted);
+    ex.row = make_row(st, run, c, &res, res.status, res.note, max_batch, predicted, dry);
     ex.json["result"] = to_json(res);
     ex.json["status"] = res.status;
   } catch (const RunInputError& e) {
@@ -195,7 +198,7 @@ Executed execute(const Study& st, const SweepRun& run, bool verbose, bool distri
   if (distributed) failure = agree_on_failure(distributed::world(), failure);
   if (!failure.empty()) {
     const std::string status = failure.substr(0, failure.find('\t')), note = failure.substr(failure.find('\t') + 1);
-    ex.row = make_row(st, run, c, nullptr, status, note, max_batch, predicted);
+    ex.row = make_row(st, run, c, nullptr, status, note, max_batch, predicted, dry);
     ex.json.erase("result");
     ex.json["status"] = status;
     ex.json["note"] = note;
@@ -212,12 +215,18 @@ std::set<std::string> done_ids(const std::filesystem::path& csv) {
 }
 
 // Ids whose row says the run failed to produce a result (--retry-failed reruns them): `error` (an
-// exception) or `crashed` (a --process-per-run child died). Diverged and oom rows are results.
+// exception), `crashed` (a --process-per-run child died), or `oom` at the recommended batch of a
+// maximum-batch search. Diverged rows and other oom rows are results.
 std::set<std::string> failed_ids(const std::filesystem::path& csv) {
   std::set<std::string> ids;
   const CsvTable t = read_csv(csv);
-  for (size_t i = 0; i < t.rows.size(); ++i)
-    if (t.get(i, "status") == "error" || t.get(i, "status") == "crashed") ids.insert(t.get(i, "run_id"));
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const std::string status = t.get(i, "status");
+    // An OOM where the run trained at minidl-maxbatch's recommended batch is the answer's failure,
+    // not the configuration's result: a run that trains at a batch it chose itself must fit.
+    const bool answer_failed = status == "oom" && !t.get(i, "max_batch").empty();
+    if (status == "error" || status == "crashed" || answer_failed) ids.insert(t.get(i, "run_id"));
+  }
   return ids;
 }
 
@@ -268,8 +277,8 @@ const Row& results_header() {
                      "test_acc",      "time_to_target_s", "epoch_seconds", "images_per_s",     "cpu_util_pct",
                      "gpu_busy_pct",  "gpu_busy_source", "peak_allocated_mib", "peak_reserved_mib", "max_batch",  "predicted_max_batch",
                      "seconds",       "images_per_s_steady", "schedule", "batch_schedule", "train_seconds",
-                     "images_per_s_phases", "world_size", "per_device_batch"};   // new columns go last: older
-                                                                                  // files are upgraded
+                     "images_per_s_phases", "world_size", "per_device_batch",
+                     "dry_run_max_batch"};   // new columns go last: older files are upgraded
   return h;
 }
 

@@ -128,7 +128,7 @@ struct SweepOptions {
   bool process_per_run = false;
   std::vector<std::string> argv;         // to respawn this program with --only ID
   std::string only;                      // run just this id (child of process_per_run)
-  bool retry_failed = false;             // rerun ids whose row says error or crashed, replacing the row
+  bool retry_failed = false;             // rerun failed rows (sweep.cpp failed_ids), replacing each
   bool verbose = true;
 };
 

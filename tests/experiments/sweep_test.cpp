@@ -189,8 +189,9 @@ TEST(ExperimentsSweep, UtilizationTakesAmpIntoItsOwnFolder) {
   EXPECT_EQ(study_folder(make_study("keras-batch", false, TrainConfig{}), "cuda"), "keras-batch");
 }
 
-// --retry-failed runs again exactly the rows that say error or crashed, replacing each in place;
-// finished rows (ok, and results such as diverged) keep their bytes and their order.
+// --retry-failed runs again exactly the rows that say error or crashed (or oom at a recommended
+// batch), replacing each in place; finished rows (ok, and results such as diverged) keep their
+// bytes and their order.
 TEST(ExperimentsSweep, RetryFailedRerunsExactlyTheFailedRows) {
   const auto dir = testing::temp_dir();
   TrainConfig base = testing::tiny_config();
@@ -236,6 +237,20 @@ TEST(ExperimentsSweep, RetryFailedRerunsExactlyTheFailedRows) {
   EXPECT_EQ(t.get(2, "run_id"), "b16-sgd-none-none");
   EXPECT_EQ(t.get(2, "status"), "ok");
   EXPECT_EQ(run_sweep(s, o).ran, 0) << "nothing failed any more";
+  // An oom row is a result, unless the run trained at a maximum-batch search's answer (max_batch
+  // set): then the answer failed, and --retry-failed runs it again.
+  const auto max_batch = static_cast<size_t>(std::find(t.header.begin(), t.header.end(), "max_batch") - t.header.begin());
+  ASSERT_LT(max_batch, t.header.size());
+  t.rows[0][status] = "oom";
+  t.rows[1][status] = "oom";
+  t.rows[1][max_batch] = "12";
+  text = csv_line(t.header);
+  for (const auto& r : t.rows) text += csv_line(r);
+  write_file_atomic(csv, text);
+  EXPECT_EQ(run_sweep(s, o).retried, 1);
+  t = read_csv(csv);
+  EXPECT_EQ(t.get(0, "status"), "oom") << "a configuration that does not fit is a result";
+  EXPECT_EQ(t.get(1, "status"), "ok") << "the answer's oom was run again";
   std::filesystem::remove_all(dir);
 }
 
