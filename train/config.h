@@ -76,6 +76,10 @@ struct DataSpec {
   std::string normalize = "imagenet"; // imagenet (mean/std) | unit (pixels / 255, as Keras rescale)
   bool no_shuffle = false;
   int workers = 2;
+  // The loaders keep each image as decoded and resized (before augmentation's random draws) in
+  // host memory, up to this many bytes over the run's parts: a file is decoded once, not every
+  // epoch. The batches are the same bit for bit. "0": off.
+  std::string data_cache = "4GiB";
 
   void add_flags(CLI::App& app);
   void validate() const;

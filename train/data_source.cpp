@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "core/allocator.h"
 #include "data/article_augment.h"
 #include "data/synthetic.h"
 #include "data/dataset.h"
@@ -122,6 +123,8 @@ class LoaderSource final : public BatchSource {
   }
   double wait_seconds() const override { return loader_.stats().wait_seconds; }
   int64_t skipped() const override { return loader_.stats().skipped; }
+  int64_t cached_images() const override { return loader_.stats().cached_images; }
+  int64_t cached_bytes() const override { return loader_.stats().cached_bytes; }
   std::vector<int64_t> skipped_samples() const override {
     std::vector<int64_t> out;
     for (const int64_t k : loader_.skipped_indices()) out.push_back(idx_[static_cast<size_t>(k) % idx_.size()]);
@@ -139,9 +142,10 @@ class LoaderSource final : public BatchSource {
 };
 
 // `article`: the part enters twice, as the article's offline augmentation saved it (--augment article).
+// cache_bytes: this part's share of --data-cache (0: no cache).
 std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> base, std::vector<int64_t> idx,
                                            const TrainConfig& c, Device device, int64_t image_size, bool training,
-                                           uint64_t seed, Shard shard, bool article = false) {
+                                           uint64_t seed, Shard shard, int64_t cache_bytes, bool article = false) {
   if (idx.empty()) return nullptr;
   if (!training && shard.world > 1) {
     // Evaluation: this rank's stride of the part, unpadded (every image counts once over the ranks).
@@ -157,6 +161,8 @@ std::unique_ptr<BatchSource> loader_source(std::shared_ptr<const data::Dataset> 
   o.shuffle = training && !c.no_shuffle;
   o.seed = seed;
   o.device = device;
+  o.cache = cache_bytes > 0;
+  o.cache_limit_bytes = cache_bytes;
   o.transform.size = image_size;
   o.channels_last = c.resolved_channels_last();
   o.transform.normalize = c.normalize == "imagenet";
@@ -365,9 +371,19 @@ RunData make_run_data(const TrainConfig& c, Device device, int64_t image_size, S
                   ", resize " + resolved_resize_mode(c);
   // --augment article doubles the training and validation parts (data/article_augment.h), not the test part.
   const bool article = c.augment == "article";
-  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed, shard, article);
-  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard, article);
-  r.test = loader_source(d, split.test, c, device, image_size, false, c.seed, shard);
+  // --data-cache over the parts in proportion to the images each loader reads (article: twice over).
+  const int64_t copies = article ? 2 : 1;
+  const auto all = static_cast<double>(copies * static_cast<int64_t>(split.train.size() + split.val.size()) +
+                                       static_cast<int64_t>(split.test.size()));
+  const auto share = [&](size_t images, int64_t times) {
+    return static_cast<int64_t>(static_cast<double>(parse_bytes(c.data_cache)) * static_cast<double>(images) *
+                                static_cast<double>(times) / std::max(1.0, all));
+  };
+  r.train = loader_source(d, split.train, c, device, image_size, true, c.seed, shard, share(split.train.size(), copies),
+                          article);
+  r.val = loader_source(d, split.val, c, device, image_size, false, c.seed, shard, share(split.val.size(), copies),
+                        article);
+  r.test = loader_source(d, split.test, c, device, image_size, false, c.seed, shard, share(split.test.size(), 1));
   r.account = std::move(account);
   if (!r.train) throw UsageError("--split " + r.split + " leaves no training images in " + what);
   return r;

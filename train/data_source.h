@@ -36,6 +36,9 @@ class BatchSource {
   virtual int64_t skipped() const { return 0; }     // unreadable samples (folder data)
   // Those samples as indices into the run's usable dataset (DataAccount::dataset).
   virtual std::vector<int64_t> skipped_samples() const { return {}; }
+  // --data-cache: the decoded images the loader keeps in host memory now, and their bytes.
+  virtual int64_t cached_images() const { return 0; }
+  virtual int64_t cached_bytes() const { return 0; }
 };
 
 // This process's part of the data when several ranks train together (mpirun -np N): training

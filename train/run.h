@@ -69,6 +69,10 @@ struct RunResult {
   std::string device_name;
   int64_t first_epoch = 1;        // > 1 (or a partial epoch) when --resume continued a saved run
   int64_t skipped_files = 0;      // folder data: unreadable files left out, up front and while loading
+  // --data-cache: the images the loaders (train, val, test) kept decoded in host memory at the end,
+  // and their bytes; 0 for the in-memory synthetic set, which has nothing to decode.
+  int64_t data_cached_images = 0;
+  int64_t data_cached_bytes = 0;
   std::string split;              // the split in force (--split, or the default's fallback to fractions)
   int64_t val_images = 0;         // images evaluated per validation / test pass, over all ranks (about:
   int64_t test_images = 0;        //   this rank's x ranks), for the chance marker's band (at_chance)

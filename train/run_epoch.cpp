@@ -293,6 +293,15 @@ void Run::finish() {
         (g->fallbacks() > 0 ? ", shapes whose capture did not fit" : "") + ")");
   }
   settle_skips();
+  for (const BatchSource* s : {data_.train.get(), data_.val.get(), data_.test.get()}) {
+    if (s == nullptr) continue;
+    r_.data_cached_images += s->cached_images();
+    r_.data_cached_bytes += s->cached_bytes();
+  }
+  if (r_.data_cached_images > 0)
+    log("data cache: " + std::to_string(r_.data_cached_images) + " images kept decoded in " +
+        format_bytes(static_cast<size_t>(r_.data_cached_bytes)) + " of host memory (--data-cache " + c_.data_cache +
+        "): decoded once, not every epoch");
   r_.test_acc = t.acc;
   r_.test_loss = t.loss;
   if (!c_.save_weights.empty() && r_.status != "oom") {

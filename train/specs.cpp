@@ -98,10 +98,19 @@ void DataSpec::add_flags(CLI::App& app) {
                                              "already normalised");
   app.add_flag("--no-shuffle", no_shuffle, "keep the dataset order in training; off by default");
   app.add_option("--workers", workers, "data loader threads (0: decode on the training thread)");
+  app.add_option("--data-cache", data_cache,
+                 "host memory for images as decoded and resized (before augmentation), over the run's train, val "
+                 "and test parts: each file is decoded once instead of every epoch, the same batches bit for bit; "
+                 "0: off");
 }
 
 void DataSpec::validate() const {
   if (workers < 0) usage("--workers must be >= 0");
+  try {
+    parse_bytes(data_cache);
+  } catch (const std::exception&) {
+    usage("--data-cache '" + data_cache + "': expected a size such as 4GiB or 512MiB, or 0 for no cache");
+  }
   if (normalize != "imagenet" && normalize != "unit") usage("--normalize '" + normalize + "': expected imagenet or unit");
   if (resize != "auto" && resize != "center" && resize != "imagenet" && resize != "squash" && resize != "keras")
     usage("--resize '" + resize + "': expected auto, center, imagenet, squash or keras");

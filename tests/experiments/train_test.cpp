@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "core/allocator.h"
 #include "train/run.h"
@@ -189,6 +190,41 @@ TEST(ExperimentsTrain, AChainRunCountsHowItsConvolutionsRan) {
                        " forward and 0 of " + std::to_string(chain.conv_stats.composed_backward) + " backward"),
             std::string::npos)
       << lines;
+}
+
+// --data-cache: each photo is decoded once, and the run is the uncached run bit for bit, with the
+// Keras augmentation's random crops and flips drawn anew every epoch from the cached resize.
+TEST(ExperimentsTrain, TheDataCacheDecodesEachPhotoOnceAndChangesNoBatch) {
+  const std::filesystem::path photos = std::filesystem::path(MINIDL_SHARED_DATA_DIR) / "catsdogs";
+  if (!std::filesystem::exists(photos)) GTEST_SKIP() << "no photos at " << photos << " (../shared/data)";
+  TrainConfig c = testing::tiny_config();
+  c.data = photos.string();
+  c.image_size = 32;
+  c.split = "20,5,5";
+  c.epochs = 2;
+  c.augment = "keras";
+  const auto train = [&](const std::string& cache) {
+    TrainConfig k = c;
+    k.data_cache = cache;
+    return run_training(k, {[](const std::string&) {}, {}, {}});
+  };
+  const RunResult cached = train("4GiB"), uncached = train("0");
+  ASSERT_EQ(cached.status, "ok") << cached.note;
+  ASSERT_EQ(uncached.status, "ok") << uncached.note;
+  EXPECT_EQ(cached.data_cached_images, 60) << "every train, val and test photo, once";
+  EXPECT_GT(cached.data_cached_bytes, 60 * 32 * 32 * 3) << "the Keras augmentation's 40 px resize, before its crop";
+  EXPECT_EQ(uncached.data_cached_images, 0);
+  ASSERT_EQ(cached.epochs.size(), uncached.epochs.size());
+  for (size_t e = 0; e < cached.epochs.size(); ++e) {
+    EXPECT_EQ(cached.epochs[e].train_loss, uncached.epochs[e].train_loss) << "epoch " << e + 1;
+    EXPECT_EQ(cached.epochs[e].val_loss, uncached.epochs[e].val_loss) << "epoch " << e + 1;
+  }
+  EXPECT_EQ(cached.test_loss, uncached.test_loss);
+  // A cache too small for all of them keeps what fits and decodes the rest every epoch.
+  const RunResult small = train("100KiB");
+  EXPECT_GT(small.data_cached_images, 0);
+  EXPECT_LT(small.data_cached_images, 60);
+  EXPECT_EQ(small.test_loss, uncached.test_loss);
 }
 
 TEST(ExperimentsTrain, SummaryListsTheLayers) {
