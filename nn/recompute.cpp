@@ -117,6 +117,8 @@ Recomputer::Recomputer(ResNet& model, RecomputeMode mode, int64_t memory_limit_b
 void Recomputer::replan(const Tensor& x) {
   device_ = x.device();
   Planned p;   // kept only once whole: a profile that runs out of memory changes nothing
+  p.shape = x.shape();
+  p.dtype = x.dtype();
   p.profile = profile_chain(links_, x);
   ++profiles_;
   p.keep_all = evaluate(p.profile.stages, p.profile.input_bytes,
@@ -177,17 +179,35 @@ Tensor Recomputer::forward(const Tensor& x) {
   if (mode_.kind == RecomputeMode::Kind::None || !grad_enabled()) return model_(x);
   if (mode_.kind == RecomputeMode::Kind::Optimal) {
     const Planned* c = current();
-    if (c == nullptr || c->profile.input_shape != x.shape() || c->profile.input_dtype != x.dtype()) switch_plan(x);
+    if (c == nullptr || c->shape != x.shape() || c->dtype != x.dtype()) switch_plan(x);
   }
   return run_chain(links_, x, segments());
 }
 
 void Recomputer::switch_plan(const Tensor& x) {
   const auto it = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) {
-    return p.profile.input_shape == x.shape() && p.profile.input_dtype == x.dtype();
+    return p.shape == x.shape() && p.dtype == x.dtype();
   });
   if (it == planned_.end()) {
-    replan(x);
+    // The nearest larger batch of the same image shape planned so far, whose plan this one runs.
+    const Shape& s = x.shape();
+    const Planned* larger = nullptr;
+    for (const Planned& p : planned_) {
+      const Shape& q = p.shape;
+      if (p.dtype == x.dtype() && q.size() == s.size() && !s.empty() && q[0] > s[0] &&
+          std::equal(s.begin() + 1, s.end(), q.begin() + 1) && (larger == nullptr || q[0] < larger->shape[0]))
+        larger = &p;
+    }
+    if (larger == nullptr) {
+      replan(x);
+      return;
+    }
+    Planned p = *larger;
+    p.shape = s;
+    p.borrowed = true;
+    if (planned_.size() >= kPlannedShapes) planned_.erase(planned_.begin());
+    planned_.push_back(std::move(p));
+    if (planned_.back().limit_arg != limit_arg_) solve(planned_.back(), memory_stats(device_));
     return;
   }
   std::rotate(it, it + 1, planned_.end());   // the kept plan becomes the current one, the last
@@ -228,8 +248,10 @@ std::string Recomputer::describe() const {
     return os.str();
   }
   const ChainProfile& p = c->profile;
-  os << " over the block chain (" << links_.size() << " links), batch " << shape_str(p.input_shape) << ", limit "
-     << mib(c->limit) << (limit_arg_ > 0 ? " (given)" : " (from the memory budget)") << "\n";
+  os << " over the block chain (" << links_.size() << " links), batch " << shape_str(c->shape);
+  if (c->borrowed)
+    os << ": the plan of batch " << shape_str(p.input_shape) << " (a smaller batch keeps no more), profiled at it";
+  os << ", limit " << mib(c->limit) << (limit_arg_ > 0 ? " (given)" : " (from the memory budget)") << "\n";
   char line[160];
   std::snprintf(line, sizeof line, "  %-10s %-13s %9s %9s %11s %11s\n", "link", "mode", "fwd ms", "bwd ms",
                 "saved MiB", "out MiB");

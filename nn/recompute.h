@@ -44,9 +44,13 @@ class Recomputer {
   // The model's forward with the mode applied. With grad mode off it is the plain forward. For
   // optimal, the first call with an input shape and dtype profiles the chain on x and solves the
   // plan; when the limit is below the least peak any plan reaches, the least-memory plan is used
-  // (the allocator then decides) and describe() says so. The plans of the last kPlannedShapes
-  // shapes are kept: an epoch's partial batch and the full batch after it switch plans without a
-  // new profile (which runs every link twice, and would otherwise happen twice an epoch).
+  // (the allocator then decides) and describe() says so. A smaller batch of a shape already
+  // planned (an epoch's partial batch) runs that larger batch's plan, without a profile of its
+  // own: under a fixed plan every tensor of the smaller batch is smaller, so it fits wherever the
+  // larger batch's step fitted, which a plan of its own need not (it would keep more, up to the
+  // limit, and the model leaves workspaces and the allocator's blocks out). The plans of the last
+  // kPlannedShapes shapes are kept: an epoch's partial batch and the full batch after it switch
+  // plans without a new profile (which runs every link twice).
   Tensor forward(const Tensor& x);
   static constexpr size_t kPlannedShapes = 4;
 
@@ -54,6 +58,11 @@ class Recomputer {
   // forward the plan is solved again from the same profile (no new profile), and a kept plan of
   // another shape is solved again when that shape comes back.
   void set_memory_limit(int64_t bytes);
+
+  // Optimal: drops the kept plans, so that the next forward plans its batch as a run's first
+  // would, profile and all (minidl-maxbatch's trials: one stands for a run at its batch, whatever
+  // batches the trials before it tried).
+  void forget_plans() { planned_.clear(); }
 
   const RecomputePlan* plan() const;           // optimal only, after the first forward
   const ChainProfile* profile() const;         // optimal only, after the first forward
@@ -67,12 +76,15 @@ class Recomputer {
  private:
   // Optimal: one shape's profile and the plan solved from it.
   struct Planned {
+    Shape shape;                    // the input it serves: the profile's, or a smaller batch's
+    DType dtype = DType::f32;
     ChainProfile profile;
     RecomputePlan plan, keep_all;   // keep_all: the none plan under the same profile, for comparison
     std::vector<int> segments;
     int64_t limit = 0;              // the limit the plan was solved for
     int64_t limit_arg = 0;          // limit_arg_ when it was solved
     bool below_least_peak = false;
+    bool borrowed = false;          // a smaller batch running the plan of profile.input_shape
   };
   const Planned* current() const { return planned_.empty() ? nullptr : &planned_.back(); }
   void replan(const Tensor& x);

@@ -151,6 +151,9 @@ Trial StepRunner::run(int64_t batch, int steps) {
   peak_allocated_ = peak_reserved_ = 0;
   double timed = 0.0;
   const int64_t replays_before = step_->graphed() != nullptr ? step_->graphed()->replays() : 0;
+  // A trial stands for a run at `batch`, whose first step plans its recomputation afresh (no
+  // smaller batch borrows the plan of a larger one another trial made).
+  if (model_.recomputer) model_.recomputer->forget_plans();
   try {
     // The batches the run's loader holds beside the one trained on, for the whole trial.
     std::vector<Tensor> held;

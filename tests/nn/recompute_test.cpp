@@ -342,9 +342,10 @@ TEST(RecomputeTest, ReplansWhenTheBatchShapeChangesAndSkipsWithoutGrad) {
   EXPECT_EQ(rc.profiles(), 2);
 }
 
-// An epoch's partial batch and the full batch after it, epoch after epoch: each shape is profiled
-// once and comes back to its own plan (the same segments and limit); a limit set in between is
-// applied to a kept plan when its shape comes back, from the kept profile.
+// An epoch's partial batch and the full batch after it, epoch after epoch: the partial batch runs
+// the full batch's plan without a profile of its own, and each comes back to its plan (the same
+// segments and limit); a limit set in between is applied to a kept plan when its shape comes back,
+// from the kept profile. A larger batch gets a profile and a plan of its own.
 TEST(RecomputeTest, KeepsThePlanOfEachBatchShape) {
   Net n = make_net(10);
   Recomputer rc(*n.model, RecomputeMode::parse("optimal"), 1);
@@ -354,6 +355,9 @@ TEST(RecomputeTest, KeepsThePlanOfEachBatchShape) {
   const std::string full_plan = rc.describe();
   step(2);
   const std::string partial_plan = rc.describe();
+  EXPECT_EQ(rc.segments(), full) << "the partial batch runs the full batch's plan";
+  EXPECT_NE(partial_plan.find("batch [2,3,8,8]: the plan of batch [4,3,8,8]"), std::string::npos)
+      << partial_plan;
   for (int epoch = 0; epoch < 2; ++epoch) {
     step(4);
     EXPECT_EQ(rc.profile()->input_shape, (Shape{4, 3, 8, 8}));
@@ -362,7 +366,12 @@ TEST(RecomputeTest, KeepsThePlanOfEachBatchShape) {
     step(2);
     EXPECT_EQ(rc.describe(), partial_plan);
   }
-  EXPECT_EQ(rc.profiles(), 2) << "one profile a shape";
+  EXPECT_EQ(rc.profiles(), 1) << "one profile, the full batch's";
+  step(6);
+  EXPECT_EQ(rc.profiles(), 2) << "a larger batch is profiled";
+  EXPECT_EQ(rc.profile()->input_shape, (Shape{6, 3, 8, 8}));
+  step(2);   // still the plan it ran (the kept entry)
+  EXPECT_EQ(rc.describe(), partial_plan);
   const int64_t keep_all = int64_t{1} << 40;   // far above any plan's peak
   rc.set_memory_limit(keep_all);   // solved again for the current (partial) shape
   EXPECT_EQ(rc.memory_limit(), keep_all);
@@ -371,6 +380,29 @@ TEST(RecomputeTest, KeepsThePlanOfEachBatchShape) {
   EXPECT_NE(rc.describe(), full_plan);
   for (const int s : rc.segments()) EXPECT_EQ(s, -1) << "everything kept under the new limit";
   EXPECT_EQ(rc.profiles(), 2);
+}
+
+// The partial batch's step under the full batch's plan peaks below the full batch's step: every
+// tensor of it is smaller.
+TEST(RecomputeTest, ASmallerBatchUnderTheLargerBatchsPlanPeaksBelowIt) {
+  Net n = make_net(11);
+  const Batch full = make_batch(16, 32), partial = make_batch(12, 32);
+  Recomputer rc(*n.model, RecomputeMode::parse("optimal"), limit_at(*n.model, full.x, 0.3));
+  const auto peak_of = [&](const Batch& b) {
+    n.model->zero_grad();
+    const int64_t before = memory_stats().allocated_bytes;
+    reset_peak_stats(Device::cpu());
+    loss_of(rc.forward(b.x), b.w).backward();
+    return memory_stats().peak_allocated_bytes - before;
+  };
+  peak_of(full);   // the profile's own peaks are not the step's
+  const int64_t full_peak = peak_of(full);
+  const std::vector<int> plan = rc.segments();
+  ASSERT_TRUE(std::any_of(plan.begin(), plan.end(), [](int s) { return s >= 0; })) << rc.describe();
+  const int64_t partial_peak = peak_of(partial);
+  EXPECT_EQ(rc.segments(), plan);
+  EXPECT_EQ(rc.profiles(), 1);
+  EXPECT_LT(partial_peak, full_peak);
 }
 
 // k micro-batches through AccumulatingTrainer: the parameters after the optimizer step are the
