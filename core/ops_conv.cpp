@@ -7,6 +7,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/flop_count.h"
 #include "core/ops.h"
 
 namespace minidl {
@@ -87,6 +88,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                                       false, "conv2d (height)");
   const int64_t ow = conv_output_size(x.size(3), weight.size(3), opts.stride[1], opts.padding[1], opts.dilation[1],
                                       false, "conv2d (width)");
+  count_flops(2.0 * static_cast<double>(x.size(0) * out_ch * oh * ow) *
+              static_cast<double>(weight.size(1) * weight.size(2) * weight.size(3)));
 
   // Memory format, as PyTorch's cuDNN path: channels-last when the input or the weight is, and
   // then input, weight, output and every gradient are channels-last (a weight in the other format

@@ -15,6 +15,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/flop_count.h"
 #include "core/ops.h"
 
 namespace minidl {
@@ -180,6 +181,8 @@ ConvStats conv2d_stats(const Tensor& x_in, const Tensor& in_scale, const Tensor&
   MINIDL_CHECK(x_in.defined() && w_in.defined(), "conv2d_stats: input and weight must be defined tensors");
   const Tensor x = autocast_to_low(x_in), w = autocast_to_low(w_in);
   const Shape y_shape = checked_output_shape(x, w, opts);
+  count_flops(2.0 * static_cast<double>(y_shape[0] * y_shape[1] * y_shape[2] * y_shape[3]) *
+              static_cast<double>(w.size(1) * w.size(2) * w.size(3)));
   MINIDL_CHECK(in_scale.defined() == in_bias.defined(), "conv2d_stats: in_scale is ",
                in_scale.defined() ? "defined" : "undefined", " but in_bias is ",
                in_bias.defined() ? "defined" : "undefined", "; pass both (the previous batch norm's affine) or neither");

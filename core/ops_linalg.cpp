@@ -4,6 +4,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/flop_count.h"
 #include "core/ops.h"
 
 namespace minidl {
@@ -14,6 +15,7 @@ Tensor bmm_like(const Tensor& x, const Tensor& y, const Tensor& like);
 // a [B,M,K], b [B,K,N] with equal B (strides arbitrary).
 Tensor bmm(const Tensor& a, const Tensor& b) {
   const int64_t B = a.shape()[0], M = a.shape()[1], N = b.shape()[2];
+  count_flops(2.0 * static_cast<double>(B * M * N) * static_cast<double>(a.shape()[2]));
   Tensor out = empty({B, M, N}, a.options());
   backend(a.device()).matmul(a.detach(), b.detach(), out);
   const bool ra = a.requires_grad(), rb = b.requires_grad();

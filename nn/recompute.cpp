@@ -264,7 +264,8 @@ std::string Recomputer::describe() const {
     os << line;
   }
   const double base = c->keep_all.predicted_time;
-  std::snprintf(line, sizeof line, "  modelled time %.3f ms (keep-all %.3f ms, +%.1f%% recompute; times modelled from the bytes written)\n",
+  std::snprintf(line, sizeof line,
+                "  modelled time %.3f ms (keep-all %.3f ms, +%.1f%% recompute; times modelled from bytes and flops)\n",
                 c->plan.predicted_time * 1e3, base * 1e3,
                 base > 0 ? 100.0 * (c->plan.predicted_time / base - 1.0) : 0.0);
   os << "  predicted peak " << mib(c->plan.predicted_peak_bytes) << " (keep-all "

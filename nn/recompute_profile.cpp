@@ -9,6 +9,7 @@
 
 #include "core/allocator.h"
 #include "core/autograd.h"
+#include "core/flop_count.h"
 #include "core/generator.h"
 #include "core/ops.h"
 #include "nn/generator_draws.h"
@@ -71,9 +72,10 @@ class GradStash {
   std::vector<std::shared_ptr<TensorImpl>> grads_;
 };
 
-// A link's modelled forward time: 1 s per 10 GB written.
-double modelled_seconds(const ChainStage& st) {
-  return static_cast<double>(st.output_bytes + st.saved_bytes) * 1e-10;
+// A link's modelled forward time: 1 s per 10 GB written plus 1 s per 10^12 flops of its
+// convolutions and matrix products (recompute_profile.h).
+double modelled_seconds(const ChainStage& st, double flops) {
+  return static_cast<double>(st.output_bytes + st.saved_bytes) * 1e-10 + flops * 1e-12;
 }
 
 }  // namespace
@@ -107,7 +109,13 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
       grads.clear();
     }
     const int64_t before = memory_stats(dev).allocated_bytes;
-    Tensor out = link.run(x_in);
+    double flops = 0.0;
+    Tensor out;
+    {
+      const FlopCount count;
+      out = link.run(x_in);
+      flops = count.flops();
+    }
     const int64_t after = memory_stats(dev).allocated_bytes;
     // Only `out` and, if the graph saved it (a final ReLU does), the graph own its storage.
     const bool output_kept = out.storage().use_count() > 1;
@@ -127,7 +135,7 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
       const int64_t in_grad = x_in.grad().defined() ? static_cast<int64_t>(x_in.grad().storage()->nbytes()) : 0;
       st.backward_extra_bytes = std::max<int64_t>(0, peak - before_backward - in_grad - st.param_grad_bytes);
     }
-    st.forward_time = modelled_seconds(st);
+    st.forward_time = modelled_seconds(st, flops);
     st.backward_time = 2.0 * st.forward_time;
     grads.clear();
     prof.names.push_back(link.name);

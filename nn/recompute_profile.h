@@ -23,13 +23,16 @@ struct ChainProfile {
 
 // Runs each link once on the activation the previous link produced from `x`, after one warm-up
 // forward+backward of that link, and measures (bytes from the allocator):
-//   forward_time / backward_time: modelled, not timed: the forward's time is proportional to the
-//     bytes the link writes (its output and what it saves; 1 s per 10 GB), the backward's twice
-//     that. A plan must be a function of the shapes and the limit alone: the same in the dry run
-//     (the meta device computes nothing to time), in minidl-maxbatch's trials and in the run, on
-//     every machine and in every process. Measured times are noisy from one process to the next,
-//     and two plans under the same limit reach different real peaks (workspaces, the allocator's
-//     blocks): a batch the trial fitted could then run out of memory in the run.
+//   forward_time / backward_time: modelled, not timed. The forward's time: 1 s per 10 GB the link
+//     writes (its output and what it saves) plus 1 s per 10^12 flops of its convolutions and
+//     matrix products (core/flop_count.h), a GPU's balance of arithmetic and memory traffic to an
+//     order of magnitude; the backward's twice that. So a link of many channels on small images
+//     costs more to recompute per byte it saves than one of few channels on large images, as it
+//     does on a GPU. A plan must be a function of the shapes and the limit alone: the same in the
+//     dry run (the meta device computes nothing to time), in minidl-maxbatch's trials and in the
+//     run, on every machine and in every process. Measured times are noisy from one process to
+//     the next, and two plans under the same limit reach different real peaks (workspaces, the
+//     allocator's blocks): a batch the trial fitted could then run out of memory in the run.
 //   output_bytes: the bytes of the link's output storage.
 //   saved_bytes: allocated bytes added by the forward, less the output unless the graph keeps the
 //     output's storage (a final ReLU saves it): what the link's graph holds for backward. The

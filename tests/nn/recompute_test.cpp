@@ -175,6 +175,21 @@ TEST(RecomputeTest, ProfileMeasuresEveryLinkAndLeavesTheModelAlone) {
   }
   // A basic block keeps several activation-sized tensors (conv and bn outputs, its input).
   EXPECT_GE(p.stages[1].saved_bytes, 4 * p.stages[1].output_bytes);
+  // The times are modelled: 1 s per 10 GB written and per 10^12 flops. The stem is one 3x3
+  // convolution from 3 to 64 channels at 16x16 (stride 1), and its batch norm and ReLU.
+  const double stem_flops = 2.0 * 4 * 64 * 16 * 16 * (3 * 3 * 3);
+  const ChainStage& stem = p.stages[0];
+  EXPECT_DOUBLE_EQ(stem.forward_time, static_cast<double>(stem.output_bytes + stem.saved_bytes) * 1e-10 +
+                                          stem_flops * 1e-12);
+  EXPECT_DOUBLE_EQ(stem.backward_time, 2 * stem.forward_time);
+  // A link of many channels on small images costs more per byte than one of few on large ones.
+  const auto per_byte = [&](size_t i) {
+    return p.stages[i].forward_time / static_cast<double>(p.stages[i].output_bytes + p.stages[i].saved_bytes);
+  };
+  const auto at = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(p.names.begin(), p.names.end(), name) - p.names.begin());
+  };
+  EXPECT_GT(per_byte(at("layer4.0")), 2 * per_byte(at("layer1.0")));
   EXPECT_EQ(memory_stats().allocated_bytes, alloc_before);
   EXPECT_EQ(default_generator().offset(), off_default);
   EXPECT_EQ(n.drop_gen->offset(), off_private);
