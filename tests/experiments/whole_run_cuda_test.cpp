@@ -63,7 +63,7 @@ TEST(WholeRunCuda, PhotoFolder) {
 // --checkpoint optimal on the caching allocator: the trials and the run solve the same plan at
 // each batch (modelled link times, the run's limit), so the dry run's answer is the real trial's.
 // A smaller batch runs another plan, which keeps more: what fits is not monotonic in the batch
-// (under 140 MiB the dry run fits 26, 27 and 29, not 28), so the recommended batch is tried with
+// (under this budget the dry run fits 11 and 14, not 12 or 13), so the recommended batch is tried with
 // its own plan, and the run there trains. (The CPU suite's WholeRun test checks the answer's
 // run and its neighbour's: here each step is seconds of emulated kernels.)
 TEST(WholeRunCuda, SyntheticDataWithOptimalRecomputation) {
