@@ -193,9 +193,15 @@ void Search::search() {
     f.at_max = confirm;
     f.confirmed = true;
   } else {
-    say(dry_search.max_batch > 0 ? "the real trial at the dry run's answer failed: searching on real trials"
+    // Below the dry run's answer, which has just failed: the probes' line may point far above it
+    // (with --checkpoint optimal each batch's plan fills the limit, and the peaks hardly grow).
+    FinderOptions real_fo = fo_;
+    const int64_t below = dry_search.max_batch - 1;
+    if (dry_search.max_batch > 0) real_fo.limit = std::min(fo_.limit, std::max<int64_t>(below, 1));
+    say(dry_search.max_batch > 0 ? "the real trial at the dry run's answer failed: searching on real trials below it"
                                  : "the dry run fits no batch: searching on real trials");
-    f = find_max_batch([this](int64_t b) { return real_trial(b); }, fo_);
+    f = find_max_batch([this](int64_t b) { return real_trial(b); }, real_fo);
+    if (dry_search.max_batch > 0 && f.hit_limit && f.max_batch == below) f.hit_limit = false;   // the next one failed
   }
   f.dry_max_batch = dry_search.max_batch;
   f.dry_trials = static_cast<int>(dry_search.trials.size());
