@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
   app.add_option("--probe-small", o.probe_small, "the smaller probe batch of the memory model");
   app.add_option("--probe-large", o.probe_large, "the larger probe batch of the memory model");
   app.add_option("--limit", o.limit, "never try a batch above this");
+  app.add_flag("--confirm-next", o.confirm_next,
+               "also try the dry run's answer + 1 on the device, so the answer is checked both ways (when it fits, "
+               "the search goes on upward on real trials); off by default");
   app.add_option("--gpu", c.gpu,
                  "plan for this GPU from any machine, with the dry run alone (no step runs): h100, h200, a100-80gb, "
                  "a100-40gb, l4, rtx-2080ti, rtx-4090, or its memory (24GiB); needs --device cuda; the budget is "

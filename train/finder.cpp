@@ -190,4 +190,32 @@ int pick_profile_batch(const std::vector<ProfileRow>& rows, double time_budget_s
   return fastest;
 }
 
+void search_upward(const TryBatch& try_batch, int64_t fits, const Trial& at_fits, int64_t limit, FinderResult& r) {
+  const auto tried = [&](int64_t b) {
+    const Trial t = try_batch(b);
+    r.trials.emplace_back(b, t);
+    if (!t.ok) {
+      ++r.ooms;
+      r.all_recovered = r.all_recovered && t.recovered;
+    }
+    return t;
+  };
+  int64_t lo = fits, hi = 0;
+  r.at_max = at_fits;
+  for (int64_t step = 1; hi == 0 && lo < limit; step *= 2) {
+    const int64_t b = std::min(lo + step, limit);
+    const Trial t = tried(b);
+    if (t.ok) lo = b, r.at_max = t;
+    else hi = b;
+  }
+  while (hi > lo + 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const Trial t = tried(mid);
+    if (t.ok) lo = mid, r.at_max = t;
+    else hi = mid;
+  }
+  r.max_batch = lo;
+  r.hit_limit = hi == 0;
+}
+
 }  // namespace minidl::train

@@ -70,11 +70,20 @@ struct FinderResult {
   double dry_seconds = 0.0;       // wall time of the whole dry search
   Trial dry_at_max;               // the dry trial at dry_max_batch
   bool confirmed = false;         // the real trial at dry_max_batch fitted
+  // MaxBatchOptions::confirm_next: a real trial at the answer + 1 ran and ran out of memory (when
+  // it fitted instead, the search went on upward on real trials, and confirmed is false).
+  bool next_tried = false, next_failed = false;
   double prediction_error_pct() const;  // (predicted - max) / max x 100, of the probes' prediction
   double refined_error_pct() const;     // the same for the second fit's prediction
 };
 
 FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o);
+
+// Upward from a batch known to fit (`fits`, whose trial is `at_fits`): steps of 1, 2, 4, ... to
+// the first batch that fails (or to `limit`), then halving between the last fit and it. Appends
+// its trials to r.trials (counting OOMs and recoveries) and sets r.max_batch, r.at_max and
+// r.hit_limit. minidl-maxbatch uses it when the real trial at the dry run's answer + 1 fits.
+void search_upward(const TryBatch& try_batch, int64_t fits, const Trial& at_fits, int64_t limit, FinderResult& r);
 
 // floor(max x (1 - margin)), at least 1 (0 when max is 0).
 int64_t recommended_batch(int64_t max_batch, double margin);

@@ -73,6 +73,7 @@ class Search {
   void first_line();
   Trial real_trial(int64_t b);
   void search();
+  void confirm_next(int64_t answer);
   void check_recommended();
   void summary();
   void accumulation();
@@ -192,6 +193,7 @@ void Search::search() {
     f.all_recovered = true;
     f.at_max = confirm;
     f.confirmed = true;
+    if (o_.confirm_next && !f.hit_limit) confirm_next(dry_search.max_batch);
   } else {
     // Below the dry run's answer, which has just failed: the probes' line may point far above it
     // (with --checkpoint optimal each batch's plan fills the limit, and the peaks hardly grow).
@@ -209,6 +211,24 @@ void Search::search() {
   f.dry_at_max = dry_search.at_max;
   if (group_) group_->check_same("the maximum batch found", f.max_batch);   // agreed trials: never differs
   rep_.recommended = recommended_batch(f.max_batch, o_.margin);
+}
+
+// --confirm-next: the real trial at the answer + 1. When it runs out of memory the dry run's answer
+// is the real one both ways; when it fits, the real maximum is larger (search_upward).
+void Search::confirm_next(int64_t answer) {
+  FinderResult& f = rep_.finder;
+  f.next_tried = true;
+  const Trial t = real_trial(answer + 1);
+  f.trials.emplace_back(answer + 1, t);
+  if (!t.ok) {
+    ++f.ooms;
+    f.all_recovered = f.all_recovered && t.recovered;
+    f.next_failed = true;
+    return;
+  }
+  say("the real trial at the dry run's answer + 1 fits: the real maximum is larger; searching upward on real trials");
+  f.confirmed = false;
+  search_upward([this](int64_t b) { return real_trial(b); }, answer + 1, t, fo_.limit, f);
 }
 
 // --checkpoint optimal solves a plan for each batch, and a smaller batch's plan keeps more, up to
@@ -250,6 +270,8 @@ void Search::summary() {
   say("maximum batch: " + std::to_string(f.max_batch) + (f.hit_limit ? " (the --limit; memory allows more)" : "") +
       (plan_ ? " (the dry run's answer for --gpu " + c_.gpu + ", not tried on a GPU; the dry run says " + next +
                    " does not fit)"
+       : f.confirmed && f.next_failed
+           ? " (the dry run's answer, checked both ways by real trials: it fits, " + next + " does not)"
        : f.confirmed ? " (the dry run's answer, confirmed by one real trial; the dry run says " + next +
                            " does not fit)"
                      : " after " + std::to_string(f.trials.size()) + " real trials (" + std::to_string(f.ooms) +
@@ -281,6 +303,8 @@ void Search::summary() {
                {"dry_peak_allocated_bytes", f.dry_at_max.peak_allocated},
                {"dry_peak_reserved_bytes", f.dry_at_max.peak_reserved},
                {"confirmed_by_one_real_trial", f.confirmed},
+               {"real_next_tried", f.next_tried},
+               {"real_next_failed", f.next_failed},
                {"hit_limit", f.hit_limit},
                {"trials", f.trials.size()},
                {"ooms", f.ooms},

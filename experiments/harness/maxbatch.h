@@ -24,6 +24,9 @@ struct MaxBatchOptions {
   int64_t probe_small = 2;
   int64_t probe_large = 8;
   int64_t limit = 1 << 16;
+  // Also try the dry run's answer + 1 on the device, so the answer is checked both ways (the
+  // techniques study's "dry run = trial" column); when it fits, the search goes on upward.
+  bool confirm_next = false;
 };
 
 struct MaxBatchReport {

@@ -147,6 +147,7 @@ Study techniques(bool quick, const TrainConfig& base) {
             "its recommended batch (10% below its maximum); max_batch counts the effective batch. On the CPU backend "
             "there is no cuDNN, so the autotune-off row equals the baseline.";
   s.maxbatch.steps = quick ? 2 : 3;
+  s.maxbatch.confirm_next = true;   // the dry run's answer checked both ways on the device
   s.maxbatch.probe_small = quick ? 2 : 4;
   s.maxbatch.probe_large = quick ? 6 : 16;
   struct Row {

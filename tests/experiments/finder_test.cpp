@@ -49,6 +49,32 @@ TEST(ExperimentsFinder, LinearMemoryIsPredictedExactlyAndConfirmedInFewTrials) {
   EXPECT_TRUE(r.at_max.ok);
 }
 
+// Upward from a batch that fits (the real trial at the dry run's answer + 1, which fitted): steps
+// of 1, 2, 4, ... to the first failure, then halving; the answer is exact and its + 1 failed.
+TEST(ExperimentsFinder, SearchUpwardFindsTheExactMaximumAboveABatchThatFits) {
+  FakeDevice dev{1000000, 100000, 997};
+  const int64_t truth = dev.true_max();
+  for (const int64_t fits : {int64_t{1}, truth / 2, truth - 1, truth}) {
+    FinderResult r;
+    search_upward(std::ref(dev), fits, dev(fits), 1 << 16, r);
+    EXPECT_EQ(r.max_batch, truth) << "from " << fits;
+    EXPECT_FALSE(r.hit_limit);
+    EXPECT_TRUE(r.at_max.ok);
+    bool next_failed = false;
+    for (const auto& [b, t] : r.trials) {
+      EXPECT_LE(b, 2 * truth) << "from " << fits << ": a step never passes twice the distance";
+      if (b == truth + 1) next_failed = !t.ok;
+    }
+    EXPECT_TRUE(next_failed) << "from " << fits;
+    EXPECT_LE(r.trials.size(), 2 * 11u) << "from " << fits;
+  }
+  // Under a --limit that fits, the limit is the answer, said so.
+  FinderResult capped;
+  search_upward(std::ref(dev), 10, dev(10), 50, capped);
+  EXPECT_EQ(capped.max_batch, 50);
+  EXPECT_TRUE(capped.hit_limit);
+}
+
 TEST(ExperimentsFinder, NonLinearMemoryStillFindsTheExactMaximum) {
   for (double quad : {0.5, 2.0, 10.0}) {
     FakeDevice dev{4000000, 50000, 1500, quad};

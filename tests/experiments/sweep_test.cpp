@@ -330,6 +330,29 @@ TEST(ExperimentsMaxBatch, DryAnswerHoldsAndRealTrialsRecoverFromOoms) {
   EXPECT_TRUE(real.all_recovered);
 }
 
+// --confirm-next: the answer + 1 is tried on the device too, and runs out of memory, as the dry run
+// said; the report says the answer was checked both ways.
+TEST(ExperimentsMaxBatch, ConfirmNextChecksTheAnswerBothWays) {
+  TrainConfig c = testing::tiny_config();
+  c.image_size = 16;
+  c.memory_budget = "24MiB";
+  MaxBatchOptions o;
+  o.steps = 1;
+  o.confirm_next = true;
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  const FinderResult& f = rep.finder;
+  ASSERT_EQ(f.trials.size(), 2u) << rep.text;
+  EXPECT_EQ(f.trials[0].first, f.dry_max_batch);
+  EXPECT_TRUE(f.trials[0].second.ok);
+  EXPECT_EQ(f.trials[1].first, f.dry_max_batch + 1);
+  EXPECT_FALSE(f.trials[1].second.ok);
+  EXPECT_TRUE(f.trials[1].second.recovered);
+  EXPECT_TRUE(f.confirmed && f.next_tried && f.next_failed);
+  EXPECT_EQ(f.max_batch, f.dry_max_batch);
+  EXPECT_EQ(rep.json["real_next_failed"], true);
+  EXPECT_NE(rep.text.find("checked both ways by real trials"), std::string::npos) << rep.text;
+}
+
 TEST(ExperimentsMaxBatch, FitBytesLeaveOutTheHostCache) {
   // The CPU allocator keeps freed blocks of 1 MiB and more for later requests (core/allocator.h)
   // and releases them before a request can fail, so what a batch needs is its live blocks: the
