@@ -292,15 +292,19 @@ TEST(ExperimentsSweep, AProcessPerRunChildCountsByTheRowItWrote) {
   EXPECT_TRUE(same(child_verdict(1, false, true), {.ran = true})) << "an error row the child wrote itself";
 }
 
-// minidl-maxbatch answers from the dry run and confirms with one real trial; the search on real
-// trials (what it falls back to) finds the same maximum and recovers from every OOM it meets.
-TEST(ExperimentsMaxBatch, DryAnswerHoldsAndRealTrialsRecoverFromOoms) {
+// The small CNN at 16 px under 24 MiB, for the maximum-batch searches below.
+TrainConfig small_cnn_under_24mib() {
   TrainConfig c = testing::tiny_config();
   c.image_size = 16;
   c.memory_budget = "24MiB";
-  MaxBatchOptions o;
-  o.steps = 1;
-  o.effective_batch = 256;
+  return c;
+}
+
+// minidl-maxbatch answers from the dry run and confirms with one real trial; the search on real
+// trials (what it falls back to) finds the same maximum and recovers from every OOM it meets.
+TEST(ExperimentsMaxBatch, DryAnswerHoldsAndRealTrialsRecoverFromOoms) {
+  const TrainConfig c = small_cnn_under_24mib();
+  MaxBatchOptions o{.steps = 1, .effective_batch = 256};
   const int64_t allocated_before = memory_stats().allocated_bytes;
   const MaxBatchReport rep = run_maxbatch(c, o, false);
   const FinderResult& f = rep.finder;
@@ -333,13 +337,7 @@ TEST(ExperimentsMaxBatch, DryAnswerHoldsAndRealTrialsRecoverFromOoms) {
 // --confirm-next: the answer + 1 is tried on the device too, and runs out of memory, as the dry run
 // said; the report says the answer was checked both ways.
 TEST(ExperimentsMaxBatch, ConfirmNextChecksTheAnswerBothWays) {
-  TrainConfig c = testing::tiny_config();
-  c.image_size = 16;
-  c.memory_budget = "24MiB";
-  MaxBatchOptions o;
-  o.steps = 1;
-  o.confirm_next = true;
-  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  const MaxBatchReport rep = run_maxbatch(small_cnn_under_24mib(), {.steps = 1, .confirm_next = true}, false);
   const FinderResult& f = rep.finder;
   ASSERT_EQ(f.trials.size(), 2u) << rep.text;
   EXPECT_EQ(f.trials[0].first, f.dry_max_batch);
