@@ -118,12 +118,15 @@ void Recomputer::replan(const Tensor& x) {
   device_ = x.device();
   Planned p;   // kept only once whole: a profile that runs out of memory changes nothing
   p.shape = x.shape();
-  p.dtype = x.dtype();
   p.profile = profile_chain(links_, x);
   ++profiles_;
   p.keep_all = evaluate(p.profile.stages, p.profile.input_bytes,
                         std::vector<StageMode>(p.profile.stages.size(), StageMode::KeepAll));
   solve(p, memory_stats(x.device()));
+  keep(std::move(p));
+}
+
+void Recomputer::keep(Planned p) {
   if (planned_.size() >= kPlannedShapes) planned_.erase(planned_.begin());
   planned_.push_back(std::move(p));
 }
@@ -179,22 +182,20 @@ Tensor Recomputer::forward(const Tensor& x) {
   if (mode_.kind == RecomputeMode::Kind::None || !grad_enabled()) return model_(x);
   if (mode_.kind == RecomputeMode::Kind::Optimal) {
     const Planned* c = current();
-    if (c == nullptr || c->shape != x.shape() || c->dtype != x.dtype()) switch_plan(x);
+    if (c == nullptr || !c->serves(x)) switch_plan(x);
   }
   return run_chain(links_, x, segments());
 }
 
 void Recomputer::switch_plan(const Tensor& x) {
-  const auto it = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) {
-    return p.shape == x.shape() && p.dtype == x.dtype();
-  });
+  const auto it = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) { return p.serves(x); });
   if (it == planned_.end()) {
     // The nearest larger batch of the same image shape planned so far, whose plan this one runs.
     const Shape& s = x.shape();
     const Planned* larger = nullptr;
     for (const Planned& p : planned_) {
       const Shape& q = p.shape;
-      if (p.dtype == x.dtype() && q.size() == s.size() && !s.empty() && q[0] > s[0] &&
+      if (p.profile.input_dtype == x.dtype() && q.size() == s.size() && !s.empty() && q[0] > s[0] &&
           std::equal(s.begin() + 1, s.end(), q.begin() + 1) && (larger == nullptr || q[0] < larger->shape[0]))
         larger = &p;
     }
@@ -204,9 +205,7 @@ void Recomputer::switch_plan(const Tensor& x) {
     }
     Planned p = *larger;
     p.shape = s;
-    p.borrowed = true;
-    if (planned_.size() >= kPlannedShapes) planned_.erase(planned_.begin());
-    planned_.push_back(std::move(p));
+    keep(std::move(p));
     if (planned_.back().limit_arg != limit_arg_) solve(planned_.back(), memory_stats(device_));
     return;
   }
@@ -249,7 +248,7 @@ std::string Recomputer::describe() const {
   }
   const ChainProfile& p = c->profile;
   os << " over the block chain (" << links_.size() << " links), batch " << shape_str(c->shape);
-  if (c->borrowed)
+  if (c->borrowed())
     os << ": the plan of batch " << shape_str(p.input_shape) << " (a smaller batch keeps no more), profiled at it";
   os << ", limit " << mib(c->limit) << (limit_arg_ > 0 ? " (given)" : " (from the memory budget)") << "\n";
   char line[160];

@@ -77,17 +77,18 @@ class Recomputer {
   // Optimal: one shape's profile and the plan solved from it.
   struct Planned {
     Shape shape;                    // the input it serves: the profile's, or a smaller batch's
-    DType dtype = DType::f32;
     ChainProfile profile;
     RecomputePlan plan, keep_all;   // keep_all: the none plan under the same profile, for comparison
     std::vector<int> segments;
     int64_t limit = 0;              // the limit the plan was solved for
     int64_t limit_arg = 0;          // limit_arg_ when it was solved
     bool below_least_peak = false;
-    bool borrowed = false;          // a smaller batch running the plan of profile.input_shape
+    bool borrowed() const { return shape != profile.input_shape; }   // a smaller batch's, the profile's plan
+    bool serves(const Tensor& x) const { return shape == x.shape() && profile.input_dtype == x.dtype(); }
   };
   const Planned* current() const { return planned_.empty() ? nullptr : &planned_.back(); }
   void replan(const Tensor& x);
+  void keep(Planned p);   // becomes the current plan; the least recently used one leaves past kPlannedShapes
   void solve(Planned& p, const MemoryStats& ms);  // p's plan for limit_arg_ (or the budget)
   // Optimal: makes x's shape and dtype the current plan: a kept one (solved again when the limit
   // changed since), or a new profile, the least recently used plan making room for it.

@@ -32,7 +32,7 @@ std::string RunFootprint::describe() const {
                                      : "";
   s += std::to_string(batches_held) + (batches_held == 1 ? " input batch" : " input batches") +
        " on the device at once";
-  if (evaluation)
+  if (evaluation())
     s += evaluation_images < 0 ? ", an evaluation pass at the same batch"
                                : ", an evaluation pass at the same batch, up to " +
                                      std::to_string(evaluation_images) + " images";
@@ -62,7 +62,6 @@ RunFootprint run_footprint(const TrainConfig& c, Device device, int64_t image_si
   RunFootprint f;
   f.image_size = image_size;
   f.evaluation_images = evaluation_images(c);
-  f.evaluation = f.evaluation_images != 0;
   const bool on_cpu = device.target() == DeviceType::CPU;
   if (c.data == "synthetic" && c.augment == "none") {
     // tensor_source: every part's images as one f32 tensor and its labels as i64, in host memory;

@@ -25,13 +25,15 @@ struct RunFootprint {
   // with its own input and holds the others beside it.
   int batches_held = 1;
   int64_t image_size = 0;
-  // Every trial ends with an evaluation pass (a forward without gradients, in evaluation mode) at
-  // the trial's batch, or at the largest evaluation set when that is smaller: the run evaluates its
-  // validation and test sets at --batch-size, so a set of 8 images is one batch of 8.
-  bool evaluation = true;
   // The largest evaluation set (validation or test) one rank holds; -1 when it is not known before
   // the data is read (a folder split by fractions): the pass then runs at the trial's batch.
   int64_t evaluation_images = -1;
+
+  // Every trial ends with an evaluation pass (a forward without gradients, in evaluation mode) at
+  // the trial's batch, or at the largest evaluation set when that is smaller: the run evaluates its
+  // validation and test sets at --batch-size, so a set of 8 images is one batch of 8. None when
+  // the split has no validation or test images.
+  bool evaluation() const { return evaluation_images != 0; }
 
   // The batch of the trial's evaluation pass for a trial at `batch`.
   int64_t evaluation_batch(int64_t batch) const {

@@ -168,7 +168,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s > 0 || steps == 1) timed += dt;
     }
-    if (footprint_.evaluation) evaluate(footprint_.evaluation_batch(batch));
+    if (footprint_.evaluation()) evaluate(footprint_.evaluation_batch(batch));
     t.ok = true;
     t.step_seconds = timed / (steps > 1 ? steps - 1 : 1);
   } catch (const OutOfMemoryError&) {
