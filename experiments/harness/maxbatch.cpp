@@ -75,6 +75,7 @@ class Search {
   void search();
   void confirm_next(int64_t answer);
   void check_recommended();
+  bool optimal() const { return runner_->model().checkpoint.kind == CheckpointSpec::Kind::Optimal; }
   void summary();
   void accumulation();
   void profile();
@@ -213,22 +214,17 @@ void Search::search() {
   rep_.recommended = recommended_batch(f.max_batch, o_.margin);
 }
 
-// --confirm-next: the real trial at the answer + 1. When it runs out of memory the dry run's answer
-// is the real one both ways; when it fits, the real maximum is larger (search_upward).
+// --confirm-next: upward from the confirmed answer on real trials (search_upward), whose first is
+// the answer + 1. When that one runs out of memory, the dry run's answer is the real one both ways;
+// when it fits, the search goes on to the real maximum.
 void Search::confirm_next(int64_t answer) {
   FinderResult& f = rep_.finder;
   f.next_tried = true;
-  const Trial t = real_trial(answer + 1);
-  f.trials.emplace_back(answer + 1, t);
-  if (!t.ok) {
-    ++f.ooms;
-    f.all_recovered = f.all_recovered && t.recovered;
-    f.next_failed = true;
-    return;
-  }
-  say("the real trial at the dry run's answer + 1 fits: the real maximum is larger; searching upward on real trials");
-  f.confirmed = false;
-  search_upward([this](int64_t b) { return real_trial(b); }, answer + 1, t, fo_.limit, f);
+  search_upward([this](int64_t b) { return real_trial(b); }, answer, f.at_max, fo_.limit, f);
+  f.next_failed = f.max_batch == answer;
+  f.confirmed = f.next_failed;
+  if (!f.next_failed)
+    say("the real trial at the dry run's answer + 1 fitted: the real maximum is " + std::to_string(f.max_batch));
 }
 
 // --checkpoint optimal solves a plan for each batch, and a smaller batch's plan keeps more, up to
@@ -237,9 +233,8 @@ void Search::confirm_next(int64_t answer) {
 // fits is not monotonic in the batch. The recommended batch is therefore tried itself: in the dry
 // run, one step down at a time until it fits, then in a real trial (a few steps down at most).
 void Search::check_recommended() {
-  const bool optimal = runner_->model().checkpoint.kind == CheckpointSpec::Kind::Optimal;
   const int64_t first = rep_.recommended;
-  if (!optimal || first <= 0) return;
+  if (!optimal() || first <= 0) return;
   const auto down = [](int64_t b) { return b - std::max<int64_t>(1, b / 50); };
   int64_t b = first;
   for (int k = 0; b > 0 && k < 200 && !agree(group_, dry_->run(b, o_.steps)).ok; ++k) b = down(b);
@@ -285,9 +280,8 @@ void Search::summary() {
                          : "steps at the maximum: eager, since the CUDA graph's capture does not fit beside the eager "
                            "cache (the run falls back as the trial did); --cuda-graphs finds the largest batch that "
                            "replays, --no-cuda-graphs the largest eager one");
-  const bool optimal = runner_->model().checkpoint.kind == CheckpointSpec::Kind::Optimal;
   say("recommended batch (" + fmt(100 * o_.margin, 0) + "% margin" +
-      (optimal ? ", tried with its own recomputation plan" : "") + "): " + std::to_string(rep_.recommended));
+      (optimal() ? ", tried with its own recomputation plan" : "") + "): " + std::to_string(rep_.recommended));
   rep_.json = {{"budget_bytes", rep_.budget_bytes},
                {"gpu", c_.gpu},
                {"world_size", c_.world_size},
