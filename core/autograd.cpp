@@ -15,6 +15,7 @@ namespace {
 
 thread_local bool g_grad_enabled = true;
 thread_local bool g_recomputing = false;
+thread_local bool g_grad_hooks_enabled = true;
 std::atomic<uint64_t> g_sequence{0};
 
 // Only the engine holds g (one reference to its impl, one to its storage), in a plain dense
@@ -73,6 +74,7 @@ class AccumulateGrad final : public Node {
     } else {
       Tensor(leaf->grad).add_(g.to(l.dtype()));
     }
+    if (!grad_hooks_enabled()) return {};
     // A copy: a hook may remove itself (or others) while running.
     const auto hooks = leaf->post_accumulate_grad_hooks;
     for (const auto& h : hooks) h.second(l);
@@ -121,6 +123,9 @@ EnableGradGuard::EnableGradGuard() : ScopedFlag(g_grad_enabled, true) {}
 
 bool recomputing() { return g_recomputing; }
 RecomputeGuard::RecomputeGuard() : ScopedFlag(g_recomputing, true) {}
+
+bool grad_hooks_enabled() { return g_grad_hooks_enabled; }
+GradHooksOffGuard::GradHooksOffGuard() : ScopedFlag(g_grad_hooks_enabled, false) {}
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;

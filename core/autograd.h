@@ -70,6 +70,16 @@ class RecomputeGuard : ScopedFlag {
   RecomputeGuard();
 };
 
+// Turns the leaves' post-accumulate-grad hooks off on this thread for its scope. A backward that
+// only measures (recomputation's chain profile, nn/recompute_profile.h) must not tell the hooks'
+// owners that a gradient is ready: DataParallel would start averaging a bucket, and count the
+// real backward's gradients as a second one of the same step.
+bool grad_hooks_enabled();
+class GradHooksOffGuard : ScopedFlag {
+ public:
+  GradHooksOffGuard();
+};
+
 // The backward of one op. Capture saved tensors *detached* (t.detach()) so a node never owns the
 // tensor that owns it; the closure is destroyed when the graph is released.
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;

@@ -92,6 +92,7 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
   GeneratorRestorer restore_generators;
   GradStash grads(links);
   RecomputeGuard no_running_stats;
+  GradHooksOffGuard no_hooks;   // DataParallel's buckets wait for the step's real backward
   EnableGradGuard grad_on;
 
   Tensor h = x.detach();

@@ -44,8 +44,9 @@ struct ChainProfile {
 //     gradient and param_grad_bytes (intermediate gradients, weight-gradient temporaries).
 // The warm-up makes what a link allocates at its first call only (a library's handle or workspace
 // cache) before the bytes are counted. The model is left as it was: batch-norm running statistics
-// are not updated (RecomputeGuard), parameter gradients are put back as they were, and every
-// generator drawn from (dropout) is returned to its state. Each link's graph is released before
+// are not updated (RecomputeGuard), parameter gradients are put back as they were, no gradient
+// hook runs (GradHooksOffGuard: a data-parallel run averages the step's gradients, not the
+// profile's), and every generator drawn from (dropout) is returned to its state. Each link's graph is released before
 // the next link runs, so profiling needs about one link's memory, not the whole chain's. It resets
 // the allocator's peak statistics (reset_peak_stats) to measure the backwards.
 ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x);

@@ -285,6 +285,24 @@ TEST(Autograd, PostAccumulateGradHookSeesTheFinalGradientOncePerBackward) {
   EXPECT_THROW(x.register_post_accumulate_grad_hook([](const Tensor&) {}), Error);
 }
 
+// A backward under GradHooksOffGuard (recomputation's profile) accumulates the gradient but tells
+// no hook; the guard ends with its scope.
+TEST(Autograd, GradHooksOffGuardSilencesThePostAccumulateHooks) {
+  Tensor w = from_vector({1.0, 2.0}, {2}).set_requires_grad(true);
+  int calls = 0;
+  w.register_post_accumulate_grad_hook([&](const Tensor&) { ++calls; });
+  {
+    GradHooksOffGuard off;
+    EXPECT_FALSE(grad_hooks_enabled());
+    sum(w * 3.0).backward();
+  }
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{3.0, 3.0}));
+  EXPECT_TRUE(grad_hooks_enabled());
+  sum(w).backward();
+  EXPECT_EQ(calls, 1);
+}
+
 // An op y = k * x whose backward, with add_into, adds its gradient into the one already waiting for
 // x (pending_grad) and returns that tensor; `seen` records the memory pending_grad gave it (null:
 // none), without holding the tensor.

@@ -4,6 +4,7 @@
 // steps. Runs as one rank in the plain suite and as two under mpirun (ctest distributed.mpi2.*).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -13,6 +14,8 @@
 #include "core/ops.h"
 #include "distributed/data_parallel.h"
 #include "nn/layers.h"
+#include "nn/recompute.h"
+#include "nn/resnet.h"
 #include "optim/accumulation.h"
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
@@ -138,6 +141,44 @@ TEST(DistDataParallel, AccumulationSynchronisesOncePerEffectiveBatch) {
   }
   EXPECT_LT(max_rel_diff(*replica, *ref), 1e-5);
   EXPECT_TRUE(same_on_every_rank(g, *replica));
+}
+
+// --checkpoint optimal under data parallelism: the plan's profile at the first step runs backwards
+// of its own, which DataParallel's gradient hooks must not hear of (they would average the
+// profile's gradients, then refuse the step's as a second backward). The step under a plan that
+// recomputes gives every rank the parameters of the same step without recomputation.
+TEST(DistDataParallel, OptimalRecomputationTrainsAsWithoutIt) {
+  ProcessGroup& g = world();
+  Generator data(40 + static_cast<uint64_t>(g.rank()));
+  const Tensor x = randn({2, 3, 8, 8}, {}, &data);
+  std::vector<std::vector<double>> after[2];
+  for (const bool optimal : {false, true}) {
+    Generator init(31);
+    auto m = nn::resnet18(4, &init, false, true);
+    DataParallel dp(*m, g);
+    int64_t limit = 0;
+    if (optimal) {   // a third of the way from the least peak any plan reaches to keeping everything
+      const nn::ChainProfile p = nn::profile_chain(m->chain(), x);
+      const int64_t least = nn::least_peak_bytes(p.stages, p.input_bytes);
+      const std::vector<nn::StageMode> all(p.stages.size(), nn::StageMode::KeepAll);
+      limit = least + (nn::evaluate(p.stages, p.input_bytes, all).predicted_peak_bytes - least) / 3;
+    }
+    nn::Recomputer rc(*m, nn::RecomputeMode::parse(optimal ? "optimal" : "none"), limit);
+    optim::SGD opt(m->parameters(), {.lr = 0.1});
+    dp.sync_buffers();
+    mean(rc.forward(x)).backward();
+    dp.finish_gradient_sync();
+    opt.step();
+    if (optimal) {
+      ASSERT_NE(rc.plan(), nullptr);
+      EXPECT_TRUE(std::any_of(rc.plan()->modes.begin(), rc.plan()->modes.end(),
+                              [](nn::StageMode s) { return s != nn::StageMode::KeepAll; }))
+          << rc.describe();
+    }
+    EXPECT_TRUE(same_on_every_rank(g, *m));
+    for (const Tensor& p : m->parameters()) after[optimal].push_back(p.to_vector());
+  }
+  EXPECT_EQ(after[0], after[1]);
 }
 
 TEST(DistDataParallel, BucketsStartDuringBackwardUnlessOverlapIsOff) {

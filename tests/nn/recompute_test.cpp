@@ -160,8 +160,15 @@ TEST(RecomputeTest, ProfileMeasuresEveryLinkAndLeavesTheModelAlone) {
   for (const auto& [k, t] : buffers) before.push_back(t.to_vector());
   const uint64_t off_default = default_generator().offset(), off_private = n.drop_gen->offset();
   const int64_t alloc_before = memory_stats().allocated_bytes;
+  // No gradient hook hears of the profile's backwards (DataParallel starts averaging there).
+  int hook_calls = 0;
+  std::vector<std::pair<Tensor, uint64_t>> hooks;
+  for (Tensor prm : n.model->parameters())
+    hooks.emplace_back(prm, prm.register_post_accumulate_grad_hook([&](const Tensor&) { ++hook_calls; }));
 
   const ChainProfile p = profile_chain(n.model->chain(), b.x);
+  EXPECT_EQ(hook_calls, 0);
+  for (auto& [prm, id] : hooks) prm.remove_post_accumulate_grad_hook(id);
   ASSERT_EQ(p.stages.size(), n.model->chain().size());
   EXPECT_EQ(p.names.front(), "stem");
   EXPECT_EQ(p.names.back(), "head");
