@@ -138,18 +138,22 @@ void Recomputer::set_memory_limit(int64_t bytes) {
 }
 
 void Recomputer::solve(Planned& p, const MemoryStats& ms) {
-  const ChainProfile& pr = p.profile;
   p.limit_arg = limit_arg_;
+  p.lowered = 0;
+  int64_t limit = p.keep_all.predicted_peak_bytes;  // nothing to fit into: keep everything
   if (limit_arg_ > 0) {
-    p.limit = limit_arg_;
-  } else {
-    if (ms.budget_bytes == 0) {
-      p.limit = p.keep_all.predicted_peak_bytes;  // nothing to fit into: keep everything
-    } else {
-      const int64_t free = ms.budget_bytes - ms.reserved_bytes;
-      p.limit = std::max<int64_t>(0, free - free / 10) + pr.input_bytes;
-    }
+    limit = limit_arg_;
+  } else if (ms.budget_bytes > 0) {
+    const int64_t free = ms.budget_bytes - ms.reserved_bytes;
+    limit = std::max<int64_t>(0, free - free / 10) + p.profile.input_bytes;
   }
+  solve_under(p, limit);
+}
+
+void Recomputer::solve_under(Planned& p, int64_t limit) {
+  const ChainProfile& pr = p.profile;
+  p.limit = limit;
+  p.rehearsed = false;
   p.below_least_peak = false;
   if (p.keep_all.predicted_peak_bytes <= p.limit) {
     p.plan = p.keep_all;  // no recomputation needed (and no slot rounding to lose it)
@@ -183,8 +187,34 @@ Tensor Recomputer::forward(const Tensor& x) {
   if (mode_.kind == RecomputeMode::Kind::Optimal) {
     const Planned* c = current();
     if (c == nullptr || !c->serves(x)) switch_plan(x);
+    if (!planned_.back().rehearsed) rehearse(x);
   }
   return run_chain(links_, x, segments());
+}
+
+void Recomputer::rehearse(const Tensor& x) {
+  Planned& p = planned_.back();
+  const Device d = x.device();
+  if (memory_stats(d).budget_bytes == 0) {   // no budget: nothing refuses the step's memory
+    p.rehearsed = true;
+    return;
+  }
+  for (;;) {
+    try {
+      // From an empty cache, as the step after it starts: the two allocate alike.
+      empty_cache(d);
+      rehearse_chain(links_, x, p.segments);
+      empty_cache(d);
+      p.rehearsed = true;
+      return;
+    } catch (const OutOfMemoryError& e) {
+      if (p.below_least_peak) throw;   // not even the least-memory plan fits: the step's OOM
+      ++p.lowered;
+      const int64_t peak = p.plan.predicted_peak_bytes;
+      const int64_t short_by = static_cast<int64_t>(e.in_use() + e.requested()) - static_cast<int64_t>(e.budget());
+      solve_under(p, p.lowered > kLowerings ? 0 : peak - std::max(short_by, peak / 20));
+    }
+  }
 }
 
 void Recomputer::switch_plan(const Tensor& x) {
@@ -270,6 +300,10 @@ std::string Recomputer::describe() const {
   os << "  predicted peak " << mib(c->plan.predicted_peak_bytes) << " (keep-all "
      << mib(c->keep_all.predicted_peak_bytes) << ")\n"
      << line;
+  if (c->lowered > 0) {
+    os << "  the limit lowered " << c->lowered << (c->lowered == 1 ? " time" : " times")
+       << " after a rehearsal of the plan ran out of memory\n";
+  }
   if (c->below_least_peak) {
     os << "  the limit is below the least peak any plan reaches: this is the least-memory plan\n";
   }

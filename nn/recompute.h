@@ -48,11 +48,17 @@ class Recomputer {
   // planned (an epoch's partial batch) runs that larger batch's plan, without a profile of its
   // own: under a fixed plan every tensor of the smaller batch is smaller, so it fits wherever the
   // larger batch's step fitted, which a plan of its own need not (it would keep more, up to the
-  // limit, and the model leaves workspaces and the allocator's blocks out). The plans of the last
+  // limit, and the model leaves workspaces and the allocator's blocks out). Under a memory
+  // budget a new plan is rehearsed first: a forward and backward of the chain on x that changes
+  // nothing in the model. When the rehearsal runs out of memory (the model leaves workspaces and
+  // the allocator's blocks out), the plan is solved again under a limit lowered by the shortfall
+  // or 5% of its predicted peak, whichever is more, kLowerings times, then as the least-memory
+  // plan, whose failure is the step's OutOfMemoryError. The plans of the last
   // kPlannedShapes shapes are kept: an epoch's partial batch and the full batch after it switch
   // plans without a new profile (which runs every link twice).
   Tensor forward(const Tensor& x);
   static constexpr size_t kPlannedShapes = 4;
+  static constexpr int kLowerings = 3;
 
   // Optimal: a new limit (bytes > 0, or 0 to derive it from the budget); after the first
   // forward the plan is solved again from the same profile (no new profile), and a kept plan of
@@ -83,6 +89,8 @@ class Recomputer {
     int64_t limit = 0;              // the limit the plan was solved for
     int64_t limit_arg = 0;          // limit_arg_ when it was solved
     bool below_least_peak = false;
+    bool rehearsed = false;         // its forward and backward ran on its batch (rehearse_chain)
+    int lowered = 0;                // times its limit was lowered after a rehearsal ran out of memory
     bool borrowed() const { return shape != profile.input_shape; }   // a smaller batch's, the profile's plan
     bool serves(const Tensor& x) const { return shape == x.shape() && profile.input_dtype == x.dtype(); }
   };
@@ -90,6 +98,8 @@ class Recomputer {
   void replan(const Tensor& x);
   void keep(Planned p);   // becomes the current plan; the least recently used one leaves past kPlannedShapes
   void solve(Planned& p, const MemoryStats& ms);  // p's plan for limit_arg_ (or the budget)
+  void solve_under(Planned& p, int64_t limit);    // p's plan for `limit`, not rehearsed yet
+  void rehearse(const Tensor& x);   // the current plan's rehearsal on x, lowering it (forward())
   // Optimal: makes x's shape and dtype the current plan: a kept one (solved again when the limit
   // changed since), or a new profile, the least recently used plan making room for it.
   void switch_plan(const Tensor& x);

@@ -12,6 +12,7 @@
 #include "core/flop_count.h"
 #include "core/generator.h"
 #include "core/ops.h"
+#include "nn/checkpoint.h"
 #include "nn/generator_draws.h"
 
 namespace minidl::nn {
@@ -143,6 +144,17 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
     prof.stages.push_back(st);
   }
   return prof;
+}
+
+void rehearse_chain(const std::vector<ChainLink>& links, const Tensor& x, const std::vector<int>& segments) {
+  MINIDL_CHECK(x.defined(), "rehearse_chain: the input batch is undefined");
+  GeneratorRestorer restore_generators;
+  GradStash grads(links);
+  RecomputeGuard no_running_stats;
+  GradHooksOffGuard no_hooks;
+  EnableGradGuard grad_on;
+  Tensor out = run_chain(links, x.detach(), segments);
+  if (out.requires_grad()) run_backward({out}, {ones_like(out)}, false);
 }
 
 }  // namespace minidl::nn

@@ -51,4 +51,9 @@ struct ChainProfile {
 // the allocator's peak statistics (reset_peak_stats) to measure the backwards.
 ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x);
 
+// One forward and backward of the chain under a plan's segments (run_chain ids) on x, as the
+// training step runs them, leaving the model as profile_chain leaves it. It runs out of memory
+// where the step would (Recomputer::forward tries a new plan with it before the step uses it).
+void rehearse_chain(const std::vector<ChainLink>& links, const Tensor& x, const std::vector<int>& segments);
+
 }  // namespace minidl::nn

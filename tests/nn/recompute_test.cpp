@@ -350,6 +350,42 @@ TEST(RecomputeTest, LimitFromTheBudgetAndBelowTheLeastPeak) {
   }
 }
 
+// A plan the model says fits but the allocator refuses: the limit given keeps everything, the
+// budget leaves room for a third of the way from the least-memory plan to that. The plan runs out
+// of memory in its rehearsal, is solved again under lower limits until one runs, and the step
+// under it trains as the plain step does (the rehearsals changed no gradient, running statistic
+// or generator). Under a budget nothing fits, the least-memory plan's rehearsal fails and its
+// OutOfMemoryError is the step's.
+TEST(RecomputeTest, APlanWhoseRehearsalRunsOutOfMemoryIsLowered) {
+  Net ref = make_net(12), n = make_net(12);
+  const Batch b = make_batch(8, 32);   // activations outweigh the parameters' gradients
+  manual_seed(1234);
+  loss_of(ref.model->forward(b.x), b.w).backward();
+  const ChainProfile p = profile_chain(n.model->chain(), b.x);
+  const int64_t all = evaluate(p.stages, p.input_bytes, std::vector<StageMode>(p.stages.size(), StageMode::KeepAll))
+                          .predicted_peak_bytes;
+  const int64_t least = least_peak_bytes(p.stages, p.input_bytes);
+  const auto step_under = [&](int64_t room) {
+    empty_cache();
+    const int64_t budget = memory_stats().reserved_bytes + room;
+    set_memory_budget(Device::cpu(), static_cast<size_t>(budget));
+    struct NoBudget {
+      ~NoBudget() { set_memory_budget(Device::cpu(), 0); }
+    } no_budget;
+    manual_seed(1234);
+    Recomputer rc(*n.model, RecomputeMode::parse("optimal"), all);
+    loss_of(rc.forward(b.x), b.w).backward();
+    return rc.describe();
+  };
+  const std::string plan = step_under(least + (all - least) / 3);
+  EXPECT_NE(plan.find("lowered"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("keep-input"), std::string::npos) << plan;
+  expect_same_grads(*n.model, *ref.model, "lowered plan");
+  expect_same_buffers(*n.model, *ref.model, "lowered plan");
+  n.model->zero_grad();
+  EXPECT_THROW(step_under(least / 4), OutOfMemoryError);
+}
+
 TEST(RecomputeTest, ReplansWhenTheBatchShapeChangesAndSkipsWithoutGrad) {
   Net n = make_net(10);
   Recomputer rc(*n.model, RecomputeMode::parse("optimal"), 1);
