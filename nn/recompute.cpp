@@ -212,7 +212,8 @@ void Recomputer::rehearse(const Tensor& x) {
       ++p.lowered;
       const int64_t peak = p.plan.predicted_peak_bytes;
       const int64_t short_by = static_cast<int64_t>(e.in_use() + e.requested()) - static_cast<int64_t>(e.budget());
-      solve_under(p, p.lowered > kLowerings ? 0 : peak - std::max(short_by, peak / 20));
+      // A shortfall above the plan's whole peak (one large request) goes straight to the least-memory plan.
+      solve_under(p, p.lowered > kLowerings ? 0 : std::max<int64_t>(0, peak - std::max(short_by, peak / 20)));
     }
   }
 }
