@@ -73,6 +73,18 @@ class GradStash {
   std::vector<std::shared_ptr<TensorImpl>> grads_;
 };
 
+// What a measuring pass (the profile, a rehearsal) holds for its scope so that it leaves the model
+// as it found it: generators, parameter gradients, running statistics (RecomputeGuard), gradient
+// hooks; with grad mode on for its forwards.
+struct LeaveModelAlone {
+  explicit LeaveModelAlone(const std::vector<ChainLink>& links) : grads(links) {}
+  GeneratorRestorer generators;
+  GradStash grads;
+  RecomputeGuard no_running_stats;
+  GradHooksOffGuard no_hooks;   // DataParallel's buckets wait for the step's real backward
+  EnableGradGuard grad_on;
+};
+
 // A link's modelled forward time: 1 s per 10 GB written plus 1 s per 10^12 flops of its
 // convolutions and matrix products (recompute_profile.h).
 double modelled_seconds(const ChainStage& st, double flops) {
@@ -90,11 +102,8 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
   prof.input_bytes = static_cast<int64_t>(x.nbytes());
   const Device dev = x.device();
 
-  GeneratorRestorer restore_generators;
-  GradStash grads(links);
-  RecomputeGuard no_running_stats;
-  GradHooksOffGuard no_hooks;   // DataParallel's buckets wait for the step's real backward
-  EnableGradGuard grad_on;
+  LeaveModelAlone alone(links);
+  GradStash& grads = alone.grads;
 
   Tensor h = x.detach();
   for (size_t i = 0; i < links.size(); ++i) {
@@ -148,11 +157,7 @@ ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x)
 
 void rehearse_chain(const std::vector<ChainLink>& links, const Tensor& x, const std::vector<int>& segments) {
   MINIDL_CHECK(x.defined(), "rehearse_chain: the input batch is undefined");
-  GeneratorRestorer restore_generators;
-  GradStash grads(links);
-  RecomputeGuard no_running_stats;
-  GradHooksOffGuard no_hooks;
-  EnableGradGuard grad_on;
+  const LeaveModelAlone alone(links);
   Tensor out = run_chain(links, x.detach(), segments);
   if (out.requires_grad()) run_backward({out}, {ones_like(out)}, false);
 }

@@ -46,9 +46,10 @@ struct ChainProfile {
 // cache) before the bytes are counted. The model is left as it was: batch-norm running statistics
 // are not updated (RecomputeGuard), parameter gradients are put back as they were, no gradient
 // hook runs (GradHooksOffGuard: a data-parallel run averages the step's gradients, not the
-// profile's), and every generator drawn from (dropout) is returned to its state. Each link's graph is released before
-// the next link runs, so profiling needs about one link's memory, not the whole chain's. It resets
-// the allocator's peak statistics (reset_peak_stats) to measure the backwards.
+// profile's), and every generator drawn from (dropout) is returned to its state. Each link's graph
+// is released before the next link runs, so profiling needs about one link's memory, not the
+// whole chain's. It resets the allocator's peak statistics (reset_peak_stats) to measure the
+// backwards.
 ChainProfile profile_chain(const std::vector<ChainLink>& links, const Tensor& x);
 
 // One forward and backward of the chain under a plan's segments (run_chain ids) on x, as the
