@@ -85,7 +85,9 @@ CsvTable read_csv(const std::filesystem::path& file) {
   while (pos < all.size()) {
     const size_t nl = all.find('\n', pos);
     if (nl == std::string::npos) break;  // a torn last line
-    const std::string line = all.substr(pos, nl - pos);
+    // A file saved by a spreadsheet or Python's csv module ends its lines with CRLF.
+    const size_t end = nl > pos && all[nl - 1] == '\r' ? nl - 1 : nl;
+    const std::string line = all.substr(pos, end - pos);
     pos = nl + 1;
     if (line.empty()) continue;
     Row r = split_csv_line(line);
@@ -118,6 +120,17 @@ void check_writable(const std::string& flag, const std::filesystem::path& file) 
   }
 }
 
+namespace {
+// Why a file's columns are not ours, for the errors below: the first column that differs.
+std::string other_columns(const std::filesystem::path& file, const Row& have, const Row& want) {
+  size_t i = 0;
+  while (i < have.size() && i < want.size() && have[i] == want[i]) ++i;
+  const auto name = [](const Row& r, size_t k) { return k < r.size() ? "'" + r[k] + "'" : std::string("nothing"); };
+  return file.string() + " has other columns than this minidl writes (column " + std::to_string(i + 1) + " is " +
+         name(have, i) + " where it writes " + name(want, i) + "); move it away or use another --out";
+}
+}  // namespace
+
 bool upgrade_columns(CsvTable& t, const Row& header) {
   if (t.header == header) return true;
   if (t.header.size() >= header.size() || !std::equal(t.header.begin(), t.header.end(), header.begin())) return false;
@@ -143,8 +156,8 @@ void append_csv_row(const std::filesystem::path& file, const Row& header, const 
   if (existing.header != header) {
     // A file from an older minidl, whose columns are a prefix of today's: rewritten (atomically)
     // with the new columns empty in its rows, so a resumed sweep keeps what it had.
-    MINIDL_CHECK(upgrade_columns(existing, header), "results: ", file.string(),
-                 " has other columns than this program writes; move it away or use another --out");
+    const Row have = existing.header;
+    MINIDL_CHECK(upgrade_columns(existing, header), "results: ", other_columns(file, have, header));
   }
   // The whole file rewritten through the atomic writer: a kill or a full disk in the middle leaves
   // the rows already there as they were (read_csv has dropped a torn line an older minidl left).
@@ -163,8 +176,8 @@ void replace_csv_row(const std::filesystem::path& file, const Row& header, const
                header.size(), " in ", file.string());
   CsvTable t = read_csv(file);
   if (t.header.empty()) t.header = header;
-  MINIDL_CHECK(upgrade_columns(t, header), "results: ", file.string(),
-               " has other columns than this program writes; move it away or use another --out");
+  const Row have = t.header;
+  MINIDL_CHECK(upgrade_columns(t, header), "results: ", other_columns(file, have, header));
   const auto col = static_cast<size_t>(std::find(header.begin(), header.end(), key) - header.begin());
   MINIDL_CHECK(col < header.size(), "results: replace_csv_row: no column '", key, "'");
   bool placed = false;
@@ -342,9 +355,8 @@ std::string resumed_epochs_csv(const std::filesystem::path& existing, const std:
   if (!std::filesystem::exists(existing)) return fresh;
   CsvTable old = read_csv(existing);
   const std::string header = fresh.substr(0, fresh.find('\n') + 1);
-  MINIDL_CHECK(upgrade_columns(old, split_csv_line(header.substr(0, header.size() - 1))),
-               "metrics.csv of the resumed run (", existing.string(),
-               ") has other columns than this minidl writes; move it away or use another --out");
+  const Row have = old.header, want = split_csv_line(header.substr(0, header.size() - 1));
+  MINIDL_CHECK(upgrade_columns(old, want), "the resumed run's metrics.csv: ", other_columns(existing, have, want));
   std::string s = header;
   for (size_t i = 0; i < old.rows.size(); ++i) {
     int64_t epoch = 0;

@@ -49,6 +49,34 @@ TEST(ExperimentsResults, OlderFileWithFewerTrailingColumnsIsUpgradedOnAppend) {
   std::filesystem::remove_all(dir);
 }
 
+// A results file saved again by a spreadsheet or Python's csv module (CRLF line ends) still resumes;
+// one whose columns are not ours is refused, naming the first column that differs.
+TEST(ExperimentsResults, CrlfLineEndsAreReadAndOtherColumnsAreNamed) {
+  const auto dir = testing::temp_dir();
+  const auto f = dir / "t.csv";
+  { std::ofstream(f, std::ios::binary) << "id,note\r\na,\"quoted, \"\"x\"\"\"\r\nb,plain\r\n"; }
+  const Row h{"id", "note"};
+  CsvTable t = read_csv(f);
+  EXPECT_EQ(t.header, h);
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.get(0, "note"), "quoted, \"x\"");
+  EXPECT_EQ(t.get(1, "note"), "plain");
+  append_csv_row(f, h, {"c", "new"});
+  replace_csv_row(f, h, "id", {"a", "again"});
+  t = read_csv(f);
+  ASSERT_EQ(t.rows.size(), 3u);
+  EXPECT_EQ(t.get(0, "note"), "again");
+  EXPECT_EQ(t.get(2, "id"), "c");
+  try {
+    append_csv_row(f, {"id", "status"}, {"d", "ok"});
+    ADD_FAILURE() << "a file with another second column was appended to";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("column 2 is 'note' where it writes 'status'"), std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ExperimentsResults, TornLastLineIsDroppedAndTheNextAppendStartsClean) {
   const auto dir = testing::temp_dir();
   const auto f = dir / "t.csv";
