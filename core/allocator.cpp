@@ -204,6 +204,10 @@ MemoryStats memory_stats(Device d) { return allocator_for(d).stats(); }
 void reset_peak_stats(Device d) { allocator_for(d).reset_peak_stats(); }
 void set_memory_budget(Device d, size_t bytes) { allocator_for(d).set_budget(bytes); }
 void empty_cache(Device d) { allocator_for(d).empty_cache(); }
+void set_expandable_segments(Device d, bool on) {
+  MINIDL_CHECK(allocator_for(d).set_expandable_segments(on), "expandable segments: the allocator of ", d.str(),
+               " has none (they are a CUDA device's caching allocator's, on a GPU and on meta:cuda)");
+}
 
 size_t parse_bytes(const std::string& s) {
   size_t i = 0;

@@ -37,6 +37,10 @@ class Allocator {
   virtual void set_budget(size_t bytes) = 0;   // 0 removes the budget
   virtual void empty_cache() {}
   virtual Device device() const = 0;
+  // Expandable segments (PyTorch's expandable_segments): a CUDA device's caching allocator grows one
+  // address range page by page instead of reserving fixed segments (kernels/caching_allocator.h).
+  // Returns false when this allocator cannot do what is asked (only "off" is always possible).
+  virtual bool set_expandable_segments(bool on) { return !on; }
 };
 
 // The books every allocator below keeps, MemoryStats under one mutex, and the calls that only read
@@ -138,6 +142,8 @@ Allocator& allocator_for(Device d);
 MemoryStats memory_stats(Device d = Device::cpu());
 void reset_peak_stats(Device d = Device::cpu());
 void set_memory_budget(Device d, size_t bytes);
+// Throws when the device's allocator has no expandable segments (the CPU's).
+void set_expandable_segments(Device d, bool on);
 void empty_cache(Device d = Device::cpu());
 // Parses "11GiB", "512MiB", "1.5GB", "1000000" (bytes); throws on anything else.
 size_t parse_bytes(const std::string& s);

@@ -24,6 +24,29 @@ void AddressRangeSource::raw_free(void* /*ptr*/, size_t bytes) {
   held_ -= bytes;
 }
 
+SegmentSource::AddressRange AddressRangeSource::reserve_address() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t page = page_size();
+  AddressRange r;
+  r.bytes = capacity_ > 0 ? (kExpandableRange * capacity_ + page - 1) / page * page : size_t{1} << 40;
+  next_ = (next_ + page - 1) / page * page;
+  r.base = reinterpret_cast<void*>(next_);
+  next_ += r.bytes;
+  return r;
+}
+
+bool AddressRangeSource::map_page(void* /*p*/) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capacity_ > 0 && held_ + page_size() > capacity_) return false;
+  held_ += page_size();
+  return true;
+}
+
+void AddressRangeSource::unmap_page(void* /*p*/) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_ -= page_size();
+}
+
 CachingAllocator::CachingAllocator(std::unique_ptr<SegmentSource> source, Device device)
     : source_(std::move(source)), device_(device) {}
 
@@ -46,6 +69,19 @@ CachingAllocator::~CachingAllocator() {
       }
     }
   }
+  release_expandable_range();
+}
+
+void CachingAllocator::release_expandable_range() {
+  // With no live block the segment is one free block (freed blocks merge), its pages unmapped by
+  // release_cached; otherwise it stays.
+  Block* f = ex_.first;
+  if (f == nullptr || f->next != nullptr || f->allocated) return;
+  pools_of(0).large.erase(f);
+  delete f;
+  source_->release_address(ex_.range);
+  --segments_;
+  ex_ = Expandable{};
 }
 
 void CachingAllocator::absorb_next(Block* b) {
@@ -111,7 +147,7 @@ void CachingAllocator::release_cached() {
   for (Pool* pool : {&eager.small, &eager.large}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
-      if (b->prev == nullptr && b->next == nullptr) {   // a whole segment, free
+      if (b->prev == nullptr && b->next == nullptr && !b->expandable) {   // a whole segment, free
         if (!any) {
           source_->synchronize();
           any = true;
@@ -128,6 +164,143 @@ void CachingAllocator::release_cached() {
       }
     }
   }
+  unmap_free_pages();
+}
+
+bool CachingAllocator::set_expandable_segments(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (on && source_->page_size() == 0) return false;
+  if (on == expandable_on_) return true;
+  // Blocks already handed out would stay where the other mode put them, and with them the layout
+  // that decides what fits later: a dry run and a device switched at different points would no
+  // longer agree. So the mode changes only on an allocator that holds no tensor, and starts afresh.
+  MINIDL_CHECK(live_.empty(), "expandable segments: ", device_.str(), " already holds ", live_.size(),
+               " blocks (", format_bytes(static_cast<size_t>(s_.allocated_bytes)), "); choose the mode before its "
+               "first tensor (minidl's programs apply --expandable-segments to a whole process, and minidl-sweep "
+               "runs such a run in a process of its own)");
+  release_cached();
+  release_expandable_range();
+  expandable_on_ = on;
+  return true;
+}
+
+CachingAllocator::Block* CachingAllocator::grow_expandable(size_t size) {
+  if (ex_.range.base == nullptr) {
+    ex_.page = source_->page_size();
+    if (ex_.page == 0) return nullptr;
+    ex_.range = source_->reserve_address();
+    if (ex_.range.base == nullptr) return nullptr;
+    ++segments_;
+  }
+  Block* tail = ex_.first;
+  while (tail != nullptr && tail->next != nullptr) tail = tail->next;
+  // A free last block is smaller than `size` (find_free found none as large): it grows by the rest.
+  const bool extend = tail != nullptr && !tail->allocated;
+  const size_t grow = (size - (extend ? tail->size : 0) + ex_.page - 1) / ex_.page * ex_.page;
+  if (ex_.end + grow > ex_.range.bytes) return nullptr;
+  Block* b = tail;
+  if (extend) {
+    pools_of(0).large.erase(tail);
+    tail->size += grow;
+  } else {
+    b = new Block;
+    b->ptr = static_cast<char*>(ex_.range.base) + ex_.end;
+    b->size = grow;
+    b->expandable = true;
+    b->prev = tail;
+    (tail != nullptr ? tail->next : ex_.first) = b;
+  }
+  ex_.end += grow;
+  ex_.mapped.resize(ex_.end / ex_.page, false);
+  return b;
+}
+
+bool CachingAllocator::map_pages(const char* p, size_t n) {
+  const char* base = static_cast<const char*>(ex_.range.base);
+  const size_t first = static_cast<size_t>(p - base) / ex_.page;
+  const size_t last = (static_cast<size_t>(p - base) + n + ex_.page - 1) / ex_.page;
+  size_t missing = 0;
+  for (size_t i = first; i < last; ++i) missing += ex_.mapped[i] ? 0 : 1;
+  const auto adds = static_cast<int64_t>(missing * ex_.page);
+  if (s_.budget_bytes > 0 && s_.reserved_bytes + adds > s_.budget_bytes) return false;
+  for (size_t i = first; i < last; ++i) {
+    if (ex_.mapped[i]) continue;
+    if (!source_->map_page(static_cast<char*>(ex_.range.base) + i * ex_.page)) return false;
+    ex_.mapped[i] = true;
+    ++raw_allocs_;
+    s_.reserved_bytes += static_cast<int64_t>(ex_.page);
+    s_.peak_reserved_bytes = std::max(s_.peak_reserved_bytes, s_.reserved_bytes);
+    pools_of(0).reserved += ex_.page;
+  }
+  return true;
+}
+
+void CachingAllocator::unmap_free_pages() {
+  bool synced = false;
+  const char* base = static_cast<const char*>(ex_.range.base);
+  for (Block* b = ex_.first; b != nullptr; b = b->next) {
+    if (b->allocated) continue;
+    // The pages wholly inside the free block: one it shares with a neighbour holds that one's bytes.
+    const size_t first = (static_cast<size_t>(b->ptr - base) + ex_.page - 1) / ex_.page;
+    const size_t last = (static_cast<size_t>(b->ptr - base) + b->size) / ex_.page;
+    for (size_t i = first; i < last; ++i) {
+      if (!ex_.mapped[i]) continue;
+      if (!synced) {
+        source_->synchronize();   // the device must be done with the pages
+        synced = true;
+      }
+      source_->unmap_page(static_cast<char*>(ex_.range.base) + i * ex_.page);
+      ex_.mapped[i] = false;
+      ++raw_frees_;
+      s_.reserved_bytes -= static_cast<int64_t>(ex_.page);
+      pools_of(0).reserved -= ex_.page;
+    }
+  }
+}
+
+void CachingAllocator::release_block(Block* b) {
+  Pools& pools = pools_of(b->pool);   // a private pool's block goes back to its pool
+  Pool& pool = b->small ? pools.small : pools.large;
+  // Merge with free neighbours of the same segment (they are in the pool: take them out first).
+  if (b->prev != nullptr && !b->prev->allocated) {
+    b = b->prev;
+    pool.erase(b);
+    absorb_next(b);
+  }
+  if (b->next != nullptr && !b->next->allocated) {
+    pool.erase(b->next);
+    absorb_next(b);
+  }
+  pool.insert(b);
+}
+
+CachingAllocator::Block* CachingAllocator::take_block(size_t size, bool small) {
+  Pool& pool = small ? pools_of(current_pool_).small : pools_of(current_pool_).large;
+  Block* b = find_free(pool, size);
+  if (b == nullptr && expandable_on_ && !small && current_pool_ == 0) b = grow_expandable(size);
+  if (b == nullptr) b = new_segment(size, small, current_pool_);   // also when the range is used up
+  if (b == nullptr) return nullptr;
+  // Split off the remainder when it is big enough to be useful to a later request of this pool.
+  const size_t remaining = b->size - size;
+  if (small ? remaining >= kMinBlock : remaining > kSmallSize) {
+    Block* rest = new Block;
+    rest->ptr = b->ptr + size;
+    rest->size = remaining;
+    rest->small = b->small;
+    rest->expandable = b->expandable;
+    rest->pool = b->pool;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != nullptr) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    pool.insert(rest);
+  }
+  if (b->expandable && !map_pages(b->ptr, b->size)) {
+    release_block(b);
+    return nullptr;
+  }
+  return b;
 }
 
 void CachingAllocator::throw_oom(size_t nbytes, const std::string& why) {
@@ -152,10 +325,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
       throw_oom(nbytes, "a fault injected by fail_in_capture, as a device with no memory left would refuse it");
     ++fault_seen_;
   }
-  Pools& pools = pools_of(current_pool_);
-  Pool& pool = small ? pools.small : pools.large;
-  Block* b = find_free(pool, size);
-  if (b == nullptr) b = new_segment(size, small, current_pool_);
+  Block* b = take_block(size, small);
   if (b == nullptr && current_pool_ != 0) {
     // Releasing the cache synchronizes the device, which a CUDA graph capture forbids.
     throw_oom(nbytes, "while a CUDA graph is captured into a private memory pool, which cannot release the cache");
@@ -164,27 +334,12 @@ void* CachingAllocator::allocate(size_t nbytes) {
     // Over the budget or refused by the device: give back what is cached, then try once more.
     ++flushes_;
     release_cached();
-    b = new_segment(size, small, current_pool_);
+    b = take_block(size, small);
     if (b == nullptr) {
       const bool over_budget = s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(size) > s_.budget_bytes;
       throw_oom(nbytes, over_budget ? "the request would exceed the memory budget"
                                     : "the device refused the allocation");
     }
-  }
-  // Split off the remainder when it is big enough to be useful to a later request of this pool.
-  const size_t remaining = b->size - size;
-  if (small ? remaining >= kMinBlock : remaining > kSmallSize) {
-    Block* rest = new Block;
-    rest->ptr = b->ptr + size;
-    rest->size = remaining;
-    rest->small = b->small;
-    rest->pool = b->pool;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = size;
-    pool.insert(rest);
   }
   b->allocated = true;
   b->requested = nbytes;
@@ -223,19 +378,7 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   b->allocated = false;
   b->requested = 0;
   source_->block_free(b->ptr, b->size, b->pool != 0);
-  Pools& pools = pools_of(b->pool);   // a private pool's block goes back to its pool
-  Pool& pool = b->small ? pools.small : pools.large;
-  // Merge with free neighbours of the same segment (they are in the pool: take them out first).
-  if (b->prev != nullptr && !b->prev->allocated) {
-    b = b->prev;
-    pool.erase(b);
-    absorb_next(b);
-  }
-  if (b->next != nullptr && !b->next->allocated) {
-    pool.erase(b->next);
-    absorb_next(b);
-  }
-  pool.insert(b);
+  release_block(b);
 }
 
 CachingStats CachingAllocator::detailed_stats() const {

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/allocator.h"
 
@@ -30,6 +31,22 @@ class SegmentSource {
   // (below): its marking is part of the captured step, an eager block's is not.
   virtual void block_live(void* /*p*/, size_t /*requested*/, size_t /*block_size*/, bool /*private_pool*/) {}
   virtual void block_free(void* /*p*/, size_t /*block_size*/, bool /*private_pool*/) {}
+
+  // Expandable segments (CachingAllocator, below): an address range reserved once, with memory
+  // mapped behind it page by page. page_size() 0: this source has none. reserve_address reserves
+  // the range, kExpandableRange times the device's memory (a base of nullptr: none to be had);
+  // map_page returns false when the device is out of memory (never throws for that). A page is
+  // mapped and unmapped whole, at an address of the range.
+  struct AddressRange {
+    void* base = nullptr;
+    size_t bytes = 0;
+  };
+  static constexpr size_t kExpandableRange = 4;
+  virtual size_t page_size() const { return 0; }
+  virtual AddressRange reserve_address() { return {}; }
+  virtual void release_address(AddressRange /*range*/) {}
+  virtual bool map_page(void* /*p*/) { return false; }
+  virtual void unmap_page(void* /*p*/) {}
 };
 
 // Segments that are address ranges with no memory behind them, handed out in increasing order
@@ -41,6 +58,12 @@ class AddressRangeSource final : public SegmentSource {
   explicit AddressRangeSource(size_t capacity_bytes = 0) : capacity_(capacity_bytes) {}
   void* raw_alloc(size_t bytes) override;
   void raw_free(void* ptr, size_t bytes) override;
+  // Pages of 2 MiB, as a GPU's (cuMemGetAllocationGranularity on the H100 and H200).
+  // Without a capacity the range is 1 TiB.
+  size_t page_size() const override { return size_t{2} << 20; }
+  AddressRange reserve_address() override;
+  bool map_page(void* p) override;
+  void unmap_page(void* p) override;
 
  private:
   std::mutex mu_;
@@ -70,6 +93,20 @@ struct CachingStats {
 //    releases every wholly free cached segment and retries, then throws OutOfMemoryError.
 // allocated_bytes counts the bytes requested (as the CPU allocator does); reserved_bytes the
 // segments held, so reserved - allocated is the fragmentation.
+//
+// Expandable segments (set_expandable_segments, PyTorch's expandable_segments:True): a miss of the
+// eager large pool grows one segment instead of reserving a new one. That segment is an address
+// range reserved once (SegmentSource::kExpandableRange times the device's memory), laid
+// out as blocks like any segment, with the device's pages (SegmentSource::page_size, 2 MiB) mapped
+// behind the blocks handed out. A miss extends its last block when that one is free, else appends
+// a block, each by whole pages; freeing merges neighbours as in any segment; releasing the cache
+// (empty_cache, or before an OOM) unmaps every page that lies wholly inside a free block, and a
+// free block whose pages were unmapped maps them again when it is handed out. So memory freed
+// between live blocks goes back to the device, where a fixed segment keeps it until every block
+// of the segment is free: what fits no longer depends on where the step's blocks fell, and reserved
+// is the pages behind live blocks plus the cache. The small pool and CUDA graphs' private pools keep
+// fixed segments. Reserved bytes count mapped pages; raw_allocs and raw_frees count pages mapped
+// and unmapped. Off by default, as in PyTorch; the mode is chosen before the first tensor.
 //
 // Private pools (CUDA graphs, as PyTorch's graph pools): a captured graph replays its kernels on
 // the addresses it captured, including memory its step freed and allocated again during the
@@ -101,6 +138,10 @@ class CachingAllocator final : public StatsAllocator {
   void deallocate(void* ptr, size_t nbytes) override;
   void empty_cache() override;
   Device device() const override { return device_; }
+  // false when the source has no pages to map (SegmentSource::page_size() 0) and `on` is asked.
+  // A change of mode needs an allocator that holds no tensor (it throws otherwise): the cache and
+  // the expandable range are released, and allocation starts as on a new allocator.
+  bool set_expandable_segments(bool on) override;
 
   CachingStats detailed_stats() const;
 
@@ -138,6 +179,7 @@ class CachingAllocator final : public StatsAllocator {
     size_t requested = 0;   // bytes asked for while allocated
     bool allocated = false;
     bool small = false;
+    bool expandable = false;   // a block of the expandable segment
     int pool = 0;           // 0: the eager pools; > 0: a private pool
     Block* prev = nullptr;  // neighbours inside the same segment
     Block* next = nullptr;
@@ -166,12 +208,34 @@ class CachingAllocator final : public StatsAllocator {
   Block* find_free(Pool& pool, size_t size);
   Block* new_segment(size_t rounded, bool small, int pool);   // nullptr: no room (budget or device)
   void release_cached();                            // frees wholly free segments; mu_ held
+  // b, out of every pool, back to its pool, merged with its free neighbours (deallocate's end).
+  void release_block(Block* b);
+  // A block of `size` for the current pool, split and (in the expandable segment) mapped, out of
+  // every pool; nullptr when the budget or the device leaves no room.
+  Block* take_block(size_t size, bool small);
+  // The expandable segment (mu_ held): a block of at least `size` grown at its end (out of every
+  // pool, its pages not yet mapped; nullptr when the reserved range is used up or cannot be had),
+  // the pages behind [p, p + n) mapped (false: the budget or the device refused one), the pages
+  // wholly inside free blocks unmapped.
+  Block* grow_expandable(size_t size);
+  bool map_pages(const char* p, size_t n);
+  void unmap_free_pages();
+  void release_expandable_range();   // when no block of it is live; after release_cached
+  struct Expandable {
+    SegmentSource::AddressRange range;   // base nullptr: none reserved yet
+    size_t end = 0;                      // the bytes laid out as blocks (whole pages)
+    size_t page = 0;
+    std::vector<bool> mapped;    // by page, up to end
+    Block* first = nullptr;      // never merged into a neighbour (none before it)
+  };
   [[noreturn]] void throw_oom(size_t nbytes, const std::string& why);
 
   std::unique_ptr<SegmentSource> source_;
   Device device_;
   std::map<int, Pools> pools_;   // 0: the eager pools
   int current_pool_ = 0, next_pool_ = 1;
+  bool expandable_on_ = false;
+  Expandable ex_;
   std::unordered_map<void*, Block*> live_;   // allocated blocks by pointer
   int64_t segments_ = 0, raw_allocs_ = 0, raw_frees_ = 0, flushes_ = 0;
   // fail_in_capture: the pools to let begin first (-1: none armed), whether the current one is the
