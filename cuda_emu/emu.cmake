@@ -49,6 +49,7 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
       ${CMAKE_CURRENT_LIST_DIR}/collectives.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime_streams.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/vmm.cpp
       ${CMAKE_CURRENT_LIST_DIR}/graphs.cpp
       ${CMAKE_CURRENT_LIST_DIR}/kernel_attributes.cpp
       ${CMAKE_CURRENT_LIST_DIR}/streams.cpp
@@ -60,7 +61,8 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
     target_compile_features(minidl_emu_core PUBLIC cxx_std_20)
     target_link_libraries(minidl_emu_core PRIVATE minidl_emu_libs minidl_warnings Boost::context)
     if(MINIDL_EMU_ASAN)
-      set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+      # vmm.cpp too: an unmapped page's poisoning is cleared there, so a later mapping starts clean.
+      set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/runtime.cpp ${CMAKE_CURRENT_LIST_DIR}/vmm.cpp
         PROPERTIES COMPILE_OPTIONS "-fsanitize=address;-fno-omit-frame-pointer")
       # The runner and the collectives run between every two turns of every waiting thread: their
       # heap and globals stay checked, but not their own stack frames (redzones and use-after-scope

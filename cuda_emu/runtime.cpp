@@ -5,6 +5,7 @@
 // to the next synchronization point (the default) or run when queued (MINIDL_EMU_DEFER_STREAMS=0).
 // Streams and events are in runtime_streams.cpp. A fault of device work is sticky (runtime_state.h):
 // every later call returns it, and none of these throws.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +33,9 @@ struct State {
   std::mutex mu;
   std::map<uintptr_t, size_t> device;   // base -> bytes asked for, of live cudaMalloc allocations
   std::map<uintptr_t, size_t> pinned;   // base -> bytes of live cudaHostAlloc allocations
+  // base -> bytes of the ranges the driver's virtual memory calls mapped (vmm.cpp), neighbours merged:
+  // a block spanning two pages is inside one range, as on a GPU.
+  std::map<uintptr_t, size_t> mapped;
   size_t used = 0;
   size_t capacity = [] {
     const char* s = std::getenv("MINIDL_EMU_MEMORY_MB");
@@ -50,12 +54,16 @@ thread_local int t_device = 0;
 
 cudaError_t fail(cudaError_t e, const std::string& detail) { return runtime_fail(e, detail); }
 
-bool range_live_locked(State& s, const void* p, size_t bytes) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = s.device.upper_bound(a);
-  if (it == s.device.begin()) return false;
+bool inside(const std::map<uintptr_t, size_t>& ranges, uintptr_t a, size_t bytes) {
+  auto it = ranges.upper_bound(a);
+  if (it == ranges.begin()) return false;
   --it;
   return a >= it->first && a + bytes <= it->first + it->second;
+}
+
+bool range_live_locked(State& s, const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return inside(s.device, a, bytes) || inside(s.mapped, a, bytes);
 }
 
 bool is_pinned(const void* p, size_t bytes) {
@@ -202,7 +210,51 @@ std::vector<std::pair<uintptr_t, size_t>> device_allocations() {
   std::vector<std::pair<uintptr_t, size_t>> v;
   v.reserve(s.device.size());
   for (const auto& [base, bytes] : s.device) v.emplace_back(base, (bytes + 255) / 256 * 256);
+  v.insert(v.end(), s.mapped.begin(), s.mapped.end());
+  std::sort(v.begin(), v.end());
   return v;
+}
+
+bool take_device_capacity(size_t bytes) {
+  State& s = st();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.used + bytes > s.capacity) return false;
+  s.used += bytes;
+  return true;
+}
+
+void give_device_capacity(size_t bytes) {
+  State& s = st();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.used -= bytes;
+}
+
+void add_mapped_range(uintptr_t base, size_t bytes) {
+  State& s = st();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto next = s.mapped.find(base + bytes);
+  if (next != s.mapped.end()) {
+    bytes += next->second;
+    s.mapped.erase(next);
+  }
+  auto it = s.mapped.lower_bound(base);
+  if (it != s.mapped.begin() && std::prev(it)->first + std::prev(it)->second == base) {
+    std::prev(it)->second += bytes;
+    return;
+  }
+  s.mapped[base] = bytes;
+}
+
+bool remove_mapped_range(uintptr_t base, size_t bytes) {
+  State& s = st();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!inside(s.mapped, base, bytes)) return false;
+  auto it = std::prev(s.mapped.upper_bound(base));
+  const uintptr_t start = it->first, end = it->first + it->second;
+  s.mapped.erase(it);
+  if (start < base) s.mapped[start] = base - start;
+  if (base + bytes < end) s.mapped[base + bytes] = end - base - bytes;
+  return true;
 }
 
 namespace {

@@ -36,10 +36,18 @@ void clear_device_fault();   // tests only: a fresh device for the next test, as
       return minidl_sticky_;                                                              \
     }                                                                                     \
   } while (0)
-// [p, p + bytes) inside one live cudaMalloc allocation.
+// [p, p + bytes) inside one live cudaMalloc allocation or one mapped range.
 bool device_range_live(const void* p, size_t bytes);
-// The live cudaMalloc allocations (base, bytes rounded up to 256), sorted by base.
+// The live cudaMalloc allocations (base, bytes rounded up to 256) and the mapped ranges, sorted by base.
 std::vector<std::pair<uintptr_t, size_t>> device_allocations();
+// The driver's virtual memory calls (vmm.cpp): physical memory counted against the device's
+// capacity as cudaMalloc's is (false: none left), and the ranges mapped into reserved addresses,
+// live for the range checks (device_range_live) while mapped. remove_mapped_range: false when
+// [base, base + bytes) is not mapped.
+bool take_device_capacity(size_t bytes);
+void give_device_capacity(size_t bytes);
+void add_mapped_range(uintptr_t base, size_t bytes);
+bool remove_mapped_range(uintptr_t base, size_t bytes);
 
 // In the ASan build (-DMINIDL_EMU_ASAN=ON), marks device memory no tensor owns (the caching
 // allocator's free blocks, split remainders and rounding slack), so a kernel or copy touching it

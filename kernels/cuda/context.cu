@@ -1,7 +1,12 @@
 // Device contexts, the cudaMalloc-backed segment source of the caching allocator, and the pinned
 // staging buffers. Handles are created lazily so that a program that only moves tensors never
 // pays cuDNN's start-up cost.
+#include <cuda.h>   // the driver API's types: expandable segments map memory with cuMemCreate and cuMemMap
+
 #include <cstring>
+#include <mutex>
+#include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -13,11 +18,126 @@
 namespace minidl::cuda {
 namespace {
 
-// Segments straight from cudaMalloc. An out-of-memory answer is reported as nullptr so the
+// The driver's virtual memory calls behind expandable segments, found through the runtime
+// (cudaGetDriverEntryPointByVersion) rather than linked: a program linked against libcuda would not
+// start on a machine without a driver, where minidl runs on the CPU. All null when the driver has
+// none of them.
+struct DriverVmm {
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+
+  void load() {
+    const auto find = [](const char* name, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        p = nullptr;
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    find("cuMemGetAllocationGranularity", granularity);
+    find("cuMemAddressReserve", reserve);
+    find("cuMemAddressFree", address_free);
+    find("cuMemCreate", create);
+    find("cuMemRelease", release);
+    find("cuMemMap", map);
+    find("cuMemUnmap", unmap);
+    find("cuMemSetAccess", set_access);
+  }
+  bool complete() const {
+    return granularity && reserve && address_free && create && release && map && unmap && set_access;
+  }
+};
+
+[[noreturn]] void driver_failed(const char* call, CUresult r) {
+  MINIDL_FAIL("CUDA driver call ", call, " failed with CUresult ", static_cast<int>(r),
+              " (expandable segments map device memory through the driver's virtual memory API; "
+              "drop --expandable-segments to use cudaMalloc'd segments)");
+}
+
+// Segments straight from cudaMalloc, or, for expandable segments, pages of device memory mapped into
+// one reserved address range. An out-of-memory answer is reported as nullptr (false) so the
 // allocator can release its cache and retry; any other error is a real failure and throws.
 class CudaSegmentSource final : public SegmentSource {
  public:
-  CudaSegmentSource(int index, cudaStream_t stream) : index_(index), stream_(stream) {}
+  CudaSegmentSource(int index, cudaStream_t stream) : index_(index), stream_(stream) {
+    prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop_.location.id = index;
+  }
+  ~CudaSegmentSource() override {
+    for (const auto& [p, h] : handles_) {   // pages of live blocks at exit (the allocator leaks those)
+      vmm_.unmap(reinterpret_cast<CUdeviceptr>(p), page_);
+      vmm_.release(h);
+    }
+  }
+
+  size_t page_size() const override {
+    std::call_once(page_once_, [this] {
+      MINIDL_CUDA_CHECK(cudaSetDevice(index_));
+      vmm_.load();
+      size_t g = 0;
+      if (vmm_.complete() && vmm_.granularity(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS) page_ = g;
+    });
+    return page_;
+  }
+  AddressRange reserve_address() override {
+    MINIDL_CUDA_CHECK(cudaSetDevice(index_));
+    size_t free_bytes = 0, total = 0;
+    MINIDL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    const size_t page = page_size();
+    AddressRange r;
+    r.bytes = (kExpandableRange * total + page - 1) / page * page;
+    CUdeviceptr p = 0;
+    if (vmm_.reserve(&p, r.bytes, page, 0, 0) != CUDA_SUCCESS) return {};
+    r.base = reinterpret_cast<void*>(p);
+    return r;
+  }
+  void release_address(AddressRange r) override {
+    if (const CUresult e = vmm_.address_free(reinterpret_cast<CUdeviceptr>(r.base), r.bytes); e != CUDA_SUCCESS)
+      driver_failed("cuMemAddressFree", e);
+  }
+  bool map_page(void* p) override {
+    MINIDL_CUDA_CHECK(cudaSetDevice(index_));
+    CUmemGenericAllocationHandle h = 0;
+    const CUresult made = vmm_.create(&h, page_, &prop_, 0);
+    if (made == CUDA_ERROR_OUT_OF_MEMORY) return false;
+    if (made != CUDA_SUCCESS) driver_failed("cuMemCreate", made);
+    const auto d = reinterpret_cast<CUdeviceptr>(p);
+    CUmemAccessDesc access{};
+    access.location = prop_.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (const CUresult e = vmm_.map(d, page_, 0, h, 0); e != CUDA_SUCCESS) {
+      vmm_.release(h);
+      driver_failed("cuMemMap", e);
+    }
+    if (const CUresult e = vmm_.set_access(d, page_, &access, 1); e != CUDA_SUCCESS) {
+      vmm_.unmap(d, page_);
+      vmm_.release(h);
+      driver_failed("cuMemSetAccess", e);
+    }
+    handles_[p] = h;
+#ifdef MINIDL_CUDA_EMU
+    emu::poison_device(p, page_, stream_);
+#endif
+    return true;
+  }
+  void unmap_page(void* p) override {
+    auto it = handles_.find(p);
+    MINIDL_CHECK(it != handles_.end(), "expandable segments: unmap of a page at ", p, " that is not mapped");
+    if (const CUresult e = vmm_.unmap(reinterpret_cast<CUdeviceptr>(p), page_); e != CUDA_SUCCESS)
+      driver_failed("cuMemUnmap", e);
+    if (const CUresult e = vmm_.release(it->second); e != CUDA_SUCCESS) driver_failed("cuMemRelease", e);
+    handles_.erase(it);
+  }
   void* raw_alloc(size_t bytes) override {
     MINIDL_CUDA_CHECK(cudaSetDevice(index_));
     void* p = nullptr;
@@ -60,6 +180,13 @@ class CudaSegmentSource final : public SegmentSource {
  private:
   int index_;
   cudaStream_t stream_;
+  CUmemAllocationProp prop_{};   // pinned device memory of this GPU
+  // Found at the first page_size() (set_expandable_segments asks it), never for cudaMalloc'd segments.
+  mutable std::once_flag page_once_;
+  mutable DriverVmm vmm_;
+  mutable size_t page_ = 0;
+  // The mapped pages' handles (the allocator's mutex guards them).
+  std::unordered_map<void*, CUmemGenericAllocationHandle> handles_;
 };
 
 // Destroys a handle being set up when a check throws before it is published (std::exchange'd

@@ -99,6 +99,23 @@ TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStep) {
   }
 }
 
+// Expandable segments (kernels/caching_allocator.h): the device's large blocks in pages mapped into one
+// address range (on the emulated device through its stand-in of the driver's virtual memory calls,
+// cuda_emu/vmm.cpp), the dry run's in pages of an address range: the same peaks. (The mode is chosen
+// before a device's first tensor, so the comparison with fixed segments is the allocator's tests'.)
+TEST(MetaDeviceCuda, DryRunEqualsTheMeasuredStepWithExpandableSegments) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one) for cuDNN's answers";
+  for (const Device d : {Device::meta(DeviceType::CUDA), Device::cuda(0)}) set_expandable_segments(d, true);
+  for (const bool amp : {true, false}) {
+    SCOPED_TRACE(amp ? "AMP f16" : "FP32");
+    const Peaks dry = train(Device::meta(DeviceType::CUDA), amp);
+    const Peaks real = train(Device::cuda(0), amp);
+    EXPECT_GT(real.allocated, 0);
+    EXPECT_EQ(dry.allocated, real.allocated) << "peak allocated";
+    EXPECT_EQ(dry.reserved, real.reserved) << "peak reserved";
+  }
+}
+
 // Channels-last, the CUDA + AMP default, with residual joins: this test found the model copying
 // the weight gradients for the AMP unscale, which amp.cu walks flat (25 MB over the device's peak
 // here). One format only (about 20 s emulated); the NCHW pieces are the small net's above.
