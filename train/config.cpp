@@ -156,7 +156,14 @@ Device resolve_device(const std::string& spec) {
 }
 
 void apply_backend_switches(const TrainConfig& c, Device d) {
-  if (d.target() == DeviceType::CUDA) set_conv_autotune(c.cudnn_benchmark == "on");   // meta:cuda too
+  if (d.target() != DeviceType::CUDA) {
+    if (c.expandable_segments)
+      usage("--expandable-segments: the allocator of " + d.str() + " has no segments to expand (a CUDA device's "
+            "has); drop it, or use --device cuda");
+    return;
+  }
+  set_conv_autotune(c.cudnn_benchmark == "on");   // meta:cuda too
+  set_expandable_segments(d, c.expandable_segments);
 }
 
 std::string user_message(const std::exception& e, bool verbose) {

@@ -122,6 +122,8 @@ struct MemorySpec {
   int64_t amp_growth_interval = 2000;  // clean steps before the scale doubles (PyTorch's default)
   std::string checkpoint = "none";  // none | stages | sequential:N | optimal
   std::string memory_budget;        // "11GiB"; empty: none
+  // The CUDA caching allocator grows one address range page by page (kernels/caching_allocator.h).
+  bool expandable_segments = false;
 
   void add_flags(CLI::App& app);
   void validate() const;
@@ -213,8 +215,8 @@ void add_config_flag(CLI::App& app);
 void validate(const TrainConfig& c);
 // The device after validation: throws UsageError for cuda without a GPU or without CUDA support.
 Device resolve_device(const std::string& spec);
-// Applies the backend switches of a configuration (--cudnn-benchmark) for its device; a no-op on
-// the CPU and in builds without CUDA.
+// Applies the backend switches of a configuration (--cudnn-benchmark, --expandable-segments) for its
+// device, a GPU or meta:cuda; on the CPU, refuses --expandable-segments (UsageError).
 void apply_backend_switches(const TrainConfig& c, Device d);
 
 struct SplitSpec {

@@ -207,6 +207,10 @@ void MemorySpec::add_flags(CLI::App& app) {
   app.add_option("--checkpoint", checkpoint, "activation recomputation: none, stages, sequential:N or optimal "
                                                "(ResNet models)");
   app.add_option("--memory-budget", memory_budget, "cap on reserved device memory, e.g. 11GiB; empty: none");
+  app.add_flag("--expandable-segments", expandable_segments,
+               "CUDA devices: the caching allocator maps the device's memory page by page into one growing address "
+               "range instead of reserving fixed segments (PyTorch's expandable_segments), so memory freed between "
+               "live blocks goes back to the device; minidl-memest and minidl-maxbatch model it; off by default");
 }
 
 void MemorySpec::validate() const {

@@ -275,6 +275,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"cuda_graphs", c.resolved_cuda_graphs()},
           {"gpu", c.gpu},
           {"memory_budget", c.memory_budget},
+          {"expandable_segments", c.expandable_segments},
           {"device", c.device},
           {"seed", c.seed},
           {"synthetic_difficulty", c.synthetic_difficulty}};

@@ -144,8 +144,10 @@ Study techniques(bool quick, const TrainConfig& base) {
   s.notes = "Published (ResNet-50, 224x224, RTX 2080 Ti 11 GiB): baseline 102, cuDNN autotune off 111, AMP about "
             "2x (f16; the amp-bf16 row is bf16 autocast without loss scaling, which the article predates), optimal "
             "checkpointing more than 2x, all combined 960; best accuracy and speed at batch 199. Each row trains at "
-            "its recommended batch (10% below its maximum); max_batch counts the effective batch. On the CPU backend "
-            "there is no cuDNN, so the autotune-off row equals the baseline.";
+            "its recommended batch (10% below its maximum); max_batch counts the effective batch. The -expandable "
+            "rows repeat a row with --expandable-segments (PyTorch's expandable_segments, which the article "
+            "predates): memory freed between live blocks goes back to the device. On the CPU backend there is no "
+            "cuDNN, so the autotune-off row equals the baseline, and no segments to expand.";
   s.maxbatch.steps = quick ? 2 : 3;
   s.maxbatch.confirm_next = true;   // the dry run's answer checked both ways on the device
   s.maxbatch.probe_small = quick ? 2 : 4;
@@ -155,6 +157,7 @@ Study techniques(bool quick, const TrainConfig& base) {
     bool amp = false, autotune_off = false;
     int64_t accumulation = 1;
     std::string amp_dtype = "f16";
+    bool expandable = false;
   };
   const std::vector<Row> rows{{"baseline", "none"},
                               {"cudnn-autotune-off", "none", false, true},
@@ -164,7 +167,10 @@ Study techniques(bool quick, const TrainConfig& base) {
                               {"recompute-sequential", "sequential:4"},
                               {"recompute-optimal", "optimal"},
                               {"accumulation-x4", "none", false, false, 4},
-                              {"combined", "optimal", true, false, 4}};
+                              {"combined", "optimal", true, false, 4},
+                              {"recompute-optimal-expandable", "optimal", false, false, 1, "f16", true},
+                              {"combined-expandable", "optimal", true, false, 4, "f16", true}};
+  const bool cuda = base.device.rfind("cuda", 0) == 0;
   const StudyScale scale =
       quick ? StudyScale{"resnet18-small", 16, "100,50,0", 1} : StudyScale{"resnet50", 224, "600,200,200", 15};
   for (const Row& row : rows) {
@@ -177,7 +183,9 @@ Study techniques(bool quick, const TrainConfig& base) {
     c.accumulation_steps = row.accumulation;
     c.amp = row.amp;
     c.amp_dtype = row.amp_dtype;
+    c.expandable_segments = row.expandable;
     c.progress_every = 0;
+    if (row.expandable && !cuda) r.unavailable = "--expandable-segments: the CPU's allocator has no segments to expand";
     r.id = row.name;
     r.technique = row.name;
     r.group = "techniques";

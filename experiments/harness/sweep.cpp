@@ -347,7 +347,9 @@ SweepOutcome run_sweep(const Study& st, const SweepOptions& o) {
     const auto run_done = [&] {
       eta.finished(run, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count());
     };
-    if (o.process_per_run && o.only.empty()) {
+    // A run with --expandable-segments starts its device's allocator in that mode: a process of its own.
+    const bool own_process = run.config.expandable_segments && run.unavailable.empty() && !group;
+    if ((o.process_per_run || own_process) && o.only.empty()) {
       const std::string before = row_text(csv, run.id);   // a failed row being retried, else ""
       const int rc = spawn_child(o.argv, run.id);
       const ChildVerdict v = child_verdict(rc, stop_requested(), row_text(csv, run.id) != before);

@@ -52,6 +52,15 @@ TEST(ExperimentsSweep, StudiesHaveThePublishedSettings) {
   EXPECT_TRUE(row("amp").amp && row("amp").uses_grad_scaler() && row("amp").resolved_amp_dtype() == DType::f16);
   EXPECT_TRUE(row("amp-bf16").amp && !row("amp-bf16").uses_grad_scaler());
   EXPECT_EQ(row("amp-bf16").resolved_amp_dtype(), DType::bf16);
+  // The -expandable rows repeat their row with --expandable-segments, on a CUDA device only.
+  EXPECT_TRUE(row("combined-expandable").expandable_segments && !row("combined").expandable_segments);
+  EXPECT_EQ(row("combined-expandable").checkpoint, row("combined").checkpoint);
+  EXPECT_EQ(row("combined-expandable").accumulation_steps, 4);
+  for (const auto& r : tech.runs)
+    EXPECT_EQ(r.unavailable.empty(), !r.config.expandable_segments) << r.id << " on the CPU";
+  TrainConfig gpu = base;
+  gpu.device = "cuda";
+  for (const auto& r : make_study("techniques", false, gpu).runs) EXPECT_TRUE(r.unavailable.empty()) << r.id;
   // The utilization study under --amp bf16 is a table (and a folder) of its own beside f16's.
   TrainConfig bf16 = base;
   bf16.amp = true;

@@ -39,6 +39,15 @@ TEST(WholeRunCuda, SyntheticDataWithAmp) {
   testing::expect_answer_trains(c);
 }
 
+// Expandable segments: the device's pages mapped into one range (the emulated driver's virtual memory
+// calls), the dry run's pages on meta:cuda; the answer trains, the answer + 1 does not.
+TEST(WholeRunCuda, SyntheticDataWithExpandableSegments) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = small_cnn_on_gpu("32MiB");
+  c.expandable_segments = true;
+  testing::expect_answer_trains(c);
+}
+
 // bf16 autocast: no gradient scaler, its activations and casts in bf16; the dry run on meta:cuda
 // knows the bf16 kernels' temporaries, so the answer still trains and the answer + 1 does not.
 TEST(WholeRunCuda, SyntheticDataWithBf16Amp) {
