@@ -151,7 +151,8 @@ void Search::say(const std::string& line) {
 void Search::first_line() {
   if (plan_) say(plan_assumptions(c_));
   say("minidl-maxbatch: " + c_.model + " at " + std::to_string(runner_->model().image_size) + " px, " + c_.optimizer +
-      ", checkpoint " + c_.checkpoint + ", budget " + mib(rep_.budget_bytes) + ", " + std::to_string(o_.steps) +
+      ", checkpoint " + c_.checkpoint + ", budget " + mib(rep_.budget_bytes) +
+      (c_.expandable_segments ? " (expandable segments)" : "") + ", " + std::to_string(o_.steps) +
       " steps per trial; weights + optimizer state " + mib(runner_->baseline_allocated()) +
       "; every trial also holds what the run holds beside its steps: " + runner_->footprint().describe() +
       (group_ ? "; " + std::to_string(group_->world_size()) + " ranks: the maximum per device, each trial agreed "

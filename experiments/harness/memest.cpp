@@ -40,7 +40,8 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
     rep.title = c.model + " at " + std::to_string(dry.model().image_size) + " px, " + c.optimizer +
                 (c.amp ? (c.amp_dtype == "bf16" ? ", AMP bf16" : ", AMP") : ", FP32") + ", checkpoint " + c.checkpoint + ", accumulation " +
                 std::to_string(c.accumulation_steps) +
-                (budget > 0 ? ", budget " + format_bytes(static_cast<size_t>(budget)) : ", no budget");
+                (budget > 0 ? ", budget " + format_bytes(static_cast<size_t>(budget)) : ", no budget") +
+                (c.expandable_segments ? ", expandable segments" : "");
     rep.baseline_bytes = dry.baseline_allocated();
     rep.graphs = c.resolved_cuda_graphs();
     rep.footprint = dry.footprint().describe();
