@@ -206,7 +206,8 @@ void set_memory_budget(Device d, size_t bytes) { allocator_for(d).set_budget(byt
 void empty_cache(Device d) { allocator_for(d).empty_cache(); }
 void set_expandable_segments(Device d, bool on) {
   MINIDL_CHECK(allocator_for(d).set_expandable_segments(on), "expandable segments: the allocator of ", d.str(),
-               " has none (they are a CUDA device's caching allocator's, on a GPU and on meta:cuda)");
+               " cannot map memory page by page (the CPU's has no segments; a GPU's needs a driver with CUDA's "
+               "virtual memory management, cuMemCreate and cuMemMap)");
 }
 
 size_t parse_bytes(const std::string& s) {

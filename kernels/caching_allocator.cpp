@@ -176,8 +176,7 @@ bool CachingAllocator::set_expandable_segments(bool on) {
   // longer agree. So the mode changes only on an allocator that holds no tensor, and starts afresh.
   MINIDL_CHECK(live_.empty(), "expandable segments: ", device_.str(), " already holds ", live_.size(),
                " blocks (", format_bytes(static_cast<size_t>(s_.allocated_bytes)), "); choose the mode before its "
-               "first tensor (minidl's programs apply --expandable-segments to a whole process, and minidl-sweep "
-               "runs such a run in a process of its own)");
+               "first tensor (minidl's programs apply --expandable-segments to a whole process)");
   release_cached();
   release_expandable_range();
   expandable_on_ = on;

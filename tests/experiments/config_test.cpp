@@ -48,6 +48,31 @@ TEST(ExperimentsConfig, FlagsSetEveryFieldAndDefaultsResolve) {
   EXPECT_DOUBLE_EQ(d.resolved_lr(), 0.01);
 }
 
+// --expandable-segments is a CUDA device's: on meta:cuda it switches the dry run's allocator, on the
+// CPU it is a usage error naming the fix (the CPU's allocator refuses it too).
+TEST(ExperimentsConfig, ExpandableSegmentsAreACudaDevicesOnly) {
+  TrainConfig c;
+  CLI::App app;
+  add_train_flags(app, c);
+  EXPECT_EQ(parse(app, {"--expandable-segments"}), -1);
+  EXPECT_TRUE(c.expandable_segments);
+  const std::string e = error_of([&] { apply_backend_switches(c, Device::cpu()); });
+  EXPECT_NE(e.find("--expandable-segments"), std::string::npos) << e;
+  EXPECT_NE(e.find("use --device cuda"), std::string::npos) << e;
+  EXPECT_THROW(set_expandable_segments(Device::cpu(), true), Error);
+  EXPECT_NO_THROW(set_expandable_segments(Device::cpu(), false));
+  if (!cuda_built()) return;   // meta:cuda needs the CUDA backend's answers
+  const Device meta = Device::meta(DeviceType::CUDA);
+  // The mode is set before a device's first tensor (one test a process under ctest).
+  if (memory_stats(meta).allocated_bytes > 0) GTEST_SKIP() << "meta:cuda holds tensors of an earlier test";
+  apply_backend_switches(c, meta);
+  const int64_t before = memory_stats(meta).reserved_bytes;
+  const Tensor t = empty({3 << 20}, {DType::u8, meta});   // a large block: two 2 MiB pages, not a 20 MiB segment
+  EXPECT_EQ(memory_stats(meta).reserved_bytes - before, int64_t{4} << 20);
+  c.expandable_segments = false;
+  EXPECT_THROW(apply_backend_switches(c, meta), Error) << "a mode change with a live tensor";
+}
+
 // A flag given a value CLI11 cannot read as a boolean (fuzz/corpus/config/flag_value) is a usage
 // error, exit 2, on the command line and in a config file; it used to escape as std::invalid_argument.
 TEST(ExperimentsConfig, AFlagWithANonBooleanValueIsAUsageError) {
