@@ -305,12 +305,20 @@ CachingAllocator::Block* CachingAllocator::take_block(size_t size, bool small) {
 void CachingAllocator::throw_oom(size_t nbytes, const std::string& why) {
   ++s_.num_ooms;
   const size_t in_use = static_cast<size_t>(s_.reserved_bytes), budget = static_cast<size_t>(s_.budget_bytes);
+  // After the cache was released, reserved bytes without a tensor are holes in segments that still
+  // hold live blocks: what expandable segments give back. Said when they are a tenth of it or more.
+  const auto holes = static_cast<size_t>(std::max<int64_t>(0, s_.reserved_bytes - s_.allocated_bytes));
+  const std::string hint =
+      !expandable_on_ && current_pool_ == 0 && holes > 0 && holes >= in_use / 10 && source_->page_size() > 0
+          ? " " + format_bytes(holes) + " of the reserved memory holds no tensor, in segments that do: "
+                "expandable segments (--expandable-segments) give such memory back to the device."
+          : std::string();
   throw OutOfMemoryError("out of memory on " + device_.str() + ": tried to allocate " + format_bytes(nbytes) +
                              " with " + format_bytes(static_cast<size_t>(s_.allocated_bytes)) + " allocated, " +
                              format_bytes(in_use) + " reserved" +
                              (budget > 0 ? " and a memory budget of " + format_bytes(budget) : std::string()) +
                              " (" + why + "). Use a smaller batch, gradient accumulation or recomputation" +
-                             (budget > 0 ? ", or raise the budget." : "."),
+                             (budget > 0 ? ", or raise the budget." : ".") + hint,
                          nbytes, in_use, budget);
 }
 

@@ -272,10 +272,18 @@ void Search::summary() {
                            " does not fit)"
                      : " after " + std::to_string(f.trials.size()) + " real trials (" + std::to_string(f.ooms) +
                            " OOM, " + (f.all_recovered ? "all recovered cleanly" : "NOT all recovered") + ")") +
-      "; linear-model prediction error " + fmt(f.prediction_error_pct(), 1) + "% (probes), " +
-      fmt(f.refined_error_pct(), 1) + "% (refit)");
+      // The dry run's answer does not come from the probes' straight line; where memory is far from
+      // linear in the batch (recomputation plans) its error says nothing but that.
+      (plan_ || f.confirmed ? "; the probes' straight line predicted " + std::to_string(f.predicted) +
+                                  " (the dry run decides: memory is not linear in the batch)"
+                            : "; linear-model prediction error " + fmt(f.prediction_error_pct(), 1) + "% (probes), " +
+                                  fmt(f.refined_error_pct(), 1) + "% (refit)"));
   say("peak at the maximum: allocated " + mib(f.at_max.peak_allocated) + ", reserved " + mib(f.at_max.peak_reserved) +
-      ", fragmentation " + fmt(100 * frag, 1) + "%");
+      ", fragmentation " + fmt(100 * frag, 1) + "%" +
+      (frag >= 0.05 && !c_.expandable_segments && dry_run_device(c_).target() == DeviceType::CUDA
+           ? " (--expandable-segments gives memory freed between live blocks back to the device: this "
+             "program with it answers for it)"
+           : ""));
   if (c_.resolved_cuda_graphs())
     say(f.at_max.graphed ? "steps at the maximum: replayed from a CUDA graph (its private pool is in the peak)"
                          : "steps at the maximum: eager, since the CUDA graph's capture does not fit beside the eager "
