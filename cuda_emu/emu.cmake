@@ -48,6 +48,7 @@ if(MINIDL_WITH_CUDA AND MINIDL_WITH_EMU_LIBS)
       ${CMAKE_CURRENT_LIST_DIR}/runner.cpp
       ${CMAKE_CURRENT_LIST_DIR}/collectives.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+      ${CMAKE_CURRENT_LIST_DIR}/runtime_errors.cpp
       ${CMAKE_CURRENT_LIST_DIR}/runtime_streams.cpp
       ${CMAKE_CURRENT_LIST_DIR}/vmm.cpp
       ${CMAKE_CURRENT_LIST_DIR}/graphs.cpp

@@ -33,9 +33,6 @@ struct State {
   std::mutex mu;
   std::map<uintptr_t, size_t> device;   // base -> bytes asked for, of live cudaMalloc allocations
   std::map<uintptr_t, size_t> pinned;   // base -> bytes of live cudaHostAlloc allocations
-  // base -> bytes of the ranges the driver's virtual memory calls mapped (vmm.cpp), neighbours merged:
-  // a block spanning two pages is inside one range, as on a GPU.
-  std::map<uintptr_t, size_t> mapped;
   size_t used = 0;
   size_t capacity = [] {
     const char* s = std::getenv("MINIDL_EMU_MEMORY_MB");
@@ -54,26 +51,15 @@ thread_local int t_device = 0;
 
 cudaError_t fail(cudaError_t e, const std::string& detail) { return runtime_fail(e, detail); }
 
-bool inside(const std::map<uintptr_t, size_t>& ranges, uintptr_t a, size_t bytes) {
-  auto it = ranges.upper_bound(a);
-  if (it == ranges.begin()) return false;
-  --it;
-  return a >= it->first && a + bytes <= it->first + it->second;
-}
-
 bool range_live_locked(State& s, const void* p, size_t bytes) {
   const auto a = reinterpret_cast<uintptr_t>(p);
-  return inside(s.device, a, bytes) || inside(s.mapped, a, bytes);
+  return range_inside(s.device, a, bytes) || mapped_range_live(a, bytes);
 }
 
 bool is_pinned(const void* p, size_t bytes) {
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = s.pinned.upper_bound(a);
-  if (it == s.pinned.begin()) return false;
-  --it;
-  return a >= it->first && a + bytes <= it->first + it->second;
+  return range_inside(s.pinned, reinterpret_cast<uintptr_t>(p), bytes);
 }
 
 bool is_device(const void* p) {
@@ -210,7 +196,8 @@ std::vector<std::pair<uintptr_t, size_t>> device_allocations() {
   std::vector<std::pair<uintptr_t, size_t>> v;
   v.reserve(s.device.size());
   for (const auto& [base, bytes] : s.device) v.emplace_back(base, (bytes + 255) / 256 * 256);
-  v.insert(v.end(), s.mapped.begin(), s.mapped.end());
+  const std::vector<std::pair<uintptr_t, size_t>> mapped = mapped_ranges();
+  v.insert(v.end(), mapped.begin(), mapped.end());
   std::sort(v.begin(), v.end());
   return v;
 }
@@ -229,72 +216,6 @@ void give_device_capacity(size_t bytes) {
   s.used -= bytes;
 }
 
-void add_mapped_range(uintptr_t base, size_t bytes) {
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  auto next = s.mapped.find(base + bytes);
-  if (next != s.mapped.end()) {
-    bytes += next->second;
-    s.mapped.erase(next);
-  }
-  auto it = s.mapped.lower_bound(base);
-  if (it != s.mapped.begin() && std::prev(it)->first + std::prev(it)->second == base) {
-    std::prev(it)->second += bytes;
-    return;
-  }
-  s.mapped[base] = bytes;
-}
-
-bool remove_mapped_range(uintptr_t base, size_t bytes) {
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!inside(s.mapped, base, bytes)) return false;
-  auto it = std::prev(s.mapped.upper_bound(base));
-  const uintptr_t start = it->first, end = it->first + it->second;
-  s.mapped.erase(it);
-  if (start < base) s.mapped[start] = base - start;
-  if (base + bytes < end) s.mapped[base + bytes] = end - base - bytes;
-  return true;
-}
-
-namespace {
-
-struct ErrorText {
-  cudaError_t code;
-  const char* name;      // cudaGetErrorName
-  const char* meaning;   // cudaGetErrorString, as CUDA's runtime words it
-};
-
-constexpr ErrorText kErrors[] = {
-    {cudaSuccess, "cudaSuccess", "no error"},
-    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
-    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
-    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
-    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
-    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
-    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
-    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
-    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
-    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
-    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
-     "operation not permitted when stream is capturing"},
-    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
-     "operation failed due to a previous error during capture"},
-    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
-     "operation would make the legacy stream depend on a capturing blocking stream"},
-    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
-     "operation not permitted on an event last recorded in a capturing stream"},
-};
-
-// e's row, or nullptr for a code the emulator never returns.
-const ErrorText* error_text(cudaError_t e) {
-  for (const ErrorText& t : kErrors) {
-    if (t.code == e) return &t;
-  }
-  return nullptr;
-}
-
-}  // namespace
 }  // namespace minidl::cuda::emu
 
 using namespace minidl::cuda::emu;   // NOLINT: the C entry points below are the runtime's

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,14 +41,30 @@ void clear_device_fault();   // tests only: a fresh device for the next test, as
 bool device_range_live(const void* p, size_t bytes);
 // The live cudaMalloc allocations (base, bytes rounded up to 256) and the mapped ranges, sorted by base.
 std::vector<std::pair<uintptr_t, size_t>> device_allocations();
-// The driver's virtual memory calls (vmm.cpp): physical memory counted against the device's
-// capacity as cudaMalloc's is (false: none left), and the ranges mapped into reserved addresses,
-// live for the range checks (device_range_live) while mapped. remove_mapped_range: false when
-// [base, base + bytes) is not mapped.
+// [a, a + bytes) inside one of `ranges` (base -> bytes, not overlapping).
+inline bool range_inside(const std::map<uintptr_t, size_t>& ranges, uintptr_t a, size_t bytes) {
+  auto it = ranges.upper_bound(a);
+  if (it == ranges.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second;
+}
+// Physical memory of the driver's virtual memory calls (vmm.cpp), counted against the device's
+// capacity as cudaMalloc's is (false: none left).
 bool take_device_capacity(size_t bytes);
 void give_device_capacity(size_t bytes);
-void add_mapped_range(uintptr_t base, size_t bytes);
-bool remove_mapped_range(uintptr_t base, size_t bytes);
+// The ranges those calls mapped and made accessible (vmm.cpp), neighbours merged: device memory to
+// the range checks (device_range_live) while mapped, sorted by base.
+bool mapped_range_live(uintptr_t a, size_t bytes);
+std::vector<std::pair<uintptr_t, size_t>> mapped_ranges();
+
+// cudaGetErrorName's and cudaGetErrorString's words for a code (runtime_errors.cpp); nullptr for a
+// code the emulator never returns.
+struct ErrorText {
+  cudaError_t code;
+  const char* name;      // cudaGetErrorName
+  const char* meaning;   // cudaGetErrorString, as CUDA's runtime words it
+};
+const ErrorText* error_text(cudaError_t e);
 
 // In the ASan build (-DMINIDL_EMU_ASAN=ON), marks device memory no tensor owns (the caching
 // allocator's free blocks, split remainders and rounding slack), so a kernel or copy touching it

@@ -40,17 +40,50 @@ Vmm& vmm() {
   return *v;
 }
 
+// The mapped ranges made accessible, neighbours merged (a block spanning two pages is inside one
+// range, as on a GPU): what the runtime's range checks ask. Its own lock, taken last (the runtime's
+// checks hold theirs, the calls below hold Vmm's).
+struct Accessible {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> ranges;
+};
+Accessible& accessible() {
+  static Accessible* a = new Accessible();
+  return *a;
+}
+
+void add_accessible(uintptr_t base, size_t bytes) {
+  Accessible& a = accessible();
+  std::lock_guard<std::mutex> lock(a.mu);
+  auto next = a.ranges.find(base + bytes);
+  if (next != a.ranges.end()) {
+    bytes += next->second;
+    a.ranges.erase(next);
+  }
+  auto it = a.ranges.lower_bound(base);
+  if (it != a.ranges.begin() && std::prev(it)->first + std::prev(it)->second == base) {
+    std::prev(it)->second += bytes;
+    return;
+  }
+  a.ranges[base] = bytes;
+}
+
+// Not accessible yet when cuMemSetAccess never ran: nothing to remove.
+void remove_accessible(uintptr_t base, size_t bytes) {
+  Accessible& a = accessible();
+  std::lock_guard<std::mutex> lock(a.mu);
+  if (!range_inside(a.ranges, base, bytes)) return;
+  auto it = std::prev(a.ranges.upper_bound(base));
+  const uintptr_t start = it->first, end = it->first + it->second;
+  a.ranges.erase(it);
+  if (start < base) a.ranges[start] = base - start;
+  if (base + bytes < end) a.ranges[base + bytes] = end - base - bytes;
+}
+
 // The driver answers with a code alone; the emulator also says why, on stderr.
 CUresult refuse(CUresult r, const std::string& why) {
   std::fprintf(stderr, "emulated CUDA driver: %s\n", why.c_str());
   return r;
-}
-
-bool in_reservation(Vmm& v, uintptr_t a, size_t bytes) {
-  auto it = v.reserved.upper_bound(a);
-  if (it == v.reserved.begin()) return false;
-  --it;
-  return a >= it->first && a + bytes <= it->first + it->second;
 }
 
 bool overlaps_mapped(Vmm& v, uintptr_t a, size_t bytes) {
@@ -130,7 +163,7 @@ CUresult drv_map(CUdeviceptr p, size_t bytes, size_t offset, CUmemGenericAllocat
     auto it = v.handles.find(h);
     if (it == v.handles.end() || offset != 0 || flags != 0 || it->second != bytes)
       return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: a whole live handle, offset 0, no flags");
-    if (p % kGranularity != 0 || !in_reservation(v, p, bytes))
+    if (p % kGranularity != 0 || !range_inside(v.reserved, p, bytes))
       return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: an aligned range inside one reservation");
     if (overlaps_mapped(v, p, bytes)) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: addresses already mapped");
     v.mapped[p] = {bytes, h};
@@ -156,7 +189,7 @@ CUresult drv_set_access(CUdeviceptr p, size_t bytes, const CUmemAccessDesc* desc
     }
   }
   mprotect(reinterpret_cast<void*>(p), bytes, PROT_READ | PROT_WRITE);
-  add_mapped_range(p, bytes);
+  add_accessible(p, bytes);
   return CUDA_SUCCESS;
 }
 
@@ -168,7 +201,7 @@ CUresult drv_unmap(CUdeviceptr p, size_t bytes) {
   auto it = v.mapped.find(p);
   if (it == v.mapped.end() || it->second.first != bytes)
     return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap: not a mapping of that size");
-  remove_mapped_range(p, bytes);   // not accessible yet when cuMemSetAccess never ran: nothing to remove
+  remove_accessible(p, bytes);
   v.mapped.erase(it);
   void* q = reinterpret_cast<void*>(p);
 #if defined(__SANITIZE_ADDRESS__)
@@ -180,6 +213,19 @@ CUresult drv_unmap(CUdeviceptr p, size_t bytes) {
 }
 
 }  // namespace
+
+bool mapped_range_live(uintptr_t a, size_t bytes) {
+  Accessible& acc = accessible();
+  std::lock_guard<std::mutex> lock(acc.mu);
+  return range_inside(acc.ranges, a, bytes);
+}
+
+std::vector<std::pair<uintptr_t, size_t>> mapped_ranges() {
+  Accessible& acc = accessible();
+  std::lock_guard<std::mutex> lock(acc.mu);
+  return {acc.ranges.begin(), acc.ranges.end()};
+}
+
 }  // namespace minidl::cuda::emu
 
 using namespace minidl::cuda::emu;   // NOLINT: the C entry point below is the runtime's
