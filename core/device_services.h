@@ -67,6 +67,13 @@ class DeviceServices {
     virtual void replay() = 0;
     virtual size_t pool_bytes() const = 0;   // the private pool's reserved bytes
     virtual int pool() const { return 0; }   // the backend's id of the private pool
+    // Eager work between replays, its memory served from the private pool, whose blocks hold
+    // nothing a replay reads until the next replay (CachingAllocator::begin_lending; `resume`: on
+    // with the last lending after a pause). end_lending returns whether the graphs on the pool may
+    // replay again: when not, a replay would write over a tensor the work left there, or into
+    // segments given back for it, and the caller drops them. Without a pool: nothing to lend.
+    virtual void begin_lending(bool /*resume*/) const {}
+    virtual bool end_lending() const { return true; }
   };
   virtual std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work,
                                                const Graph* share_pool = nullptr);

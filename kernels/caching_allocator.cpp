@@ -52,6 +52,7 @@ CachingAllocator::~CachingAllocator() {
 void CachingAllocator::absorb_next(Block* b) {
   Block* n = b->next;
   b->size += n->size;
+  b->captured = b->captured || n->captured;   // a replay may write any of its bytes
   b->next = n->next;
   if (n->next != nullptr) n->next->prev = b;
   delete n;
@@ -107,9 +108,13 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t rounded, bool smal
 }
 
 void CachingAllocator::release_cached() {
+  release_free_segments(pools_of(0));   // a private pool's segments stay while its graph may replay
+  unmap_free_pages();
+}
+
+void CachingAllocator::release_free_segments(Pools& p) {
   bool any = false;
-  Pools& eager = pools_of(0);   // a private pool's segments stay while its graph may replay
-  for (Pool* pool : {&eager.small, &eager.large}) {
+  for (Pool* pool : {&p.small, &p.large}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
       if (b->prev == nullptr && b->next == nullptr && !b->expandable) {   // a whole segment, free
@@ -121,7 +126,7 @@ void CachingAllocator::release_cached() {
         ++raw_frees_;
         --segments_;
         s_.reserved_bytes -= static_cast<int64_t>(b->size);
-        eager.reserved -= b->size;
+        p.reserved -= b->size;
         delete b;
         it = pool->erase(it);
       } else {
@@ -129,19 +134,23 @@ void CachingAllocator::release_cached() {
       }
     }
   }
-  unmap_free_pages();
 }
 
 void CachingAllocator::release_block(Block* b) {
   Pools& pools = pools_of(b->pool);   // a private pool's block goes back to its pool
   Pool& pool = b->small ? pools.small : pools.large;
-  // Merge with free neighbours of the same segment (they are in the pool: take them out first).
-  if (b->prev != nullptr && !b->prev->allocated) {
+  // Merge with free neighbours of the same segment and pool (they are in the pool: take them out
+  // first). A segment can hold blocks of two pools: free eager blocks a capture adopted, which stay
+  // apart from what the capture used, so that what it did not use can go back at its end.
+  const auto joins = [&b](const Block* n) {   // b as it is when asked (it may absorb its prev)
+    return n != nullptr && !n->allocated && n->pool == b->pool && (!b->adopted || n->captured == b->captured);
+  };
+  if (joins(b->prev)) {
     b = b->prev;
     pool.erase(b);
     absorb_next(b);
   }
-  if (b->next != nullptr && !b->next->allocated) {
+  if (joins(b->next)) {
     pool.erase(b->next);
     absorb_next(b);
   }
@@ -163,6 +172,8 @@ CachingAllocator::Block* CachingAllocator::take_block(size_t size, bool small) {
     rest->small = b->small;
     rest->expandable = b->expandable;
     rest->pool = b->pool;
+    rest->adopted = b->adopted;
+    rest->captured = b->captured;
     rest->prev = b;
     rest->next = b->next;
     if (b->next != nullptr) b->next->prev = rest;
@@ -208,7 +219,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
     ++fault_seen_;
   }
   Block* b = take_block(size, small);
-  if (b == nullptr && current_pool_ != 0) {
+  if (b == nullptr && current_pool_ != 0 && !lending_) {
     // Releasing the cache synchronizes the device, which a CUDA graph capture forbids.
     throw_oom(nbytes, "while a CUDA graph is captured into a private memory pool, which cannot release the cache");
   }
@@ -217,6 +228,13 @@ void* CachingAllocator::allocate(size_t nbytes) {
     ++flushes_;
     release_cached();
     b = take_block(size, small);
+    if (b == nullptr && lending_) {
+      // Eager work in a lent pool that still does not fit: the pool's free segments go back too,
+      // as they would without the graphs, which can then no longer replay (end_lending says so).
+      release_free_segments(pools_of(current_pool_));
+      lent_spoiled_ = true;
+      b = take_block(size, small);
+    }
     if (b == nullptr) {
       const bool over_budget = s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(size) > s_.budget_bytes;
       throw_oom(nbytes, over_budget ? "the request would exceed the memory budget"
@@ -225,6 +243,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   }
   b->allocated = true;
   b->requested = nbytes;
+  if (current_pool_ != 0 && !lending_) b->captured = true;
   source_->block_live(b->ptr, nbytes, b->size, b->pool != 0);
   live_[b->ptr] = b;
   if (b->pool != 0) {
@@ -283,21 +302,57 @@ int CachingAllocator::begin_private_pool(int share) {
     fault_current_ = true;
     fault_seen_ = 0;
   }
+  // No memory can be released while the stream captures, so the eager cache goes back to the
+  // device now (as torch.cuda.graph empties the cache before its capture): the pool can then grow
+  // into what the eager steps held, instead of beside it.
+  release_cached();
   if (share == 0) {
     current_pool_ = next_pool_++;
     pools_of(current_pool_).users = 1;
+    adopt_eager_free_blocks(current_pool_);
     return current_pool_;
   }
-  auto it = pools_.find(share);
-  MINIDL_CHECK(share > 0 && it != pools_.end(), "caching allocator (", device_.str(), "): no private pool ", share,
-               " to share (its graphs were released, or it belongs to another device's allocator)");
+  ++reopen(share, "share").users;
+  adopt_eager_free_blocks(share);
+  return share;
+}
+
+CachingAllocator::Pools& CachingAllocator::reopen(int id, const char* to) {
+  auto it = pools_.find(id);
+  MINIDL_CHECK(id > 0 && it != pools_.end(), "caching allocator (", device_.str(), "): no private pool ", id, " to ",
+               to, " (its graphs were released, or it belongs to another device's allocator)");
   Pools& p = it->second;
-  // The new capture's blocks count as they come: its end holds the largest peak of the pool's captures.
+  // Its blocks count as they come again: the end of the capture or lending holds the larger peak.
   if (p.holding) s_.allocated_bytes -= p.peak_live - p.live;
   p.holding = false;
-  ++p.users;
-  current_pool_ = share;
-  return share;
+  current_pool_ = id;
+  return p;
+}
+
+void CachingAllocator::adopt_eager_free_blocks(int id) {
+  // What release_cached left free lies in segments that also hold live tensors (the weights, the
+  // optimizer's state, the batch): the capture may use it too, or a capture could only grow beside
+  // those segments, and the answer would depend on where the live tensors happened to fall. What
+  // the capture hands out belongs to the pool until it is released (release_private_pool gives it
+  // back); the rest goes back when the capture ends (return_unused_adopted).
+  // Large blocks only: the small ones stay for the eager work between replays (labels, the host's
+  // reads), which could otherwise find no room left beside a pool grown to the budget.
+  Pools& eager = pools_of(0);
+  Pools& p = pools_of(id);
+  for (auto it = eager.large.begin(); it != eager.large.end();) {
+    Block* b = *it;
+    if (b->expandable) {   // the expandable range's pages stay the eager pools' (unmap_free_pages)
+      ++it;
+      continue;
+    }
+    it = eager.large.erase(it);
+    b->pool = id;
+    b->adopted = true;
+    b->captured = false;
+    eager.reserved -= b->size;
+    p.reserved += b->size;
+    p.large.insert(b);
+  }
 }
 
 void CachingAllocator::end_private_pool() {
@@ -308,9 +363,56 @@ void CachingAllocator::end_private_pool() {
     s_.allocated_bytes += p.peak_live - p.live;
     s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
     p.holding = true;
+    return_unused_adopted(p);
   }
   current_pool_ = 0;
   fault_current_ = false;
+}
+
+void CachingAllocator::return_unused_adopted(Pools& p) {
+  // Adopted room the capture never handed out is no replay's: the eager work between replays
+  // (the loader's next batch, the host's reads) has it back.
+  std::vector<Block*> unused;
+  for (Pool* pool : {&p.small, &p.large})
+    for (Block* b : *pool)
+      if (b->adopted && !b->captured) unused.push_back(b);
+  for (Block* b : unused) {
+    (b->small ? p.small : p.large).erase(b);
+    p.reserved -= b->size;
+    pools_of(0).reserved += b->size;
+    to_eager(b);
+  }
+}
+
+void CachingAllocator::to_eager(Block* b) {
+  b->pool = 0;
+  b->adopted = b->captured = false;
+  release_block(b);
+}
+
+void CachingAllocator::begin_lending(int id, bool resume) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MINIDL_CHECK(current_pool_ == 0, "caching allocator (", device_.str(), "): private pool ", current_pool_,
+               " is current; end its capture or lending before lending pool ", id);
+  const Pools& p = reopen(id, "lend");   // as a capture that shares the pool
+  lending_ = true;
+  if (!resume) {
+    lent_spoiled_ = false;
+    lent_live_ = p.live;
+  }
+}
+
+bool CachingAllocator::end_lending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!lending_) return true;
+  Pools& p = pools_of(current_pool_);
+  const bool all_free = p.live == lent_live_ && !lent_spoiled_;
+  s_.allocated_bytes += p.peak_live - p.live;
+  s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
+  p.holding = true;
+  current_pool_ = 0;
+  lending_ = false;
+  return all_free;
 }
 
 void CachingAllocator::fail_in_capture(int captures_before, int64_t request) {
@@ -348,7 +450,10 @@ void CachingAllocator::release_private_pool(int id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pools_.find(id);
   if (id == 0 || it == pools_.end()) return;
-  if (current_pool_ == id) current_pool_ = 0;
+  if (current_pool_ == id) {
+    current_pool_ = 0;
+    lending_ = false;
+  }
   if (--it->second.users > 0) return;   // another graph still replays on the pool's blocks
   // What the graph held beyond its live blocks is free again; the live ones stay counted.
   if (it->second.holding) s_.allocated_bytes -= it->second.peak_live - it->second.live;
@@ -356,12 +461,17 @@ void CachingAllocator::release_private_pool(int id) {
   // Live blocks (tensors made during the capture that are still held) belong to the eager pools
   // from now on, and so do their segments.
   for (auto& [ptr, b] : live_) {
-    if (b->pool == id) b->pool = 0;
+    if (b->pool == id) {
+      b->pool = 0;
+      b->adopted = b->captured = false;
+    }
   }
   bool synced = false;
-  size_t freed = 0;
+  eager.reserved += it->second.reserved;   // what stays of its segments is the eager pools' now
   for (Pool* pool : {&it->second.small, &it->second.large}) {
-    for (Block* b : *pool) {
+    const std::vector<Block*> blocks(pool->begin(), pool->end());   // release_block may merge them
+    pool->clear();
+    for (Block* b : blocks) {
       if (b->prev == nullptr && b->next == nullptr) {   // a whole free segment: back to the device
         if (!synced) {
           source_->synchronize();   // a replay may still be running on it
@@ -371,15 +481,13 @@ void CachingAllocator::release_private_pool(int id) {
         ++raw_frees_;
         --segments_;
         s_.reserved_bytes -= static_cast<int64_t>(b->size);
-        freed += b->size;
+        eager.reserved -= b->size;
         delete b;
-      } else {
-        b->pool = 0;
-        (b->small ? eager.small : eager.large).insert(b);
+      } else {   // beside live blocks, or eager room it adopted: merged with free eager neighbours
+        to_eager(b);
       }
     }
   }
-  eager.reserved += it->second.reserved - freed;   // what stays of its segments is the eager pools' now
   pools_.erase(it);
 }
 

@@ -145,8 +145,10 @@ class CachingAllocator final : public StatsAllocator {
 
   CachingStats detailed_stats() const;
 
-  // Private pools (above). begin_private_pool makes a new pool current and returns its id (> 0);
-  // end_private_pool makes the eager pools current again (the pool keeps its segments).
+  // Private pools (above). begin_private_pool releases the eager cache (the caller has finished the
+  // device's work: nothing can be released during the capture that follows), makes a new pool
+  // current and returns its id (> 0); end_private_pool makes the eager pools current again (the
+  // pool keeps its segments).
   // begin_private_pool(id) makes the live pool `id` current again, for one more graph that shares it
   // (PyTorch's graph pool sharing: graphs that only ever replay one after the other, never at the
   // same time, hold their temporaries once). The pool then holds the largest peak of its captures,
@@ -154,6 +156,20 @@ class CachingAllocator final : public StatsAllocator {
   int begin_private_pool(int share = 0);
   void end_private_pool();
   void release_private_pool(int id);
+  // Eager work between the replays of the graphs on live pool `id` (an evaluation batch or a
+  // training micro-batch run eagerly beside them): begin_lending makes the pool current without a
+  // capture, so the work's requests are served from the pool's blocks, which hold nothing a replay
+  // reads between replays, and a miss grows the pool (the eager cache may be released first: no
+  // stream captures). When even that fails, the pool's free segments go back to the device before
+  // the request fails, as they would without the graphs. The pool then holds the largest peak of
+  // its captures and lendings. end_lending makes the eager pools current again and returns whether
+  // the graphs may replay again: every block handed out since begin_lending is free again (no
+  // replay writes over a live tensor) and the pool kept its segments. When not, the caller drops
+  // the pool's graphs. `resume` goes on with the last lending of the pool after a pause (an eager
+  // accumulation window whose tensors outlive each micro-batch; what the host does between them,
+  // the loader's next batch, goes to the eager pools): end_lending then answers since its start.
+  void begin_lending(int id, bool resume = false);
+  bool end_lending();
   int current_pool() const;
   // Bytes of segments that pool `id` holds (0 for a released or unknown pool).
   size_t pool_reserved_bytes(int id) const;
@@ -181,6 +197,8 @@ class CachingAllocator final : public StatsAllocator {
     bool small = false;
     bool expandable = false;   // a block of the expandable segment
     int pool = 0;           // 0: the eager pools; > 0: a private pool
+    bool adopted = false;   // eager room a private pool took for a capture (adopt_eager_free_blocks)
+    bool captured = false;  // handed out during a capture of its pool (or merged with such a block)
     Block* prev = nullptr;  // neighbours inside the same segment
     Block* next = nullptr;
   };
@@ -208,6 +226,11 @@ class CachingAllocator final : public StatsAllocator {
   Block* find_free(Pool& pool, size_t size);
   Block* new_segment(size_t rounded, bool small, int pool);   // nullptr: no room (budget or device)
   void release_cached();                            // frees wholly free segments; mu_ held
+  void release_free_segments(Pools& p);             // those of one pool (a lent one: lent_spoiled_)
+  void adopt_eager_free_blocks(int id);              // into private pool id, at a capture's start
+  Pools& reopen(int id, const char* to);             // live pool id current again (to share, to lend)
+  void return_unused_adopted(Pools& p);              // at its end: what the capture did not touch
+  void to_eager(Block* b);                           // a free private block back, merged in its segment
   // b, out of every pool, back to its pool, merged with its free neighbours (deallocate's end).
   void release_block(Block* b);
   // A block of `size` for the current pool, split and (in the expandable segment) mapped, out of
@@ -234,6 +257,9 @@ class CachingAllocator final : public StatsAllocator {
   Device device_;
   std::map<int, Pools> pools_;   // 0: the eager pools
   int current_pool_ = 0, next_pool_ = 1;
+  bool lending_ = false;        // current_pool_ is lent to eager work (begin_lending), not captured into
+  int64_t lent_live_ = 0;       // the pool's live bytes when the lending began
+  bool lent_spoiled_ = false;   // the lent pool gave free segments back: its graphs' addresses are gone
   bool expandable_on_ = false;
   Expandable ex_;
   std::unordered_map<void*, Block*> live_;   // allocated blocks by pointer

@@ -115,8 +115,18 @@ void AccumulatingTrainer::clip() {
   if (opt_.device_state() || (o_.scaler != nullptr && o_.scaler->device_state())) {
     MINIDL_CHECK(sync == nullptr, "gradient accumulation: clipping in the device state (CUDA graphs) keeps the norm ",
                  "on the device, but data-parallel training agrees on it on the host (run without --cuda-graphs)");
-    last_grad_norm_device_ = clip_grad_norm_device(params, o_.max_grad_norm);
-    if (!last_grad_norm_device_.defined()) last_grad_norm_ = 0.0;   // no gradient: nothing clipped
+    const Tensor norm = clip_grad_norm_device(params, o_.max_grad_norm);
+    if (!norm.defined()) {   // no gradient: nothing clipped
+      last_grad_norm_ = 0.0;
+      last_grad_norm_device_ = Tensor();
+    } else if (last_grad_norm_device_.defined()) {
+      // One tensor from window to window: a replay writes the one its capture made, and an eager
+      // window between replays leaves nothing new in the graphs' pool (train/graphed_step.h).
+      NoGradGuard no_grad;
+      last_grad_norm_device_.copy_(norm);
+    } else {
+      last_grad_norm_device_ = norm;
+    }
     return;
   }
   std::function<double(double)> reduce;
@@ -138,6 +148,8 @@ void AccumulatingTrainer::settle_device_micro_batch() {
 
 void AccumulatingTrainer::restore(const Counts& before, bool window_open) {
   window_open_ = window_open;
+  // A norm the abandoned capture's clipping made was never written: the eager window makes its own.
+  last_grad_norm_device_ = Tensor();
   optimizer_steps_ = before.windows;
   skipped_steps_ = before.skipped;
   opt_.set_step_count(before.optimizer_steps);

@@ -94,7 +94,7 @@ class AccumulatingTrainer {
   Counts counts() const { return {opt_.step_count(), optimizer_steps_, skipped_steps_}; }
   void settle_device_step(const Counts& before, bool skipped);
   void settle_device_micro_batch();
-  // A capture abandoned part-way (out of memory beside the eager cache) ran some of a micro-batch's
+  // A capture abandoned part-way (out of memory) ran some of a micro-batch's
   // host code and none of its device work: restore() puts the counts and the window back as they
   // were before it (`window_open`: window_open() then), so that the micro-batch can run eagerly.
   void restore(const Counts& before, bool window_open);

@@ -30,10 +30,16 @@ EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group
         loss += o->loss.item() * static_cast<double>(bn);
         correct += static_cast<double>(static_cast<int64_t>(o->correct.item()));
       } else {   // eager (its capture may just have fallen back)
-        const Tensor logits = m.forward(b->images);
-        loss += m.loss(logits, b->labels).item() * static_cast<double>(bn);
-        correct += static_cast<double>(m.correct(logits, b->labels));
-        if (graphed != nullptr) graphed->eval_warmed(b->images);
+        double batch_loss = 0.0, batch_correct = 0.0;
+        const auto work = [&] {   // beside graphs it may run twice (GraphedStep::eval_eagerly)
+          const Tensor logits = m.forward(b->images);
+          batch_loss = m.loss(logits, b->labels).item();
+          batch_correct = static_cast<double>(m.correct(logits, b->labels));
+        };
+        if (graphed != nullptr) graphed->eval_eagerly(b->images, work);
+        else work();
+        loss += batch_loss * static_cast<double>(bn);
+        correct += batch_correct;
       }
       n += static_cast<double>(bn);
     }

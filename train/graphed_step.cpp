@@ -4,6 +4,7 @@
 #include "train/graphed_step.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -51,12 +52,23 @@ void GraphedStep::drop(Shaped& s) {
 }
 
 void GraphedStep::drop_graphs() {
+  if (lending_) {   // the pool goes with its graphs: nothing is lent any more
+    if (const Backend::Graph* g = any_graph()) g->end_lending();
+  }
+  lending_ = window_lent_ = false;
   for (Shaped& s : shapes_) drop(s);
   shapes_.clear();   // and the captured inputs
 }
 
 void GraphedStep::release() {
   drop_graphs();
+  if (accumulation_ > 1 && !trainer_.window_open()) {
+    // The gradients kept between windows go too: the next eager window makes them at its batch,
+    // as a run makes them at its own, and they fall where the run's do.
+    for (const optim::ParamGroup& g : opt_.param_groups())
+      for (Tensor p : g.params) p.zero_grad();
+    grads_kept_ = false;
+  }
   warm_.clear();
   eval_warm_.clear();
   no_graph_.clear();
@@ -112,6 +124,10 @@ GraphedStep::Shaped& GraphedStep::shape_for(const Tensor& images, const Tensor& 
     drop(*lru);
     shapes_.erase(lru);
   }
+  // A new layout is captured next, which releases the eager cache (CachingAllocator::
+  // begin_private_pool): released first, so that its inputs take segments of their own, which go
+  // back whole when it falls back, as in the eager run it then is.
+  empty_cache(device_);
   Shaped& s = shapes_.emplace_back();
   s.images = layout(images);
   s.labels = layout(labels);
@@ -239,14 +255,18 @@ void GraphedStep::fall_back(const Layout& images, const HostState* before, const
     drop(*it);
     shapes_.erase(it);
   }
+  // The eager steps from here start from an empty cache, as the run's first step did, not from the
+  // segments the abandoned capture carved around the live tensors (an eager run's answer holds).
+  empty_cache(device_);
   if (fallback_log_)
     fallback_log_("CUDA graphs: batches of " + shape_text(images) + " run eagerly from here: capturing their step " +
-                  (oom ? "ran out of memory beside the eager cache (" : "failed (") + what +
+                  (oom ? "ran out of memory (" : "failed (") + what +
                   "); --no-cuda-graphs runs every step eagerly, --cuda-graphs makes this an error");
 }
 
 std::optional<GraphedStep::Output> GraphedStep::step(const Tensor& images, const Tensor& labels,
                                                      const optim::MicroBatch& mb) {
+  end_eager_lending();   // a window begun eagerly ends eagerly: none is open here
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
   Shaped* sp = nullptr;
@@ -299,6 +319,90 @@ void GraphedStep::eval_warmed(const Tensor& images) {
   if (std::find(eval_warm_.begin(), eval_warm_.end(), l) == eval_warm_.end()) eval_warm_.push_back(l);
 }
 
+void GraphedStep::eval_eagerly(const Tensor& images, const std::function<void()>& work) {
+  end_eager_lending();
+  const Backend::Graph* g = any_graph();
+  if (g == nullptr) {
+    work();
+    eval_warmed(images);
+    return;
+  }
+  bool may_replay = true;
+  g->begin_lending(false);
+  try {
+    work();
+    may_replay = g->end_lending();
+  } catch (const OutOfMemoryError& e) {
+    g->end_lending();
+    if (!falls_back_) throw;
+    ++eval_ooms_;
+    std::string layouts;
+    for (const Shaped& s : shapes_) {
+      no_graph_.push_back(s.images);
+      layouts += (layouts.empty() ? "" : ", ") + shape_text(s.images);
+    }
+    drop_graphs();
+    if (fallback_log_)
+      fallback_log_("CUDA graphs: batches of " + layouts + " run eagerly from here: an evaluation batch ran " +
+                    "out of memory beside their graphs (" + e.what() + "); --no-cuda-graphs runs every step "
+                    "eagerly, --cuda-graphs makes this an error");
+    work();
+  } catch (...) {
+    g->end_lending();
+    throw;
+  }
+  if (!may_replay) {   // a tensor of the work is still live in the pool, or the pool gave segments back
+    drop_graphs();
+    ++evictions_;
+  }
+  eval_warmed(images);
+}
+
+std::shared_ptr<GraphedStep::Lending> GraphedStep::lend_for_eager() {
+  const Backend::Graph* g = any_graph();
+  if (g == nullptr) return nullptr;
+  if (!lending_) {
+    g->begin_lending(window_lent_);   // a window run eagerly goes on where its last micro-batch paused
+    lending_ = true;
+    window_lent_ = false;
+  }
+  return std::make_shared<Lending>(*this);
+}
+
+void GraphedStep::pause_eager_lending() {
+  if (!lending_) return;
+  lending_ = false;
+  if (const Backend::Graph* g = any_graph()) {
+    g->end_lending();   // its answer waits for the window's end: the window's tensors are still live
+    window_lent_ = true;
+  }
+}
+
+void GraphedStep::end_eager_lending() {
+  if (!lending_ && !window_lent_) return;
+  const Backend::Graph* g = any_graph();
+  if (g != nullptr && !lending_) g->begin_lending(true);   // a paused window: its answer is the lending's
+  lending_ = window_lent_ = false;
+  if (g != nullptr && !g->end_lending()) {   // as eval_eagerly: no replay may write over what is left
+    drop_graphs();
+    ++evictions_;
+  }
+}
+
+GraphedStep::Lending::~Lending() {
+  try {
+    if (keep_open) {
+      g_.pause_eager_lending();
+    } else {
+      g_.end_eager_lending();
+    }
+  } catch (const std::exception& e) {   // a destructor cannot throw: the graphs go, the reason is said
+    std::fprintf(stderr, "minidl: CUDA graphs: ending an eager micro-batch's use of their pool failed (%s); "
+                         "the graphs are dropped\n", e.what());
+    g_.drop_graphs();
+  }
+}
+
 void GraphedStep::capture_eval(Shaped& s) {
   s.eval.graph = backend(device_).capture_graph(
       device_.index,
@@ -314,6 +418,7 @@ void GraphedStep::capture_eval(Shaped& s) {
 std::optional<GraphedStep::EvalOutput> GraphedStep::eval_step(const Tensor& images, const Tensor& labels) {
   MINIDL_CHECK(eval_replayable(images, labels), "GraphedStep: an evaluation batch ", images.meta(),
                " cannot replay (ask eval_replayable first)");
+  end_eager_lending();
   NoGradGuard no_grad;
   Shaped& s = shape_for(images, labels);   // the layout's entry: its inputs take the batch
   if (!s.eval.graph) {

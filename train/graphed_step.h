@@ -88,13 +88,14 @@ class GraphedStep {
     return step(images, labels, optim::MicroBatch{.loss_weight = 1.0, .steps = true, .samples = images.size(0)});
   }
 
-  // Graphs when they fit (the default of --device cuda): a capture that runs out of memory (its
-  // private pool cannot grow beside the eager cache: no memory is released while a stream captures)
-  // is abandoned, with the host state of the micro-batch restored, and batches of that layout (or
-  // that layout's evaluation) run eagerly from then on, which is what an eager run at that batch
-  // needs. A capture that fails otherwise (a call refused inside it, a convolution with no plan from
-  // the warm-up) falls back the same way. `log` gets one line per layout that falls back. Without
-  // this (--cuda-graphs), the capture's error ends the step as any other.
+  // Graphs when they fit (the default of --device cuda): a capture that runs out of memory (no
+  // memory is released while a stream captures: the eager cache goes back to the device before
+  // it, and the private pool grows into what the eager steps held) is abandoned, with the host
+  // state of the micro-batch restored, and batches of that layout (or that layout's evaluation)
+  // run eagerly from then on, which is what an eager run at that batch needs. A capture that
+  // fails otherwise (a call refused inside it, a convolution with no plan from the warm-up) falls
+  // back the same way. `log` gets one line per layout that falls back. Without this
+  // (--cuda-graphs), the capture's error ends the step as any other.
   void fall_back_when_a_capture_fails(std::function<void(const std::string&)> log);
   // Layouts whose capture fell back (training and evaluation), since the last release().
   int64_t fallbacks() const { return static_cast<int64_t>(no_graph_.size() + no_eval_graph_.size()); }
@@ -112,6 +113,44 @@ class GraphedStep {
   // Any other batch runs eagerly. The caller puts the model in evaluation mode; the labels are
   // checked on the host first, as step().
   bool eval_replayable(const Tensor& images, const Tensor& labels) const;
+  // An evaluation batch that does not replay. Beside held graphs `work` (its forward, read on the
+  // host before it returns) runs in their pool (Backend::Graph::begin_lending): the eager cache was
+  // released before their capture, and between replays the pool's blocks are free for it. When
+  // it runs out of memory there and falling back is allowed, the graphs go, every layout of them
+  // trains eagerly from then on (one line says so), and `work` runs again: it must leave its
+  // results only once it has completed. The batch's layout is then warm for its capture.
+  void eval_eagerly(const Tensor& images, const std::function<void()>& work);
+  // A training micro-batch that runs eagerly beside held graphs (a layout's first batch, the
+  // epoch's partial batch, an uneven or trailing window, a layout that fell back) runs in their
+  // pool too: the capture released the eager cache it would otherwise use. Step::forward holds the
+  // Lending in its Forward, declared before the micro-batch's tensors, so that it ends after them.
+  // A window run eagerly makes tensors that outlive its micro-batches (AMP's f16 weight copies):
+  // Step::update sets keep_open on the micro-batches that do not close it, whose Lending then only
+  // pauses, so that what the host does between them (the loader's next batch) stays out of the
+  // pool, and the window's last micro-batch ends it. When the lending ends with a tensor still in
+  // the pool, or after the pool gave segments back for the work, the graphs go (evictions()):
+  // their layouts stay warm and are captured again at their next batch. Null without graphs.
+  class Lending {
+   public:
+    explicit Lending(GraphedStep& g) : g_(g) {}
+    ~Lending();
+    Lending(const Lending&) = delete;
+    Lending& operator=(const Lending&) = delete;
+    bool keep_open = false;   // the micro-batch left its window open: the next one goes on in the pool
+
+   private:
+    GraphedStep& g_;
+  };
+  std::shared_ptr<Lending> lend_for_eager();
+  // Ends the lending (the last Lending of a window, the next replay or evaluation), dropping the
+  // graphs when they may not replay again; nothing when none is open. pause_eager_lending: the
+  // eager pools are current again until the window's next micro-batch (lend_for_eager) resumes it.
+  void end_eager_lending();
+  void pause_eager_lending();
+  // Graphs dropped because eager work beside them left a tensor in their pool or made it give
+  // segments back (above), and evaluation batches that did not fit beside them even so (eval_eagerly).
+  int64_t evictions() const { return evictions_; }
+  int64_t eval_ooms() const { return eval_ooms_; }
   struct EvalOutput {
     Tensor loss, correct;   // 0-dim on the device: the f32 mean loss, the f64 count; valid until the next replay
   };
@@ -120,9 +159,10 @@ class GraphedStep {
   std::optional<EvalOutput> eval_step(const Tensor& images, const Tensor& labels);
   void eval_warmed(const Tensor& images);
 
-  // Drops the graphs, their pool and their captured inputs and outputs, and forgets the warm layout
-  // and the layouts that fell back, so that the next step runs eagerly before a capture (the
-  // maximum-batch trials: one graph per trial, nothing left from the one before).
+  // Drops the graphs, their pool and their captured inputs and outputs, forgets the warm layout
+  // and the layouts that fell back, and with accumulation the gradients kept between windows, so
+  // that the next step runs eagerly before a capture (the maximum-batch trials: one graph per
+  // trial, nothing left from the one before).
   void release();
 
   int64_t captures() const { return captures_; }
@@ -200,6 +240,8 @@ class GraphedStep {
   bool ready_ = false;        // the optimizer has really stepped eagerly
   bool grads_kept_ = true;    // with accumulation: an eager window has made the gradients that are kept
   bool window_replayed_ = false;   // the open window's micro-batches so far were replays
+  bool lending_ = false;           // the graphs' pool is lent to an eager training micro-batch
+  bool window_lent_ = false;       // paused between the micro-batches of a window run eagerly
   // The layouts of the last kMaxShapes micro-batches whose host code ran (eager or captured), the
   // most recent last: a capture needs one of them. Their host-side choices are all still held:
   // cuDNN's per-shape plans, and --checkpoint optimal's plans (nn::Recomputer keeps more shapes).
@@ -214,6 +256,8 @@ class GraphedStep {
   int64_t replays_ = 0;
   int64_t eval_captures_ = 0;
   int64_t eval_replays_ = 0;
+  int64_t evictions_ = 0;
+  int64_t eval_ooms_ = 0;
 };
 
 }  // namespace minidl::train

@@ -290,7 +290,10 @@ void Run::finish() {
         std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, the first of a batch "
         "shape, trailing windows); " + std::to_string(g->eval_replays()) + " evaluation batches replayed from " +
         std::to_string(g->eval_captures()) + " capture(s), the others eager (the first of a shape, partial batches" +
-        (g->fallbacks() > 0 ? ", shapes whose capture did not fit" : "") + ")");
+        (g->fallbacks() > 0 ? ", shapes whose capture did not fit" : "") + ")" +
+        (g->evictions() > 0 ? "; graphs dropped " + std::to_string(g->evictions()) +
+                                  " time(s) for eager work that left tensors in their pool, and captured again"
+                            : ""));
   }
   settle_skips();
   for (const BatchSource* s : {data_.train.get(), data_.val.get(), data_.test.get()}) {

@@ -249,8 +249,8 @@ void DeviceSpec::add_flags(CLI::App& app) {
       "require CUDA graphs: a capture that runs out of memory ends the run as an OOM. By default, with --device "
       "cuda, the training step is captured into a CUDA graph after the warm-up and replayed for every full batch "
       "(any optimizer, schedule, --max-grad-norm and accumulation; data-parallel ranks run eagerly and say so), "
-      "and so is the evaluation's forward; a capture that does not fit beside the eager cache, or fails "
-      "otherwise, falls back to eager steps for its batch shape, with one line saying why");
+      "and so is the evaluation's forward; a capture that does not fit, or fails otherwise, "
+      "falls back to eager steps for its batch shape, with one line saying why");
   app.add_flag_function(
          "--no-cuda-graphs", [this](int64_t n) { cuda_graphs = n <= 0; }, "every step eagerly")
       ->excludes("--cuda-graphs");

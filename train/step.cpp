@@ -39,6 +39,7 @@ Step::Forward Step::forward(const Tensor& images, const Tensor& labels, const op
       return f;
     }   // its capture did not fit and fell back: the micro-batch runs eagerly
   }
+  if (graphed_) f.lending = graphed_->lend_for_eager();
   f.logits = model_.forward(images);
   f.loss = model_.loss(f.logits, labels);
   f.labels = labels;
@@ -47,6 +48,7 @@ Step::Forward Step::forward(const Tensor& images, const Tensor& labels, const op
 
 bool Step::update(const Forward& f) {
   if (f.replayed) return f.stepped;
+  if (f.lending) f.lending->keep_open = !f.mb.steps;   // a window run eagerly pauses in the pool to its end
   return graphed_ ? graphed_->eager_step(f.loss, f.mb, f.images) : trainer_->micro_batch(f.loss, f.mb);
 }
 

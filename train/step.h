@@ -32,6 +32,9 @@ class Step {
   // `stepped`); an eager one waits for update(), so that the loop can look at the loss first (a
   // diverged loss stops the run before its update).
   struct Forward {
+    // Beside held graphs, an eager micro-batch runs in their pool (GraphedStep::Lending): declared
+    // first, it ends after the tensors below are gone.
+    std::shared_ptr<GraphedStep::Lending> lending;
     Tensor loss, logits, labels;   // labels: those the logits are for (a replay's captured copy)
     bool replayed = false;
     bool stepped = false;

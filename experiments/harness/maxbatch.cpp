@@ -286,8 +286,8 @@ void Search::summary() {
            : ""));
   if (c_.resolved_cuda_graphs())
     say(f.at_max.graphed ? "steps at the maximum: replayed from a CUDA graph (its private pool is in the peak)"
-                         : "steps at the maximum: eager, since the CUDA graph's capture does not fit beside the eager "
-                           "cache (the run falls back as the trial did); --cuda-graphs finds the largest batch that "
+                         : "steps at the maximum: eager, since the CUDA graph's capture does not fit (the run falls "
+                           "back as the trial did); --cuda-graphs finds the largest batch that "
                            "replays, --no-cuda-graphs the largest eager one");
   say("recommended batch (" + fmt(100 * o_.margin, 0) + "% margin" +
       (optimal() ? ", tried with its own recomputation plan" : "") + "): " + std::to_string(rep_.recommended));

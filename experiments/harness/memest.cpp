@@ -71,7 +71,7 @@ std::string memest_graphs_note(const MemestReport& rep) {
   std::string list;
   for (const auto& b : eager) list += (list.empty() ? "" : ", ") + b;
   return "\nSteps replay a CUDA graph (its private pool is in the peaks) except at batch " + list +
-         ", whose capture does not fit beside the eager cache: those steps run eagerly, as the run's would, and "
+         ", whose capture does not fit: those steps run eagerly, as the run's would, and "
          "their peaks include the failed capture's.\n";
 }
 

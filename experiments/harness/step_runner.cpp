@@ -82,6 +82,9 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
   step(1);
   for (int i = 0; i < 40 && !last_stepped_; ++i) step(1);
   baseline_ = memory_stats(device_).allocated_bytes - footprint_.resident_bytes;
+  // Each trial starts as a run does: with accumulation and graphs, its first window makes the kept
+  // gradients at its batch (GraphedStep::release drops them after each trial too).
+  step_->release_graph();
 }
 
 StepRunner::~StepRunner() {
@@ -132,14 +135,16 @@ void StepRunner::evaluate(int64_t batch) {
   model_.module->eval();
   const Tensor x = randn(model_.input_shape(batch), {DType::f32, device_, false});
   const Tensor labels = zeros({batch}, {DType::i64, device_, false});
-  {   // the eager batch, its tensors freed before the evaluation's capture below, as in the run
-    const Tensor loss = model_.loss(model_.forward(x), labels);
-  }
+  // The eager batch, its tensors freed before the evaluation's capture below, as in the run (beside
+  // the training graphs, in their pool: GraphedStep::eval_eagerly).
+  const auto eager = [&] { const Tensor loss = model_.loss(model_.forward(x), labels); };
   // With graphs, the run's later evaluation batches replay a forward captured into the training
   // graphs' pool (GraphedStep::eval_step): the trial captures and replays it too.
   if (train::GraphedStep* g = step_->graphed()) {
-    g->eval_warmed(x);
+    g->eval_eagerly(x, eager);
     if (g->eval_replayable(x, labels)) g->eval_step(x, labels);
+  } else {
+    eager();
   }
 }
 
@@ -151,6 +156,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
   peak_allocated_ = peak_reserved_ = 0;
   double timed = 0.0;
   const int64_t replays_before = step_->graphed() != nullptr ? step_->graphed()->replays() : 0;
+  const int64_t eval_ooms_before = step_->graphed() != nullptr ? step_->graphed()->eval_ooms() : 0;
   // A trial stands for a run at `batch`, whose first step plans its recomputation afresh (no
   // smaller batch borrows the plan of a larger one another trial made).
   if (model_.recomputer) model_.recomputer->forget_plans();
@@ -179,7 +185,8 @@ Trial StepRunner::run(int64_t batch, int steps) {
   }
   // The trial's graph (CUDA graphs), its pool and captured tensors go with the trial, whether it
   // fit or not, so the statistics can return to where they were.
-  t.graphed = step_->graphed() != nullptr && step_->graphed()->replays() > replays_before;
+  t.graphed = step_->graphed() != nullptr && step_->graphed()->replays() > replays_before &&
+              step_->graphed()->eval_ooms() == eval_ooms_before;
   step_->release_graph();
   // After an OOM the phase bookkeeping stopped mid-step: the allocator's peak covers the rest.
   const auto ms = memory_stats(device_);

@@ -88,7 +88,7 @@ std::string steps_mode(const Study& st, const std::map<std::string, nlohmann::js
     how += " in " + std::to_string(graphed) + " of " + std::to_string(st.runs.size()) + " runs, eager in the others";
   if (fell_back > 0)
     how += "; in " + std::to_string(fell_back) + (fell_back == 1 ? " run" : " runs") +
-           " a batch shape's capture did not fit beside the eager cache and its steps ran eagerly (results.json: "
+           " a batch shape's capture did not fit and its steps ran eagerly (results.json: "
            "graph_fallbacks)";
   return how;
 }

@@ -40,6 +40,8 @@ class CudaGraph final : public Backend::Graph {
   }
   size_t pool_bytes() const override { return ctx_->allocator().pool_reserved_bytes(pool_); }
   int pool() const override { return pool_; }
+  void begin_lending(bool resume) const override { ctx_->allocator().begin_lending(pool_, resume); }
+  bool end_lending() const override { return ctx_->allocator().end_lending(); }
   const DeviceContext* context() const { return ctx_; }
 
  private:

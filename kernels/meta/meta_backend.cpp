@@ -56,6 +56,8 @@ class MetaGraph final : public DeviceServices::Graph {
   void replay() override {}
   size_t pool_bytes() const override { return a_.pool_reserved_bytes(pool_); }
   int pool() const override { return pool_; }
+  void begin_lending(bool resume) const override { a_.begin_lending(pool_, resume); }
+  bool end_lending() const override { return a_.end_lending(); }
   const CachingAllocator* allocator() const { return &a_; }
 
  private:

@@ -73,27 +73,28 @@ TEST(GpuPlan, MemestPlansWithoutAGpu) {
 }
 
 // CUDA graphs by default: each batch's dry run captures after its eager step, and a batch whose
-// capture does not fit beside the eager cache falls back to eager steps, as the run would; the
+// capture does not fit falls back to eager steps, as the run would; the
 // report says which. Required graphs (--cuda-graphs) make that batch over the budget instead.
 TEST(GpuPlan, MemestSaysWhichBatchesReplayAGraph) {
   if (!cuda_built()) GTEST_SKIP() << "no CUDA backend in this build";
   TrainConfig c = planned("l4");
   c.memory_budget = "40MiB";
-  const MemestReport rep = run_memest(c, {2, 256});
+  const MemestReport rep = run_memest(c, {2, 320});
   ASSERT_EQ(rep.rows.size(), 2u);
   EXPECT_TRUE(rep.graphs);
   EXPECT_TRUE(rep.rows[0].estimate.graphed);
   ASSERT_TRUE(rep.rows[1].estimate.ok);
   EXPECT_FALSE(rep.rows[1].estimate.graphed);
   const std::string note = memest_graphs_note(rep);
-  EXPECT_NE(note.find("except at batch 256, whose capture does not fit"), std::string::npos) << note;
+  EXPECT_NE(note.find("except at batch 320, whose capture does not fit"), std::string::npos) << note;
   c.cuda_graphs = true;
-  EXPECT_FALSE(run_memest(c, {256}).rows[0].estimate.ok) << "required graphs: the capture's OOM is the answer";
+  EXPECT_FALSE(run_memest(c, {320}).rows[0].estimate.ok) << "required graphs: the capture's OOM is the answer";
   c.cuda_graphs = false;
   const MemestReport eager = run_memest(c, {2});
   EXPECT_FALSE(eager.rows[0].estimate.graphed);
   EXPECT_EQ(memest_graphs_note(eager), "");
-  EXPECT_LT(eager.rows[0].estimate.peak_reserved, rep.rows[0].estimate.peak_reserved) << "the graph's pool";
+  // The capture released the eager cache first: its pool grew into that memory, not beside it.
+  EXPECT_EQ(eager.rows[0].estimate.peak_reserved, rep.rows[0].estimate.peak_reserved);
 }
 
 TEST(GpuPlan, MaxbatchAnswersFromTheDryRunAlone) {

@@ -99,7 +99,7 @@ TEST(ExperimentsProgress, SummarySaysWhetherTheStepsReplayedAndWhereTheyFellBack
   runs["b"] = {{"id", "b"}, {"result", {{"graph_fallbacks", 1}}}};
   EXPECT_EQ(steps_mode(st, runs),
             "replayed from CUDA graphs after an eager warm-up (partial batches and windows eagerly); in 1 run a "
-            "batch shape's capture did not fit beside the eager cache and its steps ran eagerly (results.json: "
+            "batch shape's capture did not fit and its steps ran eagerly (results.json: "
             "graph_fallbacks)");
   st.runs[2].config.cuda_graphs = false;
   EXPECT_NE(steps_mode(st, {}).find("in 2 of 3 runs, eager in the others"), std::string::npos);

@@ -1,6 +1,7 @@
 // The caching allocator's private pools (CUDA graphs, kernels/caching_allocator.h): eager requests
-// never land in a pool, the books count what a graph holds, releasing and sharing a pool, an OOM
-// during a capture, and the fault fail_in_capture injects. On the host-memory fake device.
+// never land in a pool, the books count what a graph holds, releasing and sharing a pool, the cache
+// released before a capture and an OOM during it, lending a pool to eager work, and the fault
+// fail_in_capture injects. On the host-memory fake device.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -33,44 +34,66 @@ std::vector<void*> new_segments(const FakeDevice& d, const std::map<void*, size_
   return v;
 }
 
+// A capture takes the large blocks the eager pools have free (release_cached gave back their whole
+// segments; the rest lies beside live eager tensors) and grows segments of its own; at its end the
+// room it did not hand out goes back. Eager requests never reuse the captured blocks while the pool
+// lives, and its release gives the eager room back whole.
 TEST(CachingAllocatorPrivatePool, EagerAllocationsNeverReuseTheCapturedBlocks) {
   AllocatorFixture f;
-  void* eager = f.alloc.allocate(1000);   // an eager small segment with room to spare
+  void* eager = f.alloc.allocate(2 * MiB);   // an eager 20 MiB segment with room to spare
   const auto before = f.dev.segments;
+  ASSERT_EQ(before.size(), 1u);
+  const std::vector<void*> eager_segment{before.begin()->first};
   const int pool = f.alloc.begin_private_pool();
   EXPECT_GT(pool, 0);
   EXPECT_EQ(f.alloc.current_pool(), pool);
-  void* a = f.alloc.allocate(1000);       // a new segment, although the eager one has room
-  void* big = f.alloc.allocate(3 * MiB);
-  f.alloc.deallocate(a, 1000);            // freed during the capture: reused within it
-  void* b = f.alloc.allocate(1000);
+  void* a = f.alloc.allocate(3 * MiB);       // the eager segment's free room, adopted by the pool
+  EXPECT_TRUE(inside(f.dev, a, eager_segment));
+  void* big = f.alloc.allocate(16 * MiB);    // a segment of its own
+  void* small = f.alloc.allocate(1000);      // a small segment of the pool's: small room is not adopted
+  f.alloc.deallocate(a, 3 * MiB);            // freed during the capture: reused within it
+  void* b = f.alloc.allocate(3 * MiB);
   EXPECT_EQ(b, a);
   f.alloc.end_private_pool();
   EXPECT_EQ(f.alloc.current_pool(), 0);
   const std::vector<void*> pool_segments = new_segments(f.dev, before);
   ASSERT_EQ(pool_segments.size(), 2u);   // one small, one large
-  EXPECT_TRUE(inside(f.dev, a, pool_segments));
-  EXPECT_FALSE(inside(f.dev, eager, pool_segments));
-  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 22 * MiB);
+  EXPECT_TRUE(inside(f.dev, big, pool_segments));
+  EXPECT_TRUE(inside(f.dev, small, pool_segments));
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 16 * MiB + 2 * MiB + 3 * MiB) << "its segments and the block it used";
   // The graph's temporaries, freed after the capture, stay the pool's: eager requests of every
-  // size go elsewhere.
-  f.alloc.deallocate(b, 1000);
-  f.alloc.deallocate(big, 3 * MiB);
+  // size go elsewhere, the large ones into the eager segment's room the capture did not use.
+  f.alloc.deallocate(b, 3 * MiB);
+  f.alloc.deallocate(big, 16 * MiB);
+  f.alloc.deallocate(small, 1000);
   std::vector<std::pair<void*, size_t>> later;
   for (size_t n : {size_t{1000}, size_t{512}, 3 * MiB, 2 * MiB}) later.emplace_back(f.alloc.allocate(n), n);
-  for (const auto& [p, n] : later) EXPECT_FALSE(inside(f.dev, p, pool_segments)) << n;
+  for (const auto& [p, n] : later) {
+    EXPECT_FALSE(inside(f.dev, p, pool_segments)) << n;
+    EXPECT_FALSE(p >= b && static_cast<const char*>(p) < static_cast<const char*>(b) + 3 * MiB) << n;
+  }
+  EXPECT_TRUE(inside(f.dev, later[2].first, eager_segment));
   // Statistics stay exact: reserved counts the pool's segments too, and allocated what the graph
-  // holds (its capture's peak, 1000 + 3 MiB, though b and big were freed) beside the eager blocks.
+  // holds (its capture's peak, 3 MiB + 16 MiB + 1000, though all were freed) beside the eager blocks.
   const CachingStats s = f.alloc.detailed_stats();
   EXPECT_EQ(s.base.allocated_bytes,
-            static_cast<int64_t>(1000 + (1000 + 3 * MiB) + (1000 + 512 + 3 * MiB + 2 * MiB)));
+            static_cast<int64_t>(2 * MiB + (3 * MiB + 16 * MiB + 1000) + (1000 + 512 + 3 * MiB + 2 * MiB)));
   EXPECT_EQ(static_cast<size_t>(s.base.reserved_bytes), f.dev.in_use);
-  // empty_cache leaves a live pool's segments alone (a replay still writes there).
+  // empty_cache leaves a live pool's segments and adopted blocks alone (a replay still writes there).
   for (const auto& [p, n] : later) f.alloc.deallocate(p, n);
+  f.alloc.deallocate(eager, 2 * MiB);
   f.alloc.empty_cache();
-  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 22 * MiB);
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 16 * MiB + 2 * MiB + 3 * MiB);
   for (void* seg : pool_segments) EXPECT_EQ(f.dev.segments.count(seg), 1u);
-  f.alloc.deallocate(eager, 1000);
+  EXPECT_EQ(f.dev.segments.count(eager_segment[0]), 1u) << "a block of the eager segment is the pool's";
+  // Released, the pool's segments go back, and the adopted block joins the eager room freed beside
+  // it: the eager segment is whole again, and the cache gives it back.
+  f.alloc.release_private_pool(pool);
+  for (void* seg : pool_segments) EXPECT_EQ(f.dev.segments.count(seg), 0u);
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.dev.in_use, 0u);
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, 0);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 0);
 }
 
 // A graph holds what its capture used: allocated counts the capture's peak of the pool's live
@@ -170,25 +193,88 @@ TEST(CachingAllocatorPrivatePool, ASharedPoolHoldsTheLargerPeakOnceAndLivesUntil
   EXPECT_THROW(f.alloc.begin_private_pool(pool), Error) << "a released pool cannot be shared";
 }
 
-TEST(CachingAllocatorPrivatePool, AnOomDuringACaptureDoesNotReleaseTheCache) {
+// As torch.cuda.graph empties the cache before it captures: the eager cache goes back to the device
+// when a capture begins (the pool grows into that memory), and nothing is released during the
+// capture (it would synchronize inside it): a request the device refuses then fails.
+TEST(CachingAllocatorPrivatePool, ACaptureReleasesTheEagerCacheBeforeItAndNothingDuringIt) {
   AllocatorFixture f;
   f.dev.capacity = 22 * MiB;
   void* eager = f.alloc.allocate(3 * MiB);   // a 20 MiB eager segment
   f.alloc.deallocate(eager, 3 * MiB);        // cached
-  f.alloc.begin_private_pool();
   const int syncs = f.dev.syncs;
+  f.alloc.begin_private_pool();
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, 0) << "the eager cache went back before the capture";
+  EXPECT_EQ(f.dev.syncs, syncs + 1);
+  void* captured = f.alloc.allocate(5 * MiB);   // a 20 MiB segment of the pool, where the cache was
+  const int in_capture = f.dev.syncs;
   try {
-    f.alloc.allocate(5 * MiB);
+    f.alloc.allocate(16 * MiB);   // its own segment, which the device refuses
     FAIL() << "expected an OutOfMemoryError";
   } catch (const OutOfMemoryError& e) {
     EXPECT_NE(std::string(e.what()).find("CUDA graph"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(f.dev.syncs, syncs);   // releasing the cache would synchronize inside the capture
+  EXPECT_EQ(f.dev.syncs, in_capture);
+  f.alloc.deallocate(captured, 5 * MiB);
   f.alloc.end_private_pool();
   EXPECT_EQ(f.alloc.stats().reserved_bytes, static_cast<int64_t>(20 * MiB));
   f.alloc.begin_private_pool();
   EXPECT_THROW(f.alloc.begin_private_pool(), Error) << "one capture at a time";
   f.alloc.end_private_pool();
+}
+
+// Eager work between replays borrows the pool's free blocks (begin_lending): end_lending says the
+// graphs may replay again when it left nothing live there (since the lending began, across a
+// pause); not when a tensor stays, or when the pool gave its free segments back so that a request
+// the device refused could be served.
+TEST(CachingAllocatorPrivatePool, ALentPoolServesEagerWorkAndSaysWhetherItsGraphsMayReplay) {
+  AllocatorFixture f;
+  f.dev.capacity = 22 * MiB;
+  const int pool = f.alloc.begin_private_pool();
+  void* temp = f.alloc.allocate(5 * MiB);   // the capture's temporary: a free 20 MiB segment after it
+  f.alloc.deallocate(temp, 5 * MiB);
+  f.alloc.end_private_pool();
+  const int64_t held = 5 * static_cast<int64_t>(MiB);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, held);
+
+  f.alloc.begin_lending(pool);
+  EXPECT_EQ(f.alloc.current_pool(), pool);
+  EXPECT_THROW(f.alloc.begin_private_pool(), Error) << "no capture while the pool is lent";
+  void* work = f.alloc.allocate(2 * MiB);
+  EXPECT_EQ(work, temp) << "served from the pool's free block";
+  f.alloc.deallocate(work, 2 * MiB);
+  EXPECT_TRUE(f.alloc.end_lending());
+  EXPECT_EQ(f.alloc.current_pool(), 0);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, held) << "the graph holds its peak again";
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, static_cast<int64_t>(20 * MiB));
+
+  f.alloc.begin_lending(pool);
+  void* left = f.alloc.allocate(2 * MiB);
+  EXPECT_FALSE(f.alloc.end_lending()) << "a replay would write over the tensor left in the pool";
+  f.alloc.deallocate(left, 2 * MiB);
+
+  // Paused and resumed (an eager accumulation window): the answer is the whole lending's.
+  f.alloc.begin_lending(pool);
+  void* window = f.alloc.allocate(2 * MiB);   // a tensor of the window, live across its pause
+  EXPECT_TRUE(inside(f.dev, window, {temp}));
+  EXPECT_FALSE(f.alloc.end_lending());
+  void* between = f.alloc.allocate(4000);   // the host's work between micro-batches: eager
+  EXPECT_FALSE(inside(f.dev, between, {temp})) << "not in the pool's segment";
+  f.alloc.begin_lending(pool, true);
+  f.alloc.deallocate(window, 2 * MiB);
+  EXPECT_TRUE(f.alloc.end_lending());
+  f.alloc.deallocate(between, 4000);
+
+  f.alloc.begin_lending(pool);
+  const int64_t ooms = f.alloc.stats().num_ooms;
+  void* big = f.alloc.allocate(21 * MiB);   // 22 MiB: only once the pool's free segment went back
+  EXPECT_EQ(f.alloc.stats().num_ooms, ooms);
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, static_cast<int64_t>(22 * MiB));
+  f.alloc.deallocate(big, 21 * MiB);
+  EXPECT_FALSE(f.alloc.end_lending()) << "the graph's addresses went back to the device";
+  f.alloc.release_private_pool(pool);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 0);
+  EXPECT_EQ(f.alloc.stats().reserved_bytes, 0);
+  EXPECT_THROW(f.alloc.begin_lending(pool), Error) << "a released pool cannot be lent";
 }
 
 // fail_in_capture: the eager pools and the captures it lets pass never see it; in the one it names,

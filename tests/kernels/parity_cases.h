@@ -34,6 +34,8 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"replay", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnFp32ReplayIsBitIdenticalToEager"},
       {"pool_bytes", "optim/graph_step_cuda_test.cpp:GraphStep.EagerAllocationsAfterTheCaptureDoNotReuseItsPool"},
       {"pool", "experiments/cuda_graphs_cuda_test.cpp:ExperimentsCudaGraphs.AccumulationWindowsReplayTwoGraphsLikeTheEagerRun"},
+      {"begin_lending", "experiments/cuda_graphs_cuda_test.cpp:ExperimentsCudaGraphs.AmpAdamAccumulationSkipsWholeWindowsOnTheDevice"},
+      {"end_lending", "experiments/cuda_graphs_cuda_test.cpp:ExperimentsCudaGraphs.AnEpochOfOneFullAndOnePartialBatchReplaysBoth"},
       {"interval_timer", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},
       {"start", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},
       {"stop", "experiments/gpu_monitor_cuda_test.cpp:ExperimentsGpuMonitorCuda.TheCudaBackendTimesIntervalsOfQueuedWork"},

@@ -396,10 +396,14 @@ TEST_F(GraphStep, EagerAllocationsAfterTheCaptureDoNotReuseItsPool) {
   const std::vector<Batch> data = batches(Net::SmallCnn, 3);
   Tensor x = data[0].x.to(kGpu), y = data[0].y.to(kGpu);
   t.step(x, y);
+  empty_cache(kGpu);   // as the capture does first: what stays reserved holds live tensors
   const int64_t reserved_before = memory_stats(kGpu).reserved_bytes;
   auto graph = backend(kGpu).capture_graph(0, [&] { t.step(x, y); });
   ASSERT_GT(graph->pool_bytes(), 0u);
-  EXPECT_EQ(memory_stats(kGpu).reserved_bytes, reserved_before + static_cast<int64_t>(graph->pool_bytes()));
+  // The pool: the segments it grew, and what it used of the free room beside the live eager tensors.
+  const int64_t reserved_after = memory_stats(kGpu).reserved_bytes;
+  EXPECT_GT(reserved_after, reserved_before);
+  EXPECT_LE(reserved_after, reserved_before + static_cast<int64_t>(graph->pool_bytes()));
   // Eager tensors made now, of the sizes the captured step freed and more: none may land in the
   // pool, or the next replay would overwrite them.
   graph->replay();
