@@ -291,6 +291,43 @@ TEST(ExperimentsCudaGraphs, EvaluationBatchesReplayACapturedForwardWithTheEagerR
   EXPECT_FALSE(graphed.eval_replayable(xv, yv));
 }
 
+// An eager micro-batch beside held graphs runs in their pool; work in it that keeps a tensor there
+// drops them, since a replay would write over it. Here a step hook keeps a device tensor of every
+// step. Steps 1 (the warm-up) and 5 (the first partial batch) run eagerly; at step 5 the graph of
+// the full batch is held, so its tensor lands in the pool and the graph goes: the full batch is
+// captured again at step 6, the partial one at step 10 (3 captures, the same 8 replays), and the
+// first evaluation runs eagerly. No replay touches a kept tensor, and the run is the eager run.
+TEST(ExperimentsCudaGraphs, EagerWorkThatKeepsATensorInTheGraphsPoolDropsThem) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir().string();
+  const TrainConfig c = sgd_config(false);
+  std::vector<std::pair<int64_t, Tensor>> kept;
+  RunHooks hooks;
+  hooks.on_step = [&](int64_t step) {
+    kept.emplace_back(step, full({256}, static_cast<double>(step), {DType::f32, Device::cuda(0), false}));
+  };
+  const TrainingRun eager = train(c, false, dir), graphed = train(c, true, dir, hooks, "kept");
+  ASSERT_EQ(graphed.result.status, "ok") << graphed.result.note;
+  EXPECT_EQ(graphed.result.graph_replays, 8);
+  std::smatch m;
+  const std::regex counts(R"((\d+) micro-batches replayed from (\d+) capture)");
+  ASSERT_TRUE(std::regex_search(graphed.graph_line, m, counts)) << graphed.graph_line;
+  EXPECT_EQ(std::stoi(m[2]), 3);
+  EXPECT_NE(graphed.graph_line.find("graphs dropped 1 time(s) for eager work that left tensors in their pool"),
+            std::string::npos)
+      << graphed.graph_line;
+  ASSERT_EQ(kept.size(), 10u);
+  for (const auto& [step, t] : kept) {
+    EXPECT_EQ(min(t.to(Device::cpu())).item(), static_cast<double>(step)) << "step " << step << "'s tensor was written";
+    EXPECT_EQ(max(t.to(Device::cpu())).item(), static_cast<double>(step)) << "step " << step << "'s tensor was written";
+  }
+  EXPECT_EQ(graphed.progress, eager.progress);
+  ASSERT_EQ(graphed.epochs.size(), eager.epochs.size());
+  for (size_t e = 0; e < eager.epochs.size(); ++e) EXPECT_EQ(graphed.epochs[e].val_loss, eager.epochs[e].val_loss);
+  EXPECT_EQ(graphed.result.test_loss, eager.result.test_loss);
+  expect_same_tensors(eager.weights, graphed.weights, "weights");
+}
+
 // The epoch's partial batch gets a graph of its own in the pool the full batch's graph made: eager
 // the first time (it warms its shape), then captured and replayed, with the pool no larger (its
 // peak is the smaller one) and the full batch's graph still replaying; the loss of a partial replay
