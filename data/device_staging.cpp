@@ -88,11 +88,14 @@ DeviceStaging::InFlight DeviceStaging::upload(const Filled& f) {
   MINIDL_CHECK(f.index >= 0 && f.index < buffers() && f.count >= 1 && f.count <= layout_.batch_size,
                "DeviceStaging: buffer ", f.index, " with ", f.count, " samples (", buffers(), " buffers of ",
                layout_.batch_size, ")");
-  const int64_t s = layout_.size, c = f.count;
   InFlight fl;
-  const TensorOptions to{.dtype = layout_.dtype, .device = device_};
-  fl.batch.images = layout_.channels_last ? empty({c, s, s, 3}, to) : empty({c, 3, s, s}, to);
-  fl.batch.labels = empty({c}, {.dtype = DType::i64, .device = device_});
+  if (reserved_ && reserved_->labels.size(0) == f.count) {
+    fl.batch = std::move(*reserved_);
+    reserved_.reset();
+  } else {
+    reserved_.reset();   // another count: its tensors go before this batch's are made
+    fl.batch = device_batch(f.count);
+  }
   Pinned& b = bufs_[static_cast<size_t>(f.index)];
   fl.copy = be_.copy_async({{static_cast<char*>(b.ptr) + images_offset_, fl.batch.images}, {b.ptr, fl.batch.labels}});
   b.last_copy = fl.copy;
@@ -100,21 +103,38 @@ DeviceStaging::InFlight DeviceStaging::upload(const Filled& f) {
   return fl;
 }
 
+Batch DeviceStaging::device_batch(int64_t count) const {
+  const int64_t s = layout_.size, c = count;
+  const TensorOptions to{.dtype = layout_.dtype, .device = device_};
+  Batch batch;
+  batch.images = layout_.channels_last ? empty({c, s, s, 3}, to) : empty({c, 3, s, s}, to);
+  batch.labels = empty({c}, {.dtype = DType::i64, .device = device_});
+  return batch;
+}
+
 // Before device tensors whose copy may be in flight are freed, the compute stream waits for it.
 void DeviceStaging::drop_prefetched() {
   if (prefetched_ && prefetched_->copy) prefetched_->copy->make_compute_wait();
   prefetched_.reset();
+  reserved_.reset();   // no copy has written it
 }
 
-std::optional<Batch> DeviceStaging::next(const Source& take, const Source& try_take) {
+std::optional<Batch> DeviceStaging::next(const Source& take, const Source& try_take, int64_t next_count) {
   if (!prefetched_) {
     std::optional<Filled> f = take();
-    if (!f) return std::nullopt;
+    if (!f) {
+      reserved_.reset();
+      return std::nullopt;
+    }
     prefetched_ = upload(*f);
   }
   InFlight cur = std::move(*prefetched_);
   prefetched_.reset();
-  if (std::optional<Filled> f = try_take()) prefetched_ = upload(*f);
+  if (std::optional<Filled> f = try_take()) {
+    prefetched_ = upload(*f);
+  } else if (next_count > 0) {
+    reserved_ = device_batch(next_count);
+  }
   cur.copy->make_compute_wait();
   return std::move(cur.batch);
 }

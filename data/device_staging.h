@@ -54,7 +54,14 @@ class DeviceStaging {
   // queueing the copy of the one try_take() gives (never blocking), so that this transfer overlaps
   // the caller's work on the batch returned. The compute stream waits for the returned batch's
   // copy. nullopt when take() has nothing more.
-  std::optional<Batch> next(const Source& take, const Source& try_take);
+  //
+  // `next_count`: the samples the batch after the returned one will have (0: none comes). When
+  // try_take() has nothing yet, its device tensors are allocated now all the same, and the next
+  // call copies into them: the device's requests then come in the same order whether or not the
+  // workers are ahead, so a run's memory is the same from run to run and a trial can foresee it
+  // (the caching allocator places each block by the requests before it). A batch that comes with
+  // another count (unreadable samples skipped) gets tensors of its own.
+  std::optional<Batch> next(const Source& take, const Source& try_take, int64_t next_count = 0);
 
   // A new epoch, with no thread using the buffers: the prefetched batch is dropped (the compute
   // stream first waits for its copy), every buffer is free again and interrupt() is cleared.
@@ -77,6 +84,8 @@ class DeviceStaging {
   // (its next acquire() waits for this copy first).
   InFlight upload(const Filled& f);
   void drop_prefetched();
+  // Device tensors for the next batch of `count` samples, allocated ahead of its data (next()).
+  Batch device_batch(int64_t count) const;
 
   Backend& be_;
   Device device_;
@@ -88,6 +97,7 @@ class DeviceStaging {
   std::vector<int> free_;          // guarded by mu_
   bool interrupted_ = false;       // guarded by mu_
   std::optional<InFlight> prefetched_;
+  std::optional<Batch> reserved_;   // the next batch's device tensors, awaiting its data
 };
 
 }  // namespace minidl::data

@@ -85,6 +85,7 @@ struct Loader::Impl {
   std::vector<std::thread> workers;
   std::thread assembler;
   int64_t sync_pos = 0;  // workers == 0: the next position next() reads
+  int64_t handed = 0;    // samples next() has handed out this epoch
 
   // The device path: page-locked buffers from the device's backend, made at the first epoch (none
   // for the CPU, or a backend without pinned memory: batches are then copied with Tensor::to).
@@ -340,6 +341,7 @@ struct Loader::Impl {
     next_claim = 0;
     assembled_pos = 0;
     sync_pos = 0;
+    handed = 0;
     started = true;
     if (opt.workers == 0) return;
     ring.assign(static_cast<size_t>(window()), Slot{});
@@ -384,7 +386,15 @@ struct Loader::Impl {
       if (!q) return std::nullopt;
       return DeviceStaging::Filled{q->pinned, q->count};
     };
-    return staging->next([&] { return filled(take()); }, [&] { return filled(try_take()); });
+    // The batch after this one, as the epoch's order gives it (a batch short of unreadable samples
+    // only makes the staging allocate again): its device tensors are made on this call either way.
+    const auto n = static_cast<int64_t>(order.size()), b = opt.batch_size;
+    const int64_t after = n - handed - std::min(b, n - handed);
+    const int64_t next_count = opt.drop_last ? (after >= b ? b : 0) : std::min(b, after);
+    std::optional<Batch> out = staging->next([&] { return filled(take()); }, [&] { return filled(try_take()); },
+                                             std::max<int64_t>(next_count, 0));
+    if (out) handed += out->labels.size(0);
+    return out;
   }
 };
 

@@ -73,6 +73,7 @@ void GraphedStep::release() {
   eval_warm_.clear();
   no_graph_.clear();
   no_eval_graph_.clear();
+  eager_only_ = false;
   window_replayed_ = false;
 }
 
@@ -139,6 +140,11 @@ GraphedStep::Shaped& GraphedStep::shape_for(const Tensor& images, const Tensor& 
 
 GraphedStep::~GraphedStep() { drop_graphs(); }
 
+void GraphedStep::give_up_captures() {
+  drop_graphs();
+  eager_only_ = true;
+}
+
 void GraphedStep::set_accumulation(int64_t k) {
   MINIDL_CHECK(k >= 1, "GraphedStep: accumulation over ", k, " micro-batches; it needs at least 1");
   if (k == accumulation_) return;
@@ -157,7 +163,7 @@ void GraphedStep::set_accumulation(int64_t k) {
 
 bool GraphedStep::replayable(const Tensor& images, const optim::MicroBatch& mb, int64_t micro) const {
   if (!ready_ || !grads_kept_) return false;
-  if (std::find(no_graph_.begin(), no_graph_.end(), layout(images)) != no_graph_.end()) return false;
+  if (eager_only_ || std::find(no_graph_.begin(), no_graph_.end(), layout(images)) != no_graph_.end()) return false;
   if (accumulation_ > 1 && images.size(0) != micro) return false;   // a replayed window's micro-batches are full
   if (mb.loss_weight != 1.0 / static_cast<double>(accumulation_) || (accumulation_ == 1 && !mb.steps)) return false;
   if (trainer_.window_open() && !window_replayed_) return false;   // a window begun eagerly ends eagerly
@@ -255,12 +261,21 @@ void GraphedStep::fall_back(const Layout& images, const HostState* before, const
     drop(*it);
     shapes_.erase(it);
   }
+  // Out of memory with no training graph held: the run's steps are at the memory limit, and a
+  // graph of another layout (the epoch's partial batch) would hold its pool beside every eager
+  // step of this one, whose blocks must then fall around it. Every layout runs eagerly from here.
+  const bool all = oom && std::none_of(shapes_.begin(), shapes_.end(), [](const Shaped& s) {
+    return s.has_training_graph();
+  });
+  if (all) give_up_captures();
   // The eager steps from here start from an empty cache, as the run's first step did, not from the
   // segments the abandoned capture carved around the live tensors (an eager run's answer holds).
   empty_cache(device_);
   if (fallback_log_)
-    fallback_log_("CUDA graphs: batches of " + shape_text(images) + " run eagerly from here: capturing their step " +
-                  (oom ? "ran out of memory (" : "failed (") + what +
+    fallback_log_("CUDA graphs: " +
+                  (all ? "every batch runs eagerly from here: capturing the step of " + shape_text(images)
+                       : "batches of " + shape_text(images) + " run eagerly from here: capturing their step") +
+                  (oom ? " ran out of memory (" : " failed (") + what +
                   "); --no-cuda-graphs runs every step eagerly, --cuda-graphs makes this an error");
 }
 
@@ -341,7 +356,7 @@ void GraphedStep::eval_eagerly(const Tensor& images, const std::function<void()>
       no_graph_.push_back(s.images);
       layouts += (layouts.empty() ? "" : ", ") + shape_text(s.images);
     }
-    drop_graphs();
+    give_up_captures();
     if (fallback_log_)
       fallback_log_("CUDA graphs: batches of " + layouts + " run eagerly from here: an evaluation batch ran " +
                     "out of memory beside their graphs (" + e.what() + "); --no-cuda-graphs runs every step "

@@ -97,8 +97,12 @@ class GraphedStep {
   // back the same way. `log` gets one line per layout that falls back. Without this
   // (--cuda-graphs), the capture's error ends the step as any other.
   void fall_back_when_a_capture_fails(std::function<void(const std::string&)> log);
+  // When a capture runs out of memory with no other layout's training graph held, or an
+  // evaluation batch does not fit beside the graphs (eval_eagerly), no layout is captured again:
+  // every step is eager from then on (an eager run's memory, which its answer is for).
   // Layouts whose capture fell back (training and evaluation), since the last release().
   int64_t fallbacks() const { return static_cast<int64_t>(no_graph_.size() + no_eval_graph_.size()); }
+  bool eager_only() const { return eager_only_; }
 
   // The eager update of a micro-batch the loop ran forward itself (trainer.micro_batch), counted
   // as step() counts; returns whether the optimizer stepped. Its shape is then warm; the first time
@@ -226,6 +230,7 @@ class GraphedStep {
   static std::string shape_text(const Layout& l);
   static void drop(Shaped& s);
   void drop_graphs();
+  void give_up_captures();   // drop_graphs, and no capture from here (eager_only)
   // Checks a batch's labels on the host: i64, each 0 or 1.
   static void check_labels(const Tensor& labels);
   // Whether the step that just ran was skipped by the scaler's device state (a host read).
@@ -250,6 +255,7 @@ class GraphedStep {
   std::function<void(const std::string&)> fallback_log_;   // set: a capture out of memory falls back
   bool falls_back_ = false;
   std::vector<Layout> no_graph_, no_eval_graph_;   // layouts whose capture fell back: eager from then on
+  bool eager_only_ = false;                        // no layout is captured any more (eager_only)
   std::vector<Shaped> shapes_;
   int64_t uses_ = 0;
   int64_t captures_ = 0;

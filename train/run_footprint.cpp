@@ -3,6 +3,7 @@
 #include "train/run_footprint.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/allocator.h"
 #include "data/loader.h"
@@ -41,19 +42,38 @@ std::string RunFootprint::describe() const {
 
 namespace {
 
+// The images a class has in each part (train, val, test), from the split's counts or the synthetic
+// set's parts; nullopt when a folder is split by fractions (known once it is read).
+std::optional<std::array<int64_t, 3>> part_counts(const TrainConfig& c) {
+  const SplitSpec s = parse_split(c.split);
+  if (!s.counts && c.data != "synthetic") return std::nullopt;
+  if (c.data == "synthetic") return synthetic_part_counts(c);
+  return std::array<int64_t, 3>{static_cast<int64_t>(s.parts[0]), static_cast<int64_t>(s.parts[1]),
+                                static_cast<int64_t>(s.parts[2])};
+}
+
+// A rank's share of `images` (the distributed sampler pads the ranks to the same count).
+int64_t per_rank(const TrainConfig& c, int64_t images) {
+  const int64_t ranks = std::max<int64_t>(1, c.world_size);
+  return (images + ranks - 1) / ranks;
+}
+
 // RunFootprint::evaluation_images: from the split's counts (a folder with fewer images gives
 // smaller sets, and a smaller pass), or the synthetic set's parts; sharded over the ranks.
 int64_t evaluation_images(const TrainConfig& c) {
-  const SplitSpec s = parse_split(c.split);
-  if (!s.counts && c.data != "synthetic") return -1;
-  const std::array<int64_t, 3> n = c.data == "synthetic" ? synthetic_part_counts(c)
-                                                          : std::array<int64_t, 3>{static_cast<int64_t>(s.parts[0]),
-                                                                                   static_cast<int64_t>(s.parts[1]),
-                                                                                   static_cast<int64_t>(s.parts[2])};
+  const auto n = part_counts(c);
+  if (!n) return -1;
   // --augment article adds a cropped copy of every validation image.
-  const int64_t val = 2 * n[1] * (c.augment == "article" ? 2 : 1), test = 2 * n[2];
-  const int64_t ranks = std::max<int64_t>(1, c.world_size);
-  return (std::max(val, test) + ranks - 1) / ranks;
+  const int64_t val = 2 * (*n)[1] * (c.augment == "article" ? 2 : 1), test = 2 * (*n)[2];
+  return per_rank(c, std::max(val, test));
+}
+
+// RunFootprint::training_images: two classes, twice over with --augment article (its offline
+// copies); -1 for a folder split by fractions, which may also hold fewer images than its counts.
+int64_t training_images(const TrainConfig& c) {
+  const auto n = part_counts(c);
+  if (!n) return -1;
+  return per_rank(c, 2 * (*n)[0] * (c.augment == "article" ? 2 : 1));
 }
 
 }  // namespace
@@ -62,6 +82,7 @@ RunFootprint run_footprint(const TrainConfig& c, Device device, int64_t image_si
   RunFootprint f;
   f.image_size = image_size;
   f.evaluation_images = evaluation_images(c);
+  f.training_images = training_images(c);
   const bool on_cpu = device.target() == DeviceType::CPU;
   if (c.data == "synthetic" && c.augment == "none") {
     // tensor_source: every part's images as one f32 tensor and its labels as i64, in host memory;

@@ -28,6 +28,10 @@ struct RunFootprint {
   // The largest evaluation set (validation or test) one rank holds; -1 when it is not known before
   // the data is read (a folder split by fractions): the pass then runs at the trial's batch.
   int64_t evaluation_images = -1;
+  // The training images one rank reads an epoch, -1 when not known before the data is read. The
+  // run's loader keeps the last, smaller batch of an epoch, whose shape the step meets once an
+  // epoch: eagerly the first time, captured the next (CUDA graphs), so the trials run it too.
+  int64_t training_images = -1;
 
   // Every trial ends with an evaluation pass (a forward without gradients, in evaluation mode) at
   // the trial's batch, or at the largest evaluation set when that is smaller: the run evaluates its
@@ -38,6 +42,14 @@ struct RunFootprint {
   // The batch of the trial's evaluation pass for a trial at `batch`.
   int64_t evaluation_batch(int64_t batch) const {
     return evaluation_images < 0 ? batch : std::min(batch, evaluation_images);
+  }
+
+  // The epoch's last, smaller batch at `batch` (a micro-batch with accumulation), 0 when the
+  // epoch divides evenly or the count is not known; and the evaluation pass's, at the batch of
+  // evaluation_batch (a set of 1000 at 300: 100).
+  int64_t training_partial(int64_t batch) const { return training_images > batch ? training_images % batch : 0; }
+  int64_t evaluation_partial(int64_t batch) const {
+    return evaluation_images > batch ? evaluation_images % batch : 0;
   }
 
   // The bytes of one input batch of `batch` images (f32 pixels and i64 labels).

@@ -228,14 +228,16 @@ void Search::confirm_next(int64_t answer) {
     say("the real trial at the dry run's answer + 1 fitted: the real maximum is " + std::to_string(f.max_batch));
 }
 
-// --checkpoint optimal solves a plan for each batch, and a smaller batch's plan keeps more, up to
-// the planner's limit: its real peak (workspaces, the allocator's blocks, which the planner's
-// model leaves out) can pass the budget where a larger batch's least-memory plan fitted, so what
-// fits is not monotonic in the batch. The recommended batch is therefore tried itself: in the dry
-// run, one step down at a time until it fits, then in a real trial (a few steps down at most).
+// What fits is not monotonic in the batch. The run's shapes change with it: the epoch's last,
+// smaller batch and the evaluation's, and where the caching allocator places their blocks beside the
+// full batch's. And --checkpoint optimal solves a plan for each batch, and a smaller batch's plan
+// keeps more, up to the planner's limit: its real peak (workspaces, the allocator's blocks, which the
+// planner's model leaves out) can pass the budget where a larger batch's least-memory plan fitted.
+// The recommended batch is therefore tried itself: in the dry run, one step down at a time until it
+// fits, then in a real trial (a few steps down at most).
 void Search::check_recommended() {
   const int64_t first = rep_.recommended;
-  if (!optimal() || first <= 0) return;
+  if (first <= 0 || first == rep_.finder.max_batch) return;
   const auto down = [](int64_t b) { return b - std::max<int64_t>(1, b / 50); };
   int64_t b = first;
   for (int k = 0; b > 0 && k < 200 && !agree(group_, dry_->run(b, o_.steps)).ok; ++k) b = down(b);
@@ -246,8 +248,10 @@ void Search::check_recommended() {
   }
   rep_.recommended = std::max<int64_t>(b, 0);
   if (b != first)
-    say("the recommended batch " + std::to_string(first) + " runs its own recomputation plan (--checkpoint optimal " +
-        "plans each batch), which does not fit: " + std::to_string(b) + (confirmed ? " does" : " is the last tried"));
+    say("the recommended batch " + std::to_string(first) + " does not fit (" +
+        (optimal() ? "it runs its own recomputation plan: --checkpoint optimal plans each batch"
+                   : "its epochs end with other shapes, whose blocks fall elsewhere") +
+        "): " + std::to_string(b) + (confirmed ? " does" : " is the last tried"));
 }
 
 // The lines after the search, and maxbatch.json's figures.
@@ -290,7 +294,7 @@ void Search::summary() {
                            "back as the trial did); --cuda-graphs finds the largest batch that "
                            "replays, --no-cuda-graphs the largest eager one");
   say("recommended batch (" + fmt(100 * o_.margin, 0) + "% margin" +
-      (optimal() ? ", tried with its own recomputation plan" : "") + "): " + std::to_string(rep_.recommended));
+      (optimal() ? ", tried with its own recomputation plan" : ", tried") + "): " + std::to_string(rep_.recommended));
   rep_.json = {{"budget_bytes", rep_.budget_bytes},
                {"gpu", c_.gpu},
                {"world_size", c_.world_size},

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -79,8 +81,12 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
   // first steps are usually skipped (the scaler starts at 65536 and halves on every overflow) and
   // a skipped step creates no state, so step at batch 1 until one update has really run (the
   // scale reaches 1 after 16 halvings; a model that still overflows then trains on NaN anyway).
-  step(1);
-  for (int i = 0; i < 40 && !last_stepped_; ++i) step(1);
+  const auto warm_up = [this] {
+    Feed feed(*this, std::vector<int64_t>(static_cast<size_t>(accumulated()), 1));
+    step(feed, 1);
+  };
+  warm_up();
+  for (int i = 0; i < 40 && !last_stepped_; ++i) warm_up();
   baseline_ = memory_stats(device_).allocated_bytes - footprint_.resident_bytes;
   // Each trial starts as a run does: with accumulation and graphs, its first window makes the kept
   // gradients at its batch (GraphedStep::release drops them after each trial too).
@@ -101,20 +107,43 @@ void StepRunner::limit_recomputation(int64_t batch) {
   limited_batch_ = batch;
 }
 
-int64_t StepRunner::step(int64_t batch) {
+StepRunner::Feed::Feed(const StepRunner& r, std::vector<int64_t> sizes)
+    : r_(r), sizes_(std::move(sizes)), ahead_(std::max(0, r.footprint_.batches_held - 1)) {}
+
+std::pair<Tensor, Tensor> StepRunner::Feed::next() {
+  MINIDL_CHECK(handed_ < sizes_.size(), "StepRunner: a trial's pass of ", sizes_.size(), " batches is over");
+  // As data::DeviceStaging::next: the batch handed out (made now when it was not made ahead), then
+  // the next one's tensors; a loader with a deeper queue (the CPU's) holds more ahead.
+  const auto make = [&] {
+    const int64_t n = sizes_[made_++];
+    // Random images (a trial's weights must not meet a degenerate input) and class-0 labels: one
+    // tensor each, as the loader's staging makes them.
+    ready_.emplace_back(randn(r_.model_.input_shape(n), {DType::f32, r_.device_, false}),
+                        zeros({n}, {DType::i64, r_.device_, false}));
+  };
+  if (ready_.empty()) make();
+  std::pair<Tensor, Tensor> out = std::move(ready_.front());
+  ready_.pop_front();
+  ++handed_;
+  while (static_cast<int>(ready_.size()) < ahead_ && made_ < sizes_.size()) make();
+  return out;
+}
+
+int64_t StepRunner::step(Feed& feed, int64_t batch, int64_t full_batch) {
+  if (full_batch == 0) full_batch = batch;
   limit_recomputation(batch);
-  // Inputs are made on the device like a loader's batch; their bytes count in the peak.
-  const TensorOptions fo{DType::f32, device_, false};
   // The overall peak is kept in `outer` while the phases are measured one at a time.
   const auto outer = memory_stats(device_);
   reset_peak_stats(device_);
-  const int64_t micro = accumulated();
+  // With accumulation the epoch's last, smaller batch is one micro-batch closing its window.
+  const int64_t micro = batch == full_batch ? accumulated() : 1;
   for (int64_t k = 0; k < micro; ++k) {
-    const Tensor x = randn(model_.input_shape(batch), fo);
-    const Tensor labels = gt(rand({batch}, fo), full({1}, 0.5, fo)).to(DType::i64);
-    const optim::MicroBatch mb{.loss_weight = 1.0 / static_cast<double>(micro), .steps = k + 1 == micro,
+    // Inputs come as the run's loader hands them out; their bytes count in the peak.
+    const auto [x, labels] = feed.next();
+    const optim::MicroBatch mb{.loss_weight = 1.0 / static_cast<double>(accumulated()), .steps = k + 1 == micro,
                                .samples = batch};
-    last_stepped_ = step_->run(x, labels, mb).stepped;   // the last backward's peak: backward_peak_
+    Step::Forward f = step_->forward(x, labels, mb, full_batch);   // a partial batch never replays a window
+    last_stepped_ = step_->update(f);   // the last backward's peak: backward_peak_
   }
   const int64_t phase = backward_peak_;
   peak_allocated_ = std::max({peak_allocated_, outer.peak_allocated_bytes, memory_stats(device_).peak_allocated_bytes});
@@ -125,7 +154,7 @@ int64_t StepRunner::step(int64_t batch) {
   return phase;
 }
 
-void StepRunner::evaluate(int64_t batch) {
+void StepRunner::evaluate(const std::vector<int64_t>& sizes) {
   // Back to training mode however the pass ends (an OOM is the trial's answer, not the runner's end).
   struct TrainAgain {
     nn::Module& m;
@@ -133,19 +162,30 @@ void StepRunner::evaluate(int64_t batch) {
   } again{*model_.module};
   const NoGradGuard no_grad;
   model_.module->eval();
-  const Tensor x = randn(model_.input_shape(batch), {DType::f32, device_, false});
-  const Tensor labels = zeros({batch}, {DType::i64, device_, false});
-  // The eager batch, its tensors freed before the evaluation's capture below, as in the run (beside
-  // the training graphs, in their pool: GraphedStep::eval_eagerly).
-  const auto eager = [&] { const Tensor loss = model_.loss(model_.forward(x), labels); };
-  // With graphs, the run's later evaluation batches replay a forward captured into the training
-  // graphs' pool (GraphedStep::eval_step): the trial captures and replays it too.
-  if (train::GraphedStep* g = step_->graphed()) {
-    g->eval_eagerly(x, eager);
-    if (g->eval_replayable(x, labels)) g->eval_step(x, labels);
-  } else {
-    eager();
+  Feed feed(*this, sizes);
+  // train::evaluate's loop: a batch replays the forward captured into the training graphs' pool
+  // once an eager batch of its layout has run (GraphedStep::eval_step); any other runs eagerly,
+  // beside the graphs in their pool (GraphedStep::eval_eagerly), its loss and count read on the host.
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto [x, labels] = feed.next();
+    train::GraphedStep* g = step_->graphed();
+    if (g != nullptr && g->eval_replayable(x, labels) && g->eval_step(x, labels)) continue;
+    const auto work = [&] {
+      const Tensor logits = model_.forward(x);
+      (void)model_.loss(logits, labels).item();
+      (void)model_.correct(logits, labels);
+    };
+    if (g != nullptr) g->eval_eagerly(x, work);
+    else work();
   }
+}
+
+std::vector<int64_t> StepRunner::evaluation_pass(int64_t batch, int64_t full_batches) const {
+  const int64_t e = footprint_.evaluation_batch(batch);
+  const int64_t images = footprint_.evaluation_images;
+  std::vector<int64_t> sizes(static_cast<size_t>(images < 0 ? full_batches : std::min(full_batches, images / e)), e);
+  if (const int64_t partial = footprint_.evaluation_partial(e); partial > 0) sizes.push_back(partial);
+  return sizes;
 }
 
 Trial StepRunner::run(int64_t batch, int steps) {
@@ -160,21 +200,39 @@ Trial StepRunner::run(int64_t batch, int steps) {
   // A trial stands for a run at `batch`, whose first step plans its recomputation afresh (no
   // smaller batch borrows the plan of a larger one another trial made).
   if (model_.recomputer) model_.recomputer->forget_plans();
+  // The run's epochs as far as they differ (RunFootprint): the first with `steps` full steps, its
+  // smaller last batch and the evaluation pass with its own; then, where there are smaller batches
+  // or graphs, the next epoch's first step and end, where the run captures what it ran eagerly once.
+  const int64_t partial = footprint_.training_partial(batch);
+  const int64_t micro = accumulated();
+  const auto training_pass = [&](int64_t full_steps) {
+    std::vector<int64_t> sizes(static_cast<size_t>(full_steps * micro), batch);
+    if (partial > 0) sizes.push_back(partial);
+    return sizes;
+  };
   try {
-    // The batches the run's loader holds beside the one trained on, for the whole trial.
-    std::vector<Tensor> held;
-    for (int k = 1; k < footprint_.batches_held; ++k) {
-      held.push_back(empty(model_.input_shape(batch), {DType::f32, device_, false}));
-      held.push_back(empty({batch}, {DType::i64, device_, false}));
+    {
+      Feed feed(*this, training_pass(steps));
+      for (int s = 0; s < steps; ++s) {
+        const auto t0 = std::chrono::steady_clock::now();
+        t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(feed, batch));
+        synchronize(device_);   // a GPU step returns before its kernels finish: time them too
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s > 0 || steps == 1) timed += dt;
+      }
+      if (partial > 0) step(feed, partial, batch);
     }
-    for (int s = 0; s < steps; ++s) {
-      const auto t0 = std::chrono::steady_clock::now();
-      t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(batch));
-      synchronize(device_);   // a GPU step returns before its kernels finish: time them too
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (s > 0 || steps == 1) timed += dt;
+    const std::vector<int64_t> eval = footprint_.evaluation() ? evaluation_pass(batch, 2) : std::vector<int64_t>{};
+    evaluate(eval);
+    const bool eval_partial = !eval.empty() && eval.back() != eval.front();
+    if (partial > 0 || eval_partial || step_->graphed() != nullptr) {
+      {
+        Feed feed(*this, training_pass(1));
+        step(feed, batch);
+        if (partial > 0) step(feed, partial, batch);
+      }
+      if (footprint_.evaluation()) evaluate(evaluation_pass(batch, 1));
     }
-    if (footprint_.evaluation()) evaluate(footprint_.evaluation_batch(batch));
     t.ok = true;
     t.step_seconds = timed / (steps > 1 ? steps - 1 : 1);
   } catch (const OutOfMemoryError&) {
@@ -186,7 +244,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
   // The trial's graph (CUDA graphs), its pool and captured tensors go with the trial, whether it
   // fit or not, so the statistics can return to where they were.
   t.graphed = step_->graphed() != nullptr && step_->graphed()->replays() > replays_before &&
-              step_->graphed()->eval_ooms() == eval_ooms_before;
+              step_->graphed()->eval_ooms() == eval_ooms_before && !step_->graphed()->eager_only();
   step_->release_graph();
   // After an OOM the phase bookkeeping stopped mid-step: the allocator's peak covers the rest.
   const auto ms = memory_stats(device_);

@@ -1,15 +1,21 @@
 // Runs K full training steps (forward, backward, optimizer step; two micro-batches per step with
 // gradient accumulation) of a configuration at a given micro-batch on random inputs under the
-// memory budget, then an evaluation pass, and measures peak memory and step time. Beside the steps
-// it holds what the run minidl-train would make also holds on the device (run_footprint.h: the
-// in-memory data set, prefetched batches), so its answer is the run's, not one step's.
+// memory budget, then what the run does where an epoch ends (its smaller last batch, the
+// evaluation pass and its last batch, and where there are such batches the next epoch's first step
+// and end), and measures peak memory and step time. Beside the steps it holds what the run
+// minidl-train would make also holds on the device (run_footprint.h: the in-memory data set,
+// prefetched batches), so its answer is the run's, not one step's: on a caching allocator where a
+// block lands depends on every request before it, and the run's shapes are all among them.
 // The finder, --profile and minidl-memest use it; an OOM inside a trial is caught, the step's
 // tensors are dropped, and the runner checks that the memory statistics return to their level.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "core/device.h"
 #include "train/config.h"
@@ -42,11 +48,32 @@ class StepRunner {
   const RunFootprint& footprint() const { return footprint_; }
 
  private:
-  // One step; returns the peak bytes of its forward + backward phase that the batch needs (reserved on
-  // a GPU, live blocks on the CPU: see step_runner.cpp).
-  int64_t step(int64_t batch);
-  // The run's evaluation pass at `batch`: a forward without gradients in evaluation mode.
-  void evaluate(int64_t batch);
+  // The run's loader on the device over one pass of batches of `sizes` (RunFootprint::batches_held):
+  // each batch's tensors made when the one before it is handed out, as data::DeviceStaging::next
+  // does, and freed by the step that used them.
+  class Feed {
+   public:
+    Feed(const StepRunner& r, std::vector<int64_t> sizes);
+    std::pair<Tensor, Tensor> next();   // images and labels
+
+   private:
+    const StepRunner& r_;
+    std::vector<int64_t> sizes_;
+    int ahead_;
+    size_t made_ = 0, handed_ = 0;
+    std::deque<std::pair<Tensor, Tensor>> ready_;
+  };
+  // One step on batches from `feed`; returns the peak bytes of its forward + backward phase that
+  // the batch needs (reserved on a GPU, live blocks on the CPU: see step_runner.cpp).
+  // `full_batch`: the run's full micro-batch when `batch` is an epoch's last, smaller one (0:
+  // `batch`), which is one micro-batch closing its window and never replays a window.
+  int64_t step(Feed& feed, int64_t batch, int64_t full_batch = 0);
+  // The run's evaluation pass over batches of `sizes`: forwards without gradients in evaluation
+  // mode, replayed from a captured forward where the run's would be (train::evaluate).
+  void evaluate(const std::vector<int64_t>& sizes);
+  // The evaluation pass of a run at `batch`: at most `full_batches` full batches, then its smaller
+  // last one; `full_batches` batches when the evaluation set's size is not known.
+  std::vector<int64_t> evaluation_pass(int64_t batch, int64_t full_batches) const;
   // The micro-batches of a trial's step: with accumulation, a second micro-batch's backward adds
   // into gradients that already exist (temporaries of the largest parameter's size), and with
   // CUDA graphs it is the second graph on the shared pool: two cover every peak of a window.

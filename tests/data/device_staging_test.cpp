@@ -9,8 +9,11 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <optional>
 #include <thread>
+#include <vector>
 
+#include "core/allocator.h"
 #include "core/backend.h"
 #include "core/ops.h"
 #include "data/device_staging.h"
@@ -369,6 +372,45 @@ TEST(DeviceStaging, InterruptRestartAndDroppedPrefetch) {
   EXPECT_NE(e.find("no buffer 7"), std::string::npos) << e;
   st.reset();
   EXPECT_EQ(be.live_buffers(), 0u);
+  EXPECT_EQ(be.freed_while_read, 0);
+}
+
+// The next batch's device tensors are made when the current batch is handed out, whether or not
+// the workers have the next one ready (try_take has nothing here): the device's requests come in
+// the same order from run to run. The next call copies into them; a batch of another count than
+// the one announced gets tensors of its own, and nothing is made when no batch follows.
+TEST(DeviceStaging, TheNextBatchsTensorsAreMadeWhenTheCurrentOneIsHandedOut) {
+  LateCopyBackend be;
+  std::unique_ptr<DeviceStaging> st = DeviceStaging::create(be, Device::cpu(), {kBatch, kSize, DType::f32, false}, 3);
+  ASSERT_NE(st, nullptr);
+  const std::vector<int64_t> counts{kBatch, kBatch, 2, 3};   // batch 2 comes short of the 3 announced
+  size_t k = 0;
+  const auto take = [&]() -> std::optional<DeviceStaging::Filled> {
+    if (k == counts.size()) return std::nullopt;
+    std::optional<DeviceStaging::Buffer> b = st->acquire();
+    if (!b) return std::nullopt;
+    fill_batch(*b, static_cast<int64_t>(k));
+    return DeviceStaging::Filled{b->index, counts[k++]};
+  };
+  const auto none = []() -> std::optional<DeviceStaging::Filled> { return std::nullopt; };
+  const auto bytes_of = [](int64_t n) { return n * (3 * kSize * kSize * static_cast<int64_t>(sizeof(float)) + 8); };
+  const auto allocated = [] { return memory_stats(Device::cpu()).allocated_bytes; };
+  const int64_t before = allocated();
+  std::optional<Batch> b0 = st->next(take, none, kBatch);
+  EXPECT_EQ(allocated() - before, 2 * bytes_of(kBatch)) << "batch 0, and batch 1's tensors";
+  std::optional<Batch> b1 = st->next(take, none, 3);
+  EXPECT_EQ(allocated() - before, 2 * bytes_of(kBatch) + bytes_of(3)) << "batch 1 in the tensors made for it";
+  std::optional<Batch> b2 = st->next(take, none, 3);   // 2 samples came: the 3-sample tensors go
+  EXPECT_EQ(allocated() - before, 2 * bytes_of(kBatch) + bytes_of(2) + bytes_of(3));
+  std::optional<Batch> b3 = st->next(take, none, 0);
+  EXPECT_EQ(allocated() - before, 2 * bytes_of(kBatch) + bytes_of(2) + bytes_of(3)) << "no batch follows";
+  EXPECT_FALSE(st->next(take, none, 0).has_value());
+  be.sync_compute();
+  ASSERT_TRUE(b1 && b2 && b3);
+  expect_batch(*b1, 1, kBatch);
+  expect_batch(*b2, 2, 2);
+  expect_batch(*b3, 3, 3);
+  st.reset();
   EXPECT_EQ(be.freed_while_read, 0);
 }
 

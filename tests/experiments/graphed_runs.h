@@ -77,7 +77,7 @@ inline TrainingRun train(TrainConfig c, std::optional<bool> graphs, const std::s
     std::smatch m;
     if (std::regex_search(line, m, step_loss)) r.progress.push_back(m.str());
     if (line.rfind("CUDA graphs: ", 0) == 0 && line.find("replayed from") != std::string::npos) r.graph_line = line;
-    if (line.find("run eagerly from here") != std::string::npos) r.fallbacks.push_back(line);
+    if (line.find("eagerly from here") != std::string::npos) r.fallbacks.push_back(line);
   };
   hooks.on_epoch = [&](const EpochMetrics& em) { r.epochs.push_back(em); };
   hooks.on_step = extra.on_step;

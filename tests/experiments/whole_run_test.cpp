@@ -23,6 +23,13 @@ TEST(WholeRun, SyntheticDataHeldInMemoryCountsAgainstTheBudget) {
   // The set alone is worth several images of the step: without it the answer was too large.
   const RunFootprint f = run_footprint(c, Device::cpu(), 16);
   EXPECT_EQ(f.resident_bytes, 2 * (96 + 8 + 8) * (3 * 16 * 16 * 4 + 8));
+  // The epochs' smaller last batches, which every trial runs too: 192 training images and 16 to
+  // evaluate, at batch 10.
+  EXPECT_EQ(f.training_images, 192);
+  EXPECT_EQ(f.training_partial(10), 2);
+  EXPECT_EQ(f.evaluation_partial(10), 6);
+  EXPECT_EQ(f.training_partial(16), 0);
+  EXPECT_EQ(f.evaluation_partial(16), 0);
   testing::expect_answer_trains(c);
 }
 

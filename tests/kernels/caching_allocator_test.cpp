@@ -131,6 +131,26 @@ TEST(CachingAllocator, LargeRequestFallsBackToAnExactSegmentUnderTheBudget) {
   f.alloc.deallocate(a, 3 * MiB);
 }
 
+// A small request that finds no free small block needs a new 2 MiB segment: when that segment is
+// what passes the budget, the error says the budget, not the device, refused it.
+TEST(CachingAllocator, ASmallRequestOverTheBudgetNamesTheBudget) {
+  AllocatorFixture f;
+  f.alloc.set_budget(25 * MiB);
+  void* a = f.alloc.allocate(22 * MiB);
+  void* b = f.alloc.allocate(MiB);   // a 2 MiB segment: 24 MiB reserved
+  void* c = f.alloc.allocate(MiB);   // the segment's second half
+  try {
+    f.alloc.allocate(512 * 1024);   // 24 MiB + 512 KiB is within the budget, but its segment is 2 MiB
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("the request would exceed the memory budget"), std::string::npos)
+        << e.what();
+  }
+  f.alloc.deallocate(c, MiB);
+  f.alloc.deallocate(b, MiB);
+  f.alloc.deallocate(a, 22 * MiB);
+}
+
 TEST(CachingAllocator, DeviceRefusalFlushesTheCacheThenThrows) {
   AllocatorFixture f;
   f.dev.capacity = 40 * MiB;
