@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "minidl_build_commit.h"
 
 namespace minidl::harness {
 namespace {
@@ -218,13 +219,10 @@ bool at_chance(double acc, int64_t n) { return std::isfinite(acc) && std::fabs(a
 
 nlohmann::json provenance(const std::string& device_name) {
   nlohmann::json j;
-  std::string commit = run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' rev-parse HEAD 2>/dev/null");
-  if (commit.empty()) commit = MINIDL_HARNESS_CONFIGURE_COMMIT;
-  const std::string dirty =
-      // Committed results being rewritten are not changes to the code that produced them.
-      run_command("git -C '" MINIDL_HARNESS_SOURCE_DIR "' status --porcelain --untracked-files=no -- . "
-                  "':!lab' 2>/dev/null");
-  j["commit"] = commit + (dirty.empty() ? "" : " (with uncommitted changes)");
+  // The commit the program was built from (and whether tracked files outside lab/ differed from it
+  // then), not the one the source tree is at when it runs: staged binaries run beside a copy of a
+  // tree that may have moved on.
+  j["commit"] = std::string(MINIDL_BUILD_COMMIT) + (MINIDL_BUILD_DIRTY ? " (built with uncommitted changes)" : "");
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
