@@ -358,8 +358,8 @@ void GraphedStep::eval_eagerly(const Tensor& images, const std::function<void()>
     }
     give_up_captures();
     if (fallback_log_)
-      fallback_log_("CUDA graphs: batches of " + layouts + " run eagerly from here: an evaluation batch ran " +
-                    "out of memory beside their graphs (" + e.what() + "); --no-cuda-graphs runs every step "
+      fallback_log_("CUDA graphs: every batch runs eagerly from here: an evaluation batch ran out of memory "
+                    "beside the graphs of " + layouts + " (" + e.what() + "); --no-cuda-graphs runs every step "
                     "eagerly, --cuda-graphs makes this an error");
     work();
   } catch (...) {
