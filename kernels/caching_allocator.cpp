@@ -236,8 +236,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
       b = take_block(size, small);
     }
     if (b == nullptr) {
-      // The smallest segment new_segment asks for: a small request's is the 2 MiB one.
-      const size_t least = small ? kSmallBuffer : size;
+      const size_t least = small ? kSmallBuffer : size;   // the smallest segment new_segment asks for
       const bool over_budget = s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(least) > s_.budget_bytes;
       throw_oom(nbytes, over_budget ? "the request would exceed the memory budget"
                                     : "the device refused the allocation");
