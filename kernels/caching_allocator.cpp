@@ -74,7 +74,7 @@ size_t CachingAllocator::segment_size(size_t rounded) {
 CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, size_t size) {
   Block key;
   key.size = size;
-  key.ptr = nullptr;
+  key.segment = -1;
   auto it = pool.lower_bound(&key);   // smallest free block >= size (best fit)
   if (it == pool.end()) return nullptr;
   Block* b = *it;
@@ -96,11 +96,8 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t rounded, bool smal
     ++segments_;
     s_.reserved_bytes += static_cast<int64_t>(seg);
     s_.peak_reserved_bytes = std::max(s_.peak_reserved_bytes, s_.reserved_bytes);
-    Block* b = new Block;
-    b->ptr = static_cast<char*>(p);
-    b->size = seg;
-    b->small = small;
-    b->pool = pool;
+    Block* b =
+        new Block{.ptr = static_cast<char*>(p), .size = seg, .segment = ++segments_made_, .small = small, .pool = pool};
     pools_of(pool).reserved += seg;
     return b;
   }
@@ -169,6 +166,7 @@ CachingAllocator::Block* CachingAllocator::take_block(size_t size, bool small) {
     Block* rest = new Block;
     rest->ptr = b->ptr + size;
     rest->size = remaining;
+    rest->segment = b->segment;
     rest->small = b->small;
     rest->expandable = b->expandable;
     rest->pool = b->pool;

@@ -86,7 +86,10 @@ struct CachingStats {
 //  - a small-pool miss reserves a 2 MiB segment; a large-pool miss reserves 20 MiB for requests
 //    under 10 MiB and the request rounded to 2 MiB otherwise (falling back to the exact rounded
 //    size when the bigger segment would break the budget);
-//  - best fit among free blocks of the pool; the remainder is split off when it is >= 512 bytes
+//  - best fit among free blocks of the pool, ties going to the oldest segment, then the lowest
+//    address in it (not to the lowest address overall: the device decides where a segment lies, and
+//    an emulated or meta device's addresses differ from a GPU's, so the choice would too); the
+//    remainder is split off when it is >= 512 bytes
 //    (small pool) or > 1 MiB (large pool); freed blocks merge with free neighbours of the same
 //    segment, so steady-state training reuses blocks without touching the device allocator;
 //  - a request that would push reserved bytes past the budget, or that the device refuses, first
@@ -193,6 +196,7 @@ class CachingAllocator final : public StatsAllocator {
     char* ptr = nullptr;
     size_t size = 0;
     size_t requested = 0;   // bytes asked for while allocated
+    int64_t segment = 0;    // its segment's number, in the order they were reserved (0: the expandable range)
     bool allocated = false;
     bool small = false;
     bool expandable = false;   // a block of the expandable segment
@@ -204,7 +208,8 @@ class CachingAllocator final : public StatsAllocator {
   };
   struct BySize {
     bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+      if (a->size != b->size) return a->size < b->size;
+      return a->segment != b->segment ? a->segment < b->segment : a->ptr < b->ptr;
     }
   };
   using Pool = std::set<Block*, BySize>;
@@ -263,7 +268,7 @@ class CachingAllocator final : public StatsAllocator {
   bool expandable_on_ = false;
   Expandable ex_;
   std::unordered_map<void*, Block*> live_;   // allocated blocks by pointer
-  int64_t segments_ = 0, raw_allocs_ = 0, raw_frees_ = 0, flushes_ = 0;
+  int64_t segments_ = 0, segments_made_ = 0, raw_allocs_ = 0, raw_frees_ = 0, flushes_ = 0;
   // fail_in_capture: the pools to let begin first (-1: none armed), whether the current one is the
   // faulting capture, and the requests it has served.
   int fault_skip_ = -1;

@@ -99,6 +99,26 @@ TEST(CachingAllocator, SplitsAndCoalescesNeighbours) {
   EXPECT_EQ(f.dev.in_use, 0u);
 }
 
+// Among free blocks of the best size, the oldest segment's serves: where the device placed the
+// segments does not decide, so a GPU, the emulated device and the meta device (which place them
+// differently) make the same choices from the same requests. Here each segment lies below the last.
+TEST(CachingAllocator, TiesGoToTheOldestSegmentWhereverTheDevicePlacesIt) {
+  AllocatorFixture f;
+  f.dev.descending_arena = 64 * MiB;
+  void* first = f.alloc.allocate(12 * MiB);   // a segment of its own size (12 MiB) each
+  void* second = f.alloc.allocate(12 * MiB);
+  ASSERT_LT(second, first);
+  f.alloc.deallocate(second, 12 * MiB);
+  f.alloc.deallocate(first, 12 * MiB);
+  void* again = f.alloc.allocate(12 * MiB);
+  EXPECT_EQ(again, first);
+  void* then = f.alloc.allocate(12 * MiB);
+  EXPECT_EQ(then, second);
+  EXPECT_EQ(f.alloc.detailed_stats().raw_allocs, 2);
+  f.alloc.deallocate(again, 12 * MiB);
+  f.alloc.deallocate(then, 12 * MiB);
+}
+
 TEST(CachingAllocator, BudgetFreesTheCacheThenThrows) {
   AllocatorFixture f;
   f.alloc.set_budget(30 * MiB);

@@ -24,6 +24,9 @@ struct FakeDevice {
   size_t page = size_t{2} << 20;   // 0: no expandable segments
   std::map<void*, size_t> ranges;  // reserved address ranges
   std::set<void*> pages;           // mapped pages
+  // Each new segment below every one before it (from the top of one arena of this many bytes, never
+  // reused), as a device may place them; 0: wherever malloc puts them.
+  size_t descending_arena = 0;
 };
 
 class FakeSource final : public SegmentSource {
@@ -31,7 +34,7 @@ class FakeSource final : public SegmentSource {
   explicit FakeSource(FakeDevice* d) : d_(d) {}
   void* raw_alloc(size_t bytes) override {
     if (d_->capacity > 0 && d_->in_use + bytes > d_->capacity) return nullptr;
-    void* p = std::malloc(bytes);
+    void* p = d_->descending_arena > 0 ? below_the_last(bytes) : std::malloc(bytes);
     d_->segments[p] = bytes;
     d_->in_use += bytes;
     return p;
@@ -42,7 +45,7 @@ class FakeSource final : public SegmentSource {
     ASSERT_EQ(it->second, bytes) << "raw_free with the wrong size";
     d_->in_use -= bytes;
     d_->segments.erase(it);
-    std::free(p);
+    if (d_->descending_arena == 0) std::free(p);
   }
   void synchronize() override { ++d_->syncs; }
   size_t page_size() const override { return d_->page; }
@@ -81,8 +84,23 @@ class FakeSource final : public SegmentSource {
   }
 
  private:
+  void* below_the_last(size_t bytes) {
+    if (arena_ == nullptr) {
+      arena_.reset(static_cast<char*>(std::malloc(d_->descending_arena)));
+      top_ = d_->descending_arena;
+    }
+    EXPECT_LE(bytes, top_) << "the fake's descending arena is used up";
+    top_ -= bytes;
+    return arena_.get() + top_;
+  }
+
   FakeDevice* d_;
   std::map<void*, void*> mmaps_;   // range base -> what mmap returned
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> arena_;   // descending_arena's
+  size_t top_ = 0;
 };
 
 struct AllocatorFixture {
