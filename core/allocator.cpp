@@ -204,6 +204,9 @@ MemoryStats memory_stats(Device d) { return allocator_for(d).stats(); }
 void reset_peak_stats(Device d) { allocator_for(d).reset_peak_stats(); }
 void set_memory_budget(Device d, size_t bytes) { allocator_for(d).set_budget(bytes); }
 void empty_cache(Device d) { allocator_for(d).empty_cache(); }
+void draw_library_workspaces(Device d) {
+  if (!d.is_cpu()) backend(d.type).draw_library_workspaces(d.index);
+}
 void set_expandable_segments(Device d, bool on) {
   MINIDL_CHECK(allocator_for(d).set_expandable_segments(on), "expandable segments: the allocator of ", d.str(),
                " cannot map memory page by page (the CPU's has no segments; a GPU's needs a driver with CUDA's "

@@ -145,6 +145,8 @@ void set_memory_budget(Device d, size_t bytes);
 // Throws when the device's allocator has no expandable segments (the CPU's).
 void set_expandable_segments(Device d, bool on);
 void empty_cache(Device d = Device::cpu());
+// DeviceServices::draw_library_workspaces of the device's backend (nothing on the CPU).
+void draw_library_workspaces(Device d);
 // Parses "11GiB", "512MiB", "1.5GB", "1000000" (bytes); throws on anything else.
 size_t parse_bytes(const std::string& s);
 

@@ -77,6 +77,13 @@ class DeviceServices {
   };
   virtual std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work,
                                                const Graph* share_pool = nullptr);
+  // Draws now the workspaces the device's libraries hold for the life of the process (cuBLAS's, from
+  // the allocator), instead of at the first call that needs one. A run (and each trial of
+  // minidl-maxbatch) draws them before it makes its model, so the first run of a process places
+  // its blocks as every later run and trial does: drawn mid-step, the workspace would take room a
+  // later step finds taken, and the first step would differ. May throw OutOfMemoryError.
+  virtual void draw_library_workspaces(int /*device_index*/) {}
+
   // Whether the device's stream is being captured now (ops that read device values on the host
   // skip those reads then).
   virtual bool capturing(int /*device_index*/) { return false; }

@@ -38,6 +38,11 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum)
   running_mean_ = register_buffer("running_mean", zeros({num_features}));
   running_var_ = register_buffer("running_var", ones({num_features}));
   num_batches_tracked_ = register_buffer("num_batches_tracked", zeros({}, {.dtype = DType::i64}));
+  one_ = scalar_tensor(1.0, num_batches_tracked_.options());
+}
+
+void BatchNorm2d::moved_to(Device device) {
+  if (one_.device() != device) one_ = scalar_tensor(1.0, num_batches_tracked_.options());
 }
 
 void BatchNorm2d::check_input(const Tensor& x) const {

@@ -66,12 +66,14 @@ class BatchNorm2d : public Module {
   Tensor sync_forward(const Tensor& x);
   void check_input(const Tensor& x) const;
   void count_batch();   // num_batches_tracked += 1 in a training forward (not in a checkpoint rerun)
+  void moved_to(Device device) override;   // one_ on the counter's new device
   int64_t num_features_;
   double eps_, momentum_;
   StatsReducer reduce_;
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
   // The 1 that count_batch adds, kept on the counter's device: making it every step cost a fill
   // launch per batch norm on a GPU (53 a ResNet-50 step). Not a buffer: not in the state dict.
+  // Made with the layer and again when it moves (Module::moved_to).
   Tensor one_;
 };
 

@@ -188,6 +188,7 @@ void Module::to(Device device) {
   NoGradGuard no_grad;
   for (auto& [n, t] : named_parameters()) convert_in_place(t, device, t.dtype());
   for (auto& [n, t] : named_buffers()) convert_in_place(t, device, t.dtype());
+  for (auto& [n, m] : named_modules()) m->moved_to(device);
 }
 
 Module& Module::to(DType dtype) {

@@ -127,6 +127,11 @@ class Module {
 
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
+  // Called on this module and every descendant once to(Device) has moved their tensors: a module
+  // that keeps device tensors outside its registry (a constant it reuses every forward) makes
+  // them here, with the model, not at its first forward, which would place them among the first
+  // step's activations (a run's first step then differs from every later one and from a trial's).
+  virtual void moved_to(Device /*device*/) {}
 
  private:
   void collect_state(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out, bool params,

@@ -52,8 +52,10 @@ Run::Run(const TrainConfig& c, const RunHooks& hooks) : c_(c), hooks_(hooks) {
   apply_backend_switches(c_, device_);
   // The previous run of a sweep (same process) leaves its blocks cached on a caching allocator:
   // released here, so this run's reserved and peak-reserved figures, and the optimal plan's room
-  // under the budget (reserved counts), are its own.
+  // under the budget (reserved counts), are its own. The libraries' workspaces come first, as in
+  // every trial of minidl-maxbatch: held from here on, as they are by every later run of the process.
   empty_cache(device_);
+  draw_library_workspaces(device_);
   reset_peak_stats(device_);
   r_.device_name = device_description(device_);
 }

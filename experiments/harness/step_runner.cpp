@@ -36,6 +36,7 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
     : c_(c), device_(released(device ? *device : resolve_device(c.device))), model_(make_model(c, c.seed * 4 + 3)),
       scaler_(optim::GradScalerOptions{.init_scale = c.amp_init_scale, .enabled = c.uses_grad_scaler()}), budget_(budget_bytes) {
   apply_backend_switches(c_, device_);
+  draw_library_workspaces(device_);   // before the model, as train::Run draws them
   model_.module->to(device_);
   model_.module->train();
   // A tiny learning rate: the trials measure memory and time, and must not drive the weights to NaN.

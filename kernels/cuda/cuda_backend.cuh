@@ -28,6 +28,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Graph> capture_graph(int device_index, const std::function<void()>& work,
                                        const Graph* share_pool = nullptr) override;
   bool capturing(int device_index) override;
+  // graph.cu: the device context's cuBLAS handle and its workspace.
+  void draw_library_workspaces(int device_index) override;
   // pinned.cu: page-locked host memory (cudaHostAlloc) for the loader's batches.
   void synchronize(int device_index) override;
   void* pinned_alloc(size_t bytes) override;

@@ -62,6 +62,8 @@ const char* kCaptureFix =
 
 bool CudaBackend::capturing(int device_index) { return context(device_index).capturing(); }
 
+void CudaBackend::draw_library_workspaces(int device_index) { context(device_index).cublas(); }
+
 std::unique_ptr<Backend::Graph> CudaBackend::capture_graph(int device_index, const std::function<void()>& work,
                                                            const Graph* share_pool) {
   DeviceContext& ctx = context(device_index);

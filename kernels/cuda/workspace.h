@@ -13,8 +13,9 @@
 
 namespace minidl::cuda {
 
-// context.cu: cuBLAS's workspace, drawn from the caching allocator at a device's first GEMM and
-// held until the device context goes.
+// context.cu: cuBLAS's workspace, drawn from the caching allocator at a device's first GEMM (a run
+// draws it before its model: DeviceServices::draw_library_workspaces) and held until the device
+// context goes.
 size_t cublas_workspace_bytes();
 
 // matmul.cu: whether a (first) and b (second) are copied to contiguous memory before the GEMM.

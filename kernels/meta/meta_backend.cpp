@@ -100,6 +100,10 @@ void MetaBackend::draw_cublas_workspace() {
   if (cublas_ptr_ == nullptr) cublas_ptr_ = a.allocate(cuda_model::cublas_workspace_bytes());
 }
 
+void MetaBackend::draw_library_workspaces(int device_index) {
+  if (device_index == static_cast<int>(DeviceType::CUDA)) draw_cublas_workspace();
+}
+
 void MetaBackend::copy(const Tensor& src, const Tensor& dst) {
   if (models_cuda(src) || models_cuda(dst)) cuda_model::copy(src, dst);   // the device-side staging
   if (!dst.device().is_meta()) {

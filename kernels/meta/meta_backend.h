@@ -30,8 +30,10 @@ class MetaBackend final : public Backend {
   void update_scale_device(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval) override;
 
-  // The CUDA model's cuBLAS workspace: drawn at the first GEMM and held, as a device context does.
+  // The CUDA model's cuBLAS workspace: drawn at the first GEMM, or before (draw_library_workspaces),
+  // and held, as a device context does.
   void draw_cublas_workspace();
+  void draw_library_workspaces(int device_index) override;
 
   // A CUDA graph on the model of a GPU (meta:cuda): `work` runs with the caching allocator's
   // private pool current, as a capture does, so the pool's segments count in reserved bytes and

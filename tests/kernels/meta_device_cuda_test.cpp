@@ -15,6 +15,7 @@
 #include "core/backend.h"
 #include "core/generator.h"
 #include "core/ops.h"
+#include "kernels/meta/cuda_model.h"
 #include "nn/layers.h"
 #include "nn/resnet.h"
 #include "optim/grad_scaler.h"
@@ -247,6 +248,30 @@ TEST(MetaDeviceCuda, FusedBatchNormScratchEqualsTheDevices) {
   }
   cuda::set_batch_norm_split(0);
 #endif
+}
+
+// draw_library_workspaces: cuBLAS's workspace drawn up front (a run does it before its model), on
+// the device and on its model alike. Once drawn, a GEMM allocates its output and nothing else, and
+// drawing again draws nothing.
+TEST(MetaDeviceCuda, LibraryWorkspacesAreDrawnUpFrontAsOnTheDevice) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one)";
+  for (const Device d : {Device::meta(DeviceType::CUDA), Device::cuda(0)}) {
+    SCOPED_TRACE(d.str());
+    const Tensor a = randn({4, 8}, {DType::f32, d, false}), b = randn({8, 4}, {DType::f32, d, false});
+    const int64_t before = memory_stats(d).allocated_bytes;
+    draw_library_workspaces(d);
+    const int64_t drawn = memory_stats(d).allocated_bytes;
+    // The first draw in this process takes the workspace; a test run after another may find it held.
+    EXPECT_TRUE(drawn == before || drawn - before == static_cast<int64_t>(meta::cuda_model::cublas_workspace_bytes()))
+        << drawn - before << " bytes drawn";
+    draw_library_workspaces(d);
+    EXPECT_EQ(memory_stats(d).allocated_bytes, drawn) << "a second draw";
+    reset_peak_stats(d);
+    {
+      const Tensor c = matmul(a, b);
+      EXPECT_EQ(memory_stats(d).peak_allocated_bytes - drawn, static_cast<int64_t>(c.nbytes())) << "the GEMM";
+    }
+  }
 }
 
 }  // namespace

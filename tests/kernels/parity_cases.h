@@ -31,6 +31,8 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"host_wait", "kernels/pinned_loader_cuda_test.cpp:PinnedLoader.BatchSizeChangesBetweenEpochs"},
       {"capture_graph", "optim/graph_step_cuda_test.cpp:GraphStep.SmallInputResNetsReplayBitIdenticallyToEager"},
       {"capturing", "optim/graph_step_cuda_test.cpp:GraphStep.AHostReadInsideTheCaptureFailsNamingTheFix"},
+      {"draw_library_workspaces",
+       "kernels/meta_device_cuda_test.cpp:MetaDeviceCuda.LibraryWorkspacesAreDrawnUpFrontAsOnTheDevice"},
       {"replay", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnFp32ReplayIsBitIdenticalToEager"},
       {"pool_bytes", "optim/graph_step_cuda_test.cpp:GraphStep.EagerAllocationsAfterTheCaptureDoNotReuseItsPool"},
       {"pool", "experiments/cuda_graphs_cuda_test.cpp:ExperimentsCudaGraphs.AccumulationWindowsReplayTwoGraphsLikeTheEagerRun"},
