@@ -53,11 +53,7 @@ void BatchNorm2d::check_input(const Tensor& x) const {
 void BatchNorm2d::count_batch() {
   if (is_training() && !recomputing()) {  // a checkpoint rerun is not a new batch
     NoGradGuard no_grad;
-    if (!one_.defined() || one_.device() != num_batches_tracked_.device() ||
-        one_.dtype() != num_batches_tracked_.dtype()) {
-      one_ = scalar_tensor(1.0, num_batches_tracked_.options());
-    }
-    num_batches_tracked_.add_(one_);
+    num_batches_tracked_.add_(one_);   // one_ follows the counter (the constructor, moved_to)
   }
 }
 
