@@ -97,11 +97,11 @@ class GraphedStep {
   // back the same way. `log` gets one line per layout that falls back. Without this
   // (--cuda-graphs), the capture's error ends the step as any other.
   void fall_back_when_a_capture_fails(std::function<void(const std::string&)> log);
+  // Layouts whose capture fell back (training and evaluation), since the last release().
+  int64_t fallbacks() const { return static_cast<int64_t>(no_graph_.size() + no_eval_graph_.size()); }
   // When a capture runs out of memory with no other layout's training graph held, or an
   // evaluation batch does not fit beside the graphs (eval_eagerly), no layout is captured again:
   // every step is eager from then on (an eager run's memory, which its answer is for).
-  // Layouts whose capture fell back (training and evaluation), since the last release().
-  int64_t fallbacks() const { return static_cast<int64_t>(no_graph_.size() + no_eval_graph_.size()); }
   bool eager_only() const { return eager_only_; }
 
   // The eager update of a micro-batch the loop ran forward itself (trainer.micro_batch), counted
