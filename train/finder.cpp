@@ -14,6 +14,19 @@
 namespace minidl::train {
 namespace {
 constexpr int kSecantSteps = 4;   // refits before falling back to doubling growth
+
+// FinderOptions::look_above's candidates above an answer, in increasing order, none above limit:
+// answer + 2 .. answer + look_above, then steps of an eighth of the answer up to twice it.
+std::vector<int64_t> above_answer(int64_t answer, int64_t look_above, int64_t limit) {
+  std::vector<int64_t> c;
+  for (int64_t b = answer + 2; b <= answer + look_above; ++b) c.push_back(b);
+  const int64_t step = std::max<int64_t>(1, (answer + 7) / 8);
+  for (int64_t b = answer + step; b <= 2 * answer; b += step) c.push_back(b);
+  std::sort(c.begin(), c.end());
+  c.erase(std::unique(c.begin(), c.end()), c.end());
+  c.erase(std::remove_if(c.begin(), c.end(), [&](int64_t b) { return b <= answer + 1 || b > limit; }), c.end());
+  return c;
+}
 }  // namespace
 
 int64_t LinearMemoryModel::max_batch(int64_t budget, int64_t limit) const {
@@ -138,6 +151,28 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
     }
   }
   while (hi && *hi - lo > 1) run(lo + (*hi - lo) / 2);
+  const int64_t first = lo;
+  while (o.look_above > 0 && hi && lo > 0) {
+    const auto tried = [&](int64_t b) {
+      return std::any_of(r.trials.begin(), r.trials.end(), [&](const auto& t) { return t.first == b; });
+    };
+    std::optional<int64_t> again;
+    for (int64_t c : above_answer(lo, o.look_above, o.limit)) {
+      if (!tried(c) && run(c).ok) {
+        again = c;
+        break;
+      }
+    }
+    if (!again) break;
+    hi.reset();   // the failures below it no longer bound the answer
+    for (int64_t step = 1; !hi; step *= 2) {
+      const int64_t c = std::min(lo + step, o.limit);
+      if (c <= lo || (run(c).ok && c == o.limit)) break;
+    }
+    r.hit_limit = !hi;
+    while (hi && *hi - lo > 1) run(lo + (*hi - lo) / 2);
+  }
+  r.below_gap = lo != first ? first : 0;
   r.max_batch = lo;
   return r;
 }

@@ -48,6 +48,12 @@ struct FinderOptions {
   int64_t probe_large = 8;
   int64_t limit = 1 << 16;       // never try more than this
   int max_trials = 40;
+  // Where what fits is not monotonic in the batch (--checkpoint optimal solves a plan per batch),
+  // a batch above the first failure may fit again: after the search, the batches answer + 2 ..
+  // answer + look_above, then steps of an eighth of the answer up to twice it, are tried; from the
+  // first that fits the search grows and bisects again, until none above fits. 0: the first
+  // failure ends the search.
+  int64_t look_above = 0;
 };
 
 struct FinderResult {
@@ -63,6 +69,8 @@ struct FinderResult {
   std::vector<std::pair<int64_t, Trial>> trials;  // in the order run
   int ooms = 0;
   bool all_recovered = true;
+  // look_above: the answer before a batch above it fitted (0 when none did, or when not looking).
+  int64_t below_gap = 0;
   // The dry run (minidl-maxbatch): the search above on the shape-only device, then one real trial
   // at its answer. Filled by run_maxbatch; trials/ooms above are then the real trials alone.
   int64_t dry_max_batch = 0;

@@ -175,6 +175,8 @@ void Search::search() {
   const auto t0 = std::chrono::steady_clock::now();
   FinderOptions dry_fo = fo_;
   dry_fo.max_trials = 200;
+  // Each batch's own recomputation plan makes what fits non-monotonic: look past the first failure.
+  if (optimal()) dry_fo.look_above = 4;
   // Agreed across ranks like the real trials: ranks with different budgets search the same batches.
   const FinderResult dry_search =
       find_max_batch([&](int64_t b) { return agree(group_, dry_->run(b, o_.steps)); }, dry_fo);
@@ -182,7 +184,11 @@ void Search::search() {
   say("dry run on " + dry_run_device(c_).str() + ": maximum batch " + std::to_string(dry_search.max_batch) +
       " after " + std::to_string(dry_search.trials.size()) + " dry trials in " + fmt(dry_seconds, 3) +
       " s (peak allocated " + mib(dry_search.at_max.peak_allocated) + ", reserved " +
-      mib(dry_search.at_max.peak_reserved) + ")");
+      mib(dry_search.at_max.peak_reserved) + ")" +
+      (dry_search.below_gap > 0 ? "; batches above its first answer, " + std::to_string(dry_search.below_gap) +
+                                      ", fit again (each batch solves its own --checkpoint optimal plan): the largest "
+                                      "that fits is the answer"
+                                : ""));
   Trial confirm;
   if (dry_search.max_batch > 0 && !plan_) confirm = real_trial(dry_search.max_batch);
   FinderResult& f = rep_.finder;

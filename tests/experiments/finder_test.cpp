@@ -75,6 +75,52 @@ TEST(ExperimentsFinder, SearchUpwardFindsTheExactMaximumAboveABatchThatFits) {
   EXPECT_TRUE(capped.hit_limit);
 }
 
+// What fits under --checkpoint optimal on the emulated device (resnet18-small, 16 px, 115 MiB):
+// 8-11, then 18-21 and 23, nothing above (each batch solves its own plan; 132 training images). The
+// plain search stops at the first failure; look_above tries a few batches just above the answer and
+// steps of an eighth of it, and from one that fits grows and bisects again until none above fits.
+TEST(ExperimentsFinder, LookAboveFindsTheLargestBatchThatFitsPastAGap) {
+  const auto fits = [](int64_t b) { return b <= 11 || (b >= 18 && b <= 21) || b == 23; };
+  const auto device = [&](int64_t b) {
+    Trial t;
+    t.ok = fits(b);
+    t.peak_reserved = t.peak_allocated = 1000 + 10 * std::min<int64_t>(b, 11);
+    t.step_seconds = 0.01;
+    return t;
+  };
+  FinderOptions o;
+  o.budget_bytes = 1110;
+  o.max_trials = 200;
+  const FinderResult plain = find_max_batch(device, o);
+  EXPECT_EQ(plain.max_batch, 11);
+  EXPECT_EQ(plain.below_gap, 0);
+  o.look_above = 4;
+  const FinderResult r = find_max_batch(device, o);
+  EXPECT_EQ(r.max_batch, 23);
+  EXPECT_EQ(r.below_gap, 11);
+  EXPECT_FALSE(r.hit_limit);
+  EXPECT_TRUE(r.at_max.ok);
+  for (const auto& [b, t] : r.trials) EXPECT_EQ(t.ok, fits(b)) << b;
+  EXPECT_LE(r.trials.size(), plain.trials.size() + 20) << "a few batches above each answer";
+
+  // Where what fits is monotonic, looking above costs its failed candidates and changes nothing.
+  FakeDevice dev{1000000, 100000, 997};
+  FinderOptions m;
+  m.budget_bytes = dev.budget;
+  const FinderResult base = find_max_batch(std::ref(dev), m);
+  m.look_above = 4;
+  const FinderResult looked = find_max_batch(std::ref(dev), m);
+  EXPECT_EQ(looked.max_batch, base.max_batch);
+  EXPECT_EQ(looked.below_gap, 0);
+  EXPECT_GT(looked.trials.size(), base.trials.size());
+  EXPECT_LE(looked.trials.size(), base.trials.size() + 3 + 8) << "answer + 2 .. + 4 and eighths of it";
+  // Under a limit that fits past the gap, the limit is the answer, said so.
+  o.limit = 20;
+  const FinderResult capped = find_max_batch(device, o);
+  EXPECT_EQ(capped.max_batch, 20);
+  EXPECT_TRUE(capped.hit_limit);
+}
+
 TEST(ExperimentsFinder, NonLinearMemoryStillFindsTheExactMaximum) {
   for (double quad : {0.5, 2.0, 10.0}) {
     FakeDevice dev{4000000, 50000, 1500, quad};

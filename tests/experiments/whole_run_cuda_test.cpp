@@ -72,10 +72,10 @@ TEST(WholeRunCuda, PhotoFolder) {
 // --checkpoint optimal on the caching allocator: the trials and the run solve the same plan at
 // each batch (modelled link times, the run's limit), so the dry run's answer is the real trial's.
 // A smaller batch runs another plan, which keeps more: what fits is not monotonic in the batch
-// (a scan of 8-24 under this budget, with 126 training images, fitted 8-11, 17, 18, 20, 21 and
-// 23), so the recommended batch is tried with its own plan, in the dry run and in a real trial
-// (which fails when the dry run's does not fit, and makes the search step down). The run at the
-// answer trains and the one at the answer + 1 runs out (two steps of each, where they differed).
+// (dry trials of two steps at 8-40 under this budget, with 132 training images, fit 8-11 and
+// 18-21), so the dry run looks above its first answer (FinderOptions::look_above), and the
+// recommended batch is tried with its own plan. The run at the answer trains and the one at the
+// answer + 1 runs out. Trials of one step answered 23 here, where a run's second step ran out.
 // Before the run drew cuBLAS's workspace and the batch norms' constant with its model (as the
 // trials do), its first step's profile and rehearsal saw other room than the trials' and ran out
 // where they fitted; and before the allocator broke ties between equal free blocks by segment
@@ -83,21 +83,22 @@ TEST(WholeRunCuda, PhotoFolder) {
 TEST(WholeRunCuda, SyntheticDataWithOptimalRecomputation) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   TrainConfig c = small_cnn_on_gpu("115MiB");
-  c.split = "66,4,4";   // 132 images: whole batches at the answer, 11, and at 12
+  c.split = "66,4,4";   // 132 images
   c.model = "resnet18-small";
   c.image_size = 16;
   c.checkpoint = "optimal";
-  c.cuda_graphs = false;   // one step a trial (with graphs, two: the capture follows an eager step)
+  c.cuda_graphs = false;   // no capture: the trials' steps are the eager steps of the run
   MaxBatchOptions o;
-  o.steps = 1;
+  o.steps = 2;
   const MaxBatchReport rep = run_maxbatch(c, o, false);
   const int64_t answer = rep.finder.max_batch;
   ASSERT_GT(answer, 1) << rep.text;
   EXPECT_TRUE(rep.finder.confirmed) << rep.text;
   EXPECT_EQ(rep.finder.dry_max_batch, answer) << rep.text;
+  EXPECT_GT(rep.finder.below_gap, 0) << rep.text;
   EXPECT_NE(rep.text.find("tried with its own recomputation plan"), std::string::npos) << rep.text;
   EXPECT_GT(rep.recommended, 0) << rep.text;
-  // Two steps and the evaluation: the first steps are where the run differed (no smaller batches here).
+  // Two steps and the evaluation: the first steps are where the run differed.
   const RunResult fits = testing::train_at(c, answer);
   EXPECT_EQ(fits.status, "ok") << fits.note << "\n" << rep.text;
   EXPECT_EQ(testing::train_at(c, answer + 1).status, "oom") << rep.text;

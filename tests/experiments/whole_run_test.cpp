@@ -97,8 +97,9 @@ TEST_F(WholeRunPhotos, WithLoaderWorkersTheAnswerHoldsTheQueue) {
   EXPECT_EQ(run_footprint(c, Device::cpu(), 16).batches_held, 6);
   MaxBatchOptions o;
   o.steps = 2;
-  const int64_t answer = run_maxbatch(c, o, false).finder.max_batch;
-  EXPECT_EQ(testing::train_at(c, answer).status, "ok");
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  const RunResult r = testing::train_at(c, rep.finder.max_batch);
+  EXPECT_EQ(r.status, "ok") << r.note << "\n" << rep.text;
 }
 
 }  // namespace
