@@ -7,7 +7,12 @@ if(MINIDL_PYTHON3)
            COMMAND ${MINIDL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/history_lint.py --root ${PROJECT_SOURCE_DIR})
   add_test(NAME lint.no_history_self_test
            COMMAND ${MINIDL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/history_lint.py --self-test)
-  set_tests_properties(lint.no_history lint.no_history_self_test PROPERTIES LABELS "cpu" TIMEOUT 60)
+  # Every tracked file at most 2 MiB (tests/lint/size_lint.py): the tree travels to every GPU call.
+  add_test(NAME lint.file_sizes
+           COMMAND ${MINIDL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/size_lint.py --root ${PROJECT_SOURCE_DIR})
+  add_test(NAME lint.file_sizes_self_test COMMAND ${MINIDL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/size_lint.py --self-test)
+  set_tests_properties(lint.no_history lint.no_history_self_test lint.file_sizes lint.file_sizes_self_test
+                       PROPERTIES LABELS "cpu" TIMEOUT 60)
 else()
   message(STATUS "minidl: python3 not found; the lint.no_history test is not added")
 endif()
