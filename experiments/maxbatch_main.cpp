@@ -23,7 +23,9 @@ int main(int argc, char** argv) {
   add_config_flag(app);
   add_train_flags(app, c);
   app.get_option("--out")->description("folder for maxbatch.json; empty: print only");
-  app.add_option("--steps", o.steps, "full training steps (forward, backward, optimizer) per trial");
+  app.add_option("--steps", o.steps,
+                 "full training steps (forward, backward, optimizer) per trial; at least two where an epoch "
+                 "has two, as the run's second step starts where its first left the memory");
   app.add_option("--margin", o.margin, "safety margin: recommended batch = max x (1 - margin)");
   app.add_option("--effective-batch", o.effective_batch,
                  "also print the accumulation steps that keep this effective batch; 0: off");

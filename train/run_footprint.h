@@ -48,6 +48,9 @@ struct RunFootprint {
   // epoch divides evenly or the count is not known; and the evaluation pass's, at the batch of
   // evaluation_batch (a set of 1000 at 300: 100).
   int64_t training_partial(int64_t batch) const { return training_images > batch ? training_images % batch : 0; }
+  // The epoch's full batches at `batch` (micro-batches with accumulation); when the count is not
+  // known, as many as any trial runs.
+  int64_t training_full(int64_t batch) const { return training_images < 0 ? INT64_MAX : training_images / batch; }
   int64_t evaluation_partial(int64_t batch) const {
     return evaluation_images > batch ? evaluation_images % batch : 0;
   }

@@ -206,6 +206,12 @@ Trial StepRunner::run(int64_t batch, int steps) {
   // or graphs, the next epoch's first step and end, where the run captures what it ran eagerly once.
   const int64_t partial = footprint_.training_partial(batch);
   const int64_t micro = accumulated();
+  // A pass makes at least two full steps where the run's epoch has two: the run's second step
+  // starts from what its first left in the allocator, and a loader's staging holds the next full
+  // batch during the first (one step answered a batch whose run ran out in its second step).
+  const int64_t two = std::clamp<int64_t>(footprint_.training_full(batch) / std::max<int64_t>(1, c_.accumulation_steps),
+                                          1, 2);
+  const int first = static_cast<int>(std::max<int64_t>(steps, two));
   const auto training_pass = [&](int64_t full_steps) {
     std::vector<int64_t> sizes(static_cast<size_t>(full_steps * micro), batch);
     if (partial > 0) sizes.push_back(partial);
@@ -213,13 +219,13 @@ Trial StepRunner::run(int64_t batch, int steps) {
   };
   try {
     {
-      Feed feed(*this, training_pass(steps));
-      for (int s = 0; s < steps; ++s) {
+      Feed feed(*this, training_pass(first));
+      for (int s = 0; s < first; ++s) {
         const auto t0 = std::chrono::steady_clock::now();
         t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(feed, batch));
         synchronize(device_);   // a GPU step returns before its kernels finish: time them too
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (s > 0 || steps == 1) timed += dt;
+        if (s > 0 || first == 1) timed += dt;
       }
       if (partial > 0) step(feed, partial, batch);
     }
@@ -228,14 +234,14 @@ Trial StepRunner::run(int64_t batch, int steps) {
     const bool eval_partial = !eval.empty() && eval.back() != eval.front();
     if (partial > 0 || eval_partial || step_->graphed() != nullptr) {
       {
-        Feed feed(*this, training_pass(1));
-        step(feed, batch);
+        Feed feed(*this, training_pass(two));
+        for (int64_t s = 0; s < two; ++s) step(feed, batch);
         if (partial > 0) step(feed, partial, batch);
       }
       if (footprint_.evaluation()) evaluate(evaluation_pass(batch, 1));
     }
     t.ok = true;
-    t.step_seconds = timed / (steps > 1 ? steps - 1 : 1);
+    t.step_seconds = timed / (first > 1 ? first - 1 : 1);
   } catch (const OutOfMemoryError&) {
     // The step's tensors were locals of step(): unwinding freed them. Gradients live on the
     // parameters, so drop them too, then check nothing else stayed behind.

@@ -1,13 +1,14 @@
-// Runs K full training steps (forward, backward, optimizer step; two micro-batches per step with
-// gradient accumulation) of a configuration at a given micro-batch on random inputs under the
-// memory budget, then what the run does where an epoch ends (its smaller last batch, the
-// evaluation pass and its last batch, and where there are such batches the next epoch's first step
-// and end), and measures peak memory and step time. Beside the steps it holds what the run
-// minidl-train would make also holds on the device (run_footprint.h: the in-memory data set,
-// prefetched batches), so its answer is the run's, not one step's: on a caching allocator where a
-// block lands depends on every request before it, and the run's shapes are all among them.
-// The finder, --profile and minidl-memest use it; an OOM inside a trial is caught, the step's
-// tensors are dropped, and the runner checks that the memory statistics return to their level.
+// Runs K full training steps (at least two where the run's epoch has two; forward, backward,
+// optimizer step; two micro-batches per step with gradient accumulation) of a configuration at a
+// given micro-batch on random inputs under the memory budget, then what the run does where an epoch
+// ends (its smaller last batch, the evaluation pass and its last batch, and where there are such
+// batches the next epoch's first steps and end), and measures peak memory and step time. Beside the
+// steps it holds what the run minidl-train would make also holds on the device (run_footprint.h:
+// the in-memory data set, prefetched batches), so its answer is the run's, not one step's: on a
+// caching allocator where a block lands depends on every request before it, and the run's shapes
+// are all among them. The finder, --profile and minidl-memest use it; an OOM inside a trial is
+// caught, the step's tensors are dropped, and the runner checks that the memory statistics return
+// to their level.
 #pragma once
 #include <algorithm>
 #include <cstdint>
