@@ -203,7 +203,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
   if (model_.recomputer) model_.recomputer->forget_plans();
   // The run's epochs as far as they differ (RunFootprint): the first with `steps` full steps, its
   // smaller last batch and the evaluation pass with its own; then, where there are smaller batches
-  // or graphs, the next epoch's first step and end, where the run captures what it ran eagerly once.
+  // or graphs, the next epoch's first steps and end, where the run captures what it ran eagerly once.
   const int64_t partial = footprint_.training_partial(batch);
   const int64_t micro = accumulated();
   // A pass makes at least two full steps where the run's epoch has two: the run's second step
