@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -26,6 +27,35 @@ std::vector<int64_t> above_answer(int64_t answer, int64_t look_above, int64_t li
   c.erase(std::unique(c.begin(), c.end()), c.end());
   c.erase(std::remove_if(c.begin(), c.end(), [&](int64_t b) { return b <= answer + 1 || b > limit; }), c.end());
   return c;
+}
+
+// FinderOptions::look_above, after the search: lo its answer, hi the failure above it; `run` tries
+// a batch and moves lo and hi as the search's own trials do. From the first candidate above the
+// answer that fits, grow by doubling steps and bisect, again until no candidate fits.
+void look_above(const std::function<Trial(int64_t)>& run, int64_t& lo, std::optional<int64_t>& hi,
+                const FinderOptions& o, FinderResult& r) {
+  const int64_t first = lo;
+  const auto tried = [&](int64_t b) {
+    return std::any_of(r.trials.begin(), r.trials.end(), [&](const auto& t) { return t.first == b; });
+  };
+  while (hi && lo > 0) {
+    std::optional<int64_t> again;
+    for (int64_t c : above_answer(lo, o.look_above, o.limit)) {
+      if (!tried(c) && run(c).ok) {
+        again = c;
+        break;
+      }
+    }
+    if (!again) break;
+    hi.reset();   // the failures below it no longer bound the answer
+    for (int64_t step = 1; !hi; step *= 2) {
+      const int64_t c = std::min(lo + step, o.limit);
+      if (c <= lo || (run(c).ok && c == o.limit)) break;
+    }
+    r.hit_limit = !hi;
+    while (hi && *hi - lo > 1) run(lo + (*hi - lo) / 2);
+  }
+  r.below_gap = lo != first ? first : 0;
 }
 }  // namespace
 
@@ -151,28 +181,7 @@ FinderResult find_max_batch(const TryBatch& try_batch, const FinderOptions& o) {
     }
   }
   while (hi && *hi - lo > 1) run(lo + (*hi - lo) / 2);
-  const int64_t first = lo;
-  while (o.look_above > 0 && hi && lo > 0) {
-    const auto tried = [&](int64_t b) {
-      return std::any_of(r.trials.begin(), r.trials.end(), [&](const auto& t) { return t.first == b; });
-    };
-    std::optional<int64_t> again;
-    for (int64_t c : above_answer(lo, o.look_above, o.limit)) {
-      if (!tried(c) && run(c).ok) {
-        again = c;
-        break;
-      }
-    }
-    if (!again) break;
-    hi.reset();   // the failures below it no longer bound the answer
-    for (int64_t step = 1; !hi; step *= 2) {
-      const int64_t c = std::min(lo + step, o.limit);
-      if (c <= lo || (run(c).ok && c == o.limit)) break;
-    }
-    r.hit_limit = !hi;
-    while (hi && *hi - lo > 1) run(lo + (*hi - lo) / 2);
-  }
-  r.below_gap = lo != first ? first : 0;
+  if (o.look_above > 0) look_above(run, lo, hi, o, r);
   r.max_batch = lo;
   return r;
 }
