@@ -78,6 +78,18 @@ def settings_from(env, rehearse):
                     extra=(env.get("GPU_STUDIES_EXTRA") or "").split())
 
 
+
+def set_aside_results(root):
+    """A results/ under root left by an earlier call (a warm machine keeps its tree between calls) is
+    moved to a new folder beside the temporary files, whose path is returned (None when there was
+    none): a call restores what its carried tarballs hold and nothing else."""
+    results = Path(root) / "results"
+    if not results.exists():
+        return None
+    dest = Path(tempfile.mkdtemp(prefix="gpu_studies.kept.")) / "results"
+    shutil.move(str(results), str(dest))
+    return dest
+
 def worse(code, new):
     """The call's exit status so far with a step's: a failure stays, a cut only replaces success."""
     return FAILED if FAILED in (code, new) else (CUT if CUT in (code, new) else OK)
@@ -139,6 +151,10 @@ class Call:
     def set_up(self):
         s = self.s
         self.gpu_line = common.detect_gpu(s.rehearse)
+        kept = set_aside_results(Path("."))
+        if kept:
+            say(f"a results/ left by an earlier call on this machine was moved to {kept}: a call starts from what "
+                f"{s.previous}/ holds, so that what it runs depends on what it carries")
         self.rundir.mkdir(parents=True, exist_ok=True)
         say(f"GPU: {self.gpu_line}; plan {' '.join(n for n, _ in self.plan)}; deadline {s.deadline} s")
         tarball = Path(s.stage) / "studies.tar.xz"

@@ -29,6 +29,18 @@ class Plan(unittest.TestCase):
         self.assertEqual((s.deadline, s.grace, s.extra, s.device), (300, 60, ["--seeds", "2"], "cuda"))
 
 
+class Restore(unittest.TestCase):
+    def test_results_left_by_an_earlier_call_are_set_aside(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            self.assertIsNone(studies.set_aside_results(d))
+            (Path(d) / "results" / "keras-batch").mkdir(parents=True)
+            (Path(d) / "results" / "keras-batch" / "results.csv").write_text("run_id\nb16\n")
+            kept = studies.set_aside_results(d)
+            self.assertFalse((Path(d) / "results").exists(), "the next call starts without it")
+            self.assertEqual((kept / "keras-batch" / "results.csv").read_text(), "run_id\nb16\n")
+
+
 class Bookkeeping(unittest.TestCase):
     def test_exit_status_so_far(self):
         self.assertEqual(studies.worse(common.OK, common.CUT), common.CUT)
