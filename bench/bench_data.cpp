@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -87,6 +88,76 @@ void BM_loader_files(benchmark::State& state) { BM_loader(state, false); }
 void BM_loader_cache(benchmark::State& state) { BM_loader(state, true); }
 BENCHMARK(BM_loader_files)->ArgName("workers")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Iterations(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_loader_cache)->ArgName("workers")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The keras-batch study's training loader (--data-cache): photos squashed to 200 px once and kept,
+// then each epoch only converted (1/255, f32, NCHW) into batches of 256. What is left per image
+// once decoding is cached: the loader's ceiling for a model faster than it (a small CNN on a GPU).
+void BM_loader_cached_keras(benchmark::State& state) {
+  const auto ds = photos();
+  if (!ds) {
+    state.SkipWithError(("no photos at " + photos_dir().string() + " (set MINIDL_BENCH_PHOTOS)").c_str());
+    return;
+  }
+  LoaderOptions o;
+  o.batch_size = 256;
+  o.workers = static_cast<int>(state.range(0));
+  o.cache = true;
+  o.transform.size = 200;
+  o.transform.fit = Fit::Squash;
+  o.transform.interpolation = Interpolation::Nearest;
+  o.transform.normalize = false;
+  Loader l(ds, o);
+  l.start_epoch(0);   // fills the cache outside the timing
+  while (l.next()) {
+  }
+  int64_t images = 0, epoch = 1;
+  for (auto _ : state) {
+    l.start_epoch(epoch++);
+    while (auto b = l.next()) {
+      images += b->labels.size(0);
+      benchmark::DoNotOptimize(b->images.data_ptr());
+    }
+  }
+  state.counters["images/s"] = benchmark::Counter(static_cast<double>(images), benchmark::Counter::kIsRate);
+  state.counters["workers"] = static_cast<double>(state.range(0));
+}
+BENCHMARK(BM_loader_cached_keras)
+    ->ArgName("workers")
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(14)
+    ->Iterations(5)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// What the one assembler thread does per image of that loader: it converted each sample (u8 HWC
+// to f32 NCHW, 1/255) into the batch until the workers did it; now it copies the converted sample.
+// Its images/s bound the whole loader, whatever the worker count.
+void BM_assemble_sample(benchmark::State& state, bool convert) {
+  TransformOptions t;
+  t.size = 200;
+  t.normalize = false;
+  const BatchWriter writer(t, DType::f32, false);
+  const auto n = static_cast<size_t>(writer.sample_bytes());
+  std::vector<uint8_t> hwc(static_cast<size_t>(200 * 200 * 3), 7), sample(n, 1);
+  std::vector<uint8_t> batch(n * 64);   // a batch of 64, written slot after slot as the assembler does
+  int64_t k = 0;
+  for (auto _ : state) {
+    if (convert) {
+      writer.write(hwc.data(), batch.data(), k % 64);
+    } else {
+      std::memcpy(batch.data() + static_cast<size_t>(k % 64) * n, sample.data(), n);
+    }
+    benchmark::DoNotOptimize(batch.data());
+    ++k;
+  }
+  state.counters["images/s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+void BM_assemble_convert(benchmark::State& state) { BM_assemble_sample(state, true); }
+void BM_assemble_copy(benchmark::State& state) { BM_assemble_sample(state, false); }
+BENCHMARK(BM_assemble_convert)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_assemble_copy)->Unit(benchmark::kMicrosecond);
 
 // The stages on one thread: read + decode a photo; RandomResizedCrop 224 + flip of a decoded one.
 void BM_decode(benchmark::State& state) {

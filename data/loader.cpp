@@ -1,15 +1,24 @@
-// The loader pipeline: N workers decode and transform samples (positions of the epoch's order)
-// into a ring of slots; one assembler thread walks the positions in order, skips unreadable
-// samples and writes batches into a bounded queue. Because only the assembler decides batch
+// The loader pipeline: N workers decode, transform and convert samples (positions of the epoch's
+// order) into a ring of slots, each slot one sample as the batch holds it (dtype, layout, scaling);
+// one assembler thread walks the positions in order, skips unreadable samples and copies the
+// slots into batches in a bounded queue. The conversion is the workers' because the assembler is
+// the one thread every image goes through: its work per image bounds the loader whatever the
+// worker count, and a copy is about half a conversion's. Because only the assembler decides batch
 // boundaries, and every random draw is keyed by (seed, epoch, sample index), the batches are the
 // same for any worker count, bad files included. For a device with pinned memory (CUDA) the
 // batches are assembled in page-locked buffers and copied while the previous batch is in use
-// (data/device_staging.cpp).
+// (data/device_staging.cpp). There, the next epoch is made ahead too: once the caller has had an
+// epoch's last batch, the workers start on the following epoch's (its order and draws are known),
+// so its first batches wait in the queue when the caller asks for them after validation, instead
+// of the device waiting for a whole batch at every epoch's start. The staging buffers are made
+// once and the device's requests come only from next(), so this changes no memory a run uses; on
+// the CPU the batches are the run's own memory, and nothing is made ahead.
 #include "data/loader.h"
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -49,13 +58,13 @@ struct Loader::Impl {
   struct Slot {
     int64_t ready_pos = -1;   // the position whose result this slot holds
     bool ok = false;
-    std::vector<uint8_t> px;  // size x size x 3
+    std::vector<uint8_t> px;  // one sample as the batch holds it (BatchWriter::sample_bytes())
   };
 
   std::shared_ptr<const Dataset> ds;
   LoaderOptions opt;
   BatchWriter writer;
-  int64_t sample_bytes;
+  int64_t hwc_bytes;   // a transformed sample, size x size x 3 u8
 
   // Shared across epochs: the RAM cache and the samples known to be unreadable.
   mutable std::mutex cache_mu;
@@ -66,6 +75,10 @@ struct Loader::Impl {
 
   // The current epoch.
   bool started = false;
+  int64_t epoch_now = 0;
+  // The pipeline runs epoch_now, started by next() at the end of the previous epoch, not yet asked
+  // for by start_epoch(): next() hands out nothing until it is.
+  bool ahead = false;
   std::vector<int64_t> order;
   uint64_t aug_key = 0;
   std::mutex mu;
@@ -99,7 +112,7 @@ struct Loader::Impl {
 
   Impl(std::shared_ptr<const Dataset> d, LoaderOptions o)
       : ds(std::move(d)), opt(std::move(o)), writer(opt.transform, opt.dtype, opt.channels_last),
-        sample_bytes(opt.transform.size * opt.transform.size * 3) {
+        hwc_bytes(opt.transform.size * opt.transform.size * 3) {
     MINIDL_CHECK(ds != nullptr, "Loader: the dataset is null");
     MINIDL_CHECK(opt.batch_size > 0, "Loader: batch_size must be positive, got ", opt.batch_size);
     MINIDL_CHECK(opt.workers >= 0, "Loader: workers must be >= 0, got ", opt.workers);
@@ -145,11 +158,14 @@ struct Loader::Impl {
     return base;
   }
 
-  bool produce(int64_t pos, uint8_t* out) {
+  // Sample `pos` of the epoch, transformed through `hwc` (hwc_bytes) and converted into `out`
+  // (writer.sample_bytes()); false when it is unreadable.
+  bool produce(int64_t pos, uint8_t* hwc, void* out) {
     const int64_t idx = order[static_cast<size_t>(pos)];
     const auto base = base_of(idx);
     if (!base) return false;
-    apply_transform(*base, opt.transform, aug_key, idx, out);
+    apply_transform(*base, opt.transform, aug_key, idx, hwc);
+    writer.write(hwc, out, 0);
     return true;
   }
 
@@ -200,7 +216,8 @@ struct Loader::Impl {
     if (staging) staging->interrupt();   // an assembler waiting for a free buffer
   }
 
-  // Assembles one batch from positions [*pos, ...) using get(pos, &px) -> ok; nullopt at the end.
+  // Assembles one batch from positions [*pos, ...) using get(pos, &px) -> ok, px the converted
+  // sample; nullopt at the end.
   template <typename Get>
   std::optional<Queued> assemble(int64_t* pos, Get&& get) {
     const auto n = static_cast<int64_t>(order.size());
@@ -211,7 +228,8 @@ struct Loader::Impl {
       const int64_t p = (*pos)++;
       if (!get(p, &px)) continue;
       if (!t) t = begin_batch();
-      writer.write(px, t->images, count);
+      const auto bytes = static_cast<size_t>(writer.sample_bytes());
+      std::memcpy(static_cast<uint8_t*>(t->images) + static_cast<size_t>(count) * bytes, px, bytes);
       t->labels[count] = ds->label(order[static_cast<size_t>(p)]);
       ++count;
     }
@@ -226,6 +244,7 @@ struct Loader::Impl {
 
   void worker_loop() {
     try {
+      std::vector<uint8_t> hwc(static_cast<size_t>(hwc_bytes));
       for (;;) {
         int64_t pos;
         Slot* slot;
@@ -238,7 +257,7 @@ struct Loader::Impl {
           pos = next_claim++;
           slot = &ring[static_cast<size_t>(pos % window())];
         }
-        const bool ok = produce(pos, slot->px.data());
+        const bool ok = produce(pos, hwc.data(), slot->px.data());
         {
           std::lock_guard<std::mutex> lock(mu);
           slot->ok = ok;
@@ -313,8 +332,31 @@ struct Loader::Impl {
     if (assembler.joinable()) assembler.join();
   }
 
+  // The samples of `epoch` in order.
+  std::vector<int64_t> order_of(int64_t epoch) const {
+    return opt.sampler ? opt.sampler(epoch) : epoch_order(ds->size(), opt.shuffle, opt.seed, epoch);
+  }
+
+  // Whether the epoch the pipeline runs ahead has the batches `epoch` would have: the same samples
+  // in the same order and, when augmenting, the same draws (an evaluation loader's epochs are all
+  // alike, whatever their number).
+  bool ahead_is(int64_t epoch) const {
+    if (!ahead) return false;
+    if (opt.transform.augment != Augment::None && epoch_key(opt.seed, epoch, kAugmentStream) != aug_key) return false;
+    return order_of(epoch) == order;
+  }
+
+  // At the end of an epoch on the device path: the workers start on the next one.
+  void start_ahead() {
+    if (opt.workers == 0 || !staging) return;
+    start(epoch_now + 1);
+    ahead = true;
+  }
+
   void start(int64_t epoch) {
     stop_pipeline();
+    ahead = false;
+    epoch_now = epoch;
     if (staging && staging->layout().batch_size < opt.batch_size) {
       staging.reset();         // set_batch_size() outgrew the buffers; no thread uses them now
       staging_tried = false;
@@ -330,7 +372,7 @@ struct Loader::Impl {
                                       {opt.batch_size, opt.transform.size, opt.dtype, opt.channels_last},
                                       opt.prefetch_batches + 3);
     }
-    order = opt.sampler ? opt.sampler(epoch) : epoch_order(ds->size(), opt.shuffle, opt.seed, epoch);
+    order = order_of(epoch);
     for (const int64_t i : order)
       MINIDL_CHECK(i >= 0 && i < ds->size(), "Loader: the sampler gave index ", i, " for a dataset of ", ds->size());
     aug_key = epoch_key(opt.seed, epoch, kAugmentStream);
@@ -345,17 +387,17 @@ struct Loader::Impl {
     started = true;
     if (opt.workers == 0) return;
     ring.assign(static_cast<size_t>(window()), Slot{});
-    for (auto& s : ring) s.px.resize(static_cast<size_t>(sample_bytes));
+    for (auto& s : ring) s.px.resize(static_cast<size_t>(writer.sample_bytes()));
     assembler = std::thread([this] { assembler_loop(); });
     for (int w = 0; w < opt.workers; ++w) workers.emplace_back([this] { worker_loop(); });
   }
 
   std::optional<Queued> take() {
     if (opt.workers == 0) {
-      std::vector<uint8_t> px(static_cast<size_t>(sample_bytes));
+      std::vector<uint8_t> hwc(static_cast<size_t>(hwc_bytes)), px(static_cast<size_t>(writer.sample_bytes()));
       return assemble(&sync_pos, [&](int64_t p, const uint8_t** out) {
         *out = px.data();
-        return produce(p, px.data());
+        return produce(p, hwc.data(), px.data());
       });
     }
     std::unique_lock<std::mutex> lock(mu);
@@ -409,22 +451,35 @@ int64_t Loader::batches_per_epoch() const {
   return impl_->opt.drop_last ? n / b : (n + b - 1) / b;
 }
 
-void Loader::start_epoch(int64_t epoch) { impl_->start(epoch); }
+void Loader::start_epoch(int64_t epoch) {
+  if (impl_->ahead_is(epoch)) {   // made ahead already: keep what the workers have done
+    impl_->ahead = false;
+    impl_->epoch_now = epoch;
+    return;
+  }
+  impl_->start(epoch);
+}
 
 void Loader::set_batch_size(int64_t size) {
   MINIDL_CHECK(size > 0, "Loader::set_batch_size: the batch size must be positive, got ", size);
   impl_->stop_pipeline();   // the running epoch's threads read opt.batch_size
+  impl_->ahead = false;
   impl_->opt.batch_size = size;
   impl_->started = false;   // as a new loader: next() without start_epoch() starts epoch 0
 }
 
 std::optional<Batch> Loader::next() {
   if (!impl_->started) impl_->start(0);
+  if (impl_->ahead) return std::nullopt;   // the epoch has ended; the next one waits for start_epoch()
   const auto t0 = Clock::now();
   if (impl_->staging) {
     std::optional<Batch> pb = impl_->next_staged();
     impl_->wait += seconds_since(t0);
-    if (pb) impl_->delivered += pb->labels.size(0);
+    if (pb) {
+      impl_->delivered += pb->labels.size(0);
+    } else {
+      impl_->start_ahead();
+    }
     return pb;
   }
   std::optional<Impl::Queued> q = impl_->take();

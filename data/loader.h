@@ -99,7 +99,10 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   int64_t batches_per_epoch() const;
-  // Starts (or restarts) epoch `epoch`: the order is a function of (seed, epoch) only.
+  // Starts (or restarts) epoch `epoch`: the order is a function of (seed, epoch) only. On the
+  // device path (pinned staging, workers > 0) the epoch after one whose end next() reported is
+  // already being made; start_epoch keeps that work when `epoch` has the same batches (the next
+  // epoch, or any epoch of a loader without shuffle or augmentation) and starts afresh otherwise.
   void start_epoch(int64_t epoch);
   // A new batch size from the next start_epoch() on (a batch-size schedule), on the same loader:
   // the RAM cache, the unreadable-sample list and the pinned staging buffers (made again only when

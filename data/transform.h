@@ -48,6 +48,8 @@ class BatchWriter {
   BatchWriter(const TransformOptions& t, DType dtype, bool channels_last);
   // batch points at the batch tensor's data ([N,3,S,S] or [N,S,S,3] of dtype).
   void write(const uint8_t* hwc, void* batch, int64_t slot) const;
+  // The bytes of one sample in the batch: slot k starts at k * sample_bytes() (both layouts).
+  int64_t sample_bytes() const { return size_ * size_ * 3 * static_cast<int64_t>(dtype_size(dtype_)); }
 
  private:
   int64_t size_;

@@ -4,8 +4,11 @@
 // runs it CPU against CPU; tests/data/device_staging_test.cpp covers the staging logic without a GPU.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/backend.h"
 #include "core/ops.h"
@@ -124,6 +127,91 @@ TEST_F(PinnedLoader, BatchSizeChangesBetweenEpochs) {
     EXPECT_EQ(images, 23) << "batch " << batch;
     ++epoch;
   }
+}
+
+// Counts load() calls: with no cache, every sample a worker makes is one.
+class CountingDataset final : public Dataset {
+ public:
+  explicit CountingDataset(std::shared_ptr<const Dataset> d) : d_(std::move(d)) {}
+  int64_t size() const override { return d_->size(); }
+  int64_t label(int64_t i) const override { return d_->label(i); }
+  const std::vector<std::string>& class_names() const override { return d_->class_names(); }
+  std::optional<Image> load(int64_t i) const override {
+    loads_.fetch_add(1);
+    return d_->load(i);
+  }
+  std::string describe(int64_t i) const override { return d_->describe(i); }
+  int64_t loads() const { return loads_.load(); }
+  // Whether loads() reaches n within 20 s.
+  bool reaches(int64_t n) const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (loads() < n && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return loads() >= n;
+  }
+
+ private:
+  std::shared_ptr<const Dataset> d_;
+  mutable std::atomic<int64_t> loads_{0};
+};
+
+// Once the caller has had an epoch's last batch, the workers make the next epoch's (what a run
+// does while it validates), and start_epoch keeps them when they are that epoch's batches: the
+// next epoch of a shuffled loader, any epoch of one without shuffle. Another epoch starts afresh.
+// 23 samples fit in what the pipeline holds ahead (2 queued batches, one assembled, 8 ring slots).
+TEST_F(PinnedLoader, TheNextEpochIsMadeAheadAndKeptWhenItIsTheOneAskedFor) {
+  constexpr int64_t n = 23;
+  for (const bool shuffle : {true, false}) {
+    const std::string what = shuffle ? "shuffled" : "not shuffled";
+    const auto counting = std::make_shared<CountingDataset>(synthetic_dataset(n, 24, 8));
+    LoaderOptions o = options(2, DType::f32, false, kGpu);
+    o.shuffle = shuffle;
+    Loader gpu(counting, o);
+    o.device = Device::cpu();
+    Loader cpu(synthetic_dataset(n, 24, 8), o);
+    gpu.start_epoch(0);
+    cpu.start_epoch(0);
+    expect_same_batches(cpu, gpu, what + ", epoch 0");
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(counting->reaches(2 * n)) << what << ": only " << counting->loads() << " samples made, not epoch 1's";
+    EXPECT_FALSE(gpu.next().has_value()) << what << ": epoch 1 is handed out only after start_epoch";
+    const int64_t next_epoch = shuffle ? 1 : 0;   // an evaluation loader asks for its one epoch again
+    gpu.start_epoch(next_epoch);
+    cpu.start_epoch(next_epoch);
+    std::optional<Batch> a = cpu.next(), b = gpu.next();
+    ASSERT_TRUE(a && b) << what;
+    EXPECT_EQ(counting->loads(), 2 * n) << what << ": start_epoch(" << next_epoch << ") made the samples again";
+    EXPECT_EQ(a->images.to_vector(), b->images.to(Device::cpu()).to_vector()) << what;
+    EXPECT_EQ(a->labels.to_vector(), b->labels.to(Device::cpu()).to_vector()) << what;
+    while ((a = cpu.next())) {
+      b = gpu.next();
+      ASSERT_TRUE(b.has_value()) << what;
+      EXPECT_EQ(a->images.to_vector(), b->images.to(Device::cpu()).to_vector()) << what;
+    }
+    EXPECT_FALSE(gpu.next().has_value()) << what;
+    // Made ahead: the next epoch; asked for: epoch 5, which a shuffled loader starts afresh.
+    ASSERT_TRUE(counting->reaches(3 * n)) << what;
+    gpu.start_epoch(5);
+    cpu.start_epoch(5);
+    int64_t k = 0;
+    while ((a = cpu.next())) {
+      b = gpu.next();
+      ASSERT_TRUE(b.has_value()) << what;
+      EXPECT_EQ(a->labels.to_vector(), b->labels.to(Device::cpu()).to_vector()) << what << ", epoch 5 batch " << k;
+      ++k;
+    }
+    EXPECT_EQ(k, 4) << what;
+    EXPECT_EQ(counting->loads() >= 4 * n, shuffle) << what << ": " << counting->loads()
+                                                   << " loads (epoch 5 of a loader without shuffle is epoch 1's)";
+  }
+  // On the CPU a batch is the run's own memory: nothing is made ahead of start_epoch.
+  const auto counting = std::make_shared<CountingDataset>(synthetic_dataset(n, 24, 9));
+  Loader cpu(counting, options(2, DType::f32, false, Device::cpu()));
+  while (cpu.next()) {
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(counting->loads(), n);
 }
 
 }  // namespace
