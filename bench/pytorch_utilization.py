@@ -37,11 +37,13 @@ Where this script differs, and why:
 PyTorch's best settings (--best): AMP (float16 autocast + GradScaler; with --amp-dtype bf16,
 bfloat16 autocast without one), channels_last,
 cudnn.benchmark, and the fused SGD kernel where this torch has one. TF32 stays at PyTorch's defaults
-(cuDNN on, matmul off), which are also minidl's.
+(cuDNN on, matmul off), which are also minidl's. --cuda-graphs replays each step from a CUDA graph,
+as minidl's study does on a GPU by default (bench/pytorch_train_step.py says how): without it the
+small batches compare minidl's replays with PyTorch's eager launches.
 
   python3 bench/pytorch_utilization.py --device cuda --model resnet50 --image-size 224 \
       --batches 4,8,16,32,64,128,256,512,1024 --steps 20 [--amp [--amp-dtype bf16]] [--channels-last] [--best] \
-      [--cudnn-benchmark | --no-cudnn-benchmark] --out FILE.csv
+      [--cuda-graphs] [--cudnn-benchmark | --no-cudnn-benchmark] --out FILE.csv
 Works with torch 1.13 (Debian, CPU) and torch 2.x (CUDA). Writes FILE.csv row by row (a killed run
 keeps its finished rows) and FILE.json (versions, device, settings, argv, date). Exit status: 0 when
 every batch ran (ok, oom or skipped), 1 when a batch failed with another error, 2 for bad input.
@@ -64,6 +66,8 @@ import threading
 import time
 import traceback
 
+import pytorch_train_step  # noqa: E402  (bench/: the eager and the graphed step)
+
 PROG = "pytorch_utilization"
 MODELS = ("smallcnn", "resnet18", "resnet34", "resnet50", "resnet18-small", "resnet34-small", "resnet50-small")
 # The first five columns are the interface bench/compare_utilization.py and the GPU runner rely on.
@@ -71,7 +75,7 @@ COLUMNS = ["batch_size", "images_per_s", "peak_allocated_mib", "peak_reserved_mi
            "images_per_s_steady", "step_ms_median", "first_step_ms", "wall_s", "end_sync_s", "steps",
            "warmup_steps", "cpu_util_pct", "gpu_busy_pct", "gpu_busy_source", "peak_rss_mib", "model",
            "image_size", "device", "amp", "channels_last", "cudnn_benchmark", "optimizer_impl", "torch",
-           "note"]
+           "note", "cuda_graphs"]
 
 
 def log(msg):
@@ -113,6 +117,10 @@ def parse_args(argv):
     ap.add_argument("--best", action="store_true",
                     help="PyTorch's best settings: --amp --channels-last, cudnn.benchmark (unless "
                          "--no-cudnn-benchmark), fused SGD where this torch has it")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="replay each step from a CUDA graph, as minidl's study does on a GPU by default: the first "
+                         "step eagerly, the second captured, then replays (bench/pytorch_train_step.py; CUDA only); "
+                         "off by default")
     ap.add_argument("--lr", type=float, default=0.001, help="SGD learning rate (default: 0.001, the study's)")
     ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9, the study's)")
     ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed (default: 0)")
@@ -163,6 +171,8 @@ def parse_args(argv):
         a.cudnn_benchmark = True
     if a.optimizer_impl is None:
         a.optimizer_impl = "default"
+    if a.cuda_graphs and not a.device.startswith("cuda"):
+        die(f"--cuda-graphs replays CUDA graphs: it needs --device cuda, not {a.device}")
     out_dir = os.path.dirname(os.path.abspath(a.out))
     if not os.path.isdir(out_dir):
         die(f"--out {a.out}: folder {out_dir} does not exist")
@@ -373,7 +383,8 @@ def run_batch(torch, a, device, b, nvml):
     bf16 = a.amp_dtype == "bf16" or not is_cuda
     scaler = make_scaler(torch, device, a.amp and not bf16)
     amp_dtype = torch.bfloat16 if bf16 else torch.float16
-    binary = a.model == "smallcnn"
+    kind = pytorch_train_step.GraphedStep if a.cuda_graphs else pytorch_train_step.EagerStep
+    step = kind(torch, model, opt, scaler, device, a.amp, amp_dtype, a.model == "smallcnn", a.channels_last)
 
     # Host data, made before the clock starts (minidl builds its synthetic set before t0 too).
     pool_n = b * min(a.steps, 2)
@@ -399,31 +410,12 @@ def run_batch(torch, a, device, b, nvml):
             starts[s].record()
         h0 = time.perf_counter()
         idx = order[s]
-        x = pool_x.index_select(0, idx).to(device)
-        y = pool_y.index_select(0, idx).to(device)
-        if a.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=a.amp):
-            logits = model(x)
-        logits = logits.float()  # the loss in f32, as minidl's Model::loss
-        if binary:
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y.float().view(-1, 1))
-        else:
-            loss = torch.nn.functional.cross_entropy(logits, y)
-        loss_value = loss.item()
-        with torch.no_grad():
-            pred = (logits.view(-1) > 0).long() if binary else logits.argmax(1)
-            int((pred == y).sum().item())  # minidl counts correct predictions every step: a second sync
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
+        loss_value = step(pool_x.index_select(0, idx), pool_y.index_select(0, idx))
         if is_cuda:
             ends[s].record()
         host_marks.append((h0, time.perf_counter()))
         if not math.isfinite(loss_value):
             note = (note + "; " if note else "") + f"non-finite loss at step {s + 1}"
-        del x, y, logits, loss, pred
     t_enqueued = time.perf_counter()
     if is_cuda:
         torch.cuda.synchronize(device)
@@ -515,6 +507,7 @@ def provenance(torch, a, device):
             "amp_dtype": getattr(a, "amp_dtype", None) or ("f16" if device.type == "cuda" else "bf16"),
             "channels_last": a.channels_last,
             "cudnn_benchmark": a.cudnn_benchmark, "optimizer_impl": a.optimizer_impl, "best": a.best,
+            "cuda_graphs": a.cuda_graphs,
             "fresh_cache": a.fresh_cache, "keep_going_after_oom": a.keep_going_after_oom,
             "time_limit_s": a.time_limit,
             "optimizer": f"sgd lr {a.lr} momentum {a.momentum} weight_decay 0", "seed": a.seed,
@@ -578,11 +571,11 @@ def main(argv=None):
     write_json(json_path, prov)
     log(f"torch {torch.__version__} on {prov.get('gpu', {}).get('name', prov.get('cpu'))}: {a.model} "
         f"{a.image_size}px, batches {a.batches}, {a.steps} steps, amp {a.amp} ({a.amp_dtype or 'f16'}), channels_last {a.channels_last}, "
-        f"cudnn.benchmark {a.cudnn_benchmark}, optimizer {a.optimizer_impl}")
+        f"cudnn.benchmark {a.cudnn_benchmark}, optimizer {a.optimizer_impl}, cuda graphs {a.cuda_graphs}")
 
     common = {"model": a.model, "image_size": a.image_size, "device": str(device), "amp": int(a.amp),
               "channels_last": int(a.channels_last), "cudnn_benchmark": int(a.cudnn_benchmark),
-              "torch": torch.__version__, "steps": a.steps}
+              "torch": torch.__version__, "steps": a.steps, "cuda_graphs": int(a.cuda_graphs)}
     rows = []
     failed = False
     oom_at = None

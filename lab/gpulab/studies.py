@@ -20,6 +20,8 @@ from .common import CUT, FAILED, OK, ROOT, SETUP, Exit, Terminated, say
 STUDIES = ["keras-batch", "utilization", "utilization-amp", "techniques", "lr-scaling", "batch-schedule",
            "conv-bn-chain"]
 STEPS = STUDIES + ["pytorch"]
+# bench/pytorch_utilization.py's runs: (name, flags), each into results/utilization/pytorch-NAME.csv.
+PYTORCH_VARIANTS = (("f32", ()), ("best", ("--best",)), ("best-graphs", ("--best", "--cuda-graphs")))
 
 
 def parse_plan(plan, rehearse):
@@ -262,14 +264,18 @@ class Call:
         say(f"pytorch: {text}")
 
     def pytorch_variants(self, cap, t0, d):
-        """f32: like for like with minidl's study; best: PyTorch's best settings (AMP,
-        channels_last, cudnn.benchmark, fused SGD), the bar to clear."""
+        """f32: like for like with minidl's study; best: PyTorch's best eager settings (AMP,
+        channels_last, cudnn.benchmark, fused SGD), the bar to clear; best-graphs: the same steps
+        replayed from CUDA graphs, as minidl's study replays its own on a GPU (CUDA only)."""
         r = self.s.rehearse
         states = []
-        for variant in ("f32", "best"):
+        for variant, flags in PYTORCH_VARIANTS:
             csv = d / f"pytorch-{variant}.csv"
             if csv.is_file() and csv.stat().st_size:
                 states.append(f"{variant}: measured in an earlier call")
+                continue
+            if "--cuda-graphs" in flags and self.s.device != "cuda":
+                states.append(f"{variant}: not on {self.s.device} (CUDA graphs)")
                 continue
             left, kept = self.left(), 10 + self.s.pack_reserve
             budget = min((cap or 999999) - (self.clock.elapsed() - t0), left - kept)
@@ -282,7 +288,7 @@ class Call:
             rc = common.run_until([self.py, "bench/pytorch_utilization.py", "--device", self.s.device, "--model",
                                    "resnet50", "--image-size", "32" if r else "224", "--batches",
                                    "2,4" if r else "4,8,16,32,64,128,256,512,1024", "--steps", "2" if r else "20",
-                                   *(["--best"] if variant == "best" else []), "--out", part],
+                                   *flags, "--out", part],
                                   log, budget, grace=10, env={"PYTHONUNBUFFERED": "1"})
             if rc == 0 and part.is_file() and part.stat().st_size:
                 part.rename(csv)
@@ -320,10 +326,11 @@ class Call:
                                     self.rundir / f"compare-{v}.log"):
                     states.append(f"compare {v} failed (see compare-{v}.log)")
         amp = self.study_dir("utilization-amp")
-        if (amp / "results.csv").is_file() and (d / "pytorch-best.csv").is_file():
-            if not self.compare(amp / "results.csv", d / "pytorch-best.csv", f"PyTorch {version} best",
-                                amp / "compare-best.md", self.rundir / "compare-best-amp.log"):
-                states.append("compare best vs minidl amp failed (see compare-best-amp.log)")
+        for v in ("best", "best-graphs"):
+            if (amp / "results.csv").is_file() and (d / f"pytorch-{v}.csv").is_file():
+                if not self.compare(amp / "results.csv", d / f"pytorch-{v}.csv", f"PyTorch {version} {v}",
+                                    amp / f"compare-{v}.md", self.rundir / f"compare-{v}-amp.log"):
+                    states.append(f"compare {v} vs minidl amp failed (see compare-{v}-amp.log)")
         return states
 
     # ------------------------------------------------ packing

@@ -83,7 +83,7 @@ class StudiesRehearsal(FakeTree):
             "import sys\nprint('| compared |', sys.argv[sys.argv.index('--pytorch') + 1])\n")
         self.assertEqual(self.studies("utilization,utilization-amp"), 0, self.log)
         summary = (self.out / "gpu_studies_summary.md").read_text()
-        self.assertIn("| pytorch | f32: done; best: done |", summary)
+        self.assertIn("| pytorch | f32: done; best: done; best-graphs: not on cpu (CUDA graphs) |", summary)
         d = self.tree / "results/utilization-quick-cpu"
         self.assertIn("pytorch-f32.csv", (d / "compare-f32.md").read_text())
         self.assertIn("pytorch-best.csv", (d / "compare-best.md").read_text())
