@@ -208,7 +208,18 @@ void draw_library_workspaces(Device d) {
   if (!d.is_cpu()) backend(d.type).draw_library_workspaces(d.index);
 }
 void set_expandable_segments(Device d, bool on) {
-  MINIDL_CHECK(allocator_for(d).set_expandable_segments(on), "expandable segments: the allocator of ", d.str(),
+  Allocator& a = allocator_for(d);
+  const bool released =
+      !d.is_cpu() && a.expandable_segments() != on && backend(d.type).release_library_workspaces(d.index);
+  bool ok = false;
+  try {
+    ok = a.set_expandable_segments(on);
+  } catch (...) {
+    if (released) draw_library_workspaces(d);
+    throw;
+  }
+  if (released) draw_library_workspaces(d);
+  MINIDL_CHECK(ok, "expandable segments: the allocator of ", d.str(),
                " cannot map memory page by page (the CPU's has no segments; a GPU's needs a driver with CUDA's "
                "virtual memory management, cuMemCreate and cuMemMap)");
 }

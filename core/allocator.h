@@ -41,6 +41,7 @@ class Allocator {
   // address range page by page instead of reserving fixed segments (kernels/caching_allocator.h).
   // Returns false when this allocator cannot do what is asked (only "off" is always possible).
   virtual bool set_expandable_segments(bool on) { return !on; }
+  virtual bool expandable_segments() const { return false; }
 };
 
 // The books every allocator below keeps, MemoryStats under one mutex, and the calls that only read
@@ -142,7 +143,10 @@ Allocator& allocator_for(Device d);
 MemoryStats memory_stats(Device d = Device::cpu());
 void reset_peak_stats(Device d = Device::cpu());
 void set_memory_budget(Device d, size_t bytes);
-// Throws when the device's allocator has no expandable segments (the CPU's).
+// Throws when the device's allocator has no expandable segments (the CPU's), or when it holds a
+// tensor: the mode is chosen before the first. The library workspaces drawn up front
+// (draw_library_workspaces) do not count: when they are all it holds they are given back, the mode
+// changes, and they are drawn again in the new one.
 void set_expandable_segments(Device d, bool on);
 void empty_cache(Device d = Device::cpu());
 // DeviceServices::draw_library_workspaces of the device's backend (nothing on the CPU).

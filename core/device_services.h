@@ -83,6 +83,10 @@ class DeviceServices {
   // its blocks as every later run and trial does: drawn mid-step, the workspace would take room a
   // later step finds taken, and the first step would differ. May throw OutOfMemoryError.
   virtual void draw_library_workspaces(int /*device_index*/) {}
+  // Gives those workspaces back to the allocator when they are all it holds (no tensor, no graph),
+  // and says whether it did; the next draw (or first call) makes them again. What lets a process
+  // that has run once choose another allocator mode (set_expandable_segments) for its next run.
+  virtual bool release_library_workspaces(int /*device_index*/) { return false; }
 
   // Whether the device's stream is being captured now (ops that read device values on the host
   // skip those reads then).

@@ -145,6 +145,7 @@ class CachingAllocator final : public StatsAllocator {
   // A change of mode needs an allocator that holds no tensor (it throws otherwise): the cache and
   // the expandable range are released, and allocation starts as on a new allocator.
   bool set_expandable_segments(bool on) override;
+  bool expandable_segments() const override;
 
   CachingStats detailed_stats() const;
 

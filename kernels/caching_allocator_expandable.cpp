@@ -49,6 +49,11 @@ bool CachingAllocator::set_expandable_segments(bool on) {
   return true;
 }
 
+bool CachingAllocator::expandable_segments() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return expandable_on_;
+}
+
 CachingAllocator::Block* CachingAllocator::grow_expandable(size_t size) {
   if (ex_.range.base == nullptr) {
     ex_.page = source_->page_size();

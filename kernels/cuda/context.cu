@@ -350,6 +350,17 @@ cublasHandle_t DeviceContext::cublas() {
   return cublas_;
 }
 
+bool DeviceContext::release_cublas() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cublas_ws_ == nullptr || allocator_->stats().allocated_bytes != static_cast<int64_t>(kCublasWorkspace))
+    return false;
+  activate();
+  MINIDL_CUDA_CHECK(cudaStreamSynchronize(stream_));   // no GEMM may still use the workspace
+  if (cublas_ != nullptr) MINIDL_CUBLAS_CHECK(cublasDestroy(std::exchange(cublas_, nullptr)));
+  allocator_->deallocate(std::exchange(cublas_ws_, nullptr), kCublasWorkspace);
+  return true;
+}
+
 cudnnHandle_t DeviceContext::cudnn() {
   std::lock_guard<std::mutex> lock(mu_);
   if (cudnn_ == nullptr) {

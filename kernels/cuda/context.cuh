@@ -54,6 +54,9 @@ class DeviceContext {
   int index() const { return index_; }
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas();
+  // Destroys the cuBLAS handle and gives its workspace back when the workspace is all the allocator
+  // holds (no tensor, no graph's pool can reach it); the next cublas() makes both again.
+  bool release_cublas();
   cudnnHandle_t cudnn();
   CachingAllocator& allocator() { return *allocator_; }
   PinnedStaging& staging() { return staging_; }

@@ -30,6 +30,7 @@ class CudaBackend final : public Backend {
   bool capturing(int device_index) override;
   // graph.cu: the device context's cuBLAS handle and its workspace.
   void draw_library_workspaces(int device_index) override;
+  bool release_library_workspaces(int device_index) override;
   // pinned.cu: page-locked host memory (cudaHostAlloc) for the loader's batches.
   void synchronize(int device_index) override;
   void* pinned_alloc(size_t bytes) override;

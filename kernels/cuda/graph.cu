@@ -63,6 +63,7 @@ const char* kCaptureFix =
 bool CudaBackend::capturing(int device_index) { return context(device_index).capturing(); }
 
 void CudaBackend::draw_library_workspaces(int device_index) { context(device_index).cublas(); }
+bool CudaBackend::release_library_workspaces(int device_index) { return context(device_index).release_cublas(); }
 
 std::unique_ptr<Backend::Graph> CudaBackend::capture_graph(int device_index, const std::function<void()>& work,
                                                            const Graph* share_pool) {

@@ -104,6 +104,16 @@ void MetaBackend::draw_library_workspaces(int device_index) {
   if (device_index == static_cast<int>(DeviceType::CUDA)) draw_cublas_workspace();
 }
 
+bool MetaBackend::release_library_workspaces(int device_index) {
+  if (device_index != static_cast<int>(DeviceType::CUDA)) return false;
+  Allocator& a = allocator(device_index);
+  const size_t bytes = cuda_model::cublas_workspace_bytes();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cublas_ptr_ == nullptr || a.stats().allocated_bytes != static_cast<int64_t>(bytes)) return false;
+  a.deallocate(std::exchange(cublas_ptr_, nullptr), bytes);
+  return true;
+}
+
 void MetaBackend::copy(const Tensor& src, const Tensor& dst) {
   if (models_cuda(src) || models_cuda(dst)) cuda_model::copy(src, dst);   // the device-side staging
   if (!dst.device().is_meta()) {

@@ -34,6 +34,7 @@ class MetaBackend final : public Backend {
   // and held, as a device context does.
   void draw_cublas_workspace();
   void draw_library_workspaces(int device_index) override;
+  bool release_library_workspaces(int device_index) override;
 
   // A CUDA graph on the model of a GPU (meta:cuda): `work` runs with the caching allocator's
   // private pool current, as a capture does, so the pool's segments count in reserved bytes and

@@ -20,6 +20,7 @@
 #include "nn/resnet.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
+#include "tests/support/error_of.h"
 #ifdef MINIDL_WITH_CUDA
 #include "kernels/cuda/runtime.h"
 #endif
@@ -271,6 +272,33 @@ TEST(MetaDeviceCuda, LibraryWorkspacesAreDrawnUpFrontAsOnTheDevice) {
       const Tensor c = matmul(a, b);
       EXPECT_EQ(memory_stats(d).peak_allocated_bytes - drawn, static_cast<int64_t>(c.nbytes())) << "the GEMM";
     }
+  }
+}
+
+// A process that has run once (its library workspaces drawn before its model) can choose another
+// allocator mode for its next run, as minidl-sweep and the test binaries run one run after another:
+// the workspaces, all the device holds, go back, the mode changes and they are drawn again in it. A
+// device that holds a tensor still refuses, and keeps its workspace.
+TEST(MetaDeviceCuda, TheAllocatorModeChangesWhenTheLibraryWorkspacesAreAllItHolds) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device (or the emulated one)";
+  const auto ws = static_cast<int64_t>(meta::cuda_model::cublas_workspace_bytes());
+  for (const Device d : {Device::meta(DeviceType::CUDA), Device::cuda(0)}) {
+    SCOPED_TRACE(d.str());
+    draw_library_workspaces(d);
+    ASSERT_EQ(memory_stats(d).allocated_bytes, ws) << "the device should hold cuBLAS's workspace alone";
+    for (const bool on : {true, false, true, false}) {
+      set_expandable_segments(d, on);
+      EXPECT_EQ(allocator_for(d).expandable_segments(), on);
+      EXPECT_EQ(memory_stats(d).allocated_bytes, ws) << "the workspace, drawn again in the new mode";
+      const Tensor a = randn({4, 8}, {DType::f32, d, false}), b = randn({8, 4}, {DType::f32, d, false});
+      const Tensor c = matmul(a, b);   // cuBLAS runs with the new workspace (its handle made again on a device)
+      EXPECT_EQ(c.shape(), (Shape{4, 4}));
+    }
+    const Tensor t = empty({1024}, {.dtype = DType::f32, .device = d});
+    const std::string e = minidl::testing::error_of([&] { set_expandable_segments(d, true); });
+    EXPECT_NE(e.find("already holds 2 blocks"), std::string::npos) << e;
+    EXPECT_FALSE(allocator_for(d).expandable_segments());
+    EXPECT_EQ(memory_stats(d).allocated_bytes, ws + static_cast<int64_t>(t.nbytes())) << "the workspace stays";
   }
 }
 

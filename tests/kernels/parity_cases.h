@@ -33,6 +33,8 @@ inline const std::vector<ParityCase>& parity_cases() {
       {"capturing", "optim/graph_step_cuda_test.cpp:GraphStep.AHostReadInsideTheCaptureFailsNamingTheFix"},
       {"draw_library_workspaces",
        "kernels/meta_device_cuda_test.cpp:MetaDeviceCuda.LibraryWorkspacesAreDrawnUpFrontAsOnTheDevice"},
+      {"release_library_workspaces",
+       "kernels/meta_device_cuda_test.cpp:MetaDeviceCuda.TheAllocatorModeChangesWhenTheLibraryWorkspacesAreAllItHolds"},
       {"replay", "optim/graph_step_cuda_test.cpp:GraphStep.SmallCnnFp32ReplayIsBitIdenticalToEager"},
       {"pool_bytes", "optim/graph_step_cuda_test.cpp:GraphStep.EagerAllocationsAfterTheCaptureDoNotReuseItsPool"},
       {"pool", "experiments/cuda_graphs_cuda_test.cpp:ExperimentsCudaGraphs.AccumulationWindowsReplayTwoGraphsLikeTheEagerRun"},
