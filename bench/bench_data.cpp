@@ -58,16 +58,17 @@ LoaderOptions rrc_options(int workers, bool cache) {
   return o;
 }
 
-// One epoch per iteration; images/s over wall time.
-void BM_loader(benchmark::State& state, bool cache) {
+// One epoch of the photos per iteration, images/s over wall time; with the cache, one epoch first
+// fills it outside the timing.
+void time_epochs(benchmark::State& state, const LoaderOptions& o) {
   const auto ds = photos();
   if (!ds) {
     state.SkipWithError(("no photos at " + photos_dir().string() + " (set MINIDL_BENCH_PHOTOS)").c_str());
     return;
   }
-  Loader l(ds, rrc_options(static_cast<int>(state.range(0)), cache));
+  Loader l(ds, o);
   int64_t epoch = 0;
-  if (cache) {  // fill the cache outside the timing
+  if (o.cache) {
     l.start_epoch(epoch++);
     while (l.next()) {
     }
@@ -81,8 +82,12 @@ void BM_loader(benchmark::State& state, bool cache) {
     }
   }
   state.counters["images/s"] = benchmark::Counter(static_cast<double>(images), benchmark::Counter::kIsRate);
-  state.counters["workers"] = static_cast<double>(state.range(0));
+  state.counters["workers"] = static_cast<double>(o.workers);
   state.counters["skipped"] = static_cast<double>(l.stats().skipped);
+}
+
+void BM_loader(benchmark::State& state, bool cache) {
+  time_epochs(state, rrc_options(static_cast<int>(state.range(0)), cache));
 }
 void BM_loader_files(benchmark::State& state) { BM_loader(state, false); }
 void BM_loader_cache(benchmark::State& state) { BM_loader(state, true); }
@@ -93,11 +98,6 @@ BENCHMARK(BM_loader_cache)->ArgName("workers")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->
 // then each epoch only converted (1/255, f32, NCHW) into batches of 256. What is left per image
 // once decoding is cached: the loader's ceiling for a model faster than it (a small CNN on a GPU).
 void BM_loader_cached_keras(benchmark::State& state) {
-  const auto ds = photos();
-  if (!ds) {
-    state.SkipWithError(("no photos at " + photos_dir().string() + " (set MINIDL_BENCH_PHOTOS)").c_str());
-    return;
-  }
   LoaderOptions o;
   o.batch_size = 256;
   o.workers = static_cast<int>(state.range(0));
@@ -106,20 +106,7 @@ void BM_loader_cached_keras(benchmark::State& state) {
   o.transform.fit = Fit::Squash;
   o.transform.interpolation = Interpolation::Nearest;
   o.transform.normalize = false;
-  Loader l(ds, o);
-  l.start_epoch(0);   // fills the cache outside the timing
-  while (l.next()) {
-  }
-  int64_t images = 0, epoch = 1;
-  for (auto _ : state) {
-    l.start_epoch(epoch++);
-    while (auto b = l.next()) {
-      images += b->labels.size(0);
-      benchmark::DoNotOptimize(b->images.data_ptr());
-    }
-  }
-  state.counters["images/s"] = benchmark::Counter(static_cast<double>(images), benchmark::Counter::kIsRate);
-  state.counters["workers"] = static_cast<double>(state.range(0));
+  time_epochs(state, o);
 }
 BENCHMARK(BM_loader_cached_keras)
     ->ArgName("workers")
