@@ -32,6 +32,11 @@ struct EpochMetrics {
   double steady_seconds = 0.0;
   double images_per_second_steady = std::numeric_limits<double>::quiet_NaN();
   double data_wait_fraction = 0.0;
+  // The time the host sat blocked on the device's work (reading each step's loss and prediction
+  // count, the epoch's last synchronize) / train_seconds. With data_wait_fraction it says which
+  // side sets the pace: the rest of the time the host was busy itself (launches, bookkeeping).
+  // About 0 on the CPU, whose kernels run inside the calls that launch them.
+  double device_wait_fraction = 0.0;
   double cpu_utilization = 0.0;   // process CPU time / (wall time x cores)
   double gpu_busy = std::numeric_limits<double>::quiet_NaN();  // busy fraction (0-1); NaN: unknown
   std::string gpu_busy_source;    // nvml | cuda-events | "none: <why>" (GpuBusyMeter)

@@ -143,9 +143,11 @@ bool Run::micro_batch(Epoch& e, const TensorBatch& b) {
   // A replay has updated the weights when it returns: its loss is checked after the update.
   const Step::Forward f = step_->forward(b.images, b.labels, mb, eb_.micro);
   log_new_plans();
+  const auto t_read = Clock::now();   // the reads wait for the step's device work
   const double lv = f.loss.item();
   e.loss_sum += lv * static_cast<double>(n);
   e.correct += m_.correct(f.logits, f.labels);
+  e.device_wait += seconds_since(t_read);
   e.em.images += n;
   session_images_ += n;
   if (agreed(!std::isfinite(lv) || lv > diverge_loss_)) {   // every rank stops at the same micro-batch
@@ -211,7 +213,9 @@ void Run::end_epoch(Epoch& e) {
   EpochMetrics& em = e.em;
   const bool complete = !e.cut || e.i == plan_.size();
   // Device kernels are asynchronous: the last step's backward and update may still be queued.
+  const auto t_sync = Clock::now();
   synchronize(device_);
+  e.device_wait += seconds_since(t_sync);
   em.train_seconds = seconds_since(e.t0) + e.trial_seconds;   // a phase's trials are its cost
   if (e.t_steady && em.images > e.images_steady0) {
     const double steady_s = seconds_since(*e.t_steady);
@@ -241,6 +245,7 @@ void Run::end_epoch(Epoch& e) {
   em.train_acc = em.images > 0 ? static_cast<double>(e.correct) / static_cast<double>(em.images) : 0.0;
   em.images_per_second = em.train_seconds > 0 ? static_cast<double>(em.images) / em.train_seconds : 0.0;
   em.data_wait_fraction = em.train_seconds > 0 ? (data_.train->wait_seconds() - e.wait0) / em.train_seconds : 0.0;
+  em.device_wait_fraction = em.train_seconds > 0 ? e.device_wait / em.train_seconds : 0.0;
   em.cpu_utilization = em.train_seconds > 0 ? (cpu_seconds() - e.cpu0) / em.train_seconds /
                                                   std::max(1u, std::thread::hardware_concurrency())
                                             : 0.0;

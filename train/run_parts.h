@@ -59,6 +59,7 @@ class Run {
     EpochMetrics em;
     size_t i = 0;                     // micro-batches done
     double wait0 = 0.0, cpu0 = 0.0;   // the loader's wait and the process's CPU time at the start
+    double device_wait = 0.0;         // seconds blocked on the device's work (EpochMetrics)
     double trial_seconds = 0.0;       // the phase's batch trials, counted as the epoch's cost
     double batch_lr = 1.0;            // --batch-schedule-lr's factor for this epoch's batch
     std::optional<GpuBusyMeter> gpu;

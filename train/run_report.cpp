@@ -27,11 +27,11 @@ std::string epoch_done_line(const EpochMetrics& em, int64_t epoch, int64_t epoch
   char line[512];
   std::snprintf(line, sizeof(line),
                 "epoch %lld/%lld %s: loss %.4f  acc %.2f%%  val loss %s  val acc %s  %.1f img/s  "
-                "data wait %.1f%%  peak %s  %.1f s",
+                "data wait %.1f%%  device wait %.1f%%  peak %s  %.1f s",
                 static_cast<long long>(epoch), static_cast<long long>(epochs), cut.empty() ? "done" : cut.c_str(),
                 em.train_loss, 100.0 * em.train_acc,
                 value_or_dash(em.val_loss, 4).c_str(), value_or_dash(em.val_acc, 2, 100.0, "%").c_str(),
-                em.images_per_second, 100.0 * em.data_wait_fraction,
+                em.images_per_second, 100.0 * em.data_wait_fraction, 100.0 * em.device_wait_fraction,
                 format_bytes(static_cast<size_t>(em.peak_allocated)).c_str(), em.train_seconds);
   return line;
 }

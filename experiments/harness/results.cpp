@@ -293,6 +293,7 @@ nlohmann::json to_json(const RunResult& r) {
                       {"images_per_second", e.images_per_second},
                       {"images_per_second_steady", num(e.images_per_second_steady)},
                       {"data_wait_fraction", e.data_wait_fraction},
+                      {"device_wait_fraction", e.device_wait_fraction},
                       {"cpu_utilization", e.cpu_utilization},
                       {"gpu_busy", num(e.gpu_busy)},
                       {"gpu_busy_source", e.gpu_busy_source},

@@ -36,6 +36,8 @@ TEST(ExperimentsTrain, TinyRunProducesConsistentMetrics) {
     EXPECT_GT(e.images_per_second, 0.0);
     EXPECT_TRUE(std::isnan(e.gpu_busy)) << "no GPU busy figure on the CPU";
     EXPECT_EQ(e.gpu_busy_source, "none: cpu device") << "and the column says why";
+    EXPECT_GE(e.device_wait_fraction, 0.0);
+    EXPECT_LE(e.data_wait_fraction + e.device_wait_fraction, 1.0);
   }
   EXPECT_GE(r.test_acc, 0.0);
   EXPECT_GE(r.best_epoch, 1);
