@@ -105,7 +105,3 @@ class GraphedStep(EagerStep):
         loss_value = loss.item()
         int(count.item())
         return loss_value
-
-    def close(self):
-        """Frees the graph and its pool before the next batch size's model."""
-        self.graph, self.static = None, None
