@@ -15,7 +15,6 @@
 // the CPU the batches are the run's own memory, and nothing is made ahead.
 #include "data/loader.h"
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -26,6 +25,7 @@
 
 #include "core/backend.h"
 #include "core/philox.h"
+#include "data/base_images.h"
 #include "data/device_staging.h"
 #include "data/transform.h"
 
@@ -67,11 +67,7 @@ struct Loader::Impl {
   int64_t hwc_bytes;   // a transformed sample, size x size x 3 u8
 
   // Shared across epochs: the RAM cache and the samples known to be unreadable.
-  mutable std::mutex cache_mu;
-  std::vector<std::shared_ptr<const Image>> cache;
-  int64_t cache_bytes = 0, cache_images = 0;
-  std::unique_ptr<std::atomic<uint8_t>[]> bad;
-  std::atomic<int64_t> skipped{0};
+  std::unique_ptr<BaseImages> bases;
 
   // The current epoch.
   bool started = false;
@@ -121,10 +117,7 @@ struct Loader::Impl {
     MINIDL_CHECK(opt.transform.augment == Augment::RandomResizedCrop || resolved_resize(opt.transform) >= opt.transform.size,
                  "Loader: transform.resize (", resolved_resize(opt.transform), ") is smaller than the crop size (",
                  opt.transform.size, "); use resize >= size or 0 for the default");
-    const auto n = static_cast<size_t>(ds->size());
-    bad = std::make_unique<std::atomic<uint8_t>[]>(n);
-    for (size_t i = 0; i < n; ++i) bad[i].store(0);
-    if (opt.cache) cache.resize(n);
+    bases = std::make_unique<BaseImages>(ds, opt.transform, opt.cache, opt.cache_limit_bytes);
   }
 
   ~Impl() {
@@ -132,37 +125,11 @@ struct Loader::Impl {
     staging.reset();   // after the threads: waits for the copies still reading its buffers
   }
 
-  // The base image of dataset sample idx (through the cache), or null when unreadable.
-  std::shared_ptr<const Image> base_of(int64_t idx) {
-    const auto i = static_cast<size_t>(idx);
-    if (bad[i].load(std::memory_order_relaxed) != 0) return nullptr;
-    if (opt.cache) {
-      std::lock_guard<std::mutex> lock(cache_mu);
-      if (cache[i]) return cache[i];
-    }
-    std::optional<Image> img = ds->load(idx);
-    if (!img) {
-      if (bad[i].exchange(1) == 0) skipped.fetch_add(1);
-      return nullptr;
-    }
-    auto base = std::make_shared<const Image>(make_base(std::move(*img), opt.transform));
-    if (opt.cache) {
-      std::lock_guard<std::mutex> lock(cache_mu);
-      const auto bytes = static_cast<int64_t>(base->pixels.size());
-      if (!cache[i] && cache_bytes + bytes <= opt.cache_limit_bytes) {
-        cache[i] = base;
-        cache_bytes += bytes;
-        ++cache_images;
-      }
-    }
-    return base;
-  }
-
   // Sample `pos` of the epoch, transformed through `hwc` (hwc_bytes) and converted into `out`
   // (writer.sample_bytes()); false when it is unreadable.
   bool produce(int64_t pos, uint8_t* hwc, void* out) {
     const int64_t idx = order[static_cast<size_t>(pos)];
-    const auto base = base_of(idx);
+    const auto base = bases->get(idx);
     if (!base) return false;
     apply_transform(*base, opt.transform, aug_key, idx, hwc);
     writer.write(hwc, out, 0);
@@ -498,21 +465,15 @@ std::optional<Batch> Loader::next() {
 LoaderStats Loader::stats() const {
   LoaderStats s;
   s.images = impl_->delivered;
-  s.skipped = impl_->skipped.load();
+  s.skipped = impl_->bases->skipped();
   s.wall_seconds = seconds_since(impl_->stats_start);
   s.wait_seconds = impl_->wait;
-  std::lock_guard<std::mutex> lock(impl_->cache_mu);
-  s.cached_images = impl_->cache_images;
-  s.cached_bytes = impl_->cache_bytes;
+  s.cached_images = impl_->bases->cached_images();
+  s.cached_bytes = impl_->bases->cached_bytes();
   return s;
 }
 
-std::vector<int64_t> Loader::skipped_indices() const {
-  std::vector<int64_t> out;
-  for (int64_t i = 0; i < impl_->ds->size(); ++i)
-    if (impl_->bad[static_cast<size_t>(i)].load(std::memory_order_relaxed) != 0) out.push_back(i);
-  return out;
-}
+std::vector<int64_t> Loader::skipped_indices() const { return impl_->bases->skipped_indices(); }
 
 void Loader::reset_stats() {
   impl_->stats_start = Clock::now();
