@@ -83,7 +83,7 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
   // a skipped step creates no state, so step at batch 1 until one update has really run (the
   // scale reaches 1 after 16 halvings; a model that still overflows then trains on NaN anyway).
   const auto warm_up = [this] {
-    Feed feed(*this, std::vector<int64_t>(static_cast<size_t>(accumulated()), 1));
+    Feed feed(*this, Epoch{accumulated(), 1, 0}, accumulated());
     step(feed, 1);
   };
   warm_up();
@@ -108,26 +108,53 @@ void StepRunner::limit_recomputation(int64_t batch) {
   limited_batch_ = batch;
 }
 
-StepRunner::Feed::Feed(const StepRunner& r, std::vector<int64_t> sizes)
-    : r_(r), sizes_(std::move(sizes)), ahead_(std::max(0, r.footprint_.batches_held - 1)) {}
+StepRunner::Feed::Feed(const StepRunner& r, Epoch epoch, int64_t leading, bool and_last)
+    : r_(r), epoch_(epoch), ahead_(std::max(0, r.footprint_.batches_held - 1)) {
+  MINIDL_CHECK(leading >= 1 && leading <= epoch.full, "StepRunner: a trial takes ", leading, " of an epoch's ",
+               epoch.full, " full batches");
+  // The leading batches stand for the epoch's first ones, except the last of them, which stands
+  // for the epoch's last full batch when there are two or more (its step holds only what is left
+  // of the epoch ahead, the smaller last batch on a GPU). With the epoch's size unknown, every
+  // batch ahead is a full one.
+  const bool known = epoch.full != INT64_MAX;
+  for (int64_t p = 0; p < leading; ++p) take_.push_back(known && leading > 1 && p + 1 == leading ? epoch.full - 1 : p);
+  if (and_last && epoch.last > 0) take_.push_back(epoch.full);
+}
+
+int64_t StepRunner::Feed::size_at(int64_t position) const {
+  return position < epoch_.full ? epoch_.size : epoch_.last;
+}
+
+void StepRunner::Feed::make(int64_t n) {
+  // Random images (a trial's weights must not meet a degenerate input) and class-0 labels: one
+  // tensor each, as the loader's staging makes them.
+  ready_.push_back({n, randn(r_.model_.input_shape(n), {DType::f32, r_.device_, false}),
+                    zeros({n}, {DType::i64, r_.device_, false})});
+}
 
 std::pair<Tensor, Tensor> StepRunner::Feed::next() {
-  MINIDL_CHECK(handed_ < sizes_.size(), "StepRunner: a trial's pass of ", sizes_.size(), " batches is over");
+  MINIDL_CHECK(handed_ < take_.size(), "StepRunner: a trial's pass of ", take_.size(), " batches is over");
+  const int64_t p = take_[handed_++];
+  // What the run's loader holds when it hands out the batch at p: that batch, then the epoch's
+  // next ones up to its queue. Batches made ahead that the run would hold too (by size) are kept;
+  // the others were the run's steps between the trial's, which the trial skips, and go.
+  std::vector<int64_t> want{size_at(p)};
+  const int64_t positions = epoch_.full == INT64_MAX ? INT64_MAX : epoch_.full + (epoch_.last > 0 ? 1 : 0);
+  for (int64_t q = p + 1; q < positions && static_cast<int64_t>(want.size()) <= ahead_; ++q) want.push_back(size_at(q));
+  size_t keep = 0;
+  while (keep < ready_.size() && keep < want.size() && ready_[keep].images_in == want[keep]) ++keep;
+  ready_.resize(keep);
   // As data::DeviceStaging::next: the batch handed out (made now when it was not made ahead), then
-  // the next one's tensors; a loader with a deeper queue (the CPU's) holds more ahead.
-  const auto make = [&] {
-    const int64_t n = sizes_[made_++];
-    // Random images (a trial's weights must not meet a degenerate input) and class-0 labels: one
-    // tensor each, as the loader's staging makes them.
-    ready_.emplace_back(randn(r_.model_.input_shape(n), {DType::f32, r_.device_, false}),
-                        zeros({n}, {DType::i64, r_.device_, false}));
-  };
-  if (ready_.empty()) make();
-  std::pair<Tensor, Tensor> out = std::move(ready_.front());
+  // the next ones' tensors; a loader with a deeper queue (the CPU's) holds more ahead.
+  if (ready_.empty()) make(want[0]);
+  Made out = std::move(ready_.front());
   ready_.pop_front();
-  ++handed_;
-  while (static_cast<int>(ready_.size()) < ahead_ && made_ < sizes_.size()) make();
-  return out;
+  for (size_t i = ready_.size() + 1; i < want.size(); ++i) make(want[i]);
+  return {std::move(out.images), std::move(out.labels)};
+}
+
+StepRunner::Epoch StepRunner::training_epoch(int64_t batch, int64_t leading) const {
+  return {std::max(footprint_.training_full(batch), leading), batch, footprint_.training_partial(batch)};
 }
 
 int64_t StepRunner::step(Feed& feed, int64_t batch, int64_t full_batch) {
@@ -155,7 +182,7 @@ int64_t StepRunner::step(Feed& feed, int64_t batch, int64_t full_batch) {
   return phase;
 }
 
-void StepRunner::evaluate(const std::vector<int64_t>& sizes) {
+bool StepRunner::evaluate(int64_t batch, int64_t full_batches) {
   // Back to training mode however the pass ends (an OOM is the trial's answer, not the runner's end).
   struct TrainAgain {
     nn::Module& m;
@@ -163,11 +190,15 @@ void StepRunner::evaluate(const std::vector<int64_t>& sizes) {
   } again{*model_.module};
   const NoGradGuard no_grad;
   model_.module->eval();
-  Feed feed(*this, sizes);
+  const int64_t e = footprint_.evaluation_batch(batch);
+  const int64_t images = footprint_.evaluation_images;
+  const Epoch epoch{images < 0 ? INT64_MAX : images / e, e, footprint_.evaluation_partial(e)};
+  const int64_t leading = std::min(full_batches, epoch.full);
+  Feed feed(*this, epoch, leading, /*and_last=*/true);
   // train::evaluate's loop: a batch replays the forward captured into the training graphs' pool
   // once an eager batch of its layout has run (GraphedStep::eval_step); any other runs eagerly,
   // beside the graphs in their pool (GraphedStep::eval_eagerly), its loss and count read on the host.
-  for (size_t i = 0; i < sizes.size(); ++i) {
+  for (int64_t i = 0; i < leading + (epoch.last > 0 ? 1 : 0); ++i) {
     const auto [x, labels] = feed.next();
     train::GraphedStep* g = step_->graphed();
     if (g != nullptr && g->eval_replayable(x, labels) && g->eval_step(x, labels)) continue;
@@ -179,14 +210,7 @@ void StepRunner::evaluate(const std::vector<int64_t>& sizes) {
     if (g != nullptr) g->eval_eagerly(x, work);
     else work();
   }
-}
-
-std::vector<int64_t> StepRunner::evaluation_pass(int64_t batch, int64_t full_batches) const {
-  const int64_t e = footprint_.evaluation_batch(batch);
-  const int64_t images = footprint_.evaluation_images;
-  std::vector<int64_t> sizes(static_cast<size_t>(images < 0 ? full_batches : std::min(full_batches, images / e)), e);
-  if (const int64_t partial = footprint_.evaluation_partial(e); partial > 0) sizes.push_back(partial);
-  return sizes;
+  return epoch.last > 0;
 }
 
 Trial StepRunner::run(int64_t batch, int steps) {
@@ -212,14 +236,9 @@ Trial StepRunner::run(int64_t batch, int steps) {
   const int64_t two = std::clamp<int64_t>(footprint_.training_full(batch) / std::max<int64_t>(1, c_.accumulation_steps),
                                           1, 2);
   const int first = static_cast<int>(std::max<int64_t>(steps, two));
-  const auto training_pass = [&](int64_t full_steps) {
-    std::vector<int64_t> sizes(static_cast<size_t>(full_steps * micro), batch);
-    if (partial > 0) sizes.push_back(partial);
-    return sizes;
-  };
   try {
     {
-      Feed feed(*this, training_pass(first));
+      Feed feed(*this, training_epoch(batch, first * micro), first * micro, /*and_last=*/true);
       for (int s = 0; s < first; ++s) {
         const auto t0 = std::chrono::steady_clock::now();
         t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(feed, batch));
@@ -229,16 +248,14 @@ Trial StepRunner::run(int64_t batch, int steps) {
       }
       if (partial > 0) step(feed, partial, batch);
     }
-    const std::vector<int64_t> eval = footprint_.evaluation() ? evaluation_pass(batch, 2) : std::vector<int64_t>{};
-    evaluate(eval);
-    const bool eval_partial = !eval.empty() && eval.back() != eval.front();
+    const bool eval_partial = footprint_.evaluation() && evaluate(batch, 2);
     if (partial > 0 || eval_partial || step_->graphed() != nullptr) {
       {
-        Feed feed(*this, training_pass(two));
+        Feed feed(*this, training_epoch(batch, two * micro), two * micro, /*and_last=*/true);
         for (int64_t s = 0; s < two; ++s) step(feed, batch);
         if (partial > 0) step(feed, partial, batch);
       }
-      if (footprint_.evaluation()) evaluate(evaluation_pass(batch, 1));
+      if (footprint_.evaluation()) evaluate(batch, 1);
     }
     t.ok = true;
     t.step_seconds = timed / (first > 1 ? first - 1 : 1);

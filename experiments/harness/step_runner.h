@@ -49,32 +49,52 @@ class StepRunner {
   const RunFootprint& footprint() const { return footprint_; }
 
  private:
-  // The run's loader on the device over one pass of batches of `sizes` (RunFootprint::batches_held):
-  // each batch's tensors made when the one before it is handed out, as data::DeviceStaging::next
-  // does, and freed by the step that used them.
+  // The batches of one epoch of the run's loader: `full` batches of `size` images (INT64_MAX when
+  // the set's size is not known before the data is read), then a smaller last one of `last` images
+  // (0: none).
+  struct Epoch {
+    int64_t full = 0, size = 0, last = 0;
+  };
+  // The run's loader on the device over an epoch (RunFootprint::batches_held), of which a trial
+  // takes `leading` full batches (the epoch's first ones, the last of them standing for the epoch's
+  // last full batch) and then, with `and_last`, the epoch's smaller last one. Each batch's tensors
+  // are made when the one before it is handed out, as data::DeviceStaging::next does, and freed by
+  // the step that used them; what is held ahead is what the run's loader holds at that point of the
+  // epoch, not the trial's next batches: two steps of an epoch of three full batches hold all three
+  // during the first (the run's loader may have made the third by then).
   class Feed {
    public:
-    Feed(const StepRunner& r, std::vector<int64_t> sizes);
+    Feed(const StepRunner& r, Epoch epoch, int64_t leading, bool and_last = false);
     std::pair<Tensor, Tensor> next();   // images and labels
 
    private:
+    struct Made {
+      int64_t images_in;
+      Tensor images, labels;
+    };
+    int64_t size_at(int64_t position) const;
+    void make(int64_t images);
+
     const StepRunner& r_;
-    std::vector<int64_t> sizes_;
+    Epoch epoch_;
+    std::vector<int64_t> take_;   // the epoch's positions handed out, in order
     int ahead_;
-    size_t made_ = 0, handed_ = 0;
-    std::deque<std::pair<Tensor, Tensor>> ready_;
+    size_t handed_ = 0;
+    std::deque<Made> ready_;
   };
+  // The epoch of the run's training loader at micro-batch `batch`, with at least `leading` full
+  // batches (a trial asked for more steps than the epoch has runs them all at `batch`).
+  Epoch training_epoch(int64_t batch, int64_t leading) const;
   // One step on batches from `feed`; returns the peak bytes of its forward + backward phase that
   // the batch needs (reserved on a GPU, live blocks on the CPU: see step_runner.cpp).
   // `full_batch`: the run's full micro-batch when `batch` is an epoch's last, smaller one (0:
   // `batch`), which is one micro-batch closing its window and never replays a window.
   int64_t step(Feed& feed, int64_t batch, int64_t full_batch = 0);
-  // The run's evaluation pass over batches of `sizes`: forwards without gradients in evaluation
-  // mode, replayed from a captured forward where the run's would be (train::evaluate).
-  void evaluate(const std::vector<int64_t>& sizes);
-  // The evaluation pass of a run at `batch`: at most `full_batches` full batches, then its smaller
-  // last one; `full_batches` batches when the evaluation set's size is not known.
-  std::vector<int64_t> evaluation_pass(int64_t batch, int64_t full_batches) const;
+  // The run's evaluation pass at `batch` (its loader's epoch over the largest evaluation set): its
+  // first `full_batches` full batches at most, then its smaller last one, as forwards without
+  // gradients in evaluation mode, replayed from a captured forward where the run's would be
+  // (train::evaluate). Returns whether the pass ran a smaller last batch.
+  bool evaluate(int64_t batch, int64_t full_batches);
   // The micro-batches of a trial's step: with accumulation, a second micro-batch's backward adds
   // into gradients that already exist (temporaries of the largest parameter's size), and with
   // CUDA graphs it is the second graph on the shared pool: two cover every peak of a window.

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "experiments/harness/step_runner.h"
 #include "train/run_footprint.h"
 #include "tests/experiments/helpers.h"
 #include "tests/experiments/whole_run.h"
@@ -100,6 +101,22 @@ TEST_F(WholeRunPhotos, WithLoaderWorkersTheAnswerHoldsTheQueue) {
   const MaxBatchReport rep = run_maxbatch(c, o, false);
   const RunResult r = testing::train_at(c, rep.finder.max_batch);
   EXPECT_EQ(r.status, "ok") << r.note << "\n" << rep.text;
+}
+
+// What a trial holds ahead is what the run's loader holds: the epoch's next batches, up to its
+// queue, not the trial's own. At batch 32 two steps of an epoch of three full batches hold all
+// three during the first step (the run's loader may have made the third by then), where an epoch of
+// two holds two: the trials answered a batch whose run ran out when the loader was ahead of its step.
+TEST_F(WholeRunPhotos, ATrialHoldsTheEpochsNextBatchesAsTheRunsLoaderDoes) {
+  TrainConfig three = photo_cnn("", "48,4,4"), two = photo_cnn("", "32,4,4");
+  three.workers = two.workers = 2;
+  const auto peak = [](const TrainConfig& c) {
+    StepRunner r(c, 0, Device::meta());
+    const Trial t = r.run(32, 2);
+    EXPECT_TRUE(t.ok);
+    return t.peak_allocated;
+  };
+  EXPECT_EQ(peak(three) - peak(two), run_footprint(three, Device::cpu(), 16).batch_bytes(32));
 }
 
 }  // namespace
