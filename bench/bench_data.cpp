@@ -95,11 +95,13 @@ BENCHMARK(BM_loader_files)->ArgName("workers")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->
 BENCHMARK(BM_loader_cache)->ArgName("workers")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The keras-batch study's training loader (--data-cache): photos squashed to 200 px once and kept,
-// then each epoch only converted (1/255, f32, NCHW) into batches of 256. What is left per image
-// once decoding is cached: the loader's ceiling for a model faster than it (a small CNN on a GPU).
+// then each epoch only converted (1/255, f32, NCHW) into batches of 16 and of 256, the study's
+// smallest and largest. What is left per image once decoding is cached: the loader's ceiling for a
+// model faster than it (a small CNN on a GPU), and whether a batch's own cost lowers it when
+// batches are small.
 void BM_loader_cached_keras(benchmark::State& state) {
   LoaderOptions o;
-  o.batch_size = 256;
+  o.batch_size = state.range(1);
   o.workers = static_cast<int>(state.range(0));
   o.cache = true;
   o.transform.size = 200;
@@ -109,11 +111,8 @@ void BM_loader_cached_keras(benchmark::State& state) {
   time_epochs(state, o);
 }
 BENCHMARK(BM_loader_cached_keras)
-    ->ArgName("workers")
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(4)
-    ->Arg(14)
+    ->ArgNames({"workers", "batch"})
+    ->ArgsProduct({{1, 2, 4, 14}, {16, 256}})
     ->Iterations(5)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
