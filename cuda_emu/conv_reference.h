@@ -30,4 +30,14 @@ std::vector<double> conv_backward_data_ref(const ConvGeometry& g, const std::vec
 std::vector<double> conv_backward_filter_ref(const ConvGeometry& g, const std::vector<double>& x,
                                              const std::vector<double>& dy);
 
+// The same into a caller's vector (resized), whose storage a caller that convolves again and
+// again (the emulated library's calls) reuses instead of fresh megabytes, a page fault a page,
+// each call.
+void conv_forward_ref(const ConvGeometry& g, const std::vector<double>& x, const std::vector<double>& w,
+                      std::vector<double>& y);
+void conv_backward_data_ref(const ConvGeometry& g, const std::vector<double>& dy, const std::vector<double>& w,
+                            std::vector<double>& dx);
+void conv_backward_filter_ref(const ConvGeometry& g, const std::vector<double>& x, const std::vector<double>& dy,
+                              std::vector<double>& dw);
+
 }  // namespace minidl::cuda::emu::detail
