@@ -131,6 +131,60 @@ struct Matrix {
   }
 };
 
+// Batch bi's op(A)(i, l) into a[l * m + i] and op(B)(l, j) into b[j * k + l], rounded as the compute
+// type does, each walked in the order its stored matrix is contiguous in.
+void load_operands(const Matrix& ma, const Matrix& mb, cublasOperation_t transa, cublasOperation_t transb, int64_t m,
+                   int64_t n, int64_t k, InputRounding round, int64_t bi, std::vector<double>& a,
+                   std::vector<double>& b) {
+  const int64_t lda = ma.ld, ldb = mb.ld;
+  if (transa == CUBLAS_OP_N) {
+    for (int64_t l = 0; l < k; ++l)
+      for (int64_t i = 0; i < m; ++i) a[l * m + i] = read_elem(ma.batch(bi), ma.e, i + l * lda, round);
+  } else {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t l = 0; l < k; ++l) a[l * m + i] = read_elem(ma.batch(bi), ma.e, l + i * lda, round);
+  }
+  if (transb == CUBLAS_OP_N) {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t l = 0; l < k; ++l) b[j * k + l] = read_elem(mb.batch(bi), mb.e, l + j * ldb, round);
+  } else {
+    for (int64_t l = 0; l < k; ++l)
+      for (int64_t j = 0; j < n; ++j) b[j * k + l] = read_elem(mb.batch(bi), mb.e, j + l * ldb, round);
+  }
+}
+
+// C = alpha op(A)op(B) + beta C for one batch, op(A) and op(B) as load_operands lays them out (not read
+// when !reads_ab: their product is 0). Each element sums its k products from 0 in order of l, each
+// added by one fused multiply-add; a column's m sums advance together (a vectorised loop), and
+// kProductCols columns at a time (acc holds their sums) share each column of op(A) while it is in
+// the cache, which changes no element's order.
+constexpr int64_t kProductCols = 4;
+void store_product(const std::vector<double>& a, const std::vector<double>& b, std::vector<double>& acc, int64_t m,
+                   int64_t n, int64_t k, bool reads_ab, double alpha, double beta, void* c, Elem ec, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < n; j0 += kProductCols) {
+    const int64_t cols = std::min<int64_t>(kProductCols, n - j0);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    if (reads_ab) {
+      for (int64_t l = 0; l < k; ++l) {
+        const double* col = a.data() + l * m;
+        for (int64_t jj = 0; jj < cols; ++jj) {
+          const double bv = b[(j0 + jj) * k + l];
+          double* out = acc.data() + jj * m;
+          for (int64_t i = 0; i < m; ++i) out[i] = std::fma(col[i], bv, out[i]);
+        }
+      }
+    }
+    for (int64_t jj = 0; jj < cols; ++jj) {
+      const int64_t j = j0 + jj;
+      for (int64_t i = 0; i < m; ++i) {
+        double v = alpha * acc[jj * m + i];
+        if (beta != 0.0) v += beta * read_elem(c, ec, i + j * ldc, InputRounding::None);   // beta == 0: C not read
+        write_elem(c, ec, i + j * ldc, v);
+      }
+    }
+  }
+}
+
 // Every byte range the call touches must be live device memory: per batch, as cuBLAS reads it.
 cublasStatus_t check_ranges(const char* fn, const Matrix& m, int64_t batch) {
   if (reinterpret_cast<uintptr_t>(m.p) % elem_size(m.e) != 0) {
@@ -399,35 +453,15 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
       const size_t used = std::min(ws.bytes, static_cast<size_t>(m) * static_cast<size_t>(n) * 4);
       std::fill_n(static_cast<unsigned char*>(ws.ptr), used, static_cast<unsigned char>(0xA5));
     }
-    // Each element of op(A)op(B) sums its k products from 0 in order of l, each added by one fused
-    // multiply-add; a column's m sums advance together (a vectorised loop), which changes no order.
-    std::vector<double> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n), acc(static_cast<size_t>(m));
+    // op(A), op(B) and the sums (store_product) stay with the thread between calls: fresh ones cost
+    // a page fault per page.
+    thread_local std::vector<double> a, b, acc;
+    a.resize(static_cast<size_t>(m) * k);
+    b.resize(static_cast<size_t>(k) * n);
+    acc.resize(static_cast<size_t>(m) * kProductCols);
     for (int64_t bi = 0; bi < batchCount; ++bi) {
-      if (reads_ab) {
-        // op(A)(i, l) at a[l * m + i] and op(B)(l, j) at b[j * k + l], rounded as the compute type does.
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t l = 0; l < k; ++l)
-            a[l * m + i] = read_elem(ma.batch(bi), ea, transa == CUBLAS_OP_N ? i + l * lda : l + i * lda, rule.round);
-        for (int64_t l = 0; l < k; ++l)
-          for (int64_t j = 0; j < n; ++j)
-            b[j * k + l] = read_elem(mb.batch(bi), eb, transb == CUBLAS_OP_N ? l + j * ldb : j + l * ldb, rule.round);
-      }
-      void* c = const_cast<unsigned char*>(mc.batch(bi));
-      for (int64_t j = 0; j < n; ++j) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        if (reads_ab) {
-          for (int64_t l = 0; l < k; ++l) {
-            const double bv = b[j * k + l];
-            const double* col = a.data() + l * m;
-            for (int64_t i = 0; i < m; ++i) acc[i] = std::fma(col[i], bv, acc[i]);
-          }
-        }
-        for (int64_t i = 0; i < m; ++i) {
-          double v = a_scale * acc[i];
-          if (b_scale != 0.0) v += b_scale * read_elem(c, ec, i + j * ldc, InputRounding::None);   // beta == 0: C not read
-          write_elem(c, ec, i + j * ldc, v);
-        }
-      }
+      if (reads_ab) load_operands(ma, mb, transa, transb, m, n, k, rule.round, bi, a, b);
+      store_product(a, b, acc, m, n, k, reads_ab, a_scale, b_scale, const_cast<unsigned char*>(mc.batch(bi)), ec, ldc);
     }
     if (minidl::cuda::emu::call_logging()) log_gemm(ma, mb, mc, k, batchCount, transa, transb, computeType, b_scale != 0.0, stream);
   };
