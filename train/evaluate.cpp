@@ -20,6 +20,10 @@ EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group
   double loss = 0.0, correct = 0.0, n = 0.0;
   if (src != nullptr && src->size() > 0) {
     NoGradGuard no_grad;
+    struct TrainingModeBack {   // also when a batch runs out of memory
+      Model& m;
+      ~TrainingModeBack() { m.module->train(); }
+    } back{m};
     m.module->eval();
     src->start_epoch(0);
     while (auto b = src->next()) {
@@ -43,7 +47,6 @@ EvalResult evaluate(Model& m, BatchSource* src, distributed::ProcessGroup* group
       }
       n += static_cast<double>(bn);
     }
-    m.module->train();
   }
   sum_over_ranks(group, {&loss, &correct, &n});
   if (n > 0) r = {loss / n, correct / n};

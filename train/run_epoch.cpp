@@ -269,7 +269,7 @@ void Run::evaluate_epoch(Epoch& e, bool complete) {
     return;
   }
   const auto t_eval = Clock::now();
-  const EvalResult v = evaluate(m_, data_.val.get(), group_, step_->graphed());
+  const EvalResult v = evaluate_or_stop(data_.val.get(), "the validation pass after epoch " + std::to_string(e.number));
   eta_->evaluated(seconds_since(t_eval), data_.val ? data_.val->size() : 0);
   e.em.val_loss = v.loss;
   e.em.val_acc = v.acc;
@@ -282,12 +282,24 @@ void Run::evaluate_epoch(Epoch& e, bool complete) {
   }
 }
 
+EvalResult Run::evaluate_or_stop(BatchSource* src, const std::string& pass) {
+  try {
+    return evaluate(m_, src, group_, step_->graphed());
+  } catch (const OutOfMemoryError& x) {
+    if (group_) throw;   // the other ranks may wait in the evaluation's reduction (run_or_abort)
+    r_.status = "oom";
+    r_.note = "out of memory in " + pass + ": " + x.what();
+    stop_ = evaluation_oom_ = true;
+    return {};
+  }
+}
+
 // The test set, once, and --save-weights.
 void Run::finish() {
   r_.steps = opt_->step_count();
   r_.train_seconds = train_seconds_;
   const bool evaluates = r_.status == "ok" || r_.status == "interrupted";
-  const EvalResult t = evaluates ? evaluate(m_, data_.test.get(), group_, step_->graphed()) : EvalResult{};
+  const EvalResult t = evaluates ? evaluate_or_stop(data_.test.get(), "the test pass") : EvalResult{};
   if (const GraphedStep* g = step_->graphed()) {
     r_.graph_replays = g->replays();
     r_.graph_fallbacks = g->fallbacks();
@@ -312,7 +324,7 @@ void Run::finish() {
         "): decoded once, not every epoch");
   r_.test_acc = t.acc;
   r_.test_loss = t.loss;
-  if (!c_.save_weights.empty() && r_.status != "oom") {
+  if (!c_.save_weights.empty() && (r_.status != "oom" || evaluation_oom_)) {
     Progress& prog = rp_.progress;
     prog.train_seconds = train_seconds_;
     prog.rng_seed = default_generator().seed();

@@ -16,6 +16,7 @@
 #include "train/batch_schedule.h"
 #include "train/data_source.h"
 #include "train/eta.h"
+#include "train/evaluate.h"
 #include "train/gpu_monitor.h"
 #include "train/graphed_step.h"
 #include "train/model.h"
@@ -92,6 +93,10 @@ class Run {
   void progress_line(const Epoch& e, int64_t step);
   void end_epoch(Epoch& e);
   void evaluate_epoch(Epoch& e, bool complete);
+  // train::evaluate on src; an evaluation that runs out of memory ends the run as a training step's
+  // does (status "oom", the note naming `pass`), with NaN results, and the weights it trained stay
+  // whole (--save-weights still saves them).
+  EvalResult evaluate_or_stop(BatchSource* src, const std::string& pass);
   void finish();
 
   const TrainConfig& c_;
@@ -127,6 +132,7 @@ class Run {
   int64_t session_images_ = 0;
   std::optional<RunEta> eta_;
   bool stop_ = false;
+  bool evaluation_oom_ = false;   // the run's OOM came in an evaluation, after whole steps
 };
 
 }  // namespace minidl::train::detail

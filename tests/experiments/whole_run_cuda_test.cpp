@@ -4,6 +4,7 @@
 // backend's own allocator, kernels and loader staging run, so the answers are checked in CI.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "core/backend.h"
@@ -134,6 +135,35 @@ TEST(WholeRunCuda, PhotoFolderWithWorkersAndGraphs) {
     EXPECT_EQ(r.status, "ok") << "batch " << b << ": " << r.note << "\n" << rep.text;
   }
   EXPECT_EQ(testing::train_whole(c, answer + 1, 2).status, "oom") << rep.text;
+}
+
+// A run that runs out of memory in an evaluation pass ends as one that runs out in a step: status
+// "oom", the note naming the pass, its epochs kept and its weights saved (an OutOfMemoryError escaped
+// run_training before, and minidl-train then wrote no results). Under this budget, with graphs where they fit, the run
+// at the answer + 1 trains its first epoch and runs out in the validation pass after it, eagerly
+// beside the held graphs and again after they are dropped.
+TEST(WholeRunCuda, ARunOutOfMemoryInItsEvaluationEndsWithStatusOom) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = small_cnn_on_gpu("36MiB");
+  c.momentum = 0.9;
+  c.split = "120,4,4";
+  MaxBatchOptions o;
+  o.steps = 2;
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  const int64_t answer = rep.finder.max_batch;
+  ASSERT_GT(answer, 1) << rep.text;
+  const RunResult fits = testing::train_whole(c, answer, 2);
+  EXPECT_EQ(fits.status, "ok") << fits.note << "\n" << rep.text;
+  TrainConfig saving = c;
+  saving.save_weights = (testing::temp_dir() / "weights.safetensors").string();
+  const RunResult over = testing::train_whole(saving, answer + 1, 2);
+  EXPECT_EQ(over.status, "oom") << rep.text;
+  EXPECT_NE(over.note.find("out of memory in the validation pass after epoch 1"), std::string::npos) << over.note;
+  ASSERT_EQ(over.epochs.size(), 1u) << over.note;
+  EXPECT_GT(over.epochs[0].images, 0);
+  EXPECT_TRUE(std::isnan(over.epochs[0].val_acc));
+  EXPECT_TRUE(std::filesystem::exists(saving.save_weights)) << "the weights of the whole epoch are saved";
+  std::filesystem::remove_all(std::filesystem::path(saving.save_weights).parent_path());
 }
 
 // A plan for a GPU (--gpu, the dry run alone) holds on the GPU: the same answer, trained.
