@@ -131,29 +131,21 @@ struct Matrix {
   }
 };
 
-// Batch bi's op(A)(i, l) into a[l * m + i] and op(B)(l, j) into b[j * k + l], rounded as the compute
-// type does, each walked in the order its stored matrix is contiguous in.
-void load_operands(const Matrix& ma, const Matrix& mb, cublasOperation_t transa, cublasOperation_t transb, int64_t m,
-                   int64_t n, int64_t k, InputRounding round, int64_t bi, std::vector<double>& a,
-                   std::vector<double>& b) {
-  const int64_t lda = ma.ld, ldb = mb.ld;
-  if (transa == CUBLAS_OP_N) {
-    for (int64_t l = 0; l < k; ++l)
-      for (int64_t i = 0; i < m; ++i) a[l * m + i] = read_elem(ma.batch(bi), ma.e, i + l * lda, round);
+// Batch bi's op(M), rows x cols, into out[c * rows + r], rounded as the compute type does, walked
+// in the order the stored matrix is contiguous in: op(M)(r, c) is M(r, c), or M(c, r) transposed.
+void load_op(const Matrix& mx, bool transposed, int64_t rows, int64_t cols, InputRounding round, int64_t bi,
+             std::vector<double>& out) {
+  const unsigned char* p = mx.batch(bi);
+  if (!transposed) {
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < rows; ++r) out[c * rows + r] = read_elem(p, mx.e, r + c * mx.ld, round);
   } else {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t l = 0; l < k; ++l) a[l * m + i] = read_elem(ma.batch(bi), ma.e, l + i * lda, round);
-  }
-  if (transb == CUBLAS_OP_N) {
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t l = 0; l < k; ++l) b[j * k + l] = read_elem(mb.batch(bi), mb.e, l + j * ldb, round);
-  } else {
-    for (int64_t l = 0; l < k; ++l)
-      for (int64_t j = 0; j < n; ++j) b[j * k + l] = read_elem(mb.batch(bi), mb.e, j + l * ldb, round);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = read_elem(p, mx.e, c + r * mx.ld, round);
   }
 }
 
-// C = alpha op(A)op(B) + beta C for one batch, op(A) and op(B) as load_operands lays them out (not read
+// C = alpha op(A)op(B) + beta C for one batch, op(A) and op(B) as load_op lays them out (not read
 // when !reads_ab: their product is 0). Each element sums its k products from 0 in order of l, each
 // added by one fused multiply-add; a column's m sums advance together (a vectorised loop), and
 // kProductCols columns at a time (acc holds their sums) share each column of op(A) while it is in
@@ -460,7 +452,10 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     b.resize(static_cast<size_t>(k) * n);
     acc.resize(static_cast<size_t>(m) * kProductCols);
     for (int64_t bi = 0; bi < batchCount; ++bi) {
-      if (reads_ab) load_operands(ma, mb, transa, transb, m, n, k, rule.round, bi, a, b);
+      if (reads_ab) {   // op(A)(i, l) at a[l * m + i], op(B)(l, j) at b[j * k + l]
+        load_op(ma, transa != CUBLAS_OP_N, m, k, rule.round, bi, a);
+        load_op(mb, transb != CUBLAS_OP_N, k, n, rule.round, bi, b);
+      }
       store_product(a, b, acc, m, n, k, reads_ab, a_scale, b_scale, const_cast<unsigned char*>(mc.batch(bi)), ec, ldc);
     }
     if (minidl::cuda::emu::call_logging()) log_gemm(ma, mb, mc, k, batchCount, transa, transb, computeType, b_scale != 0.0, stream);
