@@ -25,8 +25,9 @@
 namespace minidl::cuda::emu::detail {
 namespace {
 
-// The transposed operands of a call, kept by each thread between calls: they are megabytes, and
-// fresh ones every call cost a page fault per page (large blocks are mapped anew each time).
+// A call's transposed operands (slots 0 and 1) and sums (slot 2), kept by each thread between calls:
+// they are megabytes, and fresh ones every call cost a page fault per page (large blocks are
+// mapped anew each time).
 std::vector<double>& scratch(int i) {
   thread_local std::array<std::vector<double>, 3> kept;
   return kept[static_cast<size_t>(i)];
