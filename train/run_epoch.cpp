@@ -269,7 +269,8 @@ void Run::evaluate_epoch(Epoch& e, bool complete) {
     return;
   }
   const auto t_eval = Clock::now();
-  const EvalResult v = evaluate_or_stop(data_.val.get(), "the validation pass after epoch " + std::to_string(e.number));
+  const EvalResult v =
+      evaluate_or_stop(data_.val.get(), "the validation pass after epoch " + std::to_string(e.number));
   eta_->evaluated(seconds_since(t_eval), data_.val ? data_.val->size() : 0);
   e.em.val_loss = v.loss;
   e.em.val_acc = v.acc;
