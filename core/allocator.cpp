@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -203,7 +204,13 @@ Allocator& allocator_for(Device d) {
 MemoryStats memory_stats(Device d) { return allocator_for(d).stats(); }
 void reset_peak_stats(Device d) { allocator_for(d).reset_peak_stats(); }
 void set_memory_budget(Device d, size_t bytes) { allocator_for(d).set_budget(bytes); }
+thread_local bool TentativeRequests::active_ = false;
+
 void empty_cache(Device d) { allocator_for(d).empty_cache(); }
+int add_out_of_memory_handler(Device d, std::function<bool(size_t)> handler) {
+  return allocator_for(d).add_out_of_memory_handler(std::move(handler));
+}
+void remove_out_of_memory_handler(Device d, int id) { allocator_for(d).remove_out_of_memory_handler(id); }
 void draw_library_workspaces(Device d) {
   if (!d.is_cpu()) backend(d.type).draw_library_workspaces(d.index);
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -42,6 +43,14 @@ class Allocator {
   // Returns false when this allocator cannot do what is asked (only "off" is always possible).
   virtual bool set_expandable_segments(bool on) { return !on; }
   virtual bool expandable_segments() const { return false; }
+  // A release of last resort: a request that does not fit even with the cache released asks the
+  // handlers, newest first, on the requesting thread and without the allocator's lock, until one
+  // returns true (it freed memory: a CUDA graph's private pool, train/graphed_step.h); the request
+  // is then tried once more before it fails. The handler gets the request's bytes. Returns an id
+  // for remove_out_of_memory_handler. Only a device's caching allocator asks them, for eager work
+  // (kernels/caching_allocator.h), never inside a CUDA graph's capture; the host's never does (0: not kept).
+  virtual int add_out_of_memory_handler(std::function<bool(size_t)> /*handler*/) { return 0; }
+  virtual void remove_out_of_memory_handler(int /*id*/) {}
 };
 
 // The books every allocator below keeps, MemoryStats under one mutex, and the calls that only read
@@ -149,6 +158,25 @@ void set_memory_budget(Device d, size_t bytes);
 // changes, and they are drawn again in the new one.
 void set_expandable_segments(Device d, bool on);
 void empty_cache(Device d = Device::cpu());
+// While one lives on this thread, a request that does not fit fails without asking the
+// out-of-memory handlers (Allocator::add_out_of_memory_handler): its caller has a leaner way on (a
+// cuDNN workspace with a leaner plan after it), which costs less than what a handler would drop (a
+// CUDA graph's pool, and with it the replays of every step to come).
+class TentativeRequests {
+ public:
+  TentativeRequests() : was_(active_) { active_ = true; }
+  ~TentativeRequests() { active_ = was_; }
+  TentativeRequests(const TentativeRequests&) = delete;
+  TentativeRequests& operator=(const TentativeRequests&) = delete;
+  static bool active() { return active_; }
+
+ private:
+  static thread_local bool active_;
+  bool was_;
+};
+// Allocator::add_out_of_memory_handler and remove_out_of_memory_handler of the device's allocator.
+int add_out_of_memory_handler(Device d, std::function<bool(size_t)> handler);
+void remove_out_of_memory_handler(Device d, int id);
 // DeviceServices::draw_library_workspaces of the device's backend (nothing on the CPU).
 void draw_library_workspaces(Device d);
 // Parses "11GiB", "512MiB", "1.5GB", "1000000" (bytes); throws on anything else.

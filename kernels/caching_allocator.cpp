@@ -4,6 +4,8 @@
 #include "kernels/caching_allocator.h"
 
 #include <algorithm>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -208,7 +210,24 @@ void CachingAllocator::throw_oom(size_t nbytes, const std::string& why) {
 
 void* CachingAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
+  std::vector<std::function<bool(size_t)>> handlers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Eager work may ask the handlers, in the eager pools or in a lent one (a CUDA graph's pool
+    // may go: a lent pool's live blocks then belong to the eager pools, where the request is tried
+    // again); a capture's request fails at once, since it cannot release memory.
+    const bool may_ask = (current_pool_ == 0 || lending_) && !oom_handlers_.empty() && !TentativeRequests::active();
+    if (void* p = allocate_locked(nbytes, !may_ask)) return p;
+    for (auto it = oom_handlers_.rbegin(); it != oom_handlers_.rend(); ++it) handlers.push_back(it->second);
+  }
+  // Without the lock: a handler frees tensors and pools through this allocator.
+  for (const auto& h : handlers)
+    if (h(nbytes)) break;
   std::lock_guard<std::mutex> lock(mu_);
+  return allocate_locked(nbytes, true);
+}
+
+void* CachingAllocator::allocate_locked(size_t nbytes, bool may_throw) {
   const size_t size = round_size(nbytes);
   const bool small = size <= kSmallSize;
   if (fault_current_) {
@@ -234,6 +253,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
       b = take_block(size, small);
     }
     if (b == nullptr) {
+      if (!may_throw) return nullptr;
       const size_t least = small ? kSmallBuffer : size;   // the smallest segment new_segment asks for
       const bool over_budget = s_.budget_bytes > 0 && s_.reserved_bytes + static_cast<int64_t>(least) > s_.budget_bytes;
       throw_oom(nbytes, over_budget ? "the request would exceed the memory budget"
@@ -254,6 +274,18 @@ void* CachingAllocator::allocate(size_t nbytes) {
   s_.peak_allocated_bytes = std::max(s_.peak_allocated_bytes, s_.allocated_bytes);
   ++s_.num_allocs;
   return b->ptr;
+}
+
+int CachingAllocator::add_out_of_memory_handler(std::function<bool(size_t)> handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int id = next_handler_++;
+  oom_handlers_.emplace_back(id, std::move(handler));
+  return id;
+}
+
+void CachingAllocator::remove_out_of_memory_handler(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(oom_handlers_, [&](const auto& h) { return h.first == id; });
 }
 
 void CachingAllocator::deallocate(void* ptr, size_t nbytes) {

@@ -4,12 +4,14 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -146,6 +148,11 @@ class CachingAllocator final : public StatsAllocator {
   // the expandable range are released, and allocation starts as on a new allocator.
   bool set_expandable_segments(bool on) override;
   bool expandable_segments() const override;
+  // Handlers are asked by eager work (Allocator::add_out_of_memory_handler): a request of the eager
+  // pools, or of a lent pool that did not fit even with the pool's free segments given back (a
+  // handler that releases the lent pool ends its lending first); never by a capture's request.
+  int add_out_of_memory_handler(std::function<bool(size_t)> handler) override;
+  void remove_out_of_memory_handler(int id) override;
 
   CachingStats detailed_stats() const;
 
@@ -258,6 +265,9 @@ class CachingAllocator final : public StatsAllocator {
     Block* first = nullptr;      // never merged into a neighbour (none before it)
   };
   [[noreturn]] void throw_oom(size_t nbytes, const std::string& why);
+  // allocate() with mu_ held; a request that does not fit throws, or returns nullptr when !may_throw
+  // (the out-of-memory handlers are asked first).
+  void* allocate_locked(size_t nbytes, bool may_throw);
 
   std::unique_ptr<SegmentSource> source_;
   Device device_;
@@ -275,6 +285,8 @@ class CachingAllocator final : public StatsAllocator {
   int fault_skip_ = -1;
   bool fault_current_ = false;
   int64_t fault_request_ = 0, fault_seen_ = 0;
+  std::vector<std::pair<int, std::function<bool(size_t)>>> oom_handlers_;   // by id, oldest first
+  int next_handler_ = 1;
 };
 
 }  // namespace minidl

@@ -8,6 +8,7 @@
 // and an execute: the legacy API's per-call descriptor setting and queries were most of an eager
 // ResNet-50 step's host time. Workspaces come from the caching allocator; a plan whose workspace
 // does not fit the budget gives way to the next, leaner one.
+#include "core/allocator.h"
 #include "kernels/cuda/frontend.h"
 
 #include <algorithm>
@@ -193,6 +194,7 @@ void graph_conv_run(DeviceContext& ctx, const ConvShape& cs, ConvDir dir, const 
   for (const Candidate& c : p->order) {
     std::unique_ptr<DeviceBuffer> ws;
     try {
+      const TentativeRequests tentative;   // a leaner plan follows
       ws = std::make_unique<DeviceBuffer>(ctx, c.workspace);
     } catch (const OutOfMemoryError&) {
       tried += " " + c.plan->getTag() + " (workspace " + format_bytes(c.workspace) + ")";

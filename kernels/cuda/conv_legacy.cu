@@ -11,6 +11,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/allocator.h"
 #include "kernels/cuda/conv_internal.cuh"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/device/launch.cuh"
@@ -314,6 +315,7 @@ void run(DeviceContext& ctx, const ConvShape& cs, Dir dir, const void* a, const 
     MINIDL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     std::unique_ptr<DeviceBuffer> ws;
     try {
+      const TentativeRequests tentative;   // a leaner algorithm follows
       ws = std::make_unique<DeviceBuffer>(ctx, wsz);
     } catch (const OutOfMemoryError&) {
       tried += " algo " + std::to_string(c.algo) + " (workspace " + format_bytes(wsz) + ")";

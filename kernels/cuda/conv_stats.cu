@@ -12,6 +12,7 @@
 // or the library refuses a graph at planning, the call answers false and the op composes.
 // One plan per graph and shape, cached (in benchmark mode timed once on the first call's operands,
 // the fastest first, as the single convolutions are); workspaces from the caching allocator.
+#include "core/allocator.h"
 #include "kernels/cuda/frontend.h"
 
 #include <algorithm>
@@ -215,6 +216,7 @@ bool run_fused(DeviceContext& ctx, FusedGraph g, const ConvShape& cs, const Bind
   for (const Candidate& c : *p) {
     std::unique_ptr<DeviceBuffer> ws;
     try {
+      const TentativeRequests tentative;   // a leaner plan follows
       ws = std::make_unique<DeviceBuffer>(ctx, c.workspace);
     } catch (const OutOfMemoryError&) {
       tried += " " + c.plan->getTag() + " (workspace " + format_bytes(c.workspace) + ")";

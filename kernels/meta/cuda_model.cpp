@@ -46,6 +46,7 @@ void run_with_workspace(Device d, const std::vector<size_t>& candidates, const c
   std::string tried;
   for (size_t ws : candidates) {
     try {
+      const TentativeRequests tentative;   // a leaner plan follows
       Buffer b(d, ws);
       return;   // the call runs with this workspace, which is freed when it returns
     } catch (const OutOfMemoryError&) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/error.h"
 #include "kernels/caching_allocator.h"
 #include "tests/kernels/fake_segment_source.h"
@@ -275,6 +276,75 @@ TEST(CachingAllocatorPrivatePool, ALentPoolServesEagerWorkAndSaysWhetherItsGraph
   EXPECT_EQ(f.alloc.stats().allocated_bytes, 0);
   EXPECT_EQ(f.alloc.stats().reserved_bytes, 0);
   EXPECT_THROW(f.alloc.begin_lending(pool), Error) << "a released pool cannot be lent";
+}
+
+// The out-of-memory handlers (Allocator::add_out_of_memory_handler: how GraphedStep drops its
+// graphs for eager work that does not fit beside them): asked, newest first and without the lock,
+// by an eager request or a lent one that does not fit even with the cache (and the lent pool's free
+// segments) given back; the request is tried again once one made room. Never by a capture's
+// request, nor by a tentative one (a cuDNN workspace with a leaner plan after it).
+TEST(CachingAllocatorPrivatePool, OutOfMemoryHandlersMakeRoomForEagerWorkOnly) {
+  AllocatorFixture f;
+  f.alloc.set_budget(48 * MiB);
+  int pool = 0;
+  void* out = nullptr;
+  const auto capture = [&] {   // a graph: its temporaries (16 MiB, free after it) and a held output
+    pool = f.alloc.begin_private_pool();
+    void* temp = f.alloc.allocate(16 * MiB);
+    out = f.alloc.allocate(1000);
+    f.alloc.end_private_pool();
+    f.alloc.deallocate(temp, 16 * MiB);
+  };
+  std::vector<std::string> asked;
+  const auto said = [](const std::string& who, size_t n) { return who + " " + std::to_string(n); };
+  const int older = f.alloc.add_out_of_memory_handler([&](size_t n) {
+    asked.push_back(said("older", n));
+    return false;
+  });
+  const int newer = f.alloc.add_out_of_memory_handler([&](size_t n) {
+    asked.push_back(said("newer", n));
+    if (out == nullptr) return false;
+    f.alloc.end_lending();   // as GraphedStep::make_room: a lending ends, the output and the pool go
+    f.alloc.deallocate(out, 1000);
+    out = nullptr;
+    f.alloc.release_private_pool(pool);
+    return true;
+  });
+  capture();   // 18 MiB reserved: the pool's 16 MiB segment and its 2 MiB small one
+  {
+    const int other = f.alloc.begin_private_pool();
+    EXPECT_THROW(f.alloc.allocate(40 * MiB), OutOfMemoryError) << "a capture cannot release memory";
+    f.alloc.end_private_pool();
+    f.alloc.release_private_pool(other);
+    const TentativeRequests tentative;
+    EXPECT_THROW(f.alloc.allocate(40 * MiB), OutOfMemoryError) << "a tentative request";
+  }
+  EXPECT_TRUE(asked.empty());
+  // An eager request: 18 + 40 MiB is over the budget until the graph goes.
+  void* eager = f.alloc.allocate(40 * MiB);
+  EXPECT_EQ(asked, std::vector<std::string>{said("newer", 40 * MiB)});
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 0u);
+  f.alloc.deallocate(eager, 40 * MiB);
+  // A lent one: the pool's free segment goes back first, and the output's 2 MiB beside 47 MiB
+  // (rounded to 48) are still over the budget; the work goes on in the eager pools.
+  capture();
+  asked.clear();
+  f.alloc.begin_lending(pool);
+  void* lent = f.alloc.allocate(47 * MiB);
+  EXPECT_EQ(asked, std::vector<std::string>{said("newer", 47 * MiB)});
+  EXPECT_EQ(f.alloc.current_pool(), 0);
+  EXPECT_EQ(f.alloc.pool_reserved_bytes(pool), 0u);
+  // Nothing left to drop: both are asked, newest first, and the request fails; removed, none is.
+  asked.clear();
+  EXPECT_THROW(f.alloc.allocate(8 * MiB), OutOfMemoryError);
+  EXPECT_EQ(asked, (std::vector<std::string>{said("newer", 8 * MiB), said("older", 8 * MiB)}));
+  f.alloc.remove_out_of_memory_handler(newer);
+  f.alloc.remove_out_of_memory_handler(older);
+  asked.clear();
+  EXPECT_THROW(f.alloc.allocate(8 * MiB), OutOfMemoryError);
+  EXPECT_TRUE(asked.empty());
+  f.alloc.deallocate(lent, 47 * MiB);
+  EXPECT_EQ(f.alloc.stats().allocated_bytes, 0);
 }
 
 // fail_in_capture: the eager pools and the captures it lets pass never see it; in the one it names,
