@@ -27,8 +27,10 @@ struct Trial {
   int64_t fit_bytes() const { return activation_phase_reserved > 0 ? activation_phase_reserved : peak_reserved; }
   bool recovered = true;         // after an OOM, allocated memory returned to its level before the trial
   // CUDA graphs (a CUDA device, unless --no-cuda-graphs): whether the trial's steps replayed a
-  // captured graph; false when its capture ran out of memory and its steps fell back to eager ones.
+  // captured graph; false when its capture ran out of memory and its steps fell back to eager ones,
+  // or when eager work beside the graphs did not fit and dropped them (graphs_dropped).
   bool graphed = false;
+  bool graphs_dropped = false;
 };
 using TryBatch = std::function<Trial(int64_t batch)>;
 

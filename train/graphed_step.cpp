@@ -52,9 +52,9 @@ void GraphedStep::drop(Shaped& s) {
 }
 
 void GraphedStep::drop_graphs() {
-  if (lending_) {   // the pool goes with its graphs: nothing is lent any more
-    if (const Backend::Graph* g = any_graph()) g->end_lending();
-  }
+  // The pool goes with its graphs: nothing is lent any more (an evaluation batch's lending too,
+  // when make_room drops them in the middle of it; nothing when none is open).
+  if (const Backend::Graph* g = any_graph()) g->end_lending();
   lending_ = window_lent_ = false;
   for (Shaped& s : shapes_) drop(s);
   shapes_.clear();   // and the captured inputs
@@ -138,7 +138,10 @@ GraphedStep::Shaped& GraphedStep::shape_for(const Tensor& images, const Tensor& 
   return s;
 }
 
-GraphedStep::~GraphedStep() { drop_graphs(); }
+GraphedStep::~GraphedStep() {
+  if (oom_handler_ != 0) remove_out_of_memory_handler(device_, oom_handler_);
+  drop_graphs();
+}
 
 void GraphedStep::give_up_captures() {
   drop_graphs();
@@ -231,6 +234,32 @@ void GraphedStep::capture(Shaped& s, Captured& g, const optim::MicroBatch& mb) {
 void GraphedStep::fall_back_when_a_capture_fails(std::function<void(const std::string&)> log) {
   fallback_log_ = std::move(log);
   falls_back_ = true;
+  if (oom_handler_ == 0) {
+    owner_ = std::this_thread::get_id();
+    oom_handler_ = add_out_of_memory_handler(device_, [this](size_t bytes) { return make_room(bytes); });
+  }
+}
+
+std::string GraphedStep::give_up_held_layouts() {
+  std::string layouts;
+  for (const Shaped& s : shapes_) {
+    no_graph_.push_back(s.images);
+    layouts += (layouts.empty() ? "" : ", ") + shape_text(s.images);
+  }
+  give_up_captures();
+  return layouts;
+}
+
+bool GraphedStep::make_room(size_t bytes) {
+  if (busy_ || any_graph() == nullptr || std::this_thread::get_id() != owner_) return false;
+  ++reclaims_;
+  const std::string layouts = give_up_held_layouts();   // a lending in progress ends first (drop_graphs)
+  if (fallback_log_)
+    fallback_log_("CUDA graphs: every batch runs eagerly from here: " + format_bytes(bytes) +
+                  " for eager work (a batch's inputs, an evaluation batch, the epoch's partial batch) did not fit "
+                  "beside the graphs of " + layouts + ", which were dropped to make room; --no-cuda-graphs runs "
+                  "every step eagerly, --cuda-graphs makes this an error");
+  return true;
 }
 
 GraphedStep::HostState GraphedStep::host_state() const {
@@ -282,6 +311,7 @@ void GraphedStep::fall_back(const Layout& images, const HostState* before, const
 std::optional<GraphedStep::Output> GraphedStep::step(const Tensor& images, const Tensor& labels,
                                                      const optim::MicroBatch& mb) {
   end_eager_lending();   // a window begun eagerly ends eagerly: none is open here
+  const Busy busy(busy_);   // a new layout's inputs fall back below, and `sp` stays
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
   Shaped* sp = nullptr;
@@ -336,34 +366,33 @@ void GraphedStep::eval_warmed(const Tensor& images) {
 
 void GraphedStep::eval_eagerly(const Tensor& images, const std::function<void()>& work) {
   end_eager_lending();
-  const Backend::Graph* g = any_graph();
-  if (g == nullptr) {
+  if (any_graph() == nullptr) {
     work();
     eval_warmed(images);
     return;
   }
+  // The graphs may go during the work (make_room), so any_graph() is asked again after it.
+  const auto end_lending = [this] {
+    const Backend::Graph* g = any_graph();
+    return g == nullptr || g->end_lending();
+  };
   bool may_replay = true;
-  g->begin_lending(false);
+  any_graph()->begin_lending(false);
   try {
     work();
-    may_replay = g->end_lending();
+    may_replay = end_lending();
   } catch (const OutOfMemoryError& e) {
-    g->end_lending();
-    if (!falls_back_) throw;
+    end_lending();
+    if (!falls_back_ || any_graph() == nullptr) throw;   // the graphs already went: eager work ran out
     ++eval_ooms_;
-    std::string layouts;
-    for (const Shaped& s : shapes_) {
-      no_graph_.push_back(s.images);
-      layouts += (layouts.empty() ? "" : ", ") + shape_text(s.images);
-    }
-    give_up_captures();
+    const std::string layouts = give_up_held_layouts();
     if (fallback_log_)
       fallback_log_("CUDA graphs: every batch runs eagerly from here: an evaluation batch ran out of memory "
                     "beside the graphs of " + layouts + " (" + e.what() + "); --no-cuda-graphs runs every step "
                     "eagerly, --cuda-graphs makes this an error");
     work();
   } catch (...) {
-    g->end_lending();
+    end_lending();
     throw;
   }
   if (!may_replay) {   // a tensor of the work is still live in the pool, or the pool gave segments back
@@ -434,6 +463,7 @@ std::optional<GraphedStep::EvalOutput> GraphedStep::eval_step(const Tensor& imag
   MINIDL_CHECK(eval_replayable(images, labels), "GraphedStep: an evaluation batch ", images.meta(),
                " cannot replay (ask eval_replayable first)");
   end_eager_lending();
+  const Busy busy(busy_);   // `s` stays
   NoGradGuard no_grad;
   Shaped& s = shape_for(images, labels);   // the layout's entry: its inputs take the batch
   if (!s.eval.graph) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/backend.h"
@@ -96,6 +97,11 @@ class GraphedStep {
   // fails otherwise (a call refused inside it, a convolution with no plan from the warm-up) falls
   // back the same way. `log` gets one line per layout that falls back. Without this
   // (--cuda-graphs), the capture's error ends the step as any other.
+  // It also lets eager work beside held graphs make room: a request outside their pool (the
+  // loader's next batch, an evaluation batch's inputs) that does not fit even with the eager cache
+  // released drops them (the allocator's out-of-memory handler, core/allocator.h), with one line
+  // through `log`, and every batch runs eagerly from then on, as an eager run at the batch does,
+  // instead of the request failing beside memory that only the graphs hold.
   void fall_back_when_a_capture_fails(std::function<void(const std::string&)> log);
   // Layouts whose capture fell back (training and evaluation), since the last release().
   int64_t fallbacks() const { return static_cast<int64_t>(no_graph_.size() + no_eval_graph_.size()); }
@@ -155,6 +161,8 @@ class GraphedStep {
   // segments back (above), and evaluation batches that did not fit beside them even so (eval_eagerly).
   int64_t evictions() const { return evictions_; }
   int64_t eval_ooms() const { return eval_ooms_; }
+  // Requests outside the graphs' pool that dropped them to fit (fall_back_when_a_capture_fails).
+  int64_t reclaims() const { return reclaims_; }
   struct EvalOutput {
     Tensor loss, correct;   // 0-dim on the device: the f32 mean loss, the f64 count; valid until the next replay
   };
@@ -231,6 +239,23 @@ class GraphedStep {
   static void drop(Shaped& s);
   void drop_graphs();
   void give_up_captures();   // drop_graphs, and no capture from here (eager_only)
+  // Every held layout goes eager and no capture follows (eager_only); returns them as text.
+  std::string give_up_held_layouts();
+  // The allocator's out-of-memory handler: a request of `bytes` outside the pool that did not fit.
+  // Drops the graphs and returns true, unless none is held, the request comes from another thread
+  // or from inside this class (busy_: a capture's inputs, which fall back on their own).
+  bool make_room(size_t bytes);
+  // Marks the class busy for its lifetime: make_room then leaves the graphs alone.
+  struct Busy {
+    explicit Busy(bool& b) : b_(b), was_(b) { b_ = true; }
+    ~Busy() { b_ = was_; }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+
+   private:
+    bool& b_;
+    bool was_;
+  };
   // Checks a batch's labels on the host: i64, each 0 or 1.
   static void check_labels(const Tensor& labels);
   // Whether the step that just ran was skipped by the scaler's device state (a host read).
@@ -264,6 +289,10 @@ class GraphedStep {
   int64_t eval_replays_ = 0;
   int64_t evictions_ = 0;
   int64_t eval_ooms_ = 0;
+  int64_t reclaims_ = 0;
+  int oom_handler_ = 0;        // its id with the device's allocator (0: none)
+  std::thread::id owner_;      // the thread that set it: only its requests may drop the graphs
+  bool busy_ = false;
 };
 
 }  // namespace minidl::train

@@ -311,7 +311,10 @@ void Run::finish() {
         (g->fallbacks() > 0 ? ", shapes whose capture did not fit" : "") + ")" +
         (g->evictions() > 0 ? "; graphs dropped " + std::to_string(g->evictions()) +
                                   " time(s) for eager work that left tensors in their pool, and captured again"
-                            : ""));
+                            : "") +
+        (g->reclaims() > 0 ? "; graphs dropped to make room for eager work that did not fit beside them, every "
+                             "batch eager from then on"
+                           : ""));
   }
   settle_skips();
   for (const BatchSource* s : {data_.train.get(), data_.val.get(), data_.test.get()}) {

@@ -295,10 +295,16 @@ void Search::summary() {
              "program with it answers for it)"
            : ""));
   if (c_.resolved_cuda_graphs())
-    say(f.at_max.graphed ? "steps at the maximum: replayed from a CUDA graph (its private pool is in the peak)"
-                         : "steps at the maximum: eager, since the CUDA graph's capture does not fit (the run falls "
-                           "back as the trial did); --cuda-graphs finds the largest batch that "
-                           "replays, --no-cuda-graphs the largest eager one");
+    say(std::string(f.at_max.graphed
+                        ? "steps at the maximum: replayed from a CUDA graph (its private pool is in the peak)"
+                    : f.at_max.graphs_dropped
+                        ? "steps at the maximum: replayed from a CUDA graph until eager work beside it (an evaluation "
+                          "batch, the epoch's partial batch, a batch's inputs) does not fit, then eager (the run drops "
+                          "the graphs as the trial did)"
+                        : "steps at the maximum: eager, since the CUDA graph's capture does not fit (the run falls "
+                          "back as the trial did)") +
+        (f.at_max.graphed ? "" : "; --cuda-graphs finds the largest batch that replays, --no-cuda-graphs the largest "
+                                 "eager one"));
   say("recommended batch (" + fmt(100 * o_.margin, 0) + "% margin" +
       (optimal() ? ", tried with its own recomputation plan" : ", tried") + "): " + std::to_string(rep_.recommended));
   rep_.json = {{"budget_bytes", rep_.budget_bytes},
@@ -328,6 +334,7 @@ void Search::summary() {
                {"peak_reserved_bytes", f.at_max.peak_reserved},
                {"fragmentation", frag},
                {"graphed_at_max", f.at_max.graphed},
+               {"graphs_dropped_at_max", f.at_max.graphs_dropped},
                {"margin", o_.margin},
                {"recommended", rep_.recommended}};
 }

@@ -64,15 +64,23 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
 
 std::string memest_graphs_note(const MemestReport& rep) {
   if (!rep.graphs) return "";
-  std::vector<std::string> eager;
-  for (const auto& r : rep.rows)
-    if (!r.over_budget() && !r.estimate.graphed) eager.push_back(std::to_string(r.batch));
-  if (eager.empty()) return "\nEvery batch's steps replay a CUDA graph: its private pool is in the peaks.\n";
-  std::string list;
-  for (const auto& b : eager) list += (list.empty() ? "" : ", ") + b;
-  return "\nSteps replay a CUDA graph (its private pool is in the peaks) except at batch " + list +
-         ", whose capture does not fit: those steps run eagerly, as the run's would, and "
-         "their peaks include the failed capture's.\n";
+  std::string eager, dropped;   // batches whose capture does not fit, and whose graphs go mid-run
+  for (const auto& r : rep.rows) {
+    if (r.over_budget() || r.estimate.graphed) continue;
+    std::string& list = r.estimate.graphs_dropped ? dropped : eager;
+    list += (list.empty() ? "" : ", ") + std::to_string(r.batch);
+  }
+  if (eager.empty() && dropped.empty())
+    return "\nEvery batch's steps replay a CUDA graph: its private pool is in the peaks.\n";
+  std::string out = "\nSteps replay a CUDA graph (its private pool is in the peaks) except";
+  if (!eager.empty())
+    out += " at batch " + eager + ", whose capture does not fit: those steps run eagerly, as the run's would, and "
+           "their peaks include the failed capture's";
+  if (!dropped.empty())
+    out += std::string(eager.empty() ? "" : ";") + " at batch " + dropped + ", where eager work beside the graphs (an "
+           "evaluation batch, the epoch's partial batch, a batch's inputs) does not fit: the graphs go there and the "
+           "steps after it run eagerly, as the run's would";
+  return out + ".\n";
 }
 
 std::string memest_table(const MemestReport& rep) {

@@ -222,6 +222,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
   double timed = 0.0;
   const int64_t replays_before = step_->graphed() != nullptr ? step_->graphed()->replays() : 0;
   const int64_t eval_ooms_before = step_->graphed() != nullptr ? step_->graphed()->eval_ooms() : 0;
+  const int64_t reclaims_before = step_->graphed() != nullptr ? step_->graphed()->reclaims() : 0;
   // A trial stands for a run at `batch`, whose first step plans its recomputation afresh (no
   // smaller batch borrows the plan of a larger one another trial made).
   if (model_.recomputer) model_.recomputer->forget_plans();
@@ -269,6 +270,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
   // fit or not, so the statistics can return to where they were.
   t.graphed = step_->graphed() != nullptr && step_->graphed()->replays() > replays_before &&
               step_->graphed()->eval_ooms() == eval_ooms_before && !step_->graphed()->eager_only();
+  t.graphs_dropped = step_->graphed() != nullptr && step_->graphed()->reclaims() > reclaims_before;
   step_->release_graph();
   // After an OOM the phase bookkeeping stopped mid-step: the allocator's peak covers the rest.
   const auto ms = memory_stats(device_);

@@ -16,6 +16,7 @@
 #include "kernels/caching_allocator.h"
 #include "kernels/cuda/runtime.h"
 #include "tests/experiments/graphed_runs.h"
+#include "tests/experiments/whole_run.h"
 
 namespace minidl::harness {
 namespace {
@@ -96,6 +97,41 @@ TEST(ExperimentsCudaGraphs, AnAccumulationWindowWhoseCaptureDoesNotFitRunsEagerl
   ASSERT_EQ(fell.result.status, "ok") << fell.result.note;
   EXPECT_GT(fell.result.graph_fallbacks, 0);
   expect_the_eager_run(eager, fell);
+}
+
+// Eager work beside held graphs that does not fit even in their pool (here the validation pass or
+// the epoch's partial batch, from the first epoch's end) drops them and goes on eagerly (the
+// allocator's out-of-memory handler, GraphedStep::make_room), saying so once: the run replays until
+// then and is the eager run bit for bit, instead of running out of memory beside memory that only
+// the graphs held. Under this budget the full batch's capture fits, and an eager run at the batch
+// fits with room to spare (its largest batch is 64); with --cuda-graphs, which never drops the
+// graphs, the run ends out of memory.
+TEST(ExperimentsCudaGraphs, EagerWorkThatDoesNotFitBesideTheGraphsDropsThem) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir().string();
+  TrainConfig c = testing::small_cnn(32, "120,4,4", "44MiB");
+  c.device = "cuda";
+  c.cudnn_benchmark = "off";
+  c.momentum = 0.9;
+  c.epochs = 2;
+  c.batch_size = 53;   // 4 full batches and a partial one of 28 an epoch
+  const TrainingRun eager = train(c, false, dir);
+  ASSERT_EQ(eager.result.status, "ok") << eager.result.note;
+  const TrainingRun fell = train(c, std::nullopt, dir);
+  ASSERT_EQ(fell.result.status, "ok") << fell.result.note;
+  EXPECT_GT(fell.result.graph_replays, 0) << "the graphs replayed until the eager work beside them";
+  ASSERT_EQ(fell.fallbacks.size(), 1u);
+  EXPECT_NE(fell.fallbacks[0].find("every batch runs eagerly from here: "), std::string::npos) << fell.fallbacks[0];
+  EXPECT_NE(fell.fallbacks[0].find("did not fit beside the graphs of f32[53, 3, 32, 32], which were dropped to "
+                                   "make room"),
+            std::string::npos)
+      << fell.fallbacks[0];
+  EXPECT_NE(fell.graph_line.find("graphs dropped to make room for eager work"), std::string::npos) << fell.graph_line;
+  EXPECT_EQ(fell.result.graph_fallbacks, 1);
+  expect_the_eager_run(eager, fell);
+  c.save_weights = dir + "/required.safetensors";
+  c.cuda_graphs = true;
+  EXPECT_EQ(run_training(c).status, "oom") << "--cuda-graphs keeps the graphs: the eager work runs out beside them";
 }
 
 CachingAllocator& cuda_allocator() { return dynamic_cast<CachingAllocator&>(allocator_for(Device::cuda(0))); }
