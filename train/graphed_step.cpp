@@ -311,7 +311,7 @@ void GraphedStep::fall_back(const Layout& images, const HostState* before, const
 std::optional<GraphedStep::Output> GraphedStep::step(const Tensor& images, const Tensor& labels,
                                                      const optim::MicroBatch& mb) {
   end_eager_lending();   // a window begun eagerly ends eagerly: none is open here
-  const Busy busy(busy_);   // a new layout's inputs fall back below, and `sp` stays
+  const ScopedFlag busy(busy_, true);   // a new layout's inputs fall back below, and `sp` stays
   const optim::AccumulatingTrainer::Counts before = trainer_.counts();
   opt_.upload_lrs();   // this step's rates, read by the replay (the capture's host code writes none)
   Shaped* sp = nullptr;
@@ -463,7 +463,7 @@ std::optional<GraphedStep::EvalOutput> GraphedStep::eval_step(const Tensor& imag
   MINIDL_CHECK(eval_replayable(images, labels), "GraphedStep: an evaluation batch ", images.meta(),
                " cannot replay (ask eval_replayable first)");
   end_eager_lending();
-  const Busy busy(busy_);   // `s` stays
+  const ScopedFlag busy(busy_, true);   // `s` stays
   NoGradGuard no_grad;
   Shaped& s = shape_for(images, labels);   // the layout's entry: its inputs take the batch
   if (!s.eval.graph) {

@@ -245,17 +245,7 @@ class GraphedStep {
   // Drops the graphs and returns true, unless none is held, the request comes from another thread
   // or from inside this class (busy_: a capture's inputs, which fall back on their own).
   bool make_room(size_t bytes);
-  // Marks the class busy for its lifetime: make_room then leaves the graphs alone.
-  struct Busy {
-    explicit Busy(bool& b) : b_(b), was_(b) { b_ = true; }
-    ~Busy() { b_ = was_; }
-    Busy(const Busy&) = delete;
-    Busy& operator=(const Busy&) = delete;
 
-   private:
-    bool& b_;
-    bool was_;
-  };
   // Checks a batch's labels on the host: i64, each 0 or 1.
   static void check_labels(const Tensor& labels);
   // Whether the step that just ran was skipped by the scaler's device state (a host read).
@@ -292,7 +282,7 @@ class GraphedStep {
   int64_t reclaims_ = 0;
   int oom_handler_ = 0;        // its id with the device's allocator (0: none)
   std::thread::id owner_;      // the thread that set it: only its requests may drop the graphs
-  bool busy_ = false;
+  bool busy_ = false;          // set (a ScopedFlag) where make_room must leave the graphs alone
 };
 
 }  // namespace minidl::train

@@ -25,6 +25,21 @@ TrainConfig small_cnn_on_gpu(const std::string& budget) {
   return c;
 }
 
+// The small CNN with momentum on 120 training images a class, whose budgets below put the graphs'
+// captures and the eager work beside them at odds; the trials make two steps.
+TrainConfig momentum_cnn_on_gpu(const std::string& budget) {
+  TrainConfig c = small_cnn_on_gpu(budget);
+  c.momentum = 0.9;
+  c.split = "120,4,4";
+  return c;
+}
+
+MaxBatchOptions two_steps() {
+  MaxBatchOptions o;
+  o.steps = 2;
+  return o;
+}
+
 TEST(WholeRunCuda, SyntheticData) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const TrainConfig c = small_cnn_on_gpu("24MiB");
@@ -144,11 +159,8 @@ TEST(WholeRunCuda, PhotoFolderWithWorkersAndGraphs) {
 // under this budget and the default answered 34 where an eager run trains 64.)
 TEST(WholeRunCuda, EagerWorkBesideTheGraphsKeepsTheEagerAnswer) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  TrainConfig c = small_cnn_on_gpu("44MiB");
-  c.momentum = 0.9;
-  c.split = "120,4,4";
-  MaxBatchOptions o;
-  o.steps = 2;
+  const TrainConfig c = momentum_cnn_on_gpu("44MiB");
+  const MaxBatchOptions o = two_steps();
   TrainConfig eager = c;
   eager.cuda_graphs = false;
   const int64_t eager_answer = run_maxbatch(eager, o, false).finder.max_batch;
@@ -180,15 +192,12 @@ TEST(WholeRunCuda, EagerWorkBesideTheGraphsKeepsTheEagerAnswer) {
 // A run that runs out of memory in an evaluation pass ends as one that runs out in a step: status
 // "oom", the note naming the pass, its epochs kept and its weights saved (an OutOfMemoryError escaped
 // run_training before, and minidl-train then wrote no results). Under this budget, with graphs where they fit, the run
-// at the answer + 1 trains its first epoch and runs out in the validation pass after it, eagerly
-// beside the held graphs and again after they are dropped.
+// at the answer + 1 trains its first epoch and runs out in the validation pass after it, even once
+// the graphs beside it are dropped.
 TEST(WholeRunCuda, ARunOutOfMemoryInItsEvaluationEndsWithStatusOom) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  TrainConfig c = small_cnn_on_gpu("36MiB");
-  c.momentum = 0.9;
-  c.split = "120,4,4";
-  MaxBatchOptions o;
-  o.steps = 2;
+  const TrainConfig c = momentum_cnn_on_gpu("36MiB");
+  const MaxBatchOptions o = two_steps();
   const MaxBatchReport rep = run_maxbatch(c, o, false);
   const int64_t answer = rep.finder.max_batch;
   ASSERT_GT(answer, 1) << rep.text;
@@ -265,11 +274,9 @@ TEST(WholeRunCuda, CudaGraphsOfAnAccumulationWindowAreInTheAnswer) { expect_grap
 // there trains (eagerly, saying so), while a batch within the graphed answer replays.
 TEST(WholeRunCuda, GraphsByDefaultKeepTheEagerAnswer) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  TrainConfig c = small_cnn_on_gpu("64MiB");
-  c.momentum = 0.9;
-  c.split = "120,4,4";   // two full batches at the answer (about 110): the run's second step is a capture
-  MaxBatchOptions o;
-  o.steps = 2;
+  // Two full batches at the answer (about 110): the run's second step is a capture.
+  const TrainConfig c = momentum_cnn_on_gpu("64MiB");
+  const MaxBatchOptions o = two_steps();
   TrainConfig eager = c, required = c;
   eager.cuda_graphs = false;
   required.cuda_graphs = true;
