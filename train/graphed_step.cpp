@@ -256,9 +256,9 @@ bool GraphedStep::make_room(size_t bytes) {
   const std::string layouts = give_up_held_layouts();   // a lending in progress ends first (drop_graphs)
   if (fallback_log_)
     fallback_log_("CUDA graphs: every batch runs eagerly from here: " + format_bytes(bytes) +
-                  " for eager work (a batch's inputs, an evaluation batch, the epoch's partial batch) did not fit "
-                  "beside the graphs of " + layouts + ", which were dropped to make room; --no-cuda-graphs runs "
-                  "every step eagerly, --cuda-graphs makes this an error");
+                  " of eager work did not fit beside the graphs of " + layouts +
+                  ", which were dropped to make room; --no-cuda-graphs runs every step eagerly, --cuda-graphs makes "
+                  "this an error");
   return true;
 }
 
