@@ -301,21 +301,6 @@ void Run::finish() {
   r_.train_seconds = train_seconds_;
   const bool evaluates = r_.status == "ok" || r_.status == "interrupted";
   const EvalResult t = evaluates ? evaluate_or_stop(data_.test.get(), "the test pass") : EvalResult{};
-  if (const GraphedStep* g = step_->graphed()) {
-    r_.graph_replays = g->replays();
-    r_.graph_fallbacks = g->fallbacks();
-    log("CUDA graphs: " + std::to_string(g->replays()) + " micro-batches replayed from " +
-        std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, the first of a batch "
-        "shape, trailing windows); " + std::to_string(g->eval_replays()) + " evaluation batches replayed from " +
-        std::to_string(g->eval_captures()) + " capture(s), the others eager (the first of a shape, partial batches" +
-        (g->fallbacks() > 0 ? ", shapes whose capture did not fit" : "") + ")" +
-        (g->evictions() > 0 ? "; graphs dropped " + std::to_string(g->evictions()) +
-                                  " time(s) for eager work that left tensors in their pool, and captured again"
-                            : "") +
-        (g->reclaims() > 0 ? "; graphs dropped to make room for eager work that did not fit beside them, every "
-                             "batch eager from then on"
-                           : ""));
-  }
   settle_skips();
   for (const BatchSource* s : {data_.train.get(), data_.val.get(), data_.test.get()}) {
     if (s == nullptr) continue;
@@ -337,7 +322,26 @@ void Run::finish() {
     save_state(c_.save_weights, m_, *opt_, *scaler_, prog, group_);
     log("saved weights to " + c_.save_weights + " (optimizer state: " + optimizer_state_path(c_.save_weights) + ")");
   }
+  report_graphs();   // after the save, whose copies may drop the graphs too
   r_.total_seconds = seconds_since(t_start_);
+}
+
+void Run::report_graphs() {
+  const GraphedStep* g = step_->graphed();
+  if (g == nullptr) return;
+  r_.graph_replays = g->replays();
+  r_.graph_fallbacks = g->fallbacks();
+  log("CUDA graphs: " + std::to_string(g->replays()) + " micro-batches replayed from " +
+      std::to_string(g->captures()) + " capture(s); the others ran eagerly (warm-up, the first of a batch "
+      "shape, trailing windows); " + std::to_string(g->eval_replays()) + " evaluation batches replayed from " +
+      std::to_string(g->eval_captures()) + " capture(s), the others eager (the first of a shape, partial batches" +
+      (g->fallbacks() > 0 ? ", shapes whose capture did not fit" : "") + ")" +
+      (g->evictions() > 0 ? "; graphs dropped " + std::to_string(g->evictions()) +
+                                " time(s) for eager work that left tensors in their pool, and captured again"
+                          : "") +
+      (g->reclaims() > 0 ? "; graphs dropped to make room for eager work that did not fit beside them, every "
+                           "batch eager from then on"
+                         : ""));
 }
 
 }  // namespace minidl::train::detail

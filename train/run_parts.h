@@ -98,6 +98,9 @@ class Run {
   // whole (--save-weights still saves them).
   EvalResult evaluate_or_stop(BatchSource* src, const std::string& pass);
   void finish();
+  // The graphs' counts into the result and their summary line (after --save-weights, whose copies
+  // may drop them: GraphedStep::make_room).
+  void report_graphs();
 
   const TrainConfig& c_;
   const RunHooks& hooks_;
