@@ -262,8 +262,12 @@ Trial StepRunner::run(int64_t batch, int steps) {
     t.step_seconds = timed / (first > 1 ? first - 1 : 1);
   } catch (const OutOfMemoryError&) {
     // The step's tensors were locals of step(): unwinding freed them. Gradients live on the
-    // parameters, so drop them too, then check nothing else stayed behind.
+    // parameters, so drop them too, then check nothing else stayed behind. The window the OOM broke
+    // closes without a step: left open, it kept the gradients that CUDA graphs keep between windows
+    // past the trial (GraphedStep::release drops them only between windows), and the next trials
+    // answered low beside them.
     opt_->zero_grad();
+    step_->trainer().restore(step_->trainer().counts(), /*window_open=*/false);
     t.ok = false;
   }
   // The trial's graph (CUDA graphs), its pool and captured tensors go with the trial, whether it
