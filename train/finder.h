@@ -23,7 +23,7 @@ struct Trial {
   // linearly with the batch; the optimizer step's own peak (weights + gradients + state +
   // update temporaries) does not, and dominates small batches, so the fit uses this one.
   int64_t activation_phase_reserved = 0;
-  double step_seconds = 0.0;     // mean time of one step (after the first), when ok
+  double step_seconds = 0.0;     // mean time of `batch` images' step (after the first), when ok
   int64_t fit_bytes() const { return activation_phase_reserved > 0 ? activation_phase_reserved : peak_reserved; }
   bool recovered = true;         // after an OOM, allocated memory returned to its level before the trial
   // CUDA graphs (a CUDA device, unless --no-cuda-graphs): whether the trial's steps replayed a

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
+#include "optim/accumulation.h"
 
 namespace minidl::harness {
 
@@ -84,7 +86,7 @@ StepRunner::StepRunner(const TrainConfig& c, int64_t budget_bytes, std::optional
   // scale reaches 1 after 16 halvings; a model that still overflows then trains on NaN anyway).
   const auto warm_up = [this] {
     Feed feed(*this, Epoch{accumulated(), 1, 0}, accumulated());
-    step(feed, 1);
+    step(feed, full_window(1), 1);
   };
   warm_up();
   for (int i = 0; i < 40 && !last_stepped_; ++i) warm_up();
@@ -157,20 +159,50 @@ StepRunner::Epoch StepRunner::training_epoch(int64_t batch, int64_t leading) con
   return {std::max(footprint_.training_full(batch), leading), batch, footprint_.training_partial(batch)};
 }
 
-int64_t StepRunner::step(Feed& feed, int64_t batch, int64_t full_batch) {
-  if (full_batch == 0) full_batch = batch;
-  limit_recomputation(batch);
+std::vector<int64_t> StepRunner::full_window(int64_t batch) const {
+  return std::vector<int64_t>(static_cast<size_t>(accumulated()), batch);
+}
+
+StepRunner::Windows StepRunner::training_windows(int64_t batch, int steps) const {
+  const int64_t k = std::max<int64_t>(1, c_.accumulation_steps);
+  const int64_t full = footprint_.training_full(batch);
+  const int64_t partial = footprint_.training_partial(batch);
+  Windows w;
+  // The run's windows (optim::plan_accumulation): the epoch's full windows of k micro-batches,
+  // then a trailing one of what is left, full micro-batches and the smaller last batch, stepped
+  // with weights of their own and never replayed. One full micro-batch stands for the trailing
+  // window's (its second would weigh 1/2, the trial's full windows' weight, and replay there).
+  const int64_t left = full == INT64_MAX ? 0 : full % k;
+  w.trailing_full = left > 0;
+  if (left > 0) w.trailing.push_back(batch);
+  if (partial > 0) w.trailing.push_back(partial);
+  // An epoch of fewer than k full micro-batches has no full window at all (the combined techniques
+  // row: 1,200 images at 661 with k = 4), so neither has its trial: full windows that no epoch
+  // makes, captured as CUDA graphs, answered a smaller batch than the run's. An epoch with no
+  // micro-batch (a batch above the set's size) keeps full ones: they stand for its single batch.
+  if (full > 0 && full < k) return w;
+  // A pass makes at least two full windows where the run's epoch has two: the run's second step
+  // starts from what its first left in the allocator, and a loader's staging holds the next full
+  // batch during the first (one step answered a batch whose run ran out in its second step).
+  w.again = std::clamp<int64_t>(full / k, 1, 2);
+  w.first = std::max<int64_t>(steps, w.again);
+  return w;
+}
+
+int64_t StepRunner::step(Feed& feed, const std::vector<int64_t>& window, int64_t micro) {
+  // The run's limit for its micro-batch holds for the epoch's smaller last batch too (train::Run
+  // sets it once an epoch).
+  limit_recomputation(micro);
   // The overall peak is kept in `outer` while the phases are measured one at a time.
   const auto outer = memory_stats(device_);
   reset_peak_stats(device_);
-  // With accumulation the epoch's last, smaller batch is one micro-batch closing its window.
-  const int64_t micro = batch == full_batch ? accumulated() : 1;
-  for (int64_t k = 0; k < micro; ++k) {
+  const std::vector<optim::MicroBatch> plan = optim::plan_accumulation(window, static_cast<int64_t>(window.size()));
+  for (const optim::MicroBatch& mb : plan) {
     // Inputs come as the run's loader hands them out; their bytes count in the peak.
     const auto [x, labels] = feed.next();
-    const optim::MicroBatch mb{.loss_weight = 1.0 / static_cast<double>(accumulated()), .steps = k + 1 == micro,
-                               .samples = batch};
-    Step::Forward f = step_->forward(x, labels, mb, full_batch);   // a partial batch never replays a window
+    MINIDL_CHECK(x.size(0) == mb.samples, "StepRunner: the feed handed ", x.size(0), " images for a micro-batch of ",
+                 mb.samples);
+    Step::Forward f = step_->forward(x, labels, mb, micro);   // a smaller batch never replays a window
     last_stepped_ = step_->update(f);   // the last backward's peak: backward_peak_
   }
   const int64_t phase = backward_peak_;
@@ -226,40 +258,46 @@ Trial StepRunner::run(int64_t batch, int steps) {
   // A trial stands for a run at `batch`, whose first step plans its recomputation afresh (no
   // smaller batch borrows the plan of a larger one another trial made).
   if (model_.recomputer) model_.recomputer->forget_plans();
-  // The run's epochs as far as they differ (RunFootprint): the first with `steps` full steps, its
-  // smaller last batch and the evaluation pass with its own; then, where there are smaller batches
-  // or graphs, the next epoch's first steps and end, where the run captures what it ran eagerly once.
-  const int64_t partial = footprint_.training_partial(batch);
-  const int64_t micro = accumulated();
-  // A pass makes at least two full steps where the run's epoch has two: the run's second step
-  // starts from what its first left in the allocator, and a loader's staging holds the next full
-  // batch during the first (one step answered a batch whose run ran out in its second step).
-  const int64_t two = std::clamp<int64_t>(footprint_.training_full(batch) / std::max<int64_t>(1, c_.accumulation_steps),
-                                          1, 2);
-  const int first = static_cast<int>(std::max<int64_t>(steps, two));
-  try {
-    {
-      Feed feed(*this, training_epoch(batch, first * micro), first * micro, /*and_last=*/true);
-      for (int s = 0; s < first; ++s) {
-        const auto t0 = std::chrono::steady_clock::now();
-        t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(feed, batch));
-        synchronize(device_);   // a GPU step returns before its kernels finish: time them too
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (s > 0 || first == 1) timed += dt;
-      }
-      if (partial > 0) step(feed, partial, batch);
+  // The run's epochs as far as they differ (RunFootprint): the first with `steps` full windows, its
+  // trailing window and the evaluation pass with its own smaller last batch; then, where there are
+  // smaller batches or graphs, the next epoch's first windows and end, where the run captures what
+  // it ran eagerly once.
+  const Windows w = training_windows(batch, steps);
+  const int64_t k = accumulated();
+  int64_t timed_images = 0;
+  const auto time_since = [&](std::chrono::steady_clock::time_point t0, int64_t images) {
+    synchronize(device_);   // a GPU step returns before its kernels finish: time them too
+    timed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    timed_images += images;
+  };
+  // The full windows are timed in the first pass after its first (which warms them); an epoch
+  // without one steps in its trailing window alone, timed in the second pass.
+  const auto pass = [&](int64_t windows, bool first_pass) {
+    const int64_t leading = windows * k + (w.trailing_full ? 1 : 0);
+    Feed feed(*this, training_epoch(batch, leading), leading, /*and_last=*/true);
+    for (int64_t s = 0; s < windows; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      t.activation_phase_reserved = std::max(t.activation_phase_reserved, step(feed, full_window(batch), batch));
+      if (first_pass && (s > 0 || windows == 1)) time_since(t0, k * batch);
+      else synchronize(device_);
     }
+    if (w.trailing.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t phase = step(feed, w.trailing, batch);
+    if (windows > 0) return;
+    t.activation_phase_reserved = std::max(t.activation_phase_reserved, phase);
+    if (!first_pass) time_since(t0, std::accumulate(w.trailing.begin(), w.trailing.end(), int64_t{0}));
+  };
+  try {
+    pass(w.first, /*first_pass=*/true);
     const bool eval_partial = footprint_.evaluation() && evaluate(batch, 2);
-    if (partial > 0 || eval_partial || step_->graphed() != nullptr) {
-      {
-        Feed feed(*this, training_epoch(batch, two * micro), two * micro, /*and_last=*/true);
-        for (int64_t s = 0; s < two; ++s) step(feed, batch);
-        if (partial > 0) step(feed, partial, batch);
-      }
+    if (!w.trailing.empty() || eval_partial || step_->graphed() != nullptr) {
+      pass(w.again, /*first_pass=*/false);
       if (footprint_.evaluation()) evaluate(batch, 1);
     }
     t.ok = true;
-    t.step_seconds = timed / (first > 1 ? first - 1 : 1);
+    // The time of `batch` images' forward, backward and update, whatever the windows held.
+    t.step_seconds = timed_images > 0 ? timed * static_cast<double>(batch) / static_cast<double>(timed_images) : 0.0;
   } catch (const OutOfMemoryError&) {
     // The step's tensors were locals of step(): unwinding freed them. Gradients live on the
     // parameters, so drop them too, then check nothing else stayed behind. The window the OOM broke

@@ -1,7 +1,8 @@
 // Runs K full training steps (at least two where the run's epoch has two; forward, backward,
-// optimizer step; two micro-batches per step with gradient accumulation) of a configuration at a
-// given micro-batch on random inputs under the memory budget, then what the run does where an epoch
-// ends (its smaller last batch, the evaluation pass and its last batch, and where there are such
+// optimizer step; two micro-batches per step with gradient accumulation, and none where an epoch
+// holds fewer micro-batches than a window) of a configuration at a given micro-batch on random
+// inputs under the memory budget, then what the run does where an epoch ends (its trailing window
+// with the smaller last batch, the evaluation pass and its last batch, and where there are such
 // batches the next epoch's first steps and end), and measures peak memory and step time. Beside the
 // steps it holds what the run minidl-train would make also holds on the device (run_footprint.h:
 // the in-memory data set, prefetched batches), so its answer is the run's, not one step's: on a
@@ -85,11 +86,21 @@ class StepRunner {
   // The epoch of the run's training loader at micro-batch `batch`, with at least `leading` full
   // batches (a trial asked for more steps than the epoch has runs them all at `batch`).
   Epoch training_epoch(int64_t batch, int64_t leading) const;
-  // One step on batches from `feed`; returns the peak bytes of its forward + backward phase that
+  // The optimizer steps of a trial at micro-batch `batch`: `first` full windows (at least `steps`)
+  // in its first pass and `again` in the next epoch's, each of accumulated() micro-batches; then
+  // in each pass the epoch's trailing window, when it has one (training_windows explains which).
+  struct Windows {
+    int64_t first = 0, again = 0;
+    std::vector<int64_t> trailing;   // its micro-batches' sizes
+    bool trailing_full = false;      // it begins with a full micro-batch
+  };
+  Windows training_windows(int64_t batch, int steps) const;
+  std::vector<int64_t> full_window(int64_t batch) const;   // accumulated() micro-batches of `batch`
+  // One optimizer step on the micro-batches of `window` (their sizes) from `feed`, weighted as the
+  // run's plan weighs them (a full window at 1/accumulated(), replayable; any other eagerly), at
+  // the run's full micro-batch `micro`. Returns the peak bytes of its forward + backward phase that
   // the batch needs (reserved on a GPU, live blocks on the CPU: see step_runner.cpp).
-  // `full_batch`: the run's full micro-batch when `batch` is an epoch's last, smaller one (0:
-  // `batch`), which is one micro-batch closing its window and never replays a window.
-  int64_t step(Feed& feed, int64_t batch, int64_t full_batch = 0);
+  int64_t step(Feed& feed, const std::vector<int64_t>& window, int64_t micro);
   // The run's evaluation pass at `batch` (its loader's epoch over the largest evaluation set): its
   // first `full_batches` full batches at most, then its smaller last one, as forwards without
   // gradients in evaluation mode, replayed from a captured forward where the run's would be

@@ -294,6 +294,29 @@ TEST(WholeRunCuda, CudaGraphsPoolIsInTheAnswer) { expect_graph_pool_in_the_answe
 // with the gradients kept between windows; the dry run still has the real trial's peaks.
 TEST(WholeRunCuda, CudaGraphsOfAnAccumulationWindowAreInTheAnswer) { expect_graph_pool_in_the_answer(2); }
 
+// An epoch of fewer full micro-batches than a window has no window to replay: its one step is a
+// trailing window of its own weights, run eagerly. Its trials make no full windows either, so the
+// answer with --cuda-graphs is the eager one and the run there trains, eagerly, where trials that
+// captured windows no epoch makes answered lower (the combined techniques row: 1,200 images at 661
+// with 4 micro-batches a window).
+TEST(WholeRunCuda, AnEpochWithoutAFullWindowHasNoGraphInItsAnswer) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainConfig c = momentum_cnn_on_gpu("64MiB");   // 240 training images: two micro-batches near the answer
+  c.accumulation_steps = 4;
+  TrainConfig required = c, eager = c;
+  required.cuda_graphs = true;
+  eager.cuda_graphs = false;
+  const MaxBatchReport rep = run_maxbatch(required, two_steps(), false);
+  const int64_t answer = rep.finder.max_batch;
+  ASSERT_LT(run_footprint(c, Device::cuda(0), 32).training_full(answer), 4) << rep.text;
+  EXPECT_EQ(answer, run_maxbatch(eager, two_steps(), false).finder.max_batch) << rep.text;
+  EXPECT_FALSE(rep.finder.at_max.graphed) << rep.text;
+  const RunResult at = testing::train_whole(required, answer, 2);
+  EXPECT_EQ(at.status, "ok") << at.note;
+  EXPECT_EQ(at.graph_replays, 0);
+  EXPECT_EQ(testing::train_whole(required, answer + 1, 2).status, "oom");
+}
+
 // The default, graphs where they fit: above the largest batch whose graph fits, the capture falls
 // back to eager steps in the trials as in the run, so the answer is the eager run's and the run
 // there trains (eagerly, saying so), while a batch within the graphed answer replays.
