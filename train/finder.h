@@ -31,6 +31,9 @@ struct Trial {
   // or when eager work beside the graphs did not fit and dropped them (graphs_dropped).
   bool graphed = false;
   bool graphs_dropped = false;
+  // With accumulation: the run's epoch at this batch holds fewer micro-batches than a window, so no
+  // window is captured or replayed, in the trial as in the run (every step eager).
+  bool windowless = false;
 };
 using TryBatch = std::function<Trial(int64_t batch)>;
 

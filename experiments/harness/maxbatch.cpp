@@ -297,6 +297,10 @@ void Search::summary() {
   if (c_.resolved_cuda_graphs())
     say(std::string(f.at_max.graphed
                         ? "steps at the maximum: replayed from a CUDA graph (its private pool is in the peak)"
+                    : f.at_max.windowless
+                        ? "steps at the maximum: eager, since an epoch at this batch holds fewer micro-batches than a "
+                          "window of --accumulation-steps " + std::to_string(c_.accumulation_steps) +
+                              ": its one step is a trailing window, which never replays (in the run as in the trial)"
                     : f.at_max.graphs_dropped
                         ? "steps at the maximum: replayed from a CUDA graph until eager work beside it (an evaluation "
                           "batch, the epoch's partial batch, a batch's inputs) does not fit, then eager (the run drops "
@@ -335,6 +339,7 @@ void Search::summary() {
                {"fragmentation", frag},
                {"graphed_at_max", f.at_max.graphed},
                {"graphs_dropped_at_max", f.at_max.graphs_dropped},
+               {"windowless_at_max", f.at_max.windowless},
                {"margin", o_.margin},
                {"recommended", rep_.recommended}};
 }

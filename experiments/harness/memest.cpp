@@ -66,13 +66,14 @@ MemestReport run_memest(const TrainConfig& c, const std::vector<int64_t>& batche
 
 std::string memest_graphs_note(const MemestReport& rep) {
   if (!rep.graphs) return "";
-  std::string eager, dropped;   // batches whose capture does not fit, and whose graphs go mid-run
+  // Batches whose capture does not fit, whose graphs go mid-run, and whose epoch has no full window.
+  std::string eager, dropped, windowless;
   for (const auto& r : rep.rows) {
     if (r.over_budget() || r.estimate.graphed) continue;
-    std::string& list = r.estimate.graphs_dropped ? dropped : eager;
+    std::string& list = r.estimate.windowless ? windowless : r.estimate.graphs_dropped ? dropped : eager;
     list += (list.empty() ? "" : ", ") + std::to_string(r.batch);
   }
-  if (eager.empty() && dropped.empty())
+  if (eager.empty() && dropped.empty() && windowless.empty())
     return "\nEvery batch's steps replay a CUDA graph: its private pool is in the peaks.\n";
   std::string out = "\nSteps replay a CUDA graph (its private pool is in the peaks) except";
   if (!eager.empty())
@@ -82,6 +83,9 @@ std::string memest_graphs_note(const MemestReport& rep) {
     out += std::string(eager.empty() ? "" : ";") + " at batch " + dropped + ", where eager work beside the graphs (an "
            "evaluation batch, the epoch's partial batch, a batch's inputs) does not fit: the graphs go there and the "
            "steps after it run eagerly, as the run's would";
+  if (!windowless.empty())
+    out += std::string(eager.empty() && dropped.empty() ? "" : ";") + " at batch " + windowless + ", whose epoch " +
+           "holds fewer micro-batches than a window: its one step is a trailing window, eager, as the run's would be";
   return out + ".\n";
 }
 

@@ -313,6 +313,7 @@ Trial StepRunner::run(int64_t batch, int steps) {
   t.graphed = step_->graphed() != nullptr && step_->graphed()->replays() > replays_before &&
               step_->graphed()->eval_ooms() == eval_ooms_before && !step_->graphed()->eager_only();
   t.graphs_dropped = step_->graphed() != nullptr && step_->graphed()->reclaims() > reclaims_before;
+  t.windowless = w.first == 0;
   step_->release_graph();
   // After an OOM the phase bookkeeping stopped mid-step: the allocator's peak covers the rest.
   const auto ms = memory_stats(device_);

@@ -95,6 +95,20 @@ TEST(GpuPlan, MemestSaysWhichBatchesReplayAGraph) {
   EXPECT_EQ(memest_graphs_note(eager), "");
   // The capture released the eager cache first: its pool grew into that memory, not beside it.
   EXPECT_EQ(eager.rows[0].estimate.peak_reserved, rep.rows[0].estimate.peak_reserved);
+  // With 4 micro-batches a window, 32 training images hold four windows at 2, and none at 12 (two
+  // micro-batches and a smaller one): that batch's one step is an eager trailing window.
+  c.cuda_graphs.reset();
+  c.accumulation_steps = 4;
+  const MemestReport windows = run_memest(c, {2, 12});
+  ASSERT_EQ(windows.rows.size(), 2u);
+  EXPECT_TRUE(windows.rows[0].estimate.graphed);
+  EXPECT_FALSE(windows.rows[0].estimate.windowless);
+  ASSERT_TRUE(windows.rows[1].estimate.ok);
+  EXPECT_FALSE(windows.rows[1].estimate.graphed);
+  EXPECT_TRUE(windows.rows[1].estimate.windowless);
+  const std::string windowless = memest_graphs_note(windows);
+  EXPECT_NE(windowless.find("except at batch 12, whose epoch holds fewer micro-batches than a window"),
+            std::string::npos) << windowless;
 }
 
 TEST(GpuPlan, MaxbatchAnswersFromTheDryRunAlone) {

@@ -311,6 +311,8 @@ TEST(WholeRunCuda, AnEpochWithoutAFullWindowHasNoGraphInItsAnswer) {
   ASSERT_LT(run_footprint(c, Device::cuda(0), 32).training_full(answer), 4) << rep.text;
   EXPECT_EQ(answer, run_maxbatch(eager, two_steps(), false).finder.max_batch) << rep.text;
   EXPECT_FALSE(rep.finder.at_max.graphed) << rep.text;
+  EXPECT_TRUE(rep.finder.at_max.windowless) << rep.text;
+  EXPECT_NE(rep.text.find("holds fewer micro-batches than a window"), std::string::npos) << rep.text;
   const RunResult at = testing::train_whole(required, answer, 2);
   EXPECT_EQ(at.status, "ok") << at.note;
   EXPECT_EQ(at.graph_replays, 0);
