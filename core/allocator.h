@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/scoped_flag.h"
 
 namespace minidl {
 
@@ -162,17 +163,13 @@ void empty_cache(Device d = Device::cpu());
 // out-of-memory handlers (Allocator::add_out_of_memory_handler): its caller has a leaner way on (a
 // cuDNN workspace with a leaner plan after it), which costs less than what a handler would drop (a
 // CUDA graph's pool, and with it the replays of every step to come).
-class TentativeRequests {
+class TentativeRequests : ScopedFlag {
  public:
-  TentativeRequests() : was_(active_) { active_ = true; }
-  ~TentativeRequests() { active_ = was_; }
-  TentativeRequests(const TentativeRequests&) = delete;
-  TentativeRequests& operator=(const TentativeRequests&) = delete;
+  TentativeRequests() : ScopedFlag(active_, true) {}
   static bool active() { return active_; }
 
  private:
   static thread_local bool active_;
-  bool was_;
 };
 // Allocator::add_out_of_memory_handler and remove_out_of_memory_handler of the device's allocator.
 int add_out_of_memory_handler(Device d, std::function<bool(size_t)> handler);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/scoped_flag.h"
 #include "core/tensor.h"
 
 namespace minidl {
@@ -31,20 +32,6 @@ class Node {
   std::vector<Edge> next_edges;
   uint32_t num_outputs = 1;
   uint64_t sequence_nr = 0;  // creation order: later nodes run first among the ready ones
-};
-
-// Sets a thread-local mode flag for its scope and restores the earlier value when the scope ends:
-// the mode guards below are its instances.
-class ScopedFlag {
- public:
-  ScopedFlag(bool& flag, bool value) : flag_(flag), prev_(flag) { flag_ = value; }
-  ~ScopedFlag() { flag_ = prev_; }
-  ScopedFlag(const ScopedFlag&) = delete;
-  ScopedFlag& operator=(const ScopedFlag&) = delete;
-
- private:
-  bool& flag_;
-  bool prev_;
 };
 
 // Gradient mode: ops record nodes only while it is on (thread-local, on by default).

@@ -13,6 +13,7 @@
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/ops.h"
+#include "core/scoped_flag.h"
 
 namespace minidl::train {
 namespace {
