@@ -114,22 +114,26 @@ void CachingAllocator::release_cached() {
   unmap_free_pages();
 }
 
+void CachingAllocator::free_segment(Block* b, Pools& p, bool& synced) {
+  if (!synced) {
+    source_->synchronize();
+    synced = true;
+  }
+  source_->raw_free(b->ptr, b->size);
+  ++raw_frees_;
+  --segments_;
+  s_.reserved_bytes -= static_cast<int64_t>(b->size);
+  p.reserved -= b->size;
+  delete b;
+}
+
 void CachingAllocator::release_free_segments(Pools& p) {
-  bool any = false;
+  bool synced = false;
   for (Pool* pool : {&p.small, &p.large}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
       if (b->prev == nullptr && b->next == nullptr && !b->expandable) {   // a whole segment, free
-        if (!any) {
-          source_->synchronize();
-          any = true;
-        }
-        source_->raw_free(b->ptr, b->size);
-        ++raw_frees_;
-        --segments_;
-        s_.reserved_bytes -= static_cast<int64_t>(b->size);
-        p.reserved -= b->size;
-        delete b;
+        free_segment(b, p, synced);
         it = pool->erase(it);
       } else {
         ++it;

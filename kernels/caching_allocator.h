@@ -240,6 +240,9 @@ class CachingAllocator final : public StatsAllocator {
   Block* new_segment(size_t rounded, bool small, int pool);   // nullptr: no room (budget or device)
   void release_cached();                            // frees wholly free segments; mu_ held
   void release_free_segments(Pools& p);             // those of one pool (a lent one: lent_spoiled_)
+  // A whole free segment of p back to the device, after one synchronize per release (`synced`: done
+  // already), since a step or replay may still be running on its memory.
+  void free_segment(Block* b, Pools& p, bool& synced);
   void adopt_eager_free_blocks(int id);              // into private pool id, at a capture's start
   Pools& reopen(int id, const char* to);             // live pool id current again (to share, to lend)
   void return_unused_adopted(Pools& p);              // at its end: what the capture did not touch

@@ -190,16 +190,7 @@ void CachingAllocator::release_private_pool(int id) {
     pool->clear();
     for (Block* b : blocks) {
       if (b->prev == nullptr && b->next == nullptr) {   // a whole free segment: back to the device
-        if (!synced) {
-          source_->synchronize();   // a replay may still be running on it
-          synced = true;
-        }
-        source_->raw_free(b->ptr, b->size);
-        ++raw_frees_;
-        --segments_;
-        s_.reserved_bytes -= static_cast<int64_t>(b->size);
-        eager.reserved -= b->size;
-        delete b;
+        free_segment(b, eager, synced);   // a replay may still be running on it
       } else {   // beside live blocks, or eager room it adopted: merged with free eager neighbours
         to_eager(b);
       }
