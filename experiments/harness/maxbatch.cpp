@@ -167,7 +167,8 @@ Trial Search::real_trial(int64_t b) {
   const Trial t = agree(group_, runner_->run(b, o_.steps));
   say("  batch " + std::to_string(b) + ": " + (t.ok ? "ok" : "OOM") + ", peak allocated " + mib(t.peak_allocated) +
       ", reserved " + mib(t.peak_reserved) +
-      (t.ok ? ", " + fmt(t.step_seconds, 3) + " s/step" : (t.recovered ? ", recovered" : ", NOT recovered")));
+      (t.ok ? ", " + fmt(t.step_seconds, 3) + (c_.accumulation_steps > 1 ? " s a micro-batch" : " s/step")
+            : (t.recovered ? ", recovered" : ", NOT recovered")));
   return t;
 }
 

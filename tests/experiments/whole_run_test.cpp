@@ -47,6 +47,21 @@ TEST(WholeRun, SyntheticDataWithRecomputation) {
   testing::expect_answer_trains(c);
 }
 
+// Accumulation: a trial's windows of two micro-batches, the second adding into the gradients the
+// first made; its time is a micro-batch's, which the trial lines say.
+TEST(WholeRun, SyntheticDataWithAccumulation) {
+  TrainConfig c = small_cnn("6MiB");
+  c.accumulation_steps = 2;
+  const int64_t answer = testing::expect_answer_trains(c);
+  MaxBatchOptions o;
+  o.steps = 2;
+  const MaxBatchReport rep = run_maxbatch(c, o, false);
+  EXPECT_EQ(rep.finder.max_batch, answer);
+  EXPECT_NE(rep.text.find(": ok, peak allocated"), std::string::npos) << rep.text;
+  EXPECT_NE(rep.text.find(" s a micro-batch"), std::string::npos) << rep.text;
+  EXPECT_EQ(rep.text.find(" s/step"), std::string::npos) << rep.text;
+}
+
 // --checkpoint optimal: the plan is solved at the first step of each batch shape, under a limit
 // derived from the budget. The trials and the run plan alike (the same limit, modelled link
 // times), so the answer trains and the answer + 1 runs out, the dry run's answer is the real one,
