@@ -316,6 +316,21 @@ BatchNormActBackwardStage stage_batch_norm_act_backward(const Tensor& gy, const 
   return s;
 }
 
+BatchNormForwardStage stage_batch_norm_forward(const Tensor& x, const Tensor& y) {
+  BatchNormForwardStage s;
+  s.x = staged_input(x);
+  s.y = staged_output(y);
+  return s;
+}
+
+BatchNormBackwardStage stage_batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& gx) {
+  BatchNormBackwardStage s;
+  s.gy = staged_input(gy);
+  s.x = staged_input(x);
+  s.gx = staged_output(gx);
+  return s;
+}
+
 void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& running_mean, const Tensor& running_var, double momentum,
                                           double eps, const Tensor& y, const Tensor& save_mean,
@@ -327,13 +342,15 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight,
     });
   }
   check_float(x, "batch_norm");
-  const Tensor xs = staged_input(x), ys = staged_output(y);   // channels-last: through NCHW copies
+  const BatchNormForwardStage st = stage_batch_norm_forward(x, y);   // channels-last: through NCHW copies
   if (x.dtype() == DType::f32) {
-    forward_train<float>(xs, weight, bias, running_mean, running_var, momentum, eps, ys, save_mean, save_invstd, {});
+    forward_train<float>(st.x, weight, bias, running_mean, running_var, momentum, eps, st.y, save_mean, save_invstd,
+                         {});
   } else {
-    forward_train<double>(xs, weight, bias, running_mean, running_var, momentum, eps, ys, save_mean, save_invstd, {});
+    forward_train<double>(st.x, weight, bias, running_mean, running_var, momentum, eps, st.y, save_mean, save_invstd,
+                          {});
   }
-  unstage(ys, y);
+  unstage(st.y, y);
 }
 
 void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -344,13 +361,13 @@ void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, 
     });
   }
   check_float(x, "batch_norm");
-  const Tensor xs = staged_input(x), ys = staged_output(y);
+  const BatchNormForwardStage st = stage_batch_norm_forward(x, y);
   if (x.dtype() == DType::f32) {
-    forward_eval<float>(xs, weight, bias, mean, var, eps, ys, {}, {}, {});
+    forward_eval<float>(st.x, weight, bias, mean, var, eps, st.y, {}, {}, {});
   } else {
-    forward_eval<double>(xs, weight, bias, mean, var, eps, ys, {}, {}, {});
+    forward_eval<double>(st.x, weight, bias, mean, var, eps, st.y, {}, {}, {});
   }
-  unstage(ys, y);
+  unstage(st.y, y);
 }
 
 void CpuBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight,
@@ -364,13 +381,13 @@ void CpuBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const Te
   check_float(x, "batch_norm_backward");
   MINIDL_CHECK(gy.dtype() == x.dtype(), "batch_norm_backward (cpu): gy ", gy.meta(), " and x ", x.meta(),
                " must have the same dtype");
-  const Tensor gys = staged_input(gy), xs = staged_input(x), gxs = staged_output(gx);
+  const BatchNormBackwardStage st = stage_batch_norm_backward(gy, x, gx);
   if (x.dtype() == DType::f32) {
-    backward<float>(gys, xs, weight, save_mean, save_invstd, true, gxs, gweight, gbias, {});
+    backward<float>(st.gy, st.x, weight, save_mean, save_invstd, true, st.gx, gweight, gbias, {});
   } else {
-    backward<double>(gys, xs, weight, save_mean, save_invstd, true, gxs, gweight, gbias, {});
+    backward<double>(st.gy, st.x, weight, save_mean, save_invstd, true, st.gx, gweight, gbias, {});
   }
-  unstage(gxs, gx);
+  unstage(st.gx, gx);
 }
 
 void CpuBackend::batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,

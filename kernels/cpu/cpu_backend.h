@@ -37,12 +37,13 @@ inline bool any_channels_last(std::initializer_list<const Tensor*> ts) {
   return false;
 }
 // The channels-last path of such a call: run(c) computes into c, a contiguous NCHW tensor of out's
-// shape, which is then copied into out.
+// shape, which is then copied into out (by out's backend: the meta device's dry run of a CPU step
+// stages the same tensors, kernels/meta).
 template <typename Run>
 void in_nchw(const Tensor& out, Run&& run) {
   const Tensor c = empty(out.shape(), out.options());
   run(c);
-  cpu_backend().copy(c, out);
+  backend(out.device()).copy(c, out);
 }
 
 }  // namespace minidl::cpu

@@ -33,5 +33,14 @@ struct BatchNormActBackwardStage {
 };
 BatchNormActBackwardStage stage_batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y,
                                                         const Tensor& gx, const Tensor& gresidual);
+// The plain batch norm's operands, staged alike (its f16 ones after widening to f32).
+struct BatchNormForwardStage {
+  Tensor x, y;
+};
+BatchNormForwardStage stage_batch_norm_forward(const Tensor& x, const Tensor& y);
+struct BatchNormBackwardStage {
+  Tensor gy, x, gx;
+};
+BatchNormBackwardStage stage_batch_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& gx);
 
 }  // namespace minidl::cpu

@@ -1,6 +1,7 @@
 // The meta device's kernels (see meta_backend.h). Nothing is computed; each kernel holds, until it
-// returns, the temporaries the kernel of the modelled device allocates: for the CPU, the f16
-// staging copies (kernels/cpu/half.h, the same functions) and the scratch that
+// returns, the temporaries the kernel of the modelled device allocates: for the CPU, the
+// channels-last operands' NCHW copies and the f16 staging copies (kernels/cpu/cpu_backend.h,
+// kernels/cpu/half.h, the same functions) and the scratch that
 // kernels/cpu/workspace.h sizes; for CUDA, what kernels/cuda/workspace.h says (cuda_model.cpp).
 #include "kernels/meta/meta_backend.h"
 
@@ -15,7 +16,9 @@
 namespace minidl::meta {
 namespace {
 
+using cpu::any_channels_last;
 using cpu::f32_output_for;
+using cpu::in_nchw;
 using cpu::is_half;
 using cpu::widen_half;
 
@@ -148,6 +151,8 @@ void MetaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
 void MetaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o,
                                  const Tensor& y) {
   if (models_cuda(y)) return cuda_model::conv(cuda_model::ConvDir::Forward, x, w, y, o);
+  if (any_channels_last({&x, &w, &y}))
+    return in_nchw(y, [&](const Tensor& yc) { conv2d_forward(x.contiguous(), w.contiguous(), bias, o, yc); });
   if (x.size(0) == 0) return;
   if (is_half(x) || is_half(w) || is_half(y)) {
     const Tensor yf = f32_output_for(y);
@@ -158,6 +163,8 @@ void MetaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
 
 void MetaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dOptions& o, const Tensor& gx) {
   if (models_cuda(gx)) return cuda_model::conv(cuda_model::ConvDir::BackwardData, gx, w, gy, o);
+  if (any_channels_last({&gy, &w, &gx}))
+    return in_nchw(gx, [&](const Tensor& gxc) { conv2d_backward_input(gy.contiguous(), w.contiguous(), o, gxc); });
   if (gx.size(0) == 0) return;
   if (is_half(gy) || is_half(w) || is_half(gx)) {
     const Tensor gxf = f32_output_for(gx);
@@ -210,6 +217,8 @@ bool MetaBackend::bn_finalize_backward(const Tensor& gscale, const Tensor& gshif
 
 void MetaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Conv2dOptions& o, const Tensor& gw) {
   if (models_cuda(gw)) return cuda_model::conv(cuda_model::ConvDir::BackwardFilter, x, gw, gy, o);
+  if (any_channels_last({&gy, &x, &gw}))
+    return in_nchw(gw, [&](const Tensor& gwc) { conv2d_backward_weight(gy.contiguous(), x.contiguous(), o, gwc); });
   if (is_half(gy) || is_half(x) || is_half(gw)) {
     const Tensor gwf = f32_output_for(gw);
     return conv2d_backward_weight(widen_half(gy), widen_half(x), o, gwf);
@@ -217,29 +226,44 @@ void MetaBackend::conv2d_backward_weight(const Tensor& gy, const Tensor& x, cons
   hold_conv_scratch(cpu::ConvPass::BackwardWeight, x.shape(), gw.shape(), gy.shape(), o, x);
 }
 
-// Pooling, batch norm and softmax: the CPU stages f16 operands in f32 and computes into an f32
-// output; the CUDA kernels read f16 directly (softmax and the NLL loss excepted).
+// Pooling, batch norm and softmax: the CPU stages channels-last operands in contiguous NCHW
+// copies, then f16 ones in f32, and computes into an f32 output; the CUDA kernels read either
+// directly (softmax and the NLL loss excepted).
 void MetaBackend::max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y, const Tensor& indices) {
-  if (models_cuda(y) || !(is_half(x) || is_half(y))) return;
+  if (models_cuda(y)) return;
+  if (any_channels_last({&x, &y, &indices})) {
+    const Tensor yc = empty(y.shape(), y.options()), ic = empty(indices.shape(), indices.options());
+    return max_pool2d_forward(x.contiguous(), o, yc, ic);
+  }
+  if (!(is_half(x) || is_half(y))) return;
   const Tensor yf = f32_output_for(y);
   max_pool2d_forward(widen_half(x), o, yf, indices);
 }
 
 void MetaBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Pool2dOptions& o,
                                       const Tensor& gx) {
-  if (models_cuda(gx) || !(is_half(gy) || is_half(gx))) return;
+  if (models_cuda(gx)) return;
+  if (any_channels_last({&gy, &indices, &gx}))
+    return in_nchw(gx, [&](const Tensor& gxc) { max_pool2d_backward(gy.contiguous(), indices.contiguous(), o, gxc); });
+  if (!(is_half(gy) || is_half(gx))) return;
   const Tensor gxf = f32_output_for(gx);
   max_pool2d_backward(widen_half(gy), indices, o, gxf);
 }
 
 void MetaBackend::avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o, const Tensor& y) {
-  if (models_cuda(y) || !(is_half(x) || is_half(y))) return;
+  if (models_cuda(y)) return;
+  if (any_channels_last({&x, &y}))
+    return in_nchw(y, [&](const Tensor& yc) { avg_pool2d_forward(x.contiguous(), o, yc); });
+  if (!(is_half(x) || is_half(y))) return;
   const Tensor yf = f32_output_for(y);
   avg_pool2d_forward(widen_half(x), o, yf);
 }
 
 void MetaBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dOptions& o, const Tensor& gx) {
-  if (models_cuda(gx) || !(is_half(gy) || is_half(gx))) return;
+  if (models_cuda(gx)) return;
+  if (any_channels_last({&gy, &gx}))
+    return in_nchw(gx, [&](const Tensor& gxc) { avg_pool2d_backward(gy.contiguous(), o, gxc); });
+  if (!(is_half(gy) || is_half(gx))) return;
   const Tensor gxf = f32_output_for(gx);
   avg_pool2d_backward(widen_half(gy), o, gxf);
 }
@@ -249,7 +273,7 @@ void MetaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight
                                            double eps, const Tensor& y, const Tensor& save_mean,
                                            const Tensor& save_invstd) {
   if (models_cuda(y)) return cuda_model::batch_norm_forward(x, Tensor(), y, true, save_mean, save_invstd);
-  if (!(is_half(x) || is_half(y))) return;
+  if (!(is_half(x) || is_half(y))) return cpu::narrow_into(cpu::stage_batch_norm_forward(x, y).y, y);
   const Tensor yf = f32_output_for(y);
   batch_norm_forward_train(widen_half(x), weight, bias, running_mean, running_var, momentum, eps, yf, save_mean,
                            save_invstd);
@@ -258,7 +282,7 @@ void MetaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight
 void MetaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& mean, const Tensor& var, double eps, const Tensor& y) {
   if (models_cuda(y)) return cuda_model::batch_norm_forward(x, Tensor(), y, false, Tensor(), Tensor());
-  if (!(is_half(x) || is_half(y))) return;
+  if (!(is_half(x) || is_half(y))) return cpu::narrow_into(cpu::stage_batch_norm_forward(x, y).y, y);
   const Tensor yf = f32_output_for(y);
   batch_norm_forward_eval(widen_half(x), weight, bias, mean, var, eps, yf);
 }
@@ -269,7 +293,8 @@ void MetaBackend::batch_norm_backward(const Tensor& gy, const Tensor& x, const T
   if (models_cuda(x)) {
     return cuda_model::batch_norm_backward(gy, x, Tensor(), gx, Tensor(), true, gweight.defined(), gbias.defined());
   }
-  if (!(is_half(gy) || is_half(x) || is_half(gx))) return;
+  if (!(is_half(gy) || is_half(x) || is_half(gx)))
+    return cpu::narrow_into(cpu::stage_batch_norm_backward(gy, x, gx).gx, gx);
   const Tensor gxf = f32_output_for(gx);
   batch_norm_backward(widen_half(gy), widen_half(x), weight, save_mean, save_invstd, gxf, gweight, gbias);
 }

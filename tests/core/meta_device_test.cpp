@@ -180,6 +180,32 @@ TEST(MetaDevice, FusedBatchNormPeaksEqualTheCpu) {
   }
 }
 
+// Channels-last operands (--channels-last on the CPU): the convolutions, pooling and the plain
+// batch norm run the NCHW kernels on contiguous copies and copy the output back (cpu::in_nchw,
+// cpu::stage_batch_norm), in f32 and, widened after the copies, in f16. The dry run makes the same
+// copies. Activations of 2.4 MB (f32): blocks in the host cache's range.
+TEST(MetaDevice, ChannelsLastStagingPeaksEqualTheCpu) {
+  for (DType dt : {DType::f32, DType::f16}) {
+    for (bool training : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (training ? " train" : " eval"));
+      expect_same_peaks([&](Device d) {
+        Tensor x = to_channels_last(randn({8, 16, 48, 48}, {DType::f32, d}).to(dt)).detach();
+        x.set_requires_grad(true);
+        Tensor w = to_channels_last(randn({32, 16, 3, 3}, {DType::f32, d}).to(dt)).detach();
+        w.set_requires_grad(true);
+        Conv2dOptions o;
+        o.padding = {1, 1};
+        const Tensor g = ones({32}, {DType::f32, d, true}), b = zeros({32}, {DType::f32, d, true});
+        const Tensor rm = zeros({32}, {DType::f32, d}), rv = ones({32}, {DType::f32, d});
+        const Tensor y = batch_norm(conv2d(x, w, Tensor(), o), g, b, rm, rv, training);
+        const Tensor p = avg_pool2d(max_pool2d(y, Pool2dOptions{{2, 2}, {2, 2}, {0, 0}}),
+                                    Pool2dOptions{{2, 2}, {2, 2}, {0, 0}});
+        sum(p.to(DType::f32)).backward();
+      });
+    }
+  }
+}
+
 TEST(MetaDevice, HostCacheKeepsTheSameBooks) {
   // The host allocator's cache of large blocks on memory and on address ranges: the same requests
   // (sizes around and above the cache's 1 MiB, frees in another order, a budget that forces

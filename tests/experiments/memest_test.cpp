@@ -32,7 +32,8 @@ Measured trial_peaks(const TrainConfig& c, Device d, int64_t batch) {
 
 void expect_dry_run_exact(const TrainConfig& c, int64_t batch) {
   SCOPED_TRACE(c.model + " at " + std::to_string(c.image_size) + " px, batch " + std::to_string(batch) +
-               (c.amp ? ", AMP " + c.amp_dtype : "") + (c.conv_bn_chain ? ", conv-bn chain" : "") + ", checkpoint " +
+               (c.amp ? ", AMP " + c.amp_dtype : "") + (c.conv_bn_chain ? ", conv-bn chain" : "") +
+               (c.resolved_channels_last() ? ", channels-last" : "") + ", checkpoint " +
                c.checkpoint + ", accumulation " +
                std::to_string(c.accumulation_steps) + ", " + c.optimizer);
   const Measured dry = trial_peaks(c, Device::meta(), batch);
@@ -72,6 +73,15 @@ TEST(ExperimentsMemest, DryRunEqualsTheMeasuredStepResNet18) {
   r.amp_dtype = "bf16";
   r.checkpoint = "none";
   r.conv_bn_chain = true;
+  expect_dry_run_exact(r, 3);
+  // Channels-last in f32 and with f16 AMP: the CPU runs the convolutions, pooling and batch norms
+  // through contiguous NCHW copies, which the dry run makes too.
+  r.amp = false;
+  r.conv_bn_chain = false;
+  r.channels_last = true;
+  expect_dry_run_exact(r, 3);
+  r.amp = true;
+  r.amp_dtype = "f16";
   expect_dry_run_exact(r, 3);
 }
 
