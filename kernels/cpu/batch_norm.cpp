@@ -297,25 +297,6 @@ void check_act_dtype(const Tensor& x, const char* op) {
 
 }  // namespace
 
-BatchNormActForwardStage stage_batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& y) {
-  BatchNormActForwardStage s;
-  s.x = staged_input(x);
-  s.y = staged_output(y);
-  s.residual = staged_input(residual);
-  return s;
-}
-
-BatchNormActBackwardStage stage_batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y,
-                                                        const Tensor& gx, const Tensor& gresidual) {
-  BatchNormActBackwardStage s;
-  s.gy = staged_input(gy);
-  s.x = staged_input(x);
-  s.gx = staged_output(gx);
-  s.y = staged_input(y);
-  s.gresidual = staged_output(gresidual);
-  return s;
-}
-
 BatchNormForwardStage stage_batch_norm_forward(const Tensor& x, const Tensor& y) {
   BatchNormForwardStage s;
   s.x = staged_input(x);
@@ -329,6 +310,19 @@ BatchNormBackwardStage stage_batch_norm_backward(const Tensor& gy, const Tensor&
   s.x = staged_input(x);
   s.gx = staged_output(gx);
   return s;
+}
+
+// The fused forms stage the plain batch norm's operands first, then their own.
+BatchNormActForwardStage stage_batch_norm_act_forward(const Tensor& x, const Tensor& residual, const Tensor& y) {
+  const BatchNormForwardStage plain = stage_batch_norm_forward(x, y);
+  return {plain.x, plain.y, staged_input(residual)};
+}
+
+BatchNormActBackwardStage stage_batch_norm_act_backward(const Tensor& gy, const Tensor& x, const Tensor& y,
+                                                        const Tensor& gx, const Tensor& gresidual) {
+  const BatchNormBackwardStage plain = stage_batch_norm_backward(gy, x, gx);
+  const Tensor ys = staged_input(y);
+  return {plain.gy, plain.x, plain.gx, ys, staged_output(gresidual)};
 }
 
 void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
